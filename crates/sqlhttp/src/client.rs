@@ -1,0 +1,343 @@
+//! [`Client`], the entry point, and [`ClientBuilder`], which validates its configuration.
+//!
+//! A `Client` is an `Arc` around the transport and its settings: cloning it is cheap, and clones share
+//! one connection pool, one random source and one retry budget. The methods here only say what to send
+//! and with which operation class; the transport decides how.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::error::{Error, Result};
+use crate::insert::{Insert, InsertLimits};
+use crate::retry::classify::OpClass;
+use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
+use crate::statement::{Execute, Query, TableQuery};
+use crate::transport::{Call, Transport};
+
+/// The path of the protocol's one endpoint, relative to the server's base URL.
+const ENDPOINT: &str = "api/v1/sql";
+
+/// A client for a server speaking the sqlhttp protocol.
+///
+/// Cheap to clone: you do not have to wrap it in an `Rc` or `Arc`. Clones share the connection pool and
+/// the retry budget.
+///
+/// ```no_run
+/// # async fn run() -> sqlhttp::Result<()> {
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct User { id: i64, name: String }
+///
+/// let client = sqlhttp::Client::builder("http://127.0.0.1:8080").build()?;
+/// let users: Vec<User> = client
+///     .query("SELECT id, name FROM users WHERE id > ?")
+///     .bind(&10)
+///     .fetch_all()
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    transport: Transport,
+    insert_limits: InsertLimits,
+}
+
+impl Client {
+    /// Starts configuring a client for the server at `base_url` (e.g. `http://127.0.0.1:8080`).
+    pub fn builder(base_url: impl Into<String>) -> ClientBuilder {
+        ClientBuilder::new(base_url.into())
+    }
+
+    /// Checks that the server answers and runs statements (`SELECT 1`). A read: retried.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the call, after retries.
+    pub async fn ping(&self) -> Result<()> {
+        let _: Vec<i64> = self.query("SELECT 1").fetch_all().await?;
+        Ok(())
+    }
+
+    /// A query whose rows are decoded into a type of yours. A **read**: retried on transient failures.
+    ///
+    /// Send only statements that read. A write sent through `query` (an `INSERT`, say) is miscategorised:
+    /// it would be retried as if it were safe to repeat, and could be applied twice. Use
+    /// [`execute`](Self::execute) or [`insert`](Self::insert) for writes.
+    pub fn query(&self, sql: impl Into<String>) -> Query {
+        Query::new(self.clone(), sql.into())
+    }
+
+    /// A query whose result comes back as a [`Table`](crate::Table): columns with their types and rows of
+    /// dynamically typed cells. A **read**: retried on transient failures; like [`query`](Self::query),
+    /// a write sent through it is miscategorised.
+    pub fn query_table(&self, sql: impl Into<String>) -> TableQuery {
+        TableQuery::new(self.clone(), sql.into())
+    }
+
+    /// A statement run for its effect (DDL, `UPDATE`, `DELETE`, an `INSERT` you wrote yourself); `.await`
+    /// it for the rows affected and the last insert id.
+    ///
+    /// **Never retried**, whatever the configuration: the SDK cannot know whether the statement is safe
+    /// to run twice (`UPDATE t SET n = n + 1` is not), so a failure comes back after one attempt and the
+    /// caller decides.
+    pub fn execute(&self, sql: impl Into<String>) -> Execute {
+        Execute::new(self.clone(), sql.into())
+    }
+
+    /// Inserts `rows` (structs or maps, all with the same fields) into `table` with parameterized
+    /// multi-row `INSERT` statements; `.await` it for the number of rows inserted.
+    ///
+    /// A **write**: retried only under [`ClientBuilder::retry_writes`]. Each generated statement carries an
+    /// `Idempotency-Key`, the same on every attempt, so a server that honours it applies it once.
+    /// Large inputs are split to respect the engine's bound-parameter limit and the body limit (see
+    /// [`ClientBuilder::insert_max_params`], [`ClientBuilder::max_body_bytes`]); every row is checked
+    /// before the first statement is sent. `table` is one identifier, quoted as given.
+    pub fn insert<'r, T: Serialize + Sync>(&self, table: &str, rows: &'r [T]) -> Insert<'r, T> {
+        Insert::new(self.clone(), table.to_owned(), rows)
+    }
+
+    pub(crate) fn insert_limits(&self) -> InsertLimits {
+        self.inner.insert_limits
+    }
+
+    pub(crate) async fn send(
+        &self,
+        class: OpClass,
+        body: Bytes,
+        sql: &str,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Bytes> {
+        self.inner
+            .transport
+            .send(Call {
+                class,
+                body,
+                sql,
+                cancel,
+            })
+            .await
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let t = &self.inner.transport;
+        f.debug_struct("Client")
+            .field("endpoint", &t.endpoint.as_str())
+            .field("authenticated", &t.authorization.is_some())
+            .field("timeout", &t.timeout)
+            .field("retry", &t.policy)
+            .field("retry_writes", &t.retry_writes)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Configures and builds a [`Client`]. Setters never fail; [`build`](Self::build) reports the first
+/// problem.
+pub struct ClientBuilder {
+    base_url: String,
+    bearer_token: Option<String>,
+    user_agent: String,
+    timeout: Option<Duration>,
+    http_client: Option<reqwest::Client>,
+    policy: RetryPolicy,
+    retry_writes: bool,
+    budget: Option<RetryBudget>,
+    cancel: Option<CancellationToken>,
+    insert_limits: InsertLimits,
+}
+
+impl ClientBuilder {
+    fn new(base_url: String) -> Self {
+        Self {
+            base_url,
+            bearer_token: None,
+            user_agent: concat!("sqlhttp-rust/", env!("CARGO_PKG_VERSION")).to_owned(),
+            timeout: Some(Duration::from_secs(30)),
+            http_client: None,
+            policy: RetryPolicy::new(),
+            retry_writes: false,
+            budget: Some(RetryBudget::new()),
+            cancel: None,
+            insert_limits: InsertLimits::default(),
+        }
+    }
+
+    // Connection options
+
+    /// Sends `Authorization: Bearer <token>` on every request. The token never appears in `Debug`,
+    /// `Display`, errors or logs. Default: none.
+    pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
+        self.bearer_token = Some(token.into());
+        self
+    }
+
+    /// The `User-Agent` header. Default: `sqlhttp-rust/<version>`.
+    pub fn user_agent(mut self, user_agent: impl Into<String>) -> Self {
+        self.user_agent = user_agent.into();
+        self
+    }
+
+    /// Uses this reqwest client (its pool, TLS settings and connector) for every attempt, for instance
+    /// one with a connector layer from `sqlhttp-testkit`. Build it with
+    /// `.retry(reqwest::retry::never())` so that the attempt counts this SDK reports stay true.
+    /// Default: a client built by the SDK with reqwest's own retries off.
+    pub fn http_client(mut self, client: reqwest::Client) -> Self {
+        self.http_client = Some(client);
+        self
+    }
+
+    // Timeout options
+
+    /// The budget of **one attempt**, from sending the request to the last byte of the response; each
+    /// attempt gets all of it. `None` lets an attempt run as long as the server takes (bounded only by
+    /// [`RetryPolicy::max_elapsed`] when set). Default: 30 s.
+    pub fn timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.timeout = timeout.into();
+        self
+    }
+
+    // Retry options
+
+    /// Attempts, backoff and the elapsed-time ceiling. Default: [`RetryPolicy::new()`].
+    pub fn retry(mut self, policy: RetryPolicy) -> Self {
+        self.policy = policy;
+        self
+    }
+
+    /// Retries writes (`insert`) too. Default: `false`.
+    ///
+    /// Each write call sends one `Idempotency-Key` on all its attempts. The reference server stores the
+    /// outcome under that key and replays it, so a retried write is applied exactly once. **Against a
+    /// server that ignores the key, a write whose response was lost after the server committed it is
+    /// applied twice when retried.** Turn this on only for such servers if duplicates are harmless.
+    /// `execute` is never retried, whatever this says.
+    pub fn retry_writes(mut self, enabled: bool) -> Self {
+        self.retry_writes = enabled;
+        self
+    }
+
+    /// The client-wide retry budget shared by all clones, or `None` to retry without one.
+    /// Default: [`RetryBudget::new()`].
+    pub fn retry_budget(mut self, budget: impl Into<Option<RetryBudget>>) -> Self {
+        self.budget = budget.into();
+        self
+    }
+
+    /// Cancels every call of this client (and its clones) when `token` is cancelled.
+    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    // Insert options
+
+    /// The most bound parameters one generated `INSERT` may carry. Default: 32 766 (SQLite's limit).
+    pub fn insert_max_params(mut self, max: usize) -> Self {
+        self.insert_limits.max_params = max;
+        self
+    }
+
+    /// The largest request body `insert` generates; match the server's limit. Default: 1 MiB (the
+    /// reference server's default).
+    pub fn max_body_bytes(mut self, max: usize) -> Self {
+        self.insert_limits.max_body_bytes = max;
+        self
+    }
+
+    /// Builds the client.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Config`](crate::ErrorKind::Config) when:
+    /// - the base URL does not parse, or its scheme is not `http` or `https`;
+    /// - the bearer token or user agent cannot be sent as a header value;
+    /// - the retry policy cannot work (zero attempts, `initial_backoff` above `max_backoff`, a zero
+    ///   `max_elapsed`), or the timeout is zero;
+    /// - an insert limit is zero;
+    /// - the HTTP client cannot be built.
+    pub fn build(self) -> Result<Client> {
+        let mut base = reqwest::Url::parse(&self.base_url)
+            .map_err(|err| Error::config(format!("invalid base URL {:?}: {err}", self.base_url)))?;
+        if !matches!(base.scheme(), "http" | "https") {
+            return Err(Error::config(format!(
+                "base URL scheme must be http or https, not {:?}",
+                base.scheme()
+            )));
+        }
+        if !base.path().ends_with('/') {
+            let path = format!("{}/", base.path());
+            base.set_path(&path);
+        }
+        let endpoint = base
+            .join(ENDPOINT)
+            .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
+        let authorization = self
+            .bearer_token
+            .map(|token| {
+                let mut value = HeaderValue::try_from(format!("Bearer {token}"))
+                    .map_err(|_| Error::config("the bearer token contains characters not allowed in a header"))?;
+                value.set_sensitive(true);
+                Ok::<_, Error>(value)
+            })
+            .transpose()?;
+        let user_agent = HeaderValue::try_from(self.user_agent)
+            .map_err(|_| Error::config("the user agent contains characters not allowed in a header"))?;
+        self.policy.validate().map_err(Error::config)?;
+        if self.timeout == Some(Duration::ZERO) {
+            return Err(Error::config("timeout must be larger than zero"));
+        }
+        if self.insert_limits.max_params == 0 || self.insert_limits.max_body_bytes == 0 {
+            return Err(Error::config("insert limits must be larger than zero"));
+        }
+        let http = match self.http_client {
+            Some(http) => http,
+            None => reqwest::Client::builder()
+                .retry(reqwest::retry::never())
+                .build()
+                .map_err(|err| Error::config(format!("cannot build the HTTP client: {err}")))?,
+        };
+        let transport = Transport {
+            http,
+            endpoint,
+            authorization,
+            user_agent,
+            timeout: self.timeout,
+            policy: self.policy,
+            retry_writes: self.retry_writes,
+            budget: self.budget.map(TokenBucket::new),
+            rng: Mutex::new(Transport::new_rng(self.policy.seed)),
+            cancel: self.cancel,
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                transport,
+                insert_limits: self.insert_limits,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientBuilder")
+            .field("base_url", &self.base_url)
+            .field("authenticated", &self.bearer_token.is_some())
+            .field("timeout", &self.timeout)
+            .field("retry", &self.policy)
+            .field("retry_writes", &self.retry_writes)
+            .finish_non_exhaustive()
+    }
+}

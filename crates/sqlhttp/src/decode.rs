@@ -1,0 +1,553 @@
+//! Decoding a success response straight from its bytes: typed rows, the dynamic table, or the effect of
+//! a statement.
+//!
+//! Rows are deserialized into the caller's `T` as the parser meets them, without a `serde_json::Value`
+//! per cell: a row (a JSON array) is presented to `T` as a map from column names to cells when `T` is a
+//! struct or a map, as a sequence when `T` is a tuple or a `Vec`, and as its single cell when `T` is a
+//! scalar. Positions are tracked so that a failure names its row and column.
+//!
+//! This module knows the response envelope of protocol v1 and nothing of HTTP or retries.
+
+use std::cell::Cell;
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
+};
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::error::{Error, ErrorKind};
+use crate::table::{Column, ExecResult, Table};
+
+/// Where the decoder is, for error messages.
+#[derive(Default)]
+struct Position {
+    in_rows: Cell<bool>,
+    row: Cell<usize>,
+    column: Cell<Option<usize>>,
+}
+
+/// Decodes the rows of a response into `T`s.
+pub(crate) fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
+    let position = Position::default();
+    let mut columns: Vec<Column> = Vec::new();
+    let result = (|| {
+        let mut de = serde_json::Deserializer::from_slice(body);
+        let rows = de.deserialize_map(EnvelopeVisitor::<T> {
+            position: &position,
+            columns: &mut columns,
+            marker: PhantomData,
+        })?;
+        de.end()?;
+        Ok::<_, serde_json::Error>(rows)
+    })();
+    result.map_err(|err| positioned(err, &position, &columns))
+}
+
+/// Decodes the whole response into a [`Table`] of dynamically typed cells.
+pub(crate) fn table(body: &[u8]) -> Result<Table, Error> {
+    serde_json::from_slice::<Table>(body).map_err(Error::decode)
+}
+
+/// Decodes only the statement's effect, skipping any rows without building them.
+pub(crate) fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
+    #[derive(Deserialize)]
+    struct Effect {
+        #[serde(default)]
+        rows_affected: u64,
+        #[serde(default)]
+        last_insert_id: Option<i64>,
+    }
+    let effect: Effect = serde_json::from_slice(body).map_err(Error::decode)?;
+    Ok(ExecResult {
+        rows_affected: effect.rows_affected,
+        last_insert_id: effect.last_insert_id,
+    })
+}
+
+fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -> Error {
+    let (row, column) = if position.in_rows.get() {
+        let column = position
+            .column
+            .get()
+            .map(|i| columns.get(i).map_or_else(|| format!("#{i}"), |c| c.name.clone()));
+        (Some(position.row.get()), column)
+    } else {
+        (None, None)
+    };
+    Error::new(ErrorKind::Decode {
+        row,
+        column,
+        message: err.to_string(),
+    })
+}
+
+struct EnvelopeVisitor<'a, T> {
+    position: &'a Position,
+    columns: &'a mut Vec<Column>,
+    marker: PhantomData<T>,
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for EnvelopeVisitor<'_, T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a query response object with `columns` and `rows`")
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<T>, A::Error> {
+        let mut rows: Option<Vec<T>> = None;
+        // Rows that arrived before the columns are kept raw and decoded once the names are known.
+        let mut early_rows: Option<Box<RawValue>> = None;
+        let mut seen_columns = false;
+        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
+            match key.as_ref() {
+                "columns" => {
+                    *self.columns = map.next_value()?;
+                    seen_columns = true;
+                }
+                "rows" if seen_columns => {
+                    rows = Some(map.next_value_seed(RowsSeed::<T> {
+                        position: self.position,
+                        columns: self.columns,
+                        marker: PhantomData,
+                    })?);
+                }
+                "rows" => early_rows = Some(map.next_value()?),
+                _ => {
+                    map.next_value::<IgnoredAny>()?;
+                }
+            }
+        }
+        if !seen_columns {
+            return Err(de::Error::missing_field("columns"));
+        }
+        if let Some(raw) = early_rows {
+            let mut de = serde_json::Deserializer::from_str(raw.get());
+            let seed = RowsSeed::<T> {
+                position: self.position,
+                columns: self.columns,
+                marker: PhantomData,
+            };
+            rows = Some(seed.deserialize(&mut de).map_err(de::Error::custom)?);
+        }
+        rows.ok_or_else(|| de::Error::missing_field("rows"))
+    }
+}
+
+struct RowsSeed<'a, T> {
+    position: &'a Position,
+    columns: &'a [Column],
+    marker: PhantomData<T>,
+}
+
+impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for RowsSeed<'_, T> {
+    type Value = Vec<T>;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<Vec<T>, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for RowsSeed<'_, T> {
+    type Value = Vec<T>;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("an array of rows")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Vec<T>, A::Error> {
+        self.position.in_rows.set(true);
+        let mut rows = Vec::with_capacity(seq.size_hint().unwrap_or(0));
+        loop {
+            self.position.row.set(rows.len());
+            self.position.column.set(None);
+            let row = seq.next_element_seed(RowSeed::<T> {
+                position: self.position,
+                columns: self.columns,
+                marker: PhantomData,
+            })?;
+            match row {
+                Some(row) => rows.push(row),
+                None => break,
+            }
+        }
+        self.position.in_rows.set(false);
+        Ok(rows)
+    }
+}
+
+struct RowSeed<'a, T> {
+    position: &'a Position,
+    columns: &'a [Column],
+    marker: PhantomData<T>,
+}
+
+impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for RowSeed<'_, T> {
+    type Value = T;
+
+    fn deserialize<D: Deserializer<'de>>(self, deserializer: D) -> Result<T, D::Error> {
+        deserializer.deserialize_seq(self)
+    }
+}
+
+impl<'de, T: DeserializeOwned> Visitor<'de> for RowSeed<'_, T> {
+    type Value = T;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a row (an array of cells)")
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<T, A::Error> {
+        let value = T::deserialize(RowDeserializer {
+            seq: &mut seq,
+            columns: self.columns,
+            position: self.position,
+        })?;
+        if seq.next_element::<IgnoredAny>()?.is_some() {
+            self.position.column.set(None);
+            return Err(de::Error::custom(format_args!(
+                "the row has more cells than the target type reads ({} columns)",
+                self.columns.len()
+            )));
+        }
+        Ok(value)
+    }
+}
+
+/// Presents one row to `T`.
+struct RowDeserializer<'a, A> {
+    seq: &'a mut A,
+    columns: &'a [Column],
+    position: &'a Position,
+}
+
+impl<'de, A: SeqAccess<'de>> RowDeserializer<'_, A> {
+    /// Hands the row's only cell to `seed`.
+    fn single<S: DeserializeSeed<'de>>(self, seed: S) -> Result<S::Value, A::Error> {
+        if self.columns.len() != 1 {
+            return Err(de::Error::custom(format_args!(
+                "a scalar target reads one column, but the result has {}",
+                self.columns.len()
+            )));
+        }
+        self.position.column.set(Some(0));
+        self.seq
+            .next_element_seed(seed)?
+            .ok_or_else(|| de::Error::invalid_length(0, &"a row with one cell"))
+    }
+
+    fn by_name<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        visitor.visit_map(ColumnsByName {
+            seq: self.seq,
+            columns: self.columns,
+            position: self.position,
+            next: 0,
+        })
+    }
+}
+
+macro_rules! forward_to_single_cell {
+    ($($method:ident $(, $arg:ident: $ty:ty)*;)*) => {$(
+        fn $method<V: Visitor<'de>>(self, $($arg: $ty,)* visitor: V) -> Result<V::Value, A::Error> {
+            struct Seed<V> {
+                visitor: V,
+                $($arg: $ty,)*
+            }
+            impl<'de, V: Visitor<'de>> DeserializeSeed<'de> for Seed<V> {
+                type Value = V::Value;
+                fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+                    d.$method($(self.$arg,)* self.visitor)
+                }
+            }
+            self.single(Seed { visitor, $($arg,)* })
+        }
+    )*};
+}
+
+impl<'de, A: SeqAccess<'de>> Deserializer<'de> for RowDeserializer<'_, A> {
+    type Error = A::Error;
+
+    /// Self-describing targets (`serde_json::Value`, untagged enums) see the row as an object.
+    fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        self.by_name(visitor)
+    }
+
+    fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        self.by_name(visitor)
+    }
+
+    fn deserialize_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _fields: &'static [&'static str],
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        self.by_name(visitor)
+    }
+
+    fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        visitor.visit_seq(CellsInOrder {
+            seq: self.seq,
+            position: self.position,
+            next: 0,
+        })
+    }
+
+    fn deserialize_tuple<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, A::Error> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_tuple_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        self.deserialize_seq(visitor)
+    }
+
+    fn deserialize_newtype_struct<V: Visitor<'de>>(
+        self,
+        _name: &'static str,
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
+        visitor.visit_newtype_struct(self)
+    }
+
+    /// A row always exists; `Option<T>` of a one-column result reads the cell's nullness.
+    fn deserialize_option<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        if self.columns.len() == 1 {
+            struct Seed<V>(V);
+            impl<'de, V: Visitor<'de>> DeserializeSeed<'de> for Seed<V> {
+                type Value = V::Value;
+                fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+                    d.deserialize_option(self.0)
+                }
+            }
+            self.single(Seed(visitor))
+        } else {
+            visitor.visit_some(self)
+        }
+    }
+
+    fn deserialize_ignored_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
+        while self.seq.next_element::<IgnoredAny>()?.is_some() {}
+        visitor.visit_unit()
+    }
+
+    forward_to_single_cell! {
+        deserialize_bool; deserialize_i8; deserialize_i16; deserialize_i32; deserialize_i64;
+        deserialize_i128; deserialize_u8; deserialize_u16; deserialize_u32; deserialize_u64;
+        deserialize_u128; deserialize_f32; deserialize_f64; deserialize_char; deserialize_str;
+        deserialize_string; deserialize_bytes; deserialize_byte_buf; deserialize_unit;
+        deserialize_identifier;
+        deserialize_unit_struct, name: &'static str;
+        deserialize_enum, name: &'static str, variants: &'static [&'static str];
+    }
+}
+
+/// A row as `column name -> cell`, in column order.
+struct ColumnsByName<'a, A> {
+    seq: &'a mut A,
+    columns: &'a [Column],
+    position: &'a Position,
+    next: usize,
+}
+
+impl<'de, A: SeqAccess<'de>> MapAccess<'de> for ColumnsByName<'_, A> {
+    type Error = A::Error;
+
+    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+        let Some(column) = self.columns.get(self.next) else {
+            return Ok(None);
+        };
+        seed.deserialize(de::value::StrDeserializer::<A::Error>::new(&column.name))
+            .map(Some)
+    }
+
+    fn next_value_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<S::Value, A::Error> {
+        let index = self.next;
+        self.next += 1;
+        self.position.column.set(Some(index));
+        self.seq.next_element_seed(seed)?.ok_or_else(|| {
+            de::Error::custom(format_args!(
+                "the row has {index} cells but the result has {} columns",
+                self.columns.len()
+            ))
+        })
+    }
+
+    fn size_hint(&self) -> Option<usize> {
+        Some(self.columns.len() - self.next)
+    }
+}
+
+/// A row as a sequence of cells, tracking the column for error messages.
+struct CellsInOrder<'a, A> {
+    seq: &'a mut A,
+    position: &'a Position,
+    next: usize,
+}
+
+impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for CellsInOrder<'_, A> {
+    type Error = A::Error;
+
+    fn next_element_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
+        self.position.column.set(Some(self.next));
+        self.next += 1;
+        self.seq.next_element_seed(seed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Deserialize;
+    use std::collections::BTreeMap;
+
+    const BODY: &str = r#"{"columns":[{"name":"id","type":"INTEGER"},{"name":"name","type":"TEXT"},{"name":"score","type":"REAL"},{"name":"note","type":""}],
+        "rows":[[9223372036854775807,"ada",1.5,null],[2,"bob",-0.25,"hi"]],"rows_affected":0,"last_insert_id":null}"#;
+
+    #[derive(Debug, Deserialize, PartialEq)]
+    struct Person {
+        id: i64,
+        name: String,
+        score: f64,
+        note: Option<String>,
+    }
+
+    #[test]
+    fn structs_by_column_name() {
+        let rows: Vec<Person> = rows(BODY.as_bytes()).unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                Person { id: i64::MAX, name: "ada".into(), score: 1.5, note: None },
+                Person { id: 2, name: "bob".into(), score: -0.25, note: Some("hi".into()) },
+            ]
+        );
+    }
+
+    #[test]
+    fn struct_fields_in_any_order_and_extra_columns_ignored() {
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Partial {
+            name: String,
+            id: i64,
+        }
+        let rows: Vec<Partial> = rows(BODY.as_bytes()).unwrap();
+        assert_eq!(rows[1], Partial { name: "bob".into(), id: 2 });
+    }
+
+    #[test]
+    fn tuples_by_position() {
+        let rows: Vec<(i64, String, f64, Option<String>)> = rows(BODY.as_bytes()).unwrap();
+        assert_eq!(rows[0], (i64::MAX, "ada".to_owned(), 1.5, None));
+    }
+
+    #[test]
+    fn maps_and_values() {
+        let maps: Vec<BTreeMap<String, serde_json::Value>> = rows(BODY.as_bytes()).unwrap();
+        assert_eq!(maps[1]["name"], "bob");
+        let values: Vec<serde_json::Value> = rows(BODY.as_bytes()).unwrap();
+        assert_eq!(values[0]["id"], i64::MAX);
+    }
+
+    #[test]
+    fn scalars_from_a_single_column() {
+        let body = br#"{"columns":[{"name":"n","type":""}],"rows":[[3],[null]]}"#;
+        let rows: Vec<Option<u8>> = rows(body).unwrap();
+        assert_eq!(rows, vec![Some(3), None]);
+        let err = super::rows::<i64>(body).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Decode { row: Some(1), .. }), "{err:?}");
+    }
+
+    #[test]
+    fn a_scalar_target_on_many_columns_is_an_error() {
+        let err = rows::<i64>(BODY.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("one column"), "{err}");
+    }
+
+    #[test]
+    fn blobs_decode_into_bytes() {
+        let body = br#"{"columns":[{"name":"b","type":"BLOB"}],"rows":[[[0,1,255]]]}"#;
+        let rows: Vec<(Vec<u8>,)> = rows(body).unwrap();
+        assert_eq!(rows[0].0, vec![0, 1, 255]);
+    }
+
+    #[test]
+    fn decode_errors_name_row_and_column() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Wrong {
+            id: i64,
+            name: i64,
+        }
+        let err = rows::<Wrong>(BODY.as_bytes()).unwrap_err();
+        match err.kind() {
+            ErrorKind::Decode { row, column, message } => {
+                assert_eq!(*row, Some(0));
+                assert_eq!(column.as_deref(), Some("name"));
+                assert!(message.contains("expected i64"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_tuple_too_short_for_the_row_is_an_error() {
+        let err = rows::<(i64, String)>(BODY.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("more cells"), "{err}");
+        let err = rows::<(i64, String, f64, Option<String>, i64)>(BODY.as_bytes()).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Decode { row: Some(0), .. }), "{err:?}");
+    }
+
+    #[test]
+    fn missing_struct_field_is_an_error() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Extra {
+            id: i64,
+            missing: i64,
+        }
+        let err = rows::<Extra>(BODY.as_bytes()).unwrap_err();
+        assert!(err.to_string().contains("missing"), "{err}");
+    }
+
+    #[test]
+    fn rows_before_columns_still_decode_by_name() {
+        let body = br#"{"rows":[[1,"x"]],"columns":[{"name":"id","type":""},{"name":"name","type":""}]}"#;
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Row {
+            name: String,
+            id: i64,
+        }
+        assert_eq!(rows::<Row>(body).unwrap(), vec![Row { name: "x".into(), id: 1 }]);
+    }
+
+    #[test]
+    fn malformed_envelopes_are_decode_errors() {
+        for body in [&b""[..], b"[]", b"{\"rows\":[]}", b"{\"columns\":[]}", b"{\"columns\":[],\"rows\":[]} x", b"{\"columns\":[],\"rows\":[[1]"] {
+            let err = rows::<(i64,)>(body).unwrap_err();
+            assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{body:?}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn exec_result_skips_rows() {
+        let effect = exec_result(br#"{"columns":[],"rows":[],"rows_affected":3,"last_insert_id":41}"#).unwrap();
+        assert_eq!(effect, ExecResult { rows_affected: 3, last_insert_id: Some(41) });
+    }
+
+    #[test]
+    fn table_keeps_columns_and_cells() {
+        let table = table(BODY.as_bytes()).unwrap();
+        assert_eq!(table.columns()[0].name(), "id");
+        assert_eq!(table.columns()[0].type_name(), "INTEGER");
+        assert_eq!(table.len(), 2);
+        assert_eq!(table.row(1).unwrap().get::<String>("name").unwrap(), "bob");
+    }
+}

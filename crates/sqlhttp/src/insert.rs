@@ -1,0 +1,338 @@
+//! Typed bulk insert: rows of any `Serialize` struct or map become parameterized multi-row
+//! `INSERT INTO "table" ("a", "b") VALUES (?, ?), (?, ?)` statements with quoted identifiers, split into
+//! chunks that respect the engine's bound-parameter limit and the server's body limit.
+//!
+//! Every row is checked and every chunk encoded before the first one is sent, so bad input fails with
+//! nothing written. Each chunk is one write (its own idempotency key, retried only under
+//! `retry_writes`). This module knows the SQL it generates and the request body; not the transport.
+
+use std::future::IntoFuture;
+
+use bytes::Bytes;
+use serde::Serialize;
+use tokio_util::sync::CancellationToken;
+
+use crate::client::Client;
+use crate::decode;
+use crate::error::{Error, ErrorKind, Result};
+use crate::retry::classify::OpClass;
+use crate::statement::{BoxFuture, RequestBody, check_scalar};
+use crate::table::Value;
+
+/// How large one generated statement may be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct InsertLimits {
+    /// Bound parameters in one statement (SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` is 32 766).
+    pub(crate) max_params: usize,
+    /// Bytes in one request body (the reference server's default limit is 1 MiB).
+    pub(crate) max_body_bytes: usize,
+}
+
+impl Default for InsertLimits {
+    fn default() -> Self {
+        Self {
+            max_params: 32_766,
+            max_body_bytes: 1024 * 1024,
+        }
+    }
+}
+
+/// One generated statement, encoded and ready to send.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub(crate) body: Bytes,
+    pub(crate) rows: usize,
+}
+
+/// A typed bulk insert, made by [`Client::insert`]. `.await` it for the number of rows inserted.
+#[derive(Debug)]
+#[must_use = "an insert does nothing until it is awaited"]
+pub struct Insert<'r, T> {
+    client: Client,
+    table: String,
+    rows: &'r [T],
+    cancel: Option<CancellationToken>,
+}
+
+impl<'r, T> Insert<'r, T> {
+    pub(crate) fn new(client: Client, table: String, rows: &'r [T]) -> Self {
+        Self {
+            client,
+            table,
+            rows,
+            cancel: None,
+        }
+    }
+
+    /// Cancels the insert when `token` is cancelled. Chunks already committed stay committed; the error
+    /// says how many rows they held ([`Error::rows_inserted`]).
+    pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
+        self.cancel = Some(token.clone());
+        self
+    }
+}
+
+impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
+    type Output = Result<u64>;
+    type IntoFuture = BoxFuture<'r, u64>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
+            let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
+            let mut inserted = 0u64;
+            for chunk in chunks {
+                let sent = self
+                    .client
+                    .send(OpClass::Write, chunk.body, &sql_for_log, self.cancel.as_ref())
+                    .await
+                    .and_then(|body| decode::exec_result(&body));
+                match sent {
+                    Ok(effect) => inserted += effect.rows_affected,
+                    Err(err) if inserted > 0 => return Err(err.with_rows_inserted(inserted)),
+                    Err(err) => return Err(err),
+                }
+                tracing::debug!(rows = chunk.rows, "insert chunk committed");
+            }
+            Ok(inserted)
+        })
+    }
+}
+
+/// Checks every row and splits them into encoded statements.
+pub(crate) fn plan<T: Serialize>(table: &str, rows: &[T], limits: InsertLimits) -> Result<Vec<Chunk>> {
+    let Some(first) = rows.first() else {
+        return Ok(Vec::new());
+    };
+    check_identifier(table, "table")?;
+    let columns: Vec<String> = match to_object(first, 0)? {
+        Value::Object(map) => map.keys().cloned().collect(),
+        _ => unreachable!("to_object returns objects"),
+    };
+    if columns.is_empty() {
+        return Err(invalid(None, "row 0 has no fields to insert".to_owned()));
+    }
+    for column in &columns {
+        check_identifier(column, "column")?;
+    }
+    let rows_per_statement = limits.max_params / columns.len();
+    if rows_per_statement == 0 {
+        return Err(invalid(
+            None,
+            format!(
+                "a row has {} columns, more than the {} parameters one statement may bind",
+                columns.len(),
+                limits.max_params
+            ),
+        ));
+    }
+
+    let prefix = format!(
+        "INSERT INTO {} ({}) VALUES ",
+        quote_identifier(table),
+        columns.iter().map(|c| quote_identifier(c)).collect::<Vec<_>>().join(", ")
+    );
+    let group = format!("({})", vec!["?"; columns.len()].join(", "));
+    // `{"sql":"<prefix>","params":[]}` with the prefix escaped as JSON.
+    let fixed_bytes = serde_json::to_string(&prefix).expect("strings serialize").len() + r#"{"sql":,"params":[]}"#.len();
+
+    let mut chunks = Vec::new();
+    let mut params: Vec<Value> = Vec::new();
+    let mut rows_in_chunk = 0usize;
+    let mut body_bytes = fixed_bytes;
+    for (index, row) in rows.iter().enumerate() {
+        let Value::Object(mut map) = to_object(row, index)? else {
+            unreachable!("to_object returns objects")
+        };
+        if map.len() != columns.len() || !columns.iter().all(|c| map.contains_key(c)) {
+            return Err(invalid(
+                None,
+                format!("row {index} has different fields from row 0 ({})", columns.join(", ")),
+            ));
+        }
+        let mut row_params = Vec::with_capacity(columns.len());
+        // Each row adds its placeholder group plus ", " and, per parameter, its JSON plus ",".
+        let mut row_bytes = group.len() + 2;
+        for column in &columns {
+            let value = map.remove(column).expect("checked above");
+            check_scalar(&value).map_err(|message| {
+                invalid(None, format!("row {index}, column `{column}`: {message}"))
+            })?;
+            row_bytes += serde_json::to_string(&value).expect("scalars serialize").len() + 1;
+            row_params.push(value);
+        }
+        if fixed_bytes + row_bytes > limits.max_body_bytes {
+            return Err(Error::new(ErrorKind::PayloadTooLarge {
+                message: format!(
+                    "row {index} alone needs about {} bytes, over the {}-byte body limit",
+                    fixed_bytes + row_bytes,
+                    limits.max_body_bytes
+                ),
+            }));
+        }
+        if rows_in_chunk == rows_per_statement || body_bytes + row_bytes > limits.max_body_bytes {
+            chunks.push(encode(&prefix, &group, rows_in_chunk, &params));
+            params.clear();
+            rows_in_chunk = 0;
+            body_bytes = fixed_bytes;
+        }
+        params.extend(row_params);
+        rows_in_chunk += 1;
+        body_bytes += row_bytes;
+    }
+    chunks.push(encode(&prefix, &group, rows_in_chunk, &params));
+    Ok(chunks)
+}
+
+fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
+    let mut sql = String::with_capacity(prefix.len() + rows * (group.len() + 2));
+    sql.push_str(prefix);
+    for i in 0..rows {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        sql.push_str(group);
+    }
+    Chunk {
+        body: RequestBody { sql: &sql, params }.encode(),
+        rows,
+    }
+}
+
+fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
+    match serde_json::to_value(row) {
+        Ok(value @ Value::Object(_)) => Ok(value),
+        Ok(_) => Err(invalid(None, format!("row {index} is not a struct or a map"))),
+        Err(err) => Err(invalid(None, format!("row {index}: {err}"))),
+    }
+}
+
+/// Quotes an identifier for SQL: `"name"`, with `"` doubled.
+pub(crate) fn quote_identifier(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+fn check_identifier(name: &str, what: &str) -> Result<()> {
+    if name.is_empty() || name.contains('\0') {
+        return Err(invalid(None, format!("invalid {what} name {name:?}")));
+    }
+    Ok(())
+}
+
+fn invalid(index: Option<usize>, message: String) -> Error {
+    Error::new(ErrorKind::InvalidParameter { index, message })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde::Serialize;
+    use std::collections::BTreeMap;
+
+    #[derive(Serialize)]
+    struct User {
+        id: i64,
+        name: String,
+        email: Option<String>,
+    }
+
+    fn users(n: usize) -> Vec<User> {
+        (0..n)
+            .map(|i| User {
+                id: i as i64,
+                name: format!("user {i}"),
+                email: (i % 2 == 0).then(|| format!("u{i}@example.com")),
+            })
+            .collect()
+    }
+
+    fn body(chunk: &Chunk) -> serde_json::Value {
+        serde_json::from_slice(&chunk.body).unwrap()
+    }
+
+    #[test]
+    fn one_statement_with_quoted_identifiers_and_bound_values() {
+        let chunks = plan("people", &users(2), InsertLimits::default()).unwrap();
+        assert_eq!(chunks.len(), 1);
+        let b = body(&chunks[0]);
+        assert_eq!(
+            b["sql"],
+            r#"INSERT INTO "people" ("email", "id", "name") VALUES (?, ?, ?), (?, ?, ?)"#
+        );
+        assert_eq!(
+            b["params"],
+            serde_json::json!(["u0@example.com", 0, "user 0", null, 1, "user 1"])
+        );
+    }
+
+    #[test]
+    fn identifiers_cannot_break_out_of_quotes() {
+        let mut row = BTreeMap::new();
+        row.insert("a\"; DROP TABLE t; --", 1);
+        let chunks = plan("t\"x", &[row], InsertLimits::default()).unwrap();
+        assert_eq!(
+            body(&chunks[0])["sql"],
+            r#"INSERT INTO "t""x" ("a""; DROP TABLE t; --") VALUES (?)"#
+        );
+    }
+
+    #[test]
+    fn splits_on_the_parameter_limit() {
+        let limits = InsertLimits { max_params: 7, ..InsertLimits::default() };
+        let chunks = plan("t", &users(5), limits).unwrap();
+        assert_eq!(chunks.iter().map(|c| c.rows).collect::<Vec<_>>(), vec![2, 2, 1]);
+        for chunk in &chunks {
+            assert!(body(chunk)["params"].as_array().unwrap().len() <= 7);
+        }
+    }
+
+    #[test]
+    fn splits_on_the_body_limit_and_every_body_fits() {
+        let limits = InsertLimits { max_params: 32_766, max_body_bytes: 1_000 };
+        let rows = users(200);
+        let chunks = plan("t", &rows, limits).unwrap();
+        assert!(chunks.len() > 1);
+        assert_eq!(chunks.iter().map(|c| c.rows).sum::<usize>(), 200);
+        for chunk in &chunks {
+            assert!(chunk.body.len() <= 1_000, "{} bytes", chunk.body.len());
+            // Nearly full: the estimate is exact, not merely safe.
+            assert!(chunk.body.len() > 850 || chunk.rows < 10, "{} bytes", chunk.body.len());
+        }
+    }
+
+    #[test]
+    fn a_row_too_large_alone_fails_before_anything_is_sent() {
+        let limits = InsertLimits { max_params: 100, max_body_bytes: 200 };
+        let mut rows = users(3);
+        rows[2].name = "x".repeat(500);
+        let err = plan("t", &rows, limits).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::PayloadTooLarge { .. }), "{err:?}");
+    }
+
+    #[test]
+    fn rows_of_different_shapes_are_refused() {
+        let a: BTreeMap<&str, i64> = [("a", 1)].into();
+        let b: BTreeMap<&str, i64> = [("b", 1)].into();
+        let err = plan("t", &[a, b], InsertLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("row 1"), "{err}");
+    }
+
+    #[test]
+    fn nested_values_and_scalars_are_refused() {
+        #[derive(Serialize)]
+        struct Tagged {
+            tags: Vec<String>,
+        }
+        let err = plan("t", &[Tagged { tags: vec!["a".into()] }], InsertLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("`tags`"), "{err}");
+        let err = plan("t", &[1, 2], InsertLimits::default()).unwrap_err();
+        assert!(err.to_string().contains("not a struct"), "{err}");
+        let err = plan("", &users(1), InsertLimits::default()).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::InvalidParameter { .. }));
+    }
+
+    #[test]
+    fn no_rows_no_statements() {
+        assert!(plan::<User>("t", &[], InsertLimits::default()).unwrap().is_empty());
+    }
+}

@@ -1,0 +1,57 @@
+//! A typed client for databases that speak SQL over HTTP (`POST /api/v1/sql`, protocol v1).
+//!
+//! * [`Client::query`] decodes rows straight from the response bytes into any `T: Deserialize`;
+//!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
+//!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk.
+//! * Parameters are always bound (`.bind(&value)`), never spliced into SQL.
+//! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
+//!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
+//!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
+//!   fleet cannot turn an outage into a retry storm. The rules are in the [`retry`] module.
+//!
+//! ```no_run
+//! # async fn run() -> sqlhttp::Result<()> {
+//! use serde::{Deserialize, Serialize};
+//! use sqlhttp::Client;
+//!
+//! #[derive(Serialize, Deserialize)]
+//! struct Book { id: i64, title: String, year: Option<i64> }
+//!
+//! let client = Client::builder("http://127.0.0.1:8080").bearer_token("secret").build()?;
+//! client.execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL, year INTEGER)").await?;
+//! client.insert("books", &[Book { id: 1, title: "Dune".into(), year: Some(1965) }]).await?;
+//! let old: Vec<Book> = client.query("SELECT * FROM books WHERE year < ?").bind(&1970).fetch_all().await?;
+//! let count: i64 = client.query("SELECT count(*) FROM books").fetch_one().await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod client;
+mod decode;
+mod error;
+mod insert;
+mod response;
+pub mod retry;
+mod statement;
+mod table;
+mod transport;
+
+pub use client::{Client, ClientBuilder};
+pub use error::{AttemptFailure, Error, ErrorKind, Result};
+pub use insert::Insert;
+pub use retry::{Jitter, RetryBudget, RetryPolicy};
+pub use statement::{BoxFuture, Execute, Query, TableQuery};
+pub use table::{Column, ExecResult, Row, Table, Value};
+pub use tokio_util::sync::CancellationToken;
+
+/// Compile-time promises: the client is cheap to share across tasks, and errors can cross threads.
+#[allow(dead_code)]
+fn _assert_impls() {
+    fn send_sync<T: Send + Sync>() {}
+    fn clone<T: Clone>() {}
+    send_sync::<Client>();
+    clone::<Client>();
+    send_sync::<Error>();
+    send_sync::<Query>();
+    send_sync::<ClientBuilder>();
+}

@@ -1,0 +1,157 @@
+//! Which failures are retried: a pure function of the operation's class, the client's `retry_writes`
+//! setting and the failure's kind (status *and* protocol error code).
+//!
+//! It knows nothing of timing or budgets; the loop in `transport` asks it one question per failure.
+
+use crate::error::ErrorKind;
+
+/// The class of an operation, declared by the `Client` method the caller chose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum OpClass {
+    /// `ping`, `query`, `query_table`: safe to send twice.
+    Read,
+    /// `insert`: retried only under `retry_writes`, with one idempotency key for every attempt.
+    Write,
+    /// `execute`: arbitrary statements, never retried.
+    Execute,
+}
+
+impl OpClass {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            OpClass::Read => "read",
+            OpClass::Write => "write",
+            OpClass::Execute => "execute",
+        }
+    }
+}
+
+/// The protocol code of a `409` that means "the first attempt with this idempotency key is still running".
+pub(crate) const IDEMPOTENCY_KEY_IN_USE: &str = "IDEMPOTENCY_KEY_IN_USE";
+
+/// Whether the same request could succeed later: connection failures, attempt timeouts, `408`, `429`,
+/// every `5xx` except `501`, and a `409 IDEMPOTENCY_KEY_IN_USE`.
+pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
+    match kind {
+        ErrorKind::Connection { .. }
+        | ErrorKind::Timeout { .. }
+        | ErrorKind::RateLimited { .. }
+        | ErrorKind::Unavailable { .. } => true,
+        ErrorKind::Http { status, code, .. } => match *status {
+            408 | 429 => true,
+            409 => code.as_deref() == Some(IDEMPOTENCY_KEY_IN_USE),
+            501 => false,
+            500..=599 => true,
+            _ => false,
+        },
+        ErrorKind::Sql { .. }
+        | ErrorKind::Unauthorized { .. }
+        | ErrorKind::ConstraintViolation { .. }
+        | ErrorKind::PayloadTooLarge { .. }
+        | ErrorKind::Tls { .. }
+        | ErrorKind::Decode { .. }
+        | ErrorKind::RowNotFound
+        | ErrorKind::InvalidParameter { .. }
+        | ErrorKind::Config { .. }
+        | ErrorKind::Cancelled => false,
+    }
+}
+
+/// Whether an operation of `class` that failed with `kind` may be attempted again.
+pub(crate) fn should_retry(class: OpClass, retry_writes: bool, kind: &ErrorKind) -> bool {
+    let class_allows = match class {
+        OpClass::Read => true,
+        OpClass::Write => retry_writes,
+        OpClass::Execute => false,
+    };
+    class_allows && is_transient(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn http(status: u16, code: Option<&str>) -> ErrorKind {
+        ErrorKind::Http {
+            status,
+            code: code.map(str::to_owned),
+            message: String::new(),
+        }
+    }
+
+    /// Every row: (failure, retried as a read, retried as a write under retry_writes).
+    /// Writes without `retry_writes` and `execute` are never retried; checked for every row below.
+    fn table() -> Vec<(ErrorKind, bool, bool)> {
+        let msg = String::new;
+        vec![
+            (ErrorKind::Connection { message: "refused".into() }, true, true),
+            (ErrorKind::Connection { message: "reset".into() }, true, true),
+            (ErrorKind::Timeout { after: Duration::from_secs(1) }, true, true),
+            (http(408, None), true, true),
+            (ErrorKind::RateLimited { retry_after: Some(Duration::from_secs(2)), message: msg() }, true, true),
+            (ErrorKind::RateLimited { retry_after: None, message: msg() }, true, true),
+            (http(500, Some("INTERNAL")), true, true),
+            (http(502, None), true, true),
+            (ErrorKind::Unavailable { retry_after: None, message: msg() }, true, true),
+            (http(504, None), true, true),
+            (http(507, None), true, true),
+            (http(599, None), true, true),
+            (http(501, None), false, false),
+            (http(409, Some(IDEMPOTENCY_KEY_IN_USE)), true, true),
+            (ErrorKind::ConstraintViolation { message: msg() }, false, false),
+            (http(409, Some("CONSTRAINT_VIOLATION")), false, false),
+            (http(409, None), false, false),
+            (ErrorKind::Sql { code: "SQL_ERROR".into(), message: msg() }, false, false),
+            (http(400, Some("BAD_REQUEST")), false, false),
+            (ErrorKind::Unauthorized { message: msg() }, false, false),
+            (http(403, None), false, false),
+            (http(404, Some("NOT_FOUND")), false, false),
+            (http(405, Some("METHOD_NOT_ALLOWED")), false, false),
+            (ErrorKind::PayloadTooLarge { message: msg() }, false, false),
+            (http(422, Some("IDEMPOTENCY_KEY_REUSED")), false, false),
+            (http(418, None), false, false),
+            (http(302, None), false, false),
+            (ErrorKind::Tls { message: "bad certificate".into() }, false, false),
+            (ErrorKind::Decode { row: Some(1), column: None, message: msg() }, false, false),
+            (ErrorKind::RowNotFound, false, false),
+            (ErrorKind::InvalidParameter { index: Some(0), message: msg() }, false, false),
+            (ErrorKind::Config { message: msg() }, false, false),
+            (ErrorKind::Cancelled, false, false),
+        ]
+    }
+
+    #[test]
+    fn classification_table() {
+        for (kind, read, write) in table() {
+            assert_eq!(should_retry(OpClass::Read, false, &kind), read, "read: {kind:?}");
+            assert_eq!(should_retry(OpClass::Read, true, &kind), read, "read, retry_writes: {kind:?}");
+            assert_eq!(should_retry(OpClass::Write, true, &kind), write, "write, retry_writes: {kind:?}");
+            assert!(!should_retry(OpClass::Write, false, &kind), "write without opt-in: {kind:?}");
+            assert!(!should_retry(OpClass::Execute, true, &kind), "execute: {kind:?}");
+            assert!(!should_retry(OpClass::Execute, false, &kind), "execute: {kind:?}");
+        }
+    }
+
+    #[test]
+    fn is_transient_matches_the_read_column() {
+        for (kind, read, _) in table() {
+            assert_eq!(is_transient(&kind), read, "{kind:?}");
+        }
+    }
+
+    #[test]
+    fn every_5xx_but_501_is_transient() {
+        for status in 500..=599 {
+            assert_eq!(is_transient(&http(status, None)), status != 501, "{status}");
+        }
+    }
+
+    #[test]
+    fn no_4xx_but_408_429_and_key_in_use_is_transient() {
+        for status in 400..=499 {
+            let transient = is_transient(&http(status, None));
+            assert_eq!(transient, status == 408 || status == 429, "{status}");
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! Retry rules: what is retried, how long to wait, and when to stop.
+//!
+//! # What is retried
+//!
+//! The method the caller chose declares the operation's class; the SDK never parses SQL.
+//!
+//! | class | methods | retried |
+//! |---|---|---|
+//! | read | `ping`, `query`, `query_table` | by default |
+//! | write | `insert` | only with [`ClientBuilder::retry_writes(true)`](crate::ClientBuilder::retry_writes) |
+//! | execute | `execute` | never, whatever the configuration |
+//!
+//! A failure is retried when it is transient: a connection refused, reset or closed before a complete
+//! response; an attempt timeout; `408`, `429`, and every `5xx` except `501`. For writes, a `409
+//! IDEMPOTENCY_KEY_IN_USE` is transient too (the first attempt is still running on the server). Every
+//! other `4xx` (bad SQL, bad credentials, a constraint violation, an oversized payload), `501`, a complete
+//! `2xx` body that does not decode, a TLS certificate failure, a configuration error and the caller's
+//! cancellation are final: the server would decide them the same way next time.
+//!
+//! **A request must not be retried unless the server can safely take it twice.** Reads can. A write
+//! carries an `Idempotency-Key` that is the same on every attempt, so a server that honours it (the
+//! reference server does) applies it exactly once; against a server that ignores the key, a write whose
+//! response was lost after the server committed it is applied twice when retried. That risk is why
+//! `retry_writes` is opt-in. `execute` runs arbitrary statements (DDL, `UPDATE ... SET n = n + 1`) and is
+//! never retried.
+//!
+//! # Timing
+//!
+//! * `timeout` is the budget of one attempt; each attempt gets all of it.
+//! * [`RetryPolicy::max_elapsed`] caps the whole sequence, backoff included: no sleep starts that would
+//!   end past it and no attempt runs past it; reaching it returns the last failure.
+//! * Backoff before retry *n* is drawn uniformly from `[0, min(max_backoff, initial_backoff * 2^(n-1))]`
+//!   (full jitter), so a fleet that failed together does not come back in lockstep.
+//! * A valid `Retry-After` on a `429` or `503` replaces the computed delay, capped by `max_backoff`.
+//!
+//! # Why a budget, and not only an attempt count
+//!
+//! Three attempts per call look harmless, but when a server is down every call makes three, and a fleet
+//! triples its load on the server exactly when it is least able to take it: a retry storm. The
+//! [`RetryBudget`] is a token bucket shared by every clone of a `Client`: retries withdraw from it,
+//! successes refill it slowly, so during an outage retries fall to a small fraction of traffic while an
+//! isolated blip is still retried in full.
+
+pub(crate) mod backoff;
+mod budget;
+pub(crate) mod classify;
+pub(crate) mod retry_after;
+
+use std::time::Duration;
+
+pub use backoff::Jitter;
+pub use budget::RetryBudget;
+pub(crate) use budget::TokenBucket;
+
+/// How a call retries: attempt count, backoff and the elapsed-time ceiling.
+///
+/// A `Copy` value of settings; the running state (the random source, the budget) lives in the client.
+///
+/// # Defaults
+///
+/// | setting | default |
+/// |---|---|
+/// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt and two retries) |
+/// | [`initial_backoff`](Self::initial_backoff) | 100 ms |
+/// | [`max_backoff`](Self::max_backoff) | 5 s (also caps `Retry-After`) |
+/// | [`jitter`](Self::jitter) | [`Jitter::Full`] |
+/// | [`max_elapsed`](Self::max_elapsed) | none |
+/// | [`jitter_seed`](Self::jitter_seed) | none (seeded from the OS) |
+///
+/// ```
+/// use std::time::Duration;
+/// use sqlhttp::RetryPolicy;
+///
+/// let policy = RetryPolicy::new()
+///     .max_attempts(5)
+///     .max_elapsed(Duration::from_secs(20));
+/// assert_eq!(policy.get_max_attempts(), 5);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RetryPolicy {
+    pub(crate) max_attempts: u32,
+    pub(crate) initial_backoff: Duration,
+    pub(crate) max_backoff: Duration,
+    pub(crate) max_elapsed: Option<Duration>,
+    pub(crate) jitter: Jitter,
+    pub(crate) seed: Option<u64>,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryPolicy {
+    /// The default policy (see the table above).
+    pub const fn new() -> Self {
+        Self {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_secs(5),
+            max_elapsed: None,
+            jitter: Jitter::Full,
+            seed: None,
+        }
+    }
+
+    /// A policy that makes one attempt and never retries.
+    pub const fn never() -> Self {
+        Self::new().max_attempts(1)
+    }
+
+    /// Attempts in all, the first included. `1` turns retrying off; `0` is rejected by `build()`.
+    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts;
+        self
+    }
+
+    /// The cap of the first backoff; each later one doubles, up to `max_backoff`.
+    pub const fn initial_backoff(mut self, delay: Duration) -> Self {
+        self.initial_backoff = delay;
+        self
+    }
+
+    /// The largest delay ever slept between attempts, a server's `Retry-After` included.
+    pub const fn max_backoff(mut self, delay: Duration) -> Self {
+        self.max_backoff = delay;
+        self
+    }
+
+    /// A ceiling on the whole call, attempts and backoff included.
+    pub const fn max_elapsed(mut self, limit: Duration) -> Self {
+        self.max_elapsed = Some(limit);
+        self
+    }
+
+    /// How the computed backoff is randomised.
+    pub const fn jitter(mut self, jitter: Jitter) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Seeds the jitter's random source, so that delays repeat from run to run (for tests).
+    pub const fn jitter_seed(mut self, seed: u64) -> Self {
+        self.seed = Some(seed);
+        self
+    }
+
+    /// The configured attempt count.
+    pub const fn get_max_attempts(&self) -> u32 {
+        self.max_attempts
+    }
+
+    /// Checks that the settings can work.
+    pub(crate) fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("max_attempts must be at least 1".into());
+        }
+        if self.initial_backoff > self.max_backoff {
+            return Err(format!(
+                "initial_backoff ({:?}) is larger than max_backoff ({:?})",
+                self.initial_backoff, self.max_backoff
+            ));
+        }
+        if self.max_elapsed == Some(Duration::ZERO) {
+            return Err("max_elapsed must be larger than zero".into());
+        }
+        Ok(())
+    }
+}

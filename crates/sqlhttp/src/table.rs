@@ -1,0 +1,172 @@
+//! Results with a shape known only at run time: [`Table`] (columns with their types, rows of dynamically
+//! typed cells) and [`ExecResult`] (what a statement changed).
+//!
+//! Plain data and accessors; decoding from the wire lives in `decode`.
+
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+
+use crate::error::{Error, ErrorKind, Result};
+
+/// A dynamically typed cell: `null`, a bool, a number (integers keep 64-bit precision), a string, or a
+/// BLOB as an array of bytes.
+pub use serde_json::Value;
+
+/// A result column: its name and the engine's declared type.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct Column {
+    pub(crate) name: String,
+    #[serde(rename = "type", default)]
+    pub(crate) type_name: String,
+}
+
+impl Column {
+    /// The column's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The engine's declared type (`INTEGER`, `TEXT`, ...), empty when the column has none (an
+    /// expression such as `count(*)`).
+    pub fn type_name(&self) -> &str {
+        &self.type_name
+    }
+}
+
+/// What a statement run with `execute` changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ExecResult {
+    /// Rows inserted, updated or deleted by the statement.
+    pub rows_affected: u64,
+    /// The id (SQLite's rowid) of the last row the statement inserted, if it inserted any.
+    pub last_insert_id: Option<i64>,
+}
+
+/// A query result with its columns, as returned by [`Client::query_table`](crate::Client::query_table).
+///
+/// ```
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// let table = client.query_table("SELECT id, name FROM users").await?;
+/// for column in table.columns() {
+///     print!("{} ({})  ", column.name(), column.type_name());
+/// }
+/// for row in table.rows() {
+///     let id: i64 = row.get("id")?;
+///     let name: Option<String> = row.get("name")?;
+///     println!("{id} {name:?}");
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct Table {
+    columns: Vec<Column>,
+    rows: Vec<Vec<Value>>,
+    #[serde(default)]
+    rows_affected: u64,
+}
+
+impl Table {
+    /// The result's columns, in order.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// The position of the column named `name`.
+    pub fn column_index(&self, name: &str) -> Option<usize> {
+        self.columns.iter().position(|c| c.name == name)
+    }
+
+    /// The number of rows.
+    pub fn len(&self) -> usize {
+        self.rows.len()
+    }
+
+    /// Whether there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows.is_empty()
+    }
+
+    /// Rows changed by the statement (non-zero for `INSERT ... RETURNING` and the like).
+    pub fn rows_affected(&self) -> u64 {
+        self.rows_affected
+    }
+
+    /// The row at `index`.
+    pub fn row(&self, index: usize) -> Option<Row<'_>> {
+        self.rows.get(index).map(|cells| Row {
+            table: self,
+            index,
+            cells,
+        })
+    }
+
+    /// Every row, in order.
+    pub fn rows(&self) -> impl ExactSizeIterator<Item = Row<'_>> + '_ {
+        self.rows.iter().enumerate().map(|(index, cells)| Row {
+            table: self,
+            index,
+            cells,
+        })
+    }
+
+    /// The cells, row by row, without the column metadata.
+    pub fn into_rows(self) -> Vec<Vec<Value>> {
+        self.rows
+    }
+}
+
+/// One row of a [`Table`].
+#[derive(Debug, Clone, Copy)]
+pub struct Row<'a> {
+    table: &'a Table,
+    index: usize,
+    cells: &'a [Value],
+}
+
+impl<'a> Row<'a> {
+    /// The cell in the column named `column`.
+    pub fn value(&self, column: &str) -> Option<&'a Value> {
+        self.table.column_index(column).and_then(|i| self.cells.get(i))
+    }
+
+    /// The cells, in column order.
+    pub fn values(&self) -> &'a [Value] {
+        self.cells
+    }
+
+    /// The cell in the column named `column`, read as a `T` (`Option<T>` for a nullable column).
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Decode`] when there is no such column or the cell is not a `T`.
+    pub fn get<T: DeserializeOwned>(&self, column: &str) -> Result<T> {
+        let index = self.table.column_index(column).ok_or_else(|| {
+            self.decode_error(Some(column.to_owned()), format!("no column named `{column}`"))
+        })?;
+        self.get_index(index)
+    }
+
+    /// The cell at position `index`, read as a `T`.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Decode`] when there is no such column or the cell is not a `T`.
+    pub fn get_index<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
+        let name = self.table.columns.get(index).map(|c| c.name.clone());
+        let cell = self
+            .cells
+            .get(index)
+            .ok_or_else(|| self.decode_error(name.clone(), format!("no column at position {index}")))?;
+        T::deserialize(cell).map_err(|err| self.decode_error(name, err.to_string()))
+    }
+
+    fn decode_error(&self, column: Option<String>, message: String) -> Error {
+        Error::new(ErrorKind::Decode {
+            row: Some(self.index),
+            column,
+            message,
+        })
+    }
+}

@@ -1,0 +1,270 @@
+//! The transport owns every HTTP exchange and every attempt: it sends one prepared request body to the
+//! protocol's endpoint, retries it as the operation's class and the failure allow, waits between attempts,
+//! honours cancellation and the retry budget, and returns the successful body's bytes.
+//!
+//! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
+//! The rules it applies are documented in the [`retry`](crate::retry) module.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+use rand::rngs::StdRng;
+use rand::{RngExt, SeedableRng};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use crate::error::{AttemptFailure, Error, ErrorKind, Result};
+use crate::response;
+use crate::retry::classify::{OpClass, should_retry};
+use crate::retry::{RetryPolicy, TokenBucket, backoff};
+
+/// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
+pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
+/// The header carrying a write's idempotency key.
+pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Everything the transport needs, fixed when the client is built.
+pub(crate) struct Transport {
+    pub(crate) http: reqwest::Client,
+    pub(crate) endpoint: reqwest::Url,
+    pub(crate) authorization: Option<HeaderValue>,
+    pub(crate) user_agent: HeaderValue,
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) policy: RetryPolicy,
+    pub(crate) retry_writes: bool,
+    pub(crate) budget: Option<TokenBucket>,
+    pub(crate) rng: Mutex<StdRng>,
+    pub(crate) cancel: Option<CancellationToken>,
+}
+
+/// One call: a request body sent as many times as the rules allow.
+pub(crate) struct Call<'a> {
+    pub(crate) class: OpClass,
+    pub(crate) body: Bytes,
+    /// For debug-level logs only.
+    pub(crate) sql: &'a str,
+    pub(crate) cancel: Option<&'a CancellationToken>,
+}
+
+impl Transport {
+    pub(crate) fn new_rng(seed: Option<u64>) -> StdRng {
+        match seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => rand::make_rng(),
+        }
+    }
+
+    /// Sends the call, retrying as allowed; returns the body of the first successful response, or the
+    /// last failure with the attempt count and history.
+    pub(crate) async fn send(&self, call: Call<'_>) -> Result<Bytes> {
+        let span = tracing::info_span!(
+            "sqlhttp.call",
+            op = call.class.as_str(),
+            attempts = tracing::field::Empty,
+        );
+        self.run(call, &span).instrument(span.clone()).await
+    }
+
+    fn max_attempts(&self, class: OpClass) -> u32 {
+        match class {
+            OpClass::Read => self.policy.max_attempts,
+            OpClass::Write if self.retry_writes => self.policy.max_attempts,
+            OpClass::Write | OpClass::Execute => 1,
+        }
+    }
+
+    async fn run(&self, call: Call<'_>, span: &tracing::Span) -> Result<Bytes> {
+        tracing::debug!(sql = call.sql, "sending statement");
+        let started = Instant::now();
+        let deadline = self.policy.max_elapsed.map(|limit| started + limit);
+        let max_attempts = self.max_attempts(call.class);
+        let idempotency_key = (call.class == OpClass::Write).then(new_idempotency_key);
+        let mut history: Vec<AttemptFailure> = Vec::new();
+        let mut attempt = 0;
+
+        loop {
+            attempt += 1;
+            span.record("attempts", attempt);
+            let budget = attempt_budget(self.timeout, deadline);
+            let exchange = self.attempt(&call, attempt, max_attempts, idempotency_key.as_ref());
+            let outcome = tokio::select! {
+                biased;
+                () = cancelled(call.cancel, self.cancel.as_ref()) => Err(ErrorKind::Cancelled),
+                outcome = with_timeout(budget, exchange) => outcome,
+            };
+            let kind = match outcome {
+                Ok(body) => {
+                    if let Some(bucket) = &self.budget {
+                        bucket.deposit();
+                    }
+                    return Ok(body);
+                }
+                Err(kind) => kind,
+            };
+
+            let finish = |kind: ErrorKind, mut history: Vec<AttemptFailure>| {
+                history.push(record(attempt, &kind, None));
+                Error::new(kind).with_attempts(attempt, history)
+            };
+            if kind == ErrorKind::Cancelled
+                || attempt >= max_attempts
+                || !should_retry(call.class, self.retry_writes, &kind)
+            {
+                return Err(finish(kind, history));
+            }
+            let delay = self.delay_before_retry(attempt, &kind);
+            if deadline.is_some_and(|deadline| Instant::now() + delay >= deadline) {
+                tracing::debug!(attempt, "max_elapsed reached; not retrying");
+                return Err(finish(kind, history));
+            }
+            if let Some(bucket) = &self.budget
+                && !bucket.withdraw(matches!(kind, ErrorKind::Timeout { .. }))
+            {
+                tracing::warn!(attempt, "retry budget exhausted; not retrying");
+                return Err(finish(kind, history).with_budget_exhausted());
+            }
+            let failure = record(attempt, &kind, Some(delay));
+            tracing::info!(
+                attempt,
+                reason = %failure.failure,
+                delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+                "retrying"
+            );
+            history.push(failure);
+            tokio::select! {
+                biased;
+                () = cancelled(call.cancel, self.cancel.as_ref()) => {
+                    let err = Error::new(ErrorKind::Cancelled).with_attempts(attempt, history);
+                    return Err(err);
+                }
+                () = tokio::time::sleep(delay) => {}
+            }
+        }
+    }
+
+    /// The server's `Retry-After` when it gave a valid one (capped by `max_backoff`), else the computed
+    /// backoff.
+    fn delay_before_retry(&self, attempt: u32, kind: &ErrorKind) -> Duration {
+        let server_wait = match kind {
+            ErrorKind::RateLimited { retry_after, .. } | ErrorKind::Unavailable { retry_after, .. } => {
+                *retry_after
+            }
+            _ => None,
+        };
+        match server_wait {
+            Some(wait) => wait.min(self.policy.max_backoff),
+            None => {
+                let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                backoff::delay(&self.policy, attempt, &mut *rng)
+            }
+        }
+    }
+
+    /// One HTTP exchange: the request, the status, the whole body.
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        attempt: u32,
+        max_attempts: u32,
+        idempotency_key: Option<&HeaderValue>,
+    ) -> Result<Bytes, ErrorKind> {
+        let mut request = self
+            .http
+            .post(self.endpoint.clone())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, self.user_agent.clone())
+            .header(ATTEMPT_HEADER, format!("{attempt}/{max_attempts}"))
+            .body(call.body.clone());
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        if let Some(key) = idempotency_key {
+            request = request.header(IDEMPOTENCY_KEY_HEADER, key.clone());
+        }
+        let mut response = request
+            .send()
+            .await
+            .map_err(response::from_transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return response.bytes().await.map_err(|err| ErrorKind::Connection {
+                message: format!("response body ended early: {}", err.without_url()),
+            });
+        }
+        let headers = std::mem::take(response.headers_mut());
+        // The status decides; a body cut short only costs the server's message.
+        let body = response.bytes().await.unwrap_or_default();
+        Err(response::from_status(status.as_u16(), &headers, &body))
+    }
+}
+
+/// What one attempt may spend: the per-attempt timeout, or less when `max_elapsed` is nearer.
+fn attempt_budget(timeout: Option<Duration>, deadline: Option<Instant>) -> Option<Duration> {
+    let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
+    match (timeout, left) {
+        (Some(timeout), Some(left)) => Some(timeout.min(left)),
+        (one, other) => one.or(other),
+    }
+}
+
+async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes, ErrorKind>
+where
+    F: Future<Output = Result<Bytes, ErrorKind>>,
+{
+    match budget {
+        None => exchange.await,
+        Some(after) => tokio::time::timeout(after, exchange)
+            .await
+            .unwrap_or(Err(ErrorKind::Timeout { after })),
+    }
+}
+
+/// Resolves when either token is cancelled; never when there is none.
+async fn cancelled(call: Option<&CancellationToken>, client: Option<&CancellationToken>) {
+    match (call, client) {
+        (Some(a), Some(b)) => tokio::select! {
+            () = a.cancelled() => {}
+            () = b.cancelled() => {}
+        },
+        (Some(token), None) | (None, Some(token)) => token.cancelled().await,
+        (None, None) => std::future::pending().await,
+    }
+}
+
+fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> AttemptFailure {
+    let status = match kind {
+        ErrorKind::Sql { .. } => Some(400),
+        ErrorKind::Unauthorized { .. } => Some(401),
+        ErrorKind::ConstraintViolation { .. } => Some(409),
+        ErrorKind::PayloadTooLarge { .. } => Some(413),
+        ErrorKind::RateLimited { .. } => Some(429),
+        ErrorKind::Unavailable { .. } => Some(503),
+        ErrorKind::Http { status, .. } => Some(*status),
+        _ => None,
+    };
+    let failure = match (kind, status) {
+        (ErrorKind::Http { code: Some(code), .. }, Some(status)) => format!("{status} {code}"),
+        (_, Some(status)) => status.to_string(),
+        (ErrorKind::Timeout { .. }, None) => "timeout".to_owned(),
+        (ErrorKind::Connection { .. }, None) => "connection".to_owned(),
+        (ErrorKind::Cancelled, None) => "cancelled".to_owned(),
+        (other, None) => other.to_string(),
+    };
+    AttemptFailure {
+        attempt,
+        failure,
+        status,
+        retry_delay,
+    }
+}
+
+/// A fresh key for one write call: 128 random bits, hex-encoded.
+fn new_idempotency_key() -> HeaderValue {
+    let bits: u128 = rand::rng().random();
+    HeaderValue::try_from(format!("{bits:032x}")).expect("hex is a valid header value")
+}
