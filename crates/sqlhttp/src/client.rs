@@ -18,7 +18,7 @@ use crate::insert::{Insert, InsertLimits};
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Transport};
+use crate::transport::{Call, HttpExchange, Transport};
 
 /// The path of the protocol's one endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -38,7 +38,7 @@ const ENDPOINT: &str = "api/v1/sql";
 /// let client = sqlhttp::Client::builder("http://127.0.0.1:8080").build()?;
 /// let users: Vec<User> = client
 ///     .query("SELECT id, name FROM users WHERE id > ?")
-///     .bind(&10)
+///     .bind(10)
 ///     .fetch_all()
 ///     .await?;
 /// # Ok(())
@@ -50,6 +50,7 @@ pub struct Client {
 }
 
 struct Inner {
+    endpoint: reqwest::Url,
     transport: Transport,
     insert_limits: InsertLimits,
 }
@@ -135,8 +136,7 @@ impl fmt::Debug for Client {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let t = &self.inner.transport;
         f.debug_struct("Client")
-            .field("endpoint", &t.endpoint.as_str())
-            .field("authenticated", &t.authorization.is_some())
+            .field("endpoint", &self.inner.endpoint.as_str())
             .field("timeout", &t.timeout)
             .field("retry", &t.policy)
             .field("retry_writes", &t.retry_writes)
@@ -287,14 +287,16 @@ impl ClientBuilder {
         let authorization = self
             .bearer_token
             .map(|token| {
-                let mut value = HeaderValue::try_from(format!("Bearer {token}"))
-                    .map_err(|_| Error::config("the bearer token contains characters not allowed in a header"))?;
+                let mut value = HeaderValue::try_from(format!("Bearer {token}")).map_err(|_| {
+                    Error::config("the bearer token contains characters not allowed in a header")
+                })?;
                 value.set_sensitive(true);
                 Ok::<_, Error>(value)
             })
             .transpose()?;
-        let user_agent = HeaderValue::try_from(self.user_agent)
-            .map_err(|_| Error::config("the user agent contains characters not allowed in a header"))?;
+        let user_agent = HeaderValue::try_from(self.user_agent).map_err(|_| {
+            Error::config("the user agent contains characters not allowed in a header")
+        })?;
         self.policy.validate().map_err(Error::config)?;
         if self.timeout == Some(Duration::ZERO) {
             return Err(Error::config("timeout must be larger than zero"));
@@ -310,10 +312,12 @@ impl ClientBuilder {
                 .map_err(|err| Error::config(format!("cannot build the HTTP client: {err}")))?,
         };
         let transport = Transport {
-            http,
-            endpoint,
-            authorization,
-            user_agent,
+            exchange: Box::new(HttpExchange {
+                http,
+                endpoint: endpoint.clone(),
+                authorization,
+                user_agent,
+            }),
             timeout: self.timeout,
             policy: self.policy,
             retry_writes: self.retry_writes,
@@ -323,6 +327,7 @@ impl ClientBuilder {
         };
         Ok(Client {
             inner: Arc::new(Inner {
+                endpoint,
                 transport,
                 insert_limits: self.insert_limits,
             }),

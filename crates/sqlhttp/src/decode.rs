@@ -6,16 +6,26 @@
 //! struct or a map, as a sequence when `T` is a tuple or a `Vec`, and as its single cell when `T` is a
 //! scalar. Positions are tracked so that a failure names its row and column.
 //!
-//! This module knows the response envelope of protocol v1 and nothing of HTTP or retries.
+//! The functions are public for callers that hold a response body already (a recorded response, a
+//! cache); `Client` calls them after each successful exchange. This module knows the response envelope
+//! of protocol v1 and nothing of HTTP or retries.
+//!
+//! ```
+//! let body = br#"{"columns":[{"name":"id","type":"INTEGER"}],"rows":[[1],[2]],"rows_affected":0,"last_insert_id":null}"#;
+//! let ids: Vec<i64> = sqlhttp::decode::rows(body)?;
+//! assert_eq!(ids, [1, 2]);
+//! # Ok::<(), sqlhttp::Error>(())
+//! ```
 
 use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::de::{
-    self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor,
-};
 use serde::Deserialize;
+use serde::de::{
+    self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
+    Visitor,
+};
 use serde_json::value::RawValue;
 
 use crate::error::{Error, ErrorKind};
@@ -29,8 +39,14 @@ struct Position {
     column: Cell<Option<usize>>,
 }
 
-/// Decodes the rows of a response into `T`s.
-pub(crate) fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
+/// Decodes the rows of a response body into `T`s: structs by column name, tuples by position, a scalar
+/// from a one-column result.
+///
+/// # Errors
+///
+/// [`ErrorKind::Decode`] naming the row and column when a cell is not what `T` expects, or when the
+/// body is not a protocol v1 response.
+pub fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
     let position = Position::default();
     let mut columns: Vec<Column> = Vec::new();
     let result = (|| {
@@ -46,13 +62,21 @@ pub(crate) fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
     result.map_err(|err| positioned(err, &position, &columns))
 }
 
-/// Decodes the whole response into a [`Table`] of dynamically typed cells.
-pub(crate) fn table(body: &[u8]) -> Result<Table, Error> {
+/// Decodes a response body into a [`Table`] of dynamically typed cells.
+///
+/// # Errors
+///
+/// [`ErrorKind::Decode`] when the body is not a protocol v1 response.
+pub fn table(body: &[u8]) -> Result<Table, Error> {
     serde_json::from_slice::<Table>(body).map_err(Error::decode)
 }
 
-/// Decodes only the statement's effect, skipping any rows without building them.
-pub(crate) fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
+/// Decodes only a statement's effect from a response body, skipping any rows without building them.
+///
+/// # Errors
+///
+/// [`ErrorKind::Decode`] when the body is not a protocol v1 response.
+pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
     #[derive(Deserialize)]
     struct Effect {
         #[serde(default)]
@@ -69,10 +93,11 @@ pub(crate) fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
 
 fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -> Error {
     let (row, column) = if position.in_rows.get() {
-        let column = position
-            .column
-            .get()
-            .map(|i| columns.get(i).map_or_else(|| format!("#{i}"), |c| c.name.clone()));
+        let column = position.column.get().map(|i| {
+            columns
+                .get(i)
+                .map_or_else(|| format!("#{i}"), |c| c.name.clone())
+        });
         (Some(position.row.get()), column)
     } else {
         (None, None)
@@ -296,7 +321,11 @@ impl<'de, A: SeqAccess<'de>> Deserializer<'de> for RowDeserializer<'_, A> {
         })
     }
 
-    fn deserialize_tuple<V: Visitor<'de>>(self, _len: usize, visitor: V) -> Result<V::Value, A::Error> {
+    fn deserialize_tuple<V: Visitor<'de>>(
+        self,
+        _len: usize,
+        visitor: V,
+    ) -> Result<V::Value, A::Error> {
         self.deserialize_seq(visitor)
     }
 
@@ -360,7 +389,10 @@ struct ColumnsByName<'a, A> {
 impl<'de, A: SeqAccess<'de>> MapAccess<'de> for ColumnsByName<'_, A> {
     type Error = A::Error;
 
-    fn next_key_seed<K: DeserializeSeed<'de>>(&mut self, seed: K) -> Result<Option<K::Value>, A::Error> {
+    fn next_key_seed<K: DeserializeSeed<'de>>(
+        &mut self,
+        seed: K,
+    ) -> Result<Option<K::Value>, A::Error> {
         let Some(column) = self.columns.get(self.next) else {
             return Ok(None);
         };
@@ -395,7 +427,10 @@ struct CellsInOrder<'a, A> {
 impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for CellsInOrder<'_, A> {
     type Error = A::Error;
 
-    fn next_element_seed<S: DeserializeSeed<'de>>(&mut self, seed: S) -> Result<Option<S::Value>, A::Error> {
+    fn next_element_seed<S: DeserializeSeed<'de>>(
+        &mut self,
+        seed: S,
+    ) -> Result<Option<S::Value>, A::Error> {
         self.position.column.set(Some(self.next));
         self.next += 1;
         self.seq.next_element_seed(seed)
@@ -425,8 +460,18 @@ mod tests {
         assert_eq!(
             rows,
             vec![
-                Person { id: i64::MAX, name: "ada".into(), score: 1.5, note: None },
-                Person { id: 2, name: "bob".into(), score: -0.25, note: Some("hi".into()) },
+                Person {
+                    id: i64::MAX,
+                    name: "ada".into(),
+                    score: 1.5,
+                    note: None
+                },
+                Person {
+                    id: 2,
+                    name: "bob".into(),
+                    score: -0.25,
+                    note: Some("hi".into())
+                },
             ]
         );
     }
@@ -439,7 +484,13 @@ mod tests {
             id: i64,
         }
         let rows: Vec<Partial> = rows(BODY.as_bytes()).unwrap();
-        assert_eq!(rows[1], Partial { name: "bob".into(), id: 2 });
+        assert_eq!(
+            rows[1],
+            Partial {
+                name: "bob".into(),
+                id: 2
+            }
+        );
     }
 
     #[test]
@@ -462,7 +513,10 @@ mod tests {
         let rows: Vec<Option<u8>> = rows(body).unwrap();
         assert_eq!(rows, vec![Some(3), None]);
         let err = super::rows::<i64>(body).unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::Decode { row: Some(1), .. }), "{err:?}");
+        assert!(
+            matches!(err.kind(), ErrorKind::Decode { row: Some(1), .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -488,7 +542,11 @@ mod tests {
         }
         let err = rows::<Wrong>(BODY.as_bytes()).unwrap_err();
         match err.kind() {
-            ErrorKind::Decode { row, column, message } => {
+            ErrorKind::Decode {
+                row,
+                column,
+                message,
+            } => {
                 assert_eq!(*row, Some(0));
                 assert_eq!(column.as_deref(), Some("name"));
                 assert!(message.contains("expected i64"), "{message}");
@@ -502,7 +560,10 @@ mod tests {
         let err = rows::<(i64, String)>(BODY.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("more cells"), "{err}");
         let err = rows::<(i64, String, f64, Option<String>, i64)>(BODY.as_bytes()).unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::Decode { row: Some(0), .. }), "{err:?}");
+        assert!(
+            matches!(err.kind(), ErrorKind::Decode { row: Some(0), .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -519,27 +580,52 @@ mod tests {
 
     #[test]
     fn rows_before_columns_still_decode_by_name() {
-        let body = br#"{"rows":[[1,"x"]],"columns":[{"name":"id","type":""},{"name":"name","type":""}]}"#;
+        let body =
+            br#"{"rows":[[1,"x"]],"columns":[{"name":"id","type":""},{"name":"name","type":""}]}"#;
         #[derive(Debug, Deserialize, PartialEq)]
         struct Row {
             name: String,
             id: i64,
         }
-        assert_eq!(rows::<Row>(body).unwrap(), vec![Row { name: "x".into(), id: 1 }]);
+        assert_eq!(
+            rows::<Row>(body).unwrap(),
+            vec![Row {
+                name: "x".into(),
+                id: 1
+            }]
+        );
     }
 
     #[test]
     fn malformed_envelopes_are_decode_errors() {
-        for body in [&b""[..], b"[]", b"{\"rows\":[]}", b"{\"columns\":[]}", b"{\"columns\":[],\"rows\":[]} x", b"{\"columns\":[],\"rows\":[[1]"] {
+        for body in [
+            &b""[..],
+            b"[]",
+            b"{\"rows\":[]}",
+            b"{\"columns\":[]}",
+            b"{\"columns\":[],\"rows\":[]} x",
+            b"{\"columns\":[],\"rows\":[[1]",
+        ] {
             let err = rows::<(i64,)>(body).unwrap_err();
-            assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{body:?}: {err:?}");
+            assert!(
+                matches!(err.kind(), ErrorKind::Decode { .. }),
+                "{body:?}: {err:?}"
+            );
         }
     }
 
     #[test]
     fn exec_result_skips_rows() {
-        let effect = exec_result(br#"{"columns":[],"rows":[],"rows_affected":3,"last_insert_id":41}"#).unwrap();
-        assert_eq!(effect, ExecResult { rows_affected: 3, last_insert_id: Some(41) });
+        let effect =
+            exec_result(br#"{"columns":[],"rows":[],"rows_affected":3,"last_insert_id":41}"#)
+                .unwrap();
+        assert_eq!(
+            effect,
+            ExecResult {
+                rows_affected: 3,
+                last_insert_id: Some(41)
+            }
+        );
     }
 
     #[test]

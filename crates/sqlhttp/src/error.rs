@@ -126,7 +126,8 @@ pub enum ErrorKind {
 }
 
 fn fmt_wait(wait: Option<Duration>) -> String {
-    wait.map(|w| format!(" (retry after {w:?})")).unwrap_or_default()
+    wait.map(|w| format!(" (retry after {w:?})"))
+        .unwrap_or_default()
 }
 
 /// One failed attempt of a call, as recorded in [`Error::history`].
@@ -268,7 +269,9 @@ impl Error {
             ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
             ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
             ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
-            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts > 0 => Some("PAYLOAD_TOO_LARGE"),
+            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts > 0 => {
+                Some("PAYLOAD_TOO_LARGE")
+            }
             _ => None,
         }
     }
@@ -276,9 +279,8 @@ impl Error {
     /// The wait the server asked for with `Retry-After` (on `429` and `503`), uncapped.
     pub fn retry_after(&self) -> Option<Duration> {
         match &self.inner.kind {
-            ErrorKind::RateLimited { retry_after, .. } | ErrorKind::Unavailable { retry_after, .. } => {
-                *retry_after
-            }
+            ErrorKind::RateLimited { retry_after, .. }
+            | ErrorKind::Unavailable { retry_after, .. } => *retry_after,
             _ => None,
         }
     }

@@ -84,7 +84,12 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
             for chunk in chunks {
                 let sent = self
                     .client
-                    .send(OpClass::Write, chunk.body, &sql_for_log, self.cancel.as_ref())
+                    .send(
+                        OpClass::Write,
+                        chunk.body,
+                        &sql_for_log,
+                        self.cancel.as_ref(),
+                    )
                     .await
                     .and_then(|body| decode::exec_result(&body));
                 match sent {
@@ -100,7 +105,11 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
 }
 
 /// Checks every row and splits them into encoded statements.
-pub(crate) fn plan<T: Serialize>(table: &str, rows: &[T], limits: InsertLimits) -> Result<Vec<Chunk>> {
+pub(crate) fn plan<T: Serialize>(
+    table: &str,
+    rows: &[T],
+    limits: InsertLimits,
+) -> Result<Vec<Chunk>> {
     let Some(first) = rows.first() else {
         return Ok(Vec::new());
     };
@@ -130,11 +139,18 @@ pub(crate) fn plan<T: Serialize>(table: &str, rows: &[T], limits: InsertLimits) 
     let prefix = format!(
         "INSERT INTO {} ({}) VALUES ",
         quote_identifier(table),
-        columns.iter().map(|c| quote_identifier(c)).collect::<Vec<_>>().join(", ")
+        columns
+            .iter()
+            .map(|c| quote_identifier(c))
+            .collect::<Vec<_>>()
+            .join(", ")
     );
     let group = format!("({})", vec!["?"; columns.len()].join(", "));
     // `{"sql":"<prefix>","params":[]}` with the prefix escaped as JSON.
-    let fixed_bytes = serde_json::to_string(&prefix).expect("strings serialize").len() + r#"{"sql":,"params":[]}"#.len();
+    let fixed_bytes = serde_json::to_string(&prefix)
+        .expect("strings serialize")
+        .len()
+        + r#"{"sql":,"params":[]}"#.len();
 
     let mut chunks = Vec::new();
     let mut params: Vec<Value> = Vec::new();
@@ -147,7 +163,10 @@ pub(crate) fn plan<T: Serialize>(table: &str, rows: &[T], limits: InsertLimits) 
         if map.len() != columns.len() || !columns.iter().all(|c| map.contains_key(c)) {
             return Err(invalid(
                 None,
-                format!("row {index} has different fields from row 0 ({})", columns.join(", ")),
+                format!(
+                    "row {index} has different fields from row 0 ({})",
+                    columns.join(", ")
+                ),
             ));
         }
         let mut row_params = Vec::with_capacity(columns.len());
@@ -158,7 +177,10 @@ pub(crate) fn plan<T: Serialize>(table: &str, rows: &[T], limits: InsertLimits) 
             check_scalar(&value).map_err(|message| {
                 invalid(None, format!("row {index}, column `{column}`: {message}"))
             })?;
-            row_bytes += serde_json::to_string(&value).expect("scalars serialize").len() + 1;
+            row_bytes += serde_json::to_string(&value)
+                .expect("scalars serialize")
+                .len()
+                + 1;
             row_params.push(value);
         }
         if fixed_bytes + row_bytes > limits.max_body_bytes {
@@ -202,7 +224,10 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
 fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
     match serde_json::to_value(row) {
         Ok(value @ Value::Object(_)) => Ok(value),
-        Ok(_) => Err(invalid(None, format!("row {index} is not a struct or a map"))),
+        Ok(_) => Err(invalid(
+            None,
+            format!("row {index} is not a struct or a map"),
+        )),
         Err(err) => Err(invalid(None, format!("row {index}: {err}"))),
     }
 }
@@ -278,9 +303,15 @@ mod tests {
 
     #[test]
     fn splits_on_the_parameter_limit() {
-        let limits = InsertLimits { max_params: 7, ..InsertLimits::default() };
+        let limits = InsertLimits {
+            max_params: 7,
+            ..InsertLimits::default()
+        };
         let chunks = plan("t", &users(5), limits).unwrap();
-        assert_eq!(chunks.iter().map(|c| c.rows).collect::<Vec<_>>(), vec![2, 2, 1]);
+        assert_eq!(
+            chunks.iter().map(|c| c.rows).collect::<Vec<_>>(),
+            vec![2, 2, 1]
+        );
         for chunk in &chunks {
             assert!(body(chunk)["params"].as_array().unwrap().len() <= 7);
         }
@@ -288,7 +319,10 @@ mod tests {
 
     #[test]
     fn splits_on_the_body_limit_and_every_body_fits() {
-        let limits = InsertLimits { max_params: 32_766, max_body_bytes: 1_000 };
+        let limits = InsertLimits {
+            max_params: 32_766,
+            max_body_bytes: 1_000,
+        };
         let rows = users(200);
         let chunks = plan("t", &rows, limits).unwrap();
         assert!(chunks.len() > 1);
@@ -296,17 +330,27 @@ mod tests {
         for chunk in &chunks {
             assert!(chunk.body.len() <= 1_000, "{} bytes", chunk.body.len());
             // Nearly full: the estimate is exact, not merely safe.
-            assert!(chunk.body.len() > 850 || chunk.rows < 10, "{} bytes", chunk.body.len());
+            assert!(
+                chunk.body.len() > 850 || chunk.rows < 10,
+                "{} bytes",
+                chunk.body.len()
+            );
         }
     }
 
     #[test]
     fn a_row_too_large_alone_fails_before_anything_is_sent() {
-        let limits = InsertLimits { max_params: 100, max_body_bytes: 200 };
+        let limits = InsertLimits {
+            max_params: 100,
+            max_body_bytes: 200,
+        };
         let mut rows = users(3);
         rows[2].name = "x".repeat(500);
         let err = plan("t", &rows, limits).unwrap_err();
-        assert!(matches!(err.kind(), ErrorKind::PayloadTooLarge { .. }), "{err:?}");
+        assert!(
+            matches!(err.kind(), ErrorKind::PayloadTooLarge { .. }),
+            "{err:?}"
+        );
     }
 
     #[test]
@@ -323,7 +367,14 @@ mod tests {
         struct Tagged {
             tags: Vec<String>,
         }
-        let err = plan("t", &[Tagged { tags: vec!["a".into()] }], InsertLimits::default()).unwrap_err();
+        let err = plan(
+            "t",
+            &[Tagged {
+                tags: vec!["a".into()],
+            }],
+            InsertLimits::default(),
+        )
+        .unwrap_err();
         assert!(err.to_string().contains("`tags`"), "{err}");
         let err = plan("t", &[1, 2], InsertLimits::default()).unwrap_err();
         assert!(err.to_string().contains("not a struct"), "{err}");
@@ -333,6 +384,10 @@ mod tests {
 
     #[test]
     fn no_rows_no_statements() {
-        assert!(plan::<User>("t", &[], InsertLimits::default()).unwrap().is_empty());
+        assert!(
+            plan::<User>("t", &[], InsertLimits::default())
+                .unwrap()
+                .is_empty()
+        );
     }
 }

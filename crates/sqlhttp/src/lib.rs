@@ -3,7 +3,7 @@
 //! * [`Client::query`] decodes rows straight from the response bytes into any `T: Deserialize`;
 //!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
 //!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk.
-//! * Parameters are always bound (`.bind(&value)`), never spliced into SQL.
+//! * Parameters are always bound (`.bind(value)`), never spliced into SQL.
 //! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
@@ -20,14 +20,14 @@
 //! let client = Client::builder("http://127.0.0.1:8080").bearer_token("secret").build()?;
 //! client.execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL, year INTEGER)").await?;
 //! client.insert("books", &[Book { id: 1, title: "Dune".into(), year: Some(1965) }]).await?;
-//! let old: Vec<Book> = client.query("SELECT * FROM books WHERE year < ?").bind(&1970).fetch_all().await?;
+//! let old: Vec<Book> = client.query("SELECT * FROM books WHERE year < ?").bind(1970).fetch_all().await?;
 //! let count: i64 = client.query("SELECT count(*) FROM books").fetch_one().await?;
 //! # Ok(())
 //! # }
 //! ```
 
 mod client;
-mod decode;
+pub mod decode;
 mod error;
 mod insert;
 mod response;

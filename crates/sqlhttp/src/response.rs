@@ -27,10 +27,9 @@ struct ErrorBody {
 /// Maps a non-success response to the kind a caller branches on.
 pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> ErrorKind {
     let (code, message) = match serde_json::from_slice::<ErrorEnvelope>(body) {
-        Ok(ErrorEnvelope { error }) => (
-            error.code,
-            error.message.unwrap_or_else(|| reason(status)),
-        ),
+        Ok(ErrorEnvelope { error }) => {
+            (error.code, error.message.unwrap_or_else(|| reason(status)))
+        }
         Err(_) => (None, reason(status)),
     };
     let wait = || retry_after::from_headers(headers, SystemTime::now());
@@ -122,7 +121,8 @@ mod tests {
     use std::time::Duration;
 
     fn body(code: &str, message: &str) -> Vec<u8> {
-        serde_json::to_vec(&serde_json::json!({"error": {"code": code, "message": message}})).unwrap()
+        serde_json::to_vec(&serde_json::json!({"error": {"code": code, "message": message}}))
+            .unwrap()
     }
 
     #[test]
@@ -130,44 +130,86 @@ mod tests {
         let h = http::HeaderMap::new();
         assert_eq!(
             from_status(400, &h, &body("SQL_ERROR", "near \"SELEC\": syntax error")),
-            ErrorKind::Sql { code: "SQL_ERROR".into(), message: "near \"SELEC\": syntax error".into() }
+            ErrorKind::Sql {
+                code: "SQL_ERROR".into(),
+                message: "near \"SELEC\": syntax error".into()
+            }
         );
         assert_eq!(
             from_status(400, &h, &body("BAD_REQUEST", "sql missing")),
-            ErrorKind::Http { status: 400, code: Some("BAD_REQUEST".into()), message: "sql missing".into() }
+            ErrorKind::Http {
+                status: 400,
+                code: Some("BAD_REQUEST".into()),
+                message: "sql missing".into()
+            }
         );
-        assert_eq!(from_status(401, &h, &body("UNAUTHORIZED", "no")), ErrorKind::Unauthorized { message: "no".into() });
+        assert_eq!(
+            from_status(401, &h, &body("UNAUTHORIZED", "no")),
+            ErrorKind::Unauthorized {
+                message: "no".into()
+            }
+        );
         assert_eq!(
             from_status(409, &h, &body("CONSTRAINT_VIOLATION", "UNIQUE")),
-            ErrorKind::ConstraintViolation { message: "UNIQUE".into() }
+            ErrorKind::ConstraintViolation {
+                message: "UNIQUE".into()
+            }
         );
         assert_eq!(
             from_status(409, &h, &body("IDEMPOTENCY_KEY_IN_USE", "busy")),
-            ErrorKind::Http { status: 409, code: Some("IDEMPOTENCY_KEY_IN_USE".into()), message: "busy".into() }
+            ErrorKind::Http {
+                status: 409,
+                code: Some("IDEMPOTENCY_KEY_IN_USE".into()),
+                message: "busy".into()
+            }
         );
-        assert_eq!(from_status(413, &h, &body("PAYLOAD_TOO_LARGE", "big")), ErrorKind::PayloadTooLarge { message: "big".into() });
+        assert_eq!(
+            from_status(413, &h, &body("PAYLOAD_TOO_LARGE", "big")),
+            ErrorKind::PayloadTooLarge {
+                message: "big".into()
+            }
+        );
         assert_eq!(
             from_status(501, &h, b"<html>nope</html>"),
-            ErrorKind::Http { status: 501, code: None, message: "Not Implemented".into() }
+            ErrorKind::Http {
+                status: 501,
+                code: None,
+                message: "Not Implemented".into()
+            }
         );
     }
 
     #[test]
     fn keeps_the_servers_wait() {
         let mut h = http::HeaderMap::new();
-        h.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("3"));
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("3"),
+        );
         assert_eq!(
             from_status(429, &h, &body("RATE_LIMITED", "slow down")),
-            ErrorKind::RateLimited { retry_after: Some(Duration::from_secs(3)), message: "slow down".into() }
+            ErrorKind::RateLimited {
+                retry_after: Some(Duration::from_secs(3)),
+                message: "slow down".into()
+            }
         );
         assert_eq!(
             from_status(503, &h, b""),
-            ErrorKind::Unavailable { retry_after: Some(Duration::from_secs(3)), message: "Service Unavailable".into() }
+            ErrorKind::Unavailable {
+                retry_after: Some(Duration::from_secs(3)),
+                message: "Service Unavailable".into()
+            }
         );
-        h.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("soon"));
+        h.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("soon"),
+        );
         assert_eq!(
             from_status(503, &h, b""),
-            ErrorKind::Unavailable { retry_after: None, message: "Service Unavailable".into() }
+            ErrorKind::Unavailable {
+                retry_after: None,
+                message: "Service Unavailable".into()
+            }
         );
     }
 }

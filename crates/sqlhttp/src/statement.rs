@@ -28,7 +28,9 @@ pub(crate) struct RequestBody<'a> {
 
 impl RequestBody<'_> {
     pub(crate) fn encode(&self) -> Bytes {
-        Bytes::from(serde_json::to_vec(self).expect("a request body of JSON scalars always serializes"))
+        Bytes::from(
+            serde_json::to_vec(self).expect("a request body of JSON scalars always serializes"),
+        )
     }
 }
 
@@ -107,15 +109,13 @@ macro_rules! statement_builder {
             /// Binds the next positional parameter (`?` in SQLite). Any `Serialize` value that is a
             /// scalar: `Option::None` and `()` bind `NULL`; bools, integers within `i64`, floats and
             /// strings bind as themselves. Anything else fails the call before it is sent.
-            #[must_use]
-            pub fn bind<T: Serialize + ?Sized>(mut self, value: &T) -> Self {
-                self.statement.bind(value);
+            pub fn bind<T: Serialize>(mut self, value: T) -> Self {
+                self.statement.bind(&value);
                 self
             }
 
             /// Cancels this call when `token` is cancelled: at once, mid-attempt or mid-backoff, with
             /// [`ErrorKind::Cancelled`]. The client's own token, if any, applies as well.
-            #[must_use]
             pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
                 self.statement.cancel = Some(token.clone());
                 self

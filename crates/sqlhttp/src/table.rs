@@ -128,7 +128,9 @@ pub struct Row<'a> {
 impl<'a> Row<'a> {
     /// The cell in the column named `column`.
     pub fn value(&self, column: &str) -> Option<&'a Value> {
-        self.table.column_index(column).and_then(|i| self.cells.get(i))
+        self.table
+            .column_index(column)
+            .and_then(|i| self.cells.get(i))
     }
 
     /// The cells, in column order.
@@ -143,7 +145,10 @@ impl<'a> Row<'a> {
     /// [`ErrorKind::Decode`] when there is no such column or the cell is not a `T`.
     pub fn get<T: DeserializeOwned>(&self, column: &str) -> Result<T> {
         let index = self.table.column_index(column).ok_or_else(|| {
-            self.decode_error(Some(column.to_owned()), format!("no column named `{column}`"))
+            self.decode_error(
+                Some(column.to_owned()),
+                format!("no column named `{column}`"),
+            )
         })?;
         self.get_index(index)
     }
@@ -155,10 +160,9 @@ impl<'a> Row<'a> {
     /// [`ErrorKind::Decode`] when there is no such column or the cell is not a `T`.
     pub fn get_index<T: DeserializeOwned>(&self, index: usize) -> Result<T> {
         let name = self.table.columns.get(index).map(|c| c.name.clone());
-        let cell = self
-            .cells
-            .get(index)
-            .ok_or_else(|| self.decode_error(name.clone(), format!("no column at position {index}")))?;
+        let cell = self.cells.get(index).ok_or_else(|| {
+            self.decode_error(name.clone(), format!("no column at position {index}"))
+        })?;
         T::deserialize(cell).map_err(|err| self.decode_error(name, err.to_string()))
     }
 

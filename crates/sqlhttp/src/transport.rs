@@ -5,6 +5,7 @@
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
 
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -27,12 +28,35 @@ pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
 /// The header carrying a write's idempotency key.
 pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
-/// Everything the transport needs, fixed when the client is built.
-pub(crate) struct Transport {
+/// One attempt's request, as the exchange sends it.
+pub(crate) struct AttemptRequest<'a> {
+    pub(crate) body: &'a Bytes,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) idempotency_key: Option<&'a HeaderValue>,
+}
+
+/// The future of one exchange.
+pub(crate) type ExchangeFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Bytes, ErrorKind>> + Send + 'a>>;
+
+/// One HTTP exchange: a request out, the whole success body or the failure's kind back. The loop
+/// around it does not know HTTP; unit tests script this seam to drive the loop on a paused clock.
+pub(crate) trait Exchange: Send + Sync {
+    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a>;
+}
+
+/// The real exchange, over reqwest.
+pub(crate) struct HttpExchange {
     pub(crate) http: reqwest::Client,
     pub(crate) endpoint: reqwest::Url,
     pub(crate) authorization: Option<HeaderValue>,
     pub(crate) user_agent: HeaderValue,
+}
+
+/// Everything the transport needs, fixed when the client is built.
+pub(crate) struct Transport {
+    pub(crate) exchange: Box<dyn Exchange>,
     pub(crate) timeout: Option<Duration>,
     pub(crate) policy: RetryPolicy,
     pub(crate) retry_writes: bool,
@@ -85,12 +109,24 @@ impl Transport {
         let idempotency_key = (call.class == OpClass::Write).then(new_idempotency_key);
         let mut history: Vec<AttemptFailure> = Vec::new();
         let mut attempt = 0;
+        if [call.cancel, self.cancel.as_ref()]
+            .into_iter()
+            .flatten()
+            .any(CancellationToken::is_cancelled)
+        {
+            return Err(Error::new(ErrorKind::Cancelled));
+        }
 
         loop {
             attempt += 1;
             span.record("attempts", attempt);
             let budget = attempt_budget(self.timeout, deadline);
-            let exchange = self.attempt(&call, attempt, max_attempts, idempotency_key.as_ref());
+            let exchange = self.exchange.send(AttemptRequest {
+                body: &call.body,
+                attempt,
+                max_attempts,
+                idempotency_key: idempotency_key.as_ref(),
+            });
             let outcome = tokio::select! {
                 biased;
                 () = cancelled(call.cancel, self.cancel.as_ref()) => Err(ErrorKind::Cancelled),
@@ -150,28 +186,38 @@ impl Transport {
     /// backoff.
     fn delay_before_retry(&self, attempt: u32, kind: &ErrorKind) -> Duration {
         let server_wait = match kind {
-            ErrorKind::RateLimited { retry_after, .. } | ErrorKind::Unavailable { retry_after, .. } => {
-                *retry_after
-            }
+            ErrorKind::RateLimited { retry_after, .. }
+            | ErrorKind::Unavailable { retry_after, .. } => *retry_after,
             _ => None,
         };
         match server_wait {
             Some(wait) => wait.min(self.policy.max_backoff),
             None => {
-                let mut rng = self.rng.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+                let mut rng = self
+                    .rng
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
                 backoff::delay(&self.policy, attempt, &mut *rng)
             }
         }
     }
+}
 
+impl Exchange for HttpExchange {
+    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
+        Box::pin(self.exchange(request))
+    }
+}
+
+impl HttpExchange {
     /// One HTTP exchange: the request, the status, the whole body.
-    async fn attempt(
-        &self,
-        call: &Call<'_>,
-        attempt: u32,
-        max_attempts: u32,
-        idempotency_key: Option<&HeaderValue>,
-    ) -> Result<Bytes, ErrorKind> {
+    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Bytes, ErrorKind> {
+        let AttemptRequest {
+            body,
+            attempt,
+            max_attempts,
+            idempotency_key,
+        } = request;
         let mut request = self
             .http
             .post(self.endpoint.clone())
@@ -179,17 +225,14 @@ impl Transport {
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, self.user_agent.clone())
             .header(ATTEMPT_HEADER, format!("{attempt}/{max_attempts}"))
-            .body(call.body.clone());
+            .body(body.clone());
         if let Some(authorization) = &self.authorization {
             request = request.header(AUTHORIZATION, authorization.clone());
         }
         if let Some(key) = idempotency_key {
             request = request.header(IDEMPOTENCY_KEY_HEADER, key.clone());
         }
-        let mut response = request
-            .send()
-            .await
-            .map_err(response::from_transport)?;
+        let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();
         if status.is_success() {
             return response.bytes().await.map_err(|err| ErrorKind::Connection {
@@ -248,7 +291,12 @@ fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> Atte
         _ => None,
     };
     let failure = match (kind, status) {
-        (ErrorKind::Http { code: Some(code), .. }, Some(status)) => format!("{status} {code}"),
+        (
+            ErrorKind::Http {
+                code: Some(code), ..
+            },
+            Some(status),
+        ) => format!("{status} {code}"),
         (_, Some(status)) => status.to_string(),
         (ErrorKind::Timeout { .. }, None) => "timeout".to_owned(),
         (ErrorKind::Connection { .. }, None) => "connection".to_owned(),
@@ -268,3 +316,7 @@ fn new_idempotency_key() -> HeaderValue {
     let bits: u128 = rand::rng().random();
     HeaderValue::try_from(format!("{bits:032x}")).expect("hex is a valid header value")
 }
+
+#[cfg(test)]
+#[path = "transport_tests.rs"]
+mod tests;

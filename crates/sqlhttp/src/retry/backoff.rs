@@ -24,7 +24,10 @@ pub enum Jitter {
 pub(crate) fn ceiling(policy: &RetryPolicy, retry: u32) -> Duration {
     let doublings = retry.saturating_sub(1).min(63);
     let factor = 1u64 << doublings;
-    let nanos = policy.initial_backoff.as_nanos().saturating_mul(u128::from(factor));
+    let nanos = policy
+        .initial_backoff
+        .as_nanos()
+        .saturating_mul(u128::from(factor));
     let max = policy.max_backoff.as_nanos();
     Duration::from_nanos(u64::try_from(nanos.min(max)).unwrap_or(u64::MAX))
 }
@@ -89,7 +92,10 @@ mod tests {
         let mut rng = StdRng::seed_from_u64(7);
         let delays: Vec<_> = (0..50).map(|_| delay(&p, 1, &mut rng)).collect();
         let distinct: std::collections::HashSet<_> = delays.iter().collect();
-        assert!(distinct.len() > 40, "full jitter should rarely repeat: {distinct:?}");
+        assert!(
+            distinct.len() > 40,
+            "full jitter should rarely repeat: {distinct:?}"
+        );
         assert!(delays.iter().any(|d| *d < Duration::from_millis(500)));
         assert!(delays.iter().any(|d| *d > Duration::from_millis(500)));
     }

@@ -85,24 +85,74 @@ mod tests {
     fn table() -> Vec<(ErrorKind, bool, bool)> {
         let msg = String::new;
         vec![
-            (ErrorKind::Connection { message: "refused".into() }, true, true),
-            (ErrorKind::Connection { message: "reset".into() }, true, true),
-            (ErrorKind::Timeout { after: Duration::from_secs(1) }, true, true),
+            (
+                ErrorKind::Connection {
+                    message: "refused".into(),
+                },
+                true,
+                true,
+            ),
+            (
+                ErrorKind::Connection {
+                    message: "reset".into(),
+                },
+                true,
+                true,
+            ),
+            (
+                ErrorKind::Timeout {
+                    after: Duration::from_secs(1),
+                },
+                true,
+                true,
+            ),
             (http(408, None), true, true),
-            (ErrorKind::RateLimited { retry_after: Some(Duration::from_secs(2)), message: msg() }, true, true),
-            (ErrorKind::RateLimited { retry_after: None, message: msg() }, true, true),
+            (
+                ErrorKind::RateLimited {
+                    retry_after: Some(Duration::from_secs(2)),
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
+            (
+                ErrorKind::RateLimited {
+                    retry_after: None,
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
             (http(500, Some("INTERNAL")), true, true),
             (http(502, None), true, true),
-            (ErrorKind::Unavailable { retry_after: None, message: msg() }, true, true),
+            (
+                ErrorKind::Unavailable {
+                    retry_after: None,
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
             (http(504, None), true, true),
             (http(507, None), true, true),
             (http(599, None), true, true),
             (http(501, None), false, false),
             (http(409, Some(IDEMPOTENCY_KEY_IN_USE)), true, true),
-            (ErrorKind::ConstraintViolation { message: msg() }, false, false),
+            (
+                ErrorKind::ConstraintViolation { message: msg() },
+                false,
+                false,
+            ),
             (http(409, Some("CONSTRAINT_VIOLATION")), false, false),
             (http(409, None), false, false),
-            (ErrorKind::Sql { code: "SQL_ERROR".into(), message: msg() }, false, false),
+            (
+                ErrorKind::Sql {
+                    code: "SQL_ERROR".into(),
+                    message: msg(),
+                },
+                false,
+                false,
+            ),
             (http(400, Some("BAD_REQUEST")), false, false),
             (ErrorKind::Unauthorized { message: msg() }, false, false),
             (http(403, None), false, false),
@@ -112,10 +162,31 @@ mod tests {
             (http(422, Some("IDEMPOTENCY_KEY_REUSED")), false, false),
             (http(418, None), false, false),
             (http(302, None), false, false),
-            (ErrorKind::Tls { message: "bad certificate".into() }, false, false),
-            (ErrorKind::Decode { row: Some(1), column: None, message: msg() }, false, false),
+            (
+                ErrorKind::Tls {
+                    message: "bad certificate".into(),
+                },
+                false,
+                false,
+            ),
+            (
+                ErrorKind::Decode {
+                    row: Some(1),
+                    column: None,
+                    message: msg(),
+                },
+                false,
+                false,
+            ),
             (ErrorKind::RowNotFound, false, false),
-            (ErrorKind::InvalidParameter { index: Some(0), message: msg() }, false, false),
+            (
+                ErrorKind::InvalidParameter {
+                    index: Some(0),
+                    message: msg(),
+                },
+                false,
+                false,
+            ),
             (ErrorKind::Config { message: msg() }, false, false),
             (ErrorKind::Cancelled, false, false),
         ]
@@ -124,12 +195,33 @@ mod tests {
     #[test]
     fn classification_table() {
         for (kind, read, write) in table() {
-            assert_eq!(should_retry(OpClass::Read, false, &kind), read, "read: {kind:?}");
-            assert_eq!(should_retry(OpClass::Read, true, &kind), read, "read, retry_writes: {kind:?}");
-            assert_eq!(should_retry(OpClass::Write, true, &kind), write, "write, retry_writes: {kind:?}");
-            assert!(!should_retry(OpClass::Write, false, &kind), "write without opt-in: {kind:?}");
-            assert!(!should_retry(OpClass::Execute, true, &kind), "execute: {kind:?}");
-            assert!(!should_retry(OpClass::Execute, false, &kind), "execute: {kind:?}");
+            assert_eq!(
+                should_retry(OpClass::Read, false, &kind),
+                read,
+                "read: {kind:?}"
+            );
+            assert_eq!(
+                should_retry(OpClass::Read, true, &kind),
+                read,
+                "read, retry_writes: {kind:?}"
+            );
+            assert_eq!(
+                should_retry(OpClass::Write, true, &kind),
+                write,
+                "write, retry_writes: {kind:?}"
+            );
+            assert!(
+                !should_retry(OpClass::Write, false, &kind),
+                "write without opt-in: {kind:?}"
+            );
+            assert!(
+                !should_retry(OpClass::Execute, true, &kind),
+                "execute: {kind:?}"
+            );
+            assert!(
+                !should_retry(OpClass::Execute, false, &kind),
+                "execute: {kind:?}"
+            );
         }
     }
 

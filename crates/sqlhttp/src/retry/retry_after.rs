@@ -49,20 +49,37 @@ mod tests {
     #[test]
     fn http_date_in_the_future() {
         let at = now() + Duration::from_secs(30);
-        assert_eq!(parse(&httpdate::fmt_http_date(at), now()), Some(Duration::from_secs(30)));
+        assert_eq!(
+            parse(&httpdate::fmt_http_date(at), now()),
+            Some(Duration::from_secs(30))
+        );
     }
 
     #[test]
     fn http_date_in_the_past_means_no_wait() {
         let at = now() - Duration::from_secs(3600);
-        assert_eq!(parse(&httpdate::fmt_http_date(at), now()), Some(Duration::ZERO));
+        assert_eq!(
+            parse(&httpdate::fmt_http_date(at), now()),
+            Some(Duration::ZERO)
+        );
     }
 
     #[test]
     fn nonsense_is_ignored() {
         for junk in [
-            "", "  ", "-1", "+3", "1.5", "0.5", "soon", "2s", "1e3", "0x10", "Wed, 99 Foo 2024",
-            "18446744073709551616", "99999999999999999999999",
+            "",
+            "  ",
+            "-1",
+            "+3",
+            "1.5",
+            "0.5",
+            "soon",
+            "2s",
+            "1e3",
+            "0x10",
+            "Wed, 99 Foo 2024",
+            "18446744073709551616",
+            "99999999999999999999999",
         ] {
             assert_eq!(parse(junk, now()), None, "{junk:?}");
         }
@@ -80,7 +97,10 @@ mod tests {
     fn reads_the_header() {
         let mut headers = http::HeaderMap::new();
         assert_eq!(from_headers(&headers, now()), None);
-        headers.insert(http::header::RETRY_AFTER, http::HeaderValue::from_static("7"));
+        headers.insert(
+            http::header::RETRY_AFTER,
+            http::HeaderValue::from_static("7"),
+        );
         assert_eq!(from_headers(&headers, now()), Some(Duration::from_secs(7)));
     }
 

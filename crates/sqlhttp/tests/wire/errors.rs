@@ -1,0 +1,178 @@
+//! Every status and error code of the protocol, as a caller sees it through `Error`.
+
+use std::time::Duration;
+
+use serde_json::json;
+use sqlhttp::ErrorKind;
+use wiremock::{MockServer, ResponseTemplate};
+
+use crate::support::*;
+
+async fn failure(response: ResponseTemplate) -> sqlhttp::Error {
+    let server = MockServer::start().await;
+    respond_always(&server, response).await;
+    let client = client_with(&server, quick(1));
+    client
+        .query("SELECT 1")
+        .fetch_all::<i64>()
+        .await
+        .unwrap_err()
+}
+
+#[tokio::test]
+async fn sql_error() {
+    let err = failure(error(400, "SQL_ERROR", "near \"SELEC\": syntax error")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::Sql {
+            code: "SQL_ERROR".into(),
+            message: "near \"SELEC\": syntax error".into()
+        }
+    );
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(400), Some("SQL_ERROR"), false)
+    );
+}
+
+#[tokio::test]
+async fn bad_request() {
+    let err = failure(error(400, "BAD_REQUEST", "`sql` is missing")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::Http {
+            status: 400,
+            code: Some("BAD_REQUEST".into()),
+            message: "`sql` is missing".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn unauthorized() {
+    let err = failure(
+        error(401, "UNAUTHORIZED", "bad token").insert_header("www-authenticate", "Bearer"),
+    )
+    .await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::Unauthorized {
+            message: "bad token".into()
+        }
+    );
+    assert_eq!(err.status(), Some(401));
+}
+
+#[tokio::test]
+async fn not_found_and_method_not_allowed() {
+    let err = failure(error(404, "NOT_FOUND", "no such path")).await;
+    assert_eq!((err.status(), err.code()), (Some(404), Some("NOT_FOUND")));
+    let err = failure(error(405, "METHOD_NOT_ALLOWED", "use POST")).await;
+    assert_eq!(
+        (err.status(), err.code()),
+        (Some(405), Some("METHOD_NOT_ALLOWED"))
+    );
+}
+
+#[tokio::test]
+async fn constraint_violation() {
+    let err = failure(error(
+        409,
+        "CONSTRAINT_VIOLATION",
+        "UNIQUE constraint failed: t.id",
+    ))
+    .await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::ConstraintViolation {
+            message: "UNIQUE constraint failed: t.id".into()
+        }
+    );
+    assert_eq!(err.code(), Some("CONSTRAINT_VIOLATION"));
+}
+
+#[tokio::test]
+async fn payload_too_large() {
+    let err = failure(error(413, "PAYLOAD_TOO_LARGE", "body over 1048576 bytes")).await;
+    assert!(matches!(err.kind(), ErrorKind::PayloadTooLarge { .. }));
+    assert_eq!(
+        (err.status(), err.code()),
+        (Some(413), Some("PAYLOAD_TOO_LARGE"))
+    );
+}
+
+#[tokio::test]
+async fn idempotency_key_reused() {
+    let err = failure(error(422, "IDEMPOTENCY_KEY_REUSED", "different body")).await;
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(422), Some("IDEMPOTENCY_KEY_REUSED"), false)
+    );
+}
+
+#[tokio::test]
+async fn rate_limited_carries_the_servers_wait() {
+    let err =
+        failure(error(429, "RATE_LIMITED", "slow down").insert_header("retry-after", "120")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::RateLimited {
+            retry_after: Some(Duration::from_secs(120)),
+            message: "slow down".into()
+        }
+    );
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(120)));
+    assert!(err.is_retryable());
+}
+
+#[tokio::test]
+async fn internal_and_unavailable() {
+    let err = failure(error(500, "INTERNAL", "internal error")).await;
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(500), Some("INTERNAL"), true)
+    );
+    let err =
+        failure(error(503, "UNAVAILABLE", "database is locked").insert_header("retry-after", "1"))
+            .await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::Unavailable {
+            retry_after: Some(Duration::from_secs(1)),
+            message: "database is locked".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn statuses_without_a_protocol_body() {
+    let err = failure(ResponseTemplate::new(502).set_body_string("<html>bad gateway</html>")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::Http {
+            status: 502,
+            code: None,
+            message: "Bad Gateway".into()
+        }
+    );
+    let err = failure(ResponseTemplate::new(501)).await;
+    assert_eq!((err.status(), err.is_retryable()), (Some(501), false));
+    let err = failure(ResponseTemplate::new(418).set_body_json(json!({"unexpected": true}))).await;
+    assert_eq!(err.status(), Some(418));
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_retryable_connection_error() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let client = sqlhttp::Client::builder(format!("http://{addr}"))
+        .http_client(plain_http())
+        .retry(quick(2))
+        .build()
+        .unwrap();
+    let err = client.ping().await.unwrap_err();
+    assert!(err.is_connection() && err.is_retryable(), "{err:?}");
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(err.status(), None);
+}
