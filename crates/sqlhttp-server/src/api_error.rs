@@ -1,0 +1,224 @@
+//! The wire protocol's error table: [`ErrorCode`] (code, status, extra headers) and [`ApiError`],
+//! rendered as `{"error": {"code": "...", "message": "..."}}`.
+//!
+//! This module knows the protocol's error shapes only; it does not know which engine or handler
+//! produced them.
+
+use axum::http::{HeaderName, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+/// One row of the protocol's error table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ErrorCode {
+    BadRequest,
+    SqlError,
+    Unauthorized,
+    NotFound,
+    MethodNotAllowed,
+    ConstraintViolation,
+    IdempotencyKeyInUse,
+    PayloadTooLarge,
+    IdempotencyKeyReused,
+    Internal,
+    Unavailable,
+}
+
+impl ErrorCode {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ErrorCode::BadRequest => "BAD_REQUEST",
+            ErrorCode::SqlError => "SQL_ERROR",
+            ErrorCode::Unauthorized => "UNAUTHORIZED",
+            ErrorCode::NotFound => "NOT_FOUND",
+            ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            ErrorCode::ConstraintViolation => "CONSTRAINT_VIOLATION",
+            ErrorCode::IdempotencyKeyInUse => "IDEMPOTENCY_KEY_IN_USE",
+            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            ErrorCode::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
+            ErrorCode::Internal => "INTERNAL",
+            ErrorCode::Unavailable => "UNAVAILABLE",
+        }
+    }
+
+    pub(crate) fn status(self) -> StatusCode {
+        match self {
+            ErrorCode::BadRequest | ErrorCode::SqlError => StatusCode::BAD_REQUEST,
+            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
+            ErrorCode::NotFound => StatusCode::NOT_FOUND,
+            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            ErrorCode::ConstraintViolation | ErrorCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+
+    /// Whether an outcome with this code is final, so an idempotent request stores it: the
+    /// statement's own verdict, which a retry of the same body would get again.
+    pub(crate) fn is_stored_outcome(self) -> bool {
+        matches!(self, ErrorCode::SqlError | ErrorCode::ConstraintViolation)
+    }
+}
+
+/// A protocol error: a code from the table and a human-readable message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ApiError {
+    pub(crate) code: ErrorCode,
+    pub(crate) message: String,
+    /// Value of the `Allow` header on a 405.
+    allow: &'static str,
+}
+
+/// The message of every `INTERNAL` error: details go to the server log, never to the client.
+pub(crate) const INTERNAL_MESSAGE: &str = "internal server error";
+
+impl ApiError {
+    pub(crate) fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        ApiError {
+            code,
+            message: message.into(),
+            allow: "POST",
+        }
+    }
+
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::BadRequest, message)
+    }
+
+    pub(crate) fn sql(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::SqlError, message)
+    }
+
+    pub(crate) fn internal() -> Self {
+        Self::new(ErrorCode::Internal, INTERNAL_MESSAGE)
+    }
+
+    pub(crate) fn unavailable(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::Unavailable, message)
+    }
+
+    pub(crate) fn method_not_allowed(allow: &'static str) -> Self {
+        ApiError {
+            allow,
+            ..Self::new(
+                ErrorCode::MethodNotAllowed,
+                format!("method not allowed; this resource accepts {allow}"),
+            )
+        }
+    }
+
+    /// The JSON error body.
+    pub(crate) fn body(&self) -> Vec<u8> {
+        #[derive(Serialize)]
+        struct Envelope<'a> {
+            error: Inner<'a>,
+        }
+        #[derive(Serialize)]
+        struct Inner<'a> {
+            code: &'a str,
+            message: &'a str,
+        }
+        let envelope = Envelope {
+            error: Inner {
+                code: self.code.as_str(),
+                message: &self.message,
+            },
+        };
+        // Serializing two strings into a Vec cannot fail.
+        serde_json::to_vec(&envelope).unwrap_or_default()
+    }
+}
+
+/// A JSON response with the given status and body bytes.
+pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
+    (
+        status,
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )],
+        body,
+    )
+        .into_response()
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = json_response(self.code.status(), self.body());
+        let headers = response.headers_mut();
+        let extra: Option<(HeaderName, &'static str)> = match self.code {
+            ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
+            ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
+            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable => {
+                Some((header::RETRY_AFTER, "1"))
+            }
+            _ => None,
+        };
+        if let Some((name, value)) = extra {
+            headers.insert(name, HeaderValue::from_static(value));
+        }
+        response
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn body_has_the_protocol_shape() {
+        let body = ApiError::sql("no such table: t").body();
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"error":{"code":"SQL_ERROR","message":"no such table: t"}}"#
+        );
+    }
+
+    #[test]
+    fn statuses_and_headers_follow_the_table() {
+        let cases = [
+            (ErrorCode::BadRequest, 400, None),
+            (ErrorCode::SqlError, 400, None),
+            (
+                ErrorCode::Unauthorized,
+                401,
+                Some(("www-authenticate", "Bearer")),
+            ),
+            (ErrorCode::NotFound, 404, None),
+            (ErrorCode::MethodNotAllowed, 405, Some(("allow", "POST"))),
+            (ErrorCode::ConstraintViolation, 409, None),
+            (
+                ErrorCode::IdempotencyKeyInUse,
+                409,
+                Some(("retry-after", "1")),
+            ),
+            (ErrorCode::PayloadTooLarge, 413, None),
+            (ErrorCode::IdempotencyKeyReused, 422, None),
+            (ErrorCode::Internal, 500, None),
+            (ErrorCode::Unavailable, 503, Some(("retry-after", "1"))),
+        ];
+        for (code, status, header) in cases {
+            let response = ApiError::new(code, "m").into_response();
+            assert_eq!(response.status().as_u16(), status, "{code:?}");
+            assert_eq!(
+                response.headers()[header::CONTENT_TYPE],
+                "application/json",
+                "{code:?}"
+            );
+            if let Some((name, value)) = header {
+                assert_eq!(response.headers()[name], value, "{code:?}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_statement_verdicts_are_stored() {
+        assert!(ErrorCode::SqlError.is_stored_outcome());
+        assert!(ErrorCode::ConstraintViolation.is_stored_outcome());
+        assert!(!ErrorCode::Unavailable.is_stored_outcome());
+        assert!(!ErrorCode::Internal.is_stored_outcome());
+        assert!(!ErrorCode::BadRequest.is_stored_outcome());
+    }
+}

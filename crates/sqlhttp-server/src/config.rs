@@ -1,0 +1,219 @@
+//! Server configuration: [`Config`], the [`Database`] URL form and the duration syntax of
+//! `--idempotency-ttl`.
+//!
+//! Plain data and parsing only; this module knows nothing about HTTP, the engine or the runtime.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use crate::error::ServerError;
+
+/// Default listen address: `127.0.0.1:8080`.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
+
+/// Default request body limit: 1 MiB.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
+
+/// Default idempotency-key lifetime: 24 hours.
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+/// Everything a [`Server`](crate::Server) or an [`AppState`](crate::AppState) is built from.
+///
+/// ```
+/// use sqlhttp_server::{Config, Database};
+///
+/// let config = Config {
+///     listen: "127.0.0.1:0".parse().unwrap(),
+///     database: "sqlite::memory:".parse().unwrap(),
+///     tokens: vec!["s3cret".to_owned()],
+///     ..Config::default()
+/// };
+/// assert_eq!(config.database, Database::Memory);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// Address to listen on; port 0 picks a free port.
+    pub listen: SocketAddr,
+    /// The database every request runs against.
+    pub database: Database,
+    /// Accepted bearer tokens; empty means the SQL endpoint is open.
+    pub tokens: Vec<String>,
+    /// Largest accepted request body, in bytes.
+    pub max_body_bytes: usize,
+    /// How long an Idempotency-Key's outcome is kept; `None` switches idempotency off
+    /// (the header is then ignored).
+    pub idempotency_ttl: Option<Duration>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            listen: DEFAULT_LISTEN,
+            database: Database::Memory,
+            tokens: Vec::new(),
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
+        }
+    }
+}
+
+/// Which SQLite database the server opens.
+///
+/// Parsed from a URL: `sqlite::memory:` for a private in-memory database, `sqlite:PATH` or
+/// `sqlite://PATH` for a file (created when missing).
+///
+/// ```
+/// use std::path::PathBuf;
+/// use sqlhttp_server::Database;
+///
+/// assert_eq!("sqlite::memory:".parse::<Database>().unwrap(), Database::Memory);
+/// assert_eq!(
+///     "sqlite://data/app.db".parse::<Database>().unwrap(),
+///     Database::File(PathBuf::from("data/app.db"))
+/// );
+/// assert!("postgres://localhost".parse::<Database>().is_err());
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Database {
+    /// An in-memory database that lives as long as the server.
+    #[default]
+    Memory,
+    /// A database file at this path.
+    File(PathBuf),
+}
+
+impl FromStr for Database {
+    type Err = ServerError;
+
+    fn from_str(url: &str) -> Result<Self, Self::Err> {
+        let invalid = |reason: &str| ServerError::InvalidDatabaseUrl {
+            url: url.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let rest = url.strip_prefix("sqlite:").ok_or_else(|| {
+            invalid("expected `sqlite::memory:`, `sqlite:PATH` or `sqlite://PATH`")
+        })?;
+        let path = rest.strip_prefix("//").unwrap_or(rest);
+        match path {
+            "" => Err(invalid("the path is empty")),
+            ":memory:" => Ok(Database::Memory),
+            path => Ok(Database::File(PathBuf::from(path))),
+        }
+    }
+}
+
+/// Parses a duration as accepted by `--idempotency-ttl`: a positive integer followed by an
+/// optional unit, `ms`, `s` (the default), `m`, `h` or `d`.
+///
+/// ```
+/// use std::time::Duration;
+/// use sqlhttp_server::parse_duration;
+///
+/// assert_eq!(parse_duration("90").unwrap(), Duration::from_secs(90));
+/// assert_eq!(parse_duration("15m").unwrap(), Duration::from_secs(900));
+/// assert_eq!(parse_duration("24h").unwrap(), Duration::from_secs(86_400));
+/// assert!(parse_duration("0s").is_err());
+/// assert!(parse_duration("soon").is_err());
+/// ```
+pub fn parse_duration(input: &str) -> Result<Duration, ServerError> {
+    let invalid = |reason: &str| ServerError::InvalidDuration {
+        input: input.to_owned(),
+        reason: reason.to_owned(),
+    };
+    let trimmed = input.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    if digits.is_empty() {
+        return Err(invalid("expected a number followed by ms, s, m, h or d"));
+    }
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| invalid("the number is too large"))?;
+    let millis_per_unit: u64 = match unit {
+        "ms" => 1,
+        "" | "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
+        _ => return Err(invalid("unknown unit; use ms, s, m, h or d")),
+    };
+    let millis = value
+        .checked_mul(millis_per_unit)
+        .ok_or_else(|| invalid("the duration is too large"))?;
+    if millis == 0 {
+        return Err(invalid("the duration must be positive"));
+    }
+    Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls() {
+        assert_eq!(
+            Database::from_str("sqlite::memory:").unwrap(),
+            Database::Memory
+        );
+        assert_eq!(
+            Database::from_str("sqlite://:memory:").unwrap(),
+            Database::Memory
+        );
+        assert_eq!(
+            Database::from_str("sqlite:app.db").unwrap(),
+            Database::File(PathBuf::from("app.db"))
+        );
+        assert_eq!(
+            Database::from_str("sqlite:///var/lib/app.db").unwrap(),
+            Database::File(PathBuf::from("/var/lib/app.db"))
+        );
+        for bad in [
+            "",
+            "sqlite:",
+            "sqlite://",
+            "app.db",
+            "postgres://x",
+            "SQLITE:app.db",
+        ] {
+            let err = Database::from_str(bad).unwrap_err();
+            assert!(
+                matches!(err, ServerError::InvalidDatabaseUrl { .. }),
+                "{bad}: {err}"
+            );
+        }
+    }
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30s").unwrap(), Duration::from_secs(30));
+        assert_eq!(parse_duration("250ms").unwrap(), Duration::from_millis(250));
+        assert_eq!(parse_duration("2d").unwrap(), Duration::from_secs(172_800));
+        assert_eq!(parse_duration(" 5 ").unwrap(), Duration::from_secs(5));
+        for bad in ["", "s", "-1s", "1.5h", "10x", "0", "99999999999999999999d"] {
+            assert!(
+                matches!(
+                    parse_duration(bad),
+                    Err(ServerError::InvalidDuration { .. })
+                ),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn defaults_match_the_documented_ones() {
+        let config = Config::default();
+        assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
+        assert_eq!(config.database, Database::Memory);
+        assert!(config.tokens.is_empty());
+        assert_eq!(config.max_body_bytes, 1_048_576);
+        assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(86_400)));
+    }
+}

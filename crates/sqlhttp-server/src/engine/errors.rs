@@ -1,0 +1,147 @@
+//! Mapping engine (rusqlite) errors onto the protocol's error table.
+//!
+//! Knows rusqlite's error types and the protocol's codes, nothing about HTTP plumbing or
+//! idempotency. Details of unexpected errors are logged here and never sent to the client.
+
+use rusqlite::ErrorCode as Code;
+
+use crate::api_error::{ApiError, ErrorCode};
+
+/// The protocol error for an engine failure.
+pub(crate) fn map_engine_error(err: rusqlite::Error) -> ApiError {
+    use rusqlite::Error as E;
+    match err {
+        E::SqliteFailure(failure, msg) => map_failure(failure, msg),
+        E::SqlInputError { error, msg, .. } => map_failure(error, Some(msg)),
+        E::MultipleStatement => ApiError::sql(
+            "the SQL text contains several statements; send exactly one statement per request",
+        ),
+        E::Empty => ApiError::sql("the SQL text contains no statement"),
+        E::InvalidParameterCount(given, expected) => ApiError::sql(format!(
+            "wrong number of parameters: the statement takes {expected}, the request gave {given}"
+        )),
+        E::NulError(_) => ApiError::sql("the SQL text contains a NUL character"),
+        E::InvalidParameterName(name) => ApiError::sql(format!("invalid parameter name {name}")),
+        other => {
+            tracing::error!(error = %other, "unexpected engine error");
+            ApiError::internal()
+        }
+    }
+}
+
+fn map_failure(failure: rusqlite::ffi::Error, msg: Option<String>) -> ApiError {
+    let message = msg.unwrap_or_else(|| failure.to_string());
+    match failure.code {
+        Code::ConstraintViolation => ApiError::new(ErrorCode::ConstraintViolation, message),
+        Code::DatabaseBusy | Code::DatabaseLocked | Code::SchemaChanged => {
+            ApiError::unavailable(format!("the database is busy, retry later ({message})"))
+        }
+        Code::OperationInterrupted => {
+            ApiError::unavailable("the statement was interrupted: the server is shutting down")
+        }
+        // The engine's verdict on the statement itself: syntax, unknown names, types, sizes,
+        // writes to a read-only database, statements denied by the engine.
+        Code::Unknown
+        | Code::TypeMismatch
+        | Code::ParameterOutOfRange
+        | Code::TooBig
+        | Code::ReadOnly
+        | Code::AuthorizationForStatementDenied => ApiError::sql(message),
+        _ => {
+            tracing::error!(
+                code = ?failure.code,
+                extended_code = failure.extended_code,
+                message = %message,
+                "engine failure"
+            );
+            ApiError::internal()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rusqlite::Connection;
+
+    fn error_of(conn: &Connection, sql: &str) -> ApiError {
+        map_engine_error(conn.execute_batch(sql).unwrap_err())
+    }
+
+    #[test]
+    fn engine_verdicts_map_to_the_table() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT NOT NULL)")
+            .unwrap();
+        let syntax = error_of(&conn, "SELEC 1");
+        assert_eq!(syntax.code, ErrorCode::SqlError);
+        assert!(
+            syntax.message.contains("syntax error"),
+            "{}",
+            syntax.message
+        );
+        assert_eq!(
+            error_of(&conn, "SELECT * FROM nope").code,
+            ErrorCode::SqlError
+        );
+        let not_null = error_of(&conn, "INSERT INTO t (v) VALUES (NULL)");
+        assert_eq!(not_null.code, ErrorCode::ConstraintViolation);
+        assert!(
+            not_null.message.contains("NOT NULL"),
+            "{}",
+            not_null.message
+        );
+    }
+
+    #[test]
+    fn rusqlite_level_errors() {
+        assert_eq!(
+            map_engine_error(rusqlite::Error::MultipleStatement).code,
+            ErrorCode::SqlError
+        );
+        assert_eq!(
+            map_engine_error(rusqlite::Error::Empty).code,
+            ErrorCode::SqlError
+        );
+        assert_eq!(
+            map_engine_error(rusqlite::Error::InvalidParameterCount(1, 2)).code,
+            ErrorCode::SqlError
+        );
+        assert_eq!(
+            map_engine_error(rusqlite::Error::InvalidQuery).code,
+            ErrorCode::Internal
+        );
+    }
+
+    #[test]
+    fn busy_and_io_failures() {
+        let failure = |code| {
+            map_engine_error(rusqlite::Error::SqliteFailure(
+                rusqlite::ffi::Error::new(code),
+                Some("detail".into()),
+            ))
+        };
+        assert_eq!(
+            failure(rusqlite::ffi::SQLITE_BUSY).code,
+            ErrorCode::Unavailable
+        );
+        assert_eq!(
+            failure(rusqlite::ffi::SQLITE_LOCKED).code,
+            ErrorCode::Unavailable
+        );
+        assert_eq!(
+            failure(rusqlite::ffi::SQLITE_INTERRUPT).code,
+            ErrorCode::Unavailable
+        );
+        let io = failure(rusqlite::ffi::SQLITE_IOERR);
+        assert_eq!(io.code, ErrorCode::Internal);
+        assert!(
+            !io.message.contains("detail"),
+            "internal details must not leak"
+        );
+        assert_eq!(
+            failure(rusqlite::ffi::SQLITE_CORRUPT).code,
+            ErrorCode::Internal
+        );
+    }
+}

@@ -1,0 +1,49 @@
+//! `sqlhttpd`, the reference server for the sqlhttp wire protocol v1, on an embedded SQLite
+//! engine (see `docs/protocol.md` for the protocol).
+//!
+//! This crate root only wires the modules together and re-exports the public API:
+//! [`Config`] and [`Database`] (configuration), [`Server`] and [`ServerHandle`] (running it),
+//! [`app`] and [`AppState`] (the HTTP app, for in-process use) and [`ServerError`].
+//!
+//! ```no_run
+//! use sqlhttp_server::{Config, Server};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = Config {
+//!     database: "sqlite:app.db".parse()?,
+//!     tokens: vec!["s3cret".to_owned()],
+//!     ..Config::default()
+//! };
+//! let server = Server::bind(config).await?;
+//! println!("listening on http://{}", server.local_addr());
+//! server.serve_until(async { tokio::signal::ctrl_c().await.unwrap() }).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+mod api_error;
+mod config;
+mod engine;
+mod error;
+mod http;
+mod request;
+mod server;
+mod state;
+
+pub use config::{
+    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, Database,
+    parse_duration,
+};
+pub use error::ServerError;
+pub use http::app;
+pub use server::{Server, ServerHandle};
+pub use state::AppState;
+
+/// The text of a panic payload, for logs.
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {
+    panic
+        .downcast_ref::<&str>()
+        .copied()
+        .or_else(|| panic.downcast_ref::<String>().map(String::as_str))
+        .unwrap_or("non-string panic payload")
+}

@@ -1,0 +1,218 @@
+//! Decoding a `POST /api/v1/sql` body into a [`SqlRequest`], and the small lexical look at SQL
+//! text the server needs (its leading keyword).
+//!
+//! Pure functions over bytes and strings: no HTTP types, no engine. The SQL text is never
+//! rewritten and parameters are never spliced into it.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::api_error::ApiError;
+
+/// One positional parameter, already checked against the protocol's accepted kinds.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Param {
+    Null,
+    Integer(i64),
+    Real(f64),
+    Text(String),
+}
+
+/// A decoded request body.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct SqlRequest {
+    pub(crate) sql: String,
+    pub(crate) params: Vec<Param>,
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    /// `None` when the key is absent; `Some(Value::Null)` when it is `null`.
+    #[serde(default, deserialize_with = "present")]
+    sql: Option<serde_json::Value>,
+    #[serde(borrow)]
+    params: Option<Vec<&'a RawValue>>,
+}
+
+fn present<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> Result<Option<serde_json::Value>, D::Error> {
+    serde_json::Value::deserialize(deserializer).map(Some)
+}
+
+impl SqlRequest {
+    /// Decodes and validates a request body; every failure is a `400 BAD_REQUEST`.
+    pub(crate) fn parse(body: &[u8]) -> Result<SqlRequest, ApiError> {
+        let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| {
+            ApiError::bad_request(format!(
+                "the body must be a JSON object {{\"sql\": string, \"params\": array}}: {e}"
+            ))
+        })?;
+        let sql = match wire.sql {
+            Some(serde_json::Value::String(sql)) => sql,
+            Some(_) => return Err(ApiError::bad_request("`sql` must be a string")),
+            None => return Err(ApiError::bad_request("`sql` is missing")),
+        };
+        let params = wire
+            .params
+            .unwrap_or_default()
+            .into_iter()
+            .enumerate()
+            .map(|(index, raw)| parse_param(index, raw))
+            .collect::<Result<_, _>>()?;
+        Ok(SqlRequest { sql, params })
+    }
+}
+
+fn parse_param(index: usize, raw: &RawValue) -> Result<Param, ApiError> {
+    let position = index + 1;
+    let value: serde_json::Value = serde_json::from_str(raw.get())
+        .map_err(|e| ApiError::bad_request(format!("parameter {position}: {e}")))?;
+    match value {
+        serde_json::Value::Null => Ok(Param::Null),
+        serde_json::Value::Bool(b) => Ok(Param::Integer(i64::from(b))),
+        serde_json::Value::String(s) => Ok(Param::Text(s)),
+        serde_json::Value::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                return Ok(Param::Integer(i));
+            }
+            // An integer literal outside i64 (serde_json reads those beyond u64 as floats).
+            let literal = raw.get();
+            if n.is_u64() || !literal.contains(['.', 'e', 'E']) {
+                return Err(ApiError::bad_request(format!(
+                    "parameter {position}: integer {literal} is outside the signed 64-bit range"
+                )));
+            }
+            match n.as_f64() {
+                Some(f) if f.is_finite() => Ok(Param::Real(f)),
+                _ => Err(ApiError::bad_request(format!(
+                    "parameter {position}: number {literal} is not a finite double"
+                ))),
+            }
+        }
+        serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
+            Err(ApiError::bad_request(format!(
+                "parameter {position}: arrays and objects are not accepted; use null, a boolean, a number or a string"
+            )))
+        }
+    }
+}
+
+/// The first keyword of a SQL text, upper-cased, after whitespace and comments.
+pub(crate) fn leading_keyword(sql: &str) -> String {
+    let mut rest = sql;
+    loop {
+        rest = rest.trim_start();
+        if let Some(comment) = rest.strip_prefix("--") {
+            rest = comment.find('\n').map_or("", |end| &comment[end..]);
+        } else if let Some(comment) = rest.strip_prefix("/*") {
+            rest = comment.find("*/").map_or("", |end| &comment[end + 2..]);
+        } else {
+            break;
+        }
+    }
+    rest.chars()
+        .take_while(|c| c.is_ascii_alphabetic() || *c == '_')
+        .map(|c| c.to_ascii_uppercase())
+        .collect()
+}
+
+/// Whether the statement controls a transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT,
+/// RELEASE). Such a statement cannot carry an Idempotency-Key: the key's outcome is written in a
+/// transaction of the server's own, which the statement would end or nest into.
+pub(crate) fn is_transaction_control(sql: &str) -> bool {
+    matches!(
+        leading_keyword(sql).as_str(),
+        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
+    )
+}
+
+/// Whether the statement may insert rows itself (INSERT, REPLACE, or a WITH prefix before one).
+pub(crate) fn may_insert(sql: &str) -> bool {
+    matches!(leading_keyword(sql).as_str(), "INSERT" | "REPLACE" | "WITH")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::api_error::ErrorCode;
+
+    fn bad(body: &str) -> String {
+        let err = SqlRequest::parse(body.as_bytes()).unwrap_err();
+        assert_eq!(err.code, ErrorCode::BadRequest, "{body}");
+        err.message
+    }
+
+    #[test]
+    fn decodes_sql_and_params() {
+        let request = SqlRequest::parse(
+            br#"{"sql":"SELECT ?","params":[null,true,false,-7,9223372036854775807,1.5,"x",2e3]}"#,
+        )
+        .unwrap();
+        assert_eq!(request.sql, "SELECT ?");
+        assert_eq!(
+            request.params,
+            vec![
+                Param::Null,
+                Param::Integer(1),
+                Param::Integer(0),
+                Param::Integer(-7),
+                Param::Integer(i64::MAX),
+                Param::Real(1.5),
+                Param::Text("x".into()),
+                Param::Real(2000.0),
+            ]
+        );
+    }
+
+    #[test]
+    fn params_are_optional() {
+        for body in [
+            r#"{"sql":"SELECT 1"}"#,
+            r#"{"sql":"SELECT 1","params":null}"#,
+        ] {
+            assert!(
+                SqlRequest::parse(body.as_bytes())
+                    .unwrap()
+                    .params
+                    .is_empty()
+            );
+        }
+    }
+
+    #[test]
+    fn rejects_malformed_bodies() {
+        bad("not json");
+        bad("");
+        bad("[1,2]");
+        assert!(bad(r#"{"params":[]}"#).contains("missing"));
+        assert!(bad(r#"{"sql":42}"#).contains("must be a string"));
+        assert!(bad(r#"{"sql":null}"#).contains("must be a string"));
+        bad(r#"{"sql":"SELECT 1","params":{"a":1}}"#);
+    }
+
+    #[test]
+    fn rejects_unsupported_params() {
+        assert!(bad(r#"{"sql":"SELECT ?","params":[[1]]}"#).contains("parameter 1"));
+        assert!(bad(r#"{"sql":"SELECT ?","params":[1,{"a":1}]}"#).contains("parameter 2"));
+        bad(r#"{"sql":"SELECT ?","params":[9223372036854775808]}"#);
+        bad(r#"{"sql":"SELECT ?","params":[-9223372036854775809]}"#);
+        bad(r#"{"sql":"SELECT ?","params":[100000000000000000000000]}"#);
+    }
+
+    #[test]
+    fn keywords_skip_whitespace_and_comments() {
+        assert_eq!(leading_keyword("  select 1"), "SELECT");
+        assert_eq!(leading_keyword("-- hi\n/* there */ Begin;"), "BEGIN");
+        assert_eq!(leading_keyword("/* unterminated"), "");
+        assert!(is_transaction_control("commit"));
+        assert!(is_transaction_control("END TRANSACTION"));
+        assert!(is_transaction_control("savepoint a"));
+        assert!(!is_transaction_control("SELECT 'BEGIN'"));
+        assert!(may_insert("replace into t values (1)"));
+        assert!(may_insert(
+            "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x"
+        ));
+        assert!(!may_insert("UPDATE t SET a = 1"));
+    }
+}

@@ -1,0 +1,95 @@
+//! [`AppState`]: what every request shares (the engine, the accepted tokens, the body limit,
+//! the idempotency settings and the registry of keys in flight).
+//!
+//! Knows the engine's async handle and configuration values; it does not know routes or how
+//! responses are shaped.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use crate::config::Config;
+use crate::engine::Engine;
+use crate::error::ServerError;
+use crate::http::auth::Tokens;
+
+/// Shared state of the HTTP app: build one with [`AppState::new`] and hand it to
+/// [`app`](crate::app). Cloning is cheap; clones share one database.
+///
+/// ```
+/// use sqlhttp_server::{AppState, Config, app};
+///
+/// let state = AppState::new(&Config::default())?;
+/// let router: axum::Router = app(state);
+/// # drop(router);
+/// # Ok::<(), sqlhttp_server::ServerError>(())
+/// ```
+#[derive(Clone, Debug)]
+pub struct AppState {
+    pub(crate) inner: Arc<Shared>,
+}
+
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) engine: Engine,
+    pub(crate) tokens: Tokens,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) idempotency_ttl: Option<Duration>,
+    in_flight: Mutex<HashSet<String>>,
+}
+
+impl AppState {
+    /// Opens the configured database (creating the idempotency table when the feature is on)
+    /// and starts its engine thread. `config.listen` is not used here. This blocks while the
+    /// database opens; from async code prefer [`Server::bind`](crate::Server::bind).
+    pub fn new(config: &Config) -> Result<AppState, ServerError> {
+        let engine = Engine::start(&config.database, config.idempotency_ttl)?;
+        Ok(AppState {
+            inner: Arc::new(Shared {
+                engine,
+                tokens: Tokens::new(config.tokens.iter().map(String::as_str)),
+                max_body_bytes: config.max_body_bytes,
+                idempotency_ttl: config.idempotency_ttl,
+                in_flight: Mutex::new(HashSet::new()),
+            }),
+        })
+    }
+
+    /// Closes the database: waits for queued work, interrupts a statement still running, and
+    /// returns once the connection is dropped. Requests after this answer 503.
+    pub(crate) async fn close(&self) {
+        self.inner.engine.close().await;
+    }
+}
+
+impl Shared {
+    /// Marks `key` as running; `None` when a request with the same key is already running.
+    /// The key is released when the returned guard drops.
+    pub(crate) fn claim(self: &Arc<Self>, key: &str) -> Option<KeyGuard> {
+        let mut in_flight = self
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        in_flight.insert(key.to_owned()).then(|| KeyGuard {
+            shared: Arc::clone(self),
+            key: key.to_owned(),
+        })
+    }
+}
+
+/// Holds an Idempotency-Key in the in-flight registry until dropped.
+#[derive(Debug)]
+pub(crate) struct KeyGuard {
+    shared: Arc<Shared>,
+    key: String,
+}
+
+impl Drop for KeyGuard {
+    fn drop(&mut self) {
+        self.shared
+            .in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.key);
+    }
+}

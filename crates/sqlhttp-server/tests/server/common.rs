@@ -1,0 +1,159 @@
+//! Helpers shared by the tests: building apps, sending requests in-process, temporary
+//! database files. No assertions about the server live here.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Request};
+use serde_json::Value;
+use sqlhttp_server::{AppState, Config, Database, app};
+use tower::ServiceExt as _;
+
+/// A response, fully read.
+#[derive(Debug)]
+pub(crate) struct Reply {
+    pub(crate) status: u16,
+    pub(crate) headers: HeaderMap,
+    pub(crate) body: Vec<u8>,
+}
+
+impl Reply {
+    pub(crate) fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| {
+            panic!(
+                "body is not JSON ({e}): {}",
+                String::from_utf8_lossy(&self.body)
+            )
+        })
+    }
+
+    /// The `error.code` of an error body.
+    pub(crate) fn code(&self) -> String {
+        let json = self.json();
+        assert!(json["error"]["message"].is_string(), "{json}");
+        json["error"]["code"].as_str().unwrap().to_owned()
+    }
+
+    pub(crate) fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+/// An app over a fresh in-memory database with the given configuration tweaks.
+pub(crate) fn app_with(config: Config) -> Router {
+    app(AppState::new(&config).unwrap())
+}
+
+pub(crate) fn memory_app() -> Router {
+    app_with(Config::default())
+}
+
+/// Sends one request in-process.
+pub(crate) async fn send(
+    router: &Router,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: impl Into<Body>,
+) -> Reply {
+    let mut request = Request::builder().method(method).uri(path);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = router
+        .clone()
+        .oneshot(request.body(body.into()).unwrap())
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap()
+        .to_vec();
+    Reply {
+        status,
+        headers,
+        body,
+    }
+}
+
+/// POSTs a JSON request body to the SQL endpoint with extra headers.
+pub(crate) async fn post_with(router: &Router, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(router, "POST", "/api/v1/sql", &all, body.to_string()).await
+}
+
+/// POSTs `{"sql": sql, "params": params}`.
+pub(crate) async fn sql(router: &Router, sql: &str, params: Value) -> Reply {
+    post_with(
+        router,
+        &[],
+        &serde_json::json!({ "sql": sql, "params": params }),
+    )
+    .await
+}
+
+/// POSTs and asserts a 200, returning the JSON body.
+pub(crate) async fn ok(router: &Router, sql_text: &str, params: Value) -> Value {
+    let reply = sql(router, sql_text, params).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{sql_text}: {}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    reply.json()
+}
+
+/// A database file path in the system temp dir, removed (with its journals) on drop.
+#[derive(Debug)]
+pub(crate) struct TempDb {
+    path: PathBuf,
+}
+
+impl TempDb {
+    pub(crate) fn new(name: &str) -> TempDb {
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let unique = format!(
+            "sqlhttpd-test-{}-{}-{name}.db",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::Relaxed)
+        );
+        let db = TempDb {
+            path: std::env::temp_dir().join(unique),
+        };
+        db.remove();
+        db
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub(crate) fn database(&self) -> Database {
+        Database::File(self.path.clone())
+    }
+
+    fn remove(&self) {
+        for suffix in ["", "-journal", "-wal", "-shm"] {
+            let mut name = self.path.clone().into_os_string();
+            name.push(suffix);
+            let _ = std::fs::remove_file(name);
+        }
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+/// A reqwest client that never uses a proxy (the tests only talk to loopback).
+pub(crate) fn http_client() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}

@@ -1,0 +1,234 @@
+//! Idempotency-Key semantics in-process: replay with the same body, 422 on a different body,
+//! stored 4xx outcomes, unstored 5xx outcomes, TTL expiry, the off switch and key syntax.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use sqlhttp_server::{AppState, Config, app};
+
+use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send};
+
+fn body(sql: &str, params: Value) -> Value {
+    json!({"sql": sql, "params": params})
+}
+
+async fn keyed(router: &axum::Router, key: &str, body: &Value) -> Reply {
+    post_with(router, &[("idempotency-key", key)], body).await
+}
+
+async fn count(router: &axum::Router) -> Value {
+    ok(router, "SELECT count(*) FROM t", json!([])).await["rows"][0][0].clone()
+}
+
+#[tokio::test]
+async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
+    let router = memory_app();
+    ok(
+        &router,
+        "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)",
+        json!([]),
+    )
+    .await;
+    let insert = body("INSERT INTO t (v) VALUES (?) RETURNING id", json!(["a"]));
+
+    let first = keyed(&router, "key-1", &insert).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("idempotent-replayed"), None);
+
+    let second = keyed(&router, "key-1", &insert).await;
+    assert_eq!(second.status, 200);
+    assert_eq!(second.header("idempotent-replayed"), Some("true"));
+    assert_eq!(second.header("content-type"), Some("application/json"));
+    assert_eq!(second.body, first.body);
+    assert_eq!(count(&router).await, 1);
+
+    let other_key = keyed(&router, "key-2", &insert).await;
+    assert_eq!(other_key.status, 200);
+    assert_eq!(other_key.header("idempotent-replayed"), None);
+    assert_eq!(count(&router).await, 2);
+}
+
+#[tokio::test]
+async fn the_same_key_with_a_different_body_is_422() {
+    let router = memory_app();
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([1]))).await;
+    assert_eq!(first.status, 200);
+    let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([2]))).await;
+    assert_eq!(reused.status, 422);
+    assert_eq!(reused.code(), "IDEMPOTENCY_KEY_REUSED");
+    assert_eq!(count(&router).await, 1);
+}
+
+#[tokio::test]
+async fn final_client_errors_are_stored_and_replayed() {
+    let router = memory_app();
+    ok(
+        &router,
+        "CREATE TABLE t (id INTEGER PRIMARY KEY)",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO t VALUES (1)", json!([])).await;
+    let duplicate = body("INSERT INTO t VALUES (1)", json!([]));
+    let first = keyed(&router, "dup", &duplicate).await;
+    assert_eq!(first.status, 409);
+    assert_eq!(first.code(), "CONSTRAINT_VIOLATION");
+    ok(&router, "DELETE FROM t", json!([])).await;
+    let replay = keyed(&router, "dup", &duplicate).await;
+    assert_eq!(
+        replay.status, 409,
+        "the stored verdict is replayed, not re-run"
+    );
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, first.body);
+    assert_eq!(count(&router).await, 0);
+
+    let typo = body("INSERT INTO nope VALUES (1)", json!([]));
+    assert_eq!(keyed(&router, "typo", &typo).await.status, 400);
+    let replay = keyed(&router, "typo", &typo).await;
+    assert_eq!(replay.status, 400);
+    assert_eq!(replay.code(), "SQL_ERROR");
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}
+
+#[tokio::test]
+async fn a_partially_applied_statement_leaves_no_effects_when_its_error_is_stored() {
+    let router = memory_app();
+    ok(
+        &router,
+        "CREATE TABLE t (id INTEGER PRIMARY KEY)",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO t VALUES (3)", json!([])).await;
+    // OR FAIL keeps rows 1 and 2 without a key; with a key the whole statement is undone.
+    let reply = keyed(
+        &router,
+        "partial",
+        &body("INSERT OR FAIL INTO t VALUES (1), (2), (3)", json!([])),
+    )
+    .await;
+    assert_eq!(reply.status, 409);
+    assert_eq!(count(&router).await, 1);
+}
+
+#[tokio::test]
+async fn unavailable_outcomes_are_not_stored() {
+    let db = TempDb::new("idem-busy");
+    let state = AppState::new(&Config {
+        database: db.database(),
+        ..Config::default()
+    })
+    .unwrap();
+    let router = app(state);
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+
+    let locker = rusqlite::Connection::open(db.path()).unwrap();
+    locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
+    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let busy = keyed(&router, "retry-me", &insert).await;
+    assert_eq!(busy.status, 503);
+    assert_eq!(busy.code(), "UNAVAILABLE");
+    assert_eq!(busy.header("retry-after"), Some("1"));
+    locker.execute_batch("ROLLBACK").unwrap();
+
+    let retried = keyed(&router, "retry-me", &insert).await;
+    assert_eq!(retried.status, 200);
+    assert_eq!(retried.header("idempotent-replayed"), None);
+    assert_eq!(count(&router).await, 1);
+}
+
+#[tokio::test]
+async fn keys_expire_after_the_ttl() {
+    let router = app_with(Config {
+        idempotency_ttl: Some(Duration::from_millis(1)),
+        ..Config::default()
+    });
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", json!([]))).await;
+    assert_eq!(first.status, 200);
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let after = keyed(&router, "k", &body("INSERT INTO t VALUES (2)", json!([]))).await;
+    assert_eq!(after.status, 200, "an expired key is free again");
+    assert_eq!(after.header("idempotent-replayed"), None);
+    assert_eq!(count(&router).await, 2);
+}
+
+#[tokio::test]
+async fn the_off_switch_ignores_keys() {
+    let router = app_with(Config {
+        idempotency_ttl: None,
+        ..Config::default()
+    });
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    for key in ["k", "k", "not a valid key"] {
+        let reply = keyed(&router, key, &insert).await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.header("idempotent-replayed"), None);
+    }
+    assert_eq!(count(&router).await, 3);
+    let tables = ok(
+        &router,
+        "SELECT count(*) FROM sqlite_master WHERE name = '_sqlhttp_idempotency'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(tables["rows"], json!([[0]]));
+}
+
+#[tokio::test]
+async fn malformed_keys_are_bad_request() {
+    let router = memory_app();
+    let select = body("SELECT 1", json!([]));
+    let long = "k".repeat(256);
+    for key in ["", "has space", long.as_str(), "caf\u{e9}"] {
+        let reply = send(
+            &router,
+            "POST",
+            "/api/v1/sql",
+            &[("idempotency-key", key)],
+            select.to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{key:?}");
+        assert_eq!(reply.code(), "BAD_REQUEST", "{key:?}");
+    }
+    let longest = "k".repeat(255);
+    assert_eq!(keyed(&router, &longest, &select).await.status, 200);
+    assert_eq!(keyed(&router, "!~", &select).await.status, 200);
+}
+
+#[tokio::test]
+async fn transaction_control_cannot_carry_a_key() {
+    let router = memory_app();
+    for statement in [
+        "BEGIN",
+        "commit",
+        "-- c\nROLLBACK",
+        "SAVEPOINT s",
+        "RELEASE s",
+        "END",
+    ] {
+        let reply = keyed(&router, "tx", &body(statement, json!([]))).await;
+        assert_eq!(reply.status, 400, "{statement}");
+        assert_eq!(reply.code(), "BAD_REQUEST", "{statement}");
+    }
+}
+
+#[tokio::test]
+async fn a_keyed_statement_inside_a_client_transaction_follows_it() {
+    let router = memory_app();
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    ok(&router, "BEGIN", json!([])).await;
+    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    assert_eq!(keyed(&router, "inner", &insert).await.status, 200);
+    ok(&router, "ROLLBACK", json!([])).await;
+    assert_eq!(count(&router).await, 0);
+    // The stored outcome was rolled back with the effect, so the key runs again.
+    let again = keyed(&router, "inner", &insert).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(count(&router).await, 1);
+}

@@ -1,0 +1,8 @@
+//! Behavioural tests of `sqlhttpd` through its public API: the in-process app
+//! (`app(state)` driven with `oneshot`), real TCP servers, and the built binary.
+
+mod api;
+mod binary;
+mod common;
+mod idempotency;
+mod tcp;
