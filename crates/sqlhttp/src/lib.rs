@@ -44,6 +44,11 @@ pub use statement::{BoxFuture, Execute, Query, TableQuery};
 pub use table::{Column, ExecResult, Row, Table, Value};
 pub use tokio_util::sync::CancellationToken;
 
+/// The README's examples compile (`cargo test --doc`).
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+struct ReadmeDoctests;
+
 /// Compile-time promises: the client is cheap to share across tasks, and errors can cross threads.
 #[allow(dead_code)]
 fn _assert_impls() {
