@@ -32,7 +32,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 ..Config::default()
             };
             let server = Server::bind(config).await?.spawn();
-            println!("started an embedded sqlhttpd at {} (in-memory SQLite)", server.url());
+            println!(
+                "started an embedded sqlhttpd at {} (in-memory SQLite)",
+                server.url()
+            );
             (server.url(), Some(server))
         }
     };
@@ -54,10 +57,30 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     client.execute("DELETE FROM books").await?;
 
     let books = [
-        Book { id: 1, title: "Dune".into(), author: "Frank Herbert".into(), year: Some(1965) },
-        Book { id: 2, title: "The Dispossessed".into(), author: "Ursula K. Le Guin".into(), year: Some(1974) },
-        Book { id: 3, title: "Neuromancer".into(), author: "William Gibson".into(), year: Some(1984) },
-        Book { id: 4, title: "An Untitled Draft".into(), author: "Anonymous".into(), year: None },
+        Book {
+            id: 1,
+            title: "Dune".into(),
+            author: "Frank Herbert".into(),
+            year: Some(1965),
+        },
+        Book {
+            id: 2,
+            title: "The Dispossessed".into(),
+            author: "Ursula K. Le Guin".into(),
+            year: Some(1974),
+        },
+        Book {
+            id: 3,
+            title: "Neuromancer".into(),
+            author: "William Gibson".into(),
+            year: Some(1984),
+        },
+        Book {
+            id: 4,
+            title: "An Untitled Draft".into(),
+            author: "Anonymous".into(),
+            year: None,
+        },
     ];
     let inserted = client.insert("books", &books).await?;
     println!("inserted {inserted} books");
@@ -71,7 +94,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for book in &classics {
         println!("  {book:?}");
     }
-    let count: i64 = client.query("SELECT count(*) FROM books").fetch_one().await?;
+    let count: i64 = client
+        .query("SELECT count(*) FROM books")
+        .fetch_one()
+        .await?;
     println!("count(*) = {count}");
 
     let table = client
@@ -103,10 +129,21 @@ fn render(table: &Table) -> String {
         .map(|row| row.values().iter().map(cell).collect())
         .collect();
     let widths: Vec<usize> = (0..header.len())
-        .map(|i| cells.iter().map(|r| r[i].len()).chain([header[i].len()]).max().unwrap_or(0))
+        .map(|i| {
+            cells
+                .iter()
+                .map(|r| r[i].len())
+                .chain([header[i].len()])
+                .max()
+                .unwrap_or(0)
+        })
         .collect();
     let line = |values: &[String]| -> String {
-        let padded: Vec<String> = values.iter().zip(&widths).map(|(v, w)| format!("{v:<w$}")).collect();
+        let padded: Vec<String> = values
+            .iter()
+            .zip(&widths)
+            .map(|(v, w)| format!("{v:<w$}"))
+            .collect();
         format!("  | {} |\n", padded.join(" | "))
     };
     let rule: Vec<String> = widths.iter().map(|w| "-".repeat(*w)).collect();

@@ -31,7 +31,16 @@ struct Row {
     note: Option<String>,
 }
 
-type Tuple = (i64, String, String, f64, bool, Option<i64>, String, Option<String>);
+type Tuple = (
+    i64,
+    String,
+    String,
+    f64,
+    bool,
+    Option<i64>,
+    String,
+    Option<String>,
+);
 
 #[derive(Deserialize)]
 struct TupleEnvelope {
@@ -58,15 +67,28 @@ fn body() -> Vec<u8> {
                 format!("user{i}@example.com"),
                 i as f64 / 7.0,
                 i % 3 == 0,
-                if i % 5 == 0 { Value::Null } else { json!(18 + i % 60) },
+                if i % 5 == 0 {
+                    Value::Null
+                } else {
+                    json!(18 + i % 60)
+                },
                 "2026-11-29T12:00:00Z",
-                if i % 2 == 0 { Value::Null } else { json!("a short note") },
+                if i % 2 == 0 {
+                    Value::Null
+                } else {
+                    json!("a short note")
+                },
             ])
         })
         .collect();
-    let columns: Vec<Value> = COLUMNS.iter().map(|(n, t)| json!({"name": n, "type": t})).collect();
-    serde_json::to_vec(&json!({"columns": columns, "rows": rows, "rows_affected": 0, "last_insert_id": null}))
-        .unwrap()
+    let columns: Vec<Value> = COLUMNS
+        .iter()
+        .map(|(n, t)| json!({"name": n, "type": t}))
+        .collect();
+    serde_json::to_vec(
+        &json!({"columns": columns, "rows": rows, "rows_affected": 0, "last_insert_id": null}),
+    )
+    .unwrap()
 }
 
 fn sqlhttp_typed(body: &[u8]) -> Vec<Row> {
@@ -81,10 +103,14 @@ fn via_value(body: &[u8]) -> Vec<Row> {
         .iter()
         .map(|c| c["name"].as_str().unwrap().to_owned())
         .collect();
-    let Value::Array(rows) = value["rows"].take() else { panic!("rows") };
+    let Value::Array(rows) = value["rows"].take() else {
+        panic!("rows")
+    };
     rows.into_iter()
         .map(|row| {
-            let Value::Array(cells) = row else { panic!("row") };
+            let Value::Array(cells) = row else {
+                panic!("row")
+            };
             let object: Map<String, Value> = names.iter().cloned().zip(cells).collect();
             serde_json::from_value(Value::Object(object)).unwrap()
         })
@@ -99,8 +125,12 @@ fn bench(c: &mut Criterion, body: &[u8]) {
     let mut group = c.benchmark_group("decode_100k_rows_8_cols");
     group.throughput(Throughput::Elements(ROWS as u64));
     group.sample_size(10);
-    group.bench_function("sqlhttp", |b| b.iter(|| black_box(sqlhttp_typed(black_box(body)))));
-    group.bench_function("via_value", |b| b.iter(|| black_box(via_value(black_box(body)))));
+    group.bench_function("sqlhttp", |b| {
+        b.iter(|| black_box(sqlhttp_typed(black_box(body))))
+    });
+    group.bench_function("via_value", |b| {
+        b.iter(|| black_box(via_value(black_box(body))))
+    });
     group.bench_function("floor", |b| b.iter(|| black_box(floor(black_box(body)))));
     group.finish();
 }
@@ -123,10 +153,16 @@ fn summary(body: &[u8]) {
     let value = best_of(runs, || via_value(body));
     let floor = best_of(runs, || floor(body));
     let rate = |d: Duration| ROWS as f64 / d.as_secs_f64();
-    println!("\nsummary ({ROWS} rows x 8 columns, {} bytes, best of {runs}):", body.len());
+    println!(
+        "\nsummary ({ROWS} rows x 8 columns, {} bytes, best of {runs}):",
+        body.len()
+    );
     println!("  sqlhttp typed decode   {:>12.0} rows/s", rate(typed));
     println!("  via serde_json::Value  {:>12.0} rows/s", rate(value));
-    println!("  serde_json tuples      {:>12.0} rows/s  (floor)", rate(floor));
+    println!(
+        "  serde_json tuples      {:>12.0} rows/s  (floor)",
+        rate(floor)
+    );
     println!(
         "  sqlhttp is {:.2}x the Value path and {:.2}x the floor's speed",
         value.as_secs_f64() / typed.as_secs_f64(),

@@ -1,0 +1,1 @@
+//! End-to-end tests of `sqlhttp` against a live `sqlhttpd` live in `tests/it/`.

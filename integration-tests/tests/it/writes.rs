@@ -1,0 +1,137 @@
+//! Writes through a dropped response: `execute` never retries, `insert` retries only when asked, and
+//! the server's idempotency keys make the retry exactly-once — or, with keys off, show the duplicate
+//! that makes `retry_writes` opt-in.
+
+use sqlhttp::ErrorKind;
+use sqlhttp_server::Config;
+use sqlhttp_testkit::Fault;
+
+use crate::harness::*;
+
+#[tokio::test]
+async fn execute_through_a_dropped_response_errors_once_and_applies_once() {
+    let live = Live::start().await;
+    let table = unique_table("exec_drop");
+    create(&live.client(), &table, true).await;
+    let proxy = live.proxy().await;
+    proxy.push(Fault::DropAfterForward);
+    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    let err = client
+        .execute(format!(
+            "INSERT INTO \"{table}\" (name, price) VALUES ('once', 1)"
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Connection { .. }),
+        "{err:?}"
+    );
+    assert_eq!(
+        (err.attempts(), proxy.requests(), proxy.forwarded()),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        count(&live.client(), &table).await,
+        1,
+        "the server did the work exactly once"
+    );
+}
+
+#[tokio::test]
+async fn insert_without_retry_writes_errors_and_applies_once() {
+    let live = Live::start().await;
+    let table = unique_table("insert_drop");
+    create(&live.client(), &table, true).await;
+    let proxy = live.proxy().await;
+    proxy.push(Fault::DropAfterForward);
+    let client = live.via(&proxy).build().unwrap();
+    let err = client.insert(&table, &items(5)).await.unwrap_err();
+    assert!(err.is_connection(), "{err:?}");
+    assert_eq!((err.attempts(), proxy.forwarded()), (1, 1));
+    assert_eq!(count(&live.client(), &table).await, 5);
+}
+
+#[tokio::test]
+async fn insert_with_retry_writes_succeeds_exactly_once() {
+    let live = Live::start().await;
+    let table = unique_table("insert_retry");
+    create(&live.client(), &table, false).await;
+    let proxy = live.proxy().await;
+    proxy.push_all([Fault::DropAfterForward, Fault::DropAfterForward]);
+    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    let rows = items(7);
+    assert_eq!(client.insert(&table, &rows).await.unwrap(), 7);
+    assert_eq!(
+        proxy.forwarded(),
+        3,
+        "the server saw the statement three times"
+    );
+    let mut expected = rows;
+    expected.sort_by_key(|item| item.id);
+    assert_eq!(
+        all_rows(&live.client(), &table).await,
+        expected,
+        "and applied it once"
+    );
+}
+
+#[tokio::test]
+async fn insert_with_retry_writes_against_a_server_without_keys_duplicates() {
+    let live = Live::with_config(Config {
+        idempotency_ttl: None,
+        ..Config::default()
+    })
+    .await;
+    let table = unique_table("insert_dup");
+    // No primary key: nothing stops the duplicate, as on many real tables.
+    create(&live.client(), &table, false).await;
+    let proxy = live.proxy().await;
+    proxy.push(Fault::DropAfterForward);
+    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    assert_eq!(client.insert(&table, &items(4)).await.unwrap(), 4);
+    assert_eq!(
+        count(&live.client(), &table).await,
+        8,
+        "the documented risk: a retried write is applied twice when the server ignores the key"
+    );
+}
+
+#[tokio::test]
+async fn a_retried_write_that_never_reached_the_server_is_applied_once() {
+    let live = Live::start().await;
+    let table = unique_table("insert_503");
+    create(&live.client(), &table, true).await;
+    let proxy = live.proxy().await;
+    proxy.push_all([Fault::unavailable(0), Fault::CloseBeforeForward]);
+    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    assert_eq!(client.insert(&table, &items(3)).await.unwrap(), 3);
+    assert_eq!((proxy.requests(), proxy.forwarded()), (3, 1));
+    assert_eq!(count(&live.client(), &table).await, 3);
+}
+
+#[tokio::test]
+async fn a_chunked_insert_retries_each_statement_once_and_keeps_every_row() {
+    let live = Live::start().await;
+    let table = unique_table("chunks");
+    create(&live.client(), &table, true).await;
+    let proxy = live.proxy().await;
+    // Four statements of 25 rows; the second and fourth lose their responses once.
+    proxy.push_all([
+        Fault::Pass,
+        Fault::DropAfterForward,
+        Fault::Pass,
+        Fault::Pass,
+        Fault::DropAfterForward,
+    ]);
+    let client = live
+        .via(&proxy)
+        .retry_writes(true)
+        .insert_max_params(100)
+        .build()
+        .unwrap();
+    let mut rows = items(100);
+    assert_eq!(client.insert(&table, &rows).await.unwrap(), 100);
+    assert_eq!(proxy.forwarded(), 6);
+    rows.sort_by_key(|item| item.id);
+    assert_eq!(all_rows(&live.client(), &table).await, rows);
+}
