@@ -125,6 +125,22 @@ pub enum ErrorKind {
     Cancelled,
 }
 
+impl ErrorKind {
+    /// The HTTP status a kind stands for, when it comes from a response.
+    pub(crate) fn response_status(&self) -> Option<u16> {
+        match self {
+            ErrorKind::Sql { .. } => Some(400),
+            ErrorKind::Unauthorized { .. } => Some(401),
+            ErrorKind::ConstraintViolation { .. } => Some(409),
+            ErrorKind::PayloadTooLarge { .. } => Some(413),
+            ErrorKind::RateLimited { .. } => Some(429),
+            ErrorKind::Unavailable { .. } => Some(503),
+            ErrorKind::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
 fn fmt_wait(wait: Option<Duration>) -> String {
     wait.map(|w| format!(" (retry after {w:?})"))
         .unwrap_or_default()
@@ -249,14 +265,9 @@ impl Error {
     /// The HTTP status of the response that failed, when there was one.
     pub fn status(&self) -> Option<u16> {
         match &self.inner.kind {
-            ErrorKind::Sql { .. } => Some(400),
-            ErrorKind::Unauthorized { .. } => Some(401),
-            ErrorKind::ConstraintViolation { .. } => Some(409),
-            ErrorKind::RateLimited { .. } => Some(429),
-            ErrorKind::Unavailable { .. } => Some(503),
-            ErrorKind::Http { status, .. } => Some(*status),
-            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts > 0 => Some(413),
-            _ => None,
+            // An insert row over the body limit is found before anything is sent.
+            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts == 0 => None,
+            kind => kind.response_status(),
         }
     }
 

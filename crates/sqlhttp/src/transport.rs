@@ -280,16 +280,7 @@ async fn cancelled(call: Option<&CancellationToken>, client: Option<&Cancellatio
 }
 
 fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> AttemptFailure {
-    let status = match kind {
-        ErrorKind::Sql { .. } => Some(400),
-        ErrorKind::Unauthorized { .. } => Some(401),
-        ErrorKind::ConstraintViolation { .. } => Some(409),
-        ErrorKind::PayloadTooLarge { .. } => Some(413),
-        ErrorKind::RateLimited { .. } => Some(429),
-        ErrorKind::Unavailable { .. } => Some(503),
-        ErrorKind::Http { status, .. } => Some(*status),
-        _ => None,
-    };
+    let status = kind.response_status();
     let failure = match (kind, status) {
         (
             ErrorKind::Http {
