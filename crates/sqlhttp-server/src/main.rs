@@ -28,8 +28,9 @@ struct Cli {
     database: Database,
 
     /// Accepted bearer token (repeatable). Without any, the comma-separated tokens of
-    /// SQLHTTPD_TOKENS are used; with none at all the SQL endpoint is open.
-    #[arg(long = "token", value_name = "TOKEN")]
+    /// SQLHTTPD_TOKENS are used; with none at all the SQL endpoint is open. Surrounding
+    /// whitespace is trimmed (a header cannot carry it); an empty token is refused.
+    #[arg(long = "token", value_name = "TOKEN", value_parser = parse_token)]
     tokens: Vec<String>,
 
     /// Largest accepted request body, in bytes.
@@ -48,6 +49,15 @@ struct Cli {
 fn parse_database(url: &str) -> Result<Database, String> {
     url.parse()
         .map_err(|e: sqlhttp_server::ServerError| e.to_string())
+}
+
+fn parse_token(token: &str) -> Result<String, String> {
+    let token = token.trim();
+    if token.is_empty() {
+        Err("a token must not be empty (omit --token for an open server)".to_owned())
+    } else {
+        Ok(token.to_owned())
+    }
 }
 
 fn parse_ttl(input: &str) -> Result<Duration, String> {
@@ -187,6 +197,14 @@ mod tests {
         assert!(Cli::try_parse_from(["sqlhttpd", "--database", "mysql://x"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--idempotency-ttl", "soon"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--listen", "nowhere"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--token", ""]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--token", "  "]).is_err());
+    }
+
+    #[test]
+    fn flag_tokens_are_trimmed() {
+        let cli = Cli::try_parse_from(["sqlhttpd", "--token", " padded\t"]).unwrap();
+        assert_eq!(cli.into_config().tokens, ["padded"]);
     }
 
     #[test]

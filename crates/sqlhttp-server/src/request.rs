@@ -48,6 +48,13 @@ impl SqlRequest {
                 "the body must be a JSON object {{\"sql\": string, \"params\": array}}: {e}"
             ))
         })?;
+        // serde also reads a struct from a JSON array (`["SELECT 1", []]`); the protocol's body
+        // is an object only.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::bad_request(
+                "the body must be a JSON object {\"sql\": string, \"params\": array}",
+            ));
+        }
         let sql = match wire.sql {
             Some(serde_json::Value::String(sql)) => sql,
             Some(_) => return Err(ApiError::bad_request("`sql` must be a string")),
@@ -76,9 +83,14 @@ fn parse_param(index: usize, raw: &RawValue) -> Result<Param, ApiError> {
             if let Some(i) = n.as_i64() {
                 return Ok(Param::Integer(i));
             }
-            // An integer literal outside i64 (serde_json reads those beyond u64 as floats).
+            // An integer literal outside i64 (serde_json reads those beyond u64 as floats),
+            // or `-0`, which serde_json reads as the float -0.0.
             let literal = raw.get();
-            if n.is_u64() || !literal.contains(['.', 'e', 'E']) {
+            let is_integer_literal = !literal.contains(['.', 'e', 'E']);
+            if is_integer_literal && n.as_f64() == Some(0.0) {
+                return Ok(Param::Integer(0));
+            }
+            if n.is_u64() || is_integer_literal {
                 return Err(ApiError::bad_request(format!(
                     "parameter {position}: integer {literal} is outside the signed 64-bit range"
                 )));
@@ -127,6 +139,16 @@ pub(crate) fn is_transaction_control(sql: &str) -> bool {
     )
 }
 
+/// Whether the statement is an INSERT, REPLACE, UPDATE or DELETE (or a WITH prefix before
+/// one): the only statements whose `rows_affected` is the engine's change count. DDL that
+/// changes rows as a side effect (`DROP TABLE` under `ON DELETE CASCADE`) reports 0.
+pub(crate) fn may_change_rows(sql: &str) -> bool {
+    matches!(
+        leading_keyword(sql).as_str(),
+        "INSERT" | "REPLACE" | "UPDATE" | "DELETE" | "WITH"
+    )
+}
+
 /// Whether the statement may insert rows itself (INSERT, REPLACE, or a WITH prefix before one).
 pub(crate) fn may_insert(sql: &str) -> bool {
     matches!(leading_keyword(sql).as_str(), "INSERT" | "REPLACE" | "WITH")
@@ -166,6 +188,12 @@ mod tests {
     }
 
     #[test]
+    fn negative_zero_is_the_integer_zero() {
+        let request = SqlRequest::parse(br#"{"sql":"SELECT ?, ?","params":[-0, -0.0]}"#).unwrap();
+        assert_eq!(request.params, vec![Param::Integer(0), Param::Real(-0.0)]);
+    }
+
+    #[test]
     fn params_are_optional() {
         for body in [
             r#"{"sql":"SELECT 1"}"#,
@@ -189,6 +217,8 @@ mod tests {
         assert!(bad(r#"{"sql":42}"#).contains("must be a string"));
         assert!(bad(r#"{"sql":null}"#).contains("must be a string"));
         bad(r#"{"sql":"SELECT 1","params":{"a":1}}"#);
+        assert!(bad(r#" ["SELECT 1", []]"#).contains("JSON object"));
+        bad(r#"["SELECT 1"]"#);
     }
 
     #[test]
@@ -214,5 +244,9 @@ mod tests {
             "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x"
         ));
         assert!(!may_insert("UPDATE t SET a = 1"));
+        assert!(may_change_rows("delete from t"));
+        assert!(may_change_rows("UPDATE t SET a = 1"));
+        assert!(!may_change_rows("DROP TABLE t"));
+        assert!(!may_change_rows("SELECT 1"));
     }
 }

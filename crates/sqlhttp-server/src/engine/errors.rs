@@ -32,6 +32,13 @@ pub(crate) fn map_engine_error(err: rusqlite::Error) -> ApiError {
 fn map_failure(failure: rusqlite::ffi::Error, msg: Option<String>) -> ApiError {
     let message = msg.unwrap_or_else(|| failure.to_string());
     match failure.code {
+        // A STRICT table's type check is a type error, not one of the protocol's constraint
+        // violations (unique, primary key, check, foreign key, not-null).
+        Code::ConstraintViolation
+            if failure.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_DATATYPE =>
+        {
+            ApiError::sql(message)
+        }
         Code::ConstraintViolation => ApiError::new(ErrorCode::ConstraintViolation, message),
         Code::DatabaseBusy | Code::DatabaseLocked | Code::SchemaChanged => {
             ApiError::unavailable(format!("the database is busy, retry later ({message})"))
@@ -90,6 +97,15 @@ mod tests {
             not_null.message.contains("NOT NULL"),
             "{}",
             not_null.message
+        );
+        conn.execute_batch("CREATE TABLE s (x INTEGER) STRICT")
+            .unwrap();
+        let strict = error_of(&conn, "INSERT INTO s VALUES ('abc')");
+        assert_eq!(strict.code, ErrorCode::SqlError);
+        assert!(
+            strict.message.contains("cannot store"),
+            "{}",
+            strict.message
         );
     }
 

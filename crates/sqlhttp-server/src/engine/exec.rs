@@ -11,7 +11,7 @@ use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 
 use crate::api_error::ApiError;
 use crate::engine::errors::map_engine_error;
-use crate::request::{Param, SqlRequest, may_insert};
+use crate::request::{Param, SqlRequest, may_change_rows, may_insert};
 
 /// `last_insert_rowid()` is set to this before a statement that may insert, so "inserted
 /// nothing" can be told apart from "inserted a row whose rowid equals the previous one".
@@ -35,6 +35,10 @@ impl ToSql for Param {
 
 /// Runs the request's statement and returns the JSON success body.
 pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>, ApiError> {
+    if request.sql.contains('\0') {
+        // SQLite stops reading at a NUL: the text after it would be silently ignored.
+        return Err(ApiError::sql("the SQL text contains a NUL character"));
+    }
     let tracks_rowid = may_insert(&request.sql);
     if tracks_rowid {
         reset_last_insert_rowid(conn)?;
@@ -88,7 +92,8 @@ pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>
     drop(rows);
     drop(stmt);
 
-    let rows_affected = if conn.total_changes() == changes_before {
+    let rows_affected = if !may_change_rows(&request.sql) || conn.total_changes() == changes_before
+    {
         0
     } else {
         conn.changes()
@@ -248,6 +253,27 @@ mod tests {
         assert_eq!(upsert["last_insert_id"], serde_json::Value::Null);
         let ddl = run(&conn, "CREATE TABLE c (x)", vec![]).unwrap();
         assert_eq!(ddl["rows_affected"], 0);
+    }
+
+    #[test]
+    fn ddl_reports_no_rows_affected_even_when_it_cascades() {
+        let conn = conn();
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE p (id INTEGER PRIMARY KEY);
+             CREATE TABLE c (p INTEGER REFERENCES p(id) ON DELETE CASCADE);
+             INSERT INTO p VALUES (1); INSERT INTO c VALUES (1);",
+        )
+        .unwrap();
+        let dropped = run(&conn, "DROP TABLE p", vec![]).unwrap();
+        assert_eq!(dropped["rows_affected"], 0);
+    }
+
+    #[test]
+    fn a_nul_in_the_sql_text_is_refused() {
+        let err = run(&conn(), "SELECT 1\0; DROP TABLE x", vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::SqlError);
+        assert!(err.message.contains("NUL"), "{}", err.message);
     }
 
     #[test]

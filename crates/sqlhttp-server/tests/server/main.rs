@@ -4,5 +4,6 @@
 mod api;
 mod binary;
 mod common;
+mod conformance;
 mod idempotency;
 mod tcp;
