@@ -18,7 +18,7 @@ use crate::insert::{Insert, InsertLimits};
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, HttpExchange, Transport};
+use crate::transport::{Call, Delivered, HttpExchange, Transport};
 
 /// The path of the protocol's one endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -83,6 +83,11 @@ impl Client {
     /// A query whose result comes back as a [`Table`](crate::Table): columns with their types and rows of
     /// dynamically typed cells. A **read**: retried on transient failures; like [`query`](Self::query),
     /// a write sent through it is miscategorised.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the call after retries; [`ErrorKind::Decode`](crate::ErrorKind::Decode) when the
+    /// body is not a protocol v1 result.
     pub fn query_table(&self, sql: impl Into<String>) -> TableQuery {
         TableQuery::new(self.clone(), sql.into())
     }
@@ -92,7 +97,15 @@ impl Client {
     ///
     /// **Never retried**, whatever the configuration: the SDK cannot know whether the statement is safe
     /// to run twice (`UPDATE t SET n = n + 1` is not), so a failure comes back after one attempt and the
-    /// caller decides.
+    /// caller decides. Conversely, an `INSERT` sent through [`query`](Self::query) instead of `execute`
+    /// is miscategorised as a read and would be retried.
+    ///
+    /// A timeout, a lost connection or a cancellation does not tell whether the server committed the
+    /// statement: after one, check before running it again.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the one attempt (see [`ErrorKind`](crate::ErrorKind)).
     pub fn execute(&self, sql: impl Into<String>) -> Execute {
         Execute::new(self.clone(), sql.into())
     }
@@ -105,6 +118,14 @@ impl Client {
     /// Large inputs are split to respect the engine's bound-parameter limit and the body limit (see
     /// [`ClientBuilder::insert_max_params`], [`ClientBuilder::max_body_bytes`]); every row is checked
     /// before the first statement is sent. `table` is one identifier, quoted as given.
+    /// [`RetryPolicy::max_elapsed`] bounds the whole insert, all its statements together.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::InvalidParameter`](crate::ErrorKind::InvalidParameter) or
+    /// [`ErrorKind::PayloadTooLarge`](crate::ErrorKind::PayloadTooLarge) before anything is sent, when a
+    /// row cannot be inserted; otherwise the failure of a statement, with
+    /// [`Error::rows_inserted`](crate::Error::rows_inserted) when earlier statements committed.
     pub fn insert<'r, T: Serialize + Sync>(&self, table: &str, rows: &'r [T]) -> Insert<'r, T> {
         Insert::new(self.clone(), table.to_owned(), rows)
     }
@@ -119,7 +140,8 @@ impl Client {
         body: Bytes,
         sql: &str,
         cancel: Option<&CancellationToken>,
-    ) -> Result<Bytes> {
+        started: Option<tokio::time::Instant>,
+    ) -> Result<Delivered> {
         self.inner
             .transport
             .send(Call {
@@ -127,6 +149,7 @@ impl Client {
                 body,
                 sql,
                 cancel,
+                started,
             })
             .await
     }
@@ -141,6 +164,19 @@ impl fmt::Debug for Client {
             .field("retry", &t.policy)
             .field("retry_writes", &t.retry_writes)
             .finish_non_exhaustive()
+    }
+}
+
+/// The URL with any password replaced, for printing.
+fn redacted(url: &str) -> String {
+    match reqwest::Url::parse(url) {
+        Ok(mut url) => {
+            if url.password().is_some() {
+                let _ = url.set_password(Some("***"));
+            }
+            url.to_string()
+        }
+        Err(_) => "<not a URL>".to_owned(),
     }
 }
 
@@ -192,8 +228,10 @@ impl ClientBuilder {
 
     /// Uses this reqwest client (its pool, TLS settings and connector) for every attempt, for instance
     /// one with a connector layer from `sqlhttp-testkit`. Build it with
-    /// `.retry(reqwest::retry::never())` so that the attempt counts this SDK reports stay true.
-    /// Default: a client built by the SDK with reqwest's own retries off.
+    /// `.retry(reqwest::retry::never())` and `.redirect(reqwest::redirect::Policy::none())`: reqwest's
+    /// own retries would make the attempt counts this SDK reports untrue, and following a redirect
+    /// turns a POST into a GET that runs nothing (or re-sends it uncounted).
+    /// Default: a client built by the SDK with both off.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http_client = Some(client);
         self
@@ -236,7 +274,9 @@ impl ClientBuilder {
         self
     }
 
-    /// Cancels every call of this client (and its clones) when `token` is cancelled.
+    /// Cancels every call of this client (and its clones) when `token` is cancelled. A cancelled token
+    /// stays cancelled: from then on every call fails at once with `Cancelled`, so use a child token
+    /// (`token.child_token()`) per client you may want to keep.
     pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
         self
@@ -270,7 +310,14 @@ impl ClientBuilder {
     /// - the HTTP client cannot be built.
     pub fn build(self) -> Result<Client> {
         let mut base = reqwest::Url::parse(&self.base_url)
-            .map_err(|err| Error::config(format!("invalid base URL {:?}: {err}", self.base_url)))?;
+            .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
+        if !base.username().is_empty() || base.password().is_some() {
+            // reqwest would send them as Basic credentials beside the bearer token, and they would
+            // show wherever the URL is printed.
+            return Err(Error::config(
+                "the base URL must not carry credentials; use bearer_token",
+            ));
+        }
         if !matches!(base.scheme(), "http" | "https") {
             return Err(Error::config(format!(
                 "base URL scheme must be http or https, not {:?}",
@@ -308,6 +355,7 @@ impl ClientBuilder {
             Some(http) => http,
             None => reqwest::Client::builder()
                 .retry(reqwest::retry::never())
+                .redirect(reqwest::redirect::Policy::none())
                 .build()
                 .map_err(|err| Error::config(format!("cannot build the HTTP client: {err}")))?,
         };
@@ -338,7 +386,7 @@ impl ClientBuilder {
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
-            .field("base_url", &self.base_url)
+            .field("base_url", &redacted(&self.base_url))
             .field("authenticated", &self.bearer_token.is_some())
             .field("timeout", &self.timeout)
             .field("retry", &self.policy)

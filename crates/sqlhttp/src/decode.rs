@@ -79,7 +79,7 @@ pub fn table(body: &[u8]) -> Result<Table, Error> {
 pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
     #[derive(Deserialize)]
     struct Effect {
-        #[serde(default)]
+        // Required: a `{}` from something that is not a protocol v1 server must not read as success.
         rows_affected: u64,
         #[serde(default)]
         last_insert_id: Option<i64>,

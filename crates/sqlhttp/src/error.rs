@@ -246,7 +246,10 @@ impl Error {
         self.inner.attempts
     }
 
-    /// Every failed attempt in order, each with the delay slept after it. The last entry is this error.
+    /// Every failed attempt in order, each with the delay slept after it (`None` on the last). When the
+    /// call failed, the last entry is this error, except after a cancellation between attempts: then
+    /// the last entry is the attempt before, with the delay the cancellation cut short. Errors raised
+    /// after a successful exchange (decoding, [`ErrorKind::RowNotFound`]) carry the call's history too.
     pub fn history(&self) -> &[AttemptFailure] {
         &self.inner.history
     }
@@ -256,8 +259,9 @@ impl Error {
         self.inner.budget_exhausted
     }
 
-    /// For a bulk insert that was split into several statements: how many rows earlier statements
-    /// committed before this failure. `None` when nothing had been committed.
+    /// For a bulk insert that was split into several statements: how many rows earlier statements were
+    /// confirmed to have committed before this failure. `None` when none had. A lower bound: after a
+    /// timeout or a lost connection, the failed statement itself may have committed too.
     pub fn rows_inserted(&self) -> Option<u64> {
         self.inner.rows_inserted
     }
@@ -353,8 +357,5 @@ impl fmt::Display for Error {
     }
 }
 
-impl std::error::Error for Error {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        Some(&self.inner.kind)
-    }
-}
+/// The kind's message is already this error's own, so it is not repeated as a source.
+impl std::error::Error for Error {}

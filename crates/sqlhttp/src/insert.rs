@@ -45,6 +45,12 @@ pub(crate) struct Chunk {
 }
 
 /// A typed bulk insert, made by [`Client::insert`]. `.await` it for the number of rows inserted.
+///
+/// # Errors
+///
+/// [`ErrorKind::InvalidParameter`] or [`ErrorKind::PayloadTooLarge`] before anything is sent, when a
+/// row cannot be inserted; otherwise a statement's failure, with [`Error::rows_inserted`] when earlier
+/// statements had committed.
 #[derive(Debug)]
 #[must_use = "an insert does nothing until it is awaited"]
 pub struct Insert<'r, T> {
@@ -81,6 +87,8 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
             let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
             let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
             let mut inserted = 0u64;
+            // One `max_elapsed` for the whole insert, however many statements it takes.
+            let started = tokio::time::Instant::now();
             for chunk in chunks {
                 let sent = self
                     .client
@@ -89,9 +97,10 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                         chunk.body,
                         &sql_for_log,
                         self.cancel.as_ref(),
+                        Some(started),
                     )
                     .await
-                    .and_then(|body| decode::exec_result(&body));
+                    .and_then(|delivered| delivered.decode(decode::exec_result));
                 match sent {
                     Ok(effect) => inserted += effect.rows_affected,
                     Err(err) if inserted > 0 => return Err(err.with_rows_inserted(inserted)),

@@ -78,7 +78,8 @@ pub(crate) fn from_transport(err: reqwest::Error) -> ErrorKind {
         ErrorKind::Timeout {
             after: std::time::Duration::ZERO,
         }
-    } else if err.is_builder() {
+    } else if err.is_builder() || err.is_redirect() {
+        // A redirect policy on a caller-supplied client gave up: the same request will again.
         ErrorKind::Config { message }
     } else {
         ErrorKind::Connection { message }

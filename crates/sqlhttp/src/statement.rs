@@ -17,6 +17,7 @@ use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table, Value};
+use crate::transport::Delivered;
 
 /// The request body of protocol v1.
 #[derive(Serialize)]
@@ -39,19 +40,32 @@ pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
         Value::Number(n) if n.is_i64() || n.is_f64() => Ok(()),
-        Value::Number(n) => Err(format!("{n} does not fit in a signed 64-bit integer")),
+        Value::Number(_) => {
+            Err("an integer above i64::MAX does not fit in a signed 64-bit integer".to_owned())
+        }
         Value::Array(_) => Err("a sequence cannot be bound; bind each element".to_owned()),
         Value::Object(_) => Err("a struct or map cannot be bound as one parameter".to_owned()),
     }
 }
 
-/// SQL, parameters and cancellation, shared by every request builder.
-#[derive(Debug, Clone)]
+/// SQL, parameters and cancellation, shared by every request builder. Its `Debug` shows how many
+/// parameters are bound, never their values.
+#[derive(Clone)]
 pub(crate) struct Statement {
     sql: String,
     params: Vec<Value>,
     invalid: Option<ErrorKind>,
     cancel: Option<CancellationToken>,
+}
+
+impl std::fmt::Debug for Statement {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Statement")
+            .field("sql", &self.sql)
+            .field("params", &format_args!("<{} bound>", self.params.len()))
+            .field("cancellable", &self.cancel.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Statement {
@@ -85,7 +99,7 @@ impl Statement {
 
     /// Sends the statement as an operation of `class`; a parameter that could not be bound fails here,
     /// before anything is sent.
-    async fn send(self, client: &Client, class: OpClass) -> Result<Bytes> {
+    async fn send(self, client: &Client, class: OpClass) -> Result<Delivered> {
         if let Some(kind) = self.invalid {
             return Err(Error::new(kind));
         }
@@ -95,7 +109,7 @@ impl Statement {
         }
         .encode();
         client
-            .send(class, body, &self.sql, self.cancel.as_ref())
+            .send(class, body, &self.sql, self.cancel.as_ref(), None)
             .await
     }
 }
@@ -115,7 +129,8 @@ macro_rules! statement_builder {
             }
 
             /// Cancels this call when `token` is cancelled: at once, mid-attempt or mid-backoff, with
-            /// [`ErrorKind::Cancelled`]. The client's own token, if any, applies as well.
+            /// [`ErrorKind::Cancelled`]. The client's own token, if any, applies as well. Cancelling
+            /// stops the client, not the server: a statement already sent may still commit.
             pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
                 self.statement.cancel = Some(token.clone());
                 self
@@ -151,8 +166,8 @@ impl Query {
     /// Any failure of the call (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and column when a
     /// cell is not what `T` expects.
     pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let body = self.statement.send(&self.client, OpClass::Read).await?;
-        decode::rows(&body)
+        let delivered = self.statement.send(&self.client, OpClass::Read).await?;
+        delivered.decode(decode::rows)
     }
 
     /// The first row.
@@ -161,9 +176,11 @@ impl Query {
     ///
     /// [`ErrorKind::RowNotFound`] when the query returned no rows; otherwise as [`fetch_all`](Self::fetch_all).
     pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
-        self.fetch_optional()
-            .await?
-            .ok_or_else(|| Error::new(ErrorKind::RowNotFound))
+        let delivered = self.statement.send(&self.client, OpClass::Read).await?;
+        let rows: Vec<T> = delivered.decode(decode::rows)?;
+        rows.into_iter()
+            .next()
+            .ok_or_else(|| delivered.attach(Error::new(ErrorKind::RowNotFound)))
     }
 
     /// The first row, or `None` when there is none.
@@ -177,6 +194,11 @@ impl Query {
 }
 
 /// A read returning a [`Table`], made by [`Client::query_table`]. `.await` it.
+///
+/// # Errors
+///
+/// Any failure of the call after retries (see [`ErrorKind`]); [`ErrorKind::InvalidParameter`] before
+/// anything is sent when a bound value is not a scalar.
 #[derive(Debug, Clone)]
 #[must_use = "a query does nothing until it is awaited"]
 pub struct TableQuery {
@@ -201,13 +223,18 @@ impl IntoFuture for TableQuery {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let body = self.statement.send(&self.client, OpClass::Read).await?;
-            decode::table(&body)
+            let delivered = self.statement.send(&self.client, OpClass::Read).await?;
+            delivered.decode(decode::table)
         })
     }
 }
 
 /// A statement run for its effect, made by [`Client::execute`]. `.await` it. Never retried.
+///
+/// # Errors
+///
+/// Any failure of the one attempt (see [`ErrorKind`]); [`ErrorKind::InvalidParameter`] before anything
+/// is sent when a bound value is not a scalar.
 #[derive(Debug, Clone)]
 #[must_use = "a statement does nothing until it is awaited"]
 pub struct Execute {
@@ -232,8 +259,8 @@ impl IntoFuture for Execute {
 
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(async move {
-            let body = self.statement.send(&self.client, OpClass::Execute).await?;
-            decode::exec_result(&body)
+            let delivered = self.statement.send(&self.client, OpClass::Execute).await?;
+            delivered.decode(decode::exec_result)
         })
     }
 }

@@ -63,7 +63,6 @@ pub struct ExecResult {
 pub struct Table {
     columns: Vec<Column>,
     rows: Vec<Vec<Value>>,
-    #[serde(default)]
     rows_affected: u64,
 }
 

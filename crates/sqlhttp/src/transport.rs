@@ -72,6 +72,29 @@ pub(crate) struct Call<'a> {
     /// For debug-level logs only.
     pub(crate) sql: &'a str,
     pub(crate) cancel: Option<&'a CancellationToken>,
+    /// When the caller's operation began, if before this call (a bulk insert's later statements share
+    /// its `max_elapsed`); `None` means now.
+    pub(crate) started: Option<Instant>,
+}
+
+/// A successful call: the body, and how many attempts it took with what each failed one met.
+#[derive(Debug)]
+pub(crate) struct Delivered {
+    pub(crate) body: Bytes,
+    pub(crate) attempts: u32,
+    pub(crate) history: Vec<AttemptFailure>,
+}
+
+impl Delivered {
+    /// Gives an error raised after the exchange (decoding, no row) the call's attempt count and history.
+    pub(crate) fn attach(&self, err: Error) -> Error {
+        err.with_attempts(self.attempts, self.history.clone())
+    }
+
+    /// Decodes the body with `decode`, attaching the call's attempts to a failure.
+    pub(crate) fn decode<T>(&self, decode: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
+        decode(&self.body).map_err(|err| self.attach(err))
+    }
 }
 
 impl Transport {
@@ -84,7 +107,7 @@ impl Transport {
 
     /// Sends the call, retrying as allowed; returns the body of the first successful response, or the
     /// last failure with the attempt count and history.
-    pub(crate) async fn send(&self, call: Call<'_>) -> Result<Bytes> {
+    pub(crate) async fn send(&self, call: Call<'_>) -> Result<Delivered> {
         let span = tracing::info_span!(
             "sqlhttp.call",
             op = call.class.as_str(),
@@ -101,10 +124,14 @@ impl Transport {
         }
     }
 
-    async fn run(&self, call: Call<'_>, span: &tracing::Span) -> Result<Bytes> {
+    async fn run(&self, call: Call<'_>, span: &tracing::Span) -> Result<Delivered> {
         tracing::debug!(sql = call.sql, "sending statement");
-        let started = Instant::now();
-        let deadline = self.policy.max_elapsed.map(|limit| started + limit);
+        let started = call.started.unwrap_or_else(Instant::now);
+        // A ceiling too far to represent is no ceiling.
+        let deadline = self
+            .policy
+            .max_elapsed
+            .and_then(|limit| started.checked_add(limit));
         let max_attempts = self.max_attempts(call.class);
         let idempotency_key = (call.class == OpClass::Write).then(new_idempotency_key);
         let mut history: Vec<AttemptFailure> = Vec::new();
@@ -137,7 +164,11 @@ impl Transport {
                     if let Some(bucket) = &self.budget {
                         bucket.deposit();
                     }
-                    return Ok(body);
+                    return Ok(Delivered {
+                        body,
+                        attempts: attempt,
+                        history,
+                    });
                 }
                 Err(kind) => kind,
             };
@@ -153,12 +184,16 @@ impl Transport {
                 return Err(finish(kind, history));
             }
             let delay = self.delay_before_retry(attempt, &kind);
-            if deadline.is_some_and(|deadline| Instant::now() + delay >= deadline) {
+            let wakes = Instant::now().checked_add(delay);
+            if let Some(deadline) = deadline
+                && wakes.is_none_or(|wakes| wakes >= deadline)
+            {
                 tracing::debug!(attempt, "max_elapsed reached; not retrying");
                 return Err(finish(kind, history));
             }
+            let after_timeout = matches!(kind, ErrorKind::Timeout { .. });
             if let Some(bucket) = &self.budget
-                && !bucket.withdraw(matches!(kind, ErrorKind::Timeout { .. }))
+                && !bucket.withdraw(after_timeout)
             {
                 tracing::warn!(attempt, "retry budget exhausted; not retrying");
                 return Err(finish(kind, history).with_budget_exhausted());
@@ -174,6 +209,10 @@ impl Transport {
             tokio::select! {
                 biased;
                 () = cancelled(call.cancel, self.cancel.as_ref()) => {
+                    // The retry paid for will not happen.
+                    if let Some(bucket) = &self.budget {
+                        bucket.refund(after_timeout);
+                    }
                     let err = Error::new(ErrorKind::Cancelled).with_attempts(attempt, history);
                     return Err(err);
                 }
@@ -259,11 +298,19 @@ async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes,
 where
     F: Future<Output = Result<Bytes, ErrorKind>>,
 {
-    match budget {
+    let began = Instant::now();
+    let outcome = match budget {
         None => exchange.await,
         Some(after) => tokio::time::timeout(after, exchange)
             .await
             .unwrap_or(Err(ErrorKind::Timeout { after })),
+    };
+    match outcome {
+        // A timeout of the HTTP client's own (a caller-supplied reqwest client) says how long it took.
+        Err(ErrorKind::Timeout { after }) if after.is_zero() => Err(ErrorKind::Timeout {
+            after: began.elapsed(),
+        }),
+        other => other,
     }
 }
 

@@ -21,6 +21,8 @@ enum Step {
     Slow(Duration),
     /// Never answers.
     Hang,
+    /// Fails after this long as the HTTP client's own timeout does (no duration).
+    TimesOut(Duration),
 }
 
 /// What one attempt looked like from the server's side.
@@ -56,6 +58,12 @@ impl Exchange for Scripted {
                     Ok(Bytes::from_static(b"ok"))
                 }
                 Step::Hang => std::future::pending().await,
+                Step::TimesOut(after) => {
+                    tokio::time::sleep(after).await;
+                    Err(ErrorKind::Timeout {
+                        after: Duration::ZERO,
+                    })
+                }
             }
         })
     }
@@ -100,12 +108,23 @@ impl Harness {
     }
 
     async fn send_with(&self, class: OpClass, cancel: Option<&CancellationToken>) -> Result<Bytes> {
+        self.deliver(class, cancel)
+            .await
+            .map(|delivered| delivered.body)
+    }
+
+    async fn deliver(
+        &self,
+        class: OpClass,
+        cancel: Option<&CancellationToken>,
+    ) -> Result<Delivered> {
         self.transport
             .send(Call {
                 class,
                 body: Bytes::from_static(b"{}"),
                 sql: "SELECT 1",
                 cancel,
+                started: None,
             })
             .await
     }
@@ -254,10 +273,13 @@ async fn full_jitter_stays_under_the_ceiling_and_repeats_with_the_seed() {
     };
     let delays = run().await;
     assert_eq!(delays, run().await);
-    for (n, delay) in delays.iter().enumerate() {
-        let ceiling = ms(100 * (1 << n)).min(ms(5_000));
-        assert!(*delay <= ceiling, "retry {n}: {delay:?} > {ceiling:?}");
+    let ceilings: Vec<_> = (0..delays.len())
+        .map(|n| ms(100 * (1 << n)).min(ms(5_000)))
+        .collect();
+    for (n, (delay, ceiling)) in delays.iter().zip(&ceilings).enumerate() {
+        assert!(delay <= ceiling, "retry {n}: {delay:?} > {ceiling:?}");
     }
+    assert_ne!(delays, ceilings, "full jitter draws below the ceiling");
 }
 
 #[tokio::test(start_paused = true)]
@@ -354,11 +376,14 @@ async fn the_clients_token_cancels_too() {
         t
     });
     let call_token = CancellationToken::new();
+    let started = Instant::now();
     let (result, ()) = tokio::join!(h.send_with(OpClass::Read, Some(&call_token)), async {
         tokio::time::sleep(ms(500)).await;
         client_token.cancel();
     });
-    assert_eq!(result.unwrap_err().attempts(), 2);
+    let err = result.unwrap_err();
+    assert_eq!((err.kind(), err.attempts()), (&ErrorKind::Cancelled, 2));
+    assert_eq!(started.elapsed(), ms(500));
 }
 
 #[tokio::test(start_paused = true)]
@@ -436,4 +461,57 @@ async fn timeouts_cost_more_than_errors() {
         "one timeout retry (10) paid, the second refused"
     );
     assert!(err.is_timeout() && err.is_budget_exhausted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_success_reports_its_attempts_and_history() {
+    let h = Harness::new([unavailable(), status(502), Step::Ok]);
+    let delivered = h.deliver(OpClass::Read, None).await.unwrap();
+    assert_eq!(delivered.attempts, 3);
+    let statuses: Vec<_> = delivered.history.iter().map(|a| a.status).collect();
+    assert_eq!(statuses, vec![Some(503), Some(502)]);
+    let err = delivered.attach(Error::new(ErrorKind::RowNotFound));
+    assert_eq!(err.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unrepresentable_max_elapsed_is_no_ceiling() {
+    let h = Harness::with([unavailable(), unavailable(), Step::Ok], |mut t| {
+        t.policy = t.policy.max_elapsed(Duration::MAX);
+        t.timeout = Some(Duration::MAX);
+        t
+    });
+    h.send(OpClass::Read).await.unwrap();
+    assert_eq!(h.seen().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_cancelled_in_its_backoff_is_refunded() {
+    let h = Harness::with([waiting(30), Step::Ok], |mut t| {
+        t.budget = Some(TokenBucket::new(RetryBudget::new().capacity(20)));
+        t
+    });
+    let token = CancellationToken::new();
+    let (result, ()) = tokio::join!(h.send_with(OpClass::Read, Some(&token)), async {
+        tokio::time::sleep(ms(10)).await;
+        assert_eq!(
+            h.transport.budget.as_ref().unwrap().tokens(),
+            15,
+            "paid while sleeping"
+        );
+        token.cancel();
+    });
+    assert_eq!(result.unwrap_err().kind(), &ErrorKind::Cancelled);
+    assert_eq!(h.transport.budget.as_ref().unwrap().tokens(), 20);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_timeout_of_the_http_clients_own_says_how_long_it_took() {
+    // A caller-supplied reqwest client with its own timeout reports it without a duration.
+    let h = Harness::with([Step::TimesOut(ms(750))], |mut t| {
+        t.policy = RetryPolicy::never();
+        t
+    });
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert_eq!(err.kind(), &ErrorKind::Timeout { after: ms(750) });
 }

@@ -101,14 +101,27 @@ impl TokenBucket {
             .is_ok()
     }
 
+    /// Gives back the price of a retry that was paid for but not made (the call was cancelled).
+    pub(crate) fn refund(&self, after_timeout: bool) {
+        let cost = if after_timeout {
+            self.settings.timeout_cost
+        } else {
+            self.settings.retry_cost
+        };
+        self.add(cost);
+    }
+
     /// Returns a little to the bucket after a success, up to its capacity.
     pub(crate) fn deposit(&self) {
+        self.add(self.settings.success_deposit);
+    }
+
+    fn add(&self, tokens: u32) {
         let cap = self.settings.capacity;
-        let add = self.settings.success_deposit;
         let _ = self
             .tokens
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
-                Some(t.saturating_add(add).min(cap))
+                Some(t.saturating_add(tokens).min(cap))
             });
     }
 

@@ -168,3 +168,53 @@ impl RetryPolicy {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_documented_ones() {
+        let p = RetryPolicy::default();
+        assert_eq!(p, RetryPolicy::new());
+        assert_eq!(p.max_attempts, 3);
+        assert_eq!(p.initial_backoff, Duration::from_millis(100));
+        assert_eq!(p.max_backoff, Duration::from_secs(5));
+        assert_eq!(p.max_elapsed, None);
+        assert_eq!(p.jitter, Jitter::Full);
+        assert_eq!(p.seed, None);
+        assert_eq!(RetryPolicy::never().max_attempts, 1);
+        assert_eq!(
+            RetryBudget::default(),
+            RetryBudget::new()
+                .capacity(500)
+                .retry_cost(5)
+                .timeout_cost(10)
+                .success_deposit(1)
+        );
+    }
+
+    #[test]
+    fn validation_names_what_cannot_work() {
+        assert!(RetryPolicy::new().validate().is_ok());
+        assert!(RetryPolicy::never().validate().is_ok());
+        let zero = RetryPolicy::new().max_attempts(0).validate().unwrap_err();
+        assert!(zero.contains("max_attempts"), "{zero}");
+        let inverted = RetryPolicy::new()
+            .initial_backoff(Duration::from_secs(6))
+            .validate()
+            .unwrap_err();
+        assert!(inverted.contains("initial_backoff"), "{inverted}");
+        let elapsed = RetryPolicy::new()
+            .max_elapsed(Duration::ZERO)
+            .validate()
+            .unwrap_err();
+        assert!(elapsed.contains("max_elapsed"), "{elapsed}");
+        assert!(
+            RetryPolicy::new()
+                .max_elapsed(Duration::MAX)
+                .validate()
+                .is_ok()
+        );
+    }
+}

@@ -6,13 +6,12 @@ use std::time::Duration;
 
 use serde_json::json;
 use sqlhttp::{CancellationToken, ErrorKind};
-use wiremock::MockServer;
 
 use crate::support::*;
 
 #[tokio::test(start_paused = true)]
 async fn cancelling_mid_attempt_returns_at_once() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
@@ -30,7 +29,7 @@ async fn cancelling_mid_attempt_returns_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn a_token_cancelled_before_the_call_sends_nothing() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, ok_effect(1, None)).await;
     let client = builder(&server).build().unwrap();
     let token = CancellationToken::new();
@@ -46,7 +45,7 @@ async fn a_token_cancelled_before_the_call_sends_nothing() {
 
 #[tokio::test(start_paused = true)]
 async fn the_clients_token_cancels_every_call_of_every_clone() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         error(503, "UNAVAILABLE", "busy").insert_header("retry-after", "5"),

@@ -4,12 +4,12 @@ use std::time::Duration;
 
 use serde_json::json;
 use sqlhttp::ErrorKind;
-use wiremock::{MockServer, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 use crate::support::*;
 
 async fn failure(response: ResponseTemplate) -> sqlhttp::Error {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, response).await;
     let client = client_with(&server, quick(1));
     client

@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde_json::json;
 use sqlhttp::{ErrorKind, Jitter, RetryBudget, RetryPolicy};
 use tokio::time::Instant;
-use wiremock::{MockServer, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 use crate::support::*;
 
@@ -22,7 +22,7 @@ struct Row {
 
 #[tokio::test(start_paused = true)]
 async fn a_read_recovers_after_two_503s_and_returns_the_rows() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, unavailable(), 2).await;
     respond_always(&server, ok_rows(&["n"], json!([[1], [2], [3]]))).await;
     let client = builder(&server).build().unwrap();
@@ -33,7 +33,7 @@ async fn a_read_recovers_after_two_503s_and_returns_the_rows() {
 
 #[tokio::test(start_paused = true)]
 async fn every_read_method_is_retried_by_default() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, unavailable(), 1).await;
     respond_times(&server, ok_rows(&["n"], json!([[1]])), 1).await;
     respond_times(&server, ResponseTemplate::new(502), 1).await;
@@ -49,7 +49,7 @@ async fn every_read_method_is_retried_by_default() {
 
 #[tokio::test(start_paused = true)]
 async fn a_501_is_final() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, error(501, "NOT_IMPLEMENTED", "no")).await;
     let client = builder(&server).build().unwrap();
     let err = client.ping().await.unwrap_err();
@@ -68,7 +68,7 @@ async fn final_4xx_are_not_retried() {
         (413, "PAYLOAD_TOO_LARGE"),
         (422, "IDEMPOTENCY_KEY_REUSED"),
     ] {
-        let server = MockServer::start().await;
+        let server = server().await;
         respond_always(&server, error(status, code, "no")).await;
         let client = builder(&server).build().unwrap();
         let err = client
@@ -83,7 +83,7 @@ async fn final_4xx_are_not_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn a_408_and_a_500_are_retried() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, ResponseTemplate::new(408), 1).await;
     respond_times(&server, error(500, "INTERNAL", "oops"), 1).await;
     respond_always(&server, ok_rows(&["n"], json!([[5]]))).await;
@@ -97,7 +97,7 @@ async fn a_408_and_a_500_are_retried() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_seconds_is_waited_for() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(
         &server,
         error(429, "RATE_LIMITED", "slow down").insert_header("retry-after", "2"),
@@ -118,7 +118,7 @@ async fn retry_after_seconds_is_waited_for() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_capped_by_max_backoff() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable().insert_header("retry-after", "3600")).await;
     let client = client_with(
         &server,
@@ -136,7 +136,7 @@ async fn retry_after_is_capped_by_max_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_as_an_http_date() {
-    let server = MockServer::start().await;
+    let server = server().await;
     let at = std::time::SystemTime::now() + Duration::from_secs(4);
     respond_times(
         &server,
@@ -161,7 +161,7 @@ async fn retry_after_as_an_http_date() {
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_in_the_past_means_no_wait() {
-    let server = MockServer::start().await;
+    let server = server().await;
     let past = std::time::SystemTime::now() - Duration::from_secs(60);
     respond_times(
         &server,
@@ -179,7 +179,7 @@ async fn retry_after_in_the_past_means_no_wait() {
 #[tokio::test(start_paused = true)]
 async fn a_malformed_retry_after_falls_back_to_the_computed_backoff() {
     for junk in ["soon", "-1", "1.5", "99999999999999999999", "86401"] {
-        let server = MockServer::start().await;
+        let server = server().await;
         respond_always(
             &server,
             error(429, "RATE_LIMITED", "x").insert_header("retry-after", junk),
@@ -203,7 +203,7 @@ async fn a_malformed_retry_after_falls_back_to_the_computed_backoff() {
 
 #[tokio::test(start_paused = true)]
 async fn exhausted_retries_return_the_last_failure_with_its_history() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, error(500, "INTERNAL", "first"), 1).await;
     respond_times(&server, ResponseTemplate::new(502), 1).await;
     respond_always(&server, ResponseTemplate::new(504)).await;
@@ -224,7 +224,7 @@ async fn exhausted_retries_return_the_last_failure_with_its_history() {
 
 #[tokio::test(start_paused = true)]
 async fn exhausted_on_429_the_caller_gets_rate_limited_with_the_wait() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         error(429, "RATE_LIMITED", "quota").insert_header("retry-after", "30"),
@@ -241,7 +241,7 @@ async fn exhausted_on_429_the_caller_gets_rate_limited_with_the_wait() {
 
 #[tokio::test(start_paused = true)]
 async fn max_attempts_one_turns_retrying_off() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable()).await;
     let client = client_with(&server, RetryPolicy::never());
     let err = client.ping().await.unwrap_err();
@@ -251,7 +251,7 @@ async fn max_attempts_one_turns_retrying_off() {
 
 #[tokio::test(start_paused = true)]
 async fn backoff_doubles_and_jitter_is_seeded() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable()).await;
     let no_jitter = RetryPolicy::new()
         .max_attempts(5)
@@ -281,7 +281,7 @@ async fn backoff_doubles_and_jitter_is_seeded() {
 
 #[tokio::test(start_paused = true)]
 async fn each_attempt_gets_the_full_timeout() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
@@ -311,7 +311,7 @@ async fn each_attempt_gets_the_full_timeout() {
 
 #[tokio::test(start_paused = true)]
 async fn no_attempt_runs_past_max_elapsed() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
@@ -337,7 +337,7 @@ async fn no_attempt_runs_past_max_elapsed() {
 #[tokio::test(start_paused = true)]
 async fn execute_is_never_retried_even_with_retry_writes() {
     for retry_writes in [false, true] {
-        let server = MockServer::start().await;
+        let server = server().await;
         respond_always(&server, unavailable()).await;
         let client = builder(&server).retry_writes(retry_writes).build().unwrap();
         let err = client.execute("UPDATE t SET n = n + 1").await.unwrap_err();
@@ -349,7 +349,7 @@ async fn execute_is_never_retried_even_with_retry_writes() {
 
 #[tokio::test(start_paused = true)]
 async fn writes_are_not_retried_by_default() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable()).await;
     let client = builder(&server).build().unwrap();
     let err = client.insert("t", &[Row { n: 1 }]).await.unwrap_err();
@@ -359,7 +359,7 @@ async fn writes_are_not_retried_by_default() {
 
 #[tokio::test(start_paused = true)]
 async fn retried_writes_send_the_same_idempotency_key_on_every_attempt() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, unavailable(), 1).await;
     respond_times(
         &server,
@@ -384,7 +384,7 @@ async fn retried_writes_send_the_same_idempotency_key_on_every_attempt() {
 
 #[tokio::test(start_paused = true)]
 async fn a_write_constraint_violation_stays_final() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, error(409, "CONSTRAINT_VIOLATION", "UNIQUE")).await;
     let client = builder(&server).retry_writes(true).build().unwrap();
     let err = client.insert("t", &[Row { n: 1 }]).await.unwrap_err();
@@ -396,7 +396,7 @@ async fn a_write_constraint_violation_stays_final() {
 
 #[tokio::test(start_paused = true)]
 async fn the_budget_is_shared_by_clones_and_stops_retries_when_empty() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable()).await;
     let budget = RetryBudget::new()
         .capacity(10)
@@ -429,7 +429,7 @@ async fn the_budget_is_shared_by_clones_and_stops_retries_when_empty() {
 
 #[tokio::test(start_paused = true)]
 async fn a_timeout_costs_more_of_the_budget() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
@@ -453,7 +453,7 @@ async fn a_timeout_costs_more_of_the_budget() {
 
 #[tokio::test(start_paused = true)]
 async fn without_a_budget_retries_are_limited_by_attempts_only() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, unavailable()).await;
     let client = builder(&server)
         .retry(RetryPolicy::new().max_attempts(6).jitter_seed(1))

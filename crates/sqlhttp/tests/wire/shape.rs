@@ -5,13 +5,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlhttp::{Client, ErrorKind};
 use wiremock::matchers::{body_json, header, method, path};
-use wiremock::{Mock, MockServer, ResponseTemplate};
+use wiremock::{Mock, ResponseTemplate};
 
 use crate::support::*;
 
 #[tokio::test]
 async fn query_sends_sql_and_bound_params_as_json() {
-    let server = MockServer::start().await;
+    let server = server().await;
     Mock::given(method("POST"))
         .and(path("/api/v1/sql"))
         .and(header("content-type", "application/json"))
@@ -42,7 +42,7 @@ async fn query_sends_sql_and_bound_params_as_json() {
 
 #[tokio::test]
 async fn a_statement_without_params_omits_them_and_the_user_agent_is_set() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, ok_rows(&["1"], json!([[1]]))).await;
     let client = builder(&server).user_agent("my-app/1.0").build().unwrap();
     client.ping().await.unwrap();
@@ -56,7 +56,7 @@ async fn a_statement_without_params_omits_them_and_the_user_agent_is_set() {
 
 #[tokio::test]
 async fn a_base_url_with_a_path_keeps_it() {
-    let server = MockServer::start().await;
+    let server = server().await;
     Mock::given(method("POST"))
         .and(path("/db/api/v1/sql"))
         .respond_with(ok_rows(&["1"], json!([[1]])))
@@ -84,7 +84,7 @@ struct Book {
 
 #[tokio::test]
 async fn rows_decode_into_structs_tuples_and_scalars() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(
@@ -120,7 +120,7 @@ async fn rows_decode_into_structs_tuples_and_scalars() {
 
 #[tokio::test]
 async fn fetch_one_on_no_rows_is_a_typed_error_and_fetch_optional_is_none() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, ok_rows(&["n"], json!([]))).await;
     let client = builder(&server).build().unwrap();
     let err = client
@@ -139,7 +139,7 @@ async fn fetch_one_on_no_rows_is_a_typed_error_and_fetch_optional_is_none() {
 
 #[tokio::test]
 async fn a_body_that_does_not_decode_names_row_and_column_and_is_not_retried() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ok_rows(&["id", "title", "year"], json!([[1, "a", 2], [2, 3, 4]])),
@@ -168,7 +168,7 @@ async fn a_body_that_does_not_decode_names_row_and_column_and_is_not_retried() {
 
 #[tokio::test]
 async fn query_table_keeps_types_and_reads_cells() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         ResponseTemplate::new(200).set_body_json(json!({
@@ -198,7 +198,7 @@ async fn query_table_keeps_types_and_reads_cells() {
 
 #[tokio::test]
 async fn execute_returns_the_effect() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, ok_effect(3, Some(17))).await;
     let client = builder(&server).build().unwrap();
     let effect = client.execute("UPDATE t SET a = ?").bind(1).await.unwrap();
@@ -213,7 +213,7 @@ struct NewBook<'a> {
 
 #[tokio::test]
 async fn insert_sends_one_parameterized_statement_with_an_idempotency_key() {
-    let server = MockServer::start().await;
+    let server = server().await;
     Mock::given(method("POST"))
         .and(path("/api/v1/sql"))
         .and(body_json(json!({
@@ -243,7 +243,7 @@ async fn insert_sends_one_parameterized_statement_with_an_idempotency_key() {
 
 #[tokio::test]
 async fn insert_chunks_get_their_own_keys_and_a_later_failure_reports_what_was_committed() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_times(&server, ok_effect(2, Some(2)), 1).await;
     respond_always(
         &server,
@@ -267,7 +267,7 @@ async fn insert_chunks_get_their_own_keys_and_a_later_failure_reports_what_was_c
 
 #[tokio::test]
 async fn bad_input_fails_before_anything_is_sent() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(&server, ok_effect(1, None)).await;
     let client = builder(&server).max_body_bytes(300).build().unwrap();
     let err = client
@@ -322,7 +322,7 @@ async fn bad_input_fails_before_anything_is_sent() {
 
 #[tokio::test]
 async fn the_token_never_appears_in_debug_display_or_errors() {
-    let server = MockServer::start().await;
+    let server = server().await;
     respond_always(
         &server,
         error(401, "UNAUTHORIZED", "missing or invalid bearer token"),
@@ -365,9 +365,96 @@ fn build_reports_bad_configuration() {
             .build(),
         Client::builder("http://x").timeout(Duration::ZERO).build(),
         Client::builder("http://x").insert_max_params(0).build(),
+        Client::builder("http://x").max_body_bytes(0).build(),
+        Client::builder("http://x")
+            .retry(RetryPolicy::new().max_elapsed(Duration::ZERO))
+            .build(),
     ];
     for result in cases {
         let err = result.unwrap_err();
         assert!(matches!(err.kind(), ErrorKind::Config { .. }), "{err:?}");
     }
+}
+
+#[tokio::test]
+async fn redirects_are_not_followed() {
+    let server = server().await;
+    respond_always(
+        &server,
+        ResponseTemplate::new(302).insert_header("location", "/elsewhere"),
+    )
+    .await;
+    let client = builder(&server).build().unwrap();
+    let err = client.execute("DELETE FROM t").await.unwrap_err();
+    assert_eq!((err.status(), err.is_retryable()), (Some(302), false));
+    let err = client
+        .query("SELECT 1")
+        .fetch_all::<i64>()
+        .await
+        .unwrap_err();
+    assert_eq!((err.status(), err.attempts()), (Some(302), 1));
+    assert_eq!(hits(&server).await, 2, "no GET to the new location");
+}
+
+#[tokio::test]
+async fn a_success_that_is_not_a_protocol_response_is_a_decode_error() {
+    let server = server().await;
+    respond_always(&server, ResponseTemplate::new(200).set_body_json(json!({}))).await;
+    let client = builder(&server).build().unwrap();
+    let err = client.execute("DELETE FROM t").await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{err:?}");
+    let err = client.query_table("SELECT 1").await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn errors_after_a_retried_exchange_carry_its_attempts() {
+    let server = server().await;
+    respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
+    respond_times(&server, ok_rows(&["n"], json!([["not a number"]])), 1).await;
+    respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
+    respond_always(&server, ok_rows(&["n"], json!([]))).await;
+    let client = builder(&server).build().unwrap();
+    let err = client
+        .query("SELECT n")
+        .fetch_all::<i64>()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Decode { row: Some(0), .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 2);
+    let err = client
+        .query("SELECT n")
+        .fetch_one::<i64>()
+        .await
+        .unwrap_err();
+    assert_eq!((err.kind(), err.attempts()), (&ErrorKind::RowNotFound, 2));
+}
+
+#[test]
+fn credentials_in_the_base_url_are_refused_without_echoing_them() {
+    let err = Client::builder("http://user:hunter2@127.0.0.1:8080")
+        .build()
+        .unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Config { .. }), "{err:?}");
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+    let builder = Client::builder("http://user:hunter2@127.0.0.1:8080");
+    assert!(!format!("{builder:?}").contains("hunter2"));
+    let err = Client::builder("http://[bad host:hunter2")
+        .build()
+        .unwrap_err();
+    assert!(!format!("{err} {err:?}").contains("hunter2"));
+}
+
+#[test]
+fn bound_values_stay_out_of_debug_output() {
+    let client = Client::builder("http://127.0.0.1:9").build().unwrap();
+    let query = client.query("SELECT ?").bind("param-secret");
+    let text = format!("{query:?}");
+    assert!(
+        text.contains("SELECT ?") && !text.contains("param-secret"),
+        "{text}"
+    );
 }

@@ -7,6 +7,13 @@ use sqlhttp::{Client, ClientBuilder, RetryPolicy};
 use wiremock::matchers::{method, path};
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
+/// A mock server of this test's own. Pooled servers (`MockServer::start`) are reused across tests,
+/// and a request a test abandoned mid-flight (a timeout on the paused clock) could land on the next
+/// test's server and break its counts.
+pub(crate) async fn server() -> MockServer {
+    MockServer::builder().start().await
+}
+
 /// A success body with the given columns (all typed `""`) and rows.
 pub(crate) fn rows_body(columns: &[&str], rows: Value) -> Value {
     json!({
@@ -54,11 +61,12 @@ pub(crate) async fn respond_always(server: &MockServer, response: ResponseTempla
         .await;
 }
 
-/// A reqwest client without pooling or retries: no idle-connection timer runs beside the SDK's.
+/// A reqwest client without pooling, retries or redirects: no idle-connection timer runs beside the SDK's.
 pub(crate) fn plain_http() -> reqwest::Client {
     reqwest::Client::builder()
         .pool_max_idle_per_host(0)
         .retry(reqwest::retry::never())
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .unwrap()
 }

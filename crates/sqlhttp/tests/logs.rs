@@ -1,0 +1,105 @@
+//! What the SDK logs: one span per call and one event per retry; SQL text only at debug level;
+//! parameters and the bearer token never.
+//!
+//! A binary of its own with a single test: tracing caches per-callsite interest process-wide, and
+//! a callsite first reached by a test with no subscriber could stay disabled for one with a scoped
+//! subscriber running beside it.
+
+#[path = "wire/support.rs"]
+#[allow(dead_code)]
+mod support;
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use serde_json::json;
+use tracing_subscriber::fmt::MakeWriter;
+
+use support::*;
+
+/// A log sink the test can read back.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl Captured {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+impl Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> MakeWriter<'a> for Captured {
+    type Writer = Captured;
+    fn make_writer(&'a self) -> Captured {
+        self.clone()
+    }
+}
+
+/// Runs a read that is retried once, with a token and a bound parameter, logging at `level`.
+async fn logged_call(level: tracing::Level) -> String {
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(level)
+        .with_ansi(false)
+        .with_writer(captured.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = server().await;
+    respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
+    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    let client = builder(&server)
+        .bearer_token("tok-do-not-log")
+        .build()
+        .unwrap();
+    let rows: Vec<i64> = client
+        .query("SELECT n FROM secrets_table WHERE v = ?")
+        .bind("param-do-not-log")
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(rows, vec![1]);
+    captured.text()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_span_per_call_one_event_per_retry_no_secrets() {
+    let logs = logged_call(tracing::Level::INFO).await;
+    let retry = logs
+        .lines()
+        .find(|line| line.contains("retrying"))
+        .unwrap_or_else(|| panic!("no retry event in:\n{logs}"));
+    assert!(retry.contains("sqlhttp.call"), "{retry}");
+    assert!(retry.contains(r#"op="read""#), "{retry}");
+    assert!(retry.contains("attempt=1"), "{retry}");
+    assert!(retry.contains("reason=503"), "{retry}");
+    assert!(retry.contains("delay_ms="), "{retry}");
+    assert_eq!(logs.matches("retrying").count(), 1, "{logs}");
+
+    let info = logs;
+    assert!(!info.contains("secrets_table"), "SQL text at info:\n{info}");
+    let trace = logged_call(tracing::Level::TRACE).await;
+    assert!(
+        trace.contains("secrets_table"),
+        "SQL text at debug:\n{trace}"
+    );
+    for logs in [&info, &trace] {
+        assert!(
+            !logs.contains("param-do-not-log"),
+            "a parameter was logged:\n{logs}"
+        );
+        assert!(
+            !logs.contains("tok-do-not-log"),
+            "the token was logged:\n{logs}"
+        );
+    }
+}
