@@ -62,6 +62,7 @@ async fn reads_recover(server: &TestServer) -> Result {
     let http = reqwest::Client::builder()
         .connector_layer(faults.clone())
         .retry(reqwest::retry::never())
+        .redirect(reqwest::redirect::Policy::none())
         .build()?;
     let client = server
         .proxied_client_builder(&proxy)

@@ -122,7 +122,8 @@ macro_rules! statement_builder {
         impl $builder {
             /// Binds the next positional parameter (`?` in SQLite). Any `Serialize` value that is a
             /// scalar: `Option::None` and `()` bind `NULL`; bools, integers within `i64`, floats and
-            /// strings bind as themselves. Anything else fails the call before it is sent.
+            /// strings bind as themselves (a NaN or infinite float binds `NULL`: JSON has no such
+            /// numbers). Anything else fails the call before it is sent.
             pub fn bind<T: Serialize>(mut self, value: T) -> Self {
                 self.statement.bind(&value);
                 self

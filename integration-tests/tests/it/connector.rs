@@ -12,6 +12,7 @@ fn client(live: &Live, faults: &FaultConnector) -> Client {
     let http = reqwest::Client::builder()
         .connector_layer(faults.clone())
         .retry(reqwest::retry::never())
+        .redirect(reqwest::redirect::Policy::none())
         .pool_max_idle_per_host(0)
         .build()
         .unwrap();
