@@ -515,3 +515,52 @@ async fn a_timeout_of_the_http_clients_own_says_how_long_it_took() {
     let err = h.send(OpClass::Read).await.unwrap_err();
     assert_eq!(err.kind(), &ErrorKind::Timeout { after: ms(750) });
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_write_meeting_its_own_key_in_use_is_retried_with_that_key() {
+    let in_use = Step::Fail(ErrorKind::Http {
+        status: 409,
+        code: Some("IDEMPOTENCY_KEY_IN_USE".into()),
+        message: String::new(),
+    });
+    let h = Harness::with([in_use, Step::Ok], |mut t| {
+        t.retry_writes = true;
+        t
+    });
+    h.send(OpClass::Write).await.unwrap();
+    let seen = h.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[0].key, seen[1].key);
+}
+
+#[tokio::test(start_paused = true)]
+async fn connection_failures_and_timeouts_are_retried_for_reads() {
+    let refused = Step::Fail(ErrorKind::Connection {
+        message: "refused".into(),
+    });
+    let timed_out = Step::Fail(ErrorKind::Timeout { after: ms(5) });
+    let h = Harness::new([refused, timed_out, Step::Ok]);
+    h.send(OpClass::Read).await.unwrap();
+    assert_eq!(h.seen().len(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_on_a_503_is_honoured_too() {
+    let busy = Step::Fail(ErrorKind::Unavailable {
+        retry_after: Some(Duration::from_secs(3)),
+        message: String::new(),
+    });
+    let h = Harness::new([busy, Step::Ok]);
+    h.send(OpClass::Read).await.unwrap();
+    assert_eq!(h.times(), vec![ms(0), ms(3_000)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_certificate_failure_is_final() {
+    let tls = Step::Fail(ErrorKind::Tls {
+        message: "invalid peer certificate".into(),
+    });
+    let h = Harness::new([tls, Step::Ok]);
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert_eq!((err.attempts(), h.seen().len()), (1, 1));
+}

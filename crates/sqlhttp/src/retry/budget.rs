@@ -178,6 +178,17 @@ mod tests {
     }
 
     #[test]
+    fn a_refund_returns_the_price_paid_up_to_capacity() {
+        let b = TokenBucket::new(RetryBudget::new().capacity(30));
+        assert!(b.withdraw(true));
+        assert_eq!(b.tokens(), 20);
+        b.refund(true);
+        assert_eq!(b.tokens(), 30);
+        b.refund(false);
+        assert_eq!(b.tokens(), 30, "never above capacity");
+    }
+
+    #[test]
     fn concurrent_withdrawals_never_overdraw() {
         let b = std::sync::Arc::new(TokenBucket::new(RetryBudget::new().capacity(1_000)));
         let handles: Vec<_> = (0..4)
