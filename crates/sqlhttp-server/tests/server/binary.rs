@@ -1,38 +1,11 @@
 //! The `sqlhttpd` binary: the first stdout line, serving, clean errors for bad flags and
 //! databases, and a graceful exit on SIGTERM.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 
 use serde_json::{Value, json};
 
-use crate::common::{TempDb, http_client};
-
-fn sqlhttpd() -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sqlhttpd"));
-    command
-        .env_remove("SQLHTTPD_TOKENS")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// Starts the binary and returns it with the URL from its first stdout line.
-fn start(args: &[&str]) -> (Child, String) {
-    let mut child = sqlhttpd().args(args).spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .strip_suffix('\n')
-        .and_then(|l| l.strip_prefix("listening on "))
-        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-        .to_owned();
-    (child, url)
-}
+use crate::common::{TempDb, http_client, read_url, sqlhttpd, start};
 
 async fn select(url: &str, token: Option<&str>) -> (u16, Value) {
     let mut request = http_client()
@@ -79,15 +52,7 @@ async fn tokens_come_from_flags_or_the_environment() {
         .env("SQLHTTPD_TOKENS", "one, two")
         .args(["--listen", "127.0.0.1:0"]);
     let mut child = command.spawn().unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let url = read_url(&mut child);
     assert_eq!(select(&url, Some("two")).await.0, 200);
     assert_eq!(select(&url, Some("three")).await.0, 401);
     child.kill().unwrap();

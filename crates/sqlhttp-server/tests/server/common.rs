@@ -1,7 +1,9 @@
 //! Helpers shared by the tests: building apps, sending requests in-process, temporary
 //! database files. No assertions about the server live here.
 
+use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use axum::Router;
@@ -156,4 +158,35 @@ impl Drop for TempDb {
 /// A reqwest client that never uses a proxy (the tests only talk to loopback).
 pub(crate) fn http_client() -> reqwest::Client {
     reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// The `sqlhttpd` binary with a clean environment and piped output.
+pub(crate) fn sqlhttpd() -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_sqlhttpd"));
+    command
+        .env_remove("SQLHTTPD_TOKENS")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+/// The URL from a started binary's first stdout line, `listening on http://HOST:PORT`.
+pub(crate) fn read_url(child: &mut Child) -> String {
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    line.strip_suffix('\n')
+        .and_then(|l| l.strip_prefix("listening on "))
+        .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+        .to_owned()
+}
+
+/// Starts the binary with `args` and returns it with the URL it announced.
+pub(crate) fn start(args: &[&str]) -> (Child, String) {
+    let mut child = sqlhttpd().args(args).spawn().unwrap();
+    let url = read_url(&mut child);
+    (child, url)
 }

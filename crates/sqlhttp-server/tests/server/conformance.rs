@@ -2,12 +2,9 @@
 //! independent conformance suite would: each test pins one behaviour that once differed from
 //! the written protocol.
 
-use std::io::{BufRead as _, BufReader};
-use std::process::{Command, Stdio};
-
 use serde_json::{Value, json};
 
-use crate::common::{http_client, memory_app, ok, send, sql};
+use crate::common::{http_client, memory_app, ok, send, sql, sqlhttpd, start};
 
 #[tokio::test]
 async fn negative_zero_is_an_integer_parameter() {
@@ -89,22 +86,11 @@ async fn ddl_reports_zero_rows_affected_even_when_it_cascades() {
     assert_eq!(left["rows"], json!([[0]]));
 }
 
-fn sqlhttpd(args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_sqlhttpd"));
-    command
-        .args(args)
-        .env_remove("SQLHTTPD_TOKENS")
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
 #[test]
 fn an_empty_token_flag_is_refused_rather_than_leaving_the_server_open() {
     for token in ["", "   "] {
-        let output = sqlhttpd(&["--listen", "127.0.0.1:0", "--token", token])
+        let output = sqlhttpd()
+            .args(["--listen", "127.0.0.1:0", "--token", token])
             .output()
             .unwrap();
         assert!(!output.status.success(), "{token:?}");
@@ -118,18 +104,7 @@ fn an_empty_token_flag_is_refused_rather_than_leaving_the_server_open() {
 
 #[tokio::test]
 async fn a_token_flag_with_surrounding_spaces_is_trimmed() {
-    let mut child = sqlhttpd(&["--listen", "127.0.0.1:0", "--token", " padded "])
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap()
-        .to_owned();
+    let (mut child, url) = start(&["--listen", "127.0.0.1:0", "--token", " padded "]);
     let status = |token: &'static str| {
         let url = url.clone();
         async move {
