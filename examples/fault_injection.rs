@@ -45,9 +45,9 @@ async fn main() -> Result {
 /// Backoff in milliseconds so the example runs quickly.
 fn quick() -> RetryPolicy {
     RetryPolicy::new()
-        .max_attempts(6)
-        .initial_backoff(Duration::from_millis(10))
-        .max_backoff(Duration::from_millis(100))
+        .with_max_attempts(6)
+        .with_initial_backoff(Duration::from_millis(10))
+        .with_max_backoff(Duration::from_millis(100))
 }
 
 async fn reads_recover(server: &TestServer) -> Result {

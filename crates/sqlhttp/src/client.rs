@@ -15,6 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
+use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
@@ -134,21 +135,26 @@ impl Client {
         self.inner.insert_limits
     }
 
+    /// Sends one statement with the call's settings; a setting that cannot work fails before anything
+    /// is sent.
     pub(crate) async fn send(
         &self,
         class: OpClass,
         body: Bytes,
         sql: &str,
-        cancel: Option<&CancellationToken>,
+        options: &CallOptions,
+        idempotency_key: Option<HeaderValue>,
         started: Option<tokio::time::Instant>,
     ) -> Result<Delivered> {
+        options.validate()?;
         self.inner
             .transport
             .send(Call {
                 class,
                 body,
                 sql,
-                cancel,
+                options,
+                idempotency_key,
                 started,
             })
             .await
@@ -163,6 +169,7 @@ impl fmt::Debug for Client {
             .field("timeout", &t.timeout)
             .field("retry", &t.policy)
             .field("retry_writes", &t.retry_writes)
+            .field("retry_budget", &t.budget.as_ref().map(|b| b.settings()))
             .finish_non_exhaustive()
     }
 }
@@ -193,6 +200,62 @@ pub struct ClientBuilder {
     budget: Option<RetryBudget>,
     cancel: Option<CancellationToken>,
     insert_limits: InsertLimits,
+    net: NetSettings,
+}
+
+/// Settings of the HTTP client the SDK builds (none apply to a caller-supplied one).
+#[derive(Debug, Clone)]
+struct NetSettings {
+    connect_timeout: Option<Duration>,
+    pool_idle_timeout: Option<Duration>,
+    tcp_keepalive: Option<Duration>,
+    proxy: Option<reqwest::Proxy>,
+    #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    root_certificates: Vec<reqwest::Certificate>,
+    #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    identity: Option<reqwest::Identity>,
+    /// Whether any was set: they cannot apply to a caller-supplied client.
+    changed: bool,
+}
+
+impl Default for NetSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            pool_idle_timeout: Some(DEFAULT_POOL_IDLE_TIMEOUT),
+            tcp_keepalive: Some(DEFAULT_TCP_KEEPALIVE),
+            proxy: None,
+            #[cfg(any(feature = "rustls", feature = "native-tls"))]
+            root_certificates: Vec::new(),
+            #[cfg(any(feature = "rustls", feature = "native-tls"))]
+            identity: None,
+            changed: false,
+        }
+    }
+}
+
+const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// Below the idle timeouts of common load balancers (60 s for AWS ALB/ELB and GCP's, 350 s for AWS NLB),
+/// so the client closes an idle connection before a balancer silently drops it.
+const DEFAULT_POOL_IDLE_TIMEOUT: Duration = Duration::from_secs(50);
+const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(30);
+
+/// Whether this build of the crate can speak TLS.
+const TLS_AVAILABLE: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
+
+/// Refuses an `https` URL when the SDK's own client could not speak TLS.
+fn check_scheme(scheme: &str, tls_available: bool) -> Result<()> {
+    match scheme {
+        "http" => Ok(()),
+        "https" if tls_available => Ok(()),
+        "https" => Err(Error::config(
+            "the base URL is https but sqlhttp was built without TLS; enable its `rustls` (default) \
+             or `native-tls` feature",
+        )),
+        other => Err(Error::config(format!(
+            "base URL scheme must be http or https, not {other:?}"
+        ))),
+    }
 }
 
 impl ClientBuilder {
@@ -208,6 +271,7 @@ impl ClientBuilder {
             budget: Some(RetryBudget::new()),
             cancel: None,
             insert_limits: InsertLimits::default(),
+            net: NetSettings::default(),
         }
     }
 
@@ -230,10 +294,67 @@ impl ClientBuilder {
     /// one with a connector layer from `sqlhttp-testkit`. Build it with
     /// `.retry(reqwest::retry::never())` and `.redirect(reqwest::redirect::Policy::none())`: reqwest's
     /// own retries would make the attempt counts this SDK reports untrue, and following a redirect
-    /// turns a POST into a GET that runs nothing (or re-sends it uncounted).
+    /// turns a POST into a GET that runs nothing (or re-sends it uncounted). The transport settings
+    /// below (connect timeout, pool, keepalive, proxy, certificates) are then yours to set on it:
+    /// setting them here too is refused by [`build`](Self::build).
     /// Default: a client built by the SDK with both off.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http_client = Some(client);
+        self
+    }
+
+    // Transport options (the SDK's own HTTP client)
+
+    /// How long establishing a connection (TCP and TLS) may take; `None` leaves it to the attempt's
+    /// timeout. A failed connect sent nothing, so it is retried like a refused connection and
+    /// [`Error::is_sent`](crate::Error::is_sent) is `false`. Default: 10 s.
+    pub fn connect_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.net.connect_timeout = timeout.into();
+        self.net.changed = true;
+        self
+    }
+
+    /// How long an idle pooled connection is kept; `None` keeps it until the server closes it.
+    /// Default: 50 s, below the 60 s idle timeout of common load balancers, so the client does not reuse
+    /// a connection a balancer has silently dropped.
+    pub fn pool_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
+        self.net.pool_idle_timeout = timeout.into();
+        self.net.changed = true;
+        self
+    }
+
+    /// TCP keepalive on every connection, probing after this long idle; `None` turns it off.
+    /// Default: 30 s.
+    pub fn tcp_keepalive(mut self, interval: impl Into<Option<Duration>>) -> Self {
+        self.net.tcp_keepalive = interval.into();
+        self.net.changed = true;
+        self
+    }
+
+    /// Sends every request through this proxy (see [`reqwest::Proxy`]). Default: none; the
+    /// environment's proxy variables are not read.
+    pub fn proxy(mut self, proxy: reqwest::Proxy) -> Self {
+        self.net.proxy = Some(proxy);
+        self.net.changed = true;
+        self
+    }
+
+    /// Trusts this certificate authority too, beside the built-in roots (a private CA, say).
+    /// Repeatable. Needs the `rustls` (default) or `native-tls` feature.
+    #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    pub fn add_root_certificate(mut self, certificate: reqwest::Certificate) -> Self {
+        self.net.root_certificates.push(certificate);
+        self.net.changed = true;
+        self
+    }
+
+    /// Presents this client certificate to servers that ask for one (mutual TLS). With `rustls`, build
+    /// it with [`reqwest::Identity::from_pem`] (certificate chain and private key in one PEM); with
+    /// `native-tls`, with `Identity::from_pkcs8_pem` or `from_pkcs12_der`. Default: none.
+    #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    pub fn identity(mut self, identity: reqwest::Identity) -> Self {
+        self.net.identity = Some(identity);
+        self.net.changed = true;
         self
     }
 
@@ -302,7 +423,9 @@ impl ClientBuilder {
     /// # Errors
     ///
     /// [`ErrorKind::Config`](crate::ErrorKind::Config) when:
-    /// - the base URL does not parse, or its scheme is not `http` or `https`;
+    /// - the base URL does not parse, or its scheme is not `http` or `https`, or it is `https` and the
+    ///   crate was built without a TLS feature (and no [`http_client`](Self::http_client) was given);
+    /// - transport settings were given together with an [`http_client`](Self::http_client);
     /// - the bearer token or user agent cannot be sent as a header value;
     /// - the retry policy cannot work (zero attempts, `initial_backoff` above `max_backoff`, a zero
     ///   `max_elapsed`), or the timeout is zero;
@@ -318,12 +441,8 @@ impl ClientBuilder {
                 "the base URL must not carry credentials; use bearer_token",
             ));
         }
-        if !matches!(base.scheme(), "http" | "https") {
-            return Err(Error::config(format!(
-                "base URL scheme must be http or https, not {:?}",
-                base.scheme()
-            )));
-        }
+        // A caller-supplied client brings its own TLS (or lack of it).
+        check_scheme(base.scheme(), TLS_AVAILABLE || self.http_client.is_some())?;
         if !base.path().ends_with('/') {
             let path = format!("{}/", base.path());
             base.set_path(&path);
@@ -352,12 +471,14 @@ impl ClientBuilder {
             return Err(Error::config("insert limits must be larger than zero"));
         }
         let http = match self.http_client {
+            Some(_) if self.net.changed => {
+                return Err(Error::config(
+                    "transport settings (connect timeout, pool, keepalive, proxy, certificates) \
+                     apply to the SDK's own HTTP client; set them on the client given to http_client",
+                ));
+            }
             Some(http) => http,
-            None => reqwest::Client::builder()
-                .retry(reqwest::retry::never())
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|err| Error::config(format!("cannot build the HTTP client: {err}")))?,
+            None => self.net.http_client()?,
         };
         let transport = Transport {
             exchange: Box::new(HttpExchange {
@@ -383,6 +504,36 @@ impl ClientBuilder {
     }
 }
 
+impl NetSettings {
+    /// The SDK's own HTTP client: reqwest's retries and redirects off (see `http_client`).
+    fn http_client(self) -> Result<reqwest::Client> {
+        let mut builder = reqwest::Client::builder()
+            .retry(reqwest::retry::never())
+            .redirect(reqwest::redirect::Policy::none())
+            .pool_idle_timeout(self.pool_idle_timeout)
+            .tcp_keepalive(self.tcp_keepalive)
+            .no_proxy();
+        if let Some(timeout) = self.connect_timeout {
+            builder = builder.connect_timeout(timeout);
+        }
+        if let Some(proxy) = self.proxy {
+            builder = builder.proxy(proxy);
+        }
+        #[cfg(any(feature = "rustls", feature = "native-tls"))]
+        {
+            for certificate in self.root_certificates {
+                builder = builder.add_root_certificate(certificate);
+            }
+            if let Some(identity) = self.identity {
+                builder = builder.identity(identity);
+            }
+        }
+        builder.build().map_err(|err| {
+            Error::config(format!("cannot build the HTTP client: {err}")).with_source(err)
+        })
+    }
+}
+
 impl fmt::Debug for ClientBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientBuilder")
@@ -391,6 +542,38 @@ impl fmt::Debug for ClientBuilder {
             .field("timeout", &self.timeout)
             .field("retry", &self.policy)
             .field("retry_writes", &self.retry_writes)
+            .field("connect_timeout", &self.net.connect_timeout)
+            .field("pool_idle_timeout", &self.net.pool_idle_timeout)
+            .field("tcp_keepalive", &self.net.tcp_keepalive)
+            .field("proxy", &self.net.proxy.is_some())
+            .field("custom_http_client", &self.http_client.is_some())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ErrorKind;
+
+    #[test]
+    fn https_is_refused_without_tls_and_the_message_says_which_feature() {
+        let err = check_scheme("https", false).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Config { .. }), "{err:?}");
+        assert!(err.to_string().contains("rustls"), "{err}");
+        assert!(check_scheme("https", true).is_ok());
+        assert!(check_scheme("http", false).is_ok());
+        assert!(check_scheme("ftp", true).is_err());
+    }
+
+    /// Only in a build without TLS features: `cargo test -p sqlhttp --no-default-features --lib`.
+    #[cfg(not(any(feature = "rustls", feature = "native-tls")))]
+    #[test]
+    fn build_refuses_https_in_a_build_without_tls() {
+        let err = Client::builder("https://db.example.com")
+            .build()
+            .unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Config { .. }), "{err:?}");
+        assert!(Client::builder("http://db.example.com").build().is_ok());
     }
 }

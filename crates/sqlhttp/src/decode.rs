@@ -105,8 +105,34 @@ fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -
     Error::new(ErrorKind::Decode {
         row,
         column,
-        message: err.to_string(),
+        message: redact(&err.to_string()),
     })
+    .with_source(err)
+}
+
+/// A decode error's message without the value it quotes: serde's `invalid type: string "alice",
+/// expected i64` becomes `invalid type: string, expected i64`, and `unknown variant `x`, expected ...`
+/// loses the `x`. Cells can hold personal data, and messages end up in logs.
+pub(crate) fn redact(message: &str) -> String {
+    for prefix in ["invalid type: ", "invalid value: "] {
+        if let Some(rest) = message.strip_prefix(prefix)
+            && let Some(split) = rest.rfind(", expected ")
+        {
+            let unexpected = &rest[..split];
+            // serde's `Unexpected` prints a kind, then the value in backticks or quotes.
+            let kind = unexpected
+                .find([' '])
+                .filter(|&i| matches!(unexpected.as_bytes().get(i + 1), Some(b'`' | b'"')))
+                .map_or(unexpected, |i| &unexpected[..i]);
+            return format!("{prefix}{kind}{}", &rest[split..]);
+        }
+    }
+    if let Some(rest) = message.strip_prefix("unknown variant `")
+        && let Some(split) = rest.find("`, expected ")
+    {
+        return format!("unknown variant{}", &rest[split + 1..]);
+    }
+    message.to_owned()
 }
 
 struct EnvelopeVisitor<'a, T> {

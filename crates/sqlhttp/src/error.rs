@@ -31,10 +31,39 @@ pub enum ErrorKind {
         /// The server's explanation.
         message: String,
     },
-    /// A unique, primary key, check, not-null or foreign key constraint refused the write (`409`).
-    #[error("constraint violation: {message}")]
+    /// A unique, primary key, check, not-null or foreign key constraint refused the write
+    /// (`409 CONSTRAINT_VIOLATION`).
+    #[error("{} violation: {message}", constraint.as_ref().map_or("constraint", ConstraintKind::describe))]
     ConstraintViolation {
+        /// Which kind of constraint, when the server said (its error body's `constraint` member);
+        /// `None` when it did not. The SDK never guesses it from the message.
+        constraint: Option<ConstraintKind>,
         /// The engine's explanation.
+        message: String,
+    },
+    /// The server's sandbox refused the statement (`403 STATEMENT_NOT_ALLOWED`): `ATTACH`, a `PRAGMA`
+    /// that writes, access to the server's own tables, ... Final: the same statement is refused again.
+    #[error("statement not allowed: {message}")]
+    StatementNotAllowed {
+        /// The server's explanation.
+        message: String,
+    },
+    /// The server's statement timeout interrupted the statement (`422 STATEMENT_TIMEOUT`); its effects
+    /// were rolled back. Final: run it again only if you expect it to be faster (or the limit larger).
+    #[error("statement timed out on the server: {message}")]
+    StatementTimeout {
+        /// The server's explanation.
+        message: String,
+    },
+    /// Another request with the same idempotency key is still running on the server
+    /// (`409 IDEMPOTENCY_KEY_IN_USE`): typically an earlier attempt of the same write that this client
+    /// gave up on. Retried (writes only) after the server's `Retry-After`. When it is the last failure,
+    /// the write's outcome is unknown: see [`Error::is_outcome_unknown`].
+    #[error("idempotency key in use{}: {message}", fmt_wait(*retry_after))]
+    IdempotencyKeyInUse {
+        /// The wait the server asked for (`Retry-After`), when it gave a valid one.
+        retry_after: Option<Duration>,
+        /// The server's explanation.
         message: String,
     },
     /// The request body was over the server's limit (`413`), or an insert row alone is over
@@ -114,7 +143,8 @@ pub enum ErrorKind {
         /// What is wrong with it.
         message: String,
     },
-    /// The client was configured with values that cannot work (reported by `build()`).
+    /// The client or a call was configured with values that cannot work (reported by `build()`, or by a
+    /// call before it sends anything: a per-call retry policy or idempotency key that cannot work).
     #[error("invalid configuration: {message}")]
     Config {
         /// What is wrong.
@@ -131,11 +161,100 @@ impl ErrorKind {
         match self {
             ErrorKind::Sql { .. } => Some(400),
             ErrorKind::Unauthorized { .. } => Some(401),
-            ErrorKind::ConstraintViolation { .. } => Some(409),
+            ErrorKind::ConstraintViolation { .. } | ErrorKind::IdempotencyKeyInUse { .. } => {
+                Some(409)
+            }
+            ErrorKind::StatementNotAllowed { .. } => Some(403),
+            ErrorKind::StatementTimeout { .. } => Some(422),
             ErrorKind::PayloadTooLarge { .. } => Some(413),
             ErrorKind::RateLimited { .. } => Some(429),
             ErrorKind::Unavailable { .. } => Some(503),
             ErrorKind::Http { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// The kind of constraint behind a [`ErrorKind::ConstraintViolation`], as the server reports it in its
+/// error body's `constraint` member (`unique`, `primary_key`, `foreign_key`, `check`, `not_null`).
+///
+/// New kinds may be added in minor releases, so keep a wildcard arm; a value this version does not know
+/// comes back as [`Other`](Self::Other) with the server's text.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ConstraintKind {
+    /// A `UNIQUE` constraint or unique index.
+    Unique,
+    /// A `PRIMARY KEY`.
+    PrimaryKey,
+    /// A `FOREIGN KEY` reference.
+    ForeignKey,
+    /// A `CHECK` constraint.
+    Check,
+    /// A `NOT NULL` column.
+    NotNull,
+    /// A kind this version of the SDK does not know, as the server named it.
+    Other(String),
+}
+
+impl ConstraintKind {
+    /// Reads the protocol's name of a constraint kind.
+    pub(crate) fn from_wire(name: &str) -> Self {
+        match name {
+            "unique" => ConstraintKind::Unique,
+            "primary_key" => ConstraintKind::PrimaryKey,
+            "foreign_key" => ConstraintKind::ForeignKey,
+            "check" => ConstraintKind::Check,
+            "not_null" => ConstraintKind::NotNull,
+            other => ConstraintKind::Other(other.to_owned()),
+        }
+    }
+
+    /// The protocol's name of the kind (`unique`, `primary_key`, ...).
+    pub fn as_str(&self) -> &str {
+        match self {
+            ConstraintKind::Unique => "unique",
+            ConstraintKind::PrimaryKey => "primary_key",
+            ConstraintKind::ForeignKey => "foreign_key",
+            ConstraintKind::Check => "check",
+            ConstraintKind::NotNull => "not_null",
+            ConstraintKind::Other(name) => name,
+        }
+    }
+
+    /// A human name for messages.
+    fn describe(&self) -> &str {
+        match self {
+            ConstraintKind::Unique => "unique constraint",
+            ConstraintKind::PrimaryKey => "primary key",
+            ConstraintKind::ForeignKey => "foreign key",
+            ConstraintKind::Check => "check constraint",
+            ConstraintKind::NotNull => "not-null constraint",
+            ConstraintKind::Other(_) => "constraint",
+        }
+    }
+}
+
+impl fmt::Display for ConstraintKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl ErrorKind {
+    /// The protocol's error code a kind stands for, when it comes from a response.
+    pub(crate) fn wire_code(&self) -> Option<&str> {
+        match self {
+            ErrorKind::Sql { code, .. } => Some(code),
+            ErrorKind::Http { code, .. } => code.as_deref(),
+            ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
+            ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
+            ErrorKind::StatementNotAllowed { .. } => Some("STATEMENT_NOT_ALLOWED"),
+            ErrorKind::StatementTimeout { .. } => Some("STATEMENT_TIMEOUT"),
+            ErrorKind::IdempotencyKeyInUse { .. } => Some("IDEMPOTENCY_KEY_IN_USE"),
+            ErrorKind::PayloadTooLarge { .. } => Some("PAYLOAD_TOO_LARGE"),
+            ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
+            ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
             _ => None,
         }
     }
@@ -160,6 +279,9 @@ pub struct AttemptFailure {
     pub retry_delay: Option<Duration>,
 }
 
+/// The boxed cause of an error: the HTTP stack's or the JSON parser's own error.
+pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
 /// The error returned by every fallible call: an [`ErrorKind`] plus what the retry loop learned.
 ///
 /// Branch with [`Error::kind`]; ask the common questions with the accessors:
@@ -170,11 +292,20 @@ pub struct AttemptFailure {
 /// match err.kind() {
 ///     ErrorKind::RateLimited { retry_after, .. } => println!("come back in {retry_after:?}"),
 ///     ErrorKind::Sql { message, .. } => println!("fix the SQL: {message}"),
+///     _ if err.is_outcome_unknown() => {
+///         // The write may have been applied. Re-sending it with the same key applies it at most once.
+///         println!("unknown outcome; key {:?}", err.idempotency_key());
+///     }
 ///     _ if err.is_retryable() => println!("transient, gave up after {} attempts", err.attempts()),
 ///     _ => println!("final: {err}"),
 /// }
 /// # }
 /// ```
+///
+/// [`std::error::Error::source`] returns the underlying cause when there is one: the
+/// [`reqwest::Error`] of a failed exchange, the [`serde_json::Error`] of a failed decode. Neither
+/// `Display` nor `Debug` of this type prints a bound value or a cell; the JSON parser's own error (the
+/// source of a decode failure) may quote the offending cell.
 pub struct Error {
     inner: Box<Inner>,
 }
@@ -185,6 +316,10 @@ struct Inner {
     history: Vec<AttemptFailure>,
     budget_exhausted: bool,
     rows_inserted: Option<u64>,
+    sent: bool,
+    outcome_unknown: bool,
+    idempotency_key: Option<String>,
+    source: Option<BoxError>,
 }
 
 impl Error {
@@ -196,6 +331,10 @@ impl Error {
                 history: Vec::new(),
                 budget_exhausted: false,
                 rows_inserted: None,
+                sent: false,
+                outcome_unknown: false,
+                idempotency_key: None,
+                source: None,
             }),
         }
     }
@@ -206,12 +345,24 @@ impl Error {
         })
     }
 
-    pub(crate) fn decode(message: impl fmt::Display) -> Self {
+    /// A decode failure of the JSON parser, kept as the source; its message is stripped of values.
+    pub(crate) fn decode(err: serde_json::Error) -> Self {
         Self::new(ErrorKind::Decode {
             row: None,
             column: None,
-            message: message.to_string(),
+            message: crate::decode::redact(&err.to_string()),
         })
+        .with_source(err)
+    }
+
+    pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {
+        self.inner.source = Some(source.into());
+        self
+    }
+
+    pub(crate) fn with_boxed_source(mut self, source: Option<BoxError>) -> Self {
+        self.inner.source = source;
+        self
     }
 
     pub(crate) fn with_attempts(mut self, attempts: u32, history: Vec<AttemptFailure>) -> Self {
@@ -227,6 +378,17 @@ impl Error {
 
     pub(crate) fn with_rows_inserted(mut self, rows: u64) -> Self {
         self.inner.rows_inserted = Some(rows);
+        self
+    }
+
+    pub(crate) fn with_sent(mut self, sent: bool, outcome_unknown: bool) -> Self {
+        self.inner.sent = sent;
+        self.inner.outcome_unknown = outcome_unknown;
+        self
+    }
+
+    pub(crate) fn with_idempotency_key(mut self, key: Option<String>) -> Self {
+        self.inner.idempotency_key = key;
         self
     }
 
@@ -266,6 +428,46 @@ impl Error {
         self.inner.rows_inserted
     }
 
+    /// Whether the request may have reached the server, on any attempt of the call.
+    ///
+    /// `false` when nothing left the client: the call failed before sending (a parameter, a setting,
+    /// a cancelled token), or every attempt failed to connect (connection refused, DNS failure, a TLS
+    /// handshake failure, the connect timeout). `true` as soon as an attempt may have been written to
+    /// a connection: a response of any status, a timeout or a connection lost after connecting, a
+    /// cancellation mid-attempt. For a bulk insert it speaks of the statement that failed;
+    /// [`rows_inserted`](Self::rows_inserted) counts the earlier ones.
+    pub fn is_sent(&self) -> bool {
+        self.inner.sent
+    }
+
+    /// For `insert` and `execute`: whether the statement may have been applied although the call
+    /// failed. True when an attempt was sent and no answer settled it: it timed out, its connection was
+    /// lost after sending, it was cancelled mid-flight, or the server reported it still running
+    /// (`409 IDEMPOTENCY_KEY_IN_USE`), and no later attempt got a final answer. Always `false` for reads.
+    ///
+    /// For a write, re-send it with the same key ([`idempotency_key`](Self::idempotency_key)): a server
+    /// that honours keys applies it at most once. For `execute`, check before running it again.
+    pub fn is_outcome_unknown(&self) -> bool {
+        self.inner.outcome_unknown
+    }
+
+    /// The idempotency key of a write that failed after it was sent: the key given with
+    /// [`Insert::idempotency_key`](crate::Insert::idempotency_key), or the one the SDK made for the call.
+    /// Re-sending the same rows with `.idempotency_key(key)` (from any process, within the server's key
+    /// lifetime) is then applied at most once: statements that committed are replayed, not run again.
+    /// `None` for reads, `execute`, and writes that never reached the server.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.inner.idempotency_key.as_deref()
+    }
+
+    /// The kind of constraint a [`ErrorKind::ConstraintViolation`] names, when the server said.
+    pub fn constraint(&self) -> Option<&ConstraintKind> {
+        match &self.inner.kind {
+            ErrorKind::ConstraintViolation { constraint, .. } => constraint.as_ref(),
+            _ => None,
+        }
+    }
+
     /// The HTTP status of the response that failed, when there was one.
     pub fn status(&self) -> Option<u16> {
         match &self.inner.kind {
@@ -278,35 +480,32 @@ impl Error {
     /// The protocol's error code (`SQL_ERROR`, `CONSTRAINT_VIOLATION`, ...), when the server sent one.
     pub fn code(&self) -> Option<&str> {
         match &self.inner.kind {
-            ErrorKind::Sql { code, .. } => Some(code),
-            ErrorKind::Http { code, .. } => code.as_deref(),
-            ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
-            ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
-            ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
-            ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
-            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts > 0 => {
-                Some("PAYLOAD_TOO_LARGE")
-            }
-            _ => None,
+            // An insert row over the body limit is found before anything is sent.
+            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts == 0 => None,
+            kind => kind.wire_code(),
         }
     }
 
-    /// The wait the server asked for with `Retry-After` (on `429` and `503`), uncapped.
+    /// The wait the server asked for with `Retry-After` (on `429`, `503` and
+    /// `409 IDEMPOTENCY_KEY_IN_USE`), uncapped.
     pub fn retry_after(&self) -> Option<Duration> {
         match &self.inner.kind {
             ErrorKind::RateLimited { retry_after, .. }
-            | ErrorKind::Unavailable { retry_after, .. } => *retry_after,
+            | ErrorKind::Unavailable { retry_after, .. }
+            | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
             _ => None,
         }
     }
 
     /// Whether the failure is transient: the same request could succeed later (connection failures,
-    /// timeouts, 408, 429, 5xx except 501). Says nothing of whether the call's class allowed a retry.
+    /// timeouts, 408, 429, 5xx except 501, a key still in use). Says nothing of whether the call's class
+    /// allowed a retry.
     pub fn is_retryable(&self) -> bool {
         crate::retry::classify::is_transient(&self.inner.kind)
     }
 
-    /// Whether the attempt ran out of time.
+    /// Whether the attempt ran out of time on the client (the attempt's timeout or the connect
+    /// timeout). A statement the *server* interrupted is [`ErrorKind::StatementTimeout`].
     pub fn is_timeout(&self) -> bool {
         matches!(self.inner.kind, ErrorKind::Timeout { .. })
     }
@@ -327,7 +526,14 @@ impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mut d = f.debug_struct("Error");
         d.field("kind", &self.inner.kind)
-            .field("attempts", &self.inner.attempts);
+            .field("attempts", &self.inner.attempts)
+            .field("sent", &self.inner.sent);
+        if self.inner.outcome_unknown {
+            d.field("outcome_unknown", &true);
+        }
+        if let Some(key) = &self.inner.idempotency_key {
+            d.field("idempotency_key", key);
+        }
         if self.inner.budget_exhausted {
             d.field("budget_exhausted", &true);
         }
@@ -336,6 +542,10 @@ impl fmt::Debug for Error {
         }
         if !self.inner.history.is_empty() {
             d.field("history", &self.inner.history);
+        }
+        // The source's own Debug could quote a cell (a JSON parser's message): only say it is there.
+        if self.inner.source.is_some() {
+            d.field("source", &format_args!("Some(..)"));
         }
         d.finish()
     }
@@ -353,9 +563,25 @@ impl fmt::Display for Error {
         if let Some(rows) = self.inner.rows_inserted {
             write!(f, " ({rows} rows were inserted before the failure)")?;
         }
+        if self.inner.outcome_unknown {
+            match &self.inner.idempotency_key {
+                Some(key) => write!(
+                    f,
+                    " (outcome unknown: the write may have been applied; re-send it with idempotency key {key} to apply it at most once)"
+                )?,
+                None => f.write_str(" (outcome unknown: the statement may have been applied)")?,
+            }
+        }
         Ok(())
     }
 }
 
-/// The kind's message is already this error's own, so it is not repeated as a source.
-impl std::error::Error for Error {}
+/// The source is the HTTP stack's or the JSON parser's error behind the kind, when there is one.
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner
+            .source
+            .as_deref()
+            .map(|source| source as &(dyn std::error::Error + 'static))
+    }
+}

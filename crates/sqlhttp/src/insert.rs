@@ -3,20 +3,23 @@
 //! chunks that respect the engine's bound-parameter limit and the server's body limit.
 //!
 //! Every row is checked and every chunk encoded before the first one is sent, so bad input fails with
-//! nothing written. Each chunk is one write (its own idempotency key, retried only under
-//! `retry_writes`). This module knows the SQL it generates and the request body; not the transport.
+//! nothing written. Each chunk is one write, retried only under `retry_writes`, with an idempotency key
+//! of its own derived from the call's (see [`chunk_key`]). This module knows the SQL it generates and
+//! the request body; not the transport.
 
+use std::fmt;
 use std::future::IntoFuture;
 
 use bytes::Bytes;
+use http::HeaderValue;
 use serde::Serialize;
-use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
+use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
-use crate::statement::{BoxFuture, RequestBody, check_scalar};
+use crate::statement::{RequestBody, ResponseFuture, check_scalar};
 use crate::table::Value;
 
 /// How large one generated statement may be.
@@ -46,19 +49,60 @@ pub(crate) struct Chunk {
 
 /// A typed bulk insert, made by [`Client::insert`]. `.await` it for the number of rows inserted.
 ///
+/// A **write**: retried only under `retry_writes` (the client's, or this call's
+/// [`retry_writes`](Self::retry_writes)). Every statement carries an idempotency key, the same on each
+/// of its attempts.
+///
+/// # Keys the caller holds
+///
+/// With [`idempotency_key`](Self::idempotency_key) the caller names the write, so that re-sending it
+/// later (another call, another process) is applied at most once. An insert that fits one statement
+/// sends the key as given; one split into several statements sends `{key}/0`, `{key}/1`, ... in order,
+/// one distinct, deterministic key per statement, so a re-send replays the statements that committed
+/// and runs the rest. Re-send the same rows with the same client limits
+/// ([`ClientBuilder::insert_max_params`](crate::ClientBuilder::insert_max_params),
+/// [`ClientBuilder::max_body_bytes`](crate::ClientBuilder::max_body_bytes)): a different split gives a
+/// statement a different body, which the server refuses under a used key (`422`). Without a key of the
+/// caller's, the SDK makes one per call and derives the statements' keys the same way; a failure whose
+/// outcome is unknown carries it ([`Error::idempotency_key`]).
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client, job_id: u64) -> sqlhttp::Result<()> {
+/// use serde::Serialize;
+/// use std::time::Duration;
+///
+/// #[derive(Serialize)]
+/// struct Event { id: i64, kind: String }
+///
+/// let events = vec![Event { id: 1, kind: "signup".into() }];
+/// // The key is stored with the job: after a crash, the job re-sends the same rows with it.
+/// let inserted = client
+///     .insert("events", &events)
+///     .idempotency_key(format!("import-{job_id}"))
+///     .retry_writes(true)
+///     .timeout(Duration::from_secs(5))
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// [`ErrorKind::InvalidParameter`] or [`ErrorKind::PayloadTooLarge`] before anything is sent, when a
-/// row cannot be inserted; otherwise a statement's failure, with [`Error::rows_inserted`] when earlier
-/// statements had committed.
-#[derive(Debug)]
+/// row cannot be inserted; [`ErrorKind::Config`] before anything is sent, when a per-call setting cannot
+/// work; otherwise a statement's failure, with [`Error::rows_inserted`] when earlier statements had
+/// committed.
 #[must_use = "an insert does nothing until it is awaited"]
 pub struct Insert<'r, T> {
     client: Client,
     table: String,
     rows: &'r [T],
-    cancel: Option<CancellationToken>,
+    options: CallOptions,
 }
+
+call_settings!(impl['r, T] Insert<'r, T>);
+retry_setting!(impl['r, T] Insert<'r, T>);
+write_settings!(impl['r, T] Insert<'r, T>);
 
 impl<'r, T> Insert<'r, T> {
     pub(crate) fn new(client: Client, table: String, rows: &'r [T]) -> Self {
@@ -66,47 +110,89 @@ impl<'r, T> Insert<'r, T> {
             client,
             table,
             rows,
-            cancel: None,
+            options: CallOptions::default(),
         }
     }
+}
 
-    /// Cancels the insert when `token` is cancelled. Chunks already committed stay committed; the error
-    /// says how many rows they held ([`Error::rows_inserted`]).
-    pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
-        self.cancel = Some(token.clone());
-        self
+/// The rows' values never show: only how many there are.
+impl<T> fmt::Debug for Insert<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Insert")
+            .field("table", &self.table)
+            .field("rows", &format_args!("<{} rows>", self.rows.len()))
+            .field("options", &self.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The idempotency key of statement `index` of `count`: the call's key itself when there is one
+/// statement, `{key}/{index}` otherwise.
+pub(crate) fn chunk_key(key: &str, index: usize, count: usize) -> String {
+    if count == 1 {
+        key.to_owned()
+    } else {
+        format!("{key}/{index}")
     }
 }
 
 impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
     type Output = Result<u64>;
-    type IntoFuture = BoxFuture<'r, u64>;
+    type IntoFuture = ResponseFuture<'r, u64>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
+        ResponseFuture::new(async move {
+            self.options.validate()?;
             let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
+            let count = chunks.len();
+            let call_key = match &self.options.idempotency_key {
+                Some(key) => key.clone(),
+                None => crate::transport::new_idempotency_key(),
+            };
+            if count > 1 {
+                check_key(&chunk_key(&call_key, count - 1, count)).map_err(|message| {
+                    Error::config(format!(
+                        "the insert takes {count} statements, keyed `{{key}}/{{index}}`: {message}"
+                    ))
+                })?;
+            }
             let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
             let mut inserted = 0u64;
             // One `max_elapsed` for the whole insert, however many statements it takes.
             let started = tokio::time::Instant::now();
-            for chunk in chunks {
+            for (index, chunk) in chunks.into_iter().enumerate() {
+                let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
+                    .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
                 let sent = self
                     .client
                     .send(
                         OpClass::Write,
                         chunk.body,
                         &sql_for_log,
-                        self.cancel.as_ref(),
+                        &self.options,
+                        Some(key),
                         Some(started),
                     )
                     .await
                     .and_then(|delivered| delivered.decode(decode::exec_result));
-                match sent {
-                    Ok(effect) => inserted += effect.rows_affected,
-                    Err(err) if inserted > 0 => return Err(err.with_rows_inserted(inserted)),
-                    Err(err) => return Err(err),
-                }
-                tracing::debug!(rows = chunk.rows, "insert chunk committed");
+                let err = match sent {
+                    Ok(effect) => {
+                        inserted += effect.rows_affected;
+                        tracing::debug!(rows = chunk.rows, "insert chunk committed");
+                        continue;
+                    }
+                    Err(err) => err,
+                };
+                // The key to re-send with is the call's: it covers every statement.
+                let err = match err.idempotency_key() {
+                    Some(_) => err.with_idempotency_key(Some(call_key)),
+                    None => err,
+                };
+                return Err(if inserted > 0 {
+                    err.with_rows_inserted(inserted)
+                } else {
+                    err
+                });
             }
             Ok(inserted)
         })

@@ -30,6 +30,7 @@ mod client;
 pub mod decode;
 mod error;
 mod insert;
+mod options;
 mod response;
 pub mod retry;
 mod statement;
@@ -37,10 +38,16 @@ mod table;
 mod transport;
 
 pub use client::{Client, ClientBuilder};
-pub use error::{AttemptFailure, Error, ErrorKind, Result};
+pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::Insert;
+/// A proxy for [`ClientBuilder::proxy`] (reqwest's type).
+pub use reqwest::Proxy;
+/// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and
+/// [`ClientBuilder::identity`] (reqwest's types).
+#[cfg(any(feature = "rustls", feature = "native-tls"))]
+pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy};
-pub use statement::{BoxFuture, Execute, Query, TableQuery};
+pub use statement::{Execute, Query, ResponseFuture, TableQuery};
 pub use table::{Column, ExecResult, Row, Table, Value};
 pub use tokio_util::sync::CancellationToken;
 
@@ -59,4 +66,7 @@ fn _assert_impls() {
     send_sync::<Error>();
     send_sync::<Query>();
     send_sync::<ClientBuilder>();
+    fn send<T: Send>() {}
+    send::<ResponseFuture<'static, u64>>();
+    send::<Insert<'static, u8>>();
 }

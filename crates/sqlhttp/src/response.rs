@@ -8,8 +8,9 @@ use std::time::SystemTime;
 
 use serde::Deserialize;
 
-use crate::error::ErrorKind;
+use crate::error::{ConstraintKind, ErrorKind};
 use crate::retry::retry_after;
+use crate::transport::Failure;
 
 #[derive(Deserialize)]
 struct ErrorEnvelope {
@@ -22,32 +23,50 @@ struct ErrorBody {
     code: Option<String>,
     #[serde(default)]
     message: Option<String>,
+    /// On `409 CONSTRAINT_VIOLATION`: `unique`, `primary_key`, `foreign_key`, `check`, `not_null`.
+    /// Kept loose: a member of another type costs the kind, not the whole error body.
+    #[serde(default)]
+    constraint: Option<serde_json::Value>,
 }
 
 /// Maps a non-success response to the kind a caller branches on.
 pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> ErrorKind {
-    let (code, message) = match serde_json::from_slice::<ErrorEnvelope>(body) {
-        Ok(ErrorEnvelope { error }) => {
-            (error.code, error.message.unwrap_or_else(|| reason(status)))
-        }
-        Err(_) => (None, reason(status)),
+    let (code, message, constraint) = match serde_json::from_slice::<ErrorEnvelope>(body) {
+        Ok(ErrorEnvelope { error }) => (
+            error.code,
+            error.message.unwrap_or_else(|| reason(status)),
+            error.constraint,
+        ),
+        Err(_) => (None, reason(status), None),
     };
     let wait = || retry_after::from_headers(headers, SystemTime::now());
-    match status {
-        400 if code.as_deref() == Some("SQL_ERROR") => ErrorKind::Sql {
+    match (status, code.as_deref()) {
+        (400, Some("SQL_ERROR")) => ErrorKind::Sql {
             code: "SQL_ERROR".to_owned(),
             message,
         },
-        401 => ErrorKind::Unauthorized { message },
-        409 if code.as_deref() != Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE) => {
-            ErrorKind::ConstraintViolation { message }
+        (401, _) => ErrorKind::Unauthorized { message },
+        (403, Some("STATEMENT_NOT_ALLOWED")) => ErrorKind::StatementNotAllowed { message },
+        (409, Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE)) => {
+            ErrorKind::IdempotencyKeyInUse {
+                retry_after: wait(),
+                message,
+            }
         }
-        413 => ErrorKind::PayloadTooLarge { message },
-        429 => ErrorKind::RateLimited {
+        (409, _) => ErrorKind::ConstraintViolation {
+            constraint: constraint
+                .as_ref()
+                .and_then(serde_json::Value::as_str)
+                .map(ConstraintKind::from_wire),
+            message,
+        },
+        (413, _) => ErrorKind::PayloadTooLarge { message },
+        (422, Some("STATEMENT_TIMEOUT")) => ErrorKind::StatementTimeout { message },
+        (429, _) => ErrorKind::RateLimited {
             retry_after: wait(),
             message,
         },
-        503 => ErrorKind::Unavailable {
+        (503, _) => ErrorKind::Unavailable {
             retry_after: wait(),
             message,
         },
@@ -67,14 +86,17 @@ fn reason(status: u16) -> String {
         .to_owned()
 }
 
-/// Maps a failure of the HTTP stack (no usable response) to a kind.
-pub(crate) fn from_transport(err: reqwest::Error) -> ErrorKind {
+/// Maps a failure of the HTTP stack (no usable response) to a failure that keeps the error as its
+/// source. A failure to connect (refused, DNS, TLS handshake, the connect timeout) sent nothing.
+pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
     let err = err.without_url();
     let message = describe(&err);
-    if is_certificate_failure(&err) {
+    let sent = !err.is_connect();
+    let kind = if is_certificate_failure(&err) {
         ErrorKind::Tls { message }
     } else if err.is_timeout() {
-        // A timeout configured on a caller-supplied reqwest client; ours is applied around the attempt.
+        // The connect timeout, or a timeout configured on a caller-supplied reqwest client; the
+        // attempt's own is applied around the exchange. The loop fills in how long it took.
         ErrorKind::Timeout {
             after: std::time::Duration::ZERO,
         }
@@ -83,6 +105,11 @@ pub(crate) fn from_transport(err: reqwest::Error) -> ErrorKind {
         ErrorKind::Config { message }
     } else {
         ErrorKind::Connection { message }
+    };
+    Failure {
+        kind,
+        sent,
+        source: Some(Box::new(err)),
     }
 }
 
@@ -153,17 +180,53 @@ mod tests {
         assert_eq!(
             from_status(409, &h, &body("CONSTRAINT_VIOLATION", "UNIQUE")),
             ErrorKind::ConstraintViolation {
+                constraint: None,
                 message: "UNIQUE".into()
             }
         );
         assert_eq!(
             from_status(409, &h, &body("IDEMPOTENCY_KEY_IN_USE", "busy")),
-            ErrorKind::Http {
-                status: 409,
-                code: Some("IDEMPOTENCY_KEY_IN_USE".into()),
+            ErrorKind::IdempotencyKeyInUse {
+                retry_after: None,
                 message: "busy".into()
             }
         );
+        assert_eq!(
+            from_status(
+                403,
+                &h,
+                &body("STATEMENT_NOT_ALLOWED", "ATTACH is not allowed")
+            ),
+            ErrorKind::StatementNotAllowed {
+                message: "ATTACH is not allowed".into()
+            }
+        );
+        assert_eq!(
+            from_status(
+                422,
+                &h,
+                &body("STATEMENT_TIMEOUT", "interrupted after 30 s")
+            ),
+            ErrorKind::StatementTimeout {
+                message: "interrupted after 30 s".into()
+            }
+        );
+        for (status, code) in [
+            (403, "ORIGIN_NOT_ALLOWED"),
+            (408, "REQUEST_TIMEOUT"),
+            (415, "UNSUPPORTED_MEDIA_TYPE"),
+            (422, "IDEMPOTENCY_KEY_REUSED"),
+            (431, "HEADERS_TOO_LARGE"),
+        ] {
+            assert_eq!(
+                from_status(status, &h, &body(code, "no")),
+                ErrorKind::Http {
+                    status,
+                    code: Some(code.into()),
+                    message: "no".into()
+                }
+            );
+        }
         assert_eq!(
             from_status(413, &h, &body("PAYLOAD_TOO_LARGE", "big")),
             ErrorKind::PayloadTooLarge {
@@ -176,6 +239,46 @@ mod tests {
                 status: 501,
                 code: None,
                 message: "Not Implemented".into()
+            }
+        );
+    }
+
+    #[test]
+    fn reads_the_constraint_kind_and_keeps_unknown_ones() {
+        let h = http::HeaderMap::new();
+        let violation = |constraint: serde_json::Value| {
+            let body = serde_json::json!({"error": {
+                "code": "CONSTRAINT_VIOLATION",
+                "message": "UNIQUE constraint failed: t.x",
+                "constraint": constraint,
+            }});
+            match from_status(409, &h, &serde_json::to_vec(&body).unwrap()) {
+                ErrorKind::ConstraintViolation { constraint, .. } => constraint,
+                other => panic!("{other:?}"),
+            }
+        };
+        for (wire, kind) in [
+            ("unique", ConstraintKind::Unique),
+            ("primary_key", ConstraintKind::PrimaryKey),
+            ("foreign_key", ConstraintKind::ForeignKey),
+            ("check", ConstraintKind::Check),
+            ("not_null", ConstraintKind::NotNull),
+            ("exclusion", ConstraintKind::Other("exclusion".into())),
+        ] {
+            assert_eq!(violation(wire.into()), Some(kind.clone()), "{wire}");
+            assert_eq!(kind.as_str(), wire);
+        }
+        assert_eq!(violation(serde_json::Value::Null), None);
+        // A member of the wrong type costs the kind, not the error.
+        assert_eq!(
+            from_status(
+                409,
+                &h,
+                br#"{"error":{"code":"CONSTRAINT_VIOLATION","message":"m","constraint":7}}"#
+            ),
+            ErrorKind::ConstraintViolation {
+                constraint: None,
+                message: "m".into()
             }
         );
     }
@@ -199,6 +302,13 @@ mod tests {
             ErrorKind::Unavailable {
                 retry_after: Some(Duration::from_secs(3)),
                 message: "Service Unavailable".into()
+            }
+        );
+        assert_eq!(
+            from_status(409, &h, &body("IDEMPOTENCY_KEY_IN_USE", "running")),
+            ErrorKind::IdempotencyKeyInUse {
+                retry_after: Some(Duration::from_secs(3)),
+                message: "running".into()
             }
         );
         h.insert(

@@ -1,20 +1,22 @@
-//! A statement on its way out: SQL text, bound parameters, an optional cancellation token, and the
-//! request builders that finish it ([`Query`], [`TableQuery`], [`Execute`]).
+//! A statement on its way out: SQL text and bound parameters, and the request builders that finish it
+//! ([`Query`], [`TableQuery`], [`Execute`]) with their per-call settings (see `options`).
 //!
 //! Parameters are always bound, never spliced into SQL: each is serialized to a JSON scalar and sent
 //! beside the text. This module knows the request body of protocol v1, not the transport's rules.
 
+use std::fmt;
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
 use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio_util::sync::CancellationToken;
 
 use crate::client::Client;
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
+use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table, Value};
 use crate::transport::Delivered;
@@ -48,23 +50,21 @@ pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     }
 }
 
-/// SQL, parameters and cancellation, shared by every request builder. Its `Debug` shows how many
-/// parameters are bound, never their values.
+/// SQL and parameters, shared by every statement builder. Its `Debug` shows how many parameters are
+/// bound, never their values.
 #[derive(Clone)]
 pub(crate) struct Statement {
     sql: String,
     params: Vec<Value>,
     invalid: Option<ErrorKind>,
-    cancel: Option<CancellationToken>,
 }
 
-impl std::fmt::Debug for Statement {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for Statement {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Statement")
             .field("sql", &self.sql)
             .field("params", &format_args!("<{} bound>", self.params.len()))
-            .field("cancellable", &self.cancel.is_some())
-            .finish_non_exhaustive()
+            .finish()
     }
 }
 
@@ -74,7 +74,6 @@ impl Statement {
             sql,
             params: Vec::new(),
             invalid: None,
-            cancel: None,
         }
     }
 
@@ -97,9 +96,14 @@ impl Statement {
         }
     }
 
-    /// Sends the statement as an operation of `class`; a parameter that could not be bound fails here,
-    /// before anything is sent.
-    async fn send(self, client: &Client, class: OpClass) -> Result<Delivered> {
+    /// Sends the statement as an operation of `class`; a parameter that could not be bound or a
+    /// setting that cannot work fails here, before anything is sent.
+    async fn send(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<Delivered> {
         if let Some(kind) = self.invalid {
             return Err(Error::new(kind));
         }
@@ -109,15 +113,68 @@ impl Statement {
         }
         .encode();
         client
-            .send(class, body, &self.sql, self.cancel.as_ref(), None)
+            .send(class, body, &self.sql, options, None, None)
             .await
+    }
+
+    /// Sends the statement and decodes every row into a `T`.
+    async fn fetch_all<T: DeserializeOwned>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<(Vec<T>, Delivered)> {
+        let delivered = self.send(client, class, options).await?;
+        let rows = delivered.decode(decode::rows)?;
+        Ok((rows, delivered))
+    }
+
+    async fn fetch_one<T: DeserializeOwned>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<T> {
+        let (rows, delivered) = self.fetch_all(client, class, options).await?;
+        rows.into_iter()
+            .next()
+            .ok_or_else(|| delivered.attach(Error::new(ErrorKind::RowNotFound)))
     }
 }
 
-/// The boxed future returned by `.await` on a request builder.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+/// The future a request builder becomes when it is `.await`ed: the whole call, retries included.
+///
+/// A named type, so it can be stored in a struct or returned from a trait; it is `Send`, and dropping
+/// it stops the call (a statement already sent may still commit on the server).
+#[must_use = "futures do nothing unless you `.await` or poll them"]
+pub struct ResponseFuture<'a, T> {
+    inner: Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>,
+}
 
-macro_rules! statement_builder {
+impl<'a, T> ResponseFuture<'a, T> {
+    pub(crate) fn new(future: impl Future<Output = Result<T>> + Send + 'a) -> Self {
+        Self {
+            inner: Box::pin(future),
+        }
+    }
+}
+
+impl<T> Future for ResponseFuture<'_, T> {
+    type Output = Result<T>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.inner.as_mut().poll(cx)
+    }
+}
+
+impl<T> fmt::Debug for ResponseFuture<'_, T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseFuture").finish_non_exhaustive()
+    }
+}
+
+/// `.bind`, for the builders that carry a `statement: Statement`.
+macro_rules! bind_params {
     ($builder:ident) => {
         impl $builder {
             /// Binds the next positional parameter (`?` in SQLite). Any `Serialize` value that is a
@@ -128,34 +185,49 @@ macro_rules! statement_builder {
                 self.statement.bind(&value);
                 self
             }
-
-            /// Cancels this call when `token` is cancelled: at once, mid-attempt or mid-backoff, with
-            /// [`ErrorKind::Cancelled`]. The client's own token, if any, applies as well. Cancelling
-            /// stops the client, not the server: a statement already sent may still commit.
-            pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
-                self.statement.cancel = Some(token.clone());
-                self
-            }
         }
     };
 }
 
 /// A read returning typed rows, made by [`Client::query`]. Finish it with [`fetch_all`](Self::fetch_all),
 /// [`fetch_one`](Self::fetch_one) or [`fetch_optional`](Self::fetch_optional).
+///
+/// Retried on transient failures. Per-call settings override the client's for this call only.
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// use std::time::Duration;
+/// use sqlhttp::RetryPolicy;
+///
+/// // A quick lookup: a short timeout, two attempts within a second.
+/// let name: Option<String> = client
+///     .query("SELECT name FROM users WHERE id = ?")
+///     .bind(42)
+///     .timeout(Duration::from_millis(300))
+///     .retry(RetryPolicy::new().with_max_attempts(2).with_max_elapsed(Duration::from_secs(1)))
+///     .fetch_optional()
+///     .await?;
+/// # Ok(())
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use = "a query does nothing until it is fetched"]
 pub struct Query {
     client: Client,
     statement: Statement,
+    options: CallOptions,
 }
 
-statement_builder!(Query);
+bind_params!(Query);
+call_settings!(impl[] Query);
+retry_setting!(impl[] Query);
 
 impl Query {
     pub(crate) fn new(client: Client, sql: String) -> Self {
         Self {
             client,
             statement: Statement::new(sql),
+            options: CallOptions::default(),
         }
     }
 
@@ -167,8 +239,11 @@ impl Query {
     /// Any failure of the call (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and column when a
     /// cell is not what `T` expects.
     pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let delivered = self.statement.send(&self.client, OpClass::Read).await?;
-        delivered.decode(decode::rows)
+        let (rows, _) = self
+            .statement
+            .fetch_all(&self.client, OpClass::Read, &self.options)
+            .await?;
+        Ok(rows)
     }
 
     /// The first row.
@@ -177,11 +252,9 @@ impl Query {
     ///
     /// [`ErrorKind::RowNotFound`] when the query returned no rows; otherwise as [`fetch_all`](Self::fetch_all).
     pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
-        let delivered = self.statement.send(&self.client, OpClass::Read).await?;
-        let rows: Vec<T> = delivered.decode(decode::rows)?;
-        rows.into_iter()
-            .next()
-            .ok_or_else(|| delivered.attach(Error::new(ErrorKind::RowNotFound)))
+        self.statement
+            .fetch_one(&self.client, OpClass::Read, &self.options)
+            .await
     }
 
     /// The first row, or `None` when there is none.
@@ -196,6 +269,22 @@ impl Query {
 
 /// A read returning a [`Table`], made by [`Client::query_table`]. `.await` it.
 ///
+/// Retried on transient failures. Per-call settings override the client's for this call only.
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// use std::time::Duration;
+///
+/// // A long report: no per-attempt timeout for this call alone.
+/// let report = client
+///     .query_table("SELECT region, sum(total) AS total FROM orders GROUP BY region")
+///     .timeout(None)
+///     .await?;
+/// println!("{} regions", report.len());
+/// # Ok(())
+/// # }
+/// ```
+///
 /// # Errors
 ///
 /// Any failure of the call after retries (see [`ErrorKind`]); [`ErrorKind::InvalidParameter`] before
@@ -205,32 +294,74 @@ impl Query {
 pub struct TableQuery {
     client: Client,
     statement: Statement,
+    options: CallOptions,
 }
 
-statement_builder!(TableQuery);
+bind_params!(TableQuery);
+call_settings!(impl[] TableQuery);
+retry_setting!(impl[] TableQuery);
 
 impl TableQuery {
     pub(crate) fn new(client: Client, sql: String) -> Self {
         Self {
             client,
             statement: Statement::new(sql),
+            options: CallOptions::default(),
         }
     }
 }
 
 impl IntoFuture for TableQuery {
     type Output = Result<Table>;
-    type IntoFuture = BoxFuture<'static, Table>;
+    type IntoFuture = ResponseFuture<'static, Table>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let delivered = self.statement.send(&self.client, OpClass::Read).await?;
+        ResponseFuture::new(async move {
+            let delivered = self
+                .statement
+                .send(&self.client, OpClass::Read, &self.options)
+                .await?;
             delivered.decode(decode::table)
         })
     }
 }
 
-/// A statement run for its effect, made by [`Client::execute`]. `.await` it. Never retried.
+/// A statement run for its effect, made by [`Client::execute`]. `.await` it for the rows affected and
+/// the last insert id, or finish it with [`fetch_all`](Self::fetch_all),
+/// [`fetch_one`](Self::fetch_one) or [`fetch_optional`](Self::fetch_optional) to decode the rows of a
+/// `RETURNING` clause.
+///
+/// **Never retried**: one attempt, whatever the client's or the call's settings. That is why it has no
+/// `.retry` setting: a setting that could not take effect would only mislead. It takes a
+/// [`timeout`](Self::timeout) and a [`cancel_on`](Self::cancel_on) token like every call. After a
+/// failure whose outcome is unknown ([`Error::is_outcome_unknown`]), check before running it again.
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// use serde::Deserialize;
+///
+/// let effect = client.execute("DELETE FROM sessions WHERE expires < ?").bind(1_700_000_000).await?;
+/// println!("{} sessions deleted", effect.rows_affected);
+///
+/// #[derive(Deserialize)]
+/// struct Created { id: i64 }
+/// let created: Created = client
+///     .execute("INSERT INTO users (name) VALUES (?) RETURNING id")
+///     .bind("ada")
+///     .fetch_one()
+///     .await?;
+/// println!("user {}", created.id);
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A retry policy does not apply:
+///
+/// ```compile_fail
+/// # async fn run(client: sqlhttp::Client) {
+/// let _ = client.execute("DELETE FROM t").retry(sqlhttp::RetryPolicy::new()).await;
+/// # }
+/// ```
 ///
 /// # Errors
 ///
@@ -241,26 +372,68 @@ impl IntoFuture for TableQuery {
 pub struct Execute {
     client: Client,
     statement: Statement,
+    options: CallOptions,
 }
 
-statement_builder!(Execute);
+bind_params!(Execute);
+call_settings!(impl[] Execute);
 
 impl Execute {
     pub(crate) fn new(client: Client, sql: String) -> Self {
         Self {
             client,
             statement: Statement::new(sql),
+            options: CallOptions::default(),
         }
+    }
+
+    /// Runs the statement once and decodes the rows of its `RETURNING` clause (or any rows it returns)
+    /// into `T`s, as [`Query::fetch_all`] does. Never retried, unlike a `query`.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the one attempt (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and
+    /// column when a cell is not what `T` expects (the statement has run: its effects stay).
+    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
+        let (rows, _) = self
+            .statement
+            .fetch_all(&self.client, OpClass::Execute, &self.options)
+            .await?;
+        Ok(rows)
+    }
+
+    /// Runs the statement once and decodes the first returned row.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::RowNotFound`] when the statement returned no rows (it has run all the same);
+    /// otherwise as [`fetch_all`](Self::fetch_all).
+    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
+        self.statement
+            .fetch_one(&self.client, OpClass::Execute, &self.options)
+            .await
+    }
+
+    /// Runs the statement once and decodes the first returned row, or `None` when there is none.
+    ///
+    /// # Errors
+    ///
+    /// As [`fetch_all`](Self::fetch_all).
+    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
+        Ok(self.fetch_all().await?.into_iter().next())
     }
 }
 
 impl IntoFuture for Execute {
     type Output = Result<ExecResult>;
-    type IntoFuture = BoxFuture<'static, ExecResult>;
+    type IntoFuture = ResponseFuture<'static, ExecResult>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let delivered = self.statement.send(&self.client, OpClass::Execute).await?;
+        ResponseFuture::new(async move {
+            let delivered = self
+                .statement
+                .send(&self.client, OpClass::Execute, &self.options)
+                .await?;
             delivered.decode(decode::exec_result)
         })
     }

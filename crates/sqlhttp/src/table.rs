@@ -3,6 +3,8 @@
 //!
 //! Plain data and accessors; decoding from the wire lives in `decode`.
 
+use std::fmt;
+
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 
@@ -59,7 +61,7 @@ pub struct ExecResult {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq, Deserialize)]
 pub struct Table {
     columns: Vec<Column>,
     rows: Vec<Vec<Value>>,
@@ -116,12 +118,32 @@ impl Table {
     }
 }
 
-/// One row of a [`Table`].
-#[derive(Debug, Clone, Copy)]
+/// Cells can hold personal data and end up in logs: `Debug` shows the shape, never a cell.
+impl fmt::Debug for Table {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Table")
+            .field("columns", &self.columns)
+            .field("rows", &format_args!("<{} rows>", self.rows.len()))
+            .field("rows_affected", &self.rows_affected)
+            .finish()
+    }
+}
+
+/// One row of a [`Table`]. Its `Debug` shows its position and width, never a cell.
+#[derive(Clone, Copy)]
 pub struct Row<'a> {
     table: &'a Table,
     index: usize,
     cells: &'a [Value],
+}
+
+impl fmt::Debug for Row<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Row")
+            .field("index", &self.index)
+            .field("cells", &format_args!("<{} cells>", self.cells.len()))
+            .finish()
+    }
 }
 
 impl<'a> Row<'a> {
@@ -162,7 +184,10 @@ impl<'a> Row<'a> {
         let cell = self.cells.get(index).ok_or_else(|| {
             self.decode_error(name.clone(), format!("no column at position {index}"))
         })?;
-        T::deserialize(cell).map_err(|err| self.decode_error(name, err.to_string()))
+        T::deserialize(cell).map_err(|err| {
+            self.decode_error(name, crate::decode::redact(&err.to_string()))
+                .with_source(err)
+        })
     }
 
     fn decode_error(&self, column: Option<String>, message: String) -> Error {

@@ -18,9 +18,10 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{AttemptFailure, Error, ErrorKind, Result};
+use crate::error::{AttemptFailure, BoxError, Error, ErrorKind, Result};
+use crate::options::CallOptions;
 use crate::response;
-use crate::retry::classify::{OpClass, should_retry};
+use crate::retry::classify::{OpClass, is_transient, should_retry};
 use crate::retry::{RetryPolicy, TokenBucket, backoff};
 
 /// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
@@ -36,9 +37,30 @@ pub(crate) struct AttemptRequest<'a> {
     pub(crate) idempotency_key: Option<&'a HeaderValue>,
 }
 
+/// One failed attempt: what it was, whether the request may have reached the server, and the error
+/// of the HTTP stack behind it.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) kind: ErrorKind,
+    /// `false` only when nothing can have reached the server (the connection was never made).
+    pub(crate) sent: bool,
+    pub(crate) source: Option<BoxError>,
+}
+
+/// A failure known only by its kind (a response, a timeout) may have reached the server.
+impl From<ErrorKind> for Failure {
+    fn from(kind: ErrorKind) -> Self {
+        Failure {
+            kind,
+            sent: true,
+            source: None,
+        }
+    }
+}
+
 /// The future of one exchange.
 pub(crate) type ExchangeFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Bytes, ErrorKind>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = Result<Bytes, Failure>> + Send + 'a>>;
 
 /// One HTTP exchange: a request out, the whole success body or the failure's kind back. The loop
 /// around it does not know HTTP; unit tests script this seam to drive the loop on a paused clock.
@@ -71,7 +93,11 @@ pub(crate) struct Call<'a> {
     pub(crate) body: Bytes,
     /// For debug-level logs only.
     pub(crate) sql: &'a str,
-    pub(crate) cancel: Option<&'a CancellationToken>,
+    /// The call's overrides of the client's settings (its idempotency key is the insert's business:
+    /// see `idempotency_key` below).
+    pub(crate) options: &'a CallOptions,
+    /// The key to send on every attempt of a write; `None` makes one for the call.
+    pub(crate) idempotency_key: Option<HeaderValue>,
     /// When the caller's operation began, if before this call (a bulk insert's later statements share
     /// its `max_elapsed`); `None` means now.
     pub(crate) started: Option<Instant>,
@@ -89,6 +115,7 @@ impl Delivered {
     /// Gives an error raised after the exchange (decoding, no row) the call's attempt count and history.
     pub(crate) fn attach(&self, err: Error) -> Error {
         err.with_attempts(self.attempts, self.history.clone())
+            .with_sent(true, false)
     }
 
     /// Decodes the body with `decode`, attaching the call's attempts to a failure.
@@ -116,27 +143,42 @@ impl Transport {
         self.run(call, &span).instrument(span.clone()).await
     }
 
-    fn max_attempts(&self, class: OpClass) -> u32 {
-        match class {
-            OpClass::Read => self.policy.max_attempts,
-            OpClass::Write if self.retry_writes => self.policy.max_attempts,
-            OpClass::Write | OpClass::Execute => 1,
-        }
-    }
-
     async fn run(&self, call: Call<'_>, span: &tracing::Span) -> Result<Delivered> {
         tracing::debug!(sql = call.sql, "sending statement");
+        let options = call.options;
+        let cancel = options.cancel.as_ref();
+        // Per-call settings win over the client's.
+        let timeout = options.timeout.unwrap_or(self.timeout);
+        let policy = options.retry.unwrap_or(self.policy);
+        let retry_writes = options.retry_writes.unwrap_or(self.retry_writes);
+        // A per-call policy with a seed of its own draws from its own source, so its delays repeat.
+        let mut call_rng = options
+            .retry
+            .and_then(|policy| policy.seed)
+            .map(|seed| Transport::new_rng(Some(seed)));
         let started = call.started.unwrap_or_else(Instant::now);
         // A ceiling too far to represent is no ceiling.
-        let deadline = self
-            .policy
+        let deadline = policy
             .max_elapsed
             .and_then(|limit| started.checked_add(limit));
-        let max_attempts = self.max_attempts(call.class);
-        let idempotency_key = (call.class == OpClass::Write).then(new_idempotency_key);
+        let max_attempts = match call.class {
+            OpClass::Read => policy.max_attempts,
+            OpClass::Write if retry_writes => policy.max_attempts,
+            OpClass::Write | OpClass::Execute => 1,
+        };
+        let idempotency_key = match call.class {
+            OpClass::Write => Some(call.idempotency_key.unwrap_or_else(|| {
+                HeaderValue::try_from(new_idempotency_key()).expect("hex is a valid header value")
+            })),
+            OpClass::Read | OpClass::Execute => None,
+        };
         let mut history: Vec<AttemptFailure> = Vec::new();
         let mut attempt = 0;
-        if [call.cancel, self.cancel.as_ref()]
+        // Whether an attempt may have reached the server, and whether one did so without an answer
+        // that settles the statement's outcome.
+        let mut sent = false;
+        let mut unsettled = false;
+        if [cancel, self.cancel.as_ref()]
             .into_iter()
             .flatten()
             .any(CancellationToken::is_cancelled)
@@ -147,7 +189,7 @@ impl Transport {
         loop {
             attempt += 1;
             span.record("attempts", attempt);
-            let budget = attempt_budget(self.timeout, deadline);
+            let budget = attempt_budget(timeout, deadline);
             let exchange = self.exchange.send(AttemptRequest {
                 body: &call.body,
                 attempt,
@@ -156,10 +198,14 @@ impl Transport {
             });
             let outcome = tokio::select! {
                 biased;
-                () = cancelled(call.cancel, self.cancel.as_ref()) => Err(ErrorKind::Cancelled),
+                () = cancelled(cancel, self.cancel.as_ref()) => Err(Failure::from(ErrorKind::Cancelled)),
                 outcome = with_timeout(budget, exchange) => outcome,
             };
-            let kind = match outcome {
+            let Failure {
+                kind,
+                sent: this_sent,
+                source,
+            } = match outcome {
                 Ok(body) => {
                     if let Some(bucket) = &self.budget {
                         bucket.deposit();
@@ -170,33 +216,60 @@ impl Transport {
                         history,
                     });
                 }
-                Err(kind) => kind,
+                Err(failure) => failure,
             };
+            sent |= this_sent;
+            unsettled |= this_sent && is_unanswered(&kind);
 
-            let finish = |kind: ErrorKind, mut history: Vec<AttemptFailure>| {
+            // The key a caller may re-send the write with, once it may have reached the server.
+            let key = idempotency_key
+                .as_ref()
+                .filter(|_| sent)
+                .and_then(|key| key.to_str().ok())
+                .map(str::to_owned);
+            // The error for a call ending on this failure, with what the caller needs to decide.
+            let finish = |kind: ErrorKind, mut history: Vec<AttemptFailure>, source| {
                 history.push(record(attempt, &kind, None));
-                Error::new(kind).with_attempts(attempt, history)
+                // A final answer from the server settles it; a transient one leaves an earlier
+                // unanswered attempt unanswered.
+                let outcome_unknown = call.class != OpClass::Read
+                    && unsettled
+                    && (is_unanswered(&kind) || is_transient(&kind));
+                Error::new(kind)
+                    .with_attempts(attempt, history)
+                    .with_boxed_source(source)
+                    .with_sent(sent, outcome_unknown)
+                    .with_idempotency_key(key.clone())
             };
             if kind == ErrorKind::Cancelled
                 || attempt >= max_attempts
-                || !should_retry(call.class, self.retry_writes, &kind)
+                || !should_retry(call.class, retry_writes, &kind)
             {
-                return Err(finish(kind, history));
+                return Err(finish(kind, history, source));
             }
-            let delay = self.delay_before_retry(attempt, &kind);
+            let delay = match call_rng.as_mut() {
+                Some(rng) => delay_before_retry(&policy, attempt, &kind, rng),
+                None => {
+                    let mut rng = self
+                        .rng
+                        .lock()
+                        .unwrap_or_else(|poisoned| poisoned.into_inner());
+                    delay_before_retry(&policy, attempt, &kind, &mut *rng)
+                }
+            };
             let wakes = Instant::now().checked_add(delay);
             if let Some(deadline) = deadline
                 && wakes.is_none_or(|wakes| wakes >= deadline)
             {
                 tracing::debug!(attempt, "max_elapsed reached; not retrying");
-                return Err(finish(kind, history));
+                return Err(finish(kind, history, source));
             }
             let after_timeout = matches!(kind, ErrorKind::Timeout { .. });
             if let Some(bucket) = &self.budget
                 && !bucket.withdraw(after_timeout)
             {
                 tracing::warn!(attempt, "retry budget exhausted; not retrying");
-                return Err(finish(kind, history).with_budget_exhausted());
+                return Err(finish(kind, history, source).with_budget_exhausted());
             }
             let failure = record(attempt, &kind, Some(delay));
             tracing::info!(
@@ -208,37 +281,55 @@ impl Transport {
             history.push(failure);
             tokio::select! {
                 biased;
-                () = cancelled(call.cancel, self.cancel.as_ref()) => {
+                () = cancelled(cancel, self.cancel.as_ref()) => {
                     // The retry paid for will not happen.
                     if let Some(bucket) = &self.budget {
                         bucket.refund(after_timeout);
                     }
-                    let err = Error::new(ErrorKind::Cancelled).with_attempts(attempt, history);
+                    // The history ends with the attempt before, and the delay cut short.
+                    let err = Error::new(ErrorKind::Cancelled)
+                        .with_attempts(attempt, history)
+                        .with_sent(sent, call.class != OpClass::Read && unsettled)
+                        .with_idempotency_key(key);
                     return Err(err);
                 }
                 () = tokio::time::sleep(delay) => {}
             }
         }
     }
+}
 
-    /// The server's `Retry-After` when it gave a valid one (capped by `max_backoff`), else the computed
-    /// backoff.
-    fn delay_before_retry(&self, attempt: u32, kind: &ErrorKind) -> Duration {
-        let server_wait = match kind {
-            ErrorKind::RateLimited { retry_after, .. }
-            | ErrorKind::Unavailable { retry_after, .. } => *retry_after,
-            _ => None,
-        };
-        match server_wait {
-            Some(wait) => wait.min(self.policy.max_backoff),
-            None => {
-                let mut rng = self
-                    .rng
-                    .lock()
-                    .unwrap_or_else(|poisoned| poisoned.into_inner());
-                backoff::delay(&self.policy, attempt, &mut *rng)
-            }
-        }
+/// The server's `Retry-After` when it gave a valid one (on `429`, `503` and `409
+/// IDEMPOTENCY_KEY_IN_USE`), capped by `max_backoff`; else the computed backoff.
+fn delay_before_retry<R: rand::Rng + ?Sized>(
+    policy: &RetryPolicy,
+    attempt: u32,
+    kind: &ErrorKind,
+    rng: &mut R,
+) -> Duration {
+    let server_wait = match kind {
+        ErrorKind::RateLimited { retry_after, .. }
+        | ErrorKind::Unavailable { retry_after, .. }
+        | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
+        _ => None,
+    };
+    match server_wait {
+        Some(wait) => wait.min(policy.max_backoff),
+        None => backoff::delay(policy, attempt, rng),
+    }
+}
+
+/// A failure after which the statement may or may not have run: no answer came back from the server
+/// itself (a timeout, a lost connection, a cancellation, a gateway's `502`/`504`), or the server said
+/// an earlier attempt is still running.
+fn is_unanswered(kind: &ErrorKind) -> bool {
+    match kind {
+        ErrorKind::Timeout { .. }
+        | ErrorKind::Connection { .. }
+        | ErrorKind::Cancelled
+        | ErrorKind::IdempotencyKeyInUse { .. } => true,
+        ErrorKind::Http { status, .. } => matches!(status, 502 | 504),
+        _ => false,
     }
 }
 
@@ -250,7 +341,7 @@ impl Exchange for HttpExchange {
 
 impl HttpExchange {
     /// One HTTP exchange: the request, the status, the whole body.
-    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Bytes, ErrorKind> {
+    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Bytes, Failure> {
         let AttemptRequest {
             body,
             attempt,
@@ -274,14 +365,21 @@ impl HttpExchange {
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();
         if status.is_success() {
-            return response.bytes().await.map_err(|err| ErrorKind::Connection {
-                message: format!("response body ended early: {}", err.without_url()),
+            return response.bytes().await.map_err(|err| {
+                let err = err.without_url();
+                Failure {
+                    kind: ErrorKind::Connection {
+                        message: format!("response body ended early: {err}"),
+                    },
+                    sent: true,
+                    source: Some(Box::new(err)),
+                }
             });
         }
         let headers = std::mem::take(response.headers_mut());
         // The status decides; a body cut short only costs the server's message.
         let body = response.bytes().await.unwrap_or_default();
-        Err(response::from_status(status.as_u16(), &headers, &body))
+        Err(response::from_status(status.as_u16(), &headers, &body).into())
     }
 }
 
@@ -294,23 +392,30 @@ fn attempt_budget(timeout: Option<Duration>, deadline: Option<Instant>) -> Optio
     }
 }
 
-async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes, ErrorKind>
+/// Runs one exchange within its budget. An attempt cut short by it may have reached the server.
+async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes, Failure>
 where
-    F: Future<Output = Result<Bytes, ErrorKind>>,
+    F: Future<Output = Result<Bytes, Failure>>,
 {
     let began = Instant::now();
     let outcome = match budget {
         None => exchange.await,
         Some(after) => tokio::time::timeout(after, exchange)
             .await
-            .unwrap_or(Err(ErrorKind::Timeout { after })),
+            .unwrap_or_else(|_| Err(ErrorKind::Timeout { after }.into())),
     };
     match outcome {
-        // A timeout of the HTTP client's own (a caller-supplied reqwest client) says how long it took.
-        Err(ErrorKind::Timeout { after }) if after.is_zero() => Err(ErrorKind::Timeout {
-            after: began.elapsed(),
-        }),
-        other => other,
+        // A timeout of the HTTP client's own (the connect timeout, or one configured on a
+        // caller-supplied reqwest client) says how long it took.
+        Err(mut failure) => {
+            if let ErrorKind::Timeout { after } = &mut failure.kind
+                && after.is_zero()
+            {
+                *after = began.elapsed();
+            }
+            Err(failure)
+        }
+        ok => ok,
     }
 }
 
@@ -328,18 +433,15 @@ async fn cancelled(call: Option<&CancellationToken>, client: Option<&Cancellatio
 
 fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> AttemptFailure {
     let status = kind.response_status();
-    let failure = match (kind, status) {
-        (
-            ErrorKind::Http {
-                code: Some(code), ..
-            },
-            Some(status),
-        ) => format!("{status} {code}"),
+    let failure = match (kind.wire_code(), status) {
+        (Some(code), Some(status)) => format!("{status} {code}"),
         (_, Some(status)) => status.to_string(),
-        (ErrorKind::Timeout { .. }, None) => "timeout".to_owned(),
-        (ErrorKind::Connection { .. }, None) => "connection".to_owned(),
-        (ErrorKind::Cancelled, None) => "cancelled".to_owned(),
-        (other, None) => other.to_string(),
+        (_, None) => match kind {
+            ErrorKind::Timeout { .. } => "timeout".to_owned(),
+            ErrorKind::Connection { .. } => "connection".to_owned(),
+            ErrorKind::Cancelled => "cancelled".to_owned(),
+            other => other.to_string(),
+        },
     };
     AttemptFailure {
         attempt,
@@ -350,9 +452,9 @@ fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> Atte
 }
 
 /// A fresh key for one write call: 128 random bits, hex-encoded.
-fn new_idempotency_key() -> HeaderValue {
+pub(crate) fn new_idempotency_key() -> String {
     let bits: u128 = rand::rng().random();
-    HeaderValue::try_from(format!("{bits:032x}")).expect("hex is a valid header value")
+    format!("{bits:032x}")
 }
 
 #[cfg(test)]

@@ -17,6 +17,8 @@ use crate::retry::{Jitter, RetryBudget};
 enum Step {
     Ok,
     Fail(ErrorKind),
+    /// Fails before the request left the client (a refused connect, a DNS failure).
+    NotSent(ErrorKind),
     /// Answers after this long.
     Slow(Duration),
     /// Never answers.
@@ -52,7 +54,12 @@ impl Exchange for Scripted {
         Box::pin(async move {
             match step {
                 Step::Ok => Ok(Bytes::from_static(b"ok")),
-                Step::Fail(kind) => Err(kind),
+                Step::Fail(kind) => Err(kind.into()),
+                Step::NotSent(kind) => Err(Failure {
+                    kind,
+                    sent: false,
+                    source: Some("connection refused (os error 111)".into()),
+                }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
                     Ok(Bytes::from_static(b"ok"))
@@ -62,7 +69,8 @@ impl Exchange for Scripted {
                     tokio::time::sleep(after).await;
                     Err(ErrorKind::Timeout {
                         after: Duration::ZERO,
-                    })
+                    }
+                    .into())
                 }
             }
         })
@@ -91,7 +99,7 @@ impl Harness {
                 epoch: Instant::now(),
             }),
             timeout: None,
-            policy: RetryPolicy::new().jitter(Jitter::None),
+            policy: RetryPolicy::new().with_jitter(Jitter::None),
             retry_writes: false,
             budget: Some(TokenBucket::new(RetryBudget::new())),
             rng: Mutex::new(Transport::new_rng(Some(1))),
@@ -118,15 +126,40 @@ impl Harness {
         class: OpClass,
         cancel: Option<&CancellationToken>,
     ) -> Result<Delivered> {
+        let options = CallOptions {
+            cancel: cancel.cloned(),
+            ..CallOptions::default()
+        };
+        self.deliver_with(class, &options, None).await
+    }
+
+    async fn deliver_with(
+        &self,
+        class: OpClass,
+        options: &CallOptions,
+        key: Option<&'static str>,
+    ) -> Result<Delivered> {
         self.transport
             .send(Call {
                 class,
                 body: Bytes::from_static(b"{}"),
                 sql: "SELECT 1",
-                cancel,
+                options,
+                idempotency_key: key.map(HeaderValue::from_static),
                 started: None,
             })
             .await
+    }
+
+    /// Sends with per-call settings, as a request builder does.
+    async fn send_options(&self, class: OpClass, options: CallOptions) -> Result<Bytes> {
+        self.deliver_with(class, &options, None)
+            .await
+            .map(|delivered| delivered.body)
+    }
+
+    fn keys(&self) -> Vec<Option<String>> {
+        self.seen().into_iter().map(|s| s.key).collect()
     }
 
     fn seen(&self) -> Vec<Seen> {
@@ -203,7 +236,7 @@ async fn reads_and_executes_carry_no_key() {
 async fn execute_is_never_retried() {
     let h = Harness::with([unavailable(), Step::Ok], |mut t| {
         t.retry_writes = true;
-        t.policy = t.policy.max_attempts(10);
+        t.policy = t.policy.with_max_attempts(10);
         t
     });
     let err = h.send(OpClass::Execute).await.unwrap_err();
@@ -261,7 +294,7 @@ async fn a_zero_retry_after_retries_at_once() {
 async fn full_jitter_stays_under_the_ceiling_and_repeats_with_the_seed() {
     let run = || async {
         let h = Harness::with(std::iter::repeat_n(unavailable(), 6), |mut t| {
-            t.policy = t.policy.max_attempts(6).jitter(Jitter::Full);
+            t.policy = t.policy.with_max_attempts(6).with_jitter(Jitter::Full);
             t.rng = Mutex::new(Transport::new_rng(Some(5)));
             t
         });
@@ -287,10 +320,10 @@ async fn max_elapsed_refuses_a_sleep_that_would_end_past_it() {
     let h = Harness::with(std::iter::repeat_n(unavailable(), 10), |mut t| {
         t.policy = t
             .policy
-            .max_attempts(10)
-            .initial_backoff(ms(1_000))
-            .max_backoff(ms(1_000))
-            .max_elapsed(ms(2_500));
+            .with_max_attempts(10)
+            .with_initial_backoff(ms(1_000))
+            .with_max_backoff(ms(1_000))
+            .with_max_elapsed(ms(2_500));
         t
     });
     let started = Instant::now();
@@ -307,7 +340,7 @@ async fn max_elapsed_refuses_a_sleep_that_would_end_past_it() {
 async fn no_attempt_runs_past_max_elapsed() {
     let h = Harness::with([unavailable(), Step::Hang], |mut t| {
         t.timeout = Some(ms(10_000));
-        t.policy = t.policy.max_elapsed(ms(1_000));
+        t.policy = t.policy.with_max_elapsed(ms(1_000));
         t
     });
     let started = Instant::now();
@@ -409,8 +442,8 @@ async fn dropping_the_future_stops_every_attempt() {
 #[tokio::test(start_paused = true)]
 async fn an_empty_budget_returns_the_failure_and_says_so() {
     let h = Harness::with(std::iter::repeat_n(unavailable(), 10), |mut t| {
-        t.policy = t.policy.max_attempts(10);
-        t.budget = Some(TokenBucket::new(RetryBudget::new().capacity(15)));
+        t.policy = t.policy.with_max_attempts(10);
+        t.budget = Some(TokenBucket::new(RetryBudget::new().with_capacity(15)));
         t
     });
     let err = h.send(OpClass::Read).await.unwrap_err();
@@ -432,7 +465,7 @@ async fn successes_refill_the_budget() {
         ],
         |mut t| {
             t.budget = Some(TokenBucket::new(
-                RetryBudget::new().capacity(5).success_deposit(5),
+                RetryBudget::new().with_capacity(5).with_success_deposit(5),
             ));
             t
         },
@@ -451,7 +484,7 @@ async fn successes_refill_the_budget() {
 async fn timeouts_cost_more_than_errors() {
     let h = Harness::with([Step::Hang, Step::Hang, Step::Ok], |mut t| {
         t.timeout = Some(ms(100));
-        t.budget = Some(TokenBucket::new(RetryBudget::new().capacity(15)));
+        t.budget = Some(TokenBucket::new(RetryBudget::new().with_capacity(15)));
         t
     });
     let err = h.send(OpClass::Read).await.unwrap_err();
@@ -477,7 +510,7 @@ async fn a_success_reports_its_attempts_and_history() {
 #[tokio::test(start_paused = true)]
 async fn an_unrepresentable_max_elapsed_is_no_ceiling() {
     let h = Harness::with([unavailable(), unavailable(), Step::Ok], |mut t| {
-        t.policy = t.policy.max_elapsed(Duration::MAX);
+        t.policy = t.policy.with_max_elapsed(Duration::MAX);
         t.timeout = Some(Duration::MAX);
         t
     });
@@ -488,7 +521,7 @@ async fn an_unrepresentable_max_elapsed_is_no_ceiling() {
 #[tokio::test(start_paused = true)]
 async fn a_retry_cancelled_in_its_backoff_is_refunded() {
     let h = Harness::with([waiting(30), Step::Ok], |mut t| {
-        t.budget = Some(TokenBucket::new(RetryBudget::new().capacity(20)));
+        t.budget = Some(TokenBucket::new(RetryBudget::new().with_capacity(20)));
         t
     });
     let token = CancellationToken::new();
@@ -518,12 +551,7 @@ async fn a_timeout_of_the_http_clients_own_says_how_long_it_took() {
 
 #[tokio::test(start_paused = true)]
 async fn a_write_meeting_its_own_key_in_use_is_retried_with_that_key() {
-    let in_use = Step::Fail(ErrorKind::Http {
-        status: 409,
-        code: Some("IDEMPOTENCY_KEY_IN_USE".into()),
-        message: String::new(),
-    });
-    let h = Harness::with([in_use, Step::Ok], |mut t| {
+    let h = Harness::with([key_in_use(None), Step::Ok], |mut t| {
         t.retry_writes = true;
         t
     });
@@ -563,4 +591,296 @@ async fn a_certificate_failure_is_final() {
     let h = Harness::new([tls, Step::Ok]);
     let err = h.send(OpClass::Read).await.unwrap_err();
     assert_eq!((err.attempts(), h.seen().len()), (1, 1));
+}
+
+fn key_in_use(retry_after_secs: Option<u64>) -> Step {
+    Step::Fail(ErrorKind::IdempotencyKeyInUse {
+        retry_after: retry_after_secs.map(Duration::from_secs),
+        message: String::new(),
+    })
+}
+
+fn refused() -> Step {
+    Step::NotSent(ErrorKind::Connection {
+        message: "connection refused".into(),
+    })
+}
+
+fn retrying_writes() -> impl FnOnce(Transport) -> Transport {
+    |mut t| {
+        t.retry_writes = true;
+        t
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn key_in_use_waits_for_its_retry_after_capped_by_max_backoff() {
+    // The bug: a 409 in use was retried after 0-100 ms, so a slow first attempt outlived them all.
+    let h = Harness::with(
+        [key_in_use(Some(1)), key_in_use(Some(30)), Step::Ok],
+        retrying_writes(),
+    );
+    h.send(OpClass::Write).await.unwrap();
+    assert_eq!(
+        h.times(),
+        vec![ms(0), ms(1_000), ms(6_000)],
+        "1 s asked; 30 s capped to 5 s"
+    );
+    let keys = h.keys();
+    assert!(
+        keys.iter().all(|k| k.is_some() && *k == keys[0]),
+        "{keys:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn key_in_use_without_retry_after_falls_back_to_the_backoff() {
+    let h = Harness::with([key_in_use(None), Step::Ok], retrying_writes());
+    h.send(OpClass::Write).await.unwrap();
+    assert_eq!(h.times(), vec![ms(0), ms(100)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_out_of_attempts_while_its_key_is_in_use_says_the_outcome_is_unknown() {
+    let h = Harness::with(
+        [Step::Hang, key_in_use(Some(1)), key_in_use(Some(1))],
+        |mut t| {
+            t.retry_writes = true;
+            t.timeout = Some(ms(500));
+            t
+        },
+    );
+    let err = h
+        .deliver_with(OpClass::Write, &CallOptions::default(), Some("order-7"))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::IdempotencyKeyInUse { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 3);
+    assert!(err.is_sent() && err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(err.idempotency_key(), Some("order-7"));
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(1)));
+    let text = err.to_string();
+    assert!(
+        text.contains("outcome unknown") && text.contains("order-7"),
+        "{text}"
+    );
+    assert_eq!(
+        h.keys(),
+        vec![Some("order-7".to_owned()); 3],
+        "the caller's key on every attempt"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_that_timed_out_has_an_unknown_outcome_and_carries_its_key() {
+    let h = Harness::with([Step::Hang], |mut t| {
+        t.timeout = Some(ms(200));
+        t
+    });
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(err.is_timeout() && err.is_sent() && err.is_outcome_unknown());
+    let sent_key = h.keys()[0].clone().unwrap();
+    assert_eq!(err.idempotency_key(), Some(sent_key.as_str()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_final_answer_after_an_unanswered_attempt_settles_the_outcome() {
+    let constraint = Step::Fail(ErrorKind::ConstraintViolation {
+        constraint: Some(crate::ConstraintKind::Unique),
+        message: String::new(),
+    });
+    let h = Harness::with([Step::Hang, constraint], |mut t| {
+        t.retry_writes = true;
+        t.timeout = Some(ms(200));
+        t
+    });
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert_eq!(err.attempts(), 2);
+    assert!(err.is_sent() && !err.is_outcome_unknown(), "{err:?}");
+    assert!(!err.to_string().contains("outcome unknown"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_503_after_an_unanswered_attempt_leaves_the_outcome_unknown() {
+    let h = Harness::with([Step::Hang, unavailable()], |mut t| {
+        t.retry_writes = true;
+        t.timeout = Some(ms(200));
+        t.policy = t.policy.with_max_attempts(2);
+        t
+    });
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Unavailable { .. }));
+    assert!(err.is_outcome_unknown(), "attempt 1 may have committed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn refused_connections_sent_nothing() {
+    let h = Harness::with([refused(), refused(), refused()], retrying_writes());
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert!(!err.is_sent() && !err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(
+        err.idempotency_key(),
+        None,
+        "nothing to re-send under a key"
+    );
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the network stack's error is kept"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_sent_attempt_makes_the_call_sent() {
+    let h = Harness::with([Step::Hang, refused()], |mut t| {
+        t.retry_writes = true;
+        t.timeout = Some(ms(100));
+        t.policy = t.policy.with_max_attempts(2);
+        t
+    });
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(
+        err.is_connection() && err.is_sent() && err.is_outcome_unknown(),
+        "{err:?}"
+    );
+    assert!(err.idempotency_key().is_some());
+}
+
+#[tokio::test(start_paused = true)]
+async fn reads_and_executes_never_claim_a_key_and_reads_never_an_unknown_outcome() {
+    let h = Harness::with([Step::Hang], |mut t| {
+        t.timeout = Some(ms(100));
+        t.policy = RetryPolicy::never();
+        t
+    });
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert!(err.is_sent() && !err.is_outcome_unknown() && err.idempotency_key().is_none());
+    let h = Harness::with([Step::Hang], |mut t| {
+        t.timeout = Some(ms(100));
+        t
+    });
+    let err = h.send(OpClass::Execute).await.unwrap_err();
+    assert!(
+        err.is_outcome_unknown() && err.idempotency_key().is_none(),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("may have been applied"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn per_call_settings_win_over_the_clients() {
+    // The client: 3 attempts, a 10 s timeout, writes not retried.
+    let client_side = |mut t: Transport| {
+        t.timeout = Some(ms(10_000));
+        t
+    };
+    // A per-call timeout.
+    let h = Harness::with([Step::Hang, Step::Ok], client_side);
+    let started = Instant::now();
+    let options = CallOptions {
+        timeout: Some(Some(ms(250))),
+        ..CallOptions::default()
+    };
+    h.send_options(OpClass::Read, options).await.unwrap();
+    assert_eq!(
+        h.times(),
+        vec![ms(0), ms(350)],
+        "250 ms timeout, 100 ms backoff"
+    );
+    assert_eq!(started.elapsed(), ms(350));
+
+    // A per-call policy: five attempts where the client allows three.
+    let h = Harness::with(std::iter::repeat_n(unavailable(), 10), client_side);
+    let options = CallOptions {
+        retry: Some(
+            RetryPolicy::new()
+                .with_max_attempts(5)
+                .with_jitter(Jitter::None),
+        ),
+        ..CallOptions::default()
+    };
+    let err = h.send_options(OpClass::Read, options).await.unwrap_err();
+    assert_eq!(err.attempts(), 5);
+    assert_eq!(h.seen()[4].attempt, "5/5");
+
+    // A per-call `retry_writes`.
+    let h = Harness::with([unavailable(), Step::Ok], client_side);
+    let options = CallOptions {
+        retry_writes: Some(true),
+        ..CallOptions::default()
+    };
+    h.send_options(OpClass::Write, options).await.unwrap();
+    assert_eq!(h.seen().len(), 2);
+
+    // And `retry_writes(false)` on a call turns the client's `true` off.
+    let h = Harness::with([unavailable(), Step::Ok], retrying_writes());
+    let options = CallOptions {
+        retry_writes: Some(false),
+        ..CallOptions::default()
+    };
+    let err = h.send_options(OpClass::Write, options).await.unwrap_err();
+    assert_eq!(err.attempts(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_per_call_timeout_of_none_lets_a_slow_attempt_finish() {
+    let h = Harness::with([Step::Slow(ms(60_000))], |mut t| {
+        t.timeout = Some(ms(1_000));
+        t
+    });
+    let options = CallOptions {
+        timeout: Some(None),
+        ..CallOptions::default()
+    };
+    h.send_options(OpClass::Read, options).await.unwrap();
+    assert_eq!(h.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_per_call_seed_repeats_its_delays() {
+    let run = || async {
+        let h = Harness::with(std::iter::repeat_n(unavailable(), 4), |t| t);
+        let options = CallOptions {
+            retry: Some(RetryPolicy::new().with_max_attempts(4).with_jitter_seed(99)),
+            ..CallOptions::default()
+        };
+        let err = h.send_options(OpClass::Read, options).await.unwrap_err();
+        err.history()
+            .iter()
+            .filter_map(|a| a.retry_delay)
+            .collect::<Vec<_>>()
+    };
+    let delays = run().await;
+    assert_eq!(delays.len(), 3);
+    assert_eq!(delays, run().await);
+}
+
+#[tokio::test(start_paused = true)]
+async fn execute_stays_one_attempt_whatever_the_call_says() {
+    let h = Harness::with([unavailable(), Step::Ok], |t| t);
+    let options = CallOptions {
+        retry: Some(RetryPolicy::new().with_max_attempts(10)),
+        retry_writes: Some(true),
+        ..CallOptions::default()
+    };
+    let err = h.send_options(OpClass::Execute, options).await.unwrap_err();
+    assert_eq!((err.attempts(), h.seen().len()), (1, 1));
+    assert_eq!(h.seen()[0].attempt, "1/1");
+    assert_eq!(h.seen()[0].key, None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_connect_timeout_sent_nothing_and_says_how_long_it_took() {
+    let connect_timeout = Step::NotSent(ErrorKind::Timeout {
+        after: Duration::ZERO,
+    });
+    let h = Harness::with([connect_timeout], |mut t| {
+        t.policy = RetryPolicy::never();
+        t
+    });
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(err.is_timeout() && !err.is_sent() && !err.is_outcome_unknown());
 }

@@ -161,8 +161,8 @@ async fn a_locked_database_is_unavailable_with_a_wait_and_is_retried() {
         .client_builder()
         .retry(
             RetryPolicy::new()
-                .max_attempts(5)
-                .max_backoff(Duration::from_millis(200)),
+                .with_max_attempts(5)
+                .with_max_backoff(Duration::from_millis(200)),
         )
         .build()
         .unwrap();

@@ -102,7 +102,7 @@ async fn gateway_and_server_errors() {
     let client = s
         .live
         .via(&s.proxy)
-        .retry(fast().max_attempts(5))
+        .retry(fast().with_max_attempts(5))
         .build()
         .unwrap();
     assert_eq!(all_rows(&client, &s.table).await, s.rows);
@@ -116,7 +116,7 @@ async fn rate_limited_waits_for_retry_after() {
     let client = s
         .live
         .via(&s.proxy)
-        .retry(fast().max_backoff(Duration::from_secs(5)))
+        .retry(fast().with_max_backoff(Duration::from_secs(5)))
         .build()
         .unwrap();
     let started = std::time::Instant::now();
@@ -175,7 +175,7 @@ async fn every_fault_in_one_sequence() {
         .live
         .via(&s.proxy)
         .timeout(Duration::from_millis(300))
-        .retry(fast().max_attempts(10))
+        .retry(fast().with_max_attempts(10))
         .build()
         .unwrap();
     assert_eq!(all_rows(&client, &s.table).await, s.rows);

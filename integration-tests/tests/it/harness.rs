@@ -84,9 +84,9 @@ impl Live {
 /// Retries with millisecond backoff, so recovery is quick and jitter repeatable.
 pub(crate) fn fast() -> RetryPolicy {
     RetryPolicy::new()
-        .initial_backoff(Duration::from_millis(10))
-        .max_backoff(Duration::from_millis(50))
-        .jitter_seed(11)
+        .with_initial_backoff(Duration::from_millis(10))
+        .with_max_backoff(Duration::from_millis(50))
+        .with_jitter_seed(11)
 }
 
 /// A table name no other test uses, in this process or another one sharing the server.

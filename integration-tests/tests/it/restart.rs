@@ -31,10 +31,10 @@ async fn a_read_recovers_across_a_server_restart() {
         .client_builder()
         .retry(
             RetryPolicy::new()
-                .max_attempts(30)
-                .initial_backoff(Duration::from_millis(20))
-                .max_backoff(Duration::from_millis(100))
-                .jitter_seed(3),
+                .with_max_attempts(30)
+                .with_initial_backoff(Duration::from_millis(20))
+                .with_max_backoff(Duration::from_millis(100))
+                .with_jitter_seed(3),
         )
         .build()
         .unwrap();

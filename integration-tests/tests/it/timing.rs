@@ -46,7 +46,7 @@ async fn max_elapsed_cuts_a_stalled_attempt() {
     let client = live
         .via(&proxy)
         .timeout(Duration::from_secs(30))
-        .retry(fast().max_elapsed(Duration::from_millis(400)))
+        .retry(fast().with_max_elapsed(Duration::from_millis(400)))
         .build()
         .unwrap();
     let started = Instant::now();
@@ -67,7 +67,7 @@ async fn cancelling_during_a_long_backoff_returns_promptly_and_nothing_runs_afte
     proxy.push_all(vec![Fault::unavailable(30); 3]);
     let client = live
         .via(&proxy)
-        .retry(fast().max_backoff(Duration::from_secs(60)))
+        .retry(fast().with_max_backoff(Duration::from_secs(60)))
         .build()
         .unwrap();
     let token = CancellationToken::new();

@@ -53,8 +53,8 @@ mod tests {
 
     fn policy(initial_ms: u64, max_ms: u64) -> RetryPolicy {
         RetryPolicy::new()
-            .initial_backoff(Duration::from_millis(initial_ms))
-            .max_backoff(Duration::from_millis(max_ms))
+            .with_initial_backoff(Duration::from_millis(initial_ms))
+            .with_max_backoff(Duration::from_millis(max_ms))
     }
 
     #[test]
@@ -74,14 +74,14 @@ mod tests {
     #[test]
     fn ceiling_never_overflows() {
         let p = RetryPolicy::new()
-            .initial_backoff(Duration::from_secs(u64::MAX / 4))
-            .max_backoff(Duration::MAX);
+            .with_initial_backoff(Duration::from_secs(u64::MAX / 4))
+            .with_max_backoff(Duration::MAX);
         assert!(ceiling(&p, u32::MAX) > Duration::ZERO);
     }
 
     #[test]
     fn no_jitter_is_the_ceiling() {
-        let p = policy(100, 5_000).jitter(Jitter::None);
+        let p = policy(100, 5_000).with_jitter(Jitter::None);
         let mut rng = StdRng::seed_from_u64(1);
         assert_eq!(delay(&p, 3, &mut rng), Duration::from_millis(400));
     }

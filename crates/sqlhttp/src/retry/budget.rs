@@ -16,8 +16,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 ///
 /// ```
 /// use sqlhttp::RetryBudget;
-/// let budget = RetryBudget::new().capacity(1_000).retry_cost(2);
-/// assert_eq!(budget.get_capacity(), 1_000);
+/// let budget = RetryBudget::new().with_capacity(1_000).with_retry_cost(2);
+/// assert_eq!(budget.capacity(), 1_000);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryBudget {
@@ -45,32 +45,49 @@ impl RetryBudget {
     }
 
     /// Tokens the bucket holds when full (and when the client is built).
-    pub const fn capacity(mut self, tokens: u32) -> Self {
+    pub const fn with_capacity(mut self, tokens: u32) -> Self {
         self.capacity = tokens;
         self
     }
 
     /// Tokens withdrawn for a retry after an error.
-    pub const fn retry_cost(mut self, tokens: u32) -> Self {
+    pub const fn with_retry_cost(mut self, tokens: u32) -> Self {
         self.retry_cost = tokens;
         self
     }
 
     /// Tokens withdrawn for a retry after an attempt timed out.
-    pub const fn timeout_cost(mut self, tokens: u32) -> Self {
+    pub const fn with_timeout_cost(mut self, tokens: u32) -> Self {
         self.timeout_cost = tokens;
         self
     }
 
     /// Tokens deposited by each successful call.
-    pub const fn success_deposit(mut self, tokens: u32) -> Self {
+    pub const fn with_success_deposit(mut self, tokens: u32) -> Self {
         self.success_deposit = tokens;
         self
     }
 
-    /// The configured capacity.
-    pub const fn get_capacity(&self) -> u32 {
+    // Getters
+
+    /// Tokens the bucket holds when full.
+    pub const fn capacity(&self) -> u32 {
         self.capacity
+    }
+
+    /// Tokens withdrawn for a retry after an error.
+    pub const fn retry_cost(&self) -> u32 {
+        self.retry_cost
+    }
+
+    /// Tokens withdrawn for a retry after an attempt timed out.
+    pub const fn timeout_cost(&self) -> u32 {
+        self.timeout_cost
+    }
+
+    /// Tokens deposited by each successful call.
+    pub const fn success_deposit(&self) -> u32 {
+        self.success_deposit
     }
 }
 
@@ -87,6 +104,11 @@ impl TokenBucket {
             settings,
             tokens: AtomicU32::new(settings.capacity),
         }
+    }
+
+    /// The settings the bucket runs on.
+    pub(crate) fn settings(&self) -> RetryBudget {
+        self.settings
     }
 
     /// Takes the price of one retry, or returns `false` (taking nothing) when the bucket cannot pay.
@@ -151,7 +173,7 @@ mod tests {
 
     #[test]
     fn empty_bucket_refuses_and_takes_nothing() {
-        let b = TokenBucket::new(RetryBudget::new().capacity(12));
+        let b = TokenBucket::new(RetryBudget::new().with_capacity(12));
         assert!(b.withdraw(false));
         assert!(b.withdraw(false));
         assert_eq!(b.tokens(), 2);
@@ -162,7 +184,7 @@ mod tests {
 
     #[test]
     fn successes_refill_up_to_capacity() {
-        let b = TokenBucket::new(RetryBudget::new().capacity(10).retry_cost(10));
+        let b = TokenBucket::new(RetryBudget::new().with_capacity(10).with_retry_cost(10));
         assert!(b.withdraw(false));
         assert!(!b.withdraw(false));
         for _ in 0..9 {
@@ -179,7 +201,7 @@ mod tests {
 
     #[test]
     fn a_refund_returns_the_price_paid_up_to_capacity() {
-        let b = TokenBucket::new(RetryBudget::new().capacity(30));
+        let b = TokenBucket::new(RetryBudget::new().with_capacity(30));
         assert!(b.withdraw(true));
         assert_eq!(b.tokens(), 20);
         b.refund(true);
@@ -190,7 +212,7 @@ mod tests {
 
     #[test]
     fn concurrent_withdrawals_never_overdraw() {
-        let b = std::sync::Arc::new(TokenBucket::new(RetryBudget::new().capacity(1_000)));
+        let b = std::sync::Arc::new(TokenBucket::new(RetryBudget::new().with_capacity(1_000)));
         let handles: Vec<_> = (0..4)
             .map(|_| {
                 let b = b.clone();

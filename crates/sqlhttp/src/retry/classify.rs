@@ -30,16 +30,17 @@ impl OpClass {
 pub(crate) const IDEMPOTENCY_KEY_IN_USE: &str = "IDEMPOTENCY_KEY_IN_USE";
 
 /// Whether the same request could succeed later: connection failures, attempt timeouts, `408`, `429`,
-/// every `5xx` except `501`, and a `409 IDEMPOTENCY_KEY_IN_USE`.
+/// every `5xx` except `501`, and a `409 IDEMPOTENCY_KEY_IN_USE` (only writes carry a key, so only
+/// writes meet it).
 pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
     match kind {
         ErrorKind::Connection { .. }
         | ErrorKind::Timeout { .. }
         | ErrorKind::RateLimited { .. }
-        | ErrorKind::Unavailable { .. } => true,
-        ErrorKind::Http { status, code, .. } => match *status {
+        | ErrorKind::Unavailable { .. }
+        | ErrorKind::IdempotencyKeyInUse { .. } => true,
+        ErrorKind::Http { status, .. } => match *status {
             408 | 429 => true,
-            409 => code.as_deref() == Some(IDEMPOTENCY_KEY_IN_USE),
             501 => false,
             500..=599 => true,
             _ => false,
@@ -47,6 +48,8 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         ErrorKind::Sql { .. }
         | ErrorKind::Unauthorized { .. }
         | ErrorKind::ConstraintViolation { .. }
+        | ErrorKind::StatementNotAllowed { .. }
+        | ErrorKind::StatementTimeout { .. }
         | ErrorKind::PayloadTooLarge { .. }
         | ErrorKind::Tls { .. }
         | ErrorKind::Decode { .. }
@@ -137,12 +140,48 @@ mod tests {
             (http(507, None), true, true),
             (http(599, None), true, true),
             (http(501, None), false, false),
-            (http(409, Some(IDEMPOTENCY_KEY_IN_USE)), true, true),
             (
-                ErrorKind::ConstraintViolation { message: msg() },
+                ErrorKind::IdempotencyKeyInUse {
+                    retry_after: Some(Duration::from_secs(1)),
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
+            (
+                ErrorKind::IdempotencyKeyInUse {
+                    retry_after: None,
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
+            (
+                ErrorKind::ConstraintViolation {
+                    constraint: None,
+                    message: msg(),
+                },
                 false,
                 false,
             ),
+            (
+                ErrorKind::ConstraintViolation {
+                    constraint: Some(crate::ConstraintKind::Unique),
+                    message: msg(),
+                },
+                false,
+                false,
+            ),
+            (
+                ErrorKind::StatementNotAllowed { message: msg() },
+                false,
+                false,
+            ),
+            (ErrorKind::StatementTimeout { message: msg() }, false, false),
+            (http(403, Some("ORIGIN_NOT_ALLOWED")), false, false),
+            (http(408, Some("REQUEST_TIMEOUT")), true, true),
+            (http(415, Some("UNSUPPORTED_MEDIA_TYPE")), false, false),
+            (http(431, Some("HEADERS_TOO_LARGE")), false, false),
             (http(409, Some("CONSTRAINT_VIOLATION")), false, false),
             (http(409, None), false, false),
             (

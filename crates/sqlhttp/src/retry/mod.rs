@@ -55,26 +55,28 @@ pub(crate) use budget::TokenBucket;
 /// How a call retries: attempt count, backoff and the elapsed-time ceiling.
 ///
 /// A `Copy` value of settings; the running state (the random source, the budget) lives in the client.
+/// Setters are `with_*` and getters carry the setting's plain name, as in the AWS SDK's `RetryConfig`
+/// and backon's builders.
 ///
 /// # Defaults
 ///
 /// | setting | default |
 /// |---|---|
-/// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt and two retries) |
-/// | [`initial_backoff`](Self::initial_backoff) | 100 ms |
-/// | [`max_backoff`](Self::max_backoff) | 5 s (also caps `Retry-After`) |
-/// | [`jitter`](Self::jitter) | [`Jitter::Full`] |
-/// | [`max_elapsed`](Self::max_elapsed) | none |
-/// | [`jitter_seed`](Self::jitter_seed) | none (seeded from the OS) |
+/// | [`with_max_attempts`](Self::with_max_attempts) | 3 (the first attempt and two retries) |
+/// | [`with_initial_backoff`](Self::with_initial_backoff) | 100 ms |
+/// | [`with_max_backoff`](Self::with_max_backoff) | 5 s (also caps `Retry-After`) |
+/// | [`with_jitter`](Self::with_jitter) | [`Jitter::Full`] |
+/// | [`with_max_elapsed`](Self::with_max_elapsed) | none |
+/// | [`with_jitter_seed`](Self::with_jitter_seed) | none (seeded from the OS) |
 ///
 /// ```
 /// use std::time::Duration;
 /// use sqlhttp::RetryPolicy;
 ///
 /// let policy = RetryPolicy::new()
-///     .max_attempts(5)
-///     .max_elapsed(Duration::from_secs(20));
-/// assert_eq!(policy.get_max_attempts(), 5);
+///     .with_max_attempts(5)
+///     .with_max_elapsed(Duration::from_secs(20));
+/// assert_eq!(policy.max_attempts(), 5);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RetryPolicy {
@@ -107,48 +109,75 @@ impl RetryPolicy {
 
     /// A policy that makes one attempt and never retries.
     pub const fn never() -> Self {
-        Self::new().max_attempts(1)
+        Self::new().with_max_attempts(1)
     }
 
     /// Attempts in all, the first included. `1` turns retrying off; `0` is rejected by `build()`.
-    pub const fn max_attempts(mut self, attempts: u32) -> Self {
+    pub const fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
     }
 
     /// The cap of the first backoff; each later one doubles, up to `max_backoff`.
-    pub const fn initial_backoff(mut self, delay: Duration) -> Self {
+    pub const fn with_initial_backoff(mut self, delay: Duration) -> Self {
         self.initial_backoff = delay;
         self
     }
 
     /// The largest delay ever slept between attempts, a server's `Retry-After` included.
-    pub const fn max_backoff(mut self, delay: Duration) -> Self {
+    pub const fn with_max_backoff(mut self, delay: Duration) -> Self {
         self.max_backoff = delay;
         self
     }
 
     /// A ceiling on the whole call, attempts and backoff included.
-    pub const fn max_elapsed(mut self, limit: Duration) -> Self {
+    pub const fn with_max_elapsed(mut self, limit: Duration) -> Self {
         self.max_elapsed = Some(limit);
         self
     }
 
     /// How the computed backoff is randomised.
-    pub const fn jitter(mut self, jitter: Jitter) -> Self {
+    pub const fn with_jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
     }
 
     /// Seeds the jitter's random source, so that delays repeat from run to run (for tests).
-    pub const fn jitter_seed(mut self, seed: u64) -> Self {
+    pub const fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self
     }
 
-    /// The configured attempt count.
-    pub const fn get_max_attempts(&self) -> u32 {
+    // Getters
+
+    /// Attempts in all, the first included.
+    pub const fn max_attempts(&self) -> u32 {
         self.max_attempts
+    }
+
+    /// The cap of the first backoff.
+    pub const fn initial_backoff(&self) -> Duration {
+        self.initial_backoff
+    }
+
+    /// The largest delay slept between attempts, a server's `Retry-After` included.
+    pub const fn max_backoff(&self) -> Duration {
+        self.max_backoff
+    }
+
+    /// The ceiling on the whole call, if any.
+    pub const fn max_elapsed(&self) -> Option<Duration> {
+        self.max_elapsed
+    }
+
+    /// How the computed backoff is randomised.
+    pub const fn jitter(&self) -> Jitter {
+        self.jitter
+    }
+
+    /// The jitter's seed, if one was set.
+    pub const fn jitter_seed(&self) -> Option<u64> {
+        self.seed
     }
 
     /// Checks that the settings can work.
@@ -187,10 +216,10 @@ mod tests {
         assert_eq!(
             RetryBudget::default(),
             RetryBudget::new()
-                .capacity(500)
-                .retry_cost(5)
-                .timeout_cost(10)
-                .success_deposit(1)
+                .with_capacity(500)
+                .with_retry_cost(5)
+                .with_timeout_cost(10)
+                .with_success_deposit(1)
         );
     }
 
@@ -198,21 +227,24 @@ mod tests {
     fn validation_names_what_cannot_work() {
         assert!(RetryPolicy::new().validate().is_ok());
         assert!(RetryPolicy::never().validate().is_ok());
-        let zero = RetryPolicy::new().max_attempts(0).validate().unwrap_err();
+        let zero = RetryPolicy::new()
+            .with_max_attempts(0)
+            .validate()
+            .unwrap_err();
         assert!(zero.contains("max_attempts"), "{zero}");
         let inverted = RetryPolicy::new()
-            .initial_backoff(Duration::from_secs(6))
+            .with_initial_backoff(Duration::from_secs(6))
             .validate()
             .unwrap_err();
         assert!(inverted.contains("initial_backoff"), "{inverted}");
         let elapsed = RetryPolicy::new()
-            .max_elapsed(Duration::ZERO)
+            .with_max_elapsed(Duration::ZERO)
             .validate()
             .unwrap_err();
         assert!(elapsed.contains("max_elapsed"), "{elapsed}");
         assert!(
             RetryPolicy::new()
-                .max_elapsed(Duration::MAX)
+                .with_max_elapsed(Duration::MAX)
                 .validate()
                 .is_ok()
         );

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde_json::json;
-use sqlhttp::ErrorKind;
+use sqlhttp::{ConstraintKind, ErrorKind};
 use wiremock::ResponseTemplate;
 
 use crate::support::*;
@@ -85,10 +85,97 @@ async fn constraint_violation() {
     assert_eq!(
         err.kind(),
         &ErrorKind::ConstraintViolation {
+            constraint: None,
             message: "UNIQUE constraint failed: t.id".into()
         }
     );
     assert_eq!(err.code(), Some("CONSTRAINT_VIOLATION"));
+    assert_eq!(err.constraint(), None, "the server did not say");
+}
+
+#[tokio::test]
+async fn constraint_violation_names_its_kind_when_the_server_does() {
+    for (wire, kind) in [
+        ("unique", ConstraintKind::Unique),
+        ("primary_key", ConstraintKind::PrimaryKey),
+        ("foreign_key", ConstraintKind::ForeignKey),
+        ("check", ConstraintKind::Check),
+        ("not_null", ConstraintKind::NotNull),
+        ("deferred", ConstraintKind::Other("deferred".into())),
+    ] {
+        let err = failure(ResponseTemplate::new(409).set_body_json(json!({"error": {
+            "code": "CONSTRAINT_VIOLATION",
+            "message": "constraint failed",
+            "constraint": wire,
+        }})))
+        .await;
+        assert_eq!(err.constraint(), Some(&kind), "{wire}");
+        assert_eq!(
+            err.kind(),
+            &ErrorKind::ConstraintViolation {
+                constraint: Some(kind),
+                message: "constraint failed".into()
+            }
+        );
+        assert!(!err.is_retryable());
+    }
+    let err = failure(ResponseTemplate::new(409).set_body_json(json!({"error": {
+        "code": "CONSTRAINT_VIOLATION", "message": "m", "constraint": "foreign_key",
+    }})))
+    .await;
+    assert_eq!(err.to_string(), "foreign key violation: m");
+}
+
+#[tokio::test]
+async fn the_sandbox_and_the_statement_timeout_are_final_kinds_of_their_own() {
+    let err = failure(error(403, "STATEMENT_NOT_ALLOWED", "ATTACH is not allowed")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::StatementNotAllowed {
+            message: "ATTACH is not allowed".into()
+        }
+    );
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(403), Some("STATEMENT_NOT_ALLOWED"), false)
+    );
+    let err = failure(error(422, "STATEMENT_TIMEOUT", "interrupted after 30 s")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::StatementTimeout {
+            message: "interrupted after 30 s".into()
+        }
+    );
+    assert_eq!(
+        (
+            err.status(),
+            err.code(),
+            err.is_retryable(),
+            err.is_timeout()
+        ),
+        (Some(422), Some("STATEMENT_TIMEOUT"), false, false)
+    );
+}
+
+#[tokio::test]
+async fn the_servers_other_new_refusals_stay_http_errors() {
+    for (status, code, retryable) in [
+        (415, "UNSUPPORTED_MEDIA_TYPE", false),
+        (403, "ORIGIN_NOT_ALLOWED", false),
+        (408, "REQUEST_TIMEOUT", true),
+        (431, "HEADERS_TOO_LARGE", false),
+    ] {
+        let err = failure(error(status, code, "no")).await;
+        assert_eq!(
+            err.kind(),
+            &ErrorKind::Http {
+                status,
+                code: Some(code.into()),
+                message: "no".into()
+            }
+        );
+        assert_eq!(err.is_retryable(), retryable, "{code}");
+    }
 }
 
 #[tokio::test]

@@ -123,8 +123,8 @@ async fn retry_after_is_capped_by_max_backoff() {
     let client = client_with(
         &server,
         RetryPolicy::new()
-            .max_attempts(2)
-            .max_backoff(Duration::from_secs(5)),
+            .with_max_attempts(2)
+            .with_max_backoff(Duration::from_secs(5)),
     );
     let started = Instant::now();
     let err = client.ping().await.unwrap_err();
@@ -147,7 +147,7 @@ async fn retry_after_as_an_http_date() {
     respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
     let client = client_with(
         &server,
-        RetryPolicy::new().max_backoff(Duration::from_secs(10)),
+        RetryPolicy::new().with_max_backoff(Duration::from_secs(10)),
     );
     let started = Instant::now();
     client.ping().await.unwrap();
@@ -186,10 +186,10 @@ async fn a_malformed_retry_after_falls_back_to_the_computed_backoff() {
         )
         .await;
         let policy = RetryPolicy::new()
-            .max_attempts(2)
-            .initial_backoff(Duration::from_millis(300))
-            .max_backoff(Duration::from_secs(60))
-            .jitter(Jitter::None);
+            .with_max_attempts(2)
+            .with_initial_backoff(Duration::from_millis(300))
+            .with_max_backoff(Duration::from_secs(60))
+            .with_jitter(Jitter::None);
         let client = client_with(&server, policy);
         let err = client.ping().await.unwrap_err();
         assert_eq!(
@@ -254,15 +254,15 @@ async fn backoff_doubles_and_jitter_is_seeded() {
     let server = server().await;
     respond_always(&server, unavailable()).await;
     let no_jitter = RetryPolicy::new()
-        .max_attempts(5)
-        .initial_backoff(Duration::from_millis(100))
-        .max_backoff(Duration::from_millis(300))
-        .jitter(Jitter::None);
+        .with_max_attempts(5)
+        .with_initial_backoff(Duration::from_millis(100))
+        .with_max_backoff(Duration::from_millis(300))
+        .with_jitter(Jitter::None);
     let err = client_with(&server, no_jitter).ping().await.unwrap_err();
     let delays: Vec<_> = err.history().iter().filter_map(|a| a.retry_delay).collect();
     assert_eq!(delays, [100, 200, 300, 300].map(Duration::from_millis));
 
-    let jittered = no_jitter.jitter(Jitter::Full).jitter_seed(99);
+    let jittered = no_jitter.with_jitter(Jitter::Full).with_jitter_seed(99);
     let run = || async {
         let client = builder(&server).retry(jittered).build().unwrap();
         let err = client.ping().await.unwrap_err();
@@ -291,8 +291,8 @@ async fn each_attempt_gets_the_full_timeout() {
         .timeout(Duration::from_secs(1))
         .retry(
             RetryPolicy::new()
-                .initial_backoff(Duration::ZERO)
-                .max_backoff(Duration::ZERO),
+                .with_initial_backoff(Duration::ZERO)
+                .with_max_backoff(Duration::ZERO),
         )
         .build()
         .unwrap();
@@ -319,7 +319,7 @@ async fn no_attempt_runs_past_max_elapsed() {
     .await;
     let client = builder(&server)
         .timeout(Duration::from_secs(10))
-        .retry(RetryPolicy::new().max_elapsed(Duration::from_millis(1_500)))
+        .retry(RetryPolicy::new().with_max_elapsed(Duration::from_millis(1_500)))
         .build()
         .unwrap();
     let started = Instant::now();
@@ -399,11 +399,11 @@ async fn the_budget_is_shared_by_clones_and_stops_retries_when_empty() {
     let server = server().await;
     respond_always(&server, unavailable()).await;
     let budget = RetryBudget::new()
-        .capacity(10)
-        .retry_cost(5)
-        .success_deposit(5);
+        .with_capacity(10)
+        .with_retry_cost(5)
+        .with_success_deposit(5);
     let client = builder(&server)
-        .retry(RetryPolicy::new().max_attempts(5).jitter_seed(1))
+        .retry(RetryPolicy::new().with_max_attempts(5).with_jitter_seed(1))
         .retry_budget(budget)
         .build()
         .unwrap();
@@ -437,12 +437,12 @@ async fn a_timeout_costs_more_of_the_budget() {
     .await;
     let client = builder(&server)
         .timeout(Duration::from_secs(1))
-        .retry(RetryPolicy::new().max_attempts(5).jitter_seed(1))
+        .retry(RetryPolicy::new().with_max_attempts(5).with_jitter_seed(1))
         .retry_budget(
             RetryBudget::new()
-                .capacity(10)
-                .retry_cost(5)
-                .timeout_cost(10),
+                .with_capacity(10)
+                .with_retry_cost(5)
+                .with_timeout_cost(10),
         )
         .build()
         .unwrap();
@@ -456,7 +456,7 @@ async fn without_a_budget_retries_are_limited_by_attempts_only() {
     let server = server().await;
     respond_always(&server, unavailable()).await;
     let client = builder(&server)
-        .retry(RetryPolicy::new().max_attempts(6).jitter_seed(1))
+        .retry(RetryPolicy::new().with_max_attempts(6).with_jitter_seed(1))
         .retry_budget(None)
         .build()
         .unwrap();

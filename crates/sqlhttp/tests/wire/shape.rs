@@ -354,20 +354,20 @@ fn build_reports_bad_configuration() {
             .bearer_token("line\nbreak")
             .build(),
         Client::builder("http://x")
-            .retry(RetryPolicy::new().max_attempts(0))
+            .retry(RetryPolicy::new().with_max_attempts(0))
             .build(),
         Client::builder("http://x")
             .retry(
                 RetryPolicy::new()
-                    .initial_backoff(Duration::from_secs(9))
-                    .max_backoff(Duration::from_secs(1)),
+                    .with_initial_backoff(Duration::from_secs(9))
+                    .with_max_backoff(Duration::from_secs(1)),
             )
             .build(),
         Client::builder("http://x").timeout(Duration::ZERO).build(),
         Client::builder("http://x").insert_max_params(0).build(),
         Client::builder("http://x").max_body_bytes(0).build(),
         Client::builder("http://x")
-            .retry(RetryPolicy::new().max_elapsed(Duration::ZERO))
+            .retry(RetryPolicy::new().with_max_elapsed(Duration::ZERO))
             .build(),
     ];
     for result in cases {

@@ -76,13 +76,13 @@ pub(crate) fn builder(server: &MockServer) -> ClientBuilder {
     Client::builder(server.uri())
         .http_client(plain_http())
         .timeout(None)
-        .retry(RetryPolicy::new().jitter_seed(7))
+        .retry(RetryPolicy::new().with_jitter_seed(7))
 }
 
 /// A built client for `server` with the given retry policy (seeded).
 pub(crate) fn client_with(server: &MockServer, policy: RetryPolicy) -> Client {
     builder(server)
-        .retry(policy.jitter_seed(7))
+        .retry(policy.with_jitter_seed(7))
         .build()
         .unwrap()
 }
@@ -116,7 +116,7 @@ pub(crate) async fn header_values(server: &MockServer, name: &str) -> Vec<String
 /// A policy whose backoff never exceeds `max` (for fast real-time tests).
 pub(crate) fn quick(max_attempts: u32) -> RetryPolicy {
     RetryPolicy::new()
-        .max_attempts(max_attempts)
-        .initial_backoff(Duration::from_millis(1))
-        .max_backoff(Duration::from_millis(5))
+        .with_max_attempts(max_attempts)
+        .with_initial_backoff(Duration::from_millis(1))
+        .with_max_backoff(Duration::from_millis(5))
 }
