@@ -22,6 +22,37 @@ pub(crate) enum ErrorCode {
     IdempotencyKeyReused,
     Internal,
     Unavailable,
+    StatementNotAllowed,
+    OriginNotAllowed,
+    UnsupportedMediaType,
+    RequestTimeout,
+    UriTooLong,
+    HeadersTooLarge,
+    StatementTimeout,
+    ResultTooLarge,
+}
+
+/// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
+/// body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConstraintKind {
+    Unique,
+    PrimaryKey,
+    ForeignKey,
+    Check,
+    NotNull,
+}
+
+impl ConstraintKind {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            ConstraintKind::Unique => "unique",
+            ConstraintKind::PrimaryKey => "primary_key",
+            ConstraintKind::ForeignKey => "foreign_key",
+            ConstraintKind::Check => "check",
+            ConstraintKind::NotNull => "not_null",
+        }
+    }
 }
 
 impl ErrorCode {
@@ -38,6 +69,14 @@ impl ErrorCode {
             ErrorCode::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
             ErrorCode::Internal => "INTERNAL",
             ErrorCode::Unavailable => "UNAVAILABLE",
+            ErrorCode::StatementNotAllowed => "STATEMENT_NOT_ALLOWED",
+            ErrorCode::OriginNotAllowed => "ORIGIN_NOT_ALLOWED",
+            ErrorCode::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            ErrorCode::RequestTimeout => "REQUEST_TIMEOUT",
+            ErrorCode::UriTooLong => "URI_TOO_LONG",
+            ErrorCode::HeadersTooLarge => "HEADERS_TOO_LARGE",
+            ErrorCode::StatementTimeout => "STATEMENT_TIMEOUT",
+            ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
         }
     }
 
@@ -49,16 +88,27 @@ impl ErrorCode {
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             ErrorCode::ConstraintViolation | ErrorCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::IdempotencyKeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            ErrorCode::IdempotencyKeyReused
+            | ErrorCode::StatementTimeout
+            | ErrorCode::ResultTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::StatementNotAllowed | ErrorCode::OriginNotAllowed => StatusCode::FORBIDDEN,
+            ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
+            ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
+            ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
         }
     }
 
     /// Whether an outcome with this code is final, so an idempotent request stores it: the
-    /// statement's own verdict, which a retry of the same body would get again.
+    /// statement's own verdict, which a retry of the same body would get again. A statement
+    /// timeout or an oversized result depends on load and limits, so it is not stored.
     pub(crate) fn is_stored_outcome(self) -> bool {
-        matches!(self, ErrorCode::SqlError | ErrorCode::ConstraintViolation)
+        matches!(
+            self,
+            ErrorCode::SqlError | ErrorCode::ConstraintViolation | ErrorCode::StatementNotAllowed
+        )
     }
 }
 
@@ -67,6 +117,11 @@ impl ErrorCode {
 pub(crate) struct ApiError {
     pub(crate) code: ErrorCode,
     pub(crate) message: String,
+    /// The constraint that refused a write, on `CONSTRAINT_VIOLATION`.
+    pub(crate) constraint: Option<ConstraintKind>,
+    /// The engine interrupted the statement; the engine decides why (timeout, cancellation,
+    /// shutdown) and replaces this error.
+    pub(crate) interrupted: bool,
     /// Value of the `Allow` header on a 405.
     allow: &'static str,
 }
@@ -79,8 +134,29 @@ impl ApiError {
         ApiError {
             code,
             message: message.into(),
+            constraint: None,
+            interrupted: false,
             allow: "POST",
         }
+    }
+
+    pub(crate) fn constraint(kind: Option<ConstraintKind>, message: impl Into<String>) -> Self {
+        ApiError {
+            constraint: kind,
+            ..Self::new(ErrorCode::ConstraintViolation, message)
+        }
+    }
+
+    /// The engine interrupted the statement; the engine replaces this with the reason.
+    pub(crate) fn interrupted() -> Self {
+        ApiError {
+            interrupted: true,
+            ..Self::unavailable("the statement was interrupted")
+        }
+    }
+
+    pub(crate) fn not_allowed(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::StatementNotAllowed, message)
     }
 
     pub(crate) fn bad_request(message: impl Into<String>) -> Self {
@@ -119,11 +195,14 @@ impl ApiError {
         struct Inner<'a> {
             code: &'a str,
             message: &'a str,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            constraint: Option<&'a str>,
         }
         let envelope = Envelope {
             error: Inner {
                 code: self.code.as_str(),
                 message: &self.message,
+                constraint: self.constraint.map(ConstraintKind::as_str),
             },
         };
         // Serializing two strings into a Vec cannot fail.
@@ -198,6 +277,14 @@ mod tests {
             (ErrorCode::IdempotencyKeyReused, 422, None),
             (ErrorCode::Internal, 500, None),
             (ErrorCode::Unavailable, 503, Some(("retry-after", "1"))),
+            (ErrorCode::StatementNotAllowed, 403, None),
+            (ErrorCode::OriginNotAllowed, 403, None),
+            (ErrorCode::UnsupportedMediaType, 415, None),
+            (ErrorCode::RequestTimeout, 408, None),
+            (ErrorCode::UriTooLong, 414, None),
+            (ErrorCode::HeadersTooLarge, 431, None),
+            (ErrorCode::StatementTimeout, 422, None),
+            (ErrorCode::ResultTooLarge, 422, None),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();
@@ -214,7 +301,23 @@ mod tests {
     }
 
     #[test]
+    fn a_constraint_violation_names_its_kind() {
+        let body = ApiError::constraint(
+            Some(ConstraintKind::Unique),
+            "UNIQUE constraint failed: t.x",
+        )
+        .body();
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"error":{"code":"CONSTRAINT_VIOLATION","message":"UNIQUE constraint failed: t.x","constraint":"unique"}}"#
+        );
+    }
+
+    #[test]
     fn only_statement_verdicts_are_stored() {
+        assert!(ErrorCode::StatementNotAllowed.is_stored_outcome());
+        assert!(!ErrorCode::StatementTimeout.is_stored_outcome());
+        assert!(!ErrorCode::ResultTooLarge.is_stored_outcome());
         assert!(ErrorCode::SqlError.is_stored_outcome());
         assert!(ErrorCode::ConstraintViolation.is_stored_outcome());
         assert!(!ErrorCode::Unavailable.is_stored_outcome());

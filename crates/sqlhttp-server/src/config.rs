@@ -20,6 +20,69 @@ pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
 /// Default idempotency-key lifetime: 24 hours.
 pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
+/// The engine's limits, with their defaults in [`Limits::default`]. Every statement passes them,
+/// whatever the engine (see `docs/adr/0012-statement-sandbox.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// How long one statement may run before it is interrupted (`422 STATEMENT_TIMEOUT`).
+    /// Default 30 s.
+    pub statement_timeout: Duration,
+    /// Longest accepted SQL text, in bytes (`413 PAYLOAD_TOO_LARGE`). Default 256 KiB.
+    pub max_sql_bytes: usize,
+    /// Largest string or blob the engine will hold, whether bound or computed. Default 16 MiB.
+    pub max_value_bytes: usize,
+    /// Largest success body the server will build for one statement
+    /// (`422 RESULT_TOO_LARGE` past it). Default 16 MiB.
+    pub max_result_bytes: usize,
+    /// Statements that may wait for a connection before the server answers `503 UNAVAILABLE`
+    /// (per pool: the writer's and the readers'). Default 128.
+    pub queue_depth: usize,
+    /// Reader connections that run read-only statements beside the one writer; 0 runs
+    /// everything on the writer. Default 4.
+    pub read_connections: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            statement_timeout: Duration::from_secs(30),
+            max_sql_bytes: 256 * 1024,
+            max_value_bytes: 16 * 1024 * 1024,
+            max_result_bytes: 16 * 1024 * 1024,
+            queue_depth: 128,
+            read_connections: 4,
+        }
+    }
+}
+
+/// Connection-level protection against slow and hostile HTTP clients, with defaults in
+/// [`HttpLimits::default`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HttpLimits {
+    /// Time a connection has to send a complete request head, and the longest a kept-alive
+    /// connection may sit idle. Default 30 s.
+    pub header_timeout: Duration,
+    /// Time a request has to send its whole body (`408 REQUEST_TIMEOUT`). Default 30 s.
+    pub body_timeout: Duration,
+    /// Open connections at most; past it new connections get `503 UNAVAILABLE` and are closed.
+    /// Default 1024.
+    pub max_connections: usize,
+    /// Browser origins allowed to call the SQL endpoint (CORS). A request with any other
+    /// `Origin` is refused with `403 ORIGIN_NOT_ALLOWED`. Default: none.
+    pub allow_origins: Vec<String>,
+}
+
+impl Default for HttpLimits {
+    fn default() -> Self {
+        HttpLimits {
+            header_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(30),
+            max_connections: 1024,
+            allow_origins: Vec::new(),
+        }
+    }
+}
+
 /// Everything a [`Server`](crate::Server) or an [`AppState`](crate::AppState) is built from.
 ///
 /// ```
@@ -46,6 +109,10 @@ pub struct Config {
     /// How long an Idempotency-Key's outcome is kept; `None` switches idempotency off
     /// (the header is then ignored).
     pub idempotency_ttl: Option<Duration>,
+    /// What one statement may cost: time, sizes, queueing, reader connections.
+    pub limits: Limits,
+    /// What one HTTP connection may cost: timeouts, the connection cap, allowed origins.
+    pub http: HttpLimits,
 }
 
 impl Default for Config {
@@ -56,6 +123,8 @@ impl Default for Config {
             tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
+            limits: Limits::default(),
+            http: HttpLimits::default(),
         }
     }
 }
@@ -215,5 +284,9 @@ mod tests {
         assert!(config.tokens.is_empty());
         assert_eq!(config.max_body_bytes, 1_048_576);
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(86_400)));
+        assert_eq!(config.limits.statement_timeout, Duration::from_secs(30));
+        assert_eq!(config.limits.read_connections, 4);
+        assert_eq!(config.http.header_timeout, Duration::from_secs(30));
+        assert!(config.http.allow_origins.is_empty());
     }
 }

@@ -31,8 +31,8 @@ mod server;
 mod state;
 
 pub use config::{
-    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, Database,
-    parse_duration,
+    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, Database, HttpLimits,
+    Limits, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;

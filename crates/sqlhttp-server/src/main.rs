@@ -10,21 +10,29 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use sqlhttp_server::{Config, Database, Server, parse_duration};
+use sqlhttp_server::{Config, Database, HttpLimits, Limits, Server, parse_duration};
 
 /// Environment variable with comma-separated tokens, used when no `--token` is given.
 const TOKENS_ENV: &str = "SQLHTTPD_TOKENS";
 
 /// sqlhttpd: the reference server for the sqlhttp wire protocol, on embedded SQLite.
+///
+/// Every flag can also be set through the environment variable named in its help.
 #[derive(Debug, Parser)]
 #[command(name = "sqlhttpd", version, about)]
 struct Cli {
     /// Address to listen on (port 0 picks a free port).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    #[arg(
+        long,
+        env = "SQLHTTPD_LISTEN",
+        value_name = "ADDR",
+        default_value = "127.0.0.1:8080"
+    )]
     listen: SocketAddr,
 
-    /// Database URL: `sqlite::memory:`, `sqlite:PATH` or `sqlite://PATH`.
-    #[arg(long, value_name = "URL", default_value = "sqlite::memory:", value_parser = parse_database)]
+    /// Database URL: `sqlite::memory:` (a throwaway database, removed on exit), `sqlite:PATH`
+    /// or `sqlite://PATH`.
+    #[arg(long, env = "SQLHTTPD_DATABASE", value_name = "URL", default_value = "sqlite::memory:", value_parser = parse_database)]
     database: Database,
 
     /// Accepted bearer token (repeatable). Without any, the comma-separated tokens of
@@ -34,16 +42,63 @@ struct Cli {
     tokens: Vec<String>,
 
     /// Largest accepted request body, in bytes.
-    #[arg(long, value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
+    #[arg(long, env = "SQLHTTPD_MAX_BODY_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
 
     /// How long Idempotency-Key outcomes are kept: seconds, or a number with ms, s, m, h or d.
-    #[arg(long, value_name = "DURATION", default_value = "24h", value_parser = parse_ttl)]
+    #[arg(long, env = "SQLHTTPD_IDEMPOTENCY_TTL", value_name = "DURATION", default_value = "24h", value_parser = parse_positive_duration)]
     idempotency_ttl: Duration,
 
     /// Ignore Idempotency-Key headers.
-    #[arg(long)]
+    #[arg(long, env = "SQLHTTPD_NO_IDEMPOTENCY")]
     no_idempotency: bool,
+
+    /// How long one statement may run before it is interrupted (422 STATEMENT_TIMEOUT).
+    #[arg(long, env = "SQLHTTPD_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    statement_timeout: Duration,
+
+    /// Longest accepted SQL text, in bytes.
+    #[arg(long, env = "SQLHTTPD_MAX_SQL_BYTES", value_name = "N", default_value_t = Limits::default().max_sql_bytes)]
+    max_sql_bytes: usize,
+
+    /// Largest string or blob the engine holds, bound or computed, in bytes.
+    #[arg(long, env = "SQLHTTPD_MAX_VALUE_BYTES", value_name = "N", default_value_t = Limits::default().max_value_bytes)]
+    max_value_bytes: usize,
+
+    /// Largest success body built for one statement, in bytes (422 RESULT_TOO_LARGE past it).
+    #[arg(long, env = "SQLHTTPD_MAX_RESULT_BYTES", value_name = "N", default_value_t = Limits::default().max_result_bytes)]
+    max_result_bytes: usize,
+
+    /// Statements that may wait for a connection (per pool) before the server answers 503.
+    #[arg(long, env = "SQLHTTPD_QUEUE_DEPTH", value_name = "N", default_value_t = Limits::default().queue_depth)]
+    queue_depth: usize,
+
+    /// Reader connections beside the one writer (0 runs everything on the writer).
+    #[arg(long, env = "SQLHTTPD_READ_CONNECTIONS", value_name = "N", default_value_t = Limits::default().read_connections)]
+    read_connections: usize,
+
+    /// Time a connection has to send a request head; also the longest idle keep-alive.
+    #[arg(long, env = "SQLHTTPD_HEADER_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    header_timeout: Duration,
+
+    /// Time a request has to send its whole body (408 REQUEST_TIMEOUT).
+    #[arg(long, env = "SQLHTTPD_BODY_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    body_timeout: Duration,
+
+    /// Open connections at most; more are answered 503 and closed.
+    #[arg(long, env = "SQLHTTPD_MAX_CONNECTIONS", value_name = "N", default_value_t = HttpLimits::default().max_connections)]
+    max_connections: usize,
+
+    /// A browser origin allowed to call the server, such as `https://app.example.com`
+    /// (repeatable, or comma-separated in the variable). Requests from any other origin are
+    /// refused with 403; by default no browser origin is allowed.
+    #[arg(
+        long = "allow-origin",
+        env = "SQLHTTPD_ALLOW_ORIGINS",
+        value_name = "ORIGIN",
+        value_delimiter = ','
+    )]
+    allow_origins: Vec<String>,
 }
 
 fn parse_database(url: &str) -> Result<Database, String> {
@@ -60,7 +115,7 @@ fn parse_token(token: &str) -> Result<String, String> {
     }
 }
 
-fn parse_ttl(input: &str) -> Result<Duration, String> {
+fn parse_positive_duration(input: &str) -> Result<Duration, String> {
     parse_duration(input).map_err(|e| e.to_string())
 }
 
@@ -79,6 +134,25 @@ impl Cli {
             tokens: tokens.into_iter().filter(|t| !t.is_empty()).collect(),
             max_body_bytes: self.max_body_bytes,
             idempotency_ttl: (!self.no_idempotency).then_some(self.idempotency_ttl),
+            limits: Limits {
+                statement_timeout: self.statement_timeout,
+                max_sql_bytes: self.max_sql_bytes,
+                max_value_bytes: self.max_value_bytes,
+                max_result_bytes: self.max_result_bytes,
+                queue_depth: self.queue_depth,
+                read_connections: self.read_connections,
+            },
+            http: HttpLimits {
+                header_timeout: self.header_timeout,
+                body_timeout: self.body_timeout,
+                max_connections: self.max_connections,
+                allow_origins: self
+                    .allow_origins
+                    .into_iter()
+                    .map(|origin| origin.trim().to_owned())
+                    .filter(|origin| !origin.is_empty())
+                    .collect(),
+            },
         }
     }
 }
@@ -180,6 +254,16 @@ mod tests {
             "10",
             "--idempotency-ttl",
             "15m",
+            "--statement-timeout",
+            "2s",
+            "--read-connections",
+            "0",
+            "--allow-origin",
+            "https://a.example",
+            "--allow-origin",
+            "http://localhost:3000",
+            "--max-connections",
+            "7",
         ])
         .unwrap();
         let config = cli.into_config();
@@ -188,6 +272,20 @@ mod tests {
         assert_eq!(config.tokens, ["a,b", "c"]);
         assert_eq!(config.max_body_bytes, 10);
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(900)));
+        assert_eq!(config.limits.statement_timeout, Duration::from_secs(2));
+        assert_eq!(config.limits.read_connections, 0);
+        assert_eq!(config.http.max_connections, 7);
+        assert_eq!(
+            config.http.allow_origins,
+            ["https://a.example", "http://localhost:3000"]
+        );
+    }
+
+    #[test]
+    fn defaults_are_the_library_defaults() {
+        let config = Cli::try_parse_from(["sqlhttpd"]).unwrap().into_config();
+        assert_eq!(config.limits, Limits::default());
+        assert_eq!(config.http, HttpLimits::default());
     }
 
     #[test]

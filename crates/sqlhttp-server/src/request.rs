@@ -130,8 +130,7 @@ pub(crate) fn leading_keyword(sql: &str) -> String {
 }
 
 /// Whether the statement controls a transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT,
-/// RELEASE). Such a statement cannot carry an Idempotency-Key: the key's outcome is written in a
-/// transaction of the server's own, which the statement would end or nest into.
+/// RELEASE): every request is its own transaction, so the sandbox refuses these.
 pub(crate) fn is_transaction_control(sql: &str) -> bool {
     matches!(
         leading_keyword(sql).as_str(),

@@ -1,8 +1,9 @@
 //! [`Server`] (a bound listener plus an opened engine) and [`ServerHandle`] (a server running
-//! in a task), with bounded graceful shutdown: stop accepting, give open connections a short
-//! grace, cut them, then close the database.
+//! in a task): the accept loop (a connection cap, hyper's HTTP/1.1 with a header-read and idle
+//! timeout, hyper's own error answers given JSON bodies) and bounded graceful shutdown: stop
+//! accepting, give open connections a short grace, cut them, then close the database.
 //!
-//! Knows sockets, the runtime and the app factory; nothing about SQL or the protocol's bodies.
+//! Knows sockets, the runtime and the app factory; nothing about SQL.
 
 use std::future::Future;
 use std::io;
@@ -11,21 +12,32 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use std::sync::Arc;
+
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::service::TowerToHyperService;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
+use tokio_util::task::TaskTracker;
 
-use crate::config::Config;
+use crate::api_error::ApiError;
+use crate::config::{Config, HttpLimits};
 use crate::error::ServerError;
 use crate::http::app;
+use crate::http::hyper_errors::{JsonErrors, raw_response};
 use crate::state::AppState;
 
 /// How long open connections may finish their requests after shutdown is signalled.
 const GRACE: Duration = Duration::from_secs(2);
 /// How long cut connections get to notice before serving is abandoned.
 const CUT_WAIT: Duration = Duration::from_millis(500);
+/// How long a connection refused by the cap may take to receive its `503`.
+const REFUSAL_WRITE: Duration = Duration::from_secs(1);
+/// Pause after an accept error such as running out of file descriptors.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// A bound listener and an opened database, ready to serve.
 ///
@@ -45,6 +57,7 @@ pub struct Server {
     listener: TcpListener,
     local_addr: SocketAddr,
     state: AppState,
+    http: HttpLimits,
 }
 
 impl Server {
@@ -52,6 +65,7 @@ impl Server {
     /// (port 0 picks a free port).
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let listen = config.listen;
+        let http = config.http.clone();
         let state = tokio::task::spawn_blocking(move || AppState::new(&config))
             .await
             .map_err(|e| ServerError::EngineThread(io::Error::other(e)))??;
@@ -69,6 +83,7 @@ impl Server {
             listener,
             local_addr,
             state,
+            http,
         })
     }
 
@@ -78,8 +93,8 @@ impl Server {
     }
 
     /// Serves until `shutdown` completes, then shuts down gracefully: the listener closes at
-    /// once, open connections get about two seconds to finish and are then cut, and the
-    /// database connection is closed before this returns.
+    /// once, open connections finish their current request (idle ones close) within about two
+    /// seconds and are then cut, and the database connections are closed before this returns.
     pub async fn serve_until<F>(self, shutdown: F) -> io::Result<()>
     where
         F: Future<Output = ()> + Send + 'static,
@@ -88,43 +103,84 @@ impl Server {
             listener,
             local_addr,
             state,
+            http,
         } = self;
+        let router = app(state.clone());
+        let mut builder = hyper::server::conn::http1::Builder::new();
+        builder
+            .timer(TokioTimer::new())
+            .header_read_timeout(http.header_timeout)
+            .keep_alive(true);
+        let slots = Arc::new(Semaphore::new(http.max_connections.max(1)));
+        let stop = CancellationToken::new();
         let cut = CancellationToken::new();
-        let listener = CuttableListener {
-            inner: listener,
-            cut: cut.clone(),
-        };
-        let (signalled_tx, signalled_rx) = oneshot::channel::<()>();
-        let serving = axum::serve(listener, app(state.clone()))
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                let _ = signalled_tx.send(());
-            })
-            .into_future();
-        tokio::pin!(serving);
+        let connections = TaskTracker::new();
         tracing::info!(%local_addr, "serving");
 
-        let result = tokio::select! {
-            result = &mut serving => result,
-            _ = signalled_rx => {
-                tracing::info!("shutting down");
-                match tokio::time::timeout(GRACE, &mut serving).await {
-                    Ok(result) => result,
-                    Err(_) => {
-                        tracing::warn!("connections still open after the grace period; cutting them");
-                        cut.cancel();
-                        tokio::time::timeout(CUT_WAIT, &mut serving)
-                            .await
-                            .unwrap_or(Ok(()))
+        tokio::pin!(shutdown);
+        loop {
+            let (stream, peer) = tokio::select! {
+                () = &mut shutdown => break,
+                accepted = listener.accept() => match accepted {
+                    Ok(accepted) => accepted,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "accept failed");
+                        tokio::time::sleep(ACCEPT_BACKOFF).await;
+                        continue;
+                    }
+                },
+            };
+            let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
+                tracing::warn!(%peer, max = http.max_connections, "connection cap reached; refusing");
+                connections.spawn(refuse(stream));
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let io = TokioIo::new(JsonErrors::new(CuttableStream {
+                inner: stream,
+                cut: Box::pin(cut.clone().cancelled_owned()),
+                is_cut: false,
+            }));
+            let connection = builder.serve_connection(io, TowerToHyperService::new(router.clone()));
+            let stop = stop.clone();
+            connections.spawn(async move {
+                let _slot = slot;
+                tokio::pin!(connection);
+                let mut stopping = false;
+                loop {
+                    tokio::select! {
+                        result = connection.as_mut() => {
+                            if let Err(e) = result {
+                                tracing::debug!(%peer, error = %e, "connection ended with an error");
+                            }
+                            break;
+                        }
+                        () = stop.cancelled(), if !stopping => {
+                            stopping = true;
+                            connection.as_mut().graceful_shutdown();
+                        }
                     }
                 }
-            }
-        };
+            });
+        }
+
+        tracing::info!("shutting down");
+        drop(listener);
+        stop.cancel();
+        connections.close();
+        if tokio::time::timeout(GRACE, connections.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("connections still open after the grace period; cutting them");
+            cut.cancel();
+            let _ = tokio::time::timeout(CUT_WAIT, connections.wait()).await;
+        }
         // Cut whatever is left, then close the database.
         cut.cancel();
         state.close().await;
         tracing::info!("stopped");
-        result
+        Ok(())
     }
 
     /// Serves on the current tokio runtime in a task; shut it down through the handle.
@@ -193,32 +249,19 @@ impl Drop for ServerHandle {
     }
 }
 
-/// A TCP listener whose connections can all be cut at once.
-struct CuttableListener {
-    inner: TcpListener,
-    cut: CancellationToken,
+/// Answers a connection over the cap with `503 UNAVAILABLE` and closes it.
+async fn refuse(mut stream: TcpStream) {
+    let response = raw_response(&ApiError::unavailable(
+        "the server has reached its connection limit; retry later",
+    ));
+    let _ = tokio::time::timeout(REFUSAL_WRITE, async {
+        stream.write_all(&response).await?;
+        stream.shutdown().await
+    })
+    .await;
 }
 
-impl axum::serve::Listener for CuttableListener {
-    type Io = CuttableStream;
-    type Addr = SocketAddr;
-
-    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
-        let (stream, addr) = axum::serve::Listener::accept(&mut self.inner).await;
-        let stream = CuttableStream {
-            inner: stream,
-            cut: Box::pin(self.cut.clone().cancelled_owned()),
-            is_cut: false,
-        };
-        (stream, addr)
-    }
-
-    fn local_addr(&self) -> io::Result<Self::Addr> {
-        self.inner.local_addr()
-    }
-}
-
-/// A connection that fails every read and write once its listener's token is cancelled, so
+/// A connection that fails every read and write once the server's cut token is cancelled, so
 /// the HTTP connection task ends.
 struct CuttableStream {
     inner: TcpStream,

@@ -1,5 +1,5 @@
-//! [`AppState`]: what every request shares (the engine, the accepted tokens, the body limit,
-//! the idempotency settings and the registry of keys in flight).
+//! [`AppState`]: what every request shares (the engine, the accepted tokens, the body limit and
+//! timeout, the allowed origins, the idempotency settings and the registry of keys in flight).
 //!
 //! Knows the engine's async handle and configuration values; it does not know routes or how
 //! responses are shaped.
@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use crate::config::Config;
+use crate::config::{Config, Limits};
 use crate::engine::Engine;
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
@@ -34,6 +34,9 @@ pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) tokens: Tokens,
     pub(crate) max_body_bytes: usize,
+    pub(crate) body_timeout: Duration,
+    pub(crate) limits: Limits,
+    pub(crate) allow_origins: Vec<String>,
     pub(crate) idempotency_ttl: Option<Duration>,
     in_flight: Mutex<HashSet<String>>,
 }
@@ -43,12 +46,15 @@ impl AppState {
     /// and starts its engine thread. `config.listen` is not used here. This blocks while the
     /// database opens; from async code prefer [`Server::bind`](crate::Server::bind).
     pub fn new(config: &Config) -> Result<AppState, ServerError> {
-        let engine = Engine::start(&config.database, config.idempotency_ttl)?;
+        let engine = Engine::start(&config.database, config.idempotency_ttl, config.limits)?;
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,
                 tokens: Tokens::new(config.tokens.iter().map(String::as_str)),
                 max_body_bytes: config.max_body_bytes,
+                body_timeout: config.http.body_timeout,
+                limits: config.limits,
+                allow_origins: config.http.allow_origins.clone(),
                 idempotency_ttl: config.idempotency_ttl,
                 in_flight: Mutex::new(HashSet::new()),
             }),

@@ -5,7 +5,7 @@
 
 use rusqlite::ErrorCode as Code;
 
-use crate::api_error::{ApiError, ErrorCode};
+use crate::api_error::{ApiError, ConstraintKind};
 
 /// The protocol error for an engine failure.
 pub(crate) fn map_engine_error(err: rusqlite::Error) -> ApiError {
@@ -39,21 +39,23 @@ fn map_failure(failure: rusqlite::ffi::Error, msg: Option<String>) -> ApiError {
         {
             ApiError::sql(message)
         }
-        Code::ConstraintViolation => ApiError::new(ErrorCode::ConstraintViolation, message),
+        Code::ConstraintViolation => {
+            ApiError::constraint(constraint_kind(failure.extended_code), message)
+        }
         Code::DatabaseBusy | Code::DatabaseLocked | Code::SchemaChanged => {
             ApiError::unavailable(format!("the database is busy, retry later ({message})"))
         }
-        Code::OperationInterrupted => {
-            ApiError::unavailable("the statement was interrupted: the server is shutting down")
-        }
+        Code::OperationInterrupted => ApiError::interrupted(),
+        // The sandbox's authorizer refused part of the statement; the engine replaces this
+        // message with the sandbox's reason.
+        Code::AuthorizationForStatementDenied => ApiError::not_allowed(message),
         // The engine's verdict on the statement itself: syntax, unknown names, types, sizes,
-        // writes to a read-only database, statements denied by the engine.
+        // writes to a read-only database.
         Code::Unknown
         | Code::TypeMismatch
         | Code::ParameterOutOfRange
         | Code::TooBig
-        | Code::ReadOnly
-        | Code::AuthorizationForStatementDenied => ApiError::sql(message),
+        | Code::ReadOnly => ApiError::sql(message),
         _ => {
             tracing::error!(
                 code = ?failure.code,
@@ -66,9 +68,25 @@ fn map_failure(failure: rusqlite::ffi::Error, msg: Option<String>) -> ApiError {
     }
 }
 
+/// The protocol's name for a constraint, from SQLite's extended result code.
+fn constraint_kind(extended_code: i32) -> Option<ConstraintKind> {
+    use rusqlite::ffi;
+    match extended_code {
+        ffi::SQLITE_CONSTRAINT_UNIQUE => Some(ConstraintKind::Unique),
+        ffi::SQLITE_CONSTRAINT_PRIMARYKEY | ffi::SQLITE_CONSTRAINT_ROWID => {
+            Some(ConstraintKind::PrimaryKey)
+        }
+        ffi::SQLITE_CONSTRAINT_FOREIGNKEY => Some(ConstraintKind::ForeignKey),
+        ffi::SQLITE_CONSTRAINT_CHECK => Some(ConstraintKind::Check),
+        ffi::SQLITE_CONSTRAINT_NOTNULL => Some(ConstraintKind::NotNull),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api_error::ErrorCode;
     use rusqlite::Connection;
 
     fn error_of(conn: &Connection, sql: &str) -> ApiError {
@@ -98,6 +116,7 @@ mod tests {
             "{}",
             not_null.message
         );
+        assert_eq!(not_null.constraint, Some(ConstraintKind::NotNull));
         conn.execute_batch("CREATE TABLE s (x INTEGER) STRICT")
             .unwrap();
         let strict = error_of(&conn, "INSERT INTO s VALUES ('abc')");
@@ -107,6 +126,48 @@ mod tests {
             "{}",
             strict.message
         );
+    }
+
+    #[test]
+    fn every_constraint_names_its_kind() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON;
+             CREATE TABLE p (id INTEGER PRIMARY KEY, code TEXT UNIQUE, n INTEGER CHECK (n > 0),
+                             v TEXT NOT NULL);
+             CREATE TABLE k (a TEXT PRIMARY KEY, b TEXT) WITHOUT ROWID;
+             CREATE TABLE c (p INTEGER REFERENCES p(id));
+             INSERT INTO p VALUES (1, 'a', 1, 'x'); INSERT INTO k VALUES ('a', 'b');",
+        )
+        .unwrap();
+        let cases = [
+            (
+                "INSERT INTO p VALUES (1, 'b', 1, 'x')",
+                ConstraintKind::PrimaryKey,
+            ),
+            (
+                "INSERT INTO k VALUES ('a', 'c')",
+                ConstraintKind::PrimaryKey,
+            ),
+            (
+                "INSERT INTO p VALUES (2, 'a', 1, 'x')",
+                ConstraintKind::Unique,
+            ),
+            (
+                "INSERT INTO p VALUES (2, 'b', 0, 'x')",
+                ConstraintKind::Check,
+            ),
+            (
+                "INSERT INTO p VALUES (2, 'b', 1, NULL)",
+                ConstraintKind::NotNull,
+            ),
+            ("INSERT INTO c VALUES (99)", ConstraintKind::ForeignKey),
+        ];
+        for (sql, kind) in cases {
+            let err = error_of(&conn, sql);
+            assert_eq!(err.code, ErrorCode::ConstraintViolation, "{sql}");
+            assert_eq!(err.constraint, Some(kind), "{sql}: {}", err.message);
+        }
     }
 
     #[test]
@@ -145,9 +206,12 @@ mod tests {
             failure(rusqlite::ffi::SQLITE_LOCKED).code,
             ErrorCode::Unavailable
         );
+        let interrupted = failure(rusqlite::ffi::SQLITE_INTERRUPT);
+        assert_eq!(interrupted.code, ErrorCode::Unavailable);
+        assert!(interrupted.interrupted);
         assert_eq!(
-            failure(rusqlite::ffi::SQLITE_INTERRUPT).code,
-            ErrorCode::Unavailable
+            failure(rusqlite::ffi::SQLITE_AUTH).code,
+            ErrorCode::StatementNotAllowed
         );
         let io = failure(rusqlite::ffi::SQLITE_IOERR);
         assert_eq!(io.code, ErrorCode::Internal);

@@ -1,23 +1,28 @@
-//! Running one statement and writing its success body straight from SQLite rows into JSON bytes
-//! (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that order).
+//! Running one client statement and writing its success body straight from SQLite rows into
+//! JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that order), within the
+//! sandbox and the result-size limit.
 //!
-//! Runs on the engine thread with a borrowed connection. Knows nothing about HTTP, transactions
-//! or idempotency: the caller decides what surrounds the statement.
+//! Runs on an engine thread with a borrowed connection. Knows nothing about HTTP, pooling or
+//! idempotency: the caller decides what surrounds the statement.
 
 use std::io::Write as _;
 
-use rusqlite::Connection;
+use rusqlite::fallible_iterator::FallibleIterator as _;
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
+use rusqlite::{Batch, Connection, Statement};
 
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, ErrorCode};
+use crate::engine::connection::Conn;
 use crate::engine::errors::map_engine_error;
+use crate::engine::sandbox;
 use crate::request::{Param, SqlRequest, may_change_rows, may_insert};
 
 /// `last_insert_rowid()` is set to this before a statement that may insert, so "inserted
 /// nothing" can be told apart from "inserted a row whose rowid equals the previous one".
 const NO_ROWID: i64 = i64::MIN;
 
-/// A temp table whose only purpose is to set `last_insert_rowid()` to [`NO_ROWID`].
+/// A temp table whose only purpose is to set `last_insert_rowid()` to [`NO_ROWID`]; the
+/// sandbox keeps clients away from it.
 pub(crate) const ROWID_PROBE_DDL: &str =
     "CREATE TEMP TABLE IF NOT EXISTS _sqlhttp_rowid_probe (x INTEGER)";
 const ROWID_PROBE_RESET: &str = "INSERT OR REPLACE INTO temp._sqlhttp_rowid_probe (rowid, x) VALUES (-9223372036854775808, NULL)";
@@ -33,19 +38,80 @@ impl ToSql for Param {
     }
 }
 
-/// Runs the request's statement and returns the JSON success body.
-pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>, ApiError> {
-    if request.sql.contains('\0') {
-        // SQLite stops reading at a NUL: the text after it would be silently ignored.
-        return Err(ApiError::sql("the SQL text contains a NUL character"));
-    }
-    let tracks_rowid = may_insert(&request.sql);
-    if tracks_rowid {
-        reset_last_insert_rowid(conn)?;
-    }
-    let changes_before = conn.total_changes();
+/// Where a statement may run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Only a statement that cannot write runs; any other is handed back.
+    ReadOnly,
+    /// Any statement runs.
+    ReadWrite,
+}
 
-    let mut stmt = conn.prepare(&request.sql).map_err(map_engine_error)?;
+/// What running a statement gave.
+#[derive(Debug)]
+pub(crate) enum Ran {
+    /// The success body.
+    Body(Vec<u8>),
+    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
+    NeedsWriter,
+}
+
+/// Marks the statements compiled while it lives as the client's (sandboxed).
+struct Sandboxed<'a>(&'a Conn);
+
+impl<'a> Sandboxed<'a> {
+    fn on(conn: &'a Conn) -> Sandboxed<'a> {
+        conn.hooks.set_sandboxed(true);
+        Sandboxed(conn)
+    }
+}
+
+impl Drop for Sandboxed<'_> {
+    fn drop(&mut self) {
+        self.0.hooks.set_sandboxed(false);
+    }
+}
+
+/// The protocol error for an engine failure on a client statement, with the sandbox's reason
+/// when the sandbox refused it.
+fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
+    let mut mapped = map_engine_error(err);
+    if mapped.code == ErrorCode::StatementNotAllowed
+        && let Some(reason) = conn.hooks.take_denial()
+    {
+        mapped.message = reason;
+    }
+    if mapped.code == ErrorCode::SqlError && mapped.message.contains("too big") {
+        mapped.message = format!(
+            "{}: this server holds strings and blobs of at most {} bytes (--max-value-bytes)",
+            mapped.message, conn.limits.max_value_bytes
+        );
+    }
+    mapped
+}
+
+/// Compiles exactly one statement: a text with none or with several is refused. The check is
+/// iterative (at most two statements are compiled, whatever the text holds).
+fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError> {
+    let mut batch = Batch::new(&conn.conn, sql);
+    let Some(statement) = batch.next().map_err(|e| client_error(conn, e))? else {
+        return Err(map_engine_error(rusqlite::Error::Empty));
+    };
+    match batch.next() {
+        Ok(None) => Ok(statement),
+        Ok(Some(_)) | Err(_) => Err(map_engine_error(rusqlite::Error::MultipleStatement)),
+    }
+}
+
+/// Runs the request's statement and returns its JSON success body.
+pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Result<Ran, ApiError> {
+    sandbox::check_text(&request.sql, &conn.limits)?;
+    let sandboxed = Sandboxed::on(conn);
+    let mut stmt = prepare_one(conn, &request.sql)?;
+    let writes = !stmt.readonly();
+    if writes && access == Access::ReadOnly {
+        return Ok(Ran::NeedsWriter);
+    }
     let expected = stmt.parameter_count();
     if expected != request.params.len() {
         return Err(ApiError::sql(format!(
@@ -55,9 +121,17 @@ pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>
     }
     for (index, param) in request.params.iter().enumerate() {
         stmt.raw_bind_parameter(index + 1, param)
-            .map_err(map_engine_error)?;
+            .map_err(|e| client_error(conn, e))?;
     }
+    let tracks_rowid = writes && may_insert(&request.sql);
+    if tracks_rowid {
+        conn.hooks.set_sandboxed(false);
+        reset_last_insert_rowid(&conn.conn)?;
+        conn.hooks.set_sandboxed(true);
+    }
+    let changes_before = conn.conn.total_changes();
 
+    let limit = conn.limits.max_result_bytes;
     let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"columns\":[");
     for (index, column) in stmt.columns().enumerate() {
@@ -74,12 +148,12 @@ pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>
 
     let width = stmt.column_count();
     let mut rows = stmt.raw_query();
-    let mut first = true;
-    while let Some(row) = rows.next().map_err(map_engine_error)? {
-        if !first {
+    let mut count: u64 = 0;
+    while let Some(row) = rows.next().map_err(|e| client_error(conn, e))? {
+        if count > 0 {
             out.push(b',');
         }
-        first = false;
+        count += 1;
         out.push(b'[');
         for index in 0..width {
             if index > 0 {
@@ -88,18 +162,30 @@ pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>
             write_value(&mut out, row.get_ref(index).map_err(map_engine_error)?);
         }
         out.push(b']');
+        if out.len() > limit {
+            return Err(ApiError::new(
+                ErrorCode::ResultTooLarge,
+                format!(
+                    "the result is larger than this server's limit of {limit} bytes \
+                     (--max-result-bytes), reached at row {count}; select fewer rows or \
+                     columns, or page with LIMIT and a key"
+                ),
+            ));
+        }
     }
     drop(rows);
     drop(stmt);
+    drop(sandboxed);
 
-    let rows_affected = if !may_change_rows(&request.sql) || conn.total_changes() == changes_before
-    {
-        0
-    } else {
-        conn.changes()
-    };
+    let db = &conn.conn;
+    let rows_affected =
+        if !writes || !may_change_rows(&request.sql) || db.total_changes() == changes_before {
+            0
+        } else {
+            db.changes()
+        };
     let last_insert_id = if tracks_rowid {
-        Some(conn.last_insert_rowid()).filter(|id| *id != NO_ROWID)
+        Some(db.last_insert_rowid()).filter(|id| *id != NO_ROWID)
     } else {
         None
     };
@@ -114,18 +200,14 @@ pub(crate) fn execute(conn: &Connection, request: &SqlRequest) -> Result<Vec<u8>
         None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
-    Ok(out)
+    Ok(Ran::Body(out))
 }
 
 fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
-    let reset = || conn.prepare_cached(ROWID_PROBE_RESET)?.execute([]);
-    if reset().is_err() {
-        // The probe table was dropped by a client: recreate it and try once more.
-        conn.execute_batch(ROWID_PROBE_DDL)
-            .map_err(map_engine_error)?;
-        reset().map_err(map_engine_error)?;
-    }
-    Ok(())
+    conn.prepare_cached(ROWID_PROBE_RESET)
+        .and_then(|mut reset| reset.execute([]))
+        .map(drop)
+        .map_err(map_engine_error)
 }
 
 fn write_str(out: &mut Vec<u8>, s: &str) {
@@ -162,44 +244,78 @@ fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
-    use crate::api_error::ErrorCode;
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
 
-    fn conn() -> Connection {
-        let conn = Connection::open_in_memory().unwrap();
-        conn.execute_batch(ROWID_PROBE_DDL).unwrap();
+    use super::*;
+    use crate::config::{Database, Limits};
+    use crate::engine::connection::{Role, Target};
+    use crate::engine::control::Hooks;
+
+    fn conn_with(limits: Limits) -> Conn {
+        let hooks = Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))));
+        let target = Target::new(&Database::Memory).unwrap();
+        let conn = Conn::open(&target, Role::Writer, limits, hooks).unwrap();
+        conn.conn.execute_batch(ROWID_PROBE_DDL).unwrap();
         conn
     }
 
-    fn run(
-        conn: &Connection,
-        sql: &str,
-        params: Vec<Param>,
-    ) -> Result<serde_json::Value, ApiError> {
-        let body = execute(
-            conn,
-            &SqlRequest {
-                sql: sql.into(),
-                params,
-            },
-        )?;
-        Ok(serde_json::from_slice(&body).unwrap())
+    fn conn() -> Conn {
+        conn_with(Limits::default())
+    }
+
+    fn run(conn: &Conn, sql: &str, params: Vec<Param>) -> Result<serde_json::Value, ApiError> {
+        let request = SqlRequest {
+            sql: sql.into(),
+            params,
+        };
+        match execute(conn, &request, Access::ReadWrite)? {
+            Ran::Body(body) => Ok(serde_json::from_slice(&body).unwrap()),
+            Ran::NeedsWriter => unreachable!("read-write access runs everything"),
+        }
     }
 
     #[test]
     fn keys_come_in_protocol_order() {
-        let body = execute(
-            &conn(),
-            &SqlRequest {
-                sql: "SELECT 1 AS one".into(),
-                params: vec![],
-            },
-        )
-        .unwrap();
+        let request = SqlRequest {
+            sql: "SELECT 1 AS one".into(),
+            params: vec![],
+        };
+        let Ran::Body(body) = execute(&conn(), &request, Access::ReadOnly).unwrap() else {
+            panic!("a SELECT runs read-only")
+        };
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"columns":[{"name":"one","type":""}],"rows":[[1]],"rows_affected":0,"last_insert_id":null}"#
         );
+    }
+
+    #[test]
+    fn writes_are_handed_to_the_writer_under_read_only_access() {
+        let conn = conn();
+        conn.conn.execute_batch("CREATE TABLE a (x)").unwrap();
+        for sql in [
+            "INSERT INTO a VALUES (1)",
+            "CREATE TABLE b (x)",
+            "DELETE FROM a",
+        ] {
+            let request = SqlRequest {
+                sql: sql.into(),
+                params: vec![],
+            };
+            assert!(
+                matches!(
+                    execute(&conn, &request, Access::ReadOnly),
+                    Ok(Ran::NeedsWriter)
+                ),
+                "{sql}"
+            );
+        }
+        let count: i64 = conn
+            .conn
+            .query_row("SELECT count(*) FROM a", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(count, 0, "nothing ran");
     }
 
     #[test]
@@ -231,7 +347,8 @@ mod tests {
     #[test]
     fn rowid_tracking_distinguishes_no_insert_from_equal_rowids() {
         let conn = conn();
-        conn.execute_batch("CREATE TABLE a (x); CREATE TABLE b (x UNIQUE)")
+        conn.conn
+            .execute_batch("CREATE TABLE a (x); CREATE TABLE b (x UNIQUE)")
             .unwrap();
         let first = run(&conn, "INSERT INTO a VALUES (1)", vec![]).unwrap();
         assert_eq!(first["last_insert_id"], 1);
@@ -253,18 +370,20 @@ mod tests {
         assert_eq!(upsert["last_insert_id"], serde_json::Value::Null);
         let ddl = run(&conn, "CREATE TABLE c (x)", vec![]).unwrap();
         assert_eq!(ddl["rows_affected"], 0);
+        let with_select = run(&conn, "WITH t AS (SELECT 1) SELECT * FROM t", vec![]).unwrap();
+        assert_eq!(with_select["last_insert_id"], serde_json::Value::Null);
     }
 
     #[test]
     fn ddl_reports_no_rows_affected_even_when_it_cascades() {
         let conn = conn();
-        conn.execute_batch(
-            "PRAGMA foreign_keys = ON;
-             CREATE TABLE p (id INTEGER PRIMARY KEY);
-             CREATE TABLE c (p INTEGER REFERENCES p(id) ON DELETE CASCADE);
-             INSERT INTO p VALUES (1); INSERT INTO c VALUES (1);",
-        )
-        .unwrap();
+        conn.conn
+            .execute_batch(
+                "CREATE TABLE p (id INTEGER PRIMARY KEY);
+                 CREATE TABLE c (p INTEGER REFERENCES p(id) ON DELETE CASCADE);
+                 INSERT INTO p VALUES (1); INSERT INTO c VALUES (1);",
+            )
+            .unwrap();
         let dropped = run(&conn, "DROP TABLE p", vec![]).unwrap();
         assert_eq!(dropped["rows_affected"], 0);
     }
@@ -277,18 +396,82 @@ mod tests {
     }
 
     #[test]
-    fn probe_table_is_recreated_when_dropped() {
-        let conn = conn();
-        conn.execute_batch("CREATE TABLE a (x); DROP TABLE temp._sqlhttp_rowid_probe")
-            .unwrap();
-        let inserted = run(&conn, "INSERT INTO a VALUES (1)", vec![]).unwrap();
-        assert_eq!(inserted["last_insert_id"], 1);
-    }
-
-    #[test]
     fn parameter_count_is_checked() {
         let err = run(&conn(), "SELECT ?, ?", vec![Param::Null]).unwrap_err();
         assert_eq!(err.code, ErrorCode::SqlError);
         assert!(err.message.contains("takes 2"), "{}", err.message);
+    }
+
+    #[test]
+    fn exactly_one_statement_however_many_are_sent() {
+        let conn = conn();
+        for sql in [
+            "SELECT 1; SELECT 2",
+            "SELECT 1; garbage",
+            "SELECT 1;;;;;SELECT 2",
+        ] {
+            let err = run(&conn, sql, vec![]).unwrap_err();
+            assert!(
+                err.message.contains("several statements"),
+                "{sql}: {}",
+                err.message
+            );
+        }
+        assert_eq!(
+            run(&conn, "SELECT 1;;; -- done", vec![]).unwrap()["rows"],
+            serde_json::json!([[1]])
+        );
+        for sql in ["", " ;; ", "-- nothing"] {
+            assert!(
+                run(&conn, sql, vec![])
+                    .unwrap_err()
+                    .message
+                    .contains("no statement"),
+                "{sql:?}"
+            );
+        }
+        let many = "SELECT 1;".repeat(50_000);
+        let err = run(&conn, &many[..many.len().min(200_000)], vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::SqlError);
+    }
+
+    #[test]
+    fn the_sandbox_names_what_it_refused() {
+        let conn = conn();
+        let err = run(&conn, "ATTACH '/tmp/elsewhere.db' AS x", vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementNotAllowed);
+        assert!(err.message.contains("ATTACH"), "{}", err.message);
+        let err = run(&conn, "PRAGMA foreign_keys = OFF", vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementNotAllowed);
+        assert!(err.message.contains("foreign_keys"), "{}", err.message);
+        let err = run(&conn, "SELECT * FROM temp._sqlhttp_rowid_probe", vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementNotAllowed);
+        let fk: i64 = conn
+            .conn
+            .query_row("PRAGMA foreign_keys", [], |r| r.get(0))
+            .unwrap();
+        assert_eq!(fk, 1);
+    }
+
+    #[test]
+    fn values_and_results_are_bounded() {
+        let conn = conn_with(Limits {
+            max_value_bytes: 1000,
+            max_result_bytes: 10_000,
+            ..Limits::default()
+        });
+        let err = run(&conn, "SELECT zeroblob(300000000)", vec![]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::SqlError);
+        assert!(err.message.contains("--max-value-bytes"), "{}", err.message);
+        let err = run(&conn, "SELECT ?", vec![Param::Text("x".repeat(1001))]).unwrap_err();
+        assert_eq!(err.code, ErrorCode::SqlError);
+        let err = run(
+            &conn,
+            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c",
+            vec![],
+        )
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ResultTooLarge);
+        assert!(err.message.contains("10000"), "{}", err.message);
     }
 }

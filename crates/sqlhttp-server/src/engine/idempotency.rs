@@ -2,8 +2,9 @@
 //! running a keyed statement so that its effects and its stored outcome commit in ONE
 //! transaction.
 //!
-//! Runs on the engine thread. Knows SQLite and the protocol's error codes; knows nothing about
-//! HTTP headers or the in-memory in-flight registry (the caller guarantees one runner per key).
+//! Runs on the writer's engine thread. Knows SQLite and the protocol's error codes; knows
+//! nothing about HTTP headers or the in-memory in-flight registry (the caller guarantees one
+//! runner per key). The sandbox keeps client statements away from the table.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -11,9 +12,9 @@ use rusqlite::{Connection, OptionalExtension, params};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::Outcome;
+use crate::engine::connection::Conn;
 use crate::engine::errors::map_engine_error;
-use crate::engine::exec;
-use crate::engine::session::Session;
+use crate::engine::exec::{self, Access, Ran};
 use crate::request::SqlRequest;
 
 /// Expired keys are purged at most this often (and looked past on every lookup).
@@ -58,60 +59,36 @@ struct Stored {
     created_at: i64,
 }
 
-/// Whether this connection owns the surrounding transaction or nests into a client's.
-#[derive(Debug, Clone, Copy)]
-enum Scope {
-    Owned,
-    Nested,
-}
-
-const OUTER: &str = "_sqlhttp_idempotency";
 const STATEMENT: &str = "_sqlhttp_statement";
 
-fn begin(conn: &Connection) -> Result<Scope, ApiError> {
-    if conn.is_autocommit() {
-        conn.execute_batch("BEGIN IMMEDIATE")
-            .map_err(map_engine_error)?;
-        Ok(Scope::Owned)
-    } else {
-        conn.execute_batch(&format!("SAVEPOINT {OUTER}"))
-            .map_err(map_engine_error)?;
-        Ok(Scope::Nested)
-    }
+/// Opens the server's own transaction around a keyed statement. Clients cannot hold one
+/// open (the sandbox refuses transaction control), so the connection is always in autocommit
+/// here.
+fn begin(conn: &Connection) -> Result<(), ApiError> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(map_engine_error)
 }
 
-fn commit(conn: &Connection, scope: Scope) -> Result<(), ApiError> {
-    let sql = match scope {
-        Scope::Owned => "COMMIT".to_owned(),
-        Scope::Nested => format!("RELEASE {OUTER}"),
-    };
-    conn.execute_batch(&sql).map_err(|e| {
-        rollback(conn, scope);
+fn commit(conn: &Connection) -> Result<(), ApiError> {
+    conn.execute_batch("COMMIT").map_err(|e| {
+        rollback(conn);
         map_engine_error(e)
     })
 }
 
-fn rollback(conn: &Connection, scope: Scope) {
+fn rollback(conn: &Connection) {
     if conn.is_autocommit() {
         return;
     }
-    let sql = match scope {
-        Scope::Owned => "ROLLBACK".to_owned(),
-        Scope::Nested => format!("ROLLBACK TO {OUTER}; RELEASE {OUTER}"),
-    };
-    if let Err(e) = conn.execute_batch(&sql) {
+    if let Err(e) = conn.execute_batch("ROLLBACK") {
         tracing::error!(error = %e, "cannot roll back an idempotent statement's transaction");
     }
 }
 
 /// Runs `body` inside the open transaction; on error rolls it back.
-fn within<T>(
-    conn: &Connection,
-    scope: Scope,
-    body: impl FnOnce() -> rusqlite::Result<T>,
-) -> Result<T, ApiError> {
+fn within<T>(conn: &Connection, body: impl FnOnce() -> rusqlite::Result<T>) -> Result<T, ApiError> {
     body().map_err(|e| {
-        rollback(conn, scope);
+        rollback(conn);
         map_engine_error(e)
     })
 }
@@ -146,13 +123,13 @@ fn store(
     Ok(())
 }
 
-fn purge_if_due(session: &mut Session, ttl: Duration) {
-    let due = session
+fn purge_if_due(writer: &mut Conn, ttl: Duration) {
+    let due = writer
         .last_purge
         .is_none_or(|at| at.elapsed() >= PURGE_INTERVAL);
-    if due && session.conn.is_autocommit() {
-        session.last_purge = Some(Instant::now());
-        match purge_expired(&session.conn, ttl) {
+    if due {
+        writer.last_purge = Some(Instant::now());
+        match purge_expired(&writer.conn, ttl) {
             Ok(0) => {}
             Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
             Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
@@ -164,19 +141,20 @@ fn purge_if_due(session: &mut Session, ttl: Duration) {
 /// different body with 422, or runs the statement and stores its 2xx / final 4xx outcome in the
 /// statement's own transaction. 5xx outcomes are rolled back and not stored.
 pub(crate) fn execute_with_key(
-    session: &mut Session,
+    writer: &mut Conn,
     ttl: Duration,
     key: &str,
     request_hash: &[u8],
     request: &SqlRequest,
 ) -> Result<Outcome, ApiError> {
-    purge_if_due(session, ttl);
-    let conn = &session.conn;
-    let scope = begin(conn)?;
+    purge_if_due(writer, ttl);
+    let writer = &*writer;
+    let conn = &writer.conn;
+    begin(conn)?;
 
-    match within(conn, scope, || lookup(conn, key))? {
+    match within(conn, || lookup(conn, key))? {
         Some(stored) if now_millis().saturating_sub(stored.created_at) < millis(ttl) => {
-            commit(conn, scope)?;
+            commit(conn)?;
             return if stored.request_hash == request_hash {
                 Ok(Outcome {
                     status: stored.status,
@@ -190,7 +168,7 @@ pub(crate) fn execute_with_key(
                 ))
             };
         }
-        Some(_expired) => within(conn, scope, || {
+        Some(_expired) => within(conn, || {
             conn.prepare_cached("DELETE FROM _sqlhttp_idempotency WHERE key = ?1")?
                 .execute([key])
         })
@@ -198,27 +176,29 @@ pub(crate) fn execute_with_key(
         None => {}
     }
 
-    within(conn, scope, || {
+    within(conn, || {
         conn.execute_batch(&format!("SAVEPOINT {STATEMENT}"))
     })?;
-    let (status, body) = match exec::execute(conn, request) {
-        Ok(body) => {
-            within(conn, scope, || {
-                conn.execute_batch(&format!("RELEASE {STATEMENT}"))
-            })?;
+    let (status, body) = match exec::execute(writer, request, Access::ReadWrite) {
+        Ok(Ran::Body(body)) => {
+            within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
             (200, body)
+        }
+        Ok(Ran::NeedsWriter) => {
+            rollback(conn);
+            return Err(ApiError::internal());
         }
         Err(err) if err.code.is_stored_outcome() => {
             if !conn.is_autocommit() {
                 // Undo whatever part of the statement ran (e.g. under OR FAIL).
-                within(conn, scope, || {
+                within(conn, || {
                     conn.execute_batch(&format!("ROLLBACK TO {STATEMENT}; RELEASE {STATEMENT}"))
                 })?;
             }
             (err.code.status().as_u16(), err.body())
         }
         Err(err) => {
-            rollback(conn, scope);
+            rollback(conn);
             return Err(err);
         }
     };
@@ -228,10 +208,8 @@ pub(crate) fn execute_with_key(
         // left no effects, so the outcome is stored on its own.
         store(conn, key, request_hash, status, &body).map_err(map_engine_error)?;
     } else {
-        within(conn, scope, || {
-            store(conn, key, request_hash, status, &body)
-        })?;
-        commit(conn, scope)?;
+        within(conn, || store(conn, key, request_hash, status, &body))?;
+        commit(conn)?;
     }
     Ok(Outcome {
         status,

@@ -1,28 +1,38 @@
-//! The engine: one SQLite connection owned by a dedicated thread, fed jobs through a channel,
-//! so blocking engine work never runs on the async runtime's worker threads and every request
-//! of the process sees the same database.
+//! The engine: one writer connection and a pool of reader connections to the served SQLite
+//! database, each owned by a dedicated thread, so blocking engine work never runs on the async
+//! runtime's worker threads.
 //!
-//! [`Engine`] is the async-side handle: `run` a job, `close` the connection. Panics in engine
-//! code are caught per job and become `500 INTERNAL`. This module knows nothing about HTTP.
+//! [`Engine`] is the async-side handle. A statement without an Idempotency-Key is first
+//! compiled on a reader: if it cannot write it runs there, in parallel with other reads and
+//! with the writer (WAL, for files and for the throwaway `sqlite::memory:` database alike);
+//! otherwise it goes to the writer. Keyed statements go straight to the writer, inside the server's own transaction.
+//! Every request is its own transaction: clients cannot open one (see `sandbox`). Each job has
+//! a statement timeout and is cancelled when its requester goes away; queues are bounded.
+//! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
+mod connection;
+mod control;
 mod errors;
 mod exec;
 mod idempotency;
-mod session;
+mod sandbox;
+mod worker;
 
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Mutex, PoisonError, mpsc};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use rusqlite::InterruptHandle;
-use tokio::sync::oneshot;
-
 use crate::api_error::ApiError;
-use crate::config::Database;
+use crate::config::{Database, Limits};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
-pub(crate) use session::Session;
+use connection::{Conn, Role, Target};
+use control::{Hooks, JobControl};
+use exec::{Access, Ran};
+use worker::Pool;
+
+pub(crate) use sandbox::check_text;
 
 /// What a statement produced: a status and JSON body, fresh or replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,96 +42,116 @@ pub(crate) struct Outcome {
     pub(crate) replayed: bool,
 }
 
-type Job = Box<dyn FnOnce(&mut Session) + Send>;
-
-enum Command {
-    Run(Job),
-    Close,
-}
-
-/// Handle to the engine thread.
-pub(crate) struct Engine {
-    commands: mpsc::Sender<Command>,
-    interrupt: InterruptHandle,
-    exited: Mutex<Option<oneshot::Receiver<()>>>,
-}
-
-impl std::fmt::Debug for Engine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Engine").finish_non_exhaustive()
+impl Outcome {
+    fn fresh(body: Vec<u8>) -> Outcome {
+        Outcome {
+            status: 200,
+            body,
+            replayed: false,
+        }
     }
 }
 
-/// How often `close` interrupts a statement that keeps the engine thread from exiting.
+/// How often `close` interrupts statements that keep engine threads from exiting.
 const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
 
-fn shutting_down() -> ApiError {
-    ApiError::unavailable("the server is shutting down")
+/// Handle to the engine's threads.
+#[derive(Debug)]
+pub(crate) struct Engine {
+    writer: Pool,
+    readers: Option<Pool>,
+    closing: Arc<AtomicBool>,
+}
+
+/// Cancels a job when the request waiting for it is dropped (the client went away).
+struct CancelOnDrop(Arc<JobControl>);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        self.0.cancel();
+    }
 }
 
 impl Engine {
-    /// Opens the database on the calling thread, then hands it to a new engine thread.
+    /// Opens the writer (creating the server's tables) and the readers on the calling thread,
+    /// then hands each connection to its own thread.
     pub(crate) fn start(
         database: &Database,
         idempotency_ttl: Option<Duration>,
+        limits: Limits,
     ) -> Result<Engine, ServerError> {
-        let session = Session::open(database, idempotency_ttl)
-            .map_err(|e| ServerError::open_database(database, e))?;
-        let interrupt = session.conn.get_interrupt_handle();
-        let (commands, inbox) = mpsc::channel();
-        let (exited_tx, exited_rx) = oneshot::channel();
-        std::thread::Builder::new()
-            .name("sqlhttpd-engine".to_owned())
-            .spawn(move || engine_main(session, inbox, exited_tx))
+        let open_error = |e| ServerError::open_database(database, e);
+        let closing = Arc::new(AtomicBool::new(false));
+        let target = Target::new(database).map_err(ServerError::EngineThread)?;
+        let hooks = || Arc::new(Hooks::new(Arc::clone(&closing)));
+        let mut writer = Conn::open(&target, Role::Writer, limits, hooks()).map_err(open_error)?;
+        writer
+            .conn
+            .execute_batch(exec::ROWID_PROBE_DDL)
+            .map_err(open_error)?;
+        // The table exists even with idempotency off, so no client can claim its name.
+        idempotency::create_table(&writer.conn).map_err(open_error)?;
+        if let Some(ttl) = idempotency_ttl {
+            idempotency::purge_expired(&writer.conn, ttl).map_err(open_error)?;
+            writer.last_purge = Some(std::time::Instant::now());
+        }
+        let readers = (0..limits.read_connections)
+            .map(|_| Conn::open(&target, Role::Reader, limits, hooks()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(open_error)?;
+
+        let writer = Pool::start("writer", vec![writer], limits.queue_depth)
             .map_err(ServerError::EngineThread)?;
+        let readers = if readers.is_empty() {
+            None
+        } else {
+            Some(
+                Pool::start("reader", readers, limits.queue_depth)
+                    .map_err(ServerError::EngineThread)?,
+            )
+        };
         Ok(Engine {
-            commands,
-            interrupt,
-            exited: Mutex::new(Some(exited_rx)),
+            writer,
+            readers,
+            closing,
         })
     }
 
-    /// Runs `job` on the engine thread and waits for its result. A panic in `job` becomes
-    /// `500 INTERNAL` (and a transaction it opened is rolled back); a closed engine answers
-    /// `503 UNAVAILABLE`.
-    pub(crate) async fn run<T, F>(&self, job: F) -> Result<T, ApiError>
+    /// Runs `job` on one of `pool`'s connections; dropping the returned future cancels it.
+    async fn run<T, F>(pool: &Pool, job: F) -> Result<T, ApiError>
     where
-        F: FnOnce(&mut Session) -> Result<T, ApiError> + Send + 'static,
+        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
         T: Send + 'static,
     {
-        let (reply, result) = oneshot::channel();
-        let wrapped: Job = Box::new(move |session: &mut Session| {
-            let was_autocommit = session.conn.is_autocommit();
-            let outcome = match catch_unwind(AssertUnwindSafe(|| job(session))) {
-                Ok(outcome) => outcome,
-                Err(panic) => {
-                    tracing::error!(
-                        panic = crate::panic_message(panic.as_ref()),
-                        "panic in engine code"
-                    );
-                    session.recover_after_panic(was_autocommit);
-                    Err(ApiError::internal())
-                }
-            };
-            // The requester may have gone away; the work is done either way.
-            let _ = reply.send(outcome);
-        });
-        self.commands
-            .send(Command::Run(wrapped))
-            .map_err(|_| shutting_down())?;
-        result.await.map_err(|_| shutting_down())?
+        let control = Arc::new(JobControl::default());
+        let cancel = CancelOnDrop(Arc::clone(&control));
+        let result = pool.run(&control, job).await;
+        std::mem::forget(cancel);
+        result
     }
 
-    /// Runs one request without an Idempotency-Key.
+    /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
+    /// write, else on the writer.
     pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        self.run(move |session| {
-            exec::execute(&session.conn, &request).map(|body| Outcome {
-                status: 200,
-                body,
-                replayed: false,
+        let request = Arc::new(request);
+        if let Some(readers) = &self.readers {
+            let read = Arc::clone(&request);
+            let ran = Self::run(readers, move |conn| {
+                exec::execute(conn, &read, Access::ReadOnly)
             })
+            .await?;
+            if let Ran::Body(body) = ran {
+                return Ok(Outcome::fresh(body));
+            }
+        }
+        let ran = Self::run(&self.writer, move |conn| {
+            exec::execute(conn, &request, Access::ReadWrite)
         })
-        .await
+        .await?;
+        match ran {
+            Ran::Body(body) => Ok(Outcome::fresh(body)),
+            Ran::NeedsWriter => Err(ApiError::internal()),
+        }
     }
 
     /// Runs one keyed request exactly once (see `idempotency`). `guard` is held until the
@@ -134,43 +164,48 @@ impl Engine {
         request: SqlRequest,
         guard: G,
     ) -> Result<Outcome, ApiError> {
-        self.run(move |session| {
+        Self::run(&self.writer, move |writer| {
             let _guard = guard;
-            idempotency::execute_with_key(session, ttl, &key, &request_hash, &request)
+            idempotency::execute_with_key(writer, ttl, &key, &request_hash, &request)
         })
         .await
     }
 
-    /// Closes the connection: queued jobs run first, a statement still running is interrupted,
-    /// and this returns once the connection has been dropped. Later jobs answer 503.
-    pub(crate) async fn close(&self) {
-        let exited = self
-            .exited
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        let Some(mut exited) = exited else {
-            return;
+    /// Whether every pool answers a trivial statement.
+    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
+        let probe = |conn: &mut Conn| {
+            conn.conn
+                .query_row("SELECT 1", [], |row| row.get::<_, i64>(0))
+                .map(drop)
+                .map_err(errors::map_engine_error)
         };
-        let _ = self.commands.send(Command::Close);
-        loop {
-            match tokio::time::timeout(INTERRUPT_EVERY, &mut exited).await {
-                Ok(_) => return,
-                Err(_) => self.interrupt.interrupt(),
+        Self::run(&self.writer, probe).await?;
+        if let Some(readers) = &self.readers {
+            Self::run(readers, probe).await?;
+        }
+        Ok(())
+    }
+
+    /// Closes the connections: statements running or queued are interrupted (their requests
+    /// answer 503), and this returns once every connection has been dropped. Later requests
+    /// answer 503.
+    pub(crate) async fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        let pools: Vec<&Pool> = std::iter::once(&self.writer).chain(&self.readers).collect();
+        let mut exits = Vec::new();
+        for pool in &pools {
+            pool.close_queue();
+            exits.extend(pool.take_exits());
+        }
+        for mut exit in exits {
+            loop {
+                match tokio::time::timeout(INTERRUPT_EVERY, &mut exit).await {
+                    Ok(_) => break,
+                    Err(_) => pools.iter().for_each(|pool| pool.interrupt_all()),
+                }
             }
         }
     }
-}
-
-fn engine_main(mut session: Session, inbox: mpsc::Receiver<Command>, exited: oneshot::Sender<()>) {
-    while let Ok(Command::Run(job)) = inbox.recv() {
-        // `run` catches panics inside the job; this is the last line of defence.
-        if catch_unwind(AssertUnwindSafe(|| job(&mut session))).is_err() {
-            tracing::error!("panic escaped an engine job");
-        }
-    }
-    drop(session);
-    let _ = exited.send(());
 }
 
 #[cfg(test)]
@@ -178,53 +213,153 @@ mod tests {
     use super::*;
     use crate::api_error::ErrorCode;
 
-    fn engine() -> Engine {
-        Engine::start(&Database::Memory, None).unwrap()
+    fn engine_with(limits: Limits) -> Engine {
+        Engine::start(&Database::Memory, None, limits).unwrap()
     }
 
-    fn select(sql: &str) -> SqlRequest {
+    fn engine() -> Engine {
+        engine_with(Limits::default())
+    }
+
+    fn statement(sql: &str) -> SqlRequest {
         SqlRequest {
             sql: sql.into(),
             params: vec![],
         }
     }
 
+    const ENDLESS: &str =
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
     #[tokio::test]
     async fn a_panicking_job_is_a_500_and_the_engine_lives_on() {
         let engine = engine();
-        let err = engine
-            .run(|session| -> Result<(), ApiError> {
-                session.conn.execute_batch("BEGIN").unwrap();
-                panic!("boom")
-            })
-            .await
-            .unwrap_err();
+        let err = Engine::run(&engine.writer, |conn| -> Result<(), ApiError> {
+            conn.conn.execute_batch("BEGIN").unwrap();
+            panic!("boom")
+        })
+        .await
+        .unwrap_err();
         assert_eq!(err.code, ErrorCode::Internal);
         assert_eq!(err.message, crate::api_error::INTERNAL_MESSAGE);
-        let autocommit = engine
-            .run(|session| Ok(session.conn.is_autocommit()))
+        let autocommit = Engine::run(&engine.writer, |conn| Ok(conn.conn.is_autocommit()))
             .await
             .unwrap();
         assert!(
             autocommit,
             "the panicking job's transaction was rolled back"
         );
-        let ok = engine.execute(select("SELECT 1")).await.unwrap();
+        let ok = engine.execute(statement("SELECT 1")).await.unwrap();
         assert_eq!(ok.status, 200);
     }
 
     #[tokio::test]
     async fn close_interrupts_a_running_statement_and_later_jobs_get_503() {
         let engine = engine();
-        let endless = engine.execute(select(
-            "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c",
-        ));
+        let endless = engine.execute(statement(ENDLESS));
         let (endless, ()) = tokio::join!(endless, async {
-            tokio::task::yield_now().await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
             engine.close().await;
         });
         assert_eq!(endless.unwrap_err().code, ErrorCode::Unavailable);
-        let after = engine.execute(select("SELECT 1")).await.unwrap_err();
+        let after = engine.execute(statement("SELECT 1")).await.unwrap_err();
         assert_eq!(after.code, ErrorCode::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn a_runaway_statement_times_out_and_the_engine_serves_on() {
+        let engine = engine_with(Limits {
+            statement_timeout: Duration::from_millis(100),
+            ..Limits::default()
+        });
+        let err = engine.execute(statement(ENDLESS)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementTimeout);
+        assert!(err.message.contains("100 ms"), "{}", err.message);
+        engine.execute(statement("SELECT 1")).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_stops_its_statement() {
+        let engine = engine_with(Limits {
+            read_connections: 1,
+            ..Limits::default()
+        });
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(50),
+            engine.execute(statement(ENDLESS)),
+        )
+        .await;
+        assert!(
+            abandoned.is_err(),
+            "the endless statement was still running"
+        );
+        // The only reader is free again well within the statement timeout.
+        let quick = tokio::time::timeout(
+            Duration::from_secs(5),
+            engine.execute(statement("SELECT 1")),
+        )
+        .await
+        .expect("the reader was released");
+        assert_eq!(quick.unwrap().status, 200);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_answers_503_at_once() {
+        let engine = engine_with(Limits {
+            read_connections: 1,
+            queue_depth: 1,
+            statement_timeout: Duration::from_millis(500),
+            ..Limits::default()
+        });
+        let running = engine.execute(statement(ENDLESS));
+        let queued = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            engine.execute(statement(ENDLESS)).await
+        };
+        let refused = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            engine.execute(statement("SELECT 1")).await
+        };
+        let (running, queued, refused) = tokio::join!(running, queued, refused);
+        assert_eq!(running.unwrap_err().code, ErrorCode::StatementTimeout);
+        assert_eq!(queued.unwrap_err().code, ErrorCode::StatementTimeout);
+        let refused = refused.unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert!(refused.message.contains("busy"), "{}", refused.message);
+    }
+
+    #[tokio::test]
+    async fn reads_run_beside_a_long_read() {
+        let engine = engine_with(Limits {
+            read_connections: 2,
+            statement_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        });
+        let long = engine.execute(statement(ENDLESS));
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let started = std::time::Instant::now();
+            engine.execute(statement("SELECT 1")).await.unwrap();
+            engine
+                .execute(statement("CREATE TABLE t (x)"))
+                .await
+                .unwrap();
+            engine
+                .execute(statement("INSERT INTO t VALUES (1)"))
+                .await
+                .unwrap();
+            let count = engine
+                .execute(statement("SELECT count(*) FROM t"))
+                .await
+                .unwrap();
+            (started.elapsed(), count)
+        };
+        let (long, (elapsed, count)) = tokio::join!(long, quick);
+        assert_eq!(long.unwrap_err().code, ErrorCode::StatementTimeout);
+        assert!(
+            elapsed < Duration::from_secs(1),
+            "quick work waited {elapsed:?}"
+        );
+        assert!(String::from_utf8_lossy(&count.body).contains("[[1]]"));
     }
 }

@@ -1,11 +1,14 @@
-//! The HTTP surface: [`app`] (routes, fallbacks, layers) and the `POST /api/v1/sql` handler,
-//! which authenticates, validates the Idempotency-Key, reads the body within the limit,
-//! decodes it and hands the statement to the engine.
+//! The HTTP surface: [`app`] (routes, fallbacks, layers), the probes, and the
+//! `POST /api/v1/sql` handler, which authenticates, requires a JSON body, validates the
+//! Idempotency-Key, reads the body within its size and time limits, decodes it and hands the
+//! statement to the engine.
 //!
 //! Knows HTTP and the protocol; it does not know SQLite (only the engine's async handle).
 
 pub(crate) mod auth;
 mod body;
+mod browser;
+pub(crate) mod hyper_errors;
 mod middleware;
 
 use axum::Router;
@@ -17,8 +20,8 @@ use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::api_error::{ApiError, ErrorCode, json_response};
-use crate::engine::Outcome;
-use crate::request::{SqlRequest, is_transaction_control};
+use crate::engine::{Outcome, check_text};
+use crate::request::SqlRequest;
 use crate::state::AppState;
 
 /// The SQL endpoint's path.
@@ -30,8 +33,12 @@ pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idem
 /// Longest accepted Idempotency-Key.
 const MAX_KEY_LEN: usize = 255;
 
-/// Builds the HTTP app over `state`: `POST /api/v1/sql`, `GET /healthz`, JSON 404/405
-/// bodies, panic-to-500 conversion and one log line per request.
+/// How long `/readyz` waits for the engine to answer a trivial statement.
+const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Builds the HTTP app over `state`: `POST /api/v1/sql`, `GET /healthz` (liveness), `GET
+/// /readyz` (the engine answers), JSON 404/405 bodies, the browser policy (origins, CORS),
+/// panic-to-500 conversion and one log line per request.
 ///
 /// ```
 /// use sqlhttp_server::{AppState, Config, app};
@@ -55,20 +62,37 @@ const MAX_KEY_LEN: usize = 255;
 /// # }
 /// ```
 pub fn app(state: AppState) -> Router {
+    let origins = state.inner.allow_origins.clone();
     Router::new()
         .route(SQL_PATH, post(sql).fallback(sql_method_not_allowed))
-        .route(
-            "/healthz",
-            get(healthz).fallback(healthz_method_not_allowed),
-        )
+        .route("/healthz", get(healthz).fallback(probe_method_not_allowed))
+        .route("/readyz", get(readyz).fallback(probe_method_not_allowed))
         .fallback(not_found)
         .with_state(state)
+        .layer(browser::cors(&origins))
+        .layer(axum::middleware::from_fn_with_state(
+            browser::Origins::new(origins),
+            browser::refuse_unlisted_origins,
+        ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(axum::middleware::from_fn(middleware::log_requests))
 }
 
 async fn healthz() -> &'static str {
     "ok"
+}
+
+async fn readyz(State(state): State<AppState>) -> Response {
+    match tokio::time::timeout(READY_WITHIN, state.inner.engine.ready()).await {
+        Ok(Ok(())) => "ready".into_response(),
+        Ok(Err(err)) => ApiError::unavailable(format!("the engine is not ready: {}", err.message))
+            .into_response(),
+        Err(_) => ApiError::unavailable(format!(
+            "the engine did not answer a trivial statement within {} ms",
+            READY_WITHIN.as_millis()
+        ))
+        .into_response(),
+    }
 }
 
 async fn not_found() -> ApiError {
@@ -79,7 +103,7 @@ async fn sql_method_not_allowed() -> ApiError {
     ApiError::method_not_allowed("POST")
 }
 
-async fn healthz_method_not_allowed() -> ApiError {
+async fn probe_method_not_allowed() -> ApiError {
     ApiError::method_not_allowed("GET, HEAD")
 }
 
@@ -94,23 +118,30 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     shared.tokens.authorize(&parts.headers)?;
+    require_json(&parts.headers)?;
     let key = match shared.idempotency_ttl {
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
         None => None,
     };
-    let bytes = body::read_limited(body, &parts.headers, shared.max_body_bytes).await?;
+    let read = body::read_limited(body, &parts.headers, shared.max_body_bytes);
+    let bytes = tokio::time::timeout(shared.body_timeout, read)
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} ms",
+                    shared.body_timeout.as_millis()
+                ),
+            )
+        })??;
     let request = SqlRequest::parse(&bytes)?;
+    check_text(&request.sql, &shared.limits)?;
     tracing::debug!(sql = %request.sql, "statement");
 
     let Some((ttl, key)) = key else {
         return shared.engine.execute(request).await;
     };
-    if is_transaction_control(&request.sql) {
-        return Err(ApiError::bad_request(
-            "transaction-control statements (BEGIN, COMMIT, ROLLBACK, SAVEPOINT, RELEASE, END) \
-             cannot carry an Idempotency-Key",
-        ));
-    }
     let guard = shared.claim(&key).ok_or_else(|| {
         ApiError::new(
             ErrorCode::IdempotencyKeyInUse,
@@ -122,6 +153,23 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
         .engine
         .execute_with_key(ttl, key, request_hash, request, guard)
         .await
+}
+
+/// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
+/// `text/plain` across origins without asking first; they cannot send `application/json`.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let declared = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(str::trim);
+    match declared {
+        Some(media) if media.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            "the body must be sent with `Content-Type: application/json`",
+        )),
+    }
 }
 
 /// The request's Idempotency-Key: 1 to 255 visible ASCII characters, at most one header.
@@ -191,6 +239,34 @@ mod tests {
             text,
             r#"{"error":{"code":"INTERNAL","message":"internal server error"}}"#
         );
+    }
+
+    #[test]
+    fn only_json_bodies_are_accepted() {
+        let with = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(
+                    axum::http::header::CONTENT_TYPE,
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            require_json(&headers).map_err(|e| e.code)
+        };
+        assert_eq!(with(Some("application/json")), Ok(()));
+        assert_eq!(with(Some("Application/JSON; charset=utf-8")), Ok(()));
+        for refused in [
+            None,
+            Some("text/plain"),
+            Some("application/jsonx"),
+            Some(""),
+        ] {
+            assert_eq!(
+                with(refused),
+                Err(ErrorCode::UnsupportedMediaType),
+                "{refused:?}"
+            );
+        }
     }
 
     #[test]

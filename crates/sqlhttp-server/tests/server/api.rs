@@ -60,7 +60,7 @@ async fn malformed_requests_are_bad_request() {
         r#"{"sql": "SELECT ?", "params": [-9223372036854775809]}"#.to_owned(),
     ];
     for body in bodies {
-        let reply = send(&router, "POST", "/api/v1/sql", &[], body.clone()).await;
+        let reply = send(&router, "POST", "/api/v1/sql", JSON, body.clone()).await;
         assert_eq!(reply.status, 400, "{body}");
         assert_eq!(reply.code(), "BAD_REQUEST", "{body}");
     }
@@ -332,23 +332,70 @@ async fn oversized_bodies_are_413_with_a_json_body() {
     });
     let fits = json!({"sql": "SELECT 1"}).to_string();
     assert_eq!(
-        send(&router, "POST", "/api/v1/sql", &[], fits).await.status,
+        send(&router, "POST", "/api/v1/sql", JSON, fits)
+            .await
+            .status,
         200
     );
     let big = json!({"sql": format!("SELECT '{}'", "x".repeat(100))}).to_string();
-    let reply = send(&router, "POST", "/api/v1/sql", &[], big).await;
+    let reply = send(&router, "POST", "/api/v1/sql", JSON, big).await;
     assert_eq!(reply.status, 413);
     assert_eq!(reply.code(), "PAYLOAD_TOO_LARGE");
     assert_eq!(reply.header("content-type"), Some("application/json"));
 }
 
+/// The headers of a JSON POST.
+const JSON: &[(&str, &str)] = &[("content-type", "application/json")];
+
 #[tokio::test]
-async fn a_transaction_spans_requests_on_the_shared_connection() {
+async fn no_transaction_spans_requests() {
     let router = memory_app();
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    ok(&router, "BEGIN", json!([])).await;
+    for statement in [
+        "BEGIN",
+        "begin immediate",
+        "SAVEPOINT s",
+        "COMMIT",
+        "END",
+        "ROLLBACK",
+    ] {
+        let reply = sql(&router, statement, json!([])).await;
+        assert_eq!(reply.status, 400, "{statement}");
+        assert_eq!(reply.code(), "BAD_REQUEST", "{statement}");
+        let message = reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            message.contains("batch"),
+            "says how to get atomic work: {message}"
+        );
+    }
     ok(&router, "INSERT INTO t VALUES (1)", json!([])).await;
-    ok(&router, "ROLLBACK", json!([])).await;
+    // Nothing can undo an acknowledged write: ROLLBACK was refused, the row stays.
+    let _ = sql(&router, "ROLLBACK", json!([])).await;
     let count = ok(&router, "SELECT count(*) FROM t", json!([])).await;
-    assert_eq!(count["rows"], json!([[0]]));
+    assert_eq!(count["rows"], json!([[1]]));
+}
+
+#[tokio::test]
+async fn a_body_not_declared_as_json_is_415() {
+    let router = memory_app();
+    let body = json!({"sql": "SELECT 1"}).to_string();
+    for headers in [
+        &[][..],
+        &[("content-type", "text/plain")][..],
+        &[("content-type", "application/x-www-form-urlencoded")][..],
+    ] {
+        let reply = send(&router, "POST", "/api/v1/sql", headers, body.clone()).await;
+        assert_eq!(reply.status, 415, "{headers:?}");
+        assert_eq!(reply.code(), "UNSUPPORTED_MEDIA_TYPE");
+    }
+    let charset = [("content-type", "application/json; charset=utf-8")];
+    assert_eq!(
+        send(&router, "POST", "/api/v1/sql", &charset, body)
+            .await
+            .status,
+        200
+    );
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Config, app};
 
-use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send};
+use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send, sql};
 
 fn body(sql: &str, params: Value) -> Value {
     json!({"sql": sql, "params": params})
@@ -169,13 +169,11 @@ async fn the_off_switch_ignores_keys() {
         assert_eq!(reply.header("idempotent-replayed"), None);
     }
     assert_eq!(count(&router).await, 3);
-    let tables = ok(
-        &router,
-        "SELECT count(*) FROM sqlite_master WHERE name = '_sqlhttp_idempotency'",
-        json!([]),
-    )
-    .await;
-    assert_eq!(tables["rows"], json!([[0]]));
+    // The store's name stays the server's, so no client can plant a table under it for the
+    // day idempotency is switched back on.
+    let planted = sql(&router, "CREATE TABLE _sqlhttp_idempotency (x)", json!([])).await;
+    assert_eq!(planted.status, 403);
+    assert_eq!(planted.code(), "STATEMENT_NOT_ALLOWED");
 }
 
 #[tokio::test]
@@ -188,7 +186,10 @@ async fn malformed_keys_are_bad_request() {
             &router,
             "POST",
             "/api/v1/sql",
-            &[("idempotency-key", key)],
+            &[
+                ("idempotency-key", key),
+                ("content-type", "application/json"),
+            ],
             select.to_string(),
         )
         .await;
@@ -218,17 +219,33 @@ async fn transaction_control_cannot_carry_a_key() {
 }
 
 #[tokio::test]
-async fn a_keyed_statement_inside_a_client_transaction_follows_it() {
+async fn clients_cannot_reach_the_store_and_keyed_writes_stay_exactly_once() {
     let router = memory_app();
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    ok(&router, "BEGIN", json!([])).await;
     let insert = body("INSERT INTO t VALUES (1)", json!([]));
-    assert_eq!(keyed(&router, "inner", &insert).await.status, 200);
-    ok(&router, "ROLLBACK", json!([])).await;
-    assert_eq!(count(&router).await, 0);
-    // The stored outcome was rolled back with the effect, so the key runs again.
-    let again = keyed(&router, "inner", &insert).await;
-    assert_eq!(again.status, 200);
-    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(keyed(&router, "kept", &insert).await.status, 200);
+    for attack in [
+        "SELECT * FROM _sqlhttp_idempotency",
+        "DELETE FROM _sqlhttp_idempotency",
+        "UPDATE _sqlhttp_idempotency SET request_hash = x'00'",
+        "DROP TABLE _sqlhttp_idempotency",
+        "ALTER TABLE _sqlhttp_idempotency RENAME TO gone",
+        "DROP INDEX _sqlhttp_idempotency_created_at",
+        "CREATE TRIGGER wipe AFTER INSERT ON _sqlhttp_idempotency BEGIN DELETE FROM _sqlhttp_idempotency; END",
+        "CREATE VIEW peek AS SELECT * FROM _SQLHTTP_IDEMPOTENCY",
+        "INSERT INTO main._sqlhttp_idempotency VALUES ('x', x'00', 200, x'00', 0)",
+    ] {
+        let reply = sql(&router, attack, json!([])).await;
+        // A view over the store can be created but not read; everything else is refused.
+        if attack.starts_with("CREATE VIEW") {
+            let peek = sql(&router, "SELECT * FROM peek", json!([])).await;
+            assert_eq!(peek.code(), "STATEMENT_NOT_ALLOWED", "{attack}");
+            continue;
+        }
+        assert_eq!(reply.status, 403, "{attack}");
+        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{attack}");
+    }
+    let replay = keyed(&router, "kept", &insert).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(count(&router).await, 1);
 }

@@ -1,0 +1,165 @@
+//! [`Conn`]: one configured SQLite connection of the engine (the writer or a reader) with its
+//! hooks, and [`Target`], where the engine's connections point: the served file, or, for
+//! `sqlite::memory:`, a throwaway file in a private temporary directory that is removed when
+//! the last connection closes (so reads run beside writes exactly as on a file; see ADR 0013).
+//!
+//! Opening sets everything the server owns about a connection: the sandbox's limits and
+//! authorizer, the progress handler (statement timeout, cancellation, shutdown), the busy
+//! handler, WAL journaling and durable commits for files, `query_only` for readers. Lives on
+//! engine threads; knows nothing about HTTP, requests or pooling.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rusqlite::hooks::Authorization;
+use rusqlite::{Connection, OpenFlags};
+
+use crate::config::{Database, Limits};
+use crate::engine::control::Hooks;
+use crate::engine::sandbox;
+
+/// How long a statement waits for another process's lock before answering 503 (the engine's
+/// own connections never wait for each other in WAL mode, but for checkpoints).
+pub(crate) const BUSY_LIMIT: Duration = Duration::from_millis(250);
+
+/// SQLite virtual-machine steps between two checks of the job's deadline and cancellation.
+const PROGRESS_EVERY: i32 = 1_000;
+
+/// Whether a connection may write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    Writer,
+    Reader,
+}
+
+/// Where every connection of one engine points.
+#[derive(Debug, Clone)]
+pub(crate) enum Target {
+    /// The served database file.
+    File(PathBuf),
+    /// A throwaway database in a private temporary directory, removed when the last clone of
+    /// this target is dropped (every connection holds one).
+    Scratch(Arc<tempfile::TempDir>),
+}
+
+impl Target {
+    pub(crate) fn new(database: &Database) -> std::io::Result<Target> {
+        match database {
+            Database::File(path) => Ok(Target::File(path.clone())),
+            Database::Memory => tempfile::Builder::new()
+                .prefix("sqlhttpd-")
+                .tempdir()
+                .map(|dir| Target::Scratch(Arc::new(dir))),
+        }
+    }
+
+    fn path(&self) -> PathBuf {
+        match self {
+            Target::File(path) => path.clone(),
+            Target::Scratch(dir) => dir.path().join("scratch.db"),
+        }
+    }
+
+    /// Whether committed data must survive a crash (a scratch database dies with the server).
+    fn is_durable(&self) -> bool {
+        matches!(self, Target::File(_))
+    }
+}
+
+fn path_str(path: &Path) -> rusqlite::Result<&str> {
+    path.to_str()
+        .ok_or_else(|| rusqlite::Error::InvalidPath(path.to_owned()))
+}
+
+/// One engine connection and its per-connection state.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    // Declared first, dropped first: the connection closes before its target's directory
+    // can be removed.
+    pub(crate) conn: Connection,
+    pub(crate) hooks: Arc<Hooks>,
+    pub(crate) limits: Limits,
+    /// When expired idempotency keys were last purged (writer only).
+    pub(crate) last_purge: Option<Instant>,
+    _target: Target,
+}
+
+impl Conn {
+    /// Opens and configures a connection to `target`.
+    pub(crate) fn open(
+        target: &Target,
+        role: Role,
+        limits: Limits,
+        hooks: Arc<Hooks>,
+    ) -> rusqlite::Result<Conn> {
+        let flags = OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_URI
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+        let path = target.path();
+        let mut conn = Connection::open_with_flags(path_str(&path)?, flags)?;
+        sandbox::configure(&conn, &limits)?;
+        match role {
+            Role::Writer => {
+                // Readers never block the writer nor each other.
+                conn.pragma_update(None, "journal_mode", "WAL")?;
+            }
+            Role::Reader => conn.execute_batch("PRAGMA query_only = ON")?,
+        }
+        // An acknowledged commit survives a crash; a scratch database does not outlive the
+        // process, so it skips the fsyncs.
+        conn.execute_batch(if target.is_durable() {
+            "PRAGMA synchronous = FULL"
+        } else {
+            "PRAGMA synchronous = OFF"
+        })?;
+
+        let progress = Arc::clone(&hooks);
+        conn.progress_handler(PROGRESS_EVERY, Some(move || progress.must_stop()))?;
+        let busy = Arc::clone(&hooks);
+        let mut waiting_since = Instant::now();
+        conn.busy_handler(Some(move |count: i32| {
+            if count == 0 {
+                waiting_since = Instant::now();
+            }
+            if busy.must_stop() || waiting_since.elapsed() >= BUSY_LIMIT {
+                return false;
+            }
+            let pause = Duration::from_millis(u64::from(count.clamp(1, 10).unsigned_abs()));
+            std::thread::sleep(pause);
+            true
+        }))?;
+        let authorizer = Arc::clone(&hooks);
+        conn.authorizer(Some(move |context: rusqlite::hooks::AuthContext<'_>| {
+            if !authorizer.is_sandboxed() {
+                return Authorization::Allow;
+            }
+            match sandbox::authorize(&context.action) {
+                Ok(()) => Authorization::Allow,
+                Err(reason) => {
+                    authorizer.record_denial(reason);
+                    Authorization::Deny
+                }
+            }
+        }))?;
+        Ok(Conn {
+            conn,
+            hooks,
+            limits,
+            last_purge: None,
+            _target: target.clone(),
+        })
+    }
+
+    /// Ends a transaction a job left open (after a panic, or anything unforeseen), so no
+    /// state crosses from one request to the next.
+    pub(crate) fn end_stray_transaction(&self) {
+        if !self.conn.is_autocommit() {
+            tracing::error!("a job left a transaction open; rolling it back");
+            if let Err(e) = self.conn.execute_batch("ROLLBACK") {
+                tracing::error!(error = %e, "cannot roll back a stray transaction");
+            }
+        }
+    }
+}
