@@ -19,7 +19,7 @@ use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Delivered, HttpExchange, Transport};
+use crate::transport::{Call, Delivered, Exchange, HttpExchange, Transport};
 
 /// The path of the protocol's one endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -195,6 +195,8 @@ pub struct ClientBuilder {
     user_agent: String,
     timeout: Option<Duration>,
     http_client: Option<reqwest::Client>,
+    #[cfg(feature = "simulation")]
+    simulated: Option<crate::simulation::SimulatedServer>,
     policy: RetryPolicy,
     retry_writes: bool,
     budget: Option<RetryBudget>,
@@ -266,6 +268,8 @@ impl ClientBuilder {
             user_agent: concat!("sqlhttp-rust/", env!("CARGO_PKG_VERSION")).to_owned(),
             timeout: Some(Duration::from_secs(30)),
             http_client: None,
+            #[cfg(feature = "simulation")]
+            simulated: None,
             policy: RetryPolicy::new(),
             retry_writes: false,
             budget: Some(RetryBudget::new()),
@@ -300,6 +304,19 @@ impl ClientBuilder {
     /// Default: a client built by the SDK with both off.
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http_client = Some(client);
+        self
+    }
+
+    /// Sends every attempt to `server`, a function of yours, instead of over HTTP (feature
+    /// `simulation`): see the [`simulation`](crate::simulation) module. Everything but the network is
+    /// the real client. Default: HTTP.
+    #[cfg(feature = "simulation")]
+    pub fn simulated_server<F, Fut>(mut self, server: F) -> Self
+    where
+        F: Fn(crate::simulation::Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = std::io::Result<crate::simulation::Response>> + Send + 'static,
+    {
+        self.simulated = Some(crate::simulation::SimulatedServer::new(server));
         self
     }
 
@@ -470,23 +487,39 @@ impl ClientBuilder {
         if self.insert_limits.max_params == 0 || self.insert_limits.max_body_bytes == 0 {
             return Err(Error::config("insert limits must be larger than zero"));
         }
+        #[cfg(feature = "simulation")]
+        let simulated = self.simulated;
+        #[cfg(not(feature = "simulation"))]
+        let simulated: Option<std::convert::Infallible> = None;
         let http = match self.http_client {
+            _ if simulated.is_some() => None,
             Some(_) if self.net.changed => {
                 return Err(Error::config(
                     "transport settings (connect timeout, pool, keepalive, proxy, certificates) \
                      apply to the SDK's own HTTP client; set them on the client given to http_client",
                 ));
             }
-            Some(http) => http,
-            None => self.net.http_client()?,
+            Some(http) => Some(http),
+            None => Some(self.net.http_client()?),
         };
-        let transport = Transport {
-            exchange: Box::new(HttpExchange {
+        let exchange: Box<dyn Exchange> = match (http, simulated) {
+            (Some(http), _) => Box::new(HttpExchange {
                 http,
                 endpoint: endpoint.clone(),
                 authorization,
                 user_agent,
             }),
+            #[cfg(feature = "simulation")]
+            (None, Some(server)) => Box::new(crate::simulation::SimulatedExchange {
+                server,
+                endpoint: endpoint.clone(),
+                authorization,
+                user_agent,
+            }),
+            (None, _) => unreachable!("an HTTP client is built unless a simulated server is set"),
+        };
+        let transport = Transport {
+            exchange,
             timeout: self.timeout,
             policy: self.policy,
             retry_writes: self.retry_writes,

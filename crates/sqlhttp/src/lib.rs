@@ -33,6 +33,8 @@ mod insert;
 mod options;
 mod response;
 pub mod retry;
+#[cfg(feature = "simulation")]
+pub mod simulation;
 mod statement;
 mod table;
 mod transport;

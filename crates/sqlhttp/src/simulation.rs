@@ -1,0 +1,124 @@
+//! An in-process server in place of HTTP, for simulations and tests of code built on the SDK
+//! (feature `simulation`, off by default).
+//!
+//! [`ClientBuilder::simulated_server`](crate::ClientBuilder::simulated_server) hands every attempt to a
+//! function of yours instead of the network: it receives the request the client would have sent (method,
+//! URL, headers such as `Sqlhttp-Attempt` and `Idempotency-Key`, the JSON body) and answers with a
+//! response, or with an I/O error standing for a failed connection. Everything else is the real client:
+//! the retry rules, backoff and jitter, `Retry-After`, timeouts, the retry budget, the mapping of
+//! statuses to [`ErrorKind`](crate::ErrorKind)s, decoding. No socket is opened, so on tokio's paused
+//! clock (`tokio::time::pause`) a simulation is deterministic and runs as fast as the CPU allows.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> sqlhttp::Result<()> {
+//! use bytes::Bytes;
+//! use sqlhttp::simulation::{Request, Response};
+//!
+//! let client = sqlhttp::Client::builder("http://simulated")
+//!     .simulated_server(|request: Request| async move {
+//!         assert_eq!(request.headers()["content-type"], "application/json");
+//!         let body = r#"{"columns":[{"name":"n","type":""}],"rows":[[1]],"rows_affected":0,"last_insert_id":null}"#;
+//!         Ok(Response::new(Bytes::from_static(body.as_bytes())))
+//!     })
+//!     .build()?;
+//! assert_eq!(client.query("SELECT 1").fetch_one::<i64>().await?, 1);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+
+use crate::error::ErrorKind;
+use crate::response;
+use crate::transport::{
+    ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, Failure, IDEMPOTENCY_KEY_HEADER,
+};
+
+/// The request of one attempt, as the client would send it.
+pub type Request = http::Request<Bytes>;
+/// The simulated server's answer.
+pub type Response = http::Response<Bytes>;
+
+type Handler =
+    dyn Fn(Request) -> Pin<Box<dyn Future<Output = io::Result<Response>> + Send>> + Send + Sync;
+
+/// A simulated server: a function from a request to a response or a connection failure.
+#[derive(Clone)]
+pub(crate) struct SimulatedServer {
+    handler: Arc<Handler>,
+}
+
+impl SimulatedServer {
+    pub(crate) fn new<F, Fut>(handler: F) -> Self
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = io::Result<Response>> + Send + 'static,
+    {
+        Self {
+            handler: Arc::new(move |request| Box::pin(handler(request))),
+        }
+    }
+}
+
+impl fmt::Debug for SimulatedServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SimulatedServer").finish_non_exhaustive()
+    }
+}
+
+/// The exchange over a simulated server: the same request headers as over HTTP.
+pub(crate) struct SimulatedExchange {
+    pub(crate) server: SimulatedServer,
+    pub(crate) endpoint: reqwest::Url,
+    pub(crate) authorization: Option<HeaderValue>,
+    pub(crate) user_agent: HeaderValue,
+}
+
+impl Exchange for SimulatedExchange {
+    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
+        let mut builder = http::Request::post(self.endpoint.as_str())
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, self.user_agent.clone())
+            .header(
+                ATTEMPT_HEADER,
+                format!("{}/{}", request.attempt, request.max_attempts),
+            );
+        if let Some(authorization) = &self.authorization {
+            builder = builder.header(AUTHORIZATION, authorization.clone());
+        }
+        if let Some(key) = request.idempotency_key {
+            builder = builder.header(IDEMPOTENCY_KEY_HEADER, key.clone());
+        }
+        let built = builder
+            .body(request.body.clone())
+            .expect("the endpoint and headers were validated by build()");
+        let answer = (self.server.handler)(built);
+        Box::pin(async move {
+            match answer.await {
+                Ok(response) if response.status().is_success() => Ok(response.into_body()),
+                Ok(response) => {
+                    let status = response.status().as_u16();
+                    Err(response::from_status(status, response.headers(), response.body()).into())
+                }
+                Err(err) => Err(Failure {
+                    kind: ErrorKind::Connection {
+                        message: err.to_string(),
+                    },
+                    // A refused connection sent nothing; anything else may have been sent.
+                    sent: err.kind() != io::ErrorKind::ConnectionRefused,
+                    source: Some(Box::new(err)),
+                }),
+            }
+        })
+    }
+}
