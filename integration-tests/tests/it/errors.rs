@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use sqlhttp::{ErrorKind, RetryPolicy};
+use sqlhttp::{ConstraintKind, ErrorKind, RetryPolicy};
 use sqlhttp_server::{Config, Database};
 use sqlhttp_testkit::{Fault, TestServer};
 
@@ -82,7 +82,64 @@ async fn a_constraint_violation_is_final_even_for_retried_writes() {
         (err.status(), err.attempts(), proxy.requests()),
         (Some(409), 1, 1)
     );
+    assert_eq!(
+        err.constraint(),
+        Some(&ConstraintKind::PrimaryKey),
+        "{err:?}"
+    );
+    assert!(err.is_sent() && !err.is_outcome_unknown());
     assert_eq!(count(&client, &table).await, 2);
+}
+
+#[tokio::test]
+async fn a_constraint_violation_names_its_kind() {
+    let live = Live::start().await;
+    let client = live.client();
+    let table = unique_table("kinds");
+    client
+        .execute(format!(
+            "CREATE TABLE \"{table}\" (id INTEGER PRIMARY KEY, email TEXT UNIQUE, \
+             n INTEGER NOT NULL CHECK (n > 0))"
+        ))
+        .await
+        .unwrap();
+    let insert = |sql: &str| client.execute(format!("INSERT INTO \"{table}\" {sql}"));
+    insert("(id, email, n) VALUES (1, 'a@example.com', 1)")
+        .await
+        .unwrap();
+    for (sql, kind) in [
+        (
+            "(id, email, n) VALUES (2, 'a@example.com', 1)",
+            ConstraintKind::Unique,
+        ),
+        (
+            "(id, email, n) VALUES (3, 'b@example.com', NULL)",
+            ConstraintKind::NotNull,
+        ),
+        (
+            "(id, email, n) VALUES (4, 'c@example.com', -1)",
+            ConstraintKind::Check,
+        ),
+    ] {
+        let err = insert(sql).await.unwrap_err();
+        assert_eq!(err.constraint(), Some(&kind), "{sql}: {err:?}");
+        assert!(!format!("{err:?}").contains("example.com"), "{err:?}");
+    }
+}
+
+#[tokio::test]
+async fn the_sandbox_refuses_attach_with_its_own_kind() {
+    let live = Live::start().await;
+    let err = live
+        .client()
+        .execute("ATTACH DATABASE 'elsewhere.db' AS other")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::StatementNotAllowed { .. }),
+        "{err:?}"
+    );
+    assert_eq!((err.status(), err.attempts()), (Some(403), 1));
 }
 
 #[tokio::test]

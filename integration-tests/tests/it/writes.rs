@@ -135,3 +135,119 @@ async fn a_chunked_insert_retries_each_statement_once_and_keeps_every_row() {
     rows.sort_by_key(|item| item.id);
     assert_eq!(all_rows(&live.client(), &table).await, rows);
 }
+
+#[tokio::test]
+async fn a_lost_write_re_sent_by_a_new_call_with_the_callers_key_is_applied_once() {
+    let live = Live::start().await;
+    let table = unique_table("caller_key");
+    // No primary key: only the idempotency key stands between a re-send and a duplicate.
+    create(&live.client(), &table, false).await;
+    let proxy = live.proxy().await;
+    proxy.push(Fault::DropAfterForward);
+    let rows = items(5);
+    let key = format!("import-{table}");
+    let first = live.via(&proxy).build().unwrap();
+    let err = first
+        .insert(&table, &rows)
+        .idempotency_key(key.clone())
+        .await
+        .unwrap_err();
+    assert!(
+        err.is_connection() && err.is_sent() && err.is_outcome_unknown(),
+        "{err:?}"
+    );
+    assert_eq!(err.idempotency_key(), Some(key.as_str()));
+    assert_eq!(proxy.forwarded(), 1);
+
+    // Later, from another client (another process, say): the same rows under the same key.
+    let again = live
+        .client()
+        .insert(&table, &rows)
+        .idempotency_key(err.idempotency_key().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(again, 5, "the stored outcome is replayed");
+    assert_eq!(count(&live.client(), &table).await, 5, "applied once");
+}
+
+#[tokio::test]
+async fn a_chunked_insert_re_sent_with_its_key_runs_only_the_missing_statements() {
+    let live = Live::start().await;
+    let table = unique_table("caller_key_chunks");
+    create(&live.client(), &table, false).await;
+    let proxy = live.proxy().await;
+    // Four statements of 25 rows: the first commits, the second commits but loses its response.
+    proxy.push_all([Fault::Pass, Fault::DropAfterForward]);
+    let rows = items(100);
+    let client = live
+        .via(&proxy)
+        .insert_max_params(100)
+        .retry(sqlhttp::RetryPolicy::never())
+        .build()
+        .unwrap();
+    let err = client
+        .insert(&table, &rows)
+        .idempotency_key("chunked-job")
+        .await
+        .unwrap_err();
+    assert_eq!(err.rows_inserted(), Some(25), "{err:?}");
+    assert_eq!(err.idempotency_key(), Some("chunked-job"));
+    assert_eq!(proxy.forwarded(), 2, "the later statements were never sent");
+    // Through a clean path now: statements 0 and 1 replay, 2 and 3 run.
+    let inserted = live
+        .builder()
+        .insert_max_params(100)
+        .build()
+        .unwrap()
+        .insert(&table, &rows)
+        .idempotency_key("chunked-job")
+        .await
+        .unwrap();
+    assert_eq!(inserted, 100);
+    assert_eq!(count(&live.client(), &table).await, 100, "every row once");
+}
+
+#[tokio::test]
+async fn execute_returning_through_a_dropped_response_is_sent_once() {
+    let live = Live::start().await;
+    let table = unique_table("returning_drop");
+    create(&live.client(), &table, true).await;
+    let proxy = live.proxy().await;
+    proxy.push(Fault::DropAfterForward);
+    let client = live
+        .via(&proxy)
+        .retry_writes(true)
+        .retry(fast().with_max_attempts(5))
+        .build()
+        .unwrap();
+    let err = client
+        .execute(format!(
+            "INSERT INTO \"{table}\" (name, price) VALUES ('once', 1) RETURNING id"
+        ))
+        .fetch_all::<i64>()
+        .await
+        .unwrap_err();
+    assert!(err.is_connection() && err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(err.idempotency_key(), None, "execute carries no key");
+    assert_eq!(
+        (err.attempts(), proxy.requests(), proxy.forwarded()),
+        (1, 1, 1)
+    );
+    assert_eq!(count(&live.client(), &table).await, 1, "one effect");
+}
+
+#[tokio::test]
+async fn execute_returning_decodes_the_new_rows() {
+    let live = Live::start().await;
+    let table = unique_table("returning");
+    create(&live.client(), &table, true).await;
+    let ids: Vec<(i64, String)> = live
+        .client()
+        .execute(format!(
+            "INSERT INTO \"{table}\" (id, name, price) VALUES (7, 'a', 1), (8, 'b', 2) RETURNING id, name"
+        ))
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(ids, vec![(7, "a".to_owned()), (8, "b".to_owned())]);
+}
