@@ -248,4 +248,28 @@ mod tests {
         assert!(!may_change_rows("DROP TABLE t"));
         assert!(!may_change_rows("SELECT 1"));
     }
+
+    proptest::proptest! {
+        /// The decoder answers every body, however malformed, deep or large, without panicking.
+        #[test]
+        fn any_body_decodes_or_is_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = SqlRequest::parse(&body);
+        }
+
+        #[test]
+        fn deep_json_is_refused(depth in 1usize..100_000) {
+            let body = format!(
+                "{{\"sql\":\"SELECT ?\",\"params\":[{}1{}]}}",
+                "[".repeat(depth),
+                "]".repeat(depth)
+            );
+            proptest::prop_assert!(SqlRequest::parse(body.as_bytes()).is_err());
+        }
+
+        #[test]
+        fn keywords_never_panic(sql in "\\PC{0,200}") {
+            let _ = leading_keyword(&sql);
+            let _ = is_transaction_control(&sql);
+        }
+    }
 }

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
@@ -256,7 +256,12 @@ async fn refuse(mut stream: TcpStream) {
     ));
     let _ = tokio::time::timeout(REFUSAL_WRITE, async {
         stream.write_all(&response).await?;
-        stream.shutdown().await
+        stream.shutdown().await?;
+        // Read what the client sent before closing: closing with unread input resets the
+        // connection, and the client could lose the answer.
+        let mut sink = [0_u8; 1024];
+        while stream.read(&mut sink).await? > 0 {}
+        io::Result::Ok(())
     })
     .await;
 }

@@ -5,5 +5,6 @@ mod api;
 mod binary;
 mod common;
 mod conformance;
+mod hardening;
 mod idempotency;
 mod tcp;
