@@ -6,7 +6,7 @@
 //! URL, headers such as `Sqlhttp-Attempt` and `Idempotency-Key`, the JSON body) and answers with a
 //! response, or with an I/O error standing for a failed connection. Everything else is the real client:
 //! the retry rules, backoff and jitter, `Retry-After`, timeouts, the retry budget, the mapping of
-//! statuses to [`ErrorKind`](crate::ErrorKind)s, decoding. No socket is opened, so on tokio's paused
+//! statuses to [`ErrorKind`]s, decoding. No socket is opened, so on tokio's paused
 //! clock (`tokio::time::pause`) a simulation is deterministic and runs as fast as the CPU allows.
 //!
 //! ```
@@ -37,7 +37,7 @@ use bytes::Bytes;
 use http::HeaderValue;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
-use crate::error::ErrorKind;
+use crate::ErrorKind;
 use crate::response;
 use crate::transport::{
     ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, Failure, IDEMPOTENCY_KEY_HEADER,

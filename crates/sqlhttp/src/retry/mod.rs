@@ -7,8 +7,8 @@
 //! | class | methods | retried |
 //! |---|---|---|
 //! | read | `ping`, `query`, `query_table` | by default |
-//! | write | `insert` | only with [`ClientBuilder::retry_writes(true)`](crate::ClientBuilder::retry_writes) |
-//! | execute | `execute` | never, whatever the configuration |
+//! | write | `insert` | only with `retry_writes(true)`, [client-wide](crate::ClientBuilder::retry_writes) or [on the call](crate::Insert::retry_writes) |
+//! | execute | `execute`, and its `fetch_*` for `RETURNING` rows | never, whatever the configuration |
 //!
 //! A failure is retried when it is transient: a connection refused, reset or closed before a complete
 //! response; an attempt timeout; `408`, `429`, and every `5xx` except `501`. For writes, a `409
@@ -31,7 +31,16 @@
 //!   end past it and no attempt runs past it; reaching it returns the last failure.
 //! * Backoff before retry *n* is drawn uniformly from `[0, min(max_backoff, initial_backoff * 2^(n-1))]`
 //!   (full jitter), so a fleet that failed together does not come back in lockstep.
-//! * A valid `Retry-After` on a `429` or `503` replaces the computed delay, capped by `max_backoff`.
+//! * A valid `Retry-After` on a `429`, a `503` or a `409 IDEMPOTENCY_KEY_IN_USE` replaces the computed
+//!   delay, capped by `max_backoff`. (A key in use means an earlier attempt of the same write is still
+//!   running: retrying sooner than the server asks only spends attempts while it runs.)
+//!
+//! # Per call
+//!
+//! Every request builder takes `.timeout(..)` and `.cancel_on(..)`; reads and `insert` take
+//! `.retry(policy)`; `insert` takes `.retry_writes(..)` and `.idempotency_key(..)`. A per-call setting
+//! wins over the client's for that call; the retry budget is always the client's. `execute` has no
+//! `.retry`: it is never retried, so a setting there could only mislead.
 //!
 //! # Why a budget, and not only an attempt count
 //!
