@@ -1,0 +1,195 @@
+//! Figures for the engine's concurrency and memory bounds (ADR 0013), printed as ratios
+//! against a baseline run in the same process:
+//!
+//! 1. point-read throughput at 64 requests in flight, one connection for everything
+//!    (`read_connections = 0`) versus the reader pool;
+//! 2. the same while a long report holds a connection;
+//! 3. the `sqlhttpd` binary's resident memory growth for a 300 MB value and a 5-million-row
+//!    result (both refused within their limits).
+//!
+//! Run with `cargo bench -p sqlhttp-server --bench load`.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sqlhttp_server::{Config, Database, Limits, Server, ServerHandle};
+
+const IN_FLIGHT: usize = 64;
+const RUN_FOR: Duration = Duration::from_secs(3);
+const REPORT: &str =
+    "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+async fn serve(database: Database, read_connections: usize) -> ServerHandle {
+    let config = Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database,
+        limits: Limits {
+            read_connections,
+            statement_timeout: Duration::from_secs(60),
+            queue_depth: 1024,
+            ..Limits::default()
+        },
+        ..Config::default()
+    };
+    Server::bind(config).await.unwrap().spawn()
+}
+
+async fn post(client: &reqwest::Client, url: &str, sql: &str) -> u16 {
+    client
+        .post(format!("{url}/api/v1/sql"))
+        .header("content-type", "application/json")
+        .body(json!({ "sql": sql }).to_string())
+        .send()
+        .await
+        .map(|r| r.status().as_u16())
+        .unwrap_or(0)
+}
+
+/// Point reads per second with `IN_FLIGHT` requests outstanding for `RUN_FOR`.
+async fn point_reads(url: &str) -> f64 {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .pool_max_idle_per_host(IN_FLIGHT)
+        .build()
+        .unwrap();
+    let deadline = Instant::now() + RUN_FOR;
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for worker in 0..IN_FLIGHT {
+        let client = client.clone();
+        let url = url.to_owned();
+        tasks.push(tokio::spawn(async move {
+            let mut done = 0_u64;
+            let mut id = worker as i64;
+            while Instant::now() < deadline {
+                let sql = format!("SELECT v FROM kv WHERE k = {}", id % 10_000);
+                assert_eq!(post(&client, &url, &sql).await, 200);
+                done += 1;
+                id += IN_FLIGHT as i64;
+            }
+            done
+        }));
+    }
+    let mut total = 0;
+    for task in tasks {
+        total += task.await.unwrap();
+    }
+    total as f64 / started.elapsed().as_secs_f64()
+}
+
+async fn prepare(url: &str) {
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert_eq!(
+        post(
+            &client,
+            url,
+            "CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT)"
+        )
+        .await,
+        200
+    );
+    assert_eq!(
+        post(
+            &client,
+            url,
+            "INSERT INTO kv WITH RECURSIVE c(x) AS (SELECT 0 UNION ALL SELECT x + 1 FROM c LIMIT 10000) SELECT x, 'value ' || x FROM c"
+        )
+        .await,
+        200
+    );
+}
+
+async fn scenario(readers: usize, with_report: bool) -> f64 {
+    let dir = tempfile::tempdir().unwrap();
+    let handle = serve(Database::File(dir.path().join("bench.db")), readers).await;
+    let url = handle.url();
+    prepare(&url).await;
+    let report = with_report.then(|| {
+        let url = url.clone();
+        tokio::spawn(async move {
+            let client = reqwest::Client::builder().no_proxy().build().unwrap();
+            post(&client, &url, REPORT).await
+        })
+    });
+    if report.is_some() {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let rate = point_reads(&url).await;
+    if let Some(report) = report {
+        report.abort();
+    }
+    handle.shutdown().await;
+    rate
+}
+
+fn rss_kib(pid: u32, field: &str) -> u64 {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or(0)
+}
+
+async fn memory_per_request() {
+    use std::io::{BufRead as _, BufReader};
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_sqlhttpd"))
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "error")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap()
+        .to_owned();
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    assert_eq!(post(&client, &url, "SELECT 1").await, 200);
+    let pid = child.id();
+    let baseline = rss_kib(pid, "VmHWM:");
+    let value = post(&client, &url, "SELECT zeroblob(300000000)").await;
+    let after_value = rss_kib(pid, "VmHWM:");
+    let rows = post(
+        &client,
+        &url,
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) SELECT x, 'row ' || x FROM c",
+    )
+    .await;
+    let after_rows = rss_kib(pid, "VmHWM:");
+    println!(
+        "memory: sqlhttpd peak RSS {:.1} MiB after start-up",
+        baseline as f64 / 1024.0
+    );
+    println!(
+        "memory: SELECT zeroblob(300000000) -> {value}; peak RSS grew {:.1} MiB",
+        after_value.saturating_sub(baseline) as f64 / 1024.0
+    );
+    println!(
+        "memory: a 5,000,000-row result -> {rows}; peak RSS grew {:.1} MiB in all (limit --max-result-bytes = {} MiB)",
+        after_rows.saturating_sub(baseline) as f64 / 1024.0,
+        Limits::default().max_result_bytes >> 20
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let one = scenario(0, false).await;
+        let pool = scenario(4, false).await;
+        println!("point reads, {IN_FLIGHT} in flight: one connection {one:.0}/s, reader pool (4) {pool:.0}/s, ratio {:.2}x", pool / one);
+        let one = scenario(0, true).await;
+        let pool = scenario(4, true).await;
+        println!("point reads beside a long report: one connection {one:.0}/s, reader pool (4) {pool:.0}/s, ratio {:.2}x", pool / one);
+        memory_per_request().await;
+    });
+}
