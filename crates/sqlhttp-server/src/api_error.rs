@@ -30,6 +30,9 @@ pub(crate) enum ErrorCode {
     HeadersTooLarge,
     StatementTimeout,
     ResultTooLarge,
+    // Answered by read-only batches and read-only credentials, which are being built.
+    #[allow(dead_code)]
+    ReadOnly,
 }
 
 /// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
@@ -77,6 +80,7 @@ impl ErrorCode {
             ErrorCode::HeadersTooLarge => "HEADERS_TOO_LARGE",
             ErrorCode::StatementTimeout => "STATEMENT_TIMEOUT",
             ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
+            ErrorCode::ReadOnly => "READ_ONLY",
         }
     }
 
@@ -93,7 +97,9 @@ impl ErrorCode {
             | ErrorCode::ResultTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
             ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::StatementNotAllowed | ErrorCode::OriginNotAllowed => StatusCode::FORBIDDEN,
+            ErrorCode::StatementNotAllowed | ErrorCode::OriginNotAllowed | ErrorCode::ReadOnly => {
+                StatusCode::FORBIDDEN
+            }
             ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
@@ -285,6 +291,7 @@ mod tests {
             (ErrorCode::HeadersTooLarge, 431, None),
             (ErrorCode::StatementTimeout, 422, None),
             (ErrorCode::ResultTooLarge, 422, None),
+            (ErrorCode::ReadOnly, 403, None),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();

@@ -48,6 +48,13 @@ pub enum ErrorKind {
         /// The server's explanation.
         message: String,
     },
+    /// The statement writes, but the call may only read (`403 READ_ONLY`): a read-only credential or
+    /// a read-only batch. Final: nothing was written.
+    #[error("read-only: {message}")]
+    ReadOnly {
+        /// The server's explanation.
+        message: String,
+    },
     /// The server's statement timeout interrupted the statement (`422 STATEMENT_TIMEOUT`); its effects
     /// were rolled back. Final: run it again only if you expect it to be faster (or the limit larger).
     #[error("statement timed out on the server: {message}")]
@@ -164,7 +171,7 @@ impl ErrorKind {
             ErrorKind::ConstraintViolation { .. } | ErrorKind::IdempotencyKeyInUse { .. } => {
                 Some(409)
             }
-            ErrorKind::StatementNotAllowed { .. } => Some(403),
+            ErrorKind::StatementNotAllowed { .. } | ErrorKind::ReadOnly { .. } => Some(403),
             ErrorKind::StatementTimeout { .. } => Some(422),
             ErrorKind::PayloadTooLarge { .. } => Some(413),
             ErrorKind::RateLimited { .. } => Some(429),
@@ -250,6 +257,7 @@ impl ErrorKind {
             ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
             ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
             ErrorKind::StatementNotAllowed { .. } => Some("STATEMENT_NOT_ALLOWED"),
+            ErrorKind::ReadOnly { .. } => Some("READ_ONLY"),
             ErrorKind::StatementTimeout { .. } => Some("STATEMENT_TIMEOUT"),
             ErrorKind::IdempotencyKeyInUse { .. } => Some("IDEMPOTENCY_KEY_IN_USE"),
             ErrorKind::PayloadTooLarge { .. } => Some("PAYLOAD_TOO_LARGE"),

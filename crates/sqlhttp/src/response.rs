@@ -47,6 +47,7 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
         },
         (401, _) => ErrorKind::Unauthorized { message },
         (403, Some("STATEMENT_NOT_ALLOWED")) => ErrorKind::StatementNotAllowed { message },
+        (403, Some("READ_ONLY")) => ErrorKind::ReadOnly { message },
         (409, Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE)) => {
             ErrorKind::IdempotencyKeyInUse {
                 retry_after: wait(),
@@ -199,6 +200,12 @@ mod tests {
             ),
             ErrorKind::StatementNotAllowed {
                 message: "ATTACH is not allowed".into()
+            }
+        );
+        assert_eq!(
+            from_status(403, &h, &body("READ_ONLY", "the statement writes")),
+            ErrorKind::ReadOnly {
+                message: "the statement writes".into()
             }
         );
         assert_eq!(

@@ -49,6 +49,7 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::Unauthorized { .. }
         | ErrorKind::ConstraintViolation { .. }
         | ErrorKind::StatementNotAllowed { .. }
+        | ErrorKind::ReadOnly { .. }
         | ErrorKind::StatementTimeout { .. }
         | ErrorKind::PayloadTooLarge { .. }
         | ErrorKind::Tls { .. }
@@ -177,6 +178,7 @@ mod tests {
                 false,
                 false,
             ),
+            (ErrorKind::ReadOnly { message: msg() }, false, false),
             (ErrorKind::StatementTimeout { message: msg() }, false, false),
             (http(403, Some("ORIGIN_NOT_ALLOWED")), false, false),
             (http(408, Some("REQUEST_TIMEOUT")), true, true),
