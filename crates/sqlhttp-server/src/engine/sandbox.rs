@@ -40,13 +40,17 @@ const INTROSPECTION_PRAGMAS: &[&str] = &[
     "integrity_check",
 ];
 
-/// Pragmas a client may read (never set).
+/// Pragmas a client may read (never set), the server's connection settings among them.
 const READABLE_PRAGMAS: &[&str] = &[
     "user_version",
     "application_id",
     "schema_version",
     "data_version",
     "foreign_keys",
+    "journal_mode",
+    "synchronous",
+    "busy_timeout",
+    "auto_vacuum",
     "encoding",
     "page_size",
     "page_count",

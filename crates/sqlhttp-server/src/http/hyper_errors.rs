@@ -6,13 +6,18 @@
 //! [`JsonErrors`] wraps a connection's byte stream: it passes every byte through, except an
 //! automatic error head from hyper (recognised by its status and its lack of a
 //! `content-type`, which every response of the app has), which it replaces with a complete JSON
-//! response. Knows HTTP/1.1 framing; nothing about routes or the engine.
+//! response. After such an answer it closes lingering: it stops writing, then reads and discards
+//! what the client is still sending for a short while, so the client is not reset before it has
+//! read the answer (a 1 MB header is refused while most of it is still in flight). Knows
+//! HTTP/1.1 framing; nothing about routes or the engine.
 
 use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Sleep;
 
 use crate::api_error::{ApiError, ErrorCode};
 
@@ -88,12 +93,20 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         .position(|window| window == needle)
 }
 
+/// How long a connection closing after an automatic error answer keeps reading what the client
+/// still sends.
+const LINGER: Duration = Duration::from_secs(2);
+
 /// A connection stream that turns hyper's automatic error answers into JSON ones.
 #[derive(Debug)]
 pub(crate) struct JsonErrors<S> {
     inner: S,
     /// Bytes accepted from hyper but not yet written to `inner`.
     pending: Vec<u8>,
+    /// An automatic error answer was written: close lingering.
+    answered_error: bool,
+    /// Set once the write half is shut down and the linger has started.
+    linger: Option<Pin<Box<Sleep>>>,
 }
 
 impl<S> JsonErrors<S> {
@@ -101,6 +114,32 @@ impl<S> JsonErrors<S> {
         JsonErrors {
             inner,
             pending: Vec::new(),
+            answered_error: false,
+            linger: None,
+        }
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> JsonErrors<S> {
+    /// Shuts the write half, then discards input until the client closes or the linger ends.
+    fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if self.linger.is_none() {
+            ready!(Pin::new(&mut self.inner).poll_shutdown(cx))?;
+            self.linger = Some(Box::pin(tokio::time::sleep(LINGER)));
+        }
+        let mut discard = [0_u8; 8192];
+        loop {
+            if let Some(linger) = self.linger.as_mut()
+                && linger.as_mut().poll(cx).is_ready()
+            {
+                return Poll::Ready(Ok(()));
+            }
+            let mut buf = ReadBuf::new(&mut discard);
+            match ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf)) {
+                Ok(()) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Ok(()) => {}
+                Err(_) => return Poll::Ready(Ok(())),
+            }
         }
     }
 }
@@ -128,7 +167,7 @@ impl<S: AsyncRead + Unpin> AsyncRead for JsonErrors<S> {
     }
 }
 
-impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -138,6 +177,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
         match find_automatic_error(buf) {
             Some((start, end, replacement)) => {
                 let this = &mut *self;
+                this.answered_error = true;
                 this.pending.extend_from_slice(&buf[..start]);
                 this.pending.extend_from_slice(&replacement);
                 this.pending.extend_from_slice(&buf[end..]);
@@ -156,6 +196,9 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_drain(cx))?;
+        if self.answered_error {
+            return self.poll_linger(cx);
+        }
         Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 

@@ -155,6 +155,15 @@ async fn statements_reach_the_served_database_and_nothing_else() {
         let (status, body) = sql(&handle, allowed).await;
         assert_eq!(status, 200, "{allowed}: {body}");
     }
+    // The settings can be read, and they are the server's.
+    for (setting, value) in [("journal_mode", json!("wal")), ("foreign_keys", json!(1))] {
+        let (status, body) = sql(&handle, &format!("PRAGMA {setting}")).await;
+        assert_eq!(
+            (status, &body["rows"]),
+            (200, &json!([[value]])),
+            "{setting}"
+        );
+    }
     // Foreign keys are still the server's: on.
     let (status, body) = sql(&handle, "INSERT INTO child VALUES (7)").await;
     assert_eq!(status, 409, "{body}");
@@ -408,6 +417,20 @@ async fn slow_and_malformed_http_gets_json_errors_and_closed_connections() {
     }
     crowded.extend_from_slice(b"\r\n");
     let too_large = raw_exchange(&handle, &crowded, Duration::from_secs(10)).await;
+    assert!(
+        too_large.starts_with(b"HTTP/1.1 431"),
+        "{:?}",
+        String::from_utf8_lossy(&too_large[..too_large.len().min(200)])
+    );
+    assert_eq!(
+        json_body_of(&too_large)["error"]["code"],
+        "HEADERS_TOO_LARGE"
+    );
+    // One huge header, most of it still in flight when the server answers: the answer arrives.
+    let mut huge = b"POST /api/v1/sql HTTP/1.1\r\nHost: x\r\nx-filler: ".to_vec();
+    huge.extend(std::iter::repeat_n(b'a', 1 << 20));
+    huge.extend_from_slice(b"\r\n\r\n");
+    let too_large = raw_exchange(&handle, &huge, Duration::from_secs(10)).await;
     assert!(
         too_large.starts_with(b"HTTP/1.1 431"),
         "{:?}",
