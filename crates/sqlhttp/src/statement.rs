@@ -422,6 +422,33 @@ impl Execute {
     pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
         Ok(self.fetch_all().await?.into_iter().next())
     }
+
+    /// Runs the statement once and returns what it returned with its columns, as
+    /// [`Client::query_table`] does, plus [`Table::rows_affected`]. Never retried: the way to run a
+    /// statement whose shape is known only at run time (a shell, a migration tool) safely.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// let table = client
+    ///     .execute("UPDATE users SET active = 0 WHERE last_seen < ? RETURNING id, name")
+    ///     .bind("2020-01-01")
+    ///     .fetch_table()
+    ///     .await?;
+    /// println!("{} rows changed; columns {:?}", table.rows_affected(), table.columns());
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the one attempt (see [`ErrorKind`]).
+    pub async fn fetch_table(self) -> Result<Table> {
+        let delivered = self
+            .statement
+            .send(&self.client, OpClass::Execute, &self.options)
+            .await?;
+        delivered.decode(decode::table)
+    }
 }
 
 impl IntoFuture for Execute {

@@ -1,0 +1,214 @@
+//! The command line: global connection flags and the subcommands, parsed by clap.
+//!
+//! Plain definitions and the small parsers they need (durations); nothing here talks to a server
+//! or writes output.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+/// sqlhttp: a command-line client for databases that speak SQL over HTTP.
+///
+/// Reads (`query`, the shell's SELECTs) are retried on transient failures; `exec` never is.
+#[derive(Debug, Parser)]
+#[command(name = "sqlhttp", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    #[command(flatten)]
+    pub(crate) connection: Connection,
+
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+/// How to reach the server.
+#[derive(Debug, Args)]
+pub(crate) struct Connection {
+    /// The server's base URL.
+    #[arg(
+        long,
+        env = "SQLHTTP_URL",
+        default_value = "http://127.0.0.1:8080",
+        global = true
+    )]
+    pub(crate) url: String,
+
+    /// Bearer token.
+    #[arg(
+        long,
+        env = "SQLHTTP_TOKEN",
+        hide_env_values = true,
+        global = true,
+        conflicts_with = "token_file"
+    )]
+    pub(crate) token: Option<String>,
+
+    /// A file whose first non-empty line is the bearer token.
+    #[arg(long, value_name = "PATH", global = true)]
+    pub(crate) token_file: Option<PathBuf>,
+
+    /// Time limit of each attempt: seconds, or a number with ms, s, m or h.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, global = true)]
+    pub(crate) timeout: Option<Duration>,
+
+    /// Attempts in all for a retried call (1 turns retrying off).
+    #[arg(long, value_name = "N", global = true, value_parser = clap::value_parser!(u32).range(1..))]
+    pub(crate) retries: Option<u32>,
+}
+
+/// Output formats of rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Format {
+    /// An aligned table with a row count and the time taken (the default on a terminal).
+    Table,
+    /// A header line, then one line per row; NULL is an empty field, an empty string is `""`
+    /// (the default when stdout is not a terminal).
+    Csv,
+    /// A JSON array of objects.
+    Json,
+    /// One JSON object per line.
+    Ndjson,
+}
+
+/// Input formats of `import`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum ImportFormat {
+    /// Comma-separated values with a header line naming the columns.
+    Csv,
+    /// One JSON object per line.
+    Ndjson,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Run a query and print its rows. Reads are retried on transient failures; a statement that
+    /// may write (not SELECT, VALUES, EXPLAIN or PRAGMA) is sent once, like `exec`.
+    Query {
+        /// The SQL; read from stdin when absent.
+        sql: Option<String>,
+        #[command(flatten)]
+        params: Params,
+        /// Output format (`table` on a terminal, else `csv`).
+        #[arg(long, short)]
+        format: Option<Format>,
+    },
+    /// Run a statement for its effect and print the rows it changed. Never retried.
+    Exec {
+        /// The SQL.
+        sql: String,
+        #[command(flatten)]
+        params: Params,
+    },
+    /// Insert the rows of a CSV (with a header) or NDJSON file into a table, in chunks, exactly
+    /// once: an interrupted import run again skips the chunks already written.
+    Import {
+        /// The table to insert into.
+        table: String,
+        /// The file to read (`-` for stdin).
+        file: PathBuf,
+        /// The file's format (by default from its extension: .ndjson/.jsonl, else CSV).
+        #[arg(long)]
+        format: Option<ImportFormat>,
+        /// Rows per chunk.
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
+        chunk_rows: u64,
+        /// The idempotency key prefix of this import (by default derived from the table and the
+        /// file's contents, so the same import is applied once).
+        #[arg(long, value_name = "KEY")]
+        key: Option<String>,
+    },
+    /// An interactive shell on a terminal; with stdin not a terminal, run the script statement by
+    /// statement and stop at the first error.
+    Shell {
+        /// Output format of rows.
+        #[arg(long, short)]
+        format: Option<Format>,
+    },
+    /// Check that the server answers (and that the token is accepted).
+    Ping,
+}
+
+/// Bound parameters.
+#[derive(Debug, Args)]
+pub(crate) struct Params {
+    /// A parameter, bound in order (repeatable): a JSON literal (`42`, `1.5`, `true`, `null`,
+    /// `"quoted text"`), or else the text as given.
+    #[arg(
+        short = 'p',
+        long = "param",
+        value_name = "VALUE",
+        allow_hyphen_values = true
+    )]
+    pub(crate) values: Vec<String>,
+}
+
+/// Parses `250ms`, `10s`, `10` (seconds), `5m`, `1h`.
+pub(crate) fn parse_duration(input: &str) -> Result<Duration, String> {
+    let trimmed = input.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (digits, unit) = trimmed.split_at(split);
+    let value: u64 = digits
+        .parse()
+        .map_err(|_| format!("`{input}` is not a duration: use a number with ms, s, m or h"))?;
+    let millis = match unit {
+        "ms" => value,
+        "" | "s" => value.saturating_mul(1_000),
+        "m" => value.saturating_mul(60_000),
+        "h" => value.saturating_mul(3_600_000),
+        _ => return Err(format!("`{input}`: unknown unit; use ms, s, m or h")),
+    };
+    if millis == 0 {
+        return Err("a timeout must be positive".to_owned());
+    }
+    Ok(Duration::from_millis(millis))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("3"), Ok(Duration::from_secs(3)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert!(parse_duration("0").is_err());
+        assert!(parse_duration("soon").is_err());
+        assert!(parse_duration("1d").is_err());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let cli = Cli::try_parse_from([
+            "sqlhttp",
+            "--url",
+            "http://h:1",
+            "query",
+            "SELECT ?",
+            "-p",
+            "-5",
+            "-p",
+            "x",
+            "--format",
+            "ndjson",
+        ])
+        .unwrap();
+        assert_eq!(cli.connection.url, "http://h:1");
+        match cli.command {
+            Command::Query {
+                sql,
+                params,
+                format,
+            } => {
+                assert_eq!(sql.as_deref(), Some("SELECT ?"));
+                assert_eq!(params.values, ["-5", "x"]);
+                assert_eq!(format, Some(Format::Ndjson));
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(Cli::try_parse_from(["sqlhttp", "frobnicate"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttp", "--retries", "0", "ping"]).is_err());
+    }
+}

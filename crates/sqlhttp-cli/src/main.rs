@@ -1,0 +1,145 @@
+//! `sqlhttp`, the command-line client: `query`, `exec`, `import`, `shell` and `ping` against a
+//! server that speaks the sqlhttp protocol, built on the public `sqlhttp` SDK only, so the SDK's
+//! retry rules apply as they do in code (reads retried, `exec` never).
+//!
+//! This file parses flags, runs one command on a single-threaded runtime and turns its outcome
+//! into an exit code (see `exit`); each command lives in its own module.
+
+mod args;
+mod connect;
+mod csv_input;
+mod exit;
+mod import;
+mod output;
+mod params;
+mod progress;
+mod run;
+mod script;
+mod shell;
+
+use std::io::{self, IsTerminal as _, Read as _, Write as _};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::Parser as _;
+
+use args::{Cli, Command, Format};
+use exit::UsageError;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("sqlhttp: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) if is_broken_pipe(&e) => ExitCode::SUCCESS,
+        Err(e) => exit::report(&e),
+    }
+}
+
+/// Output cut short by the reader (`sqlhttp query ... | head`) is not a failure.
+fn is_broken_pipe(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<io::Error>()
+            .is_some_and(|io| io.kind() == io::ErrorKind::BrokenPipe)
+    })
+}
+
+fn default_format() -> Format {
+    if io::stdout().is_terminal() {
+        Format::Table
+    } else {
+        Format::Csv
+    }
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
+    let client = connect::client(&cli.connection)?;
+    match cli.command {
+        Command::Ping => {
+            client.ping().await?;
+            println!("ok: {} answers", cli.connection.url);
+        }
+        Command::Query {
+            sql,
+            params,
+            format,
+        } => {
+            let sql = match sql {
+                Some(sql) => sql,
+                None => read_stdin_sql()?,
+            };
+            let params: Vec<_> = params.values.iter().map(|p| params::parse(p)).collect();
+            let mut stdout = io::stdout().lock();
+            let format = format.unwrap_or_else(default_format);
+            if let run::Ran::Changed(rows) =
+                run::statement(&client, &sql, &params, format, &mut stdout).await?
+            {
+                writeln!(
+                    stdout,
+                    "{rows} row{} affected",
+                    if rows == 1 { "" } else { "s" }
+                )?;
+            }
+        }
+        Command::Exec { sql, params } => {
+            let mut execute = client.execute(sql);
+            for param in &params.values {
+                execute = execute.bind(params::parse(param));
+            }
+            let result = execute.await?;
+            println!(
+                "{} row{} affected",
+                result.rows_affected,
+                if result.rows_affected == 1 { "" } else { "s" }
+            );
+        }
+        Command::Import {
+            table,
+            file,
+            format,
+            chunk_rows,
+            key,
+        } => {
+            let progress = progress::Progress::new("imported");
+            let started = std::time::Instant::now();
+            let imported =
+                import::run(&client, &table, &file, format, chunk_rows, key, &progress).await?;
+            println!(
+                "imported {} row{} into {table} in {} chunk{} ({}; key {})",
+                imported.rows,
+                if imported.rows == 1 { "" } else { "s" },
+                imported.chunks,
+                if imported.chunks == 1 { "" } else { "s" },
+                output::format_elapsed(started.elapsed()),
+                imported.key
+            );
+        }
+        Command::Shell { format } => shell::run(&client, &cli.connection.url, format).await?,
+    }
+    Ok(())
+}
+
+fn read_stdin_sql() -> anyhow::Result<String> {
+    if io::stdin().is_terminal() {
+        return Err(UsageError("give the SQL as an argument or on stdin".to_owned()).into());
+    }
+    let mut sql = String::new();
+    io::stdin()
+        .read_to_string(&mut sql)
+        .context("cannot read the SQL from stdin")?;
+    let sql = sql.trim().trim_end_matches(';').trim().to_owned();
+    if sql.is_empty() {
+        return Err(UsageError("no SQL on stdin".to_owned()).into());
+    }
+    Ok(sql)
+}

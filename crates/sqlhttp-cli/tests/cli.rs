@@ -1,0 +1,392 @@
+//! The `sqlhttp` binary against a live `sqlhttpd` (in-process, through sqlhttp-testkit): every
+//! subcommand and format, stdin, script mode, every exit code, an import resumed after an
+//! injected fault without duplicates, and the interactive shell through a pseudo-terminal.
+
+use std::process::Output;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use serde_json::{Value, json};
+use sqlhttp_testkit::{ChaosProxy, Fault, TestServer};
+
+/// Runs the binary with `args` (and `stdin`) on a blocking thread, so the in-process server keeps
+/// serving.
+async fn sqlhttp(url: &str, args: &[&str], stdin: Option<&str>) -> Output {
+    let mut command = Command::cargo_bin("sqlhttp").unwrap();
+    command
+        .env_remove("SQLHTTP_TOKEN")
+        .env("SQLHTTP_URL", url)
+        .args(args)
+        .timeout(Duration::from_secs(60));
+    if let Some(stdin) = stdin {
+        command.write_stdin(stdin.to_owned());
+    }
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8(output.stdout.clone()).unwrap()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[track_caller]
+fn assert_exit(output: &Output, code: i32) {
+    assert_eq!(
+        output.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {}",
+        stdout(output),
+        stderr(output)
+    );
+}
+
+async fn ok(url: &str, args: &[&str]) -> String {
+    let output = sqlhttp(url, args, None).await;
+    assert_exit(&output, 0);
+    stdout(&output)
+}
+
+const BOOKS: &str =
+    "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT, year INTEGER, price REAL)";
+
+/// Titles that CSV must carry exactly: commas, quotes, line breaks, non-ASCII, empty, NULL.
+const AWKWARD_CSV: &str = "id,title,year,price\r\n\
+1,\"Dune, the novel\",1965,9.5\r\n\
+2,\"He said \"\"hi\"\"\nthen left\",,\r\n\
+3,Caf\u{e9} \u{2603} \u{65e5}\u{672c},1999,\r\n\
+4,\"\",2001,1.25\r\n\
+5,,2002,\r\n\
+6,\" padded \",-7,0.5\r\n";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ping_exec_and_query_in_every_format() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    assert!(ok(&url, &["ping"]).await.starts_with("ok"));
+    assert_eq!(ok(&url, &["exec", BOOKS]).await, "0 rows affected\n");
+    assert_eq!(
+        ok(
+            &url,
+            &[
+                "exec",
+                "INSERT INTO books VALUES (?, ?, ?, ?), (2, 'b', NULL, NULL)",
+                "-p",
+                "1",
+                "-p",
+                "a",
+                "-p",
+                "1965",
+                "-p",
+                "9.5"
+            ]
+        )
+        .await,
+        "2 rows affected\n"
+    );
+    let select = "SELECT id, title, year FROM books ORDER BY id";
+    assert_eq!(
+        ok(&url, &["query", select, "--format", "csv"]).await,
+        "id,title,year\r\n1,a,1965\r\n2,b,\r\n"
+    );
+    let json: Value =
+        serde_json::from_str(&ok(&url, &["query", select, "--format", "json"]).await).unwrap();
+    assert_eq!(
+        json,
+        json!([{"id": 1, "title": "a", "year": 1965}, {"id": 2, "title": "b", "year": null}])
+    );
+    let ndjson = ok(&url, &["query", select, "--format", "ndjson"]).await;
+    assert_eq!(
+        ndjson,
+        "{\"id\":1,\"title\":\"a\",\"year\":1965}\n{\"id\":2,\"title\":\"b\",\"year\":null}\n"
+    );
+    let table = ok(&url, &["query", select, "--format", "table"]).await;
+    assert!(
+        table.contains("| title |") && table.contains("NULL"),
+        "{table}"
+    );
+    assert!(table.contains("(2 rows, "), "{table}");
+    // Parameters are typed by their JSON literal; SQL may come from stdin.
+    let from_stdin = sqlhttp(
+        &url,
+        &["query", "-p", "\"a\"", "--format", "csv"],
+        Some("SELECT id FROM books WHERE title = ?;\n"),
+    )
+    .await;
+    assert_exit(&from_stdin, 0);
+    assert_eq!(stdout(&from_stdin), "id\r\n1\r\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn csv_round_trips_exactly_through_export_and_import() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    ok(&url, &["exec", BOOKS]).await;
+    ok(&url, &["exec", &BOOKS.replace("books", "copy")]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("books.csv");
+    std::fs::write(&input, AWKWARD_CSV).unwrap();
+    let imported = ok(&url, &["import", "books", input.to_str().unwrap()]).await;
+    assert!(
+        imported.starts_with("imported 6 rows into books"),
+        "{imported}"
+    );
+
+    let exported = ok(
+        &url,
+        &[
+            "query",
+            "SELECT * FROM books ORDER BY id",
+            "--format",
+            "csv",
+        ],
+    )
+    .await;
+    assert_eq!(
+        exported, AWKWARD_CSV,
+        "the export is the input, byte for byte"
+    );
+    let output = dir.path().join("export.csv");
+    std::fs::write(&output, &exported).unwrap();
+    ok(&url, &["import", "copy", output.to_str().unwrap()]).await;
+    let differences = ok(
+        &url,
+        &["query", "SELECT count(*) FROM (SELECT * FROM books EXCEPT SELECT * FROM copy UNION ALL SELECT * FROM copy EXCEPT SELECT * FROM books)", "--format", "csv"],
+    )
+    .await;
+    assert_eq!(differences, "count(*)\r\n0\r\n");
+    let nulls = ok(
+        &url,
+        &["query", "SELECT id FROM copy WHERE title IS NULL UNION ALL SELECT -id FROM copy WHERE title = ''", "--format", "csv"],
+    )
+    .await;
+    assert_eq!(
+        nulls, "id\r\n5\r\n-4\r\n",
+        "NULL and the empty string stay apart"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ndjson_import_converts_to_declared_types() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    ok(&url, &["exec", BOOKS]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("books.ndjson");
+    std::fs::write(
+        &input,
+        "{\"id\": 1, \"title\": \"x\", \"year\": \"1999\", \"price\": 2}\n\n{\"id\": \"2\", \"title\": null}\n",
+    )
+    .unwrap();
+    ok(&url, &["import", "books", input.to_str().unwrap()]).await;
+    let rows = ok(
+        &url,
+        &[
+            "query",
+            "SELECT id, typeof(year), year FROM books ORDER BY id",
+            "--format",
+            "csv",
+        ],
+    )
+    .await;
+    assert_eq!(
+        rows,
+        "id,typeof(year),year\r\n1,integer,1999\r\n2,null,\r\n"
+    );
+    let bad = dir.path().join("bad.csv");
+    std::fs::write(&bad, "id,year\n1,not a year\n").unwrap();
+    let refused = sqlhttp(&url, &["import", "books", bad.to_str().unwrap()], None).await;
+    assert_exit(&refused, 1);
+    assert!(
+        stderr(&refused).contains("`not a year` is not an integer"),
+        "{}",
+        stderr(&refused)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_import_resumes_without_duplicates() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    ok(&url, &["exec", BOOKS]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("books.csv");
+    std::fs::write(&input, AWKWARD_CSV).unwrap();
+    let path = input.to_str().unwrap();
+
+    // Chunks of two rows: the second chunk reaches the server, but every answer to it is lost.
+    let proxy = ChaosProxy::start(server.addr()).await.unwrap();
+    proxy.push_all([Fault::Pass, Fault::Pass]);
+    proxy.push_all(std::iter::repeat_n(Fault::DropAfterForward, 3));
+    let interrupted = sqlhttp(
+        &proxy.url(),
+        &["import", "books", path, "--chunk-rows", "2"],
+        None,
+    )
+    .await;
+    assert_exit(&interrupted, 3);
+    assert!(stdout(&interrupted).is_empty(), "{}", stdout(&interrupted));
+    assert!(
+        stderr(&interrupted).contains("run the same import again"),
+        "{}",
+        stderr(&interrupted)
+    );
+    assert_eq!(
+        ok(
+            &url,
+            &["query", "SELECT count(*) FROM books", "--format", "csv"]
+        )
+        .await,
+        "count(*)\r\n4\r\n"
+    );
+
+    // The same import again: the chunks already written are replayed, the rest inserted.
+    let resumed = ok(&url, &["import", "books", path, "--chunk-rows", "2"]).await;
+    assert!(resumed.starts_with("imported 6 rows"), "{resumed}");
+    assert_eq!(
+        ok(
+            &url,
+            &[
+                "query",
+                "SELECT count(*), count(DISTINCT id) FROM books",
+                "--format",
+                "csv"
+            ]
+        )
+        .await,
+        "count(*),count(DISTINCT id)\r\n6,6\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let script = "CREATE TABLE t (x INTEGER);\nINSERT INTO t VALUES (1), (2);\n\\timing off\nSELECT sum(x) AS total\n  FROM t;\nINSERT INTO nowhere VALUES (1);\nINSERT INTO t VALUES (3);\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(script)).await;
+    assert_exit(&output, 1);
+    assert_eq!(
+        stdout(&output),
+        "0 rows affected\n2 rows affected\nTiming is off.\ntotal\r\n3\r\n"
+    );
+    assert!(
+        stderr(&output).contains("no such table: nowhere"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        ok(
+            &url,
+            &["query", "SELECT count(*) FROM t", "--format", "csv"]
+        )
+        .await,
+        "count(*)\r\n2\r\n",
+        "nothing after the error ran"
+    );
+    let tables = sqlhttp(&url, &["shell", "--format", "csv"], Some("\\d\n\\d t\n")).await;
+    assert_exit(&tables, 0);
+    assert_eq!(
+        stdout(&tables),
+        "name,type\r\nt,table\r\nname,type,not_null,default,pk\r\nx,INTEGER,0,,0\r\n"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exit_codes() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    // 1: the server refused the statement; nothing on stdout, the code and attempts on stderr.
+    let sql_error = sqlhttp(&url, &["query", "SELEC 1"], None).await;
+    assert_exit(&sql_error, 1);
+    assert!(stdout(&sql_error).is_empty());
+    assert!(
+        stderr(&sql_error).contains("[code SQL_ERROR, 1 attempt]"),
+        "{}",
+        stderr(&sql_error)
+    );
+    let not_allowed = sqlhttp(&url, &["exec", "ATTACH 'x.db' AS x"], None).await;
+    assert_exit(&not_allowed, 1);
+    assert!(stderr(&not_allowed).contains("STATEMENT_NOT_ALLOWED"));
+    // 2: usage.
+    assert_exit(&sqlhttp(&url, &["frobnicate"], None).await, 2);
+    assert_exit(
+        &sqlhttp(&url, &["query", "SELECT 1", "--format", "xml"], None).await,
+        2,
+    );
+    assert_exit(
+        &sqlhttp(&url, &["import", "t", "/no/such/file.csv"], None).await,
+        2,
+    );
+    assert_exit(
+        &sqlhttp(&url, &["--token-file", "/no/such/token", "ping"], None).await,
+        2,
+    );
+    // 3: no server, or no answer in time.
+    let refused = sqlhttp("http://127.0.0.1:1", &["ping", "--retries", "1"], None).await;
+    assert_exit(&refused, 3);
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let silent_url = format!("http://{}", silent.local_addr().unwrap());
+    let timed_out = sqlhttp(
+        &silent_url,
+        &["ping", "--timeout", "300ms", "--retries", "1"],
+        None,
+    )
+    .await;
+    assert_exit(&timed_out, 3);
+    drop(silent);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_from_a_file() {
+    let server = TestServer::with_config(sqlhttp_server::Config {
+        tokens: vec!["s3cret".into()],
+        ..sqlhttp_server::Config::default()
+    })
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, "# the service's token\n\ns3cret\n").unwrap();
+    let url = server.url();
+    assert_exit(&sqlhttp(&url, &["ping"], None).await, 1);
+    ok(
+        &url,
+        &["--token-file", token_file.to_str().unwrap(), "ping"],
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_interactive_shell_on_a_terminal() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    let binary = assert_cmd::cargo::cargo_bin("sqlhttp");
+    let history_env = history.clone();
+    let transcript = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(binary);
+        command
+            .args(["--url", &url, "shell"])
+            .env("SQLHTTP_HISTORY", &history_env)
+            .env("TERM", "dumb");
+        let mut shell = rexpect::session::spawn_command(command, Some(20_000)).unwrap();
+        shell.exp_string("sqlhttp> ").unwrap();
+        shell.send_line("SELECT 40 + 2").unwrap();
+        shell.exp_string("...> ").unwrap();
+        shell.send_line("  AS answer;").unwrap();
+        let (before, _) = shell.exp_regex(r"\(1 row, [0-9.]+ ms\)").unwrap();
+        shell.send_line("\\q").unwrap();
+        shell.exp_eof().unwrap();
+        before
+    })
+    .await
+    .unwrap();
+    assert!(transcript.contains("answer"), "{transcript}");
+    assert!(transcript.contains("| 42"), "{transcript}");
+    let saved = std::fs::read_to_string(&history).unwrap();
+    assert!(saved.contains("AS answer;"), "history is kept: {saved}");
+}
