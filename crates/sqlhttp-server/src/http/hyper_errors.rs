@@ -6,10 +6,10 @@
 //! [`JsonErrors`] wraps a connection's byte stream: it passes every byte through, except an
 //! automatic error head from hyper (recognised by its status and its lack of a
 //! `content-type`, which every response of the app has), which it replaces with a complete JSON
-//! response. After such an answer it closes lingering: it stops writing, then reads and discards
-//! what the client is still sending for a short while, so the client is not reset before it has
-//! read the answer (a 1 MB header is refused while most of it is still in flight). Knows
-//! HTTP/1.1 framing; nothing about routes or the engine.
+//! response. Every connection closes lingering: it stops writing, then reads and discards what
+//! the client is still sending for a short while, so the client is not reset before it has read
+//! the answer (a 1 MB header or a 4 MB body refused with `413` while most of it is still in
+//! flight). Knows HTTP/1.1 framing; nothing about routes or the engine.
 
 use std::io;
 use std::pin::Pin;
@@ -93,8 +93,7 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
         .position(|window| window == needle)
 }
 
-/// How long a connection closing after an automatic error answer keeps reading what the client
-/// still sends.
+/// How long a closing connection keeps reading what the client still sends.
 const LINGER: Duration = Duration::from_secs(2);
 
 /// A connection stream that turns hyper's automatic error answers into JSON ones.
@@ -103,10 +102,10 @@ pub(crate) struct JsonErrors<S> {
     inner: S,
     /// Bytes accepted from hyper but not yet written to `inner`.
     pending: Vec<u8>,
-    /// An automatic error answer was written: close lingering.
-    answered_error: bool,
     /// Set once the write half is shut down and the linger has started.
     linger: Option<Pin<Box<Sleep>>>,
+    /// The client was still sending when the connection closed.
+    discarded: bool,
 }
 
 impl<S> JsonErrors<S> {
@@ -114,14 +113,15 @@ impl<S> JsonErrors<S> {
         JsonErrors {
             inner,
             pending: Vec::new(),
-            answered_error: false,
             linger: None,
+            discarded: false,
         }
     }
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> JsonErrors<S> {
-    /// Shuts the write half, then discards input until the client closes or the linger ends.
+    /// Shuts the write half, then, if the client is still sending, discards its input until it
+    /// closes or the linger ends. An idle connection (nothing in flight) closes at once.
     fn poll_linger(&mut self, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         if self.linger.is_none() {
             ready!(Pin::new(&mut self.inner).poll_shutdown(cx))?;
@@ -135,10 +135,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> JsonErrors<S> {
                 return Poll::Ready(Ok(()));
             }
             let mut buf = ReadBuf::new(&mut discard);
-            match ready!(Pin::new(&mut self.inner).poll_read(cx, &mut buf)) {
-                Ok(()) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
-                Ok(()) => {}
-                Err(_) => return Poll::Ready(Ok(())),
+            match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
+                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) => self.discarded = true,
+                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Pending if self.discarded => return Poll::Pending,
+                Poll::Pending => return Poll::Ready(Ok(())),
             }
         }
     }
@@ -177,7 +179,6 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
         match find_automatic_error(buf) {
             Some((start, end, replacement)) => {
                 let this = &mut *self;
-                this.answered_error = true;
                 this.pending.extend_from_slice(&buf[..start]);
                 this.pending.extend_from_slice(&replacement);
                 this.pending.extend_from_slice(&buf[end..]);
@@ -196,10 +197,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         ready!(self.poll_drain(cx))?;
-        if self.answered_error {
-            return self.poll_linger(cx);
-        }
-        Pin::new(&mut self.inner).poll_shutdown(cx)
+        self.poll_linger(cx)
     }
 
     // Not vectored: hyper then writes each head in one contiguous buffer, where it can be
