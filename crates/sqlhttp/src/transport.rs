@@ -1,6 +1,7 @@
 //! The transport owns every HTTP exchange and every attempt: it sends one prepared request body to one
-//! of the protocol's endpoints (a statement, or a batch), retries it as the operation's class and the failure allow, waits between attempts,
-//! honours cancellation and the retry budget, and returns the successful body's bytes.
+//! of the protocol's endpoints (a statement, or a batch), retries it as the operation's class and the
+//! failure allow, waits between attempts, honours cancellation and the retry budget, and returns the
+//! successful body's bytes.
 //!
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
