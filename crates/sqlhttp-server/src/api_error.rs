@@ -30,8 +30,6 @@ pub(crate) enum ErrorCode {
     HeadersTooLarge,
     StatementTimeout,
     ResultTooLarge,
-    // Answered by read-only batches and read-only credentials, which are being built.
-    #[allow(dead_code)]
     ReadOnly,
 }
 
@@ -128,6 +126,8 @@ pub(crate) struct ApiError {
     /// The engine interrupted the statement; the engine decides why (timeout, cancellation,
     /// shutdown) and replaces this error.
     pub(crate) interrupted: bool,
+    /// In a batch: the zero-based index of the statement that failed, reported as `"statement"`.
+    pub(crate) statement: Option<usize>,
     /// Value of the `Allow` header on a 405.
     allow: &'static str,
 }
@@ -142,7 +142,16 @@ impl ApiError {
             message: message.into(),
             constraint: None,
             interrupted: false,
+            statement: None,
             allow: "POST",
+        }
+    }
+
+    /// The same error, naming the batch statement it belongs to.
+    pub(crate) fn at_statement(self, index: usize) -> Self {
+        ApiError {
+            statement: Some(index),
+            ..self
         }
     }
 
@@ -203,12 +212,15 @@ impl ApiError {
             message: &'a str,
             #[serde(skip_serializing_if = "Option::is_none")]
             constraint: Option<&'a str>,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            statement: Option<usize>,
         }
         let envelope = Envelope {
             error: Inner {
                 code: self.code.as_str(),
                 message: &self.message,
                 constraint: self.constraint.map(ConstraintKind::as_str),
+                statement: self.statement,
             },
         };
         // Serializing two strings into a Vec cannot fail.
@@ -317,6 +329,17 @@ mod tests {
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"error":{"code":"CONSTRAINT_VIOLATION","message":"UNIQUE constraint failed: t.x","constraint":"unique"}}"#
+        );
+    }
+
+    #[test]
+    fn a_batch_error_names_its_statement() {
+        let body = ApiError::constraint(Some(ConstraintKind::Check), "CHECK constraint failed")
+            .at_statement(2)
+            .body();
+        assert_eq!(
+            String::from_utf8(body).unwrap(),
+            r#"{"error":{"code":"CONSTRAINT_VIOLATION","message":"CHECK constraint failed","constraint":"check","statement":2}}"#
         );
     }
 

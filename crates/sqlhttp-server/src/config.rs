@@ -17,6 +17,9 @@ pub const DEFAULT_LISTEN: SocketAddr =
 /// Default request body limit: 1 MiB.
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
 
+/// Default batch body limit: 8 MiB, so an atomic bulk insert of several full statements fits.
+pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1_048_576;
+
 /// Default idempotency-key lifetime: 24 hours.
 pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 
@@ -40,6 +43,8 @@ pub struct Limits {
     /// Reader connections that run read-only statements beside the one writer; 0 runs
     /// everything on the writer. Default 4.
     pub read_connections: usize,
+    /// Most statements in one atomic batch (`413 PAYLOAD_TOO_LARGE` past it). Default 100.
+    pub max_batch_statements: usize,
 }
 
 impl Default for Limits {
@@ -51,6 +56,7 @@ impl Default for Limits {
             max_result_bytes: 16 * 1024 * 1024,
             queue_depth: 128,
             read_connections: 4,
+            max_batch_statements: 100,
         }
     }
 }
@@ -106,6 +112,8 @@ pub struct Config {
     pub tokens: Vec<String>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
+    /// Largest accepted `POST /api/v1/batch` body, in bytes.
+    pub max_batch_bytes: usize,
     /// How long an Idempotency-Key's outcome is kept; `None` switches idempotency off
     /// (the header is then ignored).
     pub idempotency_ttl: Option<Duration>,
@@ -122,6 +130,7 @@ impl Default for Config {
             database: Database::Memory,
             tokens: Vec::new(),
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
             limits: Limits::default(),
             http: HttpLimits::default(),
@@ -286,6 +295,8 @@ mod tests {
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(86_400)));
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(30));
         assert_eq!(config.limits.read_connections, 4);
+        assert_eq!(config.limits.max_batch_statements, 100);
+        assert_eq!(config.max_batch_bytes, 8 * 1_048_576);
         assert_eq!(config.http.header_timeout, Duration::from_secs(30));
         assert!(config.http.allow_origins.is_empty());
     }

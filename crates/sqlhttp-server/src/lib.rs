@@ -22,6 +22,7 @@
 //! ```
 
 mod api_error;
+mod batch_request;
 mod config;
 mod engine;
 mod error;
@@ -31,8 +32,8 @@ mod server;
 mod state;
 
 pub use config::{
-    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BODY_BYTES, Database, HttpLimits,
-    Limits, parse_duration,
+    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
+    DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;

@@ -45,6 +45,14 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_MAX_BODY_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
 
+    /// Largest accepted atomic batch body (POST /api/v1/batch), in bytes.
+    #[arg(long, env = "SQLHTTPD_MAX_BATCH_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BATCH_BYTES)]
+    max_batch_bytes: usize,
+
+    /// Most statements in one atomic batch.
+    #[arg(long, env = "SQLHTTPD_MAX_BATCH_STATEMENTS", value_name = "N", default_value_t = Limits::default().max_batch_statements)]
+    max_batch_statements: usize,
+
     /// How long Idempotency-Key outcomes are kept: seconds, or a number with ms, s, m, h or d.
     #[arg(long, env = "SQLHTTPD_IDEMPOTENCY_TTL", value_name = "DURATION", default_value = "24h", value_parser = parse_positive_duration)]
     idempotency_ttl: Duration,
@@ -133,6 +141,7 @@ impl Cli {
             database: self.database,
             tokens: tokens.into_iter().filter(|t| !t.is_empty()).collect(),
             max_body_bytes: self.max_body_bytes,
+            max_batch_bytes: self.max_batch_bytes,
             idempotency_ttl: (!self.no_idempotency).then_some(self.idempotency_ttl),
             limits: Limits {
                 statement_timeout: self.statement_timeout,
@@ -141,6 +150,7 @@ impl Cli {
                 max_result_bytes: self.max_result_bytes,
                 queue_depth: self.queue_depth,
                 read_connections: self.read_connections,
+                max_batch_statements: self.max_batch_statements,
             },
             http: HttpLimits {
                 header_timeout: self.header_timeout,
@@ -264,6 +274,10 @@ mod tests {
             "http://localhost:3000",
             "--max-connections",
             "7",
+            "--max-batch-bytes",
+            "4096",
+            "--max-batch-statements",
+            "3",
         ])
         .unwrap();
         let config = cli.into_config();
@@ -275,6 +289,8 @@ mod tests {
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(2));
         assert_eq!(config.limits.read_connections, 0);
         assert_eq!(config.http.max_connections, 7);
+        assert_eq!(config.max_batch_bytes, 4096);
+        assert_eq!(config.limits.max_batch_statements, 3);
         assert_eq!(
             config.http.allow_origins,
             ["https://a.example", "http://localhost:3000"]
@@ -286,6 +302,7 @@ mod tests {
         let config = Cli::try_parse_from(["sqlhttpd"]).unwrap().into_config();
         assert_eq!(config.limits, Limits::default());
         assert_eq!(config.http, HttpLimits::default());
+        assert_eq!(config.max_batch_bytes, Config::default().max_batch_bytes);
     }
 
     #[test]

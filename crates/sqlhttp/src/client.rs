@@ -13,16 +13,19 @@ use http::HeaderValue;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
+use crate::batch::{Batch, BatchLimits};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
 use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Delivered, Exchange, HttpExchange, Transport};
+use crate::transport::{Call, Delivered, Endpoint, Exchange, HttpExchange, Transport};
 
-/// The path of the protocol's one endpoint, relative to the server's base URL.
+/// The path of the protocol's statement endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
+/// The path of the protocol's batch endpoint, relative to the server's base URL.
+const BATCH_ENDPOINT: &str = "api/v1/batch";
 
 /// A client for a server speaking the sqlhttp protocol.
 ///
@@ -54,6 +57,7 @@ struct Inner {
     endpoint: reqwest::Url,
     transport: Transport,
     insert_limits: InsertLimits,
+    batch_limits: BatchLimits,
 }
 
 impl Client {
@@ -131,8 +135,24 @@ impl Client {
         Insert::new(self.clone(), table.to_owned(), rows)
     }
 
+    /// Several statements run in order in **one transaction** on the server, committed only if all
+    /// succeed (`POST /api/v1/batch`). Add statements with [`Batch::statement`], bind each one's
+    /// parameters with [`Batch::bind`], and `.await` it for one [`Table`](crate::Table) per statement.
+    ///
+    /// A write batch is a **write**: retried only under `retry_writes`, with one idempotency key on
+    /// all attempts, so a server that honours keys applies it exactly once. A
+    /// [`read_only`](Batch::read_only) batch is a **read** (one consistent snapshot): retried by
+    /// default. See [`Batch`].
+    pub fn batch(&self) -> Batch {
+        Batch::new(self.clone())
+    }
+
     pub(crate) fn insert_limits(&self) -> InsertLimits {
         self.inner.insert_limits
+    }
+
+    pub(crate) fn batch_limits(&self) -> BatchLimits {
+        self.inner.batch_limits
     }
 
     /// Sends one statement with the call's settings; a setting that cannot work fails before anything
@@ -146,11 +166,36 @@ impl Client {
         idempotency_key: Option<HeaderValue>,
         started: Option<tokio::time::Instant>,
     ) -> Result<Delivered> {
+        self.send_to(
+            Endpoint::Sql,
+            class,
+            body,
+            sql,
+            options,
+            idempotency_key,
+            started,
+        )
+        .await
+    }
+
+    /// Sends one request body to `endpoint` with the call's settings.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn send_to(
+        &self,
+        endpoint: Endpoint,
+        class: OpClass,
+        body: Bytes,
+        sql: &str,
+        options: &CallOptions,
+        idempotency_key: Option<HeaderValue>,
+        started: Option<tokio::time::Instant>,
+    ) -> Result<Delivered> {
         options.validate()?;
         self.inner
             .transport
             .send(Call {
                 class,
+                endpoint,
                 body,
                 sql,
                 options,
@@ -202,6 +247,7 @@ pub struct ClientBuilder {
     budget: Option<RetryBudget>,
     cancel: Option<CancellationToken>,
     insert_limits: InsertLimits,
+    batch_limits: BatchLimits,
     net: NetSettings,
 }
 
@@ -275,6 +321,7 @@ impl ClientBuilder {
             budget: Some(RetryBudget::new()),
             cancel: None,
             insert_limits: InsertLimits::default(),
+            batch_limits: BatchLimits::default(),
             net: NetSettings::default(),
         }
     }
@@ -435,6 +482,23 @@ impl ClientBuilder {
         self
     }
 
+    // Batch options
+
+    /// The most statements one [`batch`](Client::batch) (or [`atomic`](crate::Insert::atomic) insert)
+    /// may hold; a larger one fails before anything is sent. Match the server's limit. Default: 100
+    /// (the reference server's `--max-batch-statements`).
+    pub fn batch_max_statements(mut self, max: usize) -> Self {
+        self.batch_limits.max_statements = max;
+        self
+    }
+
+    /// The largest batch request body the client sends; a larger batch fails before anything is sent.
+    /// Match the server's limit. Default: 8 MiB (the reference server's `--max-batch-bytes`).
+    pub fn batch_max_bytes(mut self, max: usize) -> Self {
+        self.batch_limits.max_body_bytes = max;
+        self
+    }
+
     /// Builds the client.
     ///
     /// # Errors
@@ -446,7 +510,7 @@ impl ClientBuilder {
     /// - the bearer token or user agent cannot be sent as a header value;
     /// - the retry policy cannot work (zero attempts, `initial_backoff` above `max_backoff`, a zero
     ///   `max_elapsed`), or the timeout is zero;
-    /// - an insert limit is zero;
+    /// - an insert or batch limit is zero;
     /// - the HTTP client cannot be built.
     pub fn build(self) -> Result<Client> {
         let mut base = reqwest::Url::parse(&self.base_url)
@@ -487,6 +551,12 @@ impl ClientBuilder {
         if self.insert_limits.max_params == 0 || self.insert_limits.max_body_bytes == 0 {
             return Err(Error::config("insert limits must be larger than zero"));
         }
+        if self.batch_limits.max_statements == 0 || self.batch_limits.max_body_bytes == 0 {
+            return Err(Error::config("batch limits must be larger than zero"));
+        }
+        let batch_endpoint = base
+            .join(BATCH_ENDPOINT)
+            .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
         #[cfg(feature = "simulation")]
         let simulated = self.simulated;
         #[cfg(not(feature = "simulation"))]
@@ -506,6 +576,7 @@ impl ClientBuilder {
             (Some(http), _) => Box::new(HttpExchange {
                 http,
                 endpoint: endpoint.clone(),
+                batch_endpoint,
                 authorization,
                 user_agent,
             }),
@@ -513,6 +584,7 @@ impl ClientBuilder {
             (None, Some(server)) => Box::new(crate::simulation::SimulatedExchange {
                 server,
                 endpoint: endpoint.clone(),
+                batch_endpoint,
                 authorization,
                 user_agent,
             }),
@@ -532,6 +604,7 @@ impl ClientBuilder {
                 endpoint,
                 transport,
                 insert_limits: self.insert_limits,
+                batch_limits: self.batch_limits,
             }),
         })
     }

@@ -327,6 +327,7 @@ struct Inner {
     sent: bool,
     outcome_unknown: bool,
     idempotency_key: Option<String>,
+    statement_index: Option<usize>,
     source: Option<BoxError>,
 }
 
@@ -342,6 +343,7 @@ impl Error {
                 sent: false,
                 outcome_unknown: false,
                 idempotency_key: None,
+                statement_index: None,
                 source: None,
             }),
         }
@@ -397,6 +399,11 @@ impl Error {
 
     pub(crate) fn with_idempotency_key(mut self, key: Option<String>) -> Self {
         self.inner.idempotency_key = key;
+        self
+    }
+
+    pub(crate) fn with_statement_index(mut self, index: Option<usize>) -> Self {
+        self.inner.statement_index = index;
         self
     }
 
@@ -466,6 +473,15 @@ impl Error {
     /// `None` for reads, `execute`, and writes that never reached the server.
     pub fn idempotency_key(&self) -> Option<&str> {
         self.inner.idempotency_key.as_deref()
+    }
+
+    /// For a batch ([`Client::batch`](crate::Client::batch), or an
+    /// [`atomic`](crate::Insert::atomic) insert): the zero-based position of the statement that
+    /// failed, when the failure belongs to one (the server names it in its error body, or the SDK
+    /// found a parameter it cannot bind). Nothing of the batch was applied. `None` for a failure of
+    /// the whole batch (a connection, a timeout, a limit) and for single-statement calls.
+    pub fn statement_index(&self) -> Option<usize> {
+        self.inner.statement_index
     }
 
     /// The kind of constraint a [`ErrorKind::ConstraintViolation`] names, when the server said.
@@ -548,6 +564,9 @@ impl fmt::Debug for Error {
         if let Some(rows) = self.inner.rows_inserted {
             d.field("rows_inserted", &rows);
         }
+        if let Some(index) = self.inner.statement_index {
+            d.field("statement_index", &index);
+        }
         if !self.inner.history.is_empty() {
             d.field("history", &self.inner.history);
         }
@@ -562,6 +581,12 @@ impl fmt::Debug for Error {
 impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Display::fmt(&self.inner.kind, f)?;
+        if let Some(index) = self.inner.statement_index {
+            write!(
+                f,
+                " (statement {index} of the batch; nothing of the batch was applied)"
+            )?;
+        }
         if self.inner.attempts > 1 {
             write!(f, " (after {} attempts)", self.inner.attempts)?;
         }

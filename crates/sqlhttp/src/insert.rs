@@ -4,8 +4,9 @@
 //!
 //! Every row is checked and every chunk encoded before the first one is sent, so bad input fails with
 //! nothing written. Each chunk is one write, retried only under `retry_writes`, with an idempotency key
-//! of its own derived from the call's (see [`chunk_key`]). This module knows the SQL it generates and
-//! the request body; not the transport.
+//! of its own derived from the call's (see [`chunk_key`]); an [`atomic`](Insert::atomic) insert sends
+//! all its chunks as one batch under the call's key instead (see `batch`). This module knows the SQL it
+//! generates and the request body; not the transport.
 
 use std::fmt;
 use std::future::IntoFuture;
@@ -20,7 +21,8 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
-use crate::table::Value;
+use crate::table::{Table, Value};
+use crate::transport::Endpoint;
 
 /// How large one generated statement may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,17 +88,24 @@ pub(crate) struct Chunk {
 /// # }
 /// ```
 ///
+/// # All or nothing
+///
+/// A split insert commits statement by statement: a failure part-way leaves the earlier statements'
+/// rows in place ([`Error::rows_inserted`] counts them). [`atomic`](Self::atomic) sends every statement
+/// in one [batch](crate::Client::batch) instead, committed together or not at all.
+///
 /// # Errors
 ///
 /// [`ErrorKind::InvalidParameter`] or [`ErrorKind::PayloadTooLarge`] before anything is sent, when a
-/// row cannot be inserted; [`ErrorKind::Config`] before anything is sent, when a per-call setting cannot
-/// work; otherwise a statement's failure, with [`Error::rows_inserted`] when earlier statements had
-/// committed.
+/// row cannot be inserted (or an atomic insert does not fit one batch); [`ErrorKind::Config`] before
+/// anything is sent, when a per-call setting cannot work; otherwise a statement's failure, with
+/// [`Error::rows_inserted`] when earlier statements had committed.
 #[must_use = "an insert does nothing until it is awaited"]
 pub struct Insert<'r, T> {
     client: Client,
     table: String,
     rows: &'r [T],
+    atomic: bool,
     options: CallOptions,
 }
 
@@ -110,8 +119,34 @@ impl<'r, T> Insert<'r, T> {
             client,
             table,
             rows,
+            atomic: false,
             options: CallOptions::default(),
         }
+    }
+
+    /// Inserts every row or none: the statements the rows are split into (see
+    /// [`ClientBuilder::insert_max_params`](crate::ClientBuilder::insert_max_params) and
+    /// [`ClientBuilder::max_body_bytes`](crate::ClientBuilder::max_body_bytes)) are sent as one
+    /// [batch](crate::Client::batch), which the server commits in one transaction. The call's
+    /// idempotency key (the caller's, or one the SDK makes) covers the whole batch, as given: no
+    /// `{key}/{index}` suffixes. A failure names the statement ([`Error::statement_index`]) and leaves
+    /// no row behind. An insert that fits one statement is sent as that statement, atomic already.
+    ///
+    /// The batch must fit the client's batch limits
+    /// ([`ClientBuilder::batch_max_statements`](crate::ClientBuilder::batch_max_statements),
+    /// [`ClientBuilder::batch_max_bytes`](crate::ClientBuilder::batch_max_bytes): 100 statements and
+    /// 8 MiB by default, the reference server's); when it does not, the call fails with
+    /// [`ErrorKind::PayloadTooLarge`] before anything is sent, saying how large the batch would be.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client, rows: Vec<std::collections::BTreeMap<String, i64>>) -> sqlhttp::Result<()> {
+    /// let inserted = client.insert("readings", &rows).atomic().retry_writes(true).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn atomic(mut self) -> Self {
+        self.atomic = true;
+        self
     }
 }
 
@@ -121,6 +156,7 @@ impl<T> fmt::Debug for Insert<'_, T> {
         f.debug_struct("Insert")
             .field("table", &self.table)
             .field("rows", &format_args!("<{} rows>", self.rows.len()))
+            .field("atomic", &self.atomic)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -157,6 +193,9 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                 })?;
             }
             let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
+            if self.atomic && count > 1 {
+                return self.send_atomic(chunks, call_key, &sql_for_log).await;
+            }
             let mut inserted = 0u64;
             // One `max_elapsed` for the whole insert, however many statements it takes.
             let started = tokio::time::Instant::now();
@@ -196,6 +235,41 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
             }
             Ok(inserted)
         })
+    }
+}
+
+impl<T> Insert<'_, T> {
+    /// Sends every chunk in one batch under the call's key; all rows or none.
+    async fn send_atomic(&self, chunks: Vec<Chunk>, call_key: String, sql: &str) -> Result<u64> {
+        let count = chunks.len();
+        let rows: usize = chunks.iter().map(|chunk| chunk.rows).sum();
+        let bodies: Vec<Bytes> = chunks.into_iter().map(|chunk| chunk.body).collect();
+        let body = crate::batch::encode(&bodies, false);
+        crate::batch::check_limits(count, body.len(), self.client.batch_limits()).map_err(
+            |message| {
+                Error::new(ErrorKind::PayloadTooLarge {
+                    message: format!(
+                        "an atomic insert of {rows} rows takes {count} statements in one batch, and                          {message}; nothing was sent. Insert without .atomic() (each statement                          exactly once under its key, but not all or nothing), split the rows, or                          raise the client's batch limits to the server's"
+                    ),
+                })
+            },
+        )?;
+        let key = HeaderValue::try_from(call_key.as_str())
+            .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
+        let tables = self
+            .client
+            .send_to(
+                Endpoint::Batch,
+                OpClass::Write,
+                body,
+                sql,
+                &self.options,
+                Some(key),
+                None,
+            )
+            .await?
+            .decode(|body| crate::batch::decode_results(body, count))?;
+        Ok(tables.iter().map(Table::rows_affected).sum())
     }
 }
 

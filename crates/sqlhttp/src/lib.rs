@@ -2,7 +2,8 @@
 //!
 //! * [`Client::query`] decodes rows straight from the response bytes into any `T: Deserialize`;
 //!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
-//!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk.
+//!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk;
+//!   [`Client::batch`] runs several statements in one transaction, all or nothing.
 //! * Parameters are always bound (`.bind(value)`), never spliced into SQL.
 //! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
@@ -26,6 +27,7 @@
 //! # }
 //! ```
 
+mod batch;
 mod client;
 pub mod decode;
 mod error;
@@ -39,6 +41,7 @@ mod statement;
 mod table;
 mod transport;
 
+pub use batch::Batch;
 pub use client::{Client, ClientBuilder};
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::Insert;
@@ -71,4 +74,5 @@ fn _assert_impls() {
     fn send<T: Send>() {}
     send::<ResponseFuture<'static, u64>>();
     send::<Insert<'static, u8>>();
+    send_sync::<Batch>();
 }

@@ -111,7 +111,35 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
         kind,
         sent,
         source: Some(Box::new(err)),
+        statement: None,
     }
+}
+
+/// The failure for a non-success response, with the batch statement its body names, if any.
+pub(crate) fn failure_from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    Failure {
+        statement: statement_index(body),
+        ..from_status(status, headers, body).into()
+    }
+}
+
+/// The zero-based index of the batch statement an error body names (`error.statement`).
+fn statement_index(body: &[u8]) -> Option<usize> {
+    #[derive(Deserialize)]
+    struct Envelope {
+        error: Named,
+    }
+    #[derive(Deserialize)]
+    struct Named {
+        #[serde(default)]
+        statement: Option<serde_json::Value>,
+    }
+    let envelope: Envelope = serde_json::from_slice(body).ok()?;
+    envelope
+        .error
+        .statement?
+        .as_u64()
+        .and_then(|index| usize::try_from(index).ok())
 }
 
 /// The error and its causes on one line, so "connection refused" is not hidden behind "error sending

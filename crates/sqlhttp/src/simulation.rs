@@ -40,7 +40,8 @@ use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use crate::ErrorKind;
 use crate::response;
 use crate::transport::{
-    ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, Failure, IDEMPOTENCY_KEY_HEADER,
+    ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, Failure,
+    IDEMPOTENCY_KEY_HEADER,
 };
 
 /// The request of one attempt, as the client would send it.
@@ -79,13 +80,18 @@ impl fmt::Debug for SimulatedServer {
 pub(crate) struct SimulatedExchange {
     pub(crate) server: SimulatedServer,
     pub(crate) endpoint: reqwest::Url,
+    pub(crate) batch_endpoint: reqwest::Url,
     pub(crate) authorization: Option<HeaderValue>,
     pub(crate) user_agent: HeaderValue,
 }
 
 impl Exchange for SimulatedExchange {
     fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
-        let mut builder = http::Request::post(self.endpoint.as_str())
+        let url = match request.endpoint {
+            Endpoint::Sql => &self.endpoint,
+            Endpoint::Batch => &self.batch_endpoint,
+        };
+        let mut builder = http::Request::post(url.as_str())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, self.user_agent.clone())
@@ -108,7 +114,11 @@ impl Exchange for SimulatedExchange {
                 Ok(response) if response.status().is_success() => Ok(response.into_body()),
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    Err(response::from_status(status, response.headers(), response.body()).into())
+                    Err(response::failure_from_status(
+                        status,
+                        response.headers(),
+                        response.body(),
+                    ))
                 }
                 Err(err) => Err(Failure {
                     kind: ErrorKind::Connection {
@@ -117,6 +127,7 @@ impl Exchange for SimulatedExchange {
                     // A refused connection sent nothing; anything else may have been sent.
                     sent: err.kind() != io::ErrorKind::ConnectionRefused,
                     source: Some(Box::new(err)),
+                    statement: None,
                 }),
             }
         })

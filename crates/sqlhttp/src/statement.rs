@@ -77,7 +77,20 @@ impl Statement {
         }
     }
 
-    fn bind<T: Serialize + ?Sized>(&mut self, value: &T) {
+    pub(crate) fn sql(&self) -> &str {
+        &self.sql
+    }
+
+    pub(crate) fn params(&self) -> &[Value] {
+        &self.params
+    }
+
+    /// Why a bound value cannot be sent, if one cannot.
+    pub(crate) fn invalid(&self) -> Option<&ErrorKind> {
+        self.invalid.as_ref()
+    }
+
+    pub(crate) fn bind<T: Serialize + ?Sized>(&mut self, value: &T) {
         if self.invalid.is_some() {
             return;
         }

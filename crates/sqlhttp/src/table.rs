@@ -5,8 +5,8 @@
 
 use std::fmt;
 
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
@@ -15,7 +15,7 @@ use crate::error::{Error, ErrorKind, Result};
 pub use serde_json::Value;
 
 /// A result column: its name and the engine's declared type.
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 pub struct Column {
     pub(crate) name: String,
     #[serde(rename = "type", default)]
@@ -45,7 +45,8 @@ pub struct ExecResult {
     pub last_insert_id: Option<i64>,
 }
 
-/// A query result with its columns, as returned by [`Client::query_table`](crate::Client::query_table).
+/// A query result with its columns, as returned by [`Client::query_table`](crate::Client::query_table),
+/// and one per statement of a [`Client::batch`](crate::Client::batch).
 ///
 /// ```
 /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
@@ -66,6 +67,8 @@ pub struct Table {
     columns: Vec<Column>,
     rows: Vec<Vec<Value>>,
     rows_affected: u64,
+    #[serde(default)]
+    last_insert_id: Option<i64>,
 }
 
 impl Table {
@@ -92,6 +95,50 @@ impl Table {
     /// Rows changed by the statement (non-zero for `INSERT ... RETURNING` and the like).
     pub fn rows_affected(&self) -> u64 {
         self.rows_affected
+    }
+
+    /// The id (SQLite's rowid) of the last row the statement inserted, if it inserted any.
+    pub fn last_insert_id(&self) -> Option<i64> {
+        self.last_insert_id
+    }
+
+    /// Every row decoded into a `T`, exactly as [`Query::fetch_all`](crate::Query::fetch_all) decodes
+    /// them: a struct by column name, a tuple by position, a map, or a scalar when there is one
+    /// column. The typed way to read a [`batch`](crate::Client::batch)'s results:
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// #[derive(serde::Deserialize)]
+    /// struct Account { id: i64, balance: i64 }
+    ///
+    /// let results = client
+    ///     .batch()
+    ///     .statement("SELECT id, balance FROM accounts WHERE id = ?").bind(1)
+    ///     .statement("SELECT count(*) FROM accounts")
+    ///     .read_only()
+    ///     .await?;
+    /// let accounts: Vec<Account> = results[0].rows_as()?;
+    /// let count: Vec<i64> = results[1].rows_as()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Decode`] naming the row and column when a cell is not what `T` expects.
+    pub fn rows_as<T: DeserializeOwned>(&self) -> Result<Vec<T>> {
+        #[derive(Serialize)]
+        struct Envelope<'a> {
+            columns: &'a [Column],
+            rows: &'a [Vec<Value>],
+        }
+        // One decoder for every path: the table goes back to the wire form `decode::rows` reads.
+        let body = serde_json::to_vec(&Envelope {
+            columns: &self.columns,
+            rows: &self.rows,
+        })
+        .map_err(Error::decode)?;
+        crate::decode::rows(&body)
     }
 
     /// The row at `index`.
@@ -125,6 +172,7 @@ impl fmt::Debug for Table {
             .field("columns", &self.columns)
             .field("rows", &format_args!("<{} rows>", self.rows.len()))
             .field("rows_affected", &self.rows_affected)
+            .field("last_insert_id", &self.last_insert_id)
             .finish()
     }
 }

@@ -1,6 +1,7 @@
-//! The transport owns every HTTP exchange and every attempt: it sends one prepared request body to the
-//! protocol's endpoint, retries it as the operation's class and the failure allow, waits between attempts,
-//! honours cancellation and the retry budget, and returns the successful body's bytes.
+//! The transport owns every HTTP exchange and every attempt: it sends one prepared request body to one
+//! of the protocol's endpoints (a statement, or a batch), retries it as the operation's class and the
+//! failure allow, waits between attempts, honours cancellation and the retry budget, and returns the
+//! successful body's bytes.
 //!
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
@@ -29,8 +30,18 @@ pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
 /// The header carrying a write's idempotency key.
 pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
 
+/// Which of the protocol's endpoints a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `POST /api/v1/sql`: one statement.
+    Sql,
+    /// `POST /api/v1/batch`: several statements in one transaction.
+    Batch,
+}
+
 /// One attempt's request, as the exchange sends it.
 pub(crate) struct AttemptRequest<'a> {
+    pub(crate) endpoint: Endpoint,
     pub(crate) body: &'a Bytes,
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
@@ -45,6 +56,8 @@ pub(crate) struct Failure {
     /// `false` only when nothing can have reached the server (the connection was never made).
     pub(crate) sent: bool,
     pub(crate) source: Option<BoxError>,
+    /// For a batch: the statement the server's error names (its body's `statement` member).
+    pub(crate) statement: Option<usize>,
 }
 
 /// A failure known only by its kind (a response, a timeout) may have reached the server.
@@ -54,6 +67,7 @@ impl From<ErrorKind> for Failure {
             kind,
             sent: true,
             source: None,
+            statement: None,
         }
     }
 }
@@ -72,6 +86,7 @@ pub(crate) trait Exchange: Send + Sync {
 pub(crate) struct HttpExchange {
     pub(crate) http: reqwest::Client,
     pub(crate) endpoint: reqwest::Url,
+    pub(crate) batch_endpoint: reqwest::Url,
     pub(crate) authorization: Option<HeaderValue>,
     pub(crate) user_agent: HeaderValue,
 }
@@ -90,6 +105,7 @@ pub(crate) struct Transport {
 /// One call: a request body sent as many times as the rules allow.
 pub(crate) struct Call<'a> {
     pub(crate) class: OpClass,
+    pub(crate) endpoint: Endpoint,
     pub(crate) body: Bytes,
     /// For debug-level logs only.
     pub(crate) sql: &'a str,
@@ -191,6 +207,7 @@ impl Transport {
             span.record("attempts", attempt);
             let budget = attempt_budget(timeout, deadline);
             let exchange = self.exchange.send(AttemptRequest {
+                endpoint: call.endpoint,
                 body: &call.body,
                 attempt,
                 max_attempts,
@@ -205,6 +222,7 @@ impl Transport {
                 kind,
                 sent: this_sent,
                 source,
+                statement,
             } = match outcome {
                 Ok(body) => {
                     if let Some(bucket) = &self.budget {
@@ -240,6 +258,7 @@ impl Transport {
                     .with_boxed_source(source)
                     .with_sent(sent, outcome_unknown)
                     .with_idempotency_key(key.clone())
+                    .with_statement_index(statement)
             };
             if kind == ErrorKind::Cancelled
                 || attempt >= max_attempts
@@ -343,6 +362,7 @@ impl HttpExchange {
     /// One HTTP exchange: the request, the status, the whole body.
     async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Bytes, Failure> {
         let AttemptRequest {
+            endpoint,
             body,
             attempt,
             max_attempts,
@@ -350,7 +370,10 @@ impl HttpExchange {
         } = request;
         let mut request = self
             .http
-            .post(self.endpoint.clone())
+            .post(match endpoint {
+                Endpoint::Sql => self.endpoint.clone(),
+                Endpoint::Batch => self.batch_endpoint.clone(),
+            })
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, self.user_agent.clone())
@@ -373,13 +396,18 @@ impl HttpExchange {
                     },
                     sent: true,
                     source: Some(Box::new(err)),
+                    statement: None,
                 }
             });
         }
         let headers = std::mem::take(response.headers_mut());
         // The status decides; a body cut short only costs the server's message.
         let body = response.bytes().await.unwrap_or_default();
-        Err(response::from_status(status.as_u16(), &headers, &body).into())
+        Err(response::failure_from_status(
+            status.as_u16(),
+            &headers,
+            &body,
+        ))
     }
 }
 

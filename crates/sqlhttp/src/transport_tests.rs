@@ -59,6 +59,7 @@ impl Exchange for Scripted {
                     kind,
                     sent: false,
                     source: Some("connection refused (os error 111)".into()),
+                    statement: None,
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
@@ -142,6 +143,7 @@ impl Harness {
         self.transport
             .send(Call {
                 class,
+                endpoint: Endpoint::Sql,
                 body: Bytes::from_static(b"{}"),
                 sql: "SELECT 1",
                 options,

@@ -1,10 +1,11 @@
-//! Exactly-once statements: the `_sqlhttp_idempotency` table, replay of stored outcomes, and
-//! running a keyed statement so that its effects and its stored outcome commit in ONE
-//! transaction.
+//! Exactly-once requests: the `_sqlhttp_idempotency` table, replay of stored outcomes, and
+//! running keyed work (one statement, or a whole batch) so that its effects and its stored
+//! outcome commit in ONE transaction.
 //!
 //! Runs on the writer's engine thread. Knows SQLite and the protocol's error codes; knows
-//! nothing about HTTP headers or the in-memory in-flight registry (the caller guarantees one
-//! runner per key). The sandbox keeps client statements away from the table.
+//! nothing about HTTP headers, what the keyed work is (the caller passes it as a closure), or the
+//! in-memory in-flight registry (the caller guarantees one runner per key). The sandbox keeps
+//! client statements away from the table.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -15,6 +16,7 @@ use crate::engine::Outcome;
 use crate::engine::connection::Conn;
 use crate::engine::errors::map_engine_error;
 use crate::engine::exec::{self, Access, Ran};
+use crate::engine::transaction::{Mode, begin, commit, rollback, within};
 use crate::request::SqlRequest;
 
 /// Expired keys are purged at most this often (and looked past on every lookup).
@@ -61,38 +63,6 @@ struct Stored {
 
 const STATEMENT: &str = "_sqlhttp_statement";
 
-/// Opens the server's own transaction around a keyed statement. Clients cannot hold one
-/// open (the sandbox refuses transaction control), so the connection is always in autocommit
-/// here.
-fn begin(conn: &Connection) -> Result<(), ApiError> {
-    conn.execute_batch("BEGIN IMMEDIATE")
-        .map_err(map_engine_error)
-}
-
-fn commit(conn: &Connection) -> Result<(), ApiError> {
-    conn.execute_batch("COMMIT").map_err(|e| {
-        rollback(conn);
-        map_engine_error(e)
-    })
-}
-
-fn rollback(conn: &Connection) {
-    if conn.is_autocommit() {
-        return;
-    }
-    if let Err(e) = conn.execute_batch("ROLLBACK") {
-        tracing::error!(error = %e, "cannot roll back an idempotent statement's transaction");
-    }
-}
-
-/// Runs `body` inside the open transaction; on error rolls it back.
-fn within<T>(conn: &Connection, body: impl FnOnce() -> rusqlite::Result<T>) -> Result<T, ApiError> {
-    body().map_err(|e| {
-        rollback(conn);
-        map_engine_error(e)
-    })
-}
-
 fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<Stored>> {
     conn.prepare_cached(
         "SELECT request_hash, status, body, created_at FROM _sqlhttp_idempotency WHERE key = ?1",
@@ -137,9 +107,7 @@ fn purge_if_due(writer: &mut Conn, ttl: Duration) {
     }
 }
 
-/// Runs a keyed request exactly once: replays a stored outcome for the same body, refuses a
-/// different body with 422, or runs the statement and stores its 2xx / final 4xx outcome in the
-/// statement's own transaction. 5xx outcomes are rolled back and not stored.
+/// Runs one keyed statement exactly once (see [`run_with_key`]).
 pub(crate) fn execute_with_key(
     writer: &mut Conn,
     ttl: Duration,
@@ -147,10 +115,36 @@ pub(crate) fn execute_with_key(
     request_hash: &[u8],
     request: &SqlRequest,
 ) -> Result<Outcome, ApiError> {
+    run_with_key(
+        writer,
+        ttl,
+        key,
+        request_hash,
+        |writer| match exec::execute(writer, request, Access::ReadWrite)? {
+            Ran::Body(body) => Ok(body),
+            Ran::NeedsWriter => Err(ApiError::internal()),
+        },
+    )
+}
+
+/// Runs keyed work exactly once: replays a stored outcome for the same request, refuses a
+/// different request with 422, or runs `work` inside the server's transaction and stores its
+/// 2xx / final 4xx outcome in that same transaction. 5xx outcomes are rolled back and not stored.
+///
+/// `work` runs inside a savepoint of an open transaction and must neither commit nor roll it
+/// back; when it fails with a stored outcome, whatever part of it ran is undone before the
+/// outcome is stored.
+pub(crate) fn run_with_key(
+    writer: &mut Conn,
+    ttl: Duration,
+    key: &str,
+    request_hash: &[u8],
+    work: impl FnOnce(&Conn) -> Result<Vec<u8>, ApiError>,
+) -> Result<Outcome, ApiError> {
     purge_if_due(writer, ttl);
     let writer = &*writer;
     let conn = &writer.conn;
-    begin(conn)?;
+    begin(conn, Mode::Write)?;
 
     match within(conn, || lookup(conn, key))? {
         Some(stored) if now_millis().saturating_sub(stored.created_at) < millis(ttl) => {
@@ -179,18 +173,15 @@ pub(crate) fn execute_with_key(
     within(conn, || {
         conn.execute_batch(&format!("SAVEPOINT {STATEMENT}"))
     })?;
-    let (status, body) = match exec::execute(writer, request, Access::ReadWrite) {
-        Ok(Ran::Body(body)) => {
+    let (status, body) = match work(writer) {
+        Ok(body) => {
             within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
             (200, body)
         }
-        Ok(Ran::NeedsWriter) => {
-            rollback(conn);
-            return Err(ApiError::internal());
-        }
         Err(err) if err.code.is_stored_outcome() => {
             if !conn.is_autocommit() {
-                // Undo whatever part of the statement ran (e.g. under OR FAIL).
+                // Undo whatever part of the work ran (e.g. a statement under OR FAIL, or the
+                // statements of a batch before the one that failed).
                 within(conn, || {
                     conn.execute_batch(&format!("ROLLBACK TO {STATEMENT}; RELEASE {STATEMENT}"))
                 })?;
@@ -204,7 +195,7 @@ pub(crate) fn execute_with_key(
     };
 
     if conn.is_autocommit() {
-        // The statement's own conflict resolution (OR ROLLBACK) ended the transaction; it
+        // A statement's own conflict resolution (OR ROLLBACK) ended the transaction; it
         // left no effects, so the outcome is stored on its own.
         store(conn, key, request_hash, status, &body).map_err(map_engine_error)?;
     } else {

@@ -8,14 +8,17 @@
 //! otherwise it goes to the writer. Keyed statements go straight to the writer, inside the server's own transaction.
 //! Every request is its own transaction: clients cannot open one (see `sandbox`). Each job has
 //! a statement timeout and is cancelled when its requester goes away; queues are bounded.
+//! Atomic batches (`batch`) run several statements in one transaction of the server's own.
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
+mod batch;
 mod connection;
 mod control;
 mod errors;
 mod exec;
 mod idempotency;
 mod sandbox;
+mod transaction;
 mod worker;
 
 use std::sync::Arc;

@@ -67,7 +67,7 @@ const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer"];
 pub(crate) const TRANSACTION_HINT: &str = "transaction-control statements (BEGIN, COMMIT, END, \
 ROLLBACK, SAVEPOINT, RELEASE) are not accepted: every request runs as its own transaction. \
 For several statements that must apply together, send them as one atomic batch \
-(POST /api/v1/batch) when the server offers it";
+(POST /api/v1/batch)";
 
 /// Checks a client's SQL text before it reaches the engine.
 pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {

@@ -85,7 +85,14 @@ impl Pool {
             job_control.start(conn.limits.statement_timeout);
             conn.hooks.begin_job(Arc::clone(&job_control));
             let outcome = match catch_unwind(AssertUnwindSafe(|| job(conn))) {
-                Ok(Err(err)) if err.interrupted => Err(job_control.interrupted_error()),
+                Ok(Err(err)) if err.interrupted => {
+                    let stopped = job_control.interrupted_error();
+                    // A batch says which of its statements was stopped.
+                    Err(match err.statement {
+                        Some(index) => stopped.at_statement(index),
+                        None => stopped,
+                    })
+                }
                 Ok(outcome) => outcome,
                 Err(panic) => {
                     tracing::error!(

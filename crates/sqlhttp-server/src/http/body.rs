@@ -48,6 +48,26 @@ pub(crate) async fn read_limited(
     Ok(Bytes::from(collected))
 }
 
+/// [`read_limited`] within `timeout` (`408 REQUEST_TIMEOUT` past it).
+pub(crate) async fn read_within(
+    body: Body,
+    headers: &HeaderMap,
+    limit: usize,
+    timeout: std::time::Duration,
+) -> Result<Bytes, ApiError> {
+    tokio::time::timeout(timeout, read_limited(body, headers, limit))
+        .await
+        .map_err(|_| {
+            ApiError::new(
+                ErrorCode::RequestTimeout,
+                format!(
+                    "the request body did not arrive within {} ms",
+                    timeout.as_millis()
+                ),
+            )
+        })?
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

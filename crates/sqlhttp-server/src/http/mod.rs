@@ -1,11 +1,12 @@
 //! The HTTP surface: [`app`] (routes, fallbacks, layers), the probes, and the
 //! `POST /api/v1/sql` handler, which authenticates, requires a JSON body, validates the
 //! Idempotency-Key, reads the body within its size and time limits, decodes it and hands the
-//! statement to the engine.
+//! statement to the engine. `POST /api/v1/batch` (atomic batches) lives in `batch`.
 //!
 //! Knows HTTP and the protocol; it does not know SQLite (only the engine's async handle).
 
 pub(crate) mod auth;
+mod batch;
 mod body;
 mod browser;
 pub(crate) mod hyper_errors;
@@ -65,6 +66,10 @@ pub fn app(state: AppState) -> Router {
     let origins = state.inner.allow_origins.clone();
     Router::new()
         .route(SQL_PATH, post(sql).fallback(sql_method_not_allowed))
+        .route(
+            batch::BATCH_PATH,
+            post(batch::batch).fallback(sql_method_not_allowed),
+        )
         .route("/healthz", get(healthz).fallback(probe_method_not_allowed))
         .route("/readyz", get(readyz).fallback(probe_method_not_allowed))
         .fallback(not_found)

@@ -2,6 +2,7 @@
 //! (`app(state)` driven with `oneshot`), real TCP servers, and the built binary.
 
 mod api;
+mod batch;
 mod binary;
 mod common;
 mod conformance;

@@ -8,9 +8,10 @@ use crate::error::ErrorKind;
 /// The class of an operation, declared by the `Client` method the caller chose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum OpClass {
-    /// `ping`, `query`, `query_table`: safe to send twice.
+    /// `ping`, `query`, `query_table`, a read-only batch: safe to send twice.
     Read,
-    /// `insert`: retried only under `retry_writes`, with one idempotency key for every attempt.
+    /// `insert`, a write batch: retried only under `retry_writes`, with one idempotency key for every
+    /// attempt.
     Write,
     /// `execute`: arbitrary statements, never retried.
     Execute,

@@ -6,8 +6,8 @@
 //!
 //! | class | methods | retried |
 //! |---|---|---|
-//! | read | `ping`, `query`, `query_table` | by default |
-//! | write | `insert` | only with `retry_writes(true)`, [client-wide](crate::ClientBuilder::retry_writes) or [on the call](crate::Insert::retry_writes) |
+//! | read | `ping`, `query`, `query_table`, a [`read_only`](crate::Batch::read_only) `batch` | by default |
+//! | write | `insert`, `batch` (one key for the whole batch) | only with `retry_writes(true)`, [client-wide](crate::ClientBuilder::retry_writes) or on the call ([insert](crate::Insert::retry_writes), [batch](crate::Batch::retry_writes)) |
 //! | execute | `execute`, and its `fetch_*` for `RETURNING` rows | never, whatever the configuration |
 //!
 //! A failure is retried when it is transient: a connection refused, reset or closed before a complete
@@ -37,8 +37,8 @@
 //!
 //! # Per call
 //!
-//! Every request builder takes `.timeout(..)` and `.cancel_on(..)`; reads and `insert` take
-//! `.retry(policy)`; `insert` takes `.retry_writes(..)` and `.idempotency_key(..)`. A per-call setting
+//! Every request builder takes `.timeout(..)` and `.cancel_on(..)`; reads, `insert` and `batch` take
+//! `.retry(policy)`; `insert` and `batch` take `.retry_writes(..)` and `.idempotency_key(..)`. A per-call setting
 //! wins over the client's for that call; the retry budget is always the client's. `execute` has no
 //! `.retry`: it is never retried, so a setting there could only mislead.
 //!

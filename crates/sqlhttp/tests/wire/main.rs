@@ -7,6 +7,7 @@
 //! loop's timing (max_elapsed, cancelling mid-backoff, dropping the call) is tested on a scripted
 //! exchange in `src/transport_tests.rs`.
 
+mod batches;
 mod calls;
 mod cancel;
 mod errors;

@@ -1,0 +1,147 @@
+//! Decoding a `POST /api/v1/batch` body into a [`BatchRequest`]: its statements, each exactly a
+//! `POST /api/v1/sql` body decoded by [`SqlRequest::parse`], and whether it may only read.
+//!
+//! Pure functions over bytes: no HTTP types, no engine. A failure that belongs to one statement
+//! names it (zero-based) in the error's `statement` member.
+
+use serde::Deserialize;
+use serde_json::value::RawValue;
+
+use crate::api_error::{ApiError, ErrorCode};
+use crate::request::SqlRequest;
+
+/// A decoded batch: statements to run in order in one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct BatchRequest {
+    pub(crate) statements: Vec<SqlRequest>,
+    /// Runs on a reader, in a read-only transaction; a statement that writes is refused.
+    pub(crate) read_only: bool,
+}
+
+#[derive(Deserialize)]
+struct Wire<'a> {
+    #[serde(borrow, default)]
+    statements: Option<Vec<&'a RawValue>>,
+    #[serde(default)]
+    read_only: Option<bool>,
+}
+
+const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool}";
+
+impl BatchRequest {
+    /// Decodes and validates a batch body of at most `max_statements` statements. A malformed
+    /// body is `400 BAD_REQUEST` (naming the statement at fault); too many statements is
+    /// `413 PAYLOAD_TOO_LARGE`.
+    pub(crate) fn parse(body: &[u8], max_statements: usize) -> Result<BatchRequest, ApiError> {
+        let wire: Wire<'_> = serde_json::from_slice(body)
+            .map_err(|e| ApiError::bad_request(format!("{SHAPE}: {e}")))?;
+        // serde also reads a struct from a JSON array; the protocol's body is an object only.
+        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::bad_request(SHAPE));
+        }
+        let Some(raw) = wire.statements else {
+            return Err(ApiError::bad_request("`statements` is missing"));
+        };
+        if raw.is_empty() {
+            return Err(ApiError::bad_request(
+                "`statements` is empty: a batch has at least one statement",
+            ));
+        }
+        if raw.len() > max_statements {
+            return Err(ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the batch has {} statements; this server accepts at most {max_statements} \
+                     in one batch (--max-batch-statements)",
+                    raw.len()
+                ),
+            ));
+        }
+        let statements = raw
+            .iter()
+            .enumerate()
+            .map(|(index, raw)| {
+                SqlRequest::parse(raw.get().as_bytes()).map_err(|e| {
+                    ApiError::new(e.code, format!("statement {index}: {}", e.message))
+                        .at_statement(index)
+                })
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(BatchRequest {
+            statements,
+            read_only: wire.read_only.unwrap_or(false),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::request::Param;
+
+    fn bad(body: &str) -> ApiError {
+        BatchRequest::parse(body.as_bytes(), 3).unwrap_err()
+    }
+
+    #[test]
+    fn decodes_statements_and_the_read_only_flag() {
+        let batch = BatchRequest::parse(
+            br#"{"statements":[{"sql":"SELECT ?","params":[1]},{"sql":"SELECT 2"}],"read_only":true}"#,
+            3,
+        )
+        .unwrap();
+        assert!(batch.read_only);
+        assert_eq!(batch.statements.len(), 2);
+        assert_eq!(batch.statements[0].params, vec![Param::Integer(1)]);
+        let batch = BatchRequest::parse(
+            br#"{"statements":[{"sql":"SELECT 1"}],"read_only":null}"#,
+            3,
+        )
+        .unwrap();
+        assert!(!batch.read_only);
+    }
+
+    #[test]
+    fn refuses_malformed_batches_naming_the_statement() {
+        for body in [
+            "[]",
+            "{}",
+            r#"{"statements":{}}"#,
+            r#"{"statements":[]}"#,
+            "x",
+        ] {
+            let err = bad(body);
+            assert_eq!(err.code, ErrorCode::BadRequest, "{body}");
+            assert_eq!(err.statement, None, "{body}");
+        }
+        let err = bad(r#"{"statements":[{"sql":"SELECT 1"},{"params":[]}]}"#);
+        assert_eq!(err.code, ErrorCode::BadRequest);
+        assert_eq!(err.statement, Some(1));
+        assert!(err.message.starts_with("statement 1:"), "{}", err.message);
+        let err = bad(r#"{"statements":[{"sql":"SELECT ?","params":[[1]]}]}"#);
+        assert_eq!(err.statement, Some(0));
+        let err = bad(r#"{"statements":[{"sql":"SELECT 1"}],"read_only":"yes"}"#);
+        assert_eq!(err.code, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn too_many_statements_is_413() {
+        let err = bad(
+            r#"{"statements":[{"sql":"SELECT 1"},{"sql":"SELECT 1"},{"sql":"SELECT 1"},{"sql":"SELECT 1"}]}"#,
+        );
+        assert_eq!(err.code, ErrorCode::PayloadTooLarge);
+        assert!(
+            err.message.contains("--max-batch-statements"),
+            "{}",
+            err.message
+        );
+    }
+
+    proptest::proptest! {
+        /// The decoder answers every body without panicking.
+        #[test]
+        fn any_body_decodes_or_is_refused(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let _ = BatchRequest::parse(&body, 100);
+        }
+    }
+}

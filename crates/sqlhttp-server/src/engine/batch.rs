@@ -1,0 +1,270 @@
+//! Atomic batches: a [`BatchRequest`]'s statements run in order in ONE transaction of the
+//! server's own, committed only if every statement succeeds, answered with one v1 result body
+//! per statement (`{"results": [...]}`).
+//!
+//! A write batch runs on the writer (`BEGIN IMMEDIATE`), keyed ones through `idempotency` so the
+//! outcome commits with the effects. A read-only batch runs on a reader in a read transaction:
+//! every statement sees one snapshot, and a statement that could write is refused
+//! (`403 READ_ONLY`) before it runs. Every statement goes through `exec::execute`, so through the
+//! sandbox and the result limit; the job's statement timeout and cancellation cover the whole
+//! batch, checked between statements too. Knows nothing about HTTP.
+
+use std::time::Duration;
+
+use crate::api_error::{ApiError, ErrorCode};
+use crate::batch_request::BatchRequest;
+use crate::engine::connection::Conn;
+use crate::engine::exec::{self, Access, Ran};
+use crate::engine::transaction::{self, Mode};
+use crate::engine::{Engine, Outcome, idempotency};
+use crate::request::SqlRequest;
+
+impl Engine {
+    /// Runs a batch without an Idempotency-Key: a read-only one on a reader (on the writer when
+    /// there are no readers), any other on the writer.
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+        let body = if batch.read_only {
+            let pool = self.readers.as_ref().unwrap_or(&self.writer);
+            Self::run(pool, move |conn| {
+                in_transaction(conn, Mode::Read, &batch.statements)
+            })
+            .await?
+        } else {
+            Self::run(&self.writer, move |conn| {
+                in_transaction(conn, Mode::Write, &batch.statements)
+            })
+            .await?
+        };
+        Ok(Outcome::fresh(body))
+    }
+
+    /// Runs a keyed write batch exactly once (see `idempotency::run_with_key`). `guard` is held
+    /// until the engine is done with the key, whether or not the requester still waits.
+    pub(crate) async fn batch_with_key<G: Send + 'static>(
+        &self,
+        ttl: Duration,
+        key: String,
+        request_hash: [u8; 32],
+        batch: BatchRequest,
+        guard: G,
+    ) -> Result<Outcome, ApiError> {
+        Self::run(&self.writer, move |writer| {
+            let _guard = guard;
+            idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
+                run_statements(conn, &batch.statements, Access::ReadWrite)
+            })
+        })
+        .await
+    }
+}
+
+/// Runs the statements inside a transaction of `mode`, committing only if all succeed.
+fn in_transaction(
+    conn: &mut Conn,
+    mode: Mode,
+    statements: &[SqlRequest],
+) -> Result<Vec<u8>, ApiError> {
+    let access = match mode {
+        Mode::Read => Access::ReadOnly,
+        Mode::Write => Access::ReadWrite,
+    };
+    transaction::begin(&conn.conn, mode)?;
+    match run_statements(conn, statements, access) {
+        Ok(body) => {
+            transaction::commit(&conn.conn)?;
+            Ok(body)
+        }
+        Err(err) => {
+            transaction::rollback(&conn.conn);
+            Err(err)
+        }
+    }
+}
+
+/// Runs the statements in order inside the caller's open transaction and writes
+/// `{"results": [...]}`; the first failure stops the batch and names its statement. The caller
+/// rolls back on failure.
+fn run_statements(
+    conn: &Conn,
+    statements: &[SqlRequest],
+    access: Access,
+) -> Result<Vec<u8>, ApiError> {
+    let limit = conn.limits.max_result_bytes;
+    let mut out = Vec::with_capacity(64 * statements.len());
+    out.extend_from_slice(b"{\"results\":[");
+    for (index, statement) in statements.iter().enumerate() {
+        // A statement too short to reach the progress handler still stops a batch whose
+        // deadline passed or whose client went away.
+        if conn.hooks.must_stop() {
+            return Err(ApiError::interrupted().at_statement(index));
+        }
+        let body = match exec::execute(conn, statement, access) {
+            Ok(Ran::Body(body)) => body,
+            Ok(Ran::NeedsWriter) => {
+                return Err(ApiError::new(
+                    ErrorCode::ReadOnly,
+                    format!(
+                        "statement {index} writes, but the batch is read-only; nothing was written"
+                    ),
+                )
+                .at_statement(index));
+            }
+            Err(err) => return Err(err.at_statement(index)),
+        };
+        if conn.conn.is_autocommit() {
+            // Transaction control is refused, so nothing a client sends can end the server's
+            // transaction and succeed.
+            tracing::error!(index, "a batch statement ended the batch's transaction");
+            return Err(ApiError::internal().at_statement(index));
+        }
+        if index > 0 {
+            out.push(b',');
+        }
+        if out.len() + body.len() + 2 > limit {
+            return Err(ApiError::new(
+                ErrorCode::ResultTooLarge,
+                format!(
+                    "the batch's results are larger than this server's limit of {limit} bytes \
+                     (--max-result-bytes), reached at statement {index}; select fewer rows, or \
+                     split the reads over several requests"
+                ),
+            )
+            .at_statement(index));
+        }
+        out.extend_from_slice(&body);
+    }
+    out.extend_from_slice(b"]}");
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::{Database, Limits};
+    use crate::request::Param;
+
+    fn engine_with(limits: Limits) -> Engine {
+        Engine::start(&Database::Memory, Some(Duration::from_secs(60)), limits).unwrap()
+    }
+
+    fn statement(sql: &str, params: Vec<Param>) -> SqlRequest {
+        SqlRequest {
+            sql: sql.into(),
+            params,
+        }
+    }
+
+    fn batch(read_only: bool, sqls: &[&str]) -> BatchRequest {
+        BatchRequest {
+            statements: sqls.iter().map(|sql| statement(sql, vec![])).collect(),
+            read_only,
+        }
+    }
+
+    async fn count(engine: &Engine) -> String {
+        let body = engine
+            .execute(statement("SELECT count(*) FROM t", vec![]))
+            .await
+            .unwrap()
+            .body;
+        let value: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        value["rows"][0][0].to_string()
+    }
+
+    #[tokio::test]
+    async fn statements_run_in_order_and_commit_together() {
+        let engine = engine_with(Limits::default());
+        let ok = engine
+            .batch(batch(
+                false,
+                &[
+                    "CREATE TABLE t (x INTEGER PRIMARY KEY)",
+                    "INSERT INTO t VALUES (1), (2)",
+                    "SELECT count(*) AS n FROM t",
+                ],
+            ))
+            .await
+            .unwrap();
+        let value: serde_json::Value = serde_json::from_slice(&ok.body).unwrap();
+        assert_eq!(value["results"].as_array().unwrap().len(), 3);
+        assert_eq!(value["results"][1]["rows_affected"], 2);
+        assert_eq!(value["results"][2]["rows"], serde_json::json!([[2]]));
+        assert_eq!(count(&engine).await, "2");
+    }
+
+    #[tokio::test]
+    async fn a_failure_rolls_back_every_statement_and_names_itself() {
+        let engine = engine_with(Limits::default());
+        engine
+            .execute(statement("CREATE TABLE t (x INTEGER PRIMARY KEY)", vec![]))
+            .await
+            .unwrap();
+        let err = engine
+            .batch(batch(
+                false,
+                &[
+                    "INSERT INTO t VALUES (1)",
+                    "INSERT INTO t VALUES (2)",
+                    "INSERT OR ROLLBACK INTO t VALUES (1)",
+                ],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ConstraintViolation);
+        assert_eq!(err.statement, Some(2));
+        assert_eq!(count(&engine).await, "0");
+    }
+
+    #[tokio::test]
+    async fn a_read_only_batch_refuses_a_write_before_it_runs() {
+        let engine = engine_with(Limits::default());
+        engine
+            .execute(statement("CREATE TABLE t (x)", vec![]))
+            .await
+            .unwrap();
+        let err = engine
+            .batch(batch(
+                true,
+                &["SELECT count(*) FROM t", "INSERT INTO t VALUES (1)"],
+            ))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::ReadOnly);
+        assert_eq!(err.statement, Some(1));
+        assert_eq!(count(&engine).await, "0");
+    }
+
+    #[tokio::test]
+    async fn the_statement_timeout_covers_the_whole_batch() {
+        let engine = engine_with(Limits {
+            statement_timeout: Duration::from_millis(200),
+            ..Limits::default()
+        });
+        engine
+            .execute(statement("CREATE TABLE t (x)", vec![]))
+            .await
+            .unwrap();
+        // Each statement is short (well under the timeout); together they are not.
+        let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 20000) \
+                    INSERT INTO t SELECT x FROM c";
+        let many = vec![slow; 100];
+        let started = std::time::Instant::now();
+        let err = engine.batch(batch(false, &many)).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementTimeout);
+        assert!(err.statement.is_some_and(|i| i > 0), "{err:?}");
+        assert!(started.elapsed() < Duration::from_secs(5));
+        assert_eq!(count(&engine).await, "0", "rolled back");
+    }
+
+    #[tokio::test]
+    async fn results_together_are_bounded() {
+        let engine = engine_with(Limits {
+            max_result_bytes: 1_000,
+            ..Limits::default()
+        });
+        let query = "SELECT zeroblob(100) AS b";
+        let err = engine.batch(batch(true, &[query; 10])).await.unwrap_err();
+        assert_eq!(err.code, ErrorCode::ResultTooLarge);
+        assert!(err.statement.is_some_and(|i| i > 0 && i < 9), "{err:?}");
+    }
+}

@@ -1,0 +1,371 @@
+//! Atomic batches (`POST /api/v1/batch`) in-process and over TCP: the success and error shapes,
+//! all-or-nothing, read-only batches, limits, keyed replay, the sandbox inside batches, and
+//! cancellation when the client goes away.
+
+use std::time::Duration;
+
+use axum::Router;
+use serde_json::{Value, json};
+use sqlhttp_server::{Config, Limits, Server};
+
+use crate::common::{Reply, app_with, http_client, memory_app, ok, send};
+
+const BATCH: &str = "/api/v1/batch";
+
+async fn batch_with(router: &Router, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(router, "POST", BATCH, &all, body.to_string()).await
+}
+
+async fn batch(router: &Router, body: &Value) -> Reply {
+    batch_with(router, &[], body).await
+}
+
+fn statements(sqls: &[&str]) -> Value {
+    json!({ "statements": sqls.iter().map(|sql| json!({ "sql": sql })).collect::<Vec<_>>() })
+}
+
+async fn accounts(router: &Router) -> Value {
+    ok(
+        router,
+        "SELECT id, balance FROM accounts ORDER BY id",
+        json!([]),
+    )
+    .await["rows"]
+        .clone()
+}
+
+async fn with_accounts() -> Router {
+    let router = memory_app();
+    ok(
+        &router,
+        "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0))",
+        json!([]),
+    )
+    .await;
+    ok(
+        &router,
+        "INSERT INTO accounts VALUES (1, 100), (2, 0)",
+        json!([]),
+    )
+    .await;
+    router
+}
+
+fn transfer(amount: i64) -> Value {
+    json!({ "statements": [
+        { "sql": "UPDATE accounts SET balance = balance - ? WHERE id = 1", "params": [amount] },
+        { "sql": "UPDATE accounts SET balance = balance + ? WHERE id = 2", "params": [amount] },
+        { "sql": "SELECT sum(balance) AS total FROM accounts" },
+    ]})
+}
+
+#[tokio::test]
+async fn each_result_is_exactly_the_v1_body_of_its_statement() {
+    let router = with_accounts().await;
+    let reply = batch(&router, &transfer(30)).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.header("content-type"), Some("application/json"));
+    assert_eq!(
+        String::from_utf8(reply.body).unwrap(),
+        concat!(
+            r#"{"results":["#,
+            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null},"#,
+            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null},"#,
+            r#"{"columns":[{"name":"total","type":""}],"rows":[[100]],"rows_affected":0,"last_insert_id":null}"#,
+            "]}"
+        )
+    );
+    assert_eq!(accounts(&router).await, json!([[1, 70], [2, 30]]));
+}
+
+#[tokio::test]
+async fn a_failure_in_the_last_statement_rolls_back_everything_and_names_it() {
+    let router = with_accounts().await;
+    let body = json!({ "statements": [
+        { "sql": "UPDATE accounts SET balance = balance + 50 WHERE id = 2" },
+        { "sql": "INSERT INTO accounts VALUES (3, 10)" },
+        { "sql": "UPDATE accounts SET balance = balance - ? WHERE id = 1", "params": [500] },
+    ]});
+    let reply = batch(&router, &body).await;
+    assert_eq!(reply.status, 409);
+    let error = &reply.json()["error"];
+    assert_eq!(error["code"], "CONSTRAINT_VIOLATION");
+    assert_eq!(error["constraint"], "check");
+    assert_eq!(error["statement"], 2);
+    assert_eq!(accounts(&router).await, json!([[1, 100], [2, 0]]));
+
+    let reply = batch(&router, &statements(&["SELECT 1", "SELEC 2", "SELECT 3"])).await;
+    assert_eq!((reply.status, reply.code()), (400, "SQL_ERROR".to_owned()));
+    assert_eq!(reply.json()["error"]["statement"], 1);
+}
+
+#[tokio::test]
+async fn a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied() {
+    let router = with_accounts().await;
+    let reads = json!({ "read_only": true, "statements": [
+        { "sql": "SELECT balance FROM accounts WHERE id = ?", "params": [1] },
+        { "sql": "SELECT count(*) FROM accounts" },
+    ]});
+    let reply = batch(&router, &reads).await;
+    assert_eq!(reply.status, 200);
+    let results = reply.json()["results"].clone();
+    assert_eq!(results[0]["rows"], json!([[100]]));
+    assert_eq!(results[1]["rows"], json!([[2]]));
+
+    let mut write = transfer(10);
+    write["read_only"] = json!(true);
+    let reply = batch(&router, &write).await;
+    assert_eq!(reply.status, 403);
+    assert_eq!(reply.code(), "READ_ONLY");
+    assert_eq!(reply.json()["error"]["statement"], 0);
+    assert_eq!(accounts(&router).await, json!([[1, 100], [2, 0]]));
+}
+
+#[tokio::test]
+async fn limits_on_statements_and_bytes() {
+    let router = app_with(Config {
+        max_body_bytes: 200,
+        max_batch_bytes: 1_000,
+        limits: Limits {
+            max_batch_statements: 3,
+            ..Limits::default()
+        },
+        ..Config::default()
+    });
+    let four = batch(&router, &statements(&["SELECT 1"; 4])).await;
+    assert_eq!(
+        (four.status, four.code()),
+        (413, "PAYLOAD_TOO_LARGE".to_owned())
+    );
+    assert!(
+        four.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-batch-statements")
+    );
+    // Over the single-statement body limit, within the batch limit.
+    let padded = format!("SELECT '{}'", "x".repeat(300));
+    let reply = batch(&router, &statements(&[&padded])).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let large = format!("SELECT '{}'", "x".repeat(1_000));
+    let reply = batch(&router, &statements(&[&large])).await;
+    assert_eq!(reply.status, 413);
+
+    for body in [json!({}), json!({ "statements": [] }), json!([])] {
+        let reply = batch(&router, &body).await;
+        assert_eq!(
+            (reply.status, reply.code()),
+            (400, "BAD_REQUEST".to_owned()),
+            "{body}"
+        );
+    }
+    let reply = batch(
+        &router,
+        &json!({ "statements": [{ "sql": "SELECT 1" }, { "sql": 7 }] }),
+    )
+    .await;
+    assert_eq!(reply.status, 400);
+    assert_eq!(reply.json()["error"]["statement"], 1);
+}
+
+#[tokio::test]
+async fn the_endpoint_speaks_the_protocol_like_the_sql_endpoint() {
+    let router = app_with(Config {
+        tokens: vec!["s3cret".into()],
+        ..Config::default()
+    });
+    let body = statements(&["SELECT 1"]).to_string();
+    let unauthenticated = send(
+        &router,
+        "POST",
+        BATCH,
+        &[("content-type", "application/json")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(unauthenticated.status, 401);
+    let auth = ("authorization", "Bearer s3cret");
+    let plain = send(
+        &router,
+        "POST",
+        BATCH,
+        &[auth, ("content-type", "text/plain")],
+        body.clone(),
+    )
+    .await;
+    assert_eq!(plain.status, 415);
+    let get = send(&router, "GET", BATCH, &[auth], "").await;
+    assert_eq!((get.status, get.header("allow")), (405, Some("POST")));
+    let fine = send(
+        &router,
+        "POST",
+        BATCH,
+        &[auth, ("content-type", "application/json")],
+        body,
+    )
+    .await;
+    assert_eq!(fine.status, 200);
+}
+
+#[tokio::test]
+async fn the_sandbox_holds_inside_a_batch() {
+    let router = with_accounts().await;
+    let first = "UPDATE accounts SET balance = 0";
+    let cases = [
+        ("BEGIN", 400, "BAD_REQUEST"),
+        ("COMMIT", 400, "BAD_REQUEST"),
+        ("SAVEPOINT s", 400, "BAD_REQUEST"),
+        ("ATTACH 'elsewhere.db' AS x", 403, "STATEMENT_NOT_ALLOWED"),
+        ("PRAGMA foreign_keys = OFF", 403, "STATEMENT_NOT_ALLOWED"),
+        (
+            "SELECT * FROM _sqlhttp_idempotency",
+            403,
+            "STATEMENT_NOT_ALLOWED",
+        ),
+        (
+            "DELETE FROM _sqlhttp_idempotency",
+            403,
+            "STATEMENT_NOT_ALLOWED",
+        ),
+        ("CREATE TEMP TABLE t (x)", 403, "STATEMENT_NOT_ALLOWED"),
+        ("VACUUM", 403, "STATEMENT_NOT_ALLOWED"),
+    ];
+    for (refused, status, code) in cases {
+        let reply = batch(&router, &statements(&[first, refused])).await;
+        assert_eq!(
+            (reply.status, reply.code()),
+            (status, code.to_owned()),
+            "{refused}"
+        );
+        assert_eq!(reply.json()["error"]["statement"], 1, "{refused}");
+    }
+    assert_eq!(accounts(&router).await, json!([[1, 100], [2, 0]]));
+}
+
+#[tokio::test]
+async fn a_keyed_batch_applies_once_and_replays_its_outcome() {
+    let router = with_accounts().await;
+    let key = ("idempotency-key", "transfer-1");
+    let first = batch_with(&router, &[key], &transfer(10)).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    let again = batch_with(&router, &[key], &transfer(10)).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(accounts(&router).await, json!([[1, 90], [2, 10]]));
+
+    let other = batch_with(&router, &[key], &transfer(20)).await;
+    assert_eq!(
+        (other.status, other.code()),
+        (422, "IDEMPOTENCY_KEY_REUSED".to_owned())
+    );
+    // The same bytes under the same key on the single-statement endpoint are another request.
+    let both = json!({ "sql": "SELECT 1", "statements": [{ "sql": "SELECT 1" }] });
+    let shared = ("idempotency-key", "shared");
+    assert_eq!(batch_with(&router, &[shared], &both).await.status, 200);
+    let single = send(
+        &router,
+        "POST",
+        "/api/v1/sql",
+        &[("content-type", "application/json"), shared],
+        both.to_string(),
+    )
+    .await;
+    assert_eq!(
+        single.status,
+        422,
+        "{}",
+        String::from_utf8_lossy(&single.body)
+    );
+
+    // A final failure is stored with its statement index, and nothing of it applied.
+    let overdraw = ("idempotency-key", "transfer-2");
+    let refused = batch_with(&router, &[overdraw], &transfer(1_000)).await;
+    assert_eq!(refused.status, 409);
+    assert_eq!(refused.json()["error"]["statement"], 0);
+    let replayed = batch_with(&router, &[overdraw], &transfer(1_000)).await;
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replayed.body, refused.body);
+    assert_eq!(accounts(&router).await, json!([[1, 90], [2, 10]]));
+
+    // A read-only batch has nothing to apply once: its key is ignored.
+    let reads = json!({ "read_only": true, "statements": [{ "sql": "SELECT 1" }] });
+    for _ in 0..2 {
+        let reply = batch_with(&router, &[("idempotency-key", "read")], &reads).await;
+        assert_eq!(
+            (reply.status, reply.header("idempotent-replayed")),
+            (200, None)
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_goes_away_rolls_its_batch_back() {
+    let handle = Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        limits: Limits {
+            statement_timeout: Duration::from_secs(120),
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .await
+    .unwrap()
+    .spawn();
+    let url = handle.url();
+    let post = |path: &'static str, body: Value| {
+        let url = url.clone();
+        async move {
+            let response = http_client()
+                .post(format!("{url}{path}"))
+                .header("content-type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = response.status().as_u16();
+            let bytes = response.bytes().await.unwrap();
+            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
+        }
+    };
+    assert_eq!(
+        post("/api/v1/sql", json!({ "sql": "CREATE TABLE t (x)" }))
+            .await
+            .0,
+        200
+    );
+    let endless = "INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT x FROM c";
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        post(BATCH, statements(&["INSERT INTO t VALUES (1)", endless])),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the batch was still running");
+    let (status, _) = tokio::time::timeout(
+        Duration::from_secs(10),
+        post("/api/v1/sql", json!({ "sql": "INSERT INTO t VALUES (2)" })),
+    )
+    .await
+    .expect("the writer was released");
+    assert_eq!(status, 200);
+    let (_, count) = post("/api/v1/sql", json!({ "sql": "SELECT count(*) FROM t" })).await;
+    assert_eq!(
+        count["rows"],
+        json!([[1]]),
+        "the abandoned batch was rolled back"
+    );
+    handle.shutdown().await;
+}
