@@ -30,9 +30,8 @@ pub(crate) enum ErrorCode {
     HeadersTooLarge,
     StatementTimeout,
     ResultTooLarge,
-    // Answered by read-only batches and read-only credentials, which are being built.
-    #[allow(dead_code)]
     ReadOnly,
+    RateLimited,
 }
 
 /// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
@@ -81,6 +80,7 @@ impl ErrorCode {
             ErrorCode::StatementTimeout => "STATEMENT_TIMEOUT",
             ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
             ErrorCode::ReadOnly => "READ_ONLY",
+            ErrorCode::RateLimited => "RATE_LIMITED",
         }
     }
 
@@ -104,6 +104,7 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -236,7 +237,7 @@ impl IntoResponse for ApiError {
         let extra: Option<(HeaderName, &'static str)> = match self.code {
             ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
-            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable => {
+            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable | ErrorCode::RateLimited => {
                 Some((header::RETRY_AFTER, "1"))
             }
             _ => None,
@@ -244,6 +245,8 @@ impl IntoResponse for ApiError {
         if let Some((name, value)) = extra {
             headers.insert(name, HeaderValue::from_static(value));
         }
+        // For the request log and the metrics, which see responses, not errors.
+        response.extensions_mut().insert(self.code);
         response
     }
 }
@@ -292,6 +295,7 @@ mod tests {
             (ErrorCode::StatementTimeout, 422, None),
             (ErrorCode::ResultTooLarge, 422, None),
             (ErrorCode::ReadOnly, 403, None),
+            (ErrorCode::RateLimited, 429, Some(("retry-after", "1"))),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();
@@ -304,6 +308,7 @@ mod tests {
             if let Some((name, value)) = header {
                 assert_eq!(response.headers()[name], value, "{code:?}");
             }
+            assert_eq!(response.extensions().get::<ErrorCode>(), Some(&code));
         }
     }
 
