@@ -88,7 +88,7 @@ pub(crate) async fn log_requests(
         %method,
         %path,
         client = client.map(tracing::field::display),
-        credential,
+        %credential,
         %attempt,
         status,
         code = code.map(ErrorCode::as_str),
