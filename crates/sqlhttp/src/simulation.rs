@@ -108,7 +108,10 @@ impl Exchange for SimulatedExchange {
                 Ok(response) if response.status().is_success() => Ok(response.into_body()),
                 Ok(response) => {
                     let status = response.status().as_u16();
-                    Err(response::from_status(status, response.headers(), response.body()).into())
+                    Err(Failure {
+                        request_id: response::request_id(response.headers()),
+                        ..response::from_status(status, response.headers(), response.body()).into()
+                    })
                 }
                 Err(err) => Err(Failure {
                     kind: ErrorKind::Connection {
@@ -117,6 +120,7 @@ impl Exchange for SimulatedExchange {
                     // A refused connection sent nothing; anything else may have been sent.
                     sent: err.kind() != io::ErrorKind::ConnectionRefused,
                     source: Some(Box::new(err)),
+                    request_id: None,
                 }),
             }
         })

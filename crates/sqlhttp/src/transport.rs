@@ -45,6 +45,8 @@ pub(crate) struct Failure {
     /// `false` only when nothing can have reached the server (the connection was never made).
     pub(crate) sent: bool,
     pub(crate) source: Option<BoxError>,
+    /// The server's `X-Request-Id`, when a response carried a sane one.
+    pub(crate) request_id: Option<String>,
 }
 
 /// A failure known only by its kind (a response, a timeout) may have reached the server.
@@ -54,6 +56,7 @@ impl From<ErrorKind> for Failure {
             kind,
             sent: true,
             source: None,
+            request_id: None,
         }
     }
 }
@@ -205,6 +208,7 @@ impl Transport {
                 kind,
                 sent: this_sent,
                 source,
+                request_id,
             } = match outcome {
                 Ok(body) => {
                     if let Some(bucket) = &self.budget {
@@ -229,7 +233,14 @@ impl Transport {
                 .map(str::to_owned);
             // The error for a call ending on this failure, with what the caller needs to decide.
             let finish = |kind: ErrorKind, mut history: Vec<AttemptFailure>, source| {
-                history.push(record(attempt, &kind, None));
+                let failure = record(attempt, &kind, None, request_id.clone());
+                tracing::debug!(
+                    attempt,
+                    reason = %failure.failure,
+                    request_id = failure.request_id.as_deref(),
+                    "attempt failed; not retrying"
+                );
+                history.push(failure);
                 // A final answer from the server settles it; a transient one leaves an earlier
                 // unanswered attempt unanswered.
                 let outcome_unknown = call.class != OpClass::Read
@@ -240,6 +251,7 @@ impl Transport {
                     .with_boxed_source(source)
                     .with_sent(sent, outcome_unknown)
                     .with_idempotency_key(key.clone())
+                    .with_request_id(request_id.clone())
             };
             if kind == ErrorKind::Cancelled
                 || attempt >= max_attempts
@@ -271,10 +283,11 @@ impl Transport {
                 tracing::warn!(attempt, "retry budget exhausted; not retrying");
                 return Err(finish(kind, history, source).with_budget_exhausted());
             }
-            let failure = record(attempt, &kind, Some(delay));
+            let failure = record(attempt, &kind, Some(delay), request_id.clone());
             tracing::info!(
                 attempt,
                 reason = %failure.failure,
+                request_id = failure.request_id.as_deref(),
                 delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                 "retrying"
             );
@@ -288,6 +301,7 @@ impl Transport {
                     }
                     // The history ends with the attempt before, and the delay cut short.
                     let err = Error::new(ErrorKind::Cancelled)
+                        .with_request_id(history.last().and_then(|f| f.request_id.clone()))
                         .with_attempts(attempt, history)
                         .with_sent(sent, call.class != OpClass::Read && unsettled)
                         .with_idempotency_key(key);
@@ -365,6 +379,7 @@ impl HttpExchange {
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();
         if status.is_success() {
+            let request_id = response::request_id(response.headers());
             return response.bytes().await.map_err(|err| {
                 let err = err.without_url();
                 Failure {
@@ -373,13 +388,17 @@ impl HttpExchange {
                     },
                     sent: true,
                     source: Some(Box::new(err)),
+                    request_id,
                 }
             });
         }
         let headers = std::mem::take(response.headers_mut());
         // The status decides; a body cut short only costs the server's message.
         let body = response.bytes().await.unwrap_or_default();
-        Err(response::from_status(status.as_u16(), &headers, &body).into())
+        Err(Failure {
+            request_id: response::request_id(&headers),
+            ..response::from_status(status.as_u16(), &headers, &body).into()
+        })
     }
 }
 
@@ -431,7 +450,12 @@ async fn cancelled(call: Option<&CancellationToken>, client: Option<&Cancellatio
     }
 }
 
-fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> AttemptFailure {
+fn record(
+    attempt: u32,
+    kind: &ErrorKind,
+    retry_delay: Option<Duration>,
+    request_id: Option<String>,
+) -> AttemptFailure {
     let status = kind.response_status();
     let failure = match (kind.wire_code(), status) {
         (Some(code), Some(status)) => format!("{status} {code}"),
@@ -448,6 +472,7 @@ fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> Atte
         failure,
         status,
         retry_delay,
+        request_id,
     }
 }
 
