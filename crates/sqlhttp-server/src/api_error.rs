@@ -31,6 +31,7 @@ pub(crate) enum ErrorCode {
     StatementTimeout,
     ResultTooLarge,
     ReadOnly,
+    RateLimited,
 }
 
 /// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
@@ -79,6 +80,7 @@ impl ErrorCode {
             ErrorCode::StatementTimeout => "STATEMENT_TIMEOUT",
             ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
             ErrorCode::ReadOnly => "READ_ONLY",
+            ErrorCode::RateLimited => "RATE_LIMITED",
         }
     }
 
@@ -102,6 +104,7 @@ impl ErrorCode {
             ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
             ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
             ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         }
     }
 
@@ -248,7 +251,7 @@ impl IntoResponse for ApiError {
         let extra: Option<(HeaderName, &'static str)> = match self.code {
             ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
-            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable => {
+            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable | ErrorCode::RateLimited => {
                 Some((header::RETRY_AFTER, "1"))
             }
             _ => None,
@@ -256,6 +259,8 @@ impl IntoResponse for ApiError {
         if let Some((name, value)) = extra {
             headers.insert(name, HeaderValue::from_static(value));
         }
+        // For the request log and the metrics, which see responses, not errors.
+        response.extensions_mut().insert(self.code);
         response
     }
 }
@@ -304,6 +309,7 @@ mod tests {
             (ErrorCode::StatementTimeout, 422, None),
             (ErrorCode::ResultTooLarge, 422, None),
             (ErrorCode::ReadOnly, 403, None),
+            (ErrorCode::RateLimited, 429, Some(("retry-after", "1"))),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();
@@ -316,6 +322,7 @@ mod tests {
             if let Some((name, value)) = header {
                 assert_eq!(response.headers()[name], value, "{code:?}");
             }
+            assert_eq!(response.extensions().get::<ErrorCode>(), Some(&code));
         }
     }
 

@@ -1,9 +1,10 @@
-//! Server configuration: [`Config`], the [`Database`] URL form and the duration syntax of
-//! `--idempotency-ttl`.
+//! Server configuration: [`Config`], the [`Database`] URL form, the duration syntax of
+//! `--idempotency-ttl` and the per-credential [`RateLimit`].
 //!
 //! Plain data and parsing only; this module knows nothing about HTTP, the engine or the runtime.
 
 use std::net::{Ipv4Addr, SocketAddr};
+use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::time::Duration;
@@ -89,6 +90,35 @@ impl Default for HttpLimits {
     }
 }
 
+/// A token bucket per credential (per client address for anonymous requests): `per_second`
+/// requests a second on average, up to `burst` at once. Past it a request is answered
+/// `429 RATE_LIMITED` with `Retry-After` (see `docs/adr/0017-operating-sqlhttpd.md`).
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use sqlhttp_server::RateLimit;
+///
+/// let limit = RateLimit::per_second(NonZeroU32::new(50).unwrap());
+/// assert_eq!(limit.burst.get(), 50);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RateLimit {
+    /// Requests a second each credential may make on average.
+    pub per_second: NonZeroU32,
+    /// Requests a credential may make at once after a quiet spell (the bucket's size).
+    pub burst: NonZeroU32,
+}
+
+impl RateLimit {
+    /// `per_second` requests a second, with a burst of as many.
+    pub fn per_second(per_second: NonZeroU32) -> RateLimit {
+        RateLimit {
+            per_second,
+            burst: per_second,
+        }
+    }
+}
+
 /// Everything a [`Server`](crate::Server) or an [`AppState`](crate::AppState) is built from.
 ///
 /// ```
@@ -108,8 +138,17 @@ pub struct Config {
     pub listen: SocketAddr,
     /// The database every request runs against.
     pub database: Database,
-    /// Accepted bearer tokens; empty means the SQL endpoint is open.
+    /// Accepted bearer tokens with full access; when this and `read_tokens` are both empty the
+    /// SQL endpoint is open.
     pub tokens: Vec<String>,
+    /// Accepted bearer tokens that may only read: a statement that may write is refused with
+    /// `403 READ_ONLY`. Default: none.
+    pub read_tokens: Vec<String>,
+    /// Serve without any token on an address other than loopback. Without it
+    /// [`Server::bind`](crate::Server::bind) refuses such a configuration. Default: `false`.
+    pub allow_anonymous: bool,
+    /// Requests each credential may make; `None` (the default) does not limit.
+    pub rate_limit: Option<RateLimit>,
     /// Largest accepted request body, in bytes.
     pub max_body_bytes: usize,
     /// Largest accepted `POST /api/v1/batch` body, in bytes.
@@ -129,6 +168,9 @@ impl Default for Config {
             listen: DEFAULT_LISTEN,
             database: Database::Memory,
             tokens: Vec::new(),
+            read_tokens: Vec::new(),
+            allow_anonymous: false,
+            rate_limit: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
@@ -291,6 +333,9 @@ mod tests {
         assert_eq!(config.listen.to_string(), "127.0.0.1:8080");
         assert_eq!(config.database, Database::Memory);
         assert!(config.tokens.is_empty());
+        assert!(config.read_tokens.is_empty());
+        assert!(!config.allow_anonymous);
+        assert_eq!(config.rate_limit, None);
         assert_eq!(config.max_body_bytes, 1_048_576);
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(86_400)));
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(30));

@@ -4,6 +4,7 @@
 //! `api_error`. This module knows nothing about HTTP.
 
 use std::net::SocketAddr;
+use std::path::PathBuf;
 
 /// A failure to configure or start a server.
 #[derive(Debug, thiserror::Error)]
@@ -37,6 +38,33 @@ pub enum ServerError {
     /// The engine thread could not be started.
     #[error("cannot start the engine thread: {0}")]
     EngineThread(#[source] std::io::Error),
+    /// A token file could not be read or holds no token. The message never quotes the file.
+    #[error("cannot use token file {}: {reason}", path.display())]
+    TokenFile {
+        /// The file as given.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// The same token is configured both with full access and as a read-only token.
+    #[error(
+        "a token is configured both with full access and as a read-only token (read#{read_index}); \
+         give each credential one role"
+    )]
+    ConflictingTokens {
+        /// The read-only token's position among the read tokens, from 1.
+        read_index: usize,
+    },
+    /// No token is configured and the listen address is not loopback: anyone who can reach it
+    /// could read and write the database.
+    #[error(
+        "refusing to serve without a token on {addr}, which is not a loopback address: \
+         configure a token (--token, --token-file, --read-token) or pass --allow-anonymous"
+    )]
+    AnonymousOnPublicAddress {
+        /// The listen address.
+        addr: SocketAddr,
+    },
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

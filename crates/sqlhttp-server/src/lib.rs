@@ -28,15 +28,17 @@ mod engine;
 mod error;
 mod http;
 mod request;
+mod secrets;
 mod server;
 mod state;
 
 pub use config::{
     Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, parse_duration,
+    DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, RateLimit, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;
+pub use secrets::{parse_token_file, read_token_file};
 pub use server::{Server, ServerHandle};
 pub use state::AppState;
 

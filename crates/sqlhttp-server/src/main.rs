@@ -6,14 +6,21 @@
 
 use std::io::{IsTerminal as _, Write as _};
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use sqlhttp_server::{Config, Database, HttpLimits, Limits, Server, parse_duration};
+use sqlhttp_server::{
+    Config, Database, HttpLimits, Limits, RateLimit, Server, parse_duration, read_token_file,
+};
 
 /// Environment variable with comma-separated tokens, used when no `--token` is given.
 const TOKENS_ENV: &str = "SQLHTTPD_TOKENS";
+/// Environment variable with comma-separated read-only tokens, used when no `--read-token` is
+/// given.
+const READ_TOKENS_ENV: &str = "SQLHTTPD_READ_TOKENS";
 
 /// sqlhttpd: the reference server for the sqlhttp wire protocol, on embedded SQLite.
 ///
@@ -40,6 +47,44 @@ struct Cli {
     /// whitespace is trimmed (a header cannot carry it); an empty token is refused.
     #[arg(long = "token", value_name = "TOKEN", value_parser = parse_token)]
     tokens: Vec<String>,
+
+    /// A file of accepted bearer tokens, one per line (`#` comments and blank lines allowed),
+    /// added to the others; keeps tokens off the command line and out of the environment.
+    #[arg(long = "token-file", env = "SQLHTTPD_TOKEN_FILE", value_name = "PATH")]
+    token_files: Vec<PathBuf>,
+
+    /// Accepted bearer token that may only read (repeatable): a statement that may write is
+    /// refused with 403 READ_ONLY. Without any, the comma-separated tokens of
+    /// SQLHTTPD_READ_TOKENS are used.
+    #[arg(long = "read-token", value_name = "TOKEN", value_parser = parse_token)]
+    read_tokens: Vec<String>,
+
+    /// A file of read-only bearer tokens, in the form of --token-file.
+    #[arg(
+        long = "read-token-file",
+        env = "SQLHTTPD_READ_TOKEN_FILE",
+        value_name = "PATH"
+    )]
+    read_token_files: Vec<PathBuf>,
+
+    /// Serve without any token on an address other than loopback (otherwise refused: anyone
+    /// who can reach the address could read and write the database).
+    #[arg(long, env = "SQLHTTPD_ALLOW_ANONYMOUS")]
+    allow_anonymous: bool,
+
+    /// Requests a second each credential may make (each client address, without a token);
+    /// more are answered 429 RATE_LIMITED with Retry-After. Unlimited by default.
+    #[arg(long, env = "SQLHTTPD_RATE_LIMIT", value_name = "N")]
+    rate_limit: Option<NonZeroU32>,
+
+    /// Requests a credential may make at once after a quiet spell (default: the rate limit).
+    #[arg(
+        long,
+        env = "SQLHTTPD_RATE_BURST",
+        value_name = "N",
+        requires = "rate_limit"
+    )]
+    rate_burst: Option<NonZeroU32>,
 
     /// Largest accepted request body, in bytes.
     #[arg(long, env = "SQLHTTPD_MAX_BODY_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
@@ -127,19 +172,37 @@ fn parse_positive_duration(input: &str) -> Result<Duration, String> {
     parse_duration(input).map_err(|e| e.to_string())
 }
 
+/// The tokens of the flags (or else of the environment variable `env`), then of the files.
+fn gather_tokens(flags: Vec<String>, env: &str, files: &[PathBuf]) -> Result<Vec<String>, String> {
+    let mut tokens = if flags.is_empty() {
+        std::env::var(env)
+            .map(|list| split_tokens(&list))
+            .unwrap_or_default()
+    } else {
+        flags
+    };
+    tokens.retain(|t| !t.is_empty());
+    for file in files {
+        tokens.extend(read_token_file(file).map_err(|e| e.to_string())?);
+    }
+    Ok(tokens)
+}
+
 impl Cli {
-    fn into_config(self) -> Config {
-        let tokens = if self.tokens.is_empty() {
-            std::env::var(TOKENS_ENV)
-                .map(|list| split_tokens(&list))
-                .unwrap_or_default()
-        } else {
-            self.tokens
-        };
-        Config {
+    fn into_config(self) -> Result<Config, String> {
+        let tokens = gather_tokens(self.tokens, TOKENS_ENV, &self.token_files)?;
+        let read_tokens = gather_tokens(self.read_tokens, READ_TOKENS_ENV, &self.read_token_files)?;
+        let rate_limit = self.rate_limit.map(|per_second| RateLimit {
+            per_second,
+            burst: self.rate_burst.unwrap_or(per_second),
+        });
+        Ok(Config {
             listen: self.listen,
             database: self.database,
-            tokens: tokens.into_iter().filter(|t| !t.is_empty()).collect(),
+            tokens,
+            read_tokens,
+            allow_anonymous: self.allow_anonymous,
+            rate_limit,
             max_body_bytes: self.max_body_bytes,
             max_batch_bytes: self.max_batch_bytes,
             idempotency_ttl: (!self.no_idempotency).then_some(self.idempotency_ttl),
@@ -163,7 +226,7 @@ impl Cli {
                     .filter(|origin| !origin.is_empty())
                     .collect(),
             },
-        }
+        })
     }
 }
 
@@ -224,7 +287,13 @@ async fn run(config: Config) -> Result<(), String> {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     init_logging();
-    let config = cli.into_config();
+    let config = match cli.into_config() {
+        Ok(config) => config,
+        Err(message) => {
+            eprintln!("sqlhttpd: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -280,7 +349,7 @@ mod tests {
             "3",
         ])
         .unwrap();
-        let config = cli.into_config();
+        let config = cli.into_config().unwrap();
         assert_eq!(config.listen.port(), 0);
         assert_eq!(config.database, "sqlite:x.db".parse().unwrap());
         assert_eq!(config.tokens, ["a,b", "c"]);
@@ -299,27 +368,88 @@ mod tests {
 
     #[test]
     fn defaults_are_the_library_defaults() {
-        let config = Cli::try_parse_from(["sqlhttpd"]).unwrap().into_config();
+        let config = Cli::try_parse_from(["sqlhttpd"])
+            .unwrap()
+            .into_config()
+            .unwrap();
         assert_eq!(config.limits, Limits::default());
         assert_eq!(config.http, HttpLimits::default());
         assert_eq!(config.max_batch_bytes, Config::default().max_batch_bytes);
+        assert_eq!(config.rate_limit, None);
+        assert!(!config.allow_anonymous);
     }
 
     #[test]
     fn switches_and_bad_values() {
         let cli = Cli::try_parse_from(["sqlhttpd", "--no-idempotency"]).unwrap();
-        assert_eq!(cli.into_config().idempotency_ttl, None);
+        assert_eq!(cli.into_config().unwrap().idempotency_ttl, None);
         assert!(Cli::try_parse_from(["sqlhttpd", "--database", "mysql://x"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--idempotency-ttl", "soon"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--listen", "nowhere"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--token", ""]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--token", "  "]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--rate-limit", "0"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--rate-burst", "5"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--read-token", ""]).is_err());
+    }
+
+    #[test]
+    fn roles_files_and_rate_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let full = dir.path().join("full");
+        let read = dir.path().join("read");
+        std::fs::write(
+            &full,
+            "# ops
+from-file
+",
+        )
+        .unwrap();
+        std::fs::write(
+            &read,
+            "viewer-1
+
+viewer-2
+",
+        )
+        .unwrap();
+        let cli = Cli::try_parse_from([
+            "sqlhttpd",
+            "--token",
+            "flag",
+            "--token-file",
+            full.to_str().unwrap(),
+            "--read-token",
+            "dash",
+            "--read-token-file",
+            read.to_str().unwrap(),
+            "--allow-anonymous",
+            "--rate-limit",
+            "20",
+        ])
+        .unwrap();
+        let config = cli.into_config().unwrap();
+        assert_eq!(config.tokens, ["flag", "from-file"]);
+        assert_eq!(config.read_tokens, ["dash", "viewer-1", "viewer-2"]);
+        assert!(config.allow_anonymous);
+        let limit = config.rate_limit.unwrap();
+        assert_eq!((limit.per_second.get(), limit.burst.get()), (20, 20));
+
+        let cli =
+            Cli::try_parse_from(["sqlhttpd", "--rate-limit", "5", "--rate-burst", "50"]).unwrap();
+        let limit = cli.into_config().unwrap().rate_limit.unwrap();
+        assert_eq!((limit.per_second.get(), limit.burst.get()), (5, 50));
+
+        let missing = dir.path().join("missing");
+        let cli =
+            Cli::try_parse_from(["sqlhttpd", "--token-file", missing.to_str().unwrap()]).unwrap();
+        assert!(cli.into_config().unwrap_err().contains("missing"));
     }
 
     #[test]
     fn flag_tokens_are_trimmed() {
         let cli = Cli::try_parse_from(["sqlhttpd", "--token", " padded\t"]).unwrap();
-        assert_eq!(cli.into_config().tokens, ["padded"]);
+        assert_eq!(cli.into_config().unwrap().tokens, ["padded"]);
     }
 
     #[test]

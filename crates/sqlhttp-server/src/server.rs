@@ -3,6 +3,10 @@
 //! timeout, hyper's own error answers given JSON bodies) and bounded graceful shutdown: stop
 //! accepting, give open connections a short grace, cut them, then close the database.
 //!
+//! Each connection's requests carry the client's address (`ConnectInfo`), for rate limiting
+//! and logs. [`Server::bind`] refuses to serve without a token on an address other than
+//! loopback unless the configuration allows anonymous access.
+//!
 //! Knows sockets, the runtime and the app factory; nothing about SQL.
 
 use std::future::Future;
@@ -14,6 +18,7 @@ use std::time::Duration;
 
 use std::sync::Arc;
 
+use axum::extract::ConnectInfo;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
@@ -22,6 +27,7 @@ use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
+use tower_http::add_extension::AddExtension;
 
 use crate::api_error::ApiError;
 use crate::config::{Config, HttpLimits};
@@ -63,8 +69,21 @@ pub struct Server {
 impl Server {
     /// Opens the database (off the async worker threads) and binds `config.listen`
     /// (port 0 picks a free port).
+    ///
+    /// # Errors
+    ///
+    /// [`ServerError::AnonymousOnPublicAddress`] when no token is configured, the address is
+    /// not loopback and [`Config::allow_anonymous`] is off; otherwise the database's or the
+    /// listener's failure.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let listen = config.listen;
+        if config.tokens.is_empty()
+            && config.read_tokens.is_empty()
+            && !config.allow_anonymous
+            && !listen.ip().is_loopback()
+        {
+            return Err(ServerError::AnonymousOnPublicAddress { addr: listen });
+        }
         let http = config.http.clone();
         let state = tokio::task::spawn_blocking(move || AppState::new(&config))
             .await
@@ -141,7 +160,8 @@ impl Server {
                 cut: Box::pin(cut.clone().cancelled_owned()),
                 is_cut: false,
             }));
-            let connection = builder.serve_connection(io, TowerToHyperService::new(router.clone()));
+            let service = AddExtension::new(router.clone(), ConnectInfo(peer));
+            let connection = builder.serve_connection(io, TowerToHyperService::new(service));
             let stop = stop.clone();
             connections.spawn(async move {
                 let _slot = slot;

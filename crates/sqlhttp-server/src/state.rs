@@ -1,5 +1,6 @@
-//! [`AppState`]: what every request shares (the engine, the accepted tokens, the body limit and
-//! timeout, the allowed origins, the idempotency settings and the registry of keys in flight).
+//! [`AppState`]: what every request shares (the engine, the accepted tokens, the rate limiter,
+//! the metrics, the body limit and timeout, the allowed origins, the idempotency settings and
+//! the registry of keys in flight).
 //!
 //! Knows the engine's async handle and configuration values; it does not know routes or how
 //! responses are shaped.
@@ -12,6 +13,8 @@ use crate::config::{Config, Limits};
 use crate::engine::Engine;
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
+use crate::http::metrics::Metrics;
+use crate::http::rate_limit::RateLimiter;
 
 /// Shared state of the HTTP app: build one with [`AppState::new`] and hand it to
 /// [`app`](crate::app). Cloning is cheap; clones share one database.
@@ -33,6 +36,8 @@ pub struct AppState {
 pub(crate) struct Shared {
     pub(crate) engine: Engine,
     pub(crate) tokens: Tokens,
+    pub(crate) rate_limiter: Option<RateLimiter>,
+    pub(crate) metrics: Metrics,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_batch_bytes: usize,
     pub(crate) body_timeout: Duration,
@@ -47,11 +52,17 @@ impl AppState {
     /// and starts its engine thread. `config.listen` is not used here. This blocks while the
     /// database opens; from async code prefer [`Server::bind`](crate::Server::bind).
     pub fn new(config: &Config) -> Result<AppState, ServerError> {
+        let tokens = Tokens::new(
+            config.tokens.iter().map(String::as_str),
+            config.read_tokens.iter().map(String::as_str),
+        )?;
         let engine = Engine::start(&config.database, config.idempotency_ttl, config.limits)?;
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,
-                tokens: Tokens::new(config.tokens.iter().map(String::as_str)),
+                tokens,
+                rate_limiter: config.rate_limit.map(RateLimiter::new),
+                metrics: Metrics::new(),
                 max_body_bytes: config.max_body_bytes,
                 max_batch_bytes: config.max_batch_bytes,
                 body_timeout: config.http.body_timeout,

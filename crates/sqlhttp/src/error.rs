@@ -285,6 +285,9 @@ pub struct AttemptFailure {
     pub status: Option<u16>,
     /// The delay slept before the next attempt, or `None` when this attempt was the last.
     pub retry_delay: Option<Duration>,
+    /// The server's `X-Request-Id` for this attempt, when its response carried a sane one: quote
+    /// it to the server's operator to find the attempt in the server's log.
+    pub request_id: Option<String>,
 }
 
 /// The boxed cause of an error: the HTTP stack's or the JSON parser's own error.
@@ -328,6 +331,7 @@ struct Inner {
     outcome_unknown: bool,
     idempotency_key: Option<String>,
     statement_index: Option<usize>,
+    request_id: Option<String>,
     source: Option<BoxError>,
 }
 
@@ -344,6 +348,7 @@ impl Error {
                 outcome_unknown: false,
                 idempotency_key: None,
                 statement_index: None,
+                request_id: None,
                 source: None,
             }),
         }
@@ -404,6 +409,11 @@ impl Error {
 
     pub(crate) fn with_statement_index(mut self, index: Option<usize>) -> Self {
         self.inner.statement_index = index;
+        self
+    }
+
+    pub(crate) fn with_request_id(mut self, request_id: Option<String>) -> Self {
+        self.inner.request_id = request_id;
         self
     }
 
@@ -484,6 +494,23 @@ impl Error {
         self.inner.statement_index
     }
 
+    /// The server's `X-Request-Id` for the last attempt, when that attempt got a response
+    /// carrying a sane one (1 to 128 visible ASCII characters). The server logs every request
+    /// under its id, so this is what to quote to its operator; each attempt's id is in
+    /// [`history`](Self::history). `None` when the last attempt got no response (a timeout, a lost
+    /// connection) or the server sends no ids.
+    ///
+    /// ```
+    /// # async fn run(client: sqlhttp::Client) {
+    /// if let Err(err) = client.execute("DELETE FROM audit").await {
+    ///     eprintln!("failed: {err} (request id {})", err.request_id().unwrap_or("none"));
+    /// }
+    /// # }
+    /// ```
+    pub fn request_id(&self) -> Option<&str> {
+        self.inner.request_id.as_deref()
+    }
+
     /// The kind of constraint a [`ErrorKind::ConstraintViolation`] names, when the server said.
     pub fn constraint(&self) -> Option<&ConstraintKind> {
         match &self.inner.kind {
@@ -557,6 +584,9 @@ impl fmt::Debug for Error {
         }
         if let Some(key) = &self.inner.idempotency_key {
             d.field("idempotency_key", key);
+        }
+        if let Some(id) = &self.inner.request_id {
+            d.field("request_id", id);
         }
         if self.inner.budget_exhausted {
             d.field("budget_exhausted", &true);

@@ -79,6 +79,22 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
     }
 }
 
+/// Longest `X-Request-Id` the SDK keeps; a longer or stranger one is ignored.
+const MAX_REQUEST_ID: usize = 128;
+
+/// The server's `X-Request-Id`, when it is one header of 1 to 128 visible ASCII characters (safe
+/// to log and to show).
+pub(crate) fn request_id(headers: &http::HeaderMap) -> Option<String> {
+    let mut values = headers.get_all("x-request-id").iter();
+    let value = values.next()?;
+    let bytes = value.as_bytes();
+    let sane = values.next().is_none()
+        && !bytes.is_empty()
+        && bytes.len() <= MAX_REQUEST_ID
+        && bytes.iter().all(|b| (0x21..=0x7e).contains(b));
+    sane.then(|| String::from_utf8_lossy(bytes).into_owned())
+}
+
 fn reason(status: u16) -> String {
     http::StatusCode::from_u16(status)
         .ok()
@@ -112,13 +128,16 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
         sent,
         source: Some(Box::new(err)),
         statement: None,
+        request_id: None,
     }
 }
 
-/// The failure for a non-success response, with the batch statement its body names, if any.
+/// The failure for a non-success response, with the batch statement its body names and the
+/// server's request id, if any.
 pub(crate) fn failure_from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> Failure {
     Failure {
         statement: statement_index(body),
+        request_id: request_id(headers),
         ..from_status(status, headers, body).into()
     }
 }
@@ -176,6 +195,28 @@ fn is_certificate_failure(err: &reqwest::Error) -> bool {
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    #[test]
+    fn only_sane_request_ids_are_kept() {
+        let with = |values: &[&[u8]]| {
+            let mut headers = http::HeaderMap::new();
+            for value in values {
+                headers.append(
+                    "x-request-id",
+                    http::HeaderValue::from_bytes(value).unwrap(),
+                );
+            }
+            request_id(&headers)
+        };
+        assert_eq!(with(&[b"abc-123"]).as_deref(), Some("abc-123"));
+        assert!(with(&[&[b'a'; 128]]).is_some());
+        assert_eq!(with(&[]), None);
+        assert_eq!(with(&[&[b'a'; 129]]), None);
+        assert_eq!(with(&[b""]), None);
+        assert_eq!(with(&[b"two words"]), None);
+        assert_eq!(with(&[b"caf\xc3\xa9"]), None);
+        assert_eq!(with(&[b"a", b"b"]), None);
+    }
 
     fn body(code: &str, message: &str) -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!({"error": {"code": code, "message": message}}))

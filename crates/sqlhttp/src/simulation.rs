@@ -128,6 +128,7 @@ impl Exchange for SimulatedExchange {
                     sent: err.kind() != io::ErrorKind::ConnectionRefused,
                     source: Some(Box::new(err)),
                     statement: None,
+                    request_id: None,
                 }),
             }
         })

@@ -58,6 +58,8 @@ pub(crate) struct Failure {
     pub(crate) source: Option<BoxError>,
     /// For a batch: the statement the server's error names (its body's `statement` member).
     pub(crate) statement: Option<usize>,
+    /// The server's `X-Request-Id`, when a response carried a sane one.
+    pub(crate) request_id: Option<String>,
 }
 
 /// A failure known only by its kind (a response, a timeout) may have reached the server.
@@ -68,6 +70,7 @@ impl From<ErrorKind> for Failure {
             sent: true,
             source: None,
             statement: None,
+            request_id: None,
         }
     }
 }
@@ -223,6 +226,7 @@ impl Transport {
                 sent: this_sent,
                 source,
                 statement,
+                request_id,
             } = match outcome {
                 Ok(body) => {
                     if let Some(bucket) = &self.budget {
@@ -247,7 +251,14 @@ impl Transport {
                 .map(str::to_owned);
             // The error for a call ending on this failure, with what the caller needs to decide.
             let finish = |kind: ErrorKind, mut history: Vec<AttemptFailure>, source| {
-                history.push(record(attempt, &kind, None));
+                let failure = record(attempt, &kind, None, request_id.clone());
+                tracing::debug!(
+                    attempt,
+                    reason = %failure.failure,
+                    request_id = failure.request_id.as_deref(),
+                    "attempt failed; not retrying"
+                );
+                history.push(failure);
                 // A final answer from the server settles it; a transient one leaves an earlier
                 // unanswered attempt unanswered.
                 let outcome_unknown = call.class != OpClass::Read
@@ -259,6 +270,7 @@ impl Transport {
                     .with_sent(sent, outcome_unknown)
                     .with_idempotency_key(key.clone())
                     .with_statement_index(statement)
+                    .with_request_id(request_id.clone())
             };
             if kind == ErrorKind::Cancelled
                 || attempt >= max_attempts
@@ -290,10 +302,11 @@ impl Transport {
                 tracing::warn!(attempt, "retry budget exhausted; not retrying");
                 return Err(finish(kind, history, source).with_budget_exhausted());
             }
-            let failure = record(attempt, &kind, Some(delay));
+            let failure = record(attempt, &kind, Some(delay), request_id.clone());
             tracing::info!(
                 attempt,
                 reason = %failure.failure,
+                request_id = failure.request_id.as_deref(),
                 delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
                 "retrying"
             );
@@ -307,6 +320,7 @@ impl Transport {
                     }
                     // The history ends with the attempt before, and the delay cut short.
                     let err = Error::new(ErrorKind::Cancelled)
+                        .with_request_id(history.last().and_then(|f| f.request_id.clone()))
                         .with_attempts(attempt, history)
                         .with_sent(sent, call.class != OpClass::Read && unsettled)
                         .with_idempotency_key(key);
@@ -388,6 +402,7 @@ impl HttpExchange {
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();
         if status.is_success() {
+            let request_id = response::request_id(response.headers());
             return response.bytes().await.map_err(|err| {
                 let err = err.without_url();
                 Failure {
@@ -397,6 +412,7 @@ impl HttpExchange {
                     sent: true,
                     source: Some(Box::new(err)),
                     statement: None,
+                    request_id,
                 }
             });
         }
@@ -421,6 +437,8 @@ fn attempt_budget(timeout: Option<Duration>, deadline: Option<Instant>) -> Optio
 }
 
 /// Runs one exchange within its budget. An attempt cut short by it may have reached the server.
+// A `Failure` is built once per attempt, next to an HTTP exchange: its size does not matter.
+#[allow(clippy::result_large_err)]
 async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes, Failure>
 where
     F: Future<Output = Result<Bytes, Failure>>,
@@ -459,7 +477,12 @@ async fn cancelled(call: Option<&CancellationToken>, client: Option<&Cancellatio
     }
 }
 
-fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> AttemptFailure {
+fn record(
+    attempt: u32,
+    kind: &ErrorKind,
+    retry_delay: Option<Duration>,
+    request_id: Option<String>,
+) -> AttemptFailure {
     let status = kind.response_status();
     let failure = match (kind.wire_code(), status) {
         (Some(code), Some(status)) => format!("{status} {code}"),
@@ -476,6 +499,7 @@ fn record(attempt: u32, kind: &ErrorKind, retry_delay: Option<Duration>) -> Atte
         failure,
         status,
         retry_delay,
+        request_id,
     }
 }
 

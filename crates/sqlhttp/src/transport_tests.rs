@@ -19,6 +19,8 @@ enum Step {
     Fail(ErrorKind),
     /// Fails before the request left the client (a refused connect, a DNS failure).
     NotSent(ErrorKind),
+    /// A failed response that carried this `X-Request-Id`.
+    FailWithId(ErrorKind, &'static str),
     /// Answers after this long.
     Slow(Duration),
     /// Never answers.
@@ -55,11 +57,16 @@ impl Exchange for Scripted {
             match step {
                 Step::Ok => Ok(Bytes::from_static(b"ok")),
                 Step::Fail(kind) => Err(kind.into()),
+                Step::FailWithId(kind, id) => Err(Failure {
+                    request_id: Some(id.to_owned()),
+                    ..kind.into()
+                }),
                 Step::NotSent(kind) => Err(Failure {
                     kind,
                     sent: false,
                     source: Some("connection refused (os error 111)".into()),
                     statement: None,
+                    request_id: None,
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
@@ -193,6 +200,15 @@ fn waiting(secs: u64) -> Step {
         retry_after: Some(Duration::from_secs(secs)),
         message: String::new(),
     })
+}
+
+impl Step {
+    fn kind(self) -> ErrorKind {
+        match self {
+            Step::Fail(kind) => kind,
+            _ => unreachable!("a failing step"),
+        }
+    }
 }
 
 fn ms(ms: u64) -> Duration {
@@ -885,4 +901,45 @@ async fn a_connect_timeout_sent_nothing_and_says_how_long_it_took() {
     });
     let err = h.send(OpClass::Write).await.unwrap_err();
     assert!(err.is_timeout() && !err.is_sent() && !err.is_outcome_unknown());
+}
+
+#[tokio::test(start_paused = true)]
+async fn each_attempt_keeps_the_request_id_its_response_carried() {
+    let harness = Harness::new([
+        Step::FailWithId(
+            ErrorKind::RateLimited {
+                retry_after: Some(Duration::from_secs(1)),
+                message: String::new(),
+            },
+            "first-id",
+        ),
+        Step::Fail(ErrorKind::Timeout { after: ms(5) }),
+        Step::FailWithId(
+            ErrorKind::Unavailable {
+                retry_after: None,
+                message: String::new(),
+            },
+            "third-id",
+        ),
+    ]);
+    let err = harness.send(OpClass::Read).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert_eq!(err.request_id(), Some("third-id"));
+    let ids: Vec<Option<&str>> = err
+        .history()
+        .iter()
+        .map(|failure| failure.request_id.as_deref())
+        .collect();
+    assert_eq!(ids, [Some("first-id"), None, Some("third-id")]);
+    assert!(format!("{err:?}").contains("third-id"));
+
+    // A last attempt without a response has no id, whatever the earlier ones had.
+    let harness = Harness::new([
+        Step::FailWithId(status(500).kind(), "only-id"),
+        Step::Fail(ErrorKind::Timeout { after: ms(5) }),
+        Step::Fail(ErrorKind::Timeout { after: ms(5) }),
+    ]);
+    let err = harness.send(OpClass::Read).await.unwrap_err();
+    assert_eq!(err.request_id(), None);
+    assert_eq!(err.history()[0].request_id.as_deref(), Some("only-id"));
 }

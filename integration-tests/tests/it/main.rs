@@ -8,7 +8,9 @@
 //!   and say so when skipped.
 //! * `SQLHTTP_TEST_TOKEN` — the bearer token for the server at `SQLHTTP_TEST_URL`, if it needs one.
 //!
-//! Every test uses tables of its own, so the suite can share one external server. Retry backoff is
+//! Every test uses tables of its own, so the suite can share one external server. The rate-limit
+//! tests (`operations`) start servers of their own with a limit, and take a few seconds each: the
+//! waits are the server's `Retry-After`. Retry backoff is
 //! shortened to milliseconds; the only real waits are the ones a test is about (a one-second
 //! `Retry-After`, a few hundred milliseconds of timeout).
 
@@ -18,6 +20,7 @@ mod errors;
 mod faults;
 mod harness;
 mod methods;
+mod operations;
 mod restart;
 mod timing;
 mod writes;

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, ErrorCode};
 use crate::config::{Database, Limits};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
@@ -51,6 +51,26 @@ impl Outcome {
             status: 200,
             body,
             replayed: false,
+        }
+    }
+}
+
+/// `PRAGMA query_only` on a connection for as long as it lives (a panic included).
+struct QueryOnly<'a>(&'a Conn);
+
+impl<'a> QueryOnly<'a> {
+    fn on(conn: &'a Conn) -> Result<QueryOnly<'a>, ApiError> {
+        conn.conn
+            .execute_batch("PRAGMA query_only = ON")
+            .map_err(errors::map_engine_error)?;
+        Ok(QueryOnly(conn))
+    }
+}
+
+impl Drop for QueryOnly<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.conn.execute_batch("PRAGMA query_only = OFF") {
+            tracing::error!(error = %e, "cannot switch query_only off on the writer");
         }
     }
 }
@@ -157,6 +177,43 @@ impl Engine {
         }
     }
 
+    /// Runs one request for a credential that may only read: on a reader, or on the writer
+    /// when there are no readers, and only if the statement cannot write (`403 READ_ONLY`
+    /// otherwise; nothing ran). Never the writer's write path, whatever the request carries.
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+        let ran = match &self.readers {
+            Some(readers) => {
+                Self::run(readers, move |conn| {
+                    exec::execute(conn, &request, Access::ReadOnly)
+                })
+                .await?
+            }
+            None => {
+                Self::run(&self.writer, move |conn| {
+                    // The writer refuses writes for this job too, should the check ever miss.
+                    let _query_only = QueryOnly::on(conn)?;
+                    exec::execute(conn, &request, Access::ReadOnly)
+                })
+                .await?
+            }
+        };
+        match ran {
+            Ran::Body(body) => Ok(Outcome::fresh(body)),
+            Ran::NeedsWriter => Err(ApiError::new(
+                ErrorCode::ReadOnly,
+                "this credential may only read, and the statement may write; nothing was written",
+            )),
+        }
+    }
+
+    /// Jobs waiting for a connection now, per pool (`writer`, `reader`).
+    pub(crate) fn queue_depths(&self) -> Vec<(&'static str, usize)> {
+        std::iter::once(&self.writer)
+            .chain(&self.readers)
+            .map(|pool| (pool.name(), pool.waiting()))
+            .collect()
+    }
+
     /// Runs one keyed request exactly once (see `idempotency`). `guard` is held until the
     /// engine is done with the key, whether or not the requester still waits.
     pub(crate) async fn execute_with_key<G: Send + 'static>(
@@ -214,7 +271,6 @@ impl Engine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_error::ErrorCode;
 
     fn engine_with(limits: Limits) -> Engine {
         Engine::start(&Database::Memory, None, limits).unwrap()
@@ -329,6 +385,44 @@ mod tests {
         let refused = refused.unwrap_err();
         assert_eq!(refused.code, ErrorCode::Unavailable);
         assert!(refused.message.contains("busy"), "{}", refused.message);
+    }
+
+    #[tokio::test]
+    async fn read_only_requests_never_write_with_or_without_readers() {
+        for read_connections in [0, 2] {
+            let engine = engine_with(Limits {
+                read_connections,
+                ..Limits::default()
+            });
+            engine
+                .execute(statement("CREATE TABLE t (x)"))
+                .await
+                .unwrap();
+            for sql in [
+                "INSERT INTO t VALUES (1)",
+                "CREATE TABLE u (x)",
+                "DROP TABLE t",
+                "INSERT INTO t VALUES (1) RETURNING x",
+            ] {
+                let err = engine.execute_read_only(statement(sql)).await.unwrap_err();
+                assert_eq!(err.code, ErrorCode::ReadOnly, "{sql}");
+            }
+            let count = engine
+                .execute_read_only(statement("SELECT count(*) FROM t"))
+                .await
+                .unwrap();
+            assert!(String::from_utf8_lossy(&count.body).contains("[[0]]"));
+            // The writer still writes for everyone else.
+            engine
+                .execute(statement("INSERT INTO t VALUES (2)"))
+                .await
+                .unwrap();
+            assert_eq!(engine.queue_depths()[0], ("writer", 0));
+            assert_eq!(
+                engine.queue_depths().len(),
+                1 + usize::from(read_connections > 0)
+            );
+        }
     }
 
     #[tokio::test]

@@ -2,10 +2,12 @@
 //!
 //! Threads get a large stack (SQLite's parser and expression walkers recurse), a job that
 //! panics is contained to its own request, a job whose requester went away is skipped, and a
-//! full queue is refused at once (`503`) instead of growing without end. Knows threads and
-//! channels; nothing about SQL or HTTP.
+//! full queue is refused at once (`503`) instead of growing without end. Each pool counts the
+//! jobs waiting in its queue, for the metrics. Knows threads and channels; nothing about SQL or
+//! HTTP.
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, SyncSender, TrySendError};
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -28,6 +30,17 @@ pub(crate) struct Pool {
     queue: Mutex<Option<SyncSender<Task>>>,
     interrupts: Vec<InterruptHandle>,
     exits: Mutex<Vec<oneshot::Receiver<()>>>,
+    /// Jobs in the queue, not yet taken by a connection.
+    waiting: Arc<AtomicUsize>,
+}
+
+/// Counts one job as waiting until it is taken off the queue (or dropped unrun).
+struct Waiting(Arc<AtomicUsize>);
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 impl std::fmt::Debug for Pool {
@@ -65,7 +78,18 @@ impl Pool {
             queue: Mutex::new(Some(sender)),
             interrupts,
             exits: Mutex::new(exits),
+            waiting: Arc::new(AtomicUsize::new(0)),
         })
+    }
+
+    /// The pool's name (`writer`, `reader`).
+    pub(crate) fn name(&self) -> &'static str {
+        self.name
+    }
+
+    /// Jobs waiting in the queue for a connection now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
     }
 
     /// Runs `job` on one of the pool's connections under `control` and waits for its result.
@@ -78,7 +102,10 @@ impl Pool {
     {
         let (reply, result) = oneshot::channel();
         let job_control = Arc::clone(control);
+        self.waiting.fetch_add(1, Ordering::Relaxed);
+        let waiting = Waiting(Arc::clone(&self.waiting));
         let task: Task = Box::new(move |conn: &mut Conn| {
+            drop(waiting);
             if job_control.is_cancelled() {
                 return;
             }

@@ -1,4 +1,5 @@
-//! Bearer-token authentication for the SQL endpoint, compared in constant time.
+//! Bearer-token authentication for the API, compared in constant time: which [`Credential`] a
+//! request presents (a full-access token, a read-only one, or anonymous on an open server).
 //!
 //! Tokens are kept only as SHA-256 digests, so the comparison takes the same time whatever the
 //! length or content of the presented token. Knows headers and digests; never logs a token.
@@ -7,11 +8,14 @@ use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
 use crate::api_error::{ApiError, ErrorCode};
+use crate::error::ServerError;
+use crate::http::credentials::{Credential, Label};
 
-/// The accepted tokens, as digests; empty means the endpoint is open.
+/// The accepted tokens, as digests with the credential each stands for; empty means the API is
+/// open.
 #[derive(Clone, Default)]
 pub(crate) struct Tokens {
-    digests: Vec<[u8; 32]>,
+    digests: Vec<([u8; 32], Credential)>,
 }
 
 impl std::fmt::Debug for Tokens {
@@ -27,17 +31,48 @@ fn digest(bytes: &[u8]) -> [u8; 32] {
 }
 
 impl Tokens {
-    pub(crate) fn new<'a>(tokens: impl IntoIterator<Item = &'a str>) -> Tokens {
-        Tokens {
-            digests: tokens.into_iter().map(|t| digest(t.as_bytes())).collect(),
+    /// Full-access tokens (labelled `token#1`, `token#2`, ... in their order) and read-only ones
+    /// (`read#1`, ...). A token in both lists is refused: its role would be ambiguous.
+    pub(crate) fn new<'a>(
+        full: impl IntoIterator<Item = &'a str>,
+        read: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Tokens, ServerError> {
+        let mut digests: Vec<([u8; 32], Credential)> = full
+            .into_iter()
+            .enumerate()
+            .map(|(index, t)| {
+                (
+                    digest(t.as_bytes()),
+                    Credential::full(Label::Token(index + 1)),
+                )
+            })
+            .collect();
+        for (index, token) in read.into_iter().enumerate() {
+            let read = digest(token.as_bytes());
+            if digests
+                .iter()
+                .any(|(d, c)| c.may_write() && equal(d, &read))
+            {
+                return Err(ServerError::ConflictingTokens {
+                    read_index: index + 1,
+                });
+            }
+            digests.push((read, Credential::read_only(Label::Read(index + 1))));
         }
+        Ok(Tokens { digests })
     }
 
-    /// `Ok` when no token is required or the request carries `Authorization: Bearer <token>`
-    /// with an accepted token; otherwise `401 UNAUTHORIZED`.
-    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    /// Whether no token is configured (anyone may call the API).
+    #[cfg(test)]
+    pub(crate) fn is_open(&self) -> bool {
+        self.digests.is_empty()
+    }
+
+    /// The request's credential: anonymous when no token is required, else the one its
+    /// `Authorization: Bearer <token>` names; `401 UNAUTHORIZED` when that is missing or wrong.
+    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<Credential, ApiError> {
         if self.digests.is_empty() {
-            return Ok(());
+            return Ok(Credential::anonymous());
         }
         let presented = headers
             .get(header::AUTHORIZATION)
@@ -53,9 +88,12 @@ impl Tokens {
         let matched = self
             .digests
             .iter()
-            .fold(false, |found, accepted| found | equal(accepted, &presented));
-        if matched {
-            Ok(())
+            .fold(None, |found, (accepted, credential)| {
+                let this = equal(accepted, &presented).then_some(*credential);
+                found.or(this)
+            });
+        if let Some(credential) = matched {
+            Ok(credential)
         } else {
             Err(ApiError::new(
                 ErrorCode::Unauthorized,
@@ -90,14 +128,60 @@ mod tests {
         headers
     }
 
+    fn tokens(full: &[&str], read: &[&str]) -> Tokens {
+        Tokens::new(full.iter().copied(), read.iter().copied()).unwrap()
+    }
+
     #[test]
     fn open_when_no_tokens() {
-        assert!(Tokens::new([]).authorize(&HeaderMap::new()).is_ok());
+        let open = tokens(&[], &[]);
+        assert!(open.is_open());
+        let credential = open.authorize(&HeaderMap::new()).unwrap();
+        assert_eq!(credential, Credential::anonymous());
+        assert!(credential.may_write());
+    }
+
+    #[test]
+    fn each_token_is_its_credential() {
+        let tokens = tokens(&["alpha", "beta"], &["gamma"]);
+        assert!(!tokens.is_open());
+        let alpha = tokens.authorize(&with_auth("Bearer alpha")).unwrap();
+        assert_eq!(alpha.label.to_string(), "token#1");
+        assert!(alpha.may_write());
+        let beta = tokens.authorize(&with_auth("bearer beta")).unwrap();
+        assert_eq!(beta.label.to_string(), "token#2");
+        let gamma = tokens.authorize(&with_auth("Bearer gamma")).unwrap();
+        assert_eq!(gamma.label.to_string(), "read#1");
+        assert!(!gamma.may_write());
+        assert!(tokens.authorize(&HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn only_read_tokens_still_require_a_token() {
+        let tokens = tokens(&[], &["viewer"]);
+        assert!(!tokens.is_open());
+        assert!(tokens.authorize(&HeaderMap::new()).is_err());
+        assert!(
+            !tokens
+                .authorize(&with_auth("Bearer viewer"))
+                .unwrap()
+                .may_write()
+        );
+    }
+
+    #[test]
+    fn a_token_cannot_have_two_roles() {
+        let err = Tokens::new(["same"], ["other", "same"]).unwrap_err();
+        assert!(matches!(
+            err,
+            ServerError::ConflictingTokens { read_index: 2 }
+        ));
+        assert!(!err.to_string().contains("same"));
     }
 
     #[test]
     fn accepts_any_configured_token() {
-        let tokens = Tokens::new(["alpha", "beta"]);
+        let tokens = tokens(&["alpha", "beta"], &[]);
         assert!(tokens.authorize(&with_auth("Bearer alpha")).is_ok());
         assert!(tokens.authorize(&with_auth("bearer beta")).is_ok());
         for bad in [
@@ -116,7 +200,8 @@ mod tests {
 
     #[test]
     fn debug_does_not_show_tokens() {
-        let shown = format!("{:?}", Tokens::new(["hunter2"]));
+        let shown = format!("{:?}", tokens(&["hunter2"], &["swordfish"]));
         assert!(!shown.contains("hunter2"));
+        assert!(!shown.contains("swordfish"));
     }
 }

@@ -13,7 +13,7 @@ use sha2::{Digest, Sha256};
 use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
 use crate::engine::{Outcome, check_text};
-use crate::http::{body, idempotency_key, outcome_response, require_json};
+use crate::http::{body, credentials, idempotency_key, outcome_response, require_json};
 use crate::state::AppState;
 
 /// The batch endpoint's path.
@@ -29,7 +29,7 @@ pub(crate) async fn batch(State(state): State<AppState>, request: Request) -> Re
 async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
-    shared.tokens.authorize(&parts.headers)?;
+    let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
     require_json(&parts.headers)?;
     let key = match shared.idempotency_ttl {
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
@@ -42,7 +42,12 @@ async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiErr
         shared.body_timeout,
     )
     .await?;
-    let batch = BatchRequest::parse(&bytes, shared.limits.max_batch_statements)?;
+    let mut batch = BatchRequest::parse(&bytes, shared.limits.max_batch_statements)?;
+    if !credential.may_write() {
+        // A read credential's batch runs as a read-only one: its reads see one snapshot, and a
+        // statement that may write is refused with `403 READ_ONLY` and its index.
+        batch.read_only = true;
+    }
     for (index, statement) in batch.statements.iter().enumerate() {
         check_text(&statement.sql, &shared.limits).map_err(|e| e.at_statement(index))?;
     }

@@ -30,11 +30,14 @@ pub(crate) fn raw_response(error: &ApiError) -> Vec<u8> {
     } else {
         ""
     };
+    // No request was parsed to take an id from: every answer still carries one.
+    let request_id = crate::http::request_id::RequestId::generate();
     let mut out = format!(
-        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry_after}connection: close\r\n\r\n",
+        "HTTP/1.1 {} {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n{retry_after}x-request-id: {}\r\nconnection: close\r\n\r\n",
         status.as_u16(),
         status.canonical_reason().unwrap_or(""),
-        body.len()
+        body.len(),
+        request_id.as_str()
     )
     .into_bytes();
     out.extend_from_slice(&body);
@@ -246,6 +249,7 @@ mod tests {
         let (head, body) = text.split_once("\r\n\r\n").unwrap();
         assert!(head.starts_with("HTTP/1.1 503 Service Unavailable"));
         assert!(head.contains("retry-after: 1"));
+        assert!(head.contains("\r\nx-request-id: "), "{head}");
         assert!(head.contains(&format!("content-length: {}", body.len())));
         assert_eq!(body, r#"{"error":{"code":"UNAVAILABLE","message":"full"}}"#);
     }

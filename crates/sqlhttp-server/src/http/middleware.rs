@@ -1,18 +1,27 @@
-//! Cross-cutting HTTP layers: the per-request log line and the panic-to-500 conversion.
+//! Cross-cutting HTTP layers: the request id and the one structured log line per request (which
+//! also feeds the metrics), and the panic-to-500 conversion.
 //!
-//! Knows request/response metadata only: never bodies, SQL parameters or tokens.
+//! Knows request/response metadata only: never bodies, SQL parameters or tokens. The log line's
+//! `credential` is a label (`token#1`, `read#2`, `anonymous`), never a token.
 
 use std::any::Any;
+use std::net::SocketAddr;
 use std::time::Instant;
 
-use axum::body::Body;
-use axum::extract::Request;
+use axum::body::{Body, HttpBody as _};
+use axum::extract::{ConnectInfo, MatchedPath, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use tracing::Instrument as _;
 
-use crate::api_error::ApiError;
+use crate::api_error::{ApiError, ErrorCode};
+use crate::http::credentials::Label;
+use crate::http::metrics::Observation;
+use crate::http::request_id::{RequestId, X_REQUEST_ID};
+use crate::http::rows::Rows;
 use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::state::AppState;
 
 /// Longest `Sqlhttp-Attempt` value copied into the log.
 const MAX_LOGGED_ATTEMPT: usize = 32;
@@ -27,22 +36,65 @@ fn attempt(headers: &HeaderMap) -> String {
         )
 }
 
-/// Logs one line per request at info: method, path, status, latency, `Sqlhttp-Attempt`, and
-/// whether an Idempotency-Key was sent and replayed.
-pub(crate) async fn log_requests(request: Request, next: Next) -> Response {
+/// Gives the request its id (kept in its extensions, a span and the response's `X-Request-Id`)
+/// and logs one line at info when it is answered: id, method, path, client address,
+/// credential label, `Sqlhttp-Attempt`, status, duration, rows, response bytes, whether an
+/// Idempotency-Key was sent and replayed. Counts the request in the metrics.
+pub(crate) async fn log_requests(
+    State(state): State<AppState>,
+    mut request: Request,
+    next: Next,
+) -> Response {
     let started = Instant::now();
+    let id = RequestId::from_client_or_new(request.headers());
+    request.extensions_mut().insert(id.clone());
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
+    let endpoint = request
+        .extensions()
+        .get::<MatchedPath>()
+        .map(|matched| matched.as_str().to_owned());
+    let client = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|info| info.0.ip());
     let attempt = attempt(request.headers());
     let keyed = request.headers().contains_key(IDEMPOTENCY_KEY);
-    let response = next.run(request).await;
+    let span = tracing::info_span!("request", id = id.as_str());
+    let mut response = next.run(request).instrument(span).await;
+    let elapsed = started.elapsed();
+    response
+        .headers_mut()
+        .insert(X_REQUEST_ID, id.header_value());
+
+    let status = response.status().as_u16();
     let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
+    let code = response.extensions().get::<ErrorCode>().copied();
+    let credential = response
+        .extensions()
+        .get::<Label>()
+        .map_or_else(|| "-".to_owned(), Label::to_string);
+    let rows = response.extensions().get::<Rows>().map(|rows| rows.0);
+    let bytes = response.body().size_hint().exact();
+    state.inner.metrics.observe(Observation {
+        endpoint: endpoint.as_deref(),
+        status,
+        elapsed,
+        replayed,
+        statement_timeout: code == Some(ErrorCode::StatementTimeout),
+    });
     tracing::info!(
+        request_id = id.as_str(),
         %method,
         %path,
-        status = response.status().as_u16(),
-        latency_ms = started.elapsed().as_secs_f64() * 1000.0,
+        client = client.map(tracing::field::display),
+        %credential,
         %attempt,
+        status,
+        code = code.map(ErrorCode::as_str),
+        duration_ms = elapsed.as_secs_f64() * 1000.0,
+        rows,
+        bytes,
         idempotency_key = keyed,
         replayed,
         "request"

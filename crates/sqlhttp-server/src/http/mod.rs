@@ -1,7 +1,8 @@
 //! The HTTP surface: [`app`] (routes, fallbacks, layers), the probes, and the
-//! `POST /api/v1/sql` handler, which authenticates, requires a JSON body, validates the
-//! Idempotency-Key, reads the body within its size and time limits, decodes it and hands the
-//! statement to the engine. `POST /api/v1/batch` (atomic batches) lives in `batch`.
+//! `POST /api/v1/sql` handler, which takes the request's credential (see `credentials`),
+//! requires a JSON body, validates the Idempotency-Key, reads the body within its size and time
+//! limits, decodes it and hands the statement to the engine (read-only for a read credential).
+//! `POST /api/v1/batch` (atomic batches) lives in `batch`.
 //!
 //! Knows HTTP and the protocol; it does not know SQLite (only the engine's async handle).
 
@@ -9,8 +10,13 @@ pub(crate) mod auth;
 mod batch;
 mod body;
 mod browser;
+pub(crate) mod credentials;
 pub(crate) mod hyper_errors;
+pub(crate) mod metrics;
 mod middleware;
+pub(crate) mod rate_limit;
+pub(crate) mod request_id;
+mod rows;
 
 use axum::Router;
 use axum::extract::{Request, State};
@@ -38,8 +44,9 @@ const MAX_KEY_LEN: usize = 255;
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Builds the HTTP app over `state`: `POST /api/v1/sql`, `GET /healthz` (liveness), `GET
-/// /readyz` (the engine answers), JSON 404/405 bodies, the browser policy (origins, CORS),
-/// panic-to-500 conversion and one log line per request.
+/// /readyz` (the engine answers), `GET /metrics` (Prometheus), JSON 404/405 bodies,
+/// authentication and rate limiting of `/api/` paths, the browser policy (origins, CORS),
+/// panic-to-500 conversion, and a request id and one log line per request.
 ///
 /// ```
 /// use sqlhttp_server::{AppState, Config, app};
@@ -72,15 +79,26 @@ pub fn app(state: AppState) -> Router {
         )
         .route("/healthz", get(healthz).fallback(probe_method_not_allowed))
         .route("/readyz", get(readyz).fallback(probe_method_not_allowed))
+        .route(
+            "/metrics",
+            get(metrics::metrics).fallback(metrics::method_not_allowed),
+        )
         .fallback(not_found)
-        .with_state(state)
+        .with_state(state.clone())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            credentials::authenticate,
+        ))
         .layer(browser::cors(&origins))
         .layer(axum::middleware::from_fn_with_state(
             browser::Origins::new(origins),
             browser::refuse_unlisted_origins,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
-        .layer(axum::middleware::from_fn(middleware::log_requests))
+        .layer(axum::middleware::from_fn_with_state(
+            state,
+            middleware::log_requests,
+        ))
 }
 
 async fn healthz() -> &'static str {
@@ -122,7 +140,7 @@ async fn sql(State(state): State<AppState>, request: Request) -> Response {
 async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
-    shared.tokens.authorize(&parts.headers)?;
+    let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
     require_json(&parts.headers)?;
     let key = match shared.idempotency_ttl {
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
@@ -144,6 +162,11 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
     check_text(&request.sql, &shared.limits)?;
     tracing::debug!(sql = %request.sql, "statement");
 
+    if !credential.may_write() {
+        // A statement that cannot write has nothing to apply once: the key is not used, and the
+        // writer is never asked.
+        return shared.engine.execute_read_only(request).await;
+    }
     let Some((ttl, key)) = key else {
         return shared.engine.execute(request).await;
     };
@@ -202,7 +225,13 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 
 fn outcome_response(outcome: Outcome) -> Response {
     let status = StatusCode::from_u16(outcome.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    let counted = (status == StatusCode::OK)
+        .then(|| rows::count(&outcome.body))
+        .flatten();
     let mut response = json_response(status, outcome.body);
+    if let Some(count) = counted {
+        response.extensions_mut().insert(rows::Rows(count));
+    }
     if outcome.replayed {
         response
             .headers_mut()
@@ -230,12 +259,16 @@ mod tests {
                 }),
             )
             .layer(CatchPanicLayer::custom(middleware::panic_response))
-            .layer(axum::middleware::from_fn(middleware::log_requests));
+            .layer(axum::middleware::from_fn_with_state(
+                AppState::new(&crate::Config::default()).unwrap(),
+                middleware::log_requests,
+            ));
         let response = router
             .oneshot(Request::get("/boom").body(Body::empty()).unwrap())
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(response.headers().contains_key("x-request-id"));
         let body = axum::body::to_bytes(response.into_body(), usize::MAX)
             .await
             .unwrap();

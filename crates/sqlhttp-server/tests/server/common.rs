@@ -165,6 +165,12 @@ pub(crate) fn sqlhttpd() -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_sqlhttpd"));
     command
         .env_remove("SQLHTTPD_TOKENS")
+        .env_remove("SQLHTTPD_READ_TOKENS")
+        .env_remove("SQLHTTPD_TOKEN_FILE")
+        .env_remove("SQLHTTPD_READ_TOKEN_FILE")
+        .env_remove("SQLHTTPD_ALLOW_ANONYMOUS")
+        .env_remove("SQLHTTPD_RATE_LIMIT")
+        .env_remove("SQLHTTPD_RATE_BURST")
         .env("RUST_LOG", "warn")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())

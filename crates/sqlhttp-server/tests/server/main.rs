@@ -8,4 +8,5 @@ mod common;
 mod conformance;
 mod hardening;
 mod idempotency;
+mod operations;
 mod tcp;

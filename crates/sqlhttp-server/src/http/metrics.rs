@@ -1,0 +1,241 @@
+//! The server's numbers for `GET /metrics`, in the OpenMetrics text format Prometheus scrapes
+//! (the `prometheus-client` crate's encoder): requests by endpoint and status, a latency
+//! histogram per endpoint, engine queue depth per pool, and counts of rate-limited requests,
+//! replayed idempotent outcomes and statement timeouts.
+//!
+//! Knows metric names and label sets; the request log feeds it one observation per request. No
+//! label ever carries a credential, a statement or a value: endpoints are route patterns, so
+//! the series are bounded.
+
+use std::time::Duration;
+
+use axum::extract::State;
+use axum::http::{HeaderValue, header};
+use axum::response::{IntoResponse, Response};
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::{Registry, Unit};
+
+use crate::api_error::ApiError;
+use crate::state::AppState;
+
+/// The media type of the exposition.
+const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// Latency buckets, in seconds: a millisecond to the default statement timeout.
+const LATENCY_BUCKETS: [f64; 14] = [
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct RequestLabels {
+    endpoint: String,
+    status: u16,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct EndpointLabels {
+    endpoint: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct PoolLabels {
+    pool: &'static str,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new(LATENCY_BUCKETS)
+}
+
+/// What one finished request adds to the metrics.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Observation<'a> {
+    /// The matched route pattern, or `None` for a path no route matched.
+    pub(crate) endpoint: Option<&'a str>,
+    pub(crate) status: u16,
+    pub(crate) elapsed: Duration,
+    pub(crate) replayed: bool,
+    pub(crate) statement_timeout: bool,
+}
+
+/// Every metric, registered once; cheap to update from any task.
+#[derive(Debug)]
+pub(crate) struct Metrics {
+    registry: Registry,
+    requests: Family<RequestLabels, Counter>,
+    latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
+    queue_depth: Family<PoolLabels, Gauge>,
+    rate_limited: Counter,
+    replayed: Counter,
+    statement_timeouts: Counter,
+}
+
+impl Metrics {
+    pub(crate) fn new() -> Metrics {
+        let mut registry = Registry::with_prefix("sqlhttpd");
+        let requests = Family::<RequestLabels, Counter>::default();
+        registry.register(
+            "requests",
+            "HTTP requests answered, by endpoint (route pattern) and status",
+            requests.clone(),
+        );
+        let latency: Family<EndpointLabels, Histogram, fn() -> Histogram> =
+            Family::new_with_constructor(latency_histogram);
+        registry.register_with_unit(
+            "request_duration",
+            "Time from a request's arrival to its response head, by endpoint",
+            Unit::Seconds,
+            latency.clone(),
+        );
+        let queue_depth = Family::<PoolLabels, Gauge>::default();
+        registry.register(
+            "engine_queue_depth",
+            "Statements waiting for an engine connection, by pool (writer, reader)",
+            queue_depth.clone(),
+        );
+        let rate_limited = Counter::default();
+        registry.register(
+            "rate_limited",
+            "Requests refused with 429 RATE_LIMITED",
+            rate_limited.clone(),
+        );
+        let replayed = Counter::default();
+        registry.register(
+            "idempotent_replays",
+            "Requests answered with a stored Idempotency-Key outcome",
+            replayed.clone(),
+        );
+        let statement_timeouts = Counter::default();
+        registry.register(
+            "statement_timeouts",
+            "Statements interrupted by the statement timeout (422 STATEMENT_TIMEOUT)",
+            statement_timeouts.clone(),
+        );
+        Metrics {
+            registry,
+            requests,
+            latency,
+            queue_depth,
+            rate_limited,
+            replayed,
+            statement_timeouts,
+        }
+    }
+
+    /// Counts one finished request.
+    pub(crate) fn observe(&self, observation: Observation<'_>) {
+        let endpoint = observation.endpoint.unwrap_or("unmatched").to_owned();
+        self.requests
+            .get_or_create(&RequestLabels {
+                endpoint: endpoint.clone(),
+                status: observation.status,
+            })
+            .inc();
+        self.latency
+            .get_or_create(&EndpointLabels { endpoint })
+            .observe(observation.elapsed.as_secs_f64());
+        if observation.status == 429 {
+            self.rate_limited.inc();
+        }
+        if observation.replayed {
+            self.replayed.inc();
+        }
+        if observation.statement_timeout {
+            self.statement_timeouts.inc();
+        }
+    }
+
+    /// The exposition text, with the queue depths as they are now.
+    pub(crate) fn render(&self, queue_depths: &[(&'static str, usize)]) -> String {
+        for (pool, depth) in queue_depths {
+            let depth = i64::try_from(*depth).unwrap_or(i64::MAX);
+            self.queue_depth
+                .get_or_create(&PoolLabels { pool })
+                .set(depth);
+        }
+        let mut text = String::new();
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut text, &self.registry);
+        text
+    }
+}
+
+/// `GET /metrics`.
+pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
+    let shared = &state.inner;
+    let text = shared.metrics.render(&shared.engine.queue_depths());
+    let mut response = text.into_response();
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(CONTENT_TYPE));
+    response
+}
+
+/// Any method but `GET` on `/metrics`.
+pub(crate) async fn method_not_allowed() -> ApiError {
+    ApiError::method_not_allowed("GET, HEAD")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn observe(metrics: &Metrics, endpoint: Option<&str>, status: u16, millis: u64) {
+        metrics.observe(Observation {
+            endpoint,
+            status,
+            elapsed: Duration::from_millis(millis),
+            replayed: false,
+            statement_timeout: false,
+        });
+    }
+
+    #[test]
+    fn the_exposition_has_every_family() {
+        let metrics = Metrics::new();
+        observe(&metrics, Some("/api/v1/sql"), 200, 3);
+        observe(&metrics, Some("/api/v1/sql"), 200, 700);
+        observe(&metrics, Some("/api/v1/sql"), 429, 0);
+        observe(&metrics, None, 404, 0);
+        metrics.observe(Observation {
+            endpoint: Some("/api/v1/sql"),
+            status: 200,
+            elapsed: Duration::ZERO,
+            replayed: true,
+            statement_timeout: false,
+        });
+        metrics.observe(Observation {
+            endpoint: Some("/api/v1/sql"),
+            status: 422,
+            elapsed: Duration::ZERO,
+            replayed: false,
+            statement_timeout: true,
+        });
+        let text = metrics.render(&[("writer", 2), ("reader", 0)]);
+        for line in [
+            "# TYPE sqlhttpd_requests counter",
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="200"} 3"#,
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="429"} 1"#,
+            r#"sqlhttpd_requests_total{endpoint="unmatched",status="404"} 1"#,
+            "# TYPE sqlhttpd_request_duration_seconds histogram",
+            "# UNIT sqlhttpd_request_duration_seconds seconds",
+            r#"sqlhttpd_request_duration_seconds_bucket{le="0.005",endpoint="/api/v1/sql"} 4"#,
+            r#"sqlhttpd_request_duration_seconds_bucket{le="+Inf",endpoint="/api/v1/sql"} 5"#,
+            r#"sqlhttpd_request_duration_seconds_count{endpoint="/api/v1/sql"} 5"#,
+            r#"sqlhttpd_engine_queue_depth{pool="writer"} 2"#,
+            r#"sqlhttpd_engine_queue_depth{pool="reader"} 0"#,
+            "sqlhttpd_rate_limited_total 1",
+            "sqlhttpd_idempotent_replays_total 1",
+            "sqlhttpd_statement_timeouts_total 1",
+            "# EOF",
+        ] {
+            assert!(
+                text.lines().any(|l| l == line),
+                "missing {line:?} in\n{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,589 @@
+//! `sqlhttpd` in operation, against the built binary and real TCP servers: read-only tokens,
+//! token files and the refusal to serve anonymously on a public address, rate limits with
+//! `Retry-After`, request ids and the log line (never a token in it), and `/metrics`.
+
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::num::NonZeroU32;
+use std::process::Child;
+
+use serde_json::{Value, json};
+use sqlhttp_server::{Config, RateLimit, Server, ServerError, ServerHandle};
+
+use crate::common::{http_client, read_url, sqlhttpd, start};
+
+/// One exchange with the SQL endpoint: status, headers, JSON body.
+struct Answer {
+    status: u16,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    fn code(&self) -> &str {
+        self.body["error"]["code"].as_str().unwrap_or("")
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.get(name).map(|v| v.to_str().unwrap())
+    }
+}
+
+async fn call(
+    client: &reqwest::Client,
+    url: &str,
+    token: Option<&str>,
+    headers: &[(&str, &str)],
+    sql: &str,
+) -> Answer {
+    let mut request = client
+        .post(format!("{url}/api/v1/sql"))
+        .header("content-type", "application/json")
+        .body(json!({ "sql": sql }).to_string());
+    if let Some(token) = token {
+        request = request.bearer_auth(token);
+    }
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.unwrap();
+    Answer {
+        status,
+        headers,
+        body: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    }
+}
+
+/// Stops the binary and returns what it wrote to stderr.
+fn stop(mut child: Child) -> String {
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let mut stderr = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    stderr
+}
+
+async fn serve(config: Config) -> ServerHandle {
+    Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..config
+    })
+    .await
+    .unwrap()
+    .spawn()
+}
+
+fn per_second(per_second: u32, burst: u32) -> Option<RateLimit> {
+    Some(RateLimit {
+        per_second: NonZeroU32::new(per_second).unwrap(),
+        burst: NonZeroU32::new(burst).unwrap(),
+    })
+}
+
+#[tokio::test]
+async fn read_tokens_read_and_never_write_on_any_engine_layout() {
+    let dir = tempfile::tempdir().unwrap();
+    let read_file = dir.path().join("read-tokens");
+    std::fs::write(&read_file, "# dashboards\nviewer-from-file\n").unwrap();
+    let client = http_client();
+    for readers in ["0", "2"] {
+        let mut command = sqlhttpd();
+        command
+            .env("SQLHTTPD_READ_TOKENS", "viewer-from-env")
+            .args([
+                "--listen",
+                "127.0.0.1:0",
+                "--token",
+                "admin",
+                "--read-token-file",
+                read_file.to_str().unwrap(),
+                "--read-connections",
+                readers,
+            ]);
+        let mut child = command.spawn().unwrap();
+        let url = read_url(&mut child);
+        let admin = Some("admin");
+        assert_eq!(
+            call(&client, &url, admin, &[], "CREATE TABLE t (x)")
+                .await
+                .status,
+            200
+        );
+        assert_eq!(
+            call(&client, &url, admin, &[], "INSERT INTO t VALUES (1)")
+                .await
+                .status,
+            200
+        );
+        for viewer in ["viewer-from-env", "viewer-from-file"] {
+            let read = call(&client, &url, Some(viewer), &[], "SELECT count(*) FROM t").await;
+            assert_eq!(
+                (read.status, &read.body["rows"]),
+                (200, &json!([[1]])),
+                "{viewer}"
+            );
+            for write in [
+                "INSERT INTO t VALUES (2)",
+                "UPDATE t SET x = 3",
+                "DELETE FROM t",
+                "CREATE TABLE u (x)",
+                "DROP TABLE t",
+                "INSERT INTO t VALUES (4) RETURNING x",
+            ] {
+                for headers in [&[][..], &[("idempotency-key", "viewer-key-1")][..]] {
+                    let refused = call(&client, &url, Some(viewer), headers, write).await;
+                    assert_eq!(
+                        (refused.status, refused.code()),
+                        (403, "READ_ONLY"),
+                        "{readers} readers, {viewer}: {write} {headers:?}"
+                    );
+                }
+            }
+            // A key a read credential sent is not taken: the writer's caller can still use it.
+            let keyed_read = call(
+                &client,
+                &url,
+                Some(viewer),
+                &[("idempotency-key", "shared-key")],
+                "SELECT x FROM t",
+            )
+            .await;
+            assert_eq!(keyed_read.status, 200);
+            assert_eq!(keyed_read.header("idempotent-replayed"), None);
+            // Batches too: reads run (in one snapshot), a write is refused with its index.
+            let batch = |statements: Value| {
+                client
+                    .post(format!("{url}/api/v1/batch"))
+                    .header("content-type", "application/json")
+                    .bearer_auth(viewer)
+                    .body(json!({ "statements": statements }).to_string())
+                    .send()
+            };
+            let reads = batch(json!([{"sql": "SELECT 1"}, {"sql": "SELECT count(*) FROM t"}]))
+                .await
+                .unwrap();
+            assert_eq!(reads.status(), 200, "{viewer}");
+            let writes = batch(json!([{"sql": "SELECT 1"}, {"sql": "DELETE FROM t"}]))
+                .await
+                .unwrap();
+            assert_eq!(writes.status(), 403, "{viewer}");
+            let body: Value = serde_json::from_slice(&writes.bytes().await.unwrap()).unwrap();
+            assert_eq!(body["error"]["code"], "READ_ONLY");
+            assert_eq!(body["error"]["statement"], 1);
+        }
+        let after = call(&client, &url, admin, &[], "SELECT x FROM t").await;
+        assert_eq!(after.body["rows"], json!([[1]]), "nothing was written");
+        assert_eq!(
+            call(&client, &url, Some("nobody"), &[], "SELECT 1")
+                .await
+                .status,
+            401
+        );
+        stop(child);
+    }
+}
+
+#[tokio::test]
+async fn tokens_from_files_never_reach_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let full = dir.path().join("tokens");
+    std::fs::write(&full, "# the operators\nsecret-full-token-1\n\n").unwrap();
+    let mut command = sqlhttpd();
+    command.env("RUST_LOG", "debug").args([
+        "--listen",
+        "127.0.0.1:0",
+        "--token-file",
+        full.to_str().unwrap(),
+        "--read-token",
+        "secret-read-token-1",
+    ]);
+    let mut child = command.spawn().unwrap();
+    let url = read_url(&mut child);
+    let client = http_client();
+    let ok = call(
+        &client,
+        &url,
+        Some("secret-full-token-1"),
+        &[("x-request-id", "trace-me-1"), ("sqlhttp-attempt", "2/3")],
+        "SELECT 1",
+    )
+    .await;
+    assert_eq!(ok.status, 200);
+    assert_eq!(ok.header("x-request-id"), Some("trace-me-1"));
+    let read = call(
+        &client,
+        &url,
+        Some("secret-read-token-1"),
+        &[],
+        "CREATE TABLE t (x)",
+    )
+    .await;
+    assert_eq!(read.status, 403);
+    let refused = call(&client, &url, Some("secret-wrong-token"), &[], "SELECT 1").await;
+    assert_eq!(refused.status, 401);
+    let log = stop(child);
+    for secret in [
+        "secret-full-token-1",
+        "secret-read-token-1",
+        "secret-wrong-token",
+    ] {
+        assert!(!log.contains(secret), "{secret} in the log:\n{log}");
+    }
+    let line = log
+        .lines()
+        .find(|line| line.contains("trace-me-1") && line.contains("status=200"))
+        .unwrap_or_else(|| panic!("no log line for the request:\n{log}"));
+    for field in [
+        "credential=token#1",
+        "attempt=2/3",
+        "rows=1",
+        "bytes=",
+        "duration_ms=",
+    ] {
+        assert!(line.contains(field), "{field} missing: {line}");
+    }
+    assert!(log.contains("credential=read#1"), "{log}");
+    assert!(
+        log.contains("code=\"READ_ONLY\"") || log.contains("code=READ_ONLY"),
+        "{log}"
+    );
+}
+
+#[test]
+fn anonymous_on_a_public_address_needs_the_flag() {
+    let output = sqlhttpd().args(["--listen", "0.0.0.0:0"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("--allow-anonymous"), "{stderr}");
+    assert!(output.stdout.is_empty());
+
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty");
+    std::fs::write(&empty, "# no tokens yet\n").unwrap();
+    let output = sqlhttpd()
+        .args([
+            "--listen",
+            "0.0.0.0:0",
+            "--token-file",
+            empty.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("holds no token"), "{stderr}");
+}
+
+#[tokio::test]
+async fn anonymous_on_a_public_address_serves_when_allowed() {
+    let (child, url) = start(&["--listen", "0.0.0.0:0", "--allow-anonymous"]);
+    let port = url.rsplit(':').next().unwrap();
+    let local = format!("http://127.0.0.1:{port}");
+    assert_eq!(
+        call(&http_client(), &local, None, &[], "SELECT 1")
+            .await
+            .status,
+        200
+    );
+    stop(child);
+
+    let (child, url) = start(&["--listen", "0.0.0.0:0", "--read-token", "viewer"]);
+    let port = url.rsplit(':').next().unwrap();
+    let local = format!("http://127.0.0.1:{port}");
+    assert_eq!(
+        call(&http_client(), &local, None, &[], "SELECT 1")
+            .await
+            .status,
+        401
+    );
+    stop(child);
+}
+
+#[tokio::test]
+async fn server_bind_refuses_anonymous_public_addresses() {
+    let err = Server::bind(Config {
+        listen: "0.0.0.0:0".parse().unwrap(),
+        ..Config::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, ServerError::AnonymousOnPublicAddress { .. }),
+        "{err}"
+    );
+    let err = Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        tokens: vec!["same".into()],
+        read_tokens: vec!["same".into()],
+        ..Config::default()
+    })
+    .await
+    .unwrap_err();
+    assert!(
+        matches!(err, ServerError::ConflictingTokens { read_index: 1 }),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn each_credential_has_its_own_bucket_and_429_says_when() {
+    let (child, url) = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "one",
+        "--token",
+        "two",
+        "--rate-limit",
+        "1",
+        "--rate-burst",
+        "2",
+    ]);
+    let client = http_client();
+    for _ in 0..2 {
+        assert_eq!(
+            call(&client, &url, Some("one"), &[], "SELECT 1")
+                .await
+                .status,
+            200
+        );
+    }
+    let limited = call(&client, &url, Some("one"), &[], "SELECT 1").await;
+    assert_eq!((limited.status, limited.code()), (429, "RATE_LIMITED"));
+    let wait: u64 = limited.header("retry-after").unwrap().parse().unwrap();
+    assert!((1..=2).contains(&wait), "{wait}");
+    assert!(limited.header("x-request-id").is_some());
+    // Another credential is not held back, and neither are the probes and metrics.
+    assert_eq!(
+        call(&client, &url, Some("two"), &[], "SELECT 1")
+            .await
+            .status,
+        200
+    );
+    for path in ["/healthz", "/readyz", "/metrics"] {
+        for _ in 0..3 {
+            let probe = client.get(format!("{url}{path}")).send().await.unwrap();
+            assert_eq!(probe.status(), 200, "{path}");
+        }
+    }
+    // After the wait it asked for, the credential is let in again.
+    tokio::time::sleep(std::time::Duration::from_secs(wait)).await;
+    assert_eq!(
+        call(&client, &url, Some("one"), &[], "SELECT 1")
+            .await
+            .status,
+        200
+    );
+    stop(child);
+}
+
+#[tokio::test]
+async fn anonymous_requests_and_refused_tokens_are_limited_per_address() {
+    let open = serve(Config {
+        rate_limit: per_second(1, 1),
+        ..Config::default()
+    })
+    .await;
+    let from = |ip: &str| {
+        reqwest::Client::builder()
+            .no_proxy()
+            .local_address(ip.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let (first, second) = (from("127.0.0.1"), from("127.0.0.2"));
+    let url = open.url();
+    assert_eq!(call(&first, &url, None, &[], "SELECT 1").await.status, 200);
+    assert_eq!(call(&first, &url, None, &[], "SELECT 1").await.status, 429);
+    assert_eq!(call(&second, &url, None, &[], "SELECT 1").await.status, 200);
+    open.shutdown().await;
+
+    let guarded = serve(Config {
+        tokens: vec!["right".into()],
+        rate_limit: per_second(1, 1),
+        ..Config::default()
+    })
+    .await;
+    let url = guarded.url();
+    assert_eq!(
+        call(&first, &url, Some("guess-1"), &[], "SELECT 1")
+            .await
+            .status,
+        401
+    );
+    assert_eq!(
+        call(&first, &url, Some("guess-2"), &[], "SELECT 1")
+            .await
+            .status,
+        429
+    );
+    // The right token has a bucket of its own.
+    assert_eq!(
+        call(&first, &url, Some("right"), &[], "SELECT 1")
+            .await
+            .status,
+        200
+    );
+    guarded.shutdown().await;
+}
+
+#[tokio::test]
+async fn every_response_carries_a_request_id() {
+    let handle = serve(Config {
+        tokens: vec!["tok".into()],
+        ..Config::default()
+    })
+    .await;
+    let client = http_client();
+    let url = handle.url();
+    let mine = call(
+        &client,
+        &url,
+        Some("tok"),
+        &[("x-request-id", "client-id-42")],
+        "SELECT 1",
+    )
+    .await;
+    assert_eq!(mine.header("x-request-id"), Some("client-id-42"));
+    let long = "x".repeat(200);
+    for headers in [
+        &[][..],
+        &[("x-request-id", "has space")][..],
+        &[("x-request-id", long.as_str())][..],
+    ] {
+        let answer = call(&client, &url, Some("tok"), headers, "SELECT 1").await;
+        let id = answer.header("x-request-id").unwrap();
+        assert_eq!(id.len(), 32, "{id}");
+        assert!(id.bytes().all(|b| b.is_ascii_hexdigit()), "{id}");
+    }
+    let unauthorized = call(&client, &url, None, &[], "SELECT 1").await;
+    assert_eq!(unauthorized.status, 401);
+    assert!(unauthorized.header("x-request-id").is_some());
+    for path in ["/healthz", "/nowhere", "/metrics"] {
+        let response = client.get(format!("{url}{path}")).send().await.unwrap();
+        assert!(response.headers().contains_key("x-request-id"), "{path}");
+    }
+    // Even an answer hyper writes itself (a malformed request) carries one.
+    let raw = raw_exchange(handle.local_addr(), b"NOT HTTP\r\n\r\n").await;
+    let text = String::from_utf8_lossy(&raw);
+    assert!(text.starts_with("HTTP/1.1 400"), "{text}");
+    assert!(text.contains("x-request-id: "), "{text}");
+    handle.shutdown().await;
+}
+
+async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut out),
+    )
+    .await;
+    out
+}
+
+/// The value of one sample line of a Prometheus exposition.
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
+        .map(|value| value.parse().unwrap())
+}
+
+#[tokio::test]
+async fn metrics_count_requests_limits_replays_and_timeouts() {
+    let (child, url) = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--rate-limit",
+        "1",
+        "--rate-burst",
+        "10",
+        "--statement-timeout",
+        "100ms",
+    ]);
+    let client = http_client();
+    let key = [("idempotency-key", "metrics-key")];
+    assert_eq!(
+        call(&client, &url, None, &[], "CREATE TABLE t (x)")
+            .await
+            .status,
+        200
+    );
+    assert_eq!(
+        call(&client, &url, None, &key, "INSERT INTO t VALUES (1)")
+            .await
+            .status,
+        200
+    );
+    let replay = call(&client, &url, None, &key, "INSERT INTO t VALUES (1)").await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    let endless =
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+    let timeout = call(&client, &url, None, &[], endless).await;
+    assert_eq!(timeout.code(), "STATEMENT_TIMEOUT");
+    assert_eq!(call(&client, &url, None, &[], "SELEC").await.status, 400);
+    // Spend the rest of the burst (and what refilled meanwhile) until one is refused.
+    let mut selects = 0.0;
+    loop {
+        match call(&client, &url, None, &[], "SELECT 1").await.status {
+            200 => selects += 1.0,
+            429 => break,
+            other => panic!("{other}"),
+        }
+        assert!(selects < 30.0, "never limited");
+    }
+
+    let response = client.get(format!("{url}/metrics")).send().await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("application/openmetrics-text"),
+    );
+    let text = response.text().await.unwrap();
+    let expect = [
+        (
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="200"}"#,
+            3.0 + selects,
+        ),
+        (
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="422"}"#,
+            1.0,
+        ),
+        (
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="400"}"#,
+            1.0,
+        ),
+        (
+            r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="429"}"#,
+            1.0,
+        ),
+        (
+            r#"sqlhttpd_request_duration_seconds_count{endpoint="/api/v1/sql"}"#,
+            6.0 + selects,
+        ),
+        ("sqlhttpd_rate_limited_total", 1.0),
+        ("sqlhttpd_idempotent_replays_total", 1.0),
+        ("sqlhttpd_statement_timeouts_total", 1.0),
+        (r#"sqlhttpd_engine_queue_depth{pool="writer"}"#, 0.0),
+        (r#"sqlhttpd_engine_queue_depth{pool="reader"}"#, 0.0),
+    ];
+    for (series, value) in expect {
+        assert_eq!(sample(&text, series), Some(value), "{series} in\n{text}");
+    }
+    assert!(text.ends_with("# EOF\n"), "{text}");
+    let post = client.post(format!("{url}/metrics")).send().await.unwrap();
+    assert_eq!(post.status(), 405);
+    stop(child);
+}
