@@ -1,5 +1,7 @@
 //! Reading a request body up to the configured limit, answering `413 PAYLOAD_TOO_LARGE` with
-//! the protocol's JSON body (not the framework's plain-text one).
+//! the protocol's JSON body (not the framework's plain-text one). An oversized body of moderate
+//! size is read to its end and discarded before the answer, so the client, still sending, is not
+//! reset before it can read the `413` (proxies make that race likely).
 //!
 //! Knows HTTP bodies and headers only.
 
@@ -10,6 +12,22 @@ use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, header};
 
 use crate::api_error::{ApiError, ErrorCode};
+
+/// Oversized bodies up to this size are drained before `413`; larger ones are cut at once.
+const DRAIN_AT_MOST: u64 = 16 * 1024 * 1024;
+
+/// Reads and discards what is left of `body`, up to [`DRAIN_AT_MOST`] bytes in all.
+async fn drain(mut body: Body, already: u64) {
+    let mut seen = already;
+    while seen <= DRAIN_AT_MOST {
+        match poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
+            Some(Ok(frame)) => {
+                seen += frame.data_ref().map_or(0, |data| data.len() as u64);
+            }
+            Some(Err(_)) | None => return,
+        }
+    }
+}
 
 fn too_large(limit: usize) -> ApiError {
     ApiError::new(
@@ -32,6 +50,9 @@ pub(crate) async fn read_limited(
     if let Some(declared) = declared
         && declared > limit as u64
     {
+        if declared <= DRAIN_AT_MOST {
+            drain(body, 0).await;
+        }
         return Err(too_large(limit));
     }
     let mut collected = Vec::with_capacity(declared.map_or(0, |d| d as usize));
@@ -40,6 +61,7 @@ pub(crate) async fn read_limited(
             frame.map_err(|_| ApiError::bad_request("the request body could not be read"))?;
         if let Ok(data) = frame.into_data() {
             if collected.len() + data.len() > limit {
+                drain(body, (collected.len() + data.len()) as u64).await;
                 return Err(too_large(limit));
             }
             collected.extend_from_slice(&data);
