@@ -184,7 +184,7 @@ pub(crate) fn execute_with_key(
             within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
             (200, body)
         }
-        Ok(Ran::NeedsWriter) => {
+        Ok(Ran::NeedsWriter | Ran::Streamed) => {
             rollback(conn);
             return Err(ApiError::internal());
         }

@@ -16,6 +16,7 @@ mod errors;
 mod exec;
 mod idempotency;
 mod sandbox;
+mod stream;
 mod worker;
 
 use std::sync::Arc;
@@ -33,6 +34,7 @@ use exec::{Access, Ran};
 use worker::Pool;
 
 pub(crate) use sandbox::check_text;
+pub(crate) use stream::ChunkReceiver;
 
 /// What a statement produced: a status and JSON body, fresh or replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -50,6 +52,16 @@ impl Outcome {
             replayed: false,
         }
     }
+}
+
+/// A statement's answer: whole (an error, a small result, a replayed outcome), or a success
+/// body that streams while the engine steps the statement.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The whole outcome.
+    Whole(Outcome),
+    /// A `200` whose body is still being written; dropping it stops the statement.
+    Stream(ChunkReceiver),
 }
 
 /// How often `close` interrupts statements that keep engine threads from exiting.
@@ -70,6 +82,12 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.cancel();
     }
+}
+
+/// What one pool made of a streamed request.
+enum Streamed {
+    Reply(Reply),
+    NeedsWriter,
 }
 
 impl Engine {
@@ -131,7 +149,9 @@ impl Engine {
     }
 
     /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
-    /// write, else on the writer.
+    /// write, else on the writer; the whole body is built before it is returned (within
+    /// `--max-result-bytes`). The HTTP handler streams instead ([`Engine::execute_streamed`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
         let request = Arc::new(request);
         if let Some(readers) = &self.readers {
@@ -150,7 +170,53 @@ impl Engine {
         .await?;
         match ran {
             Ran::Body(body) => Ok(Outcome::fresh(body)),
-            Ran::NeedsWriter => Err(ApiError::internal()),
+            Ran::NeedsWriter | Ran::Streamed => Err(ApiError::internal()),
+        }
+    }
+
+    /// Runs one request without an Idempotency-Key as [`Engine::execute`] does, but streams a
+    /// success body larger than one chunk while the statement runs (see `stream`): the job keeps
+    /// its connection until the body is done or dropped.
+    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        let request = Arc::new(request);
+        if let Some(readers) = &self.readers {
+            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly).await? {
+                Streamed::Reply(reply) => return Ok(reply),
+                Streamed::NeedsWriter => {}
+            }
+        }
+        match Self::run_streamed(&self.writer, request, Access::ReadWrite).await? {
+            Streamed::Reply(reply) => Ok(reply),
+            Streamed::NeedsWriter => Err(ApiError::internal()),
+        }
+    }
+
+    async fn run_streamed(
+        pool: &Pool,
+        request: Arc<SqlRequest>,
+        access: Access,
+    ) -> Result<Streamed, ApiError> {
+        let control = Arc::new(JobControl::default());
+        let cancel = CancelOnDrop(Arc::clone(&control));
+        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
+        let result = pool.start_job(&control, move |conn| {
+            stream::execute(conn, &request, access, sender)
+        })?;
+        match receiver.start().await {
+            stream::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Streamed::Reply(Reply::Stream(receiver)))
+            }
+            stream::Start::Nothing => {
+                let ran = result.await;
+                std::mem::forget(cancel);
+                match ran? {
+                    Ran::Body(body) => Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body)))),
+                    Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
+                    Ran::Streamed => Err(ApiError::internal()),
+                }
+            }
         }
     }
 

@@ -8,6 +8,7 @@
 pub(crate) mod auth;
 mod body;
 mod browser;
+mod compression;
 pub(crate) mod hyper_errors;
 mod middleware;
 
@@ -20,7 +21,7 @@ use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::api_error::{ApiError, ErrorCode, json_response};
-use crate::engine::{Outcome, check_text};
+use crate::engine::{Outcome, Reply, check_text};
 use crate::request::SqlRequest;
 use crate::state::AppState;
 
@@ -69,6 +70,7 @@ pub fn app(state: AppState) -> Router {
         .route("/readyz", get(readyz).fallback(probe_method_not_allowed))
         .fallback(not_found)
         .with_state(state)
+        .layer(compression::layer())
         .layer(browser::cors(&origins))
         .layer(axum::middleware::from_fn_with_state(
             browser::Origins::new(origins),
@@ -109,12 +111,13 @@ async fn probe_method_not_allowed() -> ApiError {
 
 async fn sql(State(state): State<AppState>, request: Request) -> Response {
     match run_sql(&state, request).await {
-        Ok(outcome) => outcome_response(outcome),
+        Ok(Reply::Whole(outcome)) => outcome_response(outcome),
+        Ok(Reply::Stream(body)) => streamed_response(body),
         Err(err) => err.into_response(),
     }
 }
 
-async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
+async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     shared.tokens.authorize(&parts.headers)?;
@@ -140,7 +143,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
     tracing::debug!(sql = %request.sql, "statement");
 
     let Some((ttl, key)) = key else {
-        return shared.engine.execute(request).await;
+        return shared.engine.execute_streamed(request).await;
     };
     let guard = shared.claim(&key).ok_or_else(|| {
         ApiError::new(
@@ -153,6 +156,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
         .engine
         .execute_with_key(ttl, key, request_hash, request, guard)
         .await
+        .map(Reply::Whole)
 }
 
 /// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
@@ -193,6 +197,18 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
     // Visible ASCII is valid UTF-8.
     Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// A `200` whose JSON body streams from the engine (chunked); see ADR 0016.
+fn streamed_response(body: crate::engine::ChunkReceiver) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )
+        .body(axum::body::Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal().into_response())
 }
 
 fn outcome_response(outcome: Outcome) -> Response {

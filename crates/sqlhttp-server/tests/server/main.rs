@@ -7,4 +7,5 @@ mod common;
 mod conformance;
 mod hardening;
 mod idempotency;
+mod streaming;
 mod tcp;
