@@ -19,7 +19,7 @@ use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Delivered, Exchange, HttpExchange, Transport};
+use crate::transport::{Call, Delivered, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's one endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -135,8 +135,10 @@ impl Client {
         self.inner.insert_limits
     }
 
-    /// Sends one statement with the call's settings; a setting that cannot work fails before anything
-    /// is sent.
+    /// Sends one statement with the call's settings, handing the response body to `receiver` until it
+    /// is served; a setting that cannot work fails before anything is sent. (The arguments are the
+    /// transport's `Call`, spelled out for the request builders.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send(
         &self,
         class: OpClass,
@@ -145,18 +147,22 @@ impl Client {
         options: &CallOptions,
         idempotency_key: Option<HeaderValue>,
         started: Option<tokio::time::Instant>,
+        receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
         options.validate()?;
         self.inner
             .transport
-            .send(Call {
-                class,
-                body,
-                sql,
-                options,
-                idempotency_key,
-                started,
-            })
+            .send(
+                Call {
+                    class,
+                    body,
+                    sql,
+                    options,
+                    idempotency_key,
+                    started,
+                },
+                receiver,
+            )
             .await
     }
 }

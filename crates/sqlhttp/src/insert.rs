@@ -15,6 +15,9 @@ use http::HeaderValue;
 use serde::Serialize;
 
 use crate::client::Client;
+use serde::de::IgnoredAny;
+
+use crate::cursor::Collect;
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
@@ -163,6 +166,7 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
             for (index, chunk) in chunks.into_iter().enumerate() {
                 let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
                     .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
+                let mut effect = Collect::<IgnoredAny>::new();
                 let sent = self
                     .client
                     .send(
@@ -172,9 +176,12 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                         &self.options,
                         Some(key),
                         Some(started),
+                        &mut effect,
                     )
                     .await
-                    .and_then(|delivered| delivered.decode(decode::exec_result));
+                    .and_then(|delivered| {
+                        decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
+                    });
                 let err = match sent {
                     Ok(effect) => {
                         inserted += effect.rows_affected;

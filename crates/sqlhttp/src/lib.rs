@@ -27,7 +27,9 @@
 //! ```
 
 mod client;
+mod cursor;
 pub mod decode;
+mod envelope;
 mod error;
 mod insert;
 mod options;
@@ -40,6 +42,7 @@ mod table;
 mod transport;
 
 pub use client::{Client, ClientBuilder};
+pub use cursor::RowStream;
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::Insert;
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type).

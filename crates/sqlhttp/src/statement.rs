@@ -13,13 +13,16 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use serde::de::IgnoredAny;
+
 use crate::client::Client;
+use crate::cursor::{Collect, First, RowStream};
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table, Value};
-use crate::transport::Delivered;
+use crate::transport::{Delivered, Receive};
 
 /// The request body of protocol v1.
 #[derive(Serialize)]
@@ -96,13 +99,15 @@ impl Statement {
         }
     }
 
-    /// Sends the statement as an operation of `class`; a parameter that could not be bound or a
-    /// setting that cannot work fails here, before anything is sent.
+    /// Sends the statement as an operation of `class`, handing the body to `receiver` while the call
+    /// may be retried; a parameter that could not be bound or a setting that cannot work fails here,
+    /// before anything is sent.
     async fn send(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
+        receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
         if let Some(kind) = self.invalid {
             return Err(Error::new(kind));
@@ -113,32 +118,61 @@ impl Statement {
         }
         .encode();
         client
-            .send(class, body, &self.sql, options, None, None)
+            .send(class, body, &self.sql, options, None, None, receiver)
             .await
     }
 
-    /// Sends the statement and decodes every row into a `T`.
-    async fn fetch_all<T: DeserializeOwned>(
+    /// Sends the statement and decodes every row into a `T`; a failure anywhere in the body is
+    /// retried as the class allows (the caller has seen nothing yet).
+    async fn fetch_all<T: DeserializeOwned + Send>(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
-    ) -> Result<(Vec<T>, Delivered)> {
-        let delivered = self.send(client, class, options).await?;
-        let rows = delivered.decode(decode::rows)?;
-        Ok((rows, delivered))
+    ) -> Result<Vec<T>> {
+        let mut all = Collect::new();
+        self.send(client, class, options, &mut all).await?;
+        Ok(all.rows)
     }
 
-    async fn fetch_one<T: DeserializeOwned>(
+    /// Sends the statement and returns its rows as a stream, once the first has arrived.
+    async fn fetch<T: DeserializeOwned + Send>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<RowStream<T>> {
+        let mut first = First::new();
+        let delivered = self.send(client, class, options, &mut first).await?;
+        Ok(RowStream::new(first, delivered))
+    }
+
+    /// The first row, reading no more of the result than it must.
+    async fn fetch_optional<T: DeserializeOwned + Send>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<(Option<T>, RowStream<T>)> {
+        let mut rows = self.fetch(client, class, options).await?;
+        let first = rows.try_next().await?;
+        Ok((first, rows))
+    }
+
+    async fn fetch_one<T: DeserializeOwned + Send>(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<T> {
-        let (rows, delivered) = self.fetch_all(client, class, options).await?;
-        rows.into_iter()
-            .next()
-            .ok_or_else(|| delivered.attach(Error::new(ErrorKind::RowNotFound)))
+        let (first, rows) = self.fetch_optional(client, class, options).await?;
+        match first {
+            Some(row) => {
+                rows.close().await;
+                Ok(row)
+            }
+            None => Err(rows.attach(Error::new(ErrorKind::RowNotFound))),
+        }
     }
 }
 
@@ -190,7 +224,8 @@ macro_rules! bind_params {
 }
 
 /// A read returning typed rows, made by [`Client::query`]. Finish it with [`fetch_all`](Self::fetch_all),
-/// [`fetch_one`](Self::fetch_one) or [`fetch_optional`](Self::fetch_optional).
+/// [`fetch_one`](Self::fetch_one), [`fetch_optional`](Self::fetch_optional) or
+/// [`fetch`](Self::fetch) (a stream, for results of any size).
 ///
 /// Retried on transient failures. Per-call settings override the client's for this call only.
 ///
@@ -238,32 +273,50 @@ impl Query {
     ///
     /// Any failure of the call (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and column when a
     /// cell is not what `T` expects.
-    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let (rows, _) = self
-            .statement
+    pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
+        self.statement
             .fetch_all(&self.client, OpClass::Read, &self.options)
-            .await?;
-        Ok(rows)
+            .await
     }
 
-    /// The first row.
+    /// The rows as a [`RowStream`], decoded one at a time as they arrive, in constant memory
+    /// whatever the result's size. Retried as a read until the first row has arrived; never after
+    /// (see [`RowStream`]).
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the call before the first row (see [`ErrorKind`]); later failures come from the
+    /// stream.
+    pub async fn fetch<T: DeserializeOwned + Send>(self) -> Result<RowStream<T>> {
+        self.statement
+            .fetch(&self.client, OpClass::Read, &self.options)
+            .await
+    }
+
+    /// The first row. Reads no further into the result: the rest is never sent in full, and the
+    /// server stops the statement.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::RowNotFound`] when the query returned no rows; otherwise as [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
+    pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
             .fetch_one(&self.client, OpClass::Read, &self.options)
             .await
     }
 
-    /// The first row, or `None` when there is none.
+    /// The first row, or `None` when there is none. Reads no further into the result.
     ///
     /// # Errors
     ///
     /// As [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
-        Ok(self.fetch_all().await?.into_iter().next())
+    pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
+        let (first, rows) = self
+            .statement
+            .fetch_optional(&self.client, OpClass::Read, &self.options)
+            .await?;
+        rows.close().await;
+        Ok(first)
     }
 }
 
@@ -317,11 +370,13 @@ impl IntoFuture for TableQuery {
 
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
-            let delivered = self
-                .statement
-                .send(&self.client, OpClass::Read, &self.options)
+            let mut all = Collect::<Vec<Value>>::new();
+            self.statement
+                .send(&self.client, OpClass::Read, &self.options, &mut all)
                 .await?;
-            delivered.decode(decode::table)
+            let columns = all.decoder.columns().unwrap_or_default().to_vec();
+            let rows_affected = all.decoder.effect().rows_affected.unwrap_or(0);
+            Ok(Table::new(columns, all.rows, rows_affected))
         })
     }
 }
@@ -394,12 +449,10 @@ impl Execute {
     ///
     /// Any failure of the one attempt (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and
     /// column when a cell is not what `T` expects (the statement has run: its effects stay).
-    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let (rows, _) = self
-            .statement
+    pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
+        self.statement
             .fetch_all(&self.client, OpClass::Execute, &self.options)
-            .await?;
-        Ok(rows)
+            .await
     }
 
     /// Runs the statement once and decodes the first returned row.
@@ -408,7 +461,7 @@ impl Execute {
     ///
     /// [`ErrorKind::RowNotFound`] when the statement returned no rows (it has run all the same);
     /// otherwise as [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
+    pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
             .fetch_one(&self.client, OpClass::Execute, &self.options)
             .await
@@ -419,8 +472,13 @@ impl Execute {
     /// # Errors
     ///
     /// As [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
-        Ok(self.fetch_all().await?.into_iter().next())
+    pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
+        let (first, rows) = self
+            .statement
+            .fetch_optional(&self.client, OpClass::Execute, &self.options)
+            .await?;
+        rows.close().await;
+        Ok(first)
     }
 }
 
@@ -430,11 +488,12 @@ impl IntoFuture for Execute {
 
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
+            let mut effect = Collect::<IgnoredAny>::new();
             let delivered = self
                 .statement
-                .send(&self.client, OpClass::Execute, &self.options)
+                .send(&self.client, OpClass::Execute, &self.options, &mut effect)
                 .await?;
-            delivered.decode(decode::exec_result)
+            decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
         })
     }
 }

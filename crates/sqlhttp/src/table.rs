@@ -69,6 +69,14 @@ pub struct Table {
 }
 
 impl Table {
+    pub(crate) fn new(columns: Vec<Column>, rows: Vec<Vec<Value>>, rows_affected: u64) -> Self {
+        Self {
+            columns,
+            rows,
+            rows_affected,
+        }
+    }
+
     /// The result's columns, in order.
     pub fn columns(&self) -> &[Column] {
         &self.columns

@@ -53,7 +53,7 @@ impl Exchange for Scripted {
         let step = self.steps.lock().unwrap().pop_front().unwrap_or(Step::Ok);
         Box::pin(async move {
             match step {
-                Step::Ok => Ok(Bytes::from_static(b"ok")),
+                Step::Ok => Ok(Bytes::from_static(b"ok").into()),
                 Step::Fail(kind) => Err(kind.into()),
                 Step::NotSent(kind) => Err(Failure {
                     kind,
@@ -62,7 +62,7 @@ impl Exchange for Scripted {
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
-                    Ok(Bytes::from_static(b"ok"))
+                    Ok(Bytes::from_static(b"ok").into())
                 }
                 Step::Hang => std::future::pending().await,
                 Step::TimesOut(after) => {
@@ -74,6 +74,26 @@ impl Exchange for Scripted {
                 }
             }
         })
+    }
+}
+
+/// Takes the whole body.
+#[derive(Default)]
+struct Whole(Vec<u8>);
+
+impl Receive for Whole {
+    fn reset(&mut self) {
+        self.0.clear();
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        match piece {
+            Some(piece) => {
+                self.0.extend_from_slice(piece);
+                Ok(false)
+            }
+            None => Ok(true),
+        }
     }
 }
 
@@ -116,9 +136,13 @@ impl Harness {
     }
 
     async fn send_with(&self, class: OpClass, cancel: Option<&CancellationToken>) -> Result<Bytes> {
-        self.deliver(class, cancel)
+        let options = CallOptions {
+            cancel: cancel.cloned(),
+            ..CallOptions::default()
+        };
+        self.deliver_bytes(class, &options, None)
             .await
-            .map(|delivered| delivered.body)
+            .map(|(_, bytes)| bytes)
     }
 
     async fn deliver(
@@ -139,23 +163,41 @@ impl Harness {
         options: &CallOptions,
         key: Option<&'static str>,
     ) -> Result<Delivered> {
-        self.transport
-            .send(Call {
-                class,
-                body: Bytes::from_static(b"{}"),
-                sql: "SELECT 1",
-                options,
-                idempotency_key: key.map(HeaderValue::from_static),
-                started: None,
-            })
+        self.deliver_bytes(class, options, key)
             .await
+            .map(|(delivered, _)| delivered)
+    }
+
+    /// Sends, taking the whole body as the receiver.
+    async fn deliver_bytes(
+        &self,
+        class: OpClass,
+        options: &CallOptions,
+        key: Option<&'static str>,
+    ) -> Result<(Delivered, Bytes)> {
+        let mut whole = Whole::default();
+        let delivered = self
+            .transport
+            .send(
+                Call {
+                    class,
+                    body: Bytes::from_static(b"{}"),
+                    sql: "SELECT 1",
+                    options,
+                    idempotency_key: key.map(HeaderValue::from_static),
+                    started: None,
+                },
+                &mut whole,
+            )
+            .await?;
+        Ok((delivered, Bytes::from(whole.0)))
     }
 
     /// Sends with per-call settings, as a request builder does.
     async fn send_options(&self, class: OpClass, options: CallOptions) -> Result<Bytes> {
-        self.deliver_with(class, &options, None)
+        self.deliver_bytes(class, &options, None)
             .await
-            .map(|delivered| delivered.body)
+            .map(|(_, bytes)| bytes)
     }
 
     fn keys(&self) -> Vec<Option<String>> {

@@ -263,7 +263,8 @@ impl StreamSink<'_> {
 impl Sink for StreamSink<'_> {
     fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
         // The clock is read every 64 rows: cheap, and often enough for a slow statement.
-        if out.len() >= CHUNK_BYTES || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
+        if out.len() >= CHUNK_BYTES
+            || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
         {
             self.flush(out)?;
         }
