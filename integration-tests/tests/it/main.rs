@@ -18,5 +18,6 @@ mod faults;
 mod harness;
 mod methods;
 mod restart;
+mod streams;
 mod timing;
 mod writes;
