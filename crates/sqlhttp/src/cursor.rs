@@ -24,7 +24,7 @@ use crate::transport::{Body, Delivered, Failure, Receive, cancelled, with_timeou
 
 /// Takes every row: served at the body's end.
 pub(crate) struct Collect<T> {
-    pub(crate) decoder: Decoder<T>,
+    pub(crate) decoder: Decoder<'static, T>,
     pub(crate) rows: Vec<T>,
 }
 
@@ -60,7 +60,7 @@ impl<T: DeserializeOwned + Send> Receive for Collect<T> {
 
 /// Takes the first row (or the end of a result without rows): served as soon as it is decoded.
 pub(crate) struct First<T> {
-    decoder: Decoder<T>,
+    decoder: Decoder<'static, T>,
     first: Option<T>,
     ended: bool,
 }
@@ -135,7 +135,7 @@ type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failu
 /// ```
 #[must_use = "a stream does nothing unless it is read"]
 pub struct RowStream<T> {
-    decoder: Decoder<T>,
+    decoder: Decoder<'static, T>,
     first: Option<T>,
     body: Option<Body>,
     reading: Option<ReadFuture>,

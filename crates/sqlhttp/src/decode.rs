@@ -47,9 +47,7 @@ pub(crate) struct Position {
 /// body is not a protocol v1 response; the server's error when a streamed body ends with one (see
 /// the protocol's streamed results).
 pub fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
-    let mut decoder = Decoder::<T>::new();
-    decoder.push(body);
-    decoder.finish();
+    let mut decoder = Decoder::<T>::whole(body);
     let mut rows = Vec::new();
     loop {
         match decoder.next()? {
@@ -67,9 +65,7 @@ pub fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
 /// [`ErrorKind::Decode`] when the body is not a protocol v1 response; the server's error when a
 /// streamed body ends with one.
 pub fn table(body: &[u8]) -> Result<Table, Error> {
-    let mut decoder = Decoder::<Vec<Value>>::new();
-    decoder.push(body);
-    decoder.finish();
+    let mut decoder = Decoder::<Vec<Value>>::whole(body);
     let mut rows = Vec::new();
     loop {
         match decoder.next()? {
@@ -93,9 +89,7 @@ pub fn table(body: &[u8]) -> Result<Table, Error> {
 /// [`ErrorKind::Decode`] when the body is not a protocol v1 response; the server's error when a
 /// streamed body ends with one.
 pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
-    let mut decoder = Decoder::<IgnoredAny>::new();
-    decoder.push(body);
-    decoder.finish();
+    let mut decoder = Decoder::<IgnoredAny>::whole(body);
     loop {
         match decoder.next()? {
             Step::Row(_) => {}
@@ -106,7 +100,7 @@ pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
 }
 
 /// The effect a decoder read, which a protocol v1 success body must state.
-pub(crate) fn effect_of<T>(decoder: &Decoder<T>) -> Result<ExecResult, Error> {
+pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>) -> Result<ExecResult, Error> {
     let effect = decoder.effect();
     // Required: a `{}` from something that is not a protocol v1 server must not read as success.
     let rows_affected = effect.rows_affected.ok_or_else(|| {

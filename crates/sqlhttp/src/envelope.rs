@@ -7,6 +7,7 @@
 //! size. It knows the envelope's grammar and nothing of HTTP, retries or the caller's types beyond
 //! `DeserializeOwned`; every body, streamed or whole, is decoded here, so there is one decoder.
 
+use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 
@@ -62,8 +63,9 @@ pub(crate) struct Effect {
 }
 
 /// Reads one success body, piece by piece, into `T`s.
-pub(crate) struct Decoder<T> {
-    buf: Vec<u8>,
+pub(crate) struct Decoder<'a, T> {
+    /// Borrowed when the whole body was given at once; owned (and refilled) when it arrives in pieces.
+    buf: Cow<'a, [u8]>,
     pos: usize,
     /// No more input will come.
     eof: bool,
@@ -81,7 +83,7 @@ pub(crate) struct Decoder<T> {
     marker: PhantomData<fn() -> T>,
 }
 
-impl<T> std::fmt::Debug for Decoder<T> {
+impl<T> std::fmt::Debug for Decoder<'_, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decoder")
             .field("state", &self.state)
@@ -90,13 +92,13 @@ impl<T> std::fmt::Debug for Decoder<T> {
     }
 }
 
-impl<T: DeserializeOwned> Default for Decoder<T> {
+impl<T: DeserializeOwned> Default for Decoder<'_, T> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<T> Decoder<T> {
+impl<T> Decoder<'_, T> {
     /// The result's columns, once read.
     pub(crate) fn columns(&self) -> Option<&[Column]> {
         self.columns.as_deref()
@@ -119,10 +121,10 @@ enum Parse<V> {
     NeedMore,
 }
 
-impl<T: DeserializeOwned> Decoder<T> {
+impl<'a, T: DeserializeOwned> Decoder<'a, T> {
     pub(crate) fn new() -> Self {
         Self {
-            buf: Vec::new(),
+            buf: Cow::Owned(Vec::new()),
             pos: 0,
             eof: false,
             state: State::Start,
@@ -138,6 +140,15 @@ impl<T: DeserializeOwned> Decoder<T> {
         }
     }
 
+    /// A decoder over a whole body, read in place.
+    pub(crate) fn whole(body: &'a [u8]) -> Self {
+        Self {
+            buf: Cow::Borrowed(body),
+            eof: true,
+            ..Self::new()
+        }
+    }
+
     /// Forgets everything read, for another attempt.
     pub(crate) fn reset(&mut self) {
         *self = Self::new();
@@ -145,12 +156,13 @@ impl<T: DeserializeOwned> Decoder<T> {
 
     /// Appends the next piece of the body.
     pub(crate) fn push(&mut self, piece: &[u8]) {
+        let buf = self.buf.to_mut();
         if self.pos > 0 {
             // What is left is at most one partial row.
-            self.buf.drain(..self.pos);
+            buf.drain(..self.pos);
             self.pos = 0;
         }
-        self.buf.extend_from_slice(piece);
+        buf.extend_from_slice(piece);
     }
 
     /// Says the body has ended.
