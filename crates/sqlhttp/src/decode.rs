@@ -26,9 +26,11 @@ use serde::de::{
     Visitor,
 };
 
+use crate::blob::CellSeed;
 use crate::envelope::{Decoder, Step};
 use crate::error::{Error, ErrorKind};
-use crate::table::{Column, ExecResult, Table, Value};
+use crate::table::{Column, ExecResult, Table};
+use crate::value::Value;
 
 /// Where the decoder is, for error messages.
 #[derive(Default)]
@@ -280,7 +282,7 @@ impl<'de, A: SeqAccess<'de>> RowDeserializer<'_, A> {
         }
         self.position.column.set(Some(0));
         self.seq
-            .next_element_seed(seed)?
+            .next_element_seed(CellSeed(seed))?
             .ok_or_else(|| de::Error::invalid_length(0, &"a row with one cell"))
     }
 
@@ -424,7 +426,7 @@ impl<'de, A: SeqAccess<'de>> MapAccess<'de> for ColumnsByName<'_, A> {
         let index = self.next;
         self.next += 1;
         self.position.column.set(Some(index));
-        self.seq.next_element_seed(seed)?.ok_or_else(|| {
+        self.seq.next_element_seed(CellSeed(seed))?.ok_or_else(|| {
             de::Error::custom(format_args!(
                 "the row has {index} cells but the result has {} columns",
                 self.columns.len()
@@ -453,7 +455,7 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for CellsInOrder<'_, A> {
     ) -> Result<Option<S::Value>, A::Error> {
         self.position.column.set(Some(self.next));
         self.next += 1;
-        self.seq.next_element_seed(seed)
+        self.seq.next_element_seed(CellSeed(seed))
     }
 }
 
@@ -543,6 +545,26 @@ mod tests {
     fn a_scalar_target_on_many_columns_is_an_error() {
         let err = rows::<i64>(BODY.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("one column"), "{err}");
+    }
+
+    #[test]
+    fn blob_cells_decode_into_bytes_blobs_and_byte_buffers() {
+        let body = br#"{"columns":[{"name":"b","type":"BLOB"},{"name":"n","type":"BLOB"}],"rows":[[{"base64":"AP8Q"},null],[{"base64":""},{"base64":"AQ=="}]]}"#;
+        let rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = rows(body).unwrap();
+        assert_eq!(rows[0], (vec![0, 255, 16], None));
+        assert_eq!(rows[1], (vec![], Some(vec![1])));
+        let blobs: Vec<(crate::Blob, Option<crate::Blob>)> = super::rows(body).unwrap();
+        assert_eq!(blobs[0].0.0, [0, 255, 16]);
+        #[derive(Debug, Deserialize)]
+        struct File {
+            b: bytes::Bytes,
+            n: Option<crate::Blob>,
+        }
+        let files: Vec<File> = super::rows(body).unwrap();
+        assert_eq!(&files[0].b[..], [0, 255, 16]);
+        assert_eq!(files[1].n.as_ref().unwrap().0, [1]);
+        let err = super::rows::<(i64, i64)>(body).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Decode { column: Some(c), .. } if c == "b"));
     }
 
     #[test]

@@ -23,7 +23,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
-use crate::table::Value;
+use serde_json::Value;
 
 /// How large one generated statement may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -324,7 +324,7 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
 }
 
 fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
-    match serde_json::to_value(row) {
+    match crate::blob::to_param(row) {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(invalid(
             None,

@@ -26,6 +26,7 @@
 //! # }
 //! ```
 
+mod blob;
 mod client;
 mod cursor;
 pub mod decode;
@@ -40,7 +41,9 @@ pub mod simulation;
 mod statement;
 mod table;
 mod transport;
+mod value;
 
+pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
@@ -53,8 +56,9 @@ pub use reqwest::Proxy;
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
-pub use table::{Column, ExecResult, Row, Table, Value};
+pub use table::{Column, ExecResult, Row, Table};
 pub use tokio_util::sync::CancellationToken;
+pub use value::Value;
 
 /// The README's examples compile (`cargo test --doc`).
 #[cfg(doctest)]

@@ -21,8 +21,10 @@ use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
-use crate::table::{ExecResult, Table, Value};
+use crate::table::{ExecResult, Table};
 use crate::transport::{Delivered, Receive};
+use crate::value::Value as Cell;
+use serde_json::Value;
 
 /// The request body of protocol v1.
 #[derive(Serialize)]
@@ -40,10 +42,12 @@ impl RequestBody<'_> {
     }
 }
 
-/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a float, or a string.
+/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a float, a string,
+/// or a blob (`{"base64": ...}`, made from bytes by `blob::to_param`).
 pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
+        Value::Object(map) if crate::blob::is_blob(map) => Ok(()),
         Value::Number(n) if n.is_i64() || n.is_f64() => Ok(()),
         Value::Number(_) => {
             Err("an integer above i64::MAX does not fit in a signed 64-bit integer".to_owned())
@@ -85,7 +89,7 @@ impl Statement {
             return;
         }
         let index = self.params.len();
-        let checked = serde_json::to_value(value)
+        let checked = crate::blob::to_param(value)
             .map_err(|err| err.to_string())
             .and_then(|value| check_scalar(&value).map(|()| value));
         match checked {
@@ -370,7 +374,7 @@ impl IntoFuture for TableQuery {
 
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
-            let mut all = Collect::<Vec<Value>>::new();
+            let mut all = Collect::<Vec<Cell>>::new();
             self.statement
                 .send(&self.client, OpClass::Read, &self.options, &mut all)
                 .await?;

@@ -10,9 +10,7 @@ use serde::de::DeserializeOwned;
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// A dynamically typed cell: `null`, a bool, a number (integers keep 64-bit precision), a string, or a
-/// BLOB as an array of bytes.
-pub use serde_json::Value;
+use crate::value::Value;
 
 /// A result column: its name and the engine's declared type.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -61,7 +59,7 @@ pub struct ExecResult {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq)]
 pub struct Table {
     columns: Vec<Column>,
     rows: Vec<Vec<Value>>,

@@ -12,6 +12,7 @@
 //! shortened to milliseconds; the only real waits are the ones a test is about (a one-second
 //! `Retry-After`, a few hundred milliseconds of timeout).
 
+mod blobs;
 mod connector;
 mod errors;
 mod faults;
