@@ -383,9 +383,10 @@ impl ClientBuilder {
 
     // Timeout options
 
-    /// The budget of **one attempt**, from sending the request to the last byte of the response; each
-    /// attempt gets all of it. `None` lets an attempt run as long as the server takes (bounded only by
-    /// [`RetryPolicy::max_elapsed`] when set). Default: 30 s.
+    /// The longest **one attempt** waits for the response head, and then for each further piece of
+    /// the body (a stall), so a long download that keeps arriving is never cut. Each attempt gets all
+    /// of it. `None` lets an attempt wait as long as the server takes (bounded only by
+    /// [`RetryPolicy::max_elapsed`] while the call may still be retried). Default: 30 s.
     pub fn timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.timeout = timeout.into();
         self

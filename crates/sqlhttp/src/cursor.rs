@@ -48,12 +48,10 @@ impl<T: DeserializeOwned + Send> Receive for Collect<T> {
             Some(piece) => self.decoder.push(piece),
             None => self.decoder.finish(),
         }
-        loop {
-            match self.decoder.next()? {
-                Step::Row(row) => self.rows.push(row),
-                Step::NeedMore => return Ok(false),
-                Step::End => return Ok(true),
-            }
+        match self.decoder.drain_into(&mut self.rows)? {
+            Step::NeedMore => Ok(false),
+            Step::End => Ok(true),
+            Step::Row(()) => unreachable!("drain_into gives rows to the vector"),
         }
     }
 }

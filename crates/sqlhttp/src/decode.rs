@@ -51,12 +51,9 @@ pub(crate) struct Position {
 pub fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
     let mut decoder = Decoder::<T>::whole(body);
     let mut rows = Vec::new();
-    loop {
-        match decoder.next()? {
-            Step::Row(row) => rows.push(row),
-            Step::End => return Ok(rows),
-            Step::NeedMore => unreachable!("the whole body was given"),
-        }
+    match decoder.drain_into(&mut rows)? {
+        Step::End => Ok(rows),
+        Step::Row(()) | Step::NeedMore => unreachable!("the whole body was given"),
     }
 }
 

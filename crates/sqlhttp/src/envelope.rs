@@ -30,6 +30,23 @@ pub(crate) enum Step<T> {
     End,
 }
 
+/// What [`Decoder::advance`] stopped at.
+enum Advance {
+    Row,
+    NeedMore,
+    End,
+}
+
+/// What reading at a row's place did.
+enum RowStep {
+    /// A row went to the sink.
+    Row,
+    /// The bytes end inside the row.
+    NeedMore,
+    /// The rows ended; the state moved on.
+    Moved,
+}
+
 /// Where the decoder is in the envelope.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum State {
@@ -177,24 +194,60 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
     /// [`ErrorKind::Decode`] naming the row and column when a row does not decode into `T` or the
     /// body is not a protocol v1 result; the server's own error when the body ends with one.
     pub(crate) fn next(&mut self) -> Result<Step<T>, Error> {
+        let mut row = None;
+        match self.advance(&mut |decoded| row = Some(decoded), true)? {
+            Advance::Row => Ok(Step::Row(row.expect("a row was decoded"))),
+            Advance::NeedMore => Ok(Step::NeedMore),
+            Advance::End => Ok(Step::End),
+        }
+    }
+
+    /// Decodes every row the buffered bytes hold into `rows`, moving each once: the loop of the
+    /// buffered calls. Returns [`Step::NeedMore`] or [`Step::End`], never a row.
+    ///
+    /// # Errors
+    ///
+    /// As [`next`](Self::next).
+    pub(crate) fn drain_into(&mut self, rows: &mut Vec<T>) -> Result<Step<()>, Error> {
+        match self.advance(&mut |row| rows.push(row), false)? {
+            Advance::Row => unreachable!("advance stops at a row only when asked to"),
+            Advance::NeedMore => Ok(Step::NeedMore),
+            Advance::End => Ok(Step::End),
+        }
+    }
+
+    /// Hands decoded rows to `sink` until the bytes run out or the body ends, or after one row
+    /// when `one` is set.
+    fn advance(&mut self, sink: &mut dyn FnMut(T), one: bool) -> Result<Advance, Error> {
         loop {
             if let Some(row) = self.ready.pop_front() {
                 self.rows += 1;
-                return Ok(Step::Row(row));
+                sink(row);
+                if one {
+                    return Ok(Advance::Row);
+                }
+                continue;
             }
             match self.state {
-                State::Done => return self.end(),
-                State::Rows { first } => match self.row(first)? {
-                    Some(Step::Row(row)) => {
+                State::Done => {
+                    return self.end().map(|step| match step {
+                        Step::End => Advance::End,
+                        _ => Advance::NeedMore,
+                    });
+                }
+                State::Rows { first } => match self.row(first, sink)? {
+                    RowStep::Row => {
                         self.rows += 1;
-                        return Ok(Step::Row(row));
+                        if one {
+                            return Ok(Advance::Row);
+                        }
                     }
-                    Some(step) => return Ok(step),
-                    None => continue,
+                    RowStep::NeedMore => return Ok(Advance::NeedMore),
+                    RowStep::Moved => {}
                 },
                 _ => {
                     if !self.envelope()? {
-                        return self.need_more();
+                        return self.need_more().map(|_| Advance::NeedMore);
                     }
                 }
             }
@@ -375,15 +428,15 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
     }
 
     /// Reads the next row, the end of the rows, or nothing (`Ok(None)`: the state moved on).
-    fn row(&mut self, first: bool) -> Result<Option<Step<T>>, Error> {
+    fn row(&mut self, first: bool, sink: &mut dyn FnMut(T)) -> Result<RowStep, Error> {
         let Some((mut byte, mut at)) = self.peek_from(self.pos) else {
-            return self.need_more().map(Some);
+            return self.need_more().map(|_| RowStep::NeedMore);
         };
         if byte == b']' {
             self.pos = at + 1;
             self.position.in_rows.set(false);
             self.state = State::Key { first: false };
-            return Ok(None);
+            return Ok(RowStep::Moved);
         }
         if !first {
             if byte != b',' {
@@ -391,7 +444,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             }
             match self.peek_from(at + 1) {
                 Some(next) => (byte, at) = next,
-                None => return self.need_more().map(Some),
+                None => return self.need_more().map(|_| RowStep::NeedMore),
             }
         }
         if byte != b'[' {
@@ -408,12 +461,13 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
         match RowSeed::<T>::new(&self.position, columns).deserialize(&mut de) {
             Ok(row) => {
                 let used = de.into_iter::<IgnoredAny>().byte_offset();
+                sink(row);
                 self.pos = at + used;
                 self.state = State::Rows { first: false };
-                Ok(Some(Step::Row(row)))
+                Ok(RowStep::Row)
             }
             Err(err) if !self.eof && (err.is_eof() || !complete_value(slice)) => {
-                Ok(Some(Step::NeedMore))
+                Ok(RowStep::NeedMore)
             }
             Err(err) => Err(self.row_error(err)),
         }
