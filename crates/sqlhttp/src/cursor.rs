@@ -299,3 +299,71 @@ impl<T: DeserializeOwned> futures_core::Stream for RowStream<T> {
         self.get_mut().poll_row(cx)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    /// A stream whose first row was handed over: a later stall past `timeout` ends it with a
+    /// timeout error (no retry: the transport is done with it), and then it ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_after_the_first_row_ends_the_stream_with_a_timeout() {
+        let mut first = First::<i64>::new();
+        let head = br#"{"columns":[{"name":"n","type":""}],"rows":[[1],"#;
+        assert!(
+            first.take(Some(head)).unwrap(),
+            "the first row serves the call"
+        );
+        let delivered = Delivered {
+            body: Body::scripted([
+                (ms(900), Bytes::from_static(b"[2],")),
+                (ms(5_000), Bytes::from_static(b"[3]],\"rows_affected\":0}")),
+            ]),
+            attempts: 1,
+            history: Vec::new(),
+            stall: Some(ms(1_000)),
+            cancel: [None, None],
+        };
+        let mut rows = RowStream::new(first, delivered);
+        assert_eq!(rows.columns().unwrap()[0].name(), "n");
+        assert_eq!(rows.try_next().await.unwrap(), Some(1));
+        let started = tokio::time::Instant::now();
+        assert_eq!(rows.try_next().await.unwrap(), Some(2));
+        let err = rows.try_next().await.unwrap_err();
+        assert!(err.is_timeout(), "{err:?}");
+        assert_eq!(err.attempts(), 1);
+        assert_eq!(started.elapsed(), ms(1_900));
+        assert_eq!(rows.try_next().await.unwrap(), None);
+    }
+
+    /// A body that trickles in slowly but steadily streams to its end.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_steady_stream_is_not_cut() {
+        let mut first = First::<i64>::new();
+        assert!(
+            first
+                .take(Some(br#"{"columns":[{"name":"n","type":""}],"rows":[[0]"#))
+                .unwrap()
+        );
+        let pieces = (1..=20)
+            .map(|n| (ms(900), Bytes::from(format!(",[{n}]"))))
+            .chain([(ms(900), Bytes::from_static(b"],\"rows_affected\":0}"))]);
+        let delivered = Delivered {
+            body: Body::scripted(pieces),
+            attempts: 1,
+            history: Vec::new(),
+            stall: Some(ms(1_000)),
+            cancel: [None, None],
+        };
+        let mut rows = RowStream::new(first, delivered);
+        let mut got = Vec::new();
+        while let Some(n) = rows.try_next().await.unwrap() {
+            got.push(n);
+        }
+        assert_eq!(got, (0..=20).collect::<Vec<i64>>());
+    }
+}

@@ -72,6 +72,9 @@ enum BodyInner {
     Whole(Option<Bytes>),
     /// The body of an HTTP response, still arriving.
     Http(reqwest::Response),
+    /// Pieces that arrive each after its pause (tests of time on a paused clock).
+    #[cfg(test)]
+    Scripted(std::collections::VecDeque<(Duration, Bytes)>),
 }
 
 impl From<Bytes> for Body {
@@ -87,11 +90,25 @@ impl std::fmt::Debug for Body {
 }
 
 impl Body {
+    /// A body whose pieces arrive each after its pause.
+    #[cfg(test)]
+    pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {
+        Body(BodyInner::Scripted(pieces.into_iter().collect()))
+    }
+
     /// The next piece, or `None` at the body's clean end. A body cut short (the connection lost,
     /// a chunked body without its end) is a connection failure.
     pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, Failure> {
         match &mut self.0 {
             BodyInner::Whole(bytes) => Ok(bytes.take()),
+            #[cfg(test)]
+            BodyInner::Scripted(pieces) => match pieces.pop_front() {
+                Some((pause, piece)) => {
+                    tokio::time::sleep(pause).await;
+                    Ok(Some(piece))
+                }
+                None => Ok(None),
+            },
             BodyInner::Http(response) => response.chunk().await.map_err(|err| {
                 let err = err.without_url();
                 Failure {

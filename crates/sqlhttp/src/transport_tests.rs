@@ -25,6 +25,8 @@ enum Step {
     Hang,
     /// Fails after this long as the HTTP client's own timeout does (no duration).
     TimesOut(Duration),
+    /// Answers at once with a body whose pieces arrive each after its pause.
+    Trickle(Vec<Duration>),
 }
 
 /// What one attempt looked like from the server's side.
@@ -65,6 +67,11 @@ impl Exchange for Scripted {
                     Ok(Bytes::from_static(b"ok").into())
                 }
                 Step::Hang => std::future::pending().await,
+                Step::Trickle(pauses) => Ok(Body::scripted(
+                    pauses
+                        .into_iter()
+                        .map(|pause| (pause, Bytes::from_static(b"ok"))),
+                )),
                 Step::TimesOut(after) => {
                     tokio::time::sleep(after).await;
                     Err(ErrorKind::Timeout {
@@ -925,4 +932,39 @@ async fn a_connect_timeout_sent_nothing_and_says_how_long_it_took() {
     });
     let err = h.send(OpClass::Write).await.unwrap_err();
     assert!(err.is_timeout() && !err.is_sent() && !err.is_outcome_unknown());
+}
+
+/// `timeout` bounds each stall of the body, not the whole download: ten pieces 900 ms apart under a
+/// one-second timeout are nine seconds of healthy transfer.
+#[tokio::test(start_paused = true)]
+async fn a_long_body_that_keeps_arriving_is_not_cut() {
+    let h = Harness::with([Step::Trickle(vec![ms(900); 10])], |t| Transport {
+        timeout: Some(ms(1_000)),
+        ..t
+    });
+    let started = Instant::now();
+    let body = h.send(OpClass::Read).await.unwrap();
+    assert_eq!(body.len(), 20);
+    assert_eq!(started.elapsed(), ms(9_000));
+    assert_eq!(h.seen().len(), 1);
+}
+
+/// A body that stalls past `timeout` before the call is served is an attempt timeout: retried.
+#[tokio::test(start_paused = true)]
+async fn a_body_stalled_before_the_call_is_served_is_retried() {
+    let h = Harness::with([Step::Trickle(vec![ms(100), ms(1_500)]), Step::Ok], |t| {
+        Transport {
+            timeout: Some(ms(1_000)),
+            ..t
+        }
+    });
+    let started = Instant::now();
+    let body = h.send(OpClass::Read).await.unwrap();
+    assert_eq!(&body[..], b"ok");
+    // The first piece at 100 ms, then a stall cut at 1 100 ms; the retry after its backoff.
+    let times = h.times();
+    assert_eq!(times.len(), 2);
+    assert_eq!(times[0], ms(0));
+    assert!(times[1] >= ms(1_100), "{times:?}");
+    assert!(started.elapsed() >= ms(1_100));
 }
