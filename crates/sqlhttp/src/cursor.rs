@@ -124,7 +124,7 @@ type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failu
 /// struct Event { id: i64, kind: String }
 ///
 /// let mut events = client.query("SELECT id, kind FROM events ORDER BY id").fetch::<Event>().await?;
-/// println!("columns: {:?}", events.columns().map(|c| c.len()));
+/// println!("{} columns", events.columns().len());
 /// while let Some(event) = events.try_next().await? {
 ///     println!("{} {}", event.id, event.kind);
 /// }
@@ -185,8 +185,8 @@ impl<T: DeserializeOwned> RowStream<T> {
 
     /// The result's columns, with their declared types: known once the stream exists (the
     /// protocol sends them before the rows).
-    pub fn columns(&self) -> Option<&[Column]> {
-        self.decoder.columns()
+    pub fn columns(&self) -> &[Column] {
+        self.decoder.columns().unwrap_or_default()
     }
 
     /// The next row, or `None` after the last one.
@@ -329,7 +329,7 @@ mod tests {
             cancel: [None, None],
         };
         let mut rows = RowStream::new(first, delivered);
-        assert_eq!(rows.columns().unwrap()[0].name(), "n");
+        assert_eq!(rows.columns()[0].name(), "n");
         assert_eq!(rows.try_next().await.unwrap(), Some(1));
         let started = tokio::time::Instant::now();
         assert_eq!(rows.try_next().await.unwrap(), Some(2));

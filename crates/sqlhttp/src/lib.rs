@@ -3,7 +3,12 @@
 //! * [`Client::query`] decodes rows straight from the response bytes into any `T: Deserialize`;
 //!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
 //!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk.
-//! * Parameters are always bound (`.bind(value)`), never spliced into SQL.
+//! * [`Query::fetch`] streams rows of any number as they arrive ([`RowStream`]); every call decodes the
+//!   body incrementally, and a result the server ends with an error is never taken for a whole one.
+//! * Parameters are always bound (`.bind(value)`), never spliced into SQL; a BLOB is a [`Blob`] (or any
+//!   value serialized as bytes) and comes back as one.
+//! * Features: `rustls` (default) or `native-tls` for HTTPS; `gzip` and `zstd` ask for compressed
+//!   responses (off by default: they pay across a network, not on loopback).
 //! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a

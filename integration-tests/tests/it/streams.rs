@@ -68,7 +68,7 @@ async fn a_stream_yields_every_row_with_its_columns() {
         .fetch::<Counted>()
         .await
         .unwrap();
-    let names: Vec<&str> = rows.columns().unwrap().iter().map(|c| c.name()).collect();
+    let names: Vec<&str> = rows.columns().iter().map(|c| c.name()).collect();
     assert_eq!(names, ["n", "label"]);
     let (got, err) = drain(rows).await;
     assert!(err.is_none(), "{err:?}");
