@@ -60,9 +60,6 @@ pub(crate) enum Ran {
     Body(Vec<u8>),
     /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
     NeedsWriter,
-    /// The body was streamed through a chunk channel (see `stream`), to its end or to an error
-    /// written into it.
-    Streamed,
 }
 
 /// Marks the statements compiled while it lives as the client's (sandboxed).
@@ -344,7 +341,7 @@ mod tests {
         };
         match execute(conn, &request, Access::ReadWrite)? {
             Ran::Body(body) => Ok(serde_json::from_slice(&body).unwrap()),
-            Ran::NeedsWriter | Ran::Streamed => unreachable!("read-write access runs everything"),
+            Ran::NeedsWriter => unreachable!("read-write access runs everything"),
         }
     }
 

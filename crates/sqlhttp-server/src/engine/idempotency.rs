@@ -184,7 +184,7 @@ pub(crate) fn execute_with_key(
             within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
             (200, body)
         }
-        Ok(Ran::NeedsWriter | Ran::Streamed) => {
+        Ok(Ran::NeedsWriter) => {
             rollback(conn);
             return Err(ApiError::internal());
         }

@@ -170,7 +170,7 @@ impl Engine {
         .await?;
         match ran {
             Ran::Body(body) => Ok(Outcome::fresh(body)),
-            Ran::NeedsWriter | Ran::Streamed => Err(ApiError::internal()),
+            Ran::NeedsWriter => Err(ApiError::internal()),
         }
     }
 
@@ -212,9 +212,11 @@ impl Engine {
                 let ran = result.await;
                 std::mem::forget(cancel);
                 match ran? {
-                    Ran::Body(body) => Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body)))),
-                    Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
-                    Ran::Streamed => Err(ApiError::internal()),
+                    stream::Ran::Whole(body) => {
+                        Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body))))
+                    }
+                    stream::Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
+                    stream::Ran::Sent => Err(ApiError::internal()),
                 }
             }
         }

@@ -18,7 +18,7 @@ use bytes::Bytes;
 
 use crate::api_error::ApiError;
 use crate::engine::connection::Conn;
-use crate::engine::exec::{self, Access, Ran, Sink, Written};
+use crate::engine::exec::{self, Access, Sink, Written};
 use crate::request::SqlRequest;
 
 /// A chunk is handed to the HTTP body once the rows written reach this many bytes.
@@ -272,8 +272,19 @@ impl Sink for StreamSink<'_> {
     }
 }
 
+/// What running a statement through the stream gave.
+#[derive(Debug)]
+pub(crate) enum Ran {
+    /// The whole success body: it fit one chunk, and nothing was sent.
+    Whole(Vec<u8>),
+    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
+    NeedsWriter,
+    /// The body went through the channel, to its end or to an error written into it.
+    Sent,
+}
+
 /// Runs the request's statement, sending its success body through `sender` as rows are
-/// written. A body that fits one chunk is returned whole instead (`Ran::Body`: the caller answers
+/// written. A body that fits one chunk is returned whole instead (`Ran::Whole`: the caller answers
 /// it with a length, and an error before it is an ordinary error response). Once a chunk has
 /// been sent, a failure is written into the body as its `"error"` member and the body ends
 /// there; nothing that follows can make the client take it for a whole result.
@@ -294,10 +305,10 @@ pub(crate) fn execute(
     let started = sink.started;
     match written {
         Ok(Written::NeedsWriter) => Ok(Ran::NeedsWriter),
-        Ok(Written::Done) if !started => Ok(Ran::Body(out)),
+        Ok(Written::Done) if !started => Ok(Ran::Whole(out)),
         Ok(Written::Done) => {
             sender.finish(Bytes::from(out));
-            Ok(Ran::Streamed)
+            Ok(Ran::Sent)
         }
         Err(err) if !started => Err(err),
         Err(err) => {
@@ -314,7 +325,7 @@ pub(crate) fn execute(
             // `out` ends after a whole row: close the rows and say why the body ends here.
             exec::write_error_tail(&mut out, &err);
             sender.finish(Bytes::from(out));
-            Ok(Ran::Streamed)
+            Ok(Ran::Sent)
         }
     }
 }
