@@ -83,4 +83,7 @@ fn _assert_impls() {
     fn send<T: Send>() {}
     send::<ResponseFuture<'static, u64>>();
     send::<Insert<'static, u8>>();
+    send::<RowStream<u8>>();
+    fn stream<S: futures_core::Stream<Item = Result<u8>> + Unpin>() {}
+    stream::<RowStream<u8>>();
 }
