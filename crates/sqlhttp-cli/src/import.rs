@@ -9,6 +9,8 @@
 use std::fs::File;
 use std::io::{self, BufRead, BufReader, Read};
 use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use anyhow::{Context as _, anyhow, bail};
@@ -140,6 +142,20 @@ fn random_key() -> String {
     format!("sqlhttp-import-{nanos:x}-{}", std::process::id())
 }
 
+/// A reader that counts the bytes it has given, for the progress bar.
+struct Counting<R> {
+    inner: R,
+    read: Arc<AtomicU64>,
+}
+
+impl<R: Read> Read for Counting<R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.read.fetch_add(n as u64, Ordering::Relaxed);
+        Ok(n)
+    }
+}
+
 /// Rows read from the input, converted and ready to insert.
 trait RowSource {
     fn next_row(&mut self) -> anyhow::Result<Option<Map<String, Value>>>;
@@ -265,7 +281,6 @@ pub(crate) async fn run(
     format: Option<ImportFormat>,
     chunk_rows: u64,
     key: Option<String>,
-    progress: &Progress,
 ) -> anyhow::Result<Imported> {
     let from_stdin = path == Path::new("-");
     let key = match key {
@@ -273,13 +288,25 @@ pub(crate) async fn run(
         None if from_stdin => random_key(),
         None => derived_key(table, path, chunk_rows)?,
     };
-    let input: Box<dyn BufRead> = if from_stdin {
-        Box::new(BufReader::new(io::stdin()))
+    let read = Arc::new(AtomicU64::new(0));
+    let (input, progress): (Box<dyn BufRead>, Progress) = if from_stdin {
+        (
+            Box::new(BufReader::new(io::stdin())),
+            Progress::new("imported"),
+        )
     } else {
-        Box::new(BufReader::new(
-            File::open(path).with_context(|| format!("cannot open {}", path.display()))?,
-        ))
+        let file = File::open(path).with_context(|| format!("cannot open {}", path.display()))?;
+        let size = file.metadata().map(|m| m.len()).unwrap_or(0);
+        let counting = Counting {
+            inner: file,
+            read: Arc::clone(&read),
+        };
+        (
+            Box::new(BufReader::new(counting)),
+            Progress::bytes("importing", size),
+        )
     };
+    let progress = &progress;
     let columns = declared_columns(client, table).await?;
     let mut source: Box<dyn RowSource> = match format_of(path, format) {
         ImportFormat::Csv => {
@@ -326,6 +353,7 @@ pub(crate) async fn run(
         if !chunk.is_empty() && (chunk.len() >= chunk_size || row.is_none() || reshaped) {
             insert_chunk(client, table, &key, &chunk, &mut imported).await?;
             chunk.clear();
+            progress.read(read.load(Ordering::Relaxed));
             progress.rows(imported.rows, started.elapsed());
         }
         match row {

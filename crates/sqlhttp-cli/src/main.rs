@@ -110,10 +110,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             chunk_rows,
             key,
         } => {
-            let progress = progress::Progress::new("imported");
             let started = std::time::Instant::now();
-            let imported =
-                import::run(&client, &table, &file, format, chunk_rows, key, &progress).await?;
+            let imported = import::run(&client, &table, &file, format, chunk_rows, key).await?;
             println!(
                 "imported {} row{} into {table} in {} chunk{} ({}; key {})",
                 imported.rows,
