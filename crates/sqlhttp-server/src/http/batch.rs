@@ -10,10 +10,10 @@ use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
-use crate::api_error::{ApiError, ErrorCode};
+use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
 use crate::engine::{Outcome, check_text};
-use crate::http::{body, credentials, idempotency_key, outcome_response, require_json};
+use crate::http::{Admitted, admit, body, claim, outcome_response};
 use crate::state::AppState;
 
 /// The batch endpoint's path.
@@ -29,12 +29,7 @@ pub(crate) async fn batch(State(state): State<AppState>, request: Request) -> Re
 async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
-    let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
-    require_json(&parts.headers)?;
-    let key = match shared.idempotency_ttl {
-        Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
-        None => None,
-    };
+    let Admitted { credential, key } = admit(state, &parts)?;
     let bytes = body::read_within(
         body,
         &parts.headers,
@@ -61,12 +56,7 @@ async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiErr
     let Some((ttl, key)) = key.filter(|_| !batch.read_only) else {
         return shared.engine.batch(batch).await;
     };
-    let guard = shared.claim(&key).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::IdempotencyKeyInUse,
-            "a request with this Idempotency-Key is still running; retry later",
-        )
-    })?;
+    let guard = claim(state, &key)?;
     let request_hash = batch_hash(&bytes);
     shared
         .engine

@@ -140,27 +140,48 @@ async fn sql(State(state): State<AppState>, request: Request) -> Response {
     }
 }
 
-async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> {
-    let shared = &state.inner;
-    let (parts, body) = request.into_parts();
+/// What every API request passes before its body is read: its credential, a body declared as
+/// JSON, and its Idempotency-Key (when the server honours keys).
+pub(crate) struct Admitted {
+    pub(crate) credential: credentials::Credential,
+    pub(crate) key: Option<(std::time::Duration, String)>,
+}
+
+pub(crate) fn admit(
+    state: &AppState,
+    parts: &axum::http::request::Parts,
+) -> Result<Admitted, ApiError> {
     let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
     require_json(&parts.headers)?;
-    let key = match shared.idempotency_ttl {
+    let key = match state.inner.idempotency_ttl {
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
         None => None,
     };
-    let read = body::read_limited(body, &parts.headers, shared.max_body_bytes);
-    let bytes = tokio::time::timeout(shared.body_timeout, read)
-        .await
-        .map_err(|_| {
-            ApiError::new(
-                ErrorCode::RequestTimeout,
-                format!(
-                    "the request body did not arrive within {} ms",
-                    shared.body_timeout.as_millis()
-                ),
-            )
-        })??;
+    Ok(Admitted { credential, key })
+}
+
+/// Marks `key` as running until the returned guard drops, or answers `409
+/// IDEMPOTENCY_KEY_IN_USE` when a request with it is running already.
+pub(crate) fn claim(state: &AppState, key: &str) -> Result<crate::state::KeyGuard, ApiError> {
+    state.inner.claim(key).ok_or_else(|| {
+        ApiError::new(
+            ErrorCode::IdempotencyKeyInUse,
+            "a request with this Idempotency-Key is still running; retry later",
+        )
+    })
+}
+
+async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> {
+    let shared = &state.inner;
+    let (parts, body) = request.into_parts();
+    let Admitted { credential, key } = admit(state, &parts)?;
+    let bytes = body::read_within(
+        body,
+        &parts.headers,
+        shared.max_body_bytes,
+        shared.body_timeout,
+    )
+    .await?;
     let request = SqlRequest::parse(&bytes)?;
     check_text(&request.sql, &shared.limits)?;
     tracing::debug!(sql = %request.sql, "statement");
@@ -173,12 +194,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
     let Some((ttl, key)) = key else {
         return shared.engine.execute_streamed(request).await;
     };
-    let guard = shared.claim(&key).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::IdempotencyKeyInUse,
-            "a request with this Idempotency-Key is still running; retry later",
-        )
-    })?;
+    let guard = claim(state, &key)?;
     let request_hash: [u8; 32] = Sha256::digest(&bytes).into();
     shared
         .engine
