@@ -167,6 +167,22 @@ type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failu
 /// ```
 #[must_use = "a stream does nothing unless it is read"]
 pub struct RowStream<T> {
+    state: State<T>,
+}
+
+/// The request that starts a stream: it resolves once the first row (or the end) has arrived.
+type Starting<T> = Pin<Box<dyn Future<Output = Result<Box<Started<T>>>> + Send>>;
+
+enum State<T> {
+    /// The request has not answered yet (or not been polled).
+    Starting(Starting<T>),
+    Started(Box<Started<T>>),
+    /// Starting failed; the error was handed over.
+    Failed,
+}
+
+/// A stream whose request has answered: the body, decoded as it arrives.
+struct Started<T> {
     decoder: Decoder<'static, T>,
     first: Option<T>,
     body: Option<Body>,
@@ -178,20 +194,130 @@ pub struct RowStream<T> {
     done: bool,
 }
 
-// No field is ever pinned: the read in flight is boxed, and `T`s are only moved in and out.
+// No field is ever pinned: the request and the read in flight are boxed, and `T`s are only moved
+// in and out.
 impl<T> Unpin for RowStream<T> {}
 
 impl<T> fmt::Debug for RowStream<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RowStream")
-            .field("rows", &self.decoder.rows_given())
-            .field("done", &self.done)
-            .finish_non_exhaustive()
+        let mut debug = f.debug_struct("RowStream");
+        match &self.state {
+            State::Starting(_) => debug.field("started", &false),
+            State::Started(started) => debug
+                .field("rows", &started.decoder.rows_given())
+                .field("done", &started.done),
+            State::Failed => debug.field("failed", &true),
+        }
+        .finish_non_exhaustive()
+    }
+}
+
+impl<T: DeserializeOwned + Send + 'static> RowStream<T> {
+    /// A stream whose request `start` sends when the stream is first read or awaited.
+    pub(crate) fn starting(
+        start: impl Future<Output = Result<RowStream<T>>> + Send + 'static,
+    ) -> Self {
+        let start = async move {
+            match start.await?.state {
+                State::Started(started) => Ok(started),
+                State::Starting(starting) => starting.await,
+                State::Failed => Err(Error::new(ErrorKind::Cancelled)),
+            }
+        };
+        RowStream {
+            state: State::Starting(Box::pin(start)),
+        }
+    }
+}
+
+impl<T: DeserializeOwned + Send + 'static> std::future::IntoFuture for RowStream<T> {
+    type Output = Result<RowStream<T>>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Result<RowStream<T>>> + Send>>;
+
+    /// Sends the request and waits for its first row (or its end), so that
+    /// [`columns`](RowStream::columns) are known; failures up to then are retried as the call's
+    /// class allows and come back here.
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(async move {
+            match self.state {
+                State::Starting(starting) => Ok(RowStream {
+                    state: State::Started(starting.await?),
+                }),
+                state => Ok(RowStream { state }),
+            }
+        })
     }
 }
 
 impl<T: DeserializeOwned> RowStream<T> {
     pub(crate) fn new(first: First<T>, delivered: Delivered) -> Self {
+        RowStream {
+            state: State::Started(Box::new(Started::new(first, delivered))),
+        }
+    }
+
+    /// The result's columns, with their declared types: known once the first row (or the end)
+    /// has arrived, that is after the first [`try_next`](Self::try_next) or once the stream has
+    /// been awaited; empty before.
+    pub fn columns(&self) -> &[Column] {
+        match &self.state {
+            State::Started(started) => started.decoder.columns().unwrap_or_default(),
+            State::Starting(_) | State::Failed => &[],
+        }
+    }
+
+    /// The next row, or `None` after the last one. The first call sends the request if the stream
+    /// was not awaited.
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the call before the first row (retried first as the call's class allows);
+    /// then [`ErrorKind::Decode`] naming the row and column when a row is not a `T`; the server's
+    /// error when it ended the result with one (for instance [`ErrorKind::StatementTimeout`] or
+    /// [`ErrorKind::Sql`]); [`ErrorKind::Connection`] when the body was cut short;
+    /// [`ErrorKind::Timeout`] when no byte arrived for the call's `timeout`;
+    /// [`ErrorKind::Cancelled`]. The stream ends after an error.
+    pub async fn try_next(&mut self) -> Result<Option<T>> {
+        std::future::poll_fn(|cx| self.poll_row(cx))
+            .await
+            .transpose()
+    }
+
+    /// Reads the rest of a small body so its connection can be reused, or drops it.
+    pub(crate) async fn close(self) {
+        if let State::Started(started) = self.state {
+            started.close().await;
+        }
+    }
+
+    /// Gives an error raised after the exchange the call's attempt count and history.
+    pub(crate) fn attach(&self, err: Error) -> Error {
+        match &self.state {
+            State::Started(started) => started.attach(err),
+            State::Starting(_) | State::Failed => err,
+        }
+    }
+
+    fn poll_row(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
+        loop {
+            match &mut self.state {
+                State::Started(started) => return started.poll_row(cx),
+                State::Failed => return Poll::Ready(None),
+                State::Starting(starting) => match starting.as_mut().poll(cx) {
+                    Poll::Pending => return Poll::Pending,
+                    Poll::Ready(Ok(started)) => self.state = State::Started(started),
+                    Poll::Ready(Err(err)) => {
+                        self.state = State::Failed;
+                        return Poll::Ready(Some(Err(err)));
+                    }
+                },
+            }
+        }
+    }
+}
+
+impl<T: DeserializeOwned> Started<T> {
+    fn new(first: First<T>, delivered: Delivered) -> Self {
         let First {
             decoder,
             first,
@@ -217,29 +343,8 @@ impl<T: DeserializeOwned> RowStream<T> {
         }
     }
 
-    /// The result's columns, with their declared types: known once the stream exists (the
-    /// protocol sends them before the rows).
-    pub fn columns(&self) -> &[Column] {
-        self.decoder.columns().unwrap_or_default()
-    }
-
-    /// The next row, or `None` after the last one.
-    ///
-    /// # Errors
-    ///
-    /// [`ErrorKind::Decode`] naming the row and column when a row is not a `T`; the server's error
-    /// when it ended the result with one (for instance [`ErrorKind::StatementTimeout`] or
-    /// [`ErrorKind::Sql`]); [`ErrorKind::Connection`] when the body was cut short;
-    /// [`ErrorKind::Timeout`] when no byte arrived for the call's `timeout`;
-    /// [`ErrorKind::Cancelled`]. The stream ends after an error.
-    pub async fn try_next(&mut self) -> Result<Option<T>> {
-        std::future::poll_fn(|cx| self.poll_row(cx))
-            .await
-            .transpose()
-    }
-
     /// Reads the rest of a small body so its connection can be reused, or drops it.
-    pub(crate) async fn close(mut self) {
+    async fn close(mut self) {
         let Some(mut body) = self.body.take() else {
             return;
         };
@@ -253,7 +358,7 @@ impl<T: DeserializeOwned> RowStream<T> {
     }
 
     /// Gives an error raised after the exchange the call's attempt count and history.
-    pub(crate) fn attach(&self, err: Error) -> Error {
+    fn attach(&self, err: Error) -> Error {
         err.with_attempts(self.attempts, self.history.clone())
             .with_sent(true, false)
     }

@@ -298,16 +298,30 @@ impl Query {
 
     /// The rows as a [`RowStream`], decoded one at a time as they arrive, in constant memory
     /// whatever the result's size. Retried as a read until the first row has arrived; never after
-    /// (see [`RowStream`]).
+    /// (see [`RowStream`]). The request goes out when the stream is first read, or when it is
+    /// awaited: `client.query(sql).fetch::<T>().await?` waits for the first row, so that
+    /// [`RowStream::columns`] are known and any failure before it comes back there.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// let mut ids = client.query("SELECT id FROM events").fetch::<i64>();
+    /// while let Some(id) = ids.try_next().await? {
+    ///     println!("{id}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
     ///
     /// # Errors
     ///
-    /// Any failure of the call before the first row (see [`ErrorKind`]); later failures come from the
-    /// stream.
-    pub async fn fetch<T: DeserializeOwned + Send>(self) -> Result<RowStream<T>> {
-        self.statement
-            .fetch(&self.client, OpClass::Read, &self.options)
-            .await
+    /// Any failure of the call before the first row (see [`ErrorKind`]) comes from the first read
+    /// (or the `.await`); later failures from the reads after it.
+    pub fn fetch<T: DeserializeOwned + Send + 'static>(self) -> RowStream<T> {
+        RowStream::starting(async move {
+            self.statement
+                .fetch(&self.client, OpClass::Read, &self.options)
+                .await
+        })
     }
 
     /// The first row. Reads no further into the result: the rest is never sent in full, and the

@@ -13,4 +13,5 @@ mod cancel;
 mod errors;
 mod retries;
 mod shape;
+mod streams;
 mod support;
