@@ -17,6 +17,7 @@ mod control;
 mod errors;
 mod exec;
 mod idempotency;
+mod postgres;
 mod sandbox;
 mod transaction;
 mod worker;
