@@ -11,6 +11,7 @@
 //! Atomic batches (`batch`) run several statements in one transaction of the server's own.
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
+mod backend;
 mod batch;
 mod connection;
 mod control;
@@ -36,6 +37,7 @@ use control::{Hooks, JobControl};
 use exec::{Access, Ran};
 use worker::Pool;
 
+pub(crate) use backend::Backend;
 pub(crate) use sandbox::check_text;
 
 /// What a statement produced: a status and JSON body, fresh or replayed.

@@ -9,4 +9,5 @@ mod conformance;
 mod hardening;
 mod idempotency;
 mod operations;
+mod postgres;
 mod tcp;
