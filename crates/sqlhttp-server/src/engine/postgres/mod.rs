@@ -62,8 +62,16 @@ enum Mode {
     Read,
 }
 
-/// Handle to the PostgreSQL engine.
+/// Handle to the PostgreSQL engine. Each request's transaction runs as a task of its own, so a
+/// requester that goes away interrupts the running statement (PostgreSQL cancels it) but never
+/// leaves a transaction half-done: what committed stays, what did not is rolled back.
+#[derive(Debug)]
 pub(crate) struct PgEngine {
+    inner: Arc<Inner>,
+}
+
+/// What the tasks share.
+struct Inner {
     pool: Pool,
     /// One permit per pooled connection plus `--queue-depth`: past it requests answer 503.
     admission: Arc<Semaphore>,
@@ -74,7 +82,7 @@ pub(crate) struct PgEngine {
     last_purge: Mutex<Option<Instant>>,
 }
 
-impl std::fmt::Debug for PgEngine {
+impl std::fmt::Debug for Inner {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PgEngine")
             .field("connections", &self.pool.status().size)
@@ -168,7 +176,7 @@ impl PgEngine {
             .recycle_timeout(Some(CONNECT_WITHIN))
             .build()
             .map_err(|e| failed(e.to_string()))?;
-        let engine = PgEngine {
+        let engine = Inner {
             pool,
             admission: Arc::new(Semaphore::new(connections + limits.queue_depth)),
             limits,
@@ -184,9 +192,150 @@ impl PgEngine {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
         }
-        Ok(engine)
+        Ok(PgEngine {
+            inner: Arc::new(engine),
+        })
     }
 
+    /// Runs `work` as a task of its own and waits for it. Dropping the returned future (the
+    /// requester went away) cancels the statement the task is running; the task then rolls
+    /// back, unless its statement had already finished, in which case it commits.
+    async fn spawn<T, F, Fut>(&self, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let job = Arc::new(Job::default());
+        let task = tokio::spawn(work(Arc::clone(&self.inner), Arc::clone(&job)));
+        let cancel = CancelJob(job);
+        let result = task.await;
+        std::mem::forget(cancel);
+        result.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a PostgreSQL job panicked");
+            Err(ApiError::internal())
+        })
+    }
+
+    /// Runs one request without an Idempotency-Key, in a read-write transaction.
+    pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move { inner.whole(&job, &request, Mode::Write).await })
+            .await
+            .map(Outcome::fresh)
+    }
+
+    /// Runs one request for a credential that may only read, in a `READ ONLY` transaction:
+    /// a statement that writes is refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move { inner.whole(&job, &request, Mode::Read).await })
+            .await
+            .map(Outcome::fresh)
+    }
+
+    /// Runs one keyed request exactly once (see `store`). `guard` is held until the engine is
+    /// done with the key, whether or not the requester still waits.
+    pub(crate) async fn execute_with_key<G: Send + 'static>(
+        &self,
+        ttl: Duration,
+        key: String,
+        request_hash: [u8; 32],
+        request: SqlRequest,
+        guard: G,
+    ) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move {
+            let _guard = guard;
+            inner
+                .with_key(&job, ttl, &key, &request_hash, Work::Statement(&request))
+                .await
+        })
+        .await
+    }
+
+    /// Runs a batch without an Idempotency-Key in one transaction.
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move { inner.batch(&job, &batch).await })
+            .await
+            .map(Outcome::fresh)
+    }
+
+    /// Runs a keyed write batch exactly once (see `store`). `guard` is held until the engine
+    /// is done with the key, whether or not the requester still waits.
+    pub(crate) async fn batch_with_key<G: Send + 'static>(
+        &self,
+        ttl: Duration,
+        key: String,
+        request_hash: [u8; 32],
+        batch: BatchRequest,
+        guard: G,
+    ) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move {
+            let _guard = guard;
+            inner
+                .with_key(
+                    &job,
+                    ttl,
+                    &key,
+                    &request_hash,
+                    Work::Batch(&batch.statements),
+                )
+                .await
+        })
+        .await
+    }
+
+    /// Whether a connection answers a trivial statement.
+    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
+        self.spawn(|inner, job| async move { inner.ready(&job).await })
+            .await
+    }
+
+    /// Requests waiting for a connection now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.inner.pool.status().waiting
+    }
+
+    /// Closes the pool: statements still running are cancelled (their requests answer 503),
+    /// and this returns once every request has let go of its connection. Later requests
+    /// answer 503.
+    pub(crate) async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+/// One request's job: whether its requester went away, and how to cancel its statement.
+#[derive(Default)]
+struct Job {
+    cancelled: AtomicBool,
+    token: Mutex<Option<CancelToken>>,
+}
+
+impl Job {
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// Cancels a job when the future waiting for it is dropped.
+struct CancelJob(Arc<Job>);
+
+impl Drop for CancelJob {
+    fn drop(&mut self) {
+        self.0.cancelled.store(true, Ordering::Release);
+        let token = self
+            .0
+            .token
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        if let (Some(token), Ok(runtime)) = (token, tokio::runtime::Handle::try_current()) {
+            runtime.spawn(async move {
+                let _ = token.cancel_query(NoTls).await;
+            });
+        }
+    }
+}
+
+impl Inner {
     fn timeout_ms(&self) -> u128 {
         self.limits.statement_timeout.as_millis()
     }
@@ -208,9 +357,13 @@ impl PgEngine {
 
     /// A connection for one request, or 503 when the server is closing, the queue is full or
     /// the database cannot be reached.
-    async fn lease(&self) -> Result<Lease, ApiError> {
+    async fn lease(&self, job: &Job) -> Result<Lease, ApiError> {
         if self.closing.load(Ordering::Acquire) {
             return Err(shutting_down());
+        }
+        if job.is_cancelled() {
+            // Nobody waits for the answer any more.
+            return Err(ApiError::interrupted());
         }
         let permit = Arc::clone(&self.admission)
             .try_acquire_owned()
@@ -234,6 +387,7 @@ impl PgEngine {
         })?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let cancel = object.cancel_token();
+        *job.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
         self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -290,8 +444,13 @@ impl PgEngine {
     }
 
     /// Runs one statement in its own transaction and returns its whole body.
-    async fn whole(&self, request: &SqlRequest, mode: Mode) -> Result<Vec<u8>, ApiError> {
-        let lease = self.lease().await?;
+    async fn whole(
+        &self,
+        job: &Job,
+        request: &SqlRequest,
+        mode: Mode,
+    ) -> Result<Vec<u8>, ApiError> {
+        let lease = self.lease(job).await?;
         if let Err(err) = self.begin(&lease, mode, true).await {
             return self.end(lease, Err(err)).await;
         }
@@ -304,40 +463,14 @@ impl PgEngine {
         self.end(lease, written.map(|()| out)).await
     }
 
-    /// Runs one request without an Idempotency-Key, in a read-write transaction.
-    pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        self.whole(&request, Mode::Write).await.map(Outcome::fresh)
-    }
-
-    /// Runs one request for a credential that may only read, in a `READ ONLY` transaction:
-    /// a statement that writes is refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
-    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        self.whole(&request, Mode::Read).await.map(Outcome::fresh)
-    }
-
-    /// Runs one keyed request exactly once (see `store`). `guard` is held until the engine is
-    /// done with the key.
-    pub(crate) async fn execute_with_key<G: Send + 'static>(
-        &self,
-        ttl: Duration,
-        key: String,
-        request_hash: [u8; 32],
-        request: SqlRequest,
-        guard: G,
-    ) -> Result<Outcome, ApiError> {
-        let _guard = guard;
-        self.with_key(ttl, &key, &request_hash, Work::Statement(&request))
-            .await
-    }
-
     /// Runs a batch without an Idempotency-Key in one transaction.
-    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+    async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
         let mode = if batch.read_only {
             Mode::Read
         } else {
             Mode::Write
         };
-        let lease = self.lease().await?;
+        let lease = self.lease(job).await?;
         if let Err(err) = self.begin(&lease, mode, true).await {
             return self.end(lease, Err(err)).await;
         }
@@ -345,33 +478,19 @@ impl PgEngine {
         let ran = self
             .run_statements(lease.client(), &batch.statements, &mut out)
             .await;
-        self.end(lease, ran.map(|()| out)).await.map(Outcome::fresh)
-    }
-
-    /// Runs a keyed write batch exactly once (see `store`). `guard` is held until the engine
-    /// is done with the key.
-    pub(crate) async fn batch_with_key<G: Send + 'static>(
-        &self,
-        ttl: Duration,
-        key: String,
-        request_hash: [u8; 32],
-        batch: BatchRequest,
-        guard: G,
-    ) -> Result<Outcome, ApiError> {
-        let _guard = guard;
-        self.with_key(ttl, &key, &request_hash, Work::Batch(&batch.statements))
-            .await
+        self.end(lease, ran.map(|()| out)).await
     }
 
     async fn with_key(
         &self,
+        job: &Job,
         ttl: Duration,
         key: &str,
         request_hash: &[u8],
         work: Work<'_>,
     ) -> Result<Outcome, ApiError> {
-        self.purge_if_due(ttl).await;
-        let lease = self.lease().await?;
+        self.purge_if_due(job, ttl).await;
+        let lease = self.lease(job).await?;
         if let Err(err) = self.begin(&lease, Mode::Write, false).await {
             return self.end(lease, Err(err)).await;
         }
@@ -446,7 +565,7 @@ impl PgEngine {
     }
 
     /// Deletes expired idempotency keys, at most once a [`PURGE_INTERVAL`].
-    async fn purge_if_due(&self, ttl: Duration) {
+    async fn purge_if_due(&self, job: &Job, ttl: Duration) {
         {
             let mut last = self
                 .last_purge
@@ -457,7 +576,7 @@ impl PgEngine {
             }
             *last = Some(Instant::now());
         }
-        let Ok(lease) = self.lease().await else {
+        let Ok(lease) = self.lease(job).await else {
             return;
         };
         match store::purge_expired(lease.client(), ttl).await {
@@ -470,8 +589,8 @@ impl PgEngine {
     }
 
     /// Whether a connection answers a trivial statement.
-    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
-        let mut lease = self.lease().await?;
+    async fn ready(&self, job: &Job) -> Result<(), ApiError> {
+        let mut lease = self.lease(job).await?;
         lease
             .client()
             .query_one("SELECT 1", &[])
@@ -481,15 +600,7 @@ impl PgEngine {
         Ok(())
     }
 
-    /// Connections in use and waiting requests, for the metrics.
-    pub(crate) fn waiting(&self) -> usize {
-        self.pool.status().waiting
-    }
-
-    /// Closes the pool: statements still running are cancelled (their requests answer 503),
-    /// and this returns once every request has let go of its connection. Later requests
-    /// answer 503.
-    pub(crate) async fn close(&self) {
+    async fn close(&self) {
         self.closing.store(true, Ordering::Release);
         self.pool.close();
         loop {

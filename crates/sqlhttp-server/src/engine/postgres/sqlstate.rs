@@ -121,10 +121,9 @@ pub(crate) fn map_error(err: &tokio_postgres::Error, timeout_ms: u128) -> ApiErr
 /// The protocol error for an error PostgreSQL reported.
 pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
     let code = db.code().code();
-    let message = match db.detail() {
-        Some(detail) => format!("{} ({detail})", db.message()),
-        None => db.message().to_owned(),
-    };
+    // PostgreSQL's detail quotes values (`Key (email)=(a@example.com) already exists`), and no
+    // error body carries a bound value or a cell: the message alone goes to the client.
+    let message = db.message().to_owned();
     match verdict(code) {
         Verdict::Constraint(kind) => {
             // PostgreSQL names a primary key's index `<table>_pkey` unless told otherwise.
