@@ -503,3 +503,41 @@ async fn a_bad_url_or_an_unreachable_database_fails_at_start() {
     let err = AppState::new(&config).unwrap_err().to_string();
     assert!(err.contains("cannot connect"), "{err}");
 }
+
+#[tokio::test]
+async fn a_requester_that_goes_away_cancels_its_statement() {
+    let Some(url) = database("a_requester_that_goes_away_cancels_its_statement").await else {
+        return;
+    };
+    let router = app(AppState::new(&config(&url)).unwrap());
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        sql(&router, "SELECT pg_sleep(30) AS abandoned_sleep", json!([])),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the sleep was still running");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut running = i64::MAX;
+    for _ in 0..100 {
+        running = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND query LIKE '%abandoned_sleep%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 0, "the abandoned statement was cancelled");
+    drop(client);
+    let _ = driver.await;
+    ok(&router, "SELECT 1", json!([])).await;
+}
