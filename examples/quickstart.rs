@@ -158,7 +158,10 @@ fn render(table: &Table) -> String {
 fn cell(value: &Value) -> String {
     match value {
         Value::Null => "NULL".to_owned(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::Integer(i) => i.to_string(),
+        Value::Real(f) => f.to_string(),
+        Value::Text(s) => s.clone(),
+        Value::Blob(b) => format!("<{} bytes>", b.len()),
+        _ => "?".to_owned(),
     }
 }

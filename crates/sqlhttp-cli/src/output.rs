@@ -7,7 +7,7 @@ use std::io::{self, Write};
 use std::time::Duration;
 
 use comfy_table::{Cell, ContentArrangement, Table, presets};
-use serde_json::Value;
+use sqlhttp::Value;
 
 use crate::args::Format;
 
@@ -38,13 +38,27 @@ pub(crate) fn writer<'a, W: Write + 'a>(format: Format, out: W) -> Box<dyn RowWr
     }
 }
 
-/// A cell as text: NULL as `NULL` in a table, strings as they are, everything else as JSON.
-fn display(value: &Value) -> String {
+/// A number or a blob as text: integers exactly, reals as JSON writes them (`1.0`), blobs in
+/// base64; `None` for NULL, text as it is.
+fn text_of(value: &Value) -> Option<String> {
     match value {
-        Value::Null => "NULL".to_owned(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
+        Value::Null => None,
+        Value::Text(s) => Some(s.clone()),
+        Value::Integer(i) => Some(i.to_string()),
+        Value::Blob(bytes) => Some(base64_of(bytes)),
+        other => Some(serde_json::to_string(other).unwrap_or_default()),
     }
+}
+
+/// Standard base64 with padding, as the protocol writes blobs.
+fn base64_of(bytes: &[u8]) -> String {
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(bytes)
+}
+
+/// A cell as text in a table: NULL as `NULL`.
+fn display(value: &Value) -> String {
+    text_of(value).unwrap_or_else(|| "NULL".to_owned())
 }
 
 struct TableWriter<W> {
@@ -110,11 +124,7 @@ pub(crate) fn write_csv_field(out: &mut impl Write, field: Option<&str>) -> io::
 }
 
 fn csv_text(value: &Value) -> Option<String> {
-    match value {
-        Value::Null => None,
-        Value::String(s) => Some(s.clone()),
-        other => Some(other.to_string()),
-    }
+    text_of(value)
 }
 
 struct CsvWriter<W> {
@@ -212,14 +222,20 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn text(s: &str) -> Value {
+        Value::Text(s.to_owned())
+    }
+
     fn render(format: Format) -> String {
         let mut out = Vec::new();
         {
             let mut writer = writer(format, &mut out);
             writer.start(&["id".into(), "name".into()]).unwrap();
-            writer.row(&[json!(1), json!("a, \"b\"\nc")]).unwrap();
-            writer.row(&[json!(2), Value::Null]).unwrap();
-            writer.row(&[json!(3), json!("")]).unwrap();
+            writer
+                .row(&[Value::Integer(1), text("a, \"b\"\nc")])
+                .unwrap();
+            writer.row(&[Value::Integer(2), Value::Null]).unwrap();
+            writer.row(&[Value::Integer(3), text("")]).unwrap();
             writer.finish(3, Duration::from_millis(5)).unwrap();
         }
         String::from_utf8(out).unwrap()
@@ -235,7 +251,7 @@ mod tests {
 
     #[test]
     fn json_and_ndjson_keep_column_order() {
-        let json: Value = serde_json::from_str(&render(Format::Json)).unwrap();
+        let json: serde_json::Value = serde_json::from_str(&render(Format::Json)).unwrap();
         assert_eq!(
             json,
             json!([{"id": 1, "name": "a, \"b\"\nc"}, {"id": 2, "name": null}, {"id": 3, "name": ""}])
@@ -243,6 +259,20 @@ mod tests {
         let ndjson = render(Format::Ndjson);
         assert_eq!(ndjson.lines().count(), 3);
         assert!(ndjson.starts_with("{\"id\":1,\"name\":"));
+    }
+
+    #[test]
+    fn blobs_and_reals() {
+        assert_eq!(base64_of(b""), "");
+        assert_eq!(base64_of(b"f"), "Zg==");
+        assert_eq!(base64_of(b"fo"), "Zm8=");
+        assert_eq!(base64_of(b"foo"), "Zm9v");
+        assert_eq!(base64_of(&[0xff, 0xfe, 0x00, 0x10]), "//4AEA==");
+        assert_eq!(text_of(&Value::Real(1.0)).as_deref(), Some("1.0"));
+        assert_eq!(
+            text_of(&Value::Blob(b"hi".to_vec())).as_deref(),
+            Some("aGk=")
+        );
     }
 
     #[test]

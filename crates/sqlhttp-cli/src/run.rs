@@ -1,14 +1,15 @@
 //! Running one statement and printing what it gave: rows in the chosen format, or how many rows
-//! it changed. A statement that only reads goes through the SDK's `query_table` (a read:
-//! retried on transient failures); any other through `execute` (sent once, never retried).
+//! it changed. A statement that only reads is streamed through the SDK's `query(..).fetch()` (a
+//! read: retried until its first row arrives; then rows are written as they come, in bounded
+//! memory); any other goes through `execute(..).fetch_table()` (sent once, never retried).
 //!
 //! Knows the SDK's calls and the output writers; nothing about flags or the shell.
 
 use std::io::Write;
 use std::time::Instant;
 
-use serde_json::Value;
-use sqlhttp::{Client, Table};
+use serde_json::Value as Param;
+use sqlhttp::{Client, Value};
 
 use crate::args::Format;
 use crate::output;
@@ -24,54 +25,55 @@ pub(crate) enum Ran {
     Changed(u64),
 }
 
-/// Runs `sql` with `params` and returns its result: a read through `query_table`, anything else
-/// through `execute(..).fetch_table()`.
-pub(crate) async fn fetch(client: &Client, sql: &str, params: &[Value]) -> sqlhttp::Result<Table> {
-    if script::is_read(sql) {
-        let mut query = client.query_table(sql);
-        for param in params {
-            query = query.bind(param);
-        }
-        query.await
-    } else {
-        let mut execute = client.execute(sql);
-        for param in params {
-            execute = execute.bind(param);
-        }
-        execute.fetch_table().await
-    }
-}
-
 /// Runs `sql` and prints its rows to `out` in `format`.
 pub(crate) async fn statement(
     client: &Client,
     sql: &str,
-    params: &[Value],
+    params: &[Param],
     format: Format,
     out: &mut dyn Write,
 ) -> anyhow::Result<Ran> {
     let started = Instant::now();
-    let table = fetch(client, sql, params).await?;
-    if table.columns().is_empty() {
-        return Ok(Ran::Changed(table.rows_affected()));
+    if !script::is_read(sql) {
+        let mut execute = client.execute(sql);
+        for param in params {
+            execute = execute.bind(param);
+        }
+        let table = execute.fetch_table().await?;
+        if table.columns().is_empty() {
+            return Ok(Ran::Changed(table.rows_affected()));
+        }
+        let columns: Vec<String> = table
+            .columns()
+            .iter()
+            .map(|c| c.name().to_owned())
+            .collect();
+        let mut writer = output::writer(format, out);
+        writer.start(&columns)?;
+        for row in table.rows() {
+            writer.row(row.values())?;
+        }
+        writer.finish(table.len() as u64, started.elapsed())?;
+        return Ok(Ran::Rows(table.len() as u64));
     }
+    let mut query = client.query(sql);
+    for param in params {
+        query = query.bind(param);
+    }
+    let mut rows = query.fetch::<Vec<Value>>().await?;
+    let columns: Vec<String> = rows.columns().iter().map(|c| c.name().to_owned()).collect();
     let progress = Progress::new("exported");
-    let columns: Vec<String> = table
-        .columns()
-        .iter()
-        .map(|c| c.name().to_owned())
-        .collect();
     let mut writer = output::writer(format, out);
     writer.start(&columns)?;
-    let mut rows = 0_u64;
-    for row in table.rows() {
-        writer.row(row.values())?;
-        rows += 1;
-        if rows.is_multiple_of(65_536) {
-            progress.rows(rows, started.elapsed());
+    let mut count = 0_u64;
+    while let Some(row) = rows.try_next().await? {
+        writer.row(&row)?;
+        count += 1;
+        if count.is_multiple_of(65_536) {
+            progress.rows(count, started.elapsed());
         }
     }
     progress.finish();
-    writer.finish(rows, started.elapsed())?;
-    Ok(Ran::Rows(rows))
+    writer.finish(count, started.elapsed())?;
+    Ok(Ran::Rows(count))
 }

@@ -35,8 +35,9 @@ pub struct Limits {
     pub max_sql_bytes: usize,
     /// Largest string or blob the engine will hold, whether bound or computed. Default 16 MiB.
     pub max_value_bytes: usize,
-    /// Largest success body the server will build for one statement
-    /// (`422 RESULT_TOO_LARGE` past it). Default 16 MiB.
+    /// Largest success body the server will build whole for one statement: a keyed write's
+    /// outcome, stored for replay (`422 RESULT_TOO_LARGE` past it). Other results stream and are
+    /// not limited (see `docs/adr/0016-streamed-results.md`). Default 16 MiB.
     pub max_result_bytes: usize,
     /// Statements that may wait for a connection before the server answers `503 UNAVAILABLE`
     /// (per pool: the writer's and the readers'). Default 128.

@@ -118,7 +118,8 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_MAX_VALUE_BYTES", value_name = "N", default_value_t = Limits::default().max_value_bytes)]
     max_value_bytes: usize,
 
-    /// Largest success body built for one statement, in bytes (422 RESULT_TOO_LARGE past it).
+    /// Largest success body built whole, in bytes: a keyed write's outcome, stored for replay
+    /// (422 RESULT_TOO_LARGE past it). Other results stream and are not limited.
     #[arg(long, env = "SQLHTTPD_MAX_RESULT_BYTES", value_name = "N", default_value_t = Limits::default().max_result_bytes)]
     max_result_bytes: usize,
 

@@ -16,6 +16,7 @@ pub(crate) enum Param {
     Integer(i64),
     Real(f64),
     Text(String),
+    Blob(Vec<u8>),
 }
 
 /// A decoded request body.
@@ -102,12 +103,35 @@ fn parse_param(index: usize, raw: &RawValue) -> Result<Param, ApiError> {
                 ))),
             }
         }
-        serde_json::Value::Array(_) | serde_json::Value::Object(_) => {
-            Err(ApiError::bad_request(format!(
-                "parameter {position}: arrays and objects are not accepted; use null, a boolean, a number or a string"
-            )))
-        }
+        serde_json::Value::Object(object) => parse_blob(position, &object),
+        serde_json::Value::Array(_) => Err(ApiError::bad_request(format!(
+            "parameter {position}: arrays are not accepted; use null, a boolean, a number, a string \
+             or a blob ({{\"base64\": \"...\"}})"
+        ))),
     }
+}
+
+/// A blob parameter: an object whose only member is `base64`, a string in standard base64
+/// (padded).
+fn parse_blob(
+    position: usize,
+    object: &serde_json::Map<String, serde_json::Value>,
+) -> Result<Param, ApiError> {
+    use base64::Engine as _;
+    let refused = |why: &str| {
+        ApiError::bad_request(format!(
+            "parameter {position}: an object parameter is a blob, {{\"base64\": \"...\"}}; {why}"
+        ))
+    };
+    let encoded = match object.get("base64") {
+        Some(serde_json::Value::String(encoded)) if object.len() == 1 => encoded,
+        Some(_) if object.len() == 1 => return Err(refused("`base64` must be a string")),
+        _ => return Err(refused("it must have the one member `base64`")),
+    };
+    base64::engine::general_purpose::STANDARD
+        .decode(encoded)
+        .map(Param::Blob)
+        .map_err(|e| refused(&format!("`base64` is not standard padded base64: {e}")))
 }
 
 /// The first keyword of a SQL text, upper-cased, after whitespace and comments.
@@ -187,6 +211,18 @@ mod tests {
     }
 
     #[test]
+    fn blobs_are_base64_objects() {
+        let request = SqlRequest::parse(
+            br#"{"sql":"SELECT ?, ?","params":[{"base64":"AP8Q"},{"base64":""}]}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            request.params,
+            vec![Param::Blob(vec![0, 255, 16]), Param::Blob(vec![])]
+        );
+    }
+
+    #[test]
     fn negative_zero_is_the_integer_zero() {
         let request = SqlRequest::parse(br#"{"sql":"SELECT ?, ?","params":[-0, -0.0]}"#).unwrap();
         assert_eq!(request.params, vec![Param::Integer(0), Param::Real(-0.0)]);
@@ -224,6 +260,9 @@ mod tests {
     fn rejects_unsupported_params() {
         assert!(bad(r#"{"sql":"SELECT ?","params":[[1]]}"#).contains("parameter 1"));
         assert!(bad(r#"{"sql":"SELECT ?","params":[1,{"a":1}]}"#).contains("parameter 2"));
+        assert!(bad(r#"{"sql":"SELECT ?","params":[{"base64":"AP8"}]}"#).contains("base64"));
+        assert!(bad(r#"{"sql":"SELECT ?","params":[{"base64":7}]}"#).contains("string"));
+        bad(r#"{"sql":"SELECT ?","params":[{"base64":"","x":1}]}"#);
         bad(r#"{"sql":"SELECT ?","params":[9223372036854775808]}"#);
         bad(r#"{"sql":"SELECT ?","params":[-9223372036854775809]}"#);
         bad(r#"{"sql":"SELECT ?","params":[100000000000000000000000]}"#);

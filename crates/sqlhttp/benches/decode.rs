@@ -135,23 +135,23 @@ fn bench(c: &mut Criterion, body: &[u8]) {
     group.finish();
 }
 
-/// The best of `runs` timings of `f`.
-fn best_of<T>(runs: usize, f: impl Fn() -> T) -> Duration {
-    (0..runs)
-        .map(|_| {
-            let started = Instant::now();
-            black_box(f());
-            started.elapsed()
-        })
-        .min()
-        .unwrap()
+/// One timing of `f`.
+fn time<T>(f: impl Fn() -> T) -> Duration {
+    let started = Instant::now();
+    black_box(f());
+    started.elapsed()
 }
 
 fn summary(body: &[u8]) {
+    // Interleaved, so a machine busy with other work slows every variant alike; best of each.
     let runs = 15;
-    let typed = best_of(runs, || sqlhttp_typed(body));
-    let value = best_of(runs, || via_value(body));
-    let floor = best_of(runs, || floor(body));
+    let (mut typed, mut value, mut floor_) = (Duration::MAX, Duration::MAX, Duration::MAX);
+    for _ in 0..runs {
+        typed = typed.min(time(|| sqlhttp_typed(body)));
+        value = value.min(time(|| via_value(body)));
+        floor_ = floor_.min(time(|| floor(body)));
+    }
+    let floor = floor_;
     let rate = |d: Duration| ROWS as f64 / d.as_secs_f64();
     println!(
         "\nsummary ({ROWS} rows x 8 columns, {} bytes, best of {runs}):",

@@ -85,8 +85,9 @@ pub(crate) fn encode(bodies: &[Bytes], read_only: bool) -> Bytes {
 /// decode failure (the server did not run what was sent).
 pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>> {
     #[derive(Deserialize)]
-    struct Results {
-        results: Vec<Table>,
+    struct Results<'a> {
+        #[serde(borrow)]
+        results: Vec<&'a serde_json::value::RawValue>,
     }
     let Results { results } = serde_json::from_slice(body).map_err(Error::decode)?;
     if results.len() != expected {
@@ -99,7 +100,10 @@ pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>>
             ),
         }));
     }
-    Ok(results)
+    results
+        .iter()
+        .map(|result| crate::decode::table(result.get().as_bytes()))
+        .collect()
 }
 
 /// Several statements that the server runs **in order, in one transaction**, committing only if all
@@ -286,6 +290,7 @@ impl Batch {
             (OpClass::Write, key)
         };
         let sql_for_log = format!("BATCH of {count} statements");
+        let mut whole = crate::cursor::Whole::default();
         let delivered = self
             .client
             .send_to(
@@ -296,9 +301,10 @@ impl Batch {
                 &self.options,
                 key,
                 None,
+                &mut whole,
             )
             .await?;
-        delivered.decode(|body| decode_results(body, count))
+        decode_results(&whole.0, count).map_err(|err| delivered.attach(err))
     }
 }
 

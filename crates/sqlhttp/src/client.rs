@@ -20,7 +20,7 @@ use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Delivered, Endpoint, Exchange, HttpExchange, Transport};
+use crate::transport::{Call, Delivered, Endpoint, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's statement endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -155,8 +155,10 @@ impl Client {
         self.inner.batch_limits
     }
 
-    /// Sends one statement with the call's settings; a setting that cannot work fails before anything
-    /// is sent.
+    /// Sends one statement with the call's settings, handing the response body to `receiver` until it
+    /// is served; a setting that cannot work fails before anything is sent. (The arguments are the
+    /// transport's `Call`, spelled out for the request builders.)
+    #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send(
         &self,
         class: OpClass,
@@ -165,6 +167,7 @@ impl Client {
         options: &CallOptions,
         idempotency_key: Option<HeaderValue>,
         started: Option<tokio::time::Instant>,
+        receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
         self.send_to(
             Endpoint::Sql,
@@ -174,11 +177,12 @@ impl Client {
             options,
             idempotency_key,
             started,
+            receiver,
         )
         .await
     }
 
-    /// Sends one request body to `endpoint` with the call's settings.
+    /// Sends one request body to `endpoint` with the call's settings, as [`Client::send`] does.
     #[allow(clippy::too_many_arguments)]
     pub(crate) async fn send_to(
         &self,
@@ -189,19 +193,23 @@ impl Client {
         options: &CallOptions,
         idempotency_key: Option<HeaderValue>,
         started: Option<tokio::time::Instant>,
+        receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
         options.validate()?;
         self.inner
             .transport
-            .send(Call {
-                class,
-                endpoint,
-                body,
-                sql,
-                options,
-                idempotency_key,
-                started,
-            })
+            .send(
+                Call {
+                    class,
+                    endpoint,
+                    body,
+                    sql,
+                    options,
+                    idempotency_key,
+                    started,
+                },
+                receiver,
+            )
             .await
     }
 }
@@ -424,9 +432,10 @@ impl ClientBuilder {
 
     // Timeout options
 
-    /// The budget of **one attempt**, from sending the request to the last byte of the response; each
-    /// attempt gets all of it. `None` lets an attempt run as long as the server takes (bounded only by
-    /// [`RetryPolicy::max_elapsed`] when set). Default: 30 s.
+    /// The longest **one attempt** waits for the response head, and then for each further piece of
+    /// the body (a stall), so a long download that keeps arriving is never cut. Each attempt gets all
+    /// of it. `None` lets an attempt wait as long as the server takes (bounded only by
+    /// [`RetryPolicy::max_elapsed`] while the call may still be retried). Default: 30 s.
     pub fn timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.timeout = timeout.into();
         self

@@ -21,22 +21,23 @@ use std::cell::Cell;
 use std::fmt;
 use std::marker::PhantomData;
 
-use serde::Deserialize;
 use serde::de::{
     self, DeserializeOwned, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess,
     Visitor,
 };
-use serde_json::value::RawValue;
 
+use crate::blob::CellSeed;
+use crate::envelope::{Decoder, Step};
 use crate::error::{Error, ErrorKind};
 use crate::table::{Column, ExecResult, Table};
+use crate::value::Value;
 
 /// Where the decoder is, for error messages.
 #[derive(Default)]
-struct Position {
-    in_rows: Cell<bool>,
-    row: Cell<usize>,
-    column: Cell<Option<usize>>,
+pub(crate) struct Position {
+    pub(crate) in_rows: Cell<bool>,
+    pub(crate) row: Cell<usize>,
+    pub(crate) column: Cell<Option<usize>>,
 }
 
 /// Decodes the rows of a response body into `T`s: structs by column name, tuples by position, a scalar
@@ -45,53 +46,78 @@ struct Position {
 /// # Errors
 ///
 /// [`ErrorKind::Decode`] naming the row and column when a cell is not what `T` expects, or when the
-/// body is not a protocol v1 response.
+/// body is not a protocol v1 response; the server's error when a streamed body ends with one (see
+/// the protocol's streamed results).
 pub fn rows<T: DeserializeOwned>(body: &[u8]) -> Result<Vec<T>, Error> {
-    let position = Position::default();
-    let mut columns: Vec<Column> = Vec::new();
-    let result = (|| {
-        let mut de = serde_json::Deserializer::from_slice(body);
-        let rows = de.deserialize_map(EnvelopeVisitor::<T> {
-            position: &position,
-            columns: &mut columns,
-            marker: PhantomData,
-        })?;
-        de.end()?;
-        Ok::<_, serde_json::Error>(rows)
-    })();
-    result.map_err(|err| positioned(err, &position, &columns))
+    let mut decoder = Decoder::<T>::whole(body);
+    let mut rows = Vec::new();
+    match decoder.drain_into(&mut rows)? {
+        Step::End => Ok(rows),
+        Step::Row(()) | Step::NeedMore => unreachable!("the whole body was given"),
+    }
 }
 
 /// Decodes a response body into a [`Table`] of dynamically typed cells.
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Decode`] when the body is not a protocol v1 response.
+/// [`ErrorKind::Decode`] when the body is not a protocol v1 response; the server's error when a
+/// streamed body ends with one.
 pub fn table(body: &[u8]) -> Result<Table, Error> {
-    serde_json::from_slice::<Table>(body).map_err(Error::decode)
+    let mut decoder = Decoder::<Vec<Value>>::whole(body);
+    let mut rows = Vec::new();
+    loop {
+        match decoder.next()? {
+            Step::Row(row) => rows.push(row),
+            Step::End => break,
+            Step::NeedMore => unreachable!("the whole body was given"),
+        }
+    }
+    let columns = decoder.columns().unwrap_or_default().to_vec();
+    let effect = decoder.effect();
+    Ok(Table::new(
+        columns,
+        rows,
+        effect.rows_affected.unwrap_or(0),
+        effect.last_insert_id,
+    ))
 }
 
 /// Decodes only a statement's effect from a response body, skipping any rows without building them.
 ///
 /// # Errors
 ///
-/// [`ErrorKind::Decode`] when the body is not a protocol v1 response.
+/// [`ErrorKind::Decode`] when the body is not a protocol v1 response; the server's error when a
+/// streamed body ends with one.
 pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
-    #[derive(Deserialize)]
-    struct Effect {
-        // Required: a `{}` from something that is not a protocol v1 server must not read as success.
-        rows_affected: u64,
-        #[serde(default)]
-        last_insert_id: Option<i64>,
+    let mut decoder = Decoder::<IgnoredAny>::whole(body);
+    loop {
+        match decoder.next()? {
+            Step::Row(_) => {}
+            Step::End => return effect_of(&decoder),
+            Step::NeedMore => unreachable!("the whole body was given"),
+        }
     }
-    let effect: Effect = serde_json::from_slice(body).map_err(Error::decode)?;
+}
+
+/// The effect a decoder read, which a protocol v1 success body must state.
+pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>) -> Result<ExecResult, Error> {
+    let effect = decoder.effect();
+    // Required: a `{}` from something that is not a protocol v1 server must not read as success.
+    let rows_affected = effect.rows_affected.ok_or_else(|| {
+        Error::new(ErrorKind::Decode {
+            row: None,
+            column: None,
+            message: "missing field `rows_affected`".to_owned(),
+        })
+    })?;
     Ok(ExecResult {
-        rows_affected: effect.rows_affected,
+        rows_affected,
         last_insert_id: effect.last_insert_id,
     })
 }
 
-fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -> Error {
+pub(crate) fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -> Error {
     let (row, column) = if position.in_rows.get() {
         let column = position.column.get().map(|i| {
             columns
@@ -135,63 +161,21 @@ pub(crate) fn redact(message: &str) -> String {
     message.to_owned()
 }
 
-struct EnvelopeVisitor<'a, T> {
-    position: &'a Position,
-    columns: &'a mut Vec<Column>,
-    marker: PhantomData<T>,
-}
-
-impl<'de, T: DeserializeOwned> Visitor<'de> for EnvelopeVisitor<'_, T> {
-    type Value = Vec<T>;
-
-    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a query response object with `columns` and `rows`")
-    }
-
-    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Vec<T>, A::Error> {
-        let mut rows: Option<Vec<T>> = None;
-        // Rows that arrived before the columns are kept raw and decoded once the names are known.
-        let mut early_rows: Option<Box<RawValue>> = None;
-        let mut seen_columns = false;
-        while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
-            match key.as_ref() {
-                "columns" => {
-                    *self.columns = map.next_value()?;
-                    seen_columns = true;
-                }
-                "rows" if seen_columns => {
-                    rows = Some(map.next_value_seed(RowsSeed::<T> {
-                        position: self.position,
-                        columns: self.columns,
-                        marker: PhantomData,
-                    })?);
-                }
-                "rows" => early_rows = Some(map.next_value()?),
-                _ => {
-                    map.next_value::<IgnoredAny>()?;
-                }
-            }
-        }
-        if !seen_columns {
-            return Err(de::Error::missing_field("columns"));
-        }
-        if let Some(raw) = early_rows {
-            let mut de = serde_json::Deserializer::from_str(raw.get());
-            let seed = RowsSeed::<T> {
-                position: self.position,
-                columns: self.columns,
-                marker: PhantomData,
-            };
-            rows = Some(seed.deserialize(&mut de).map_err(de::Error::custom)?);
-        }
-        rows.ok_or_else(|| de::Error::missing_field("rows"))
-    }
-}
-
-struct RowsSeed<'a, T> {
+/// Rows kept raw because they came before the columns, decoded once the names are known.
+pub(crate) struct RowsSeed<'a, T> {
     position: &'a Position,
     columns: &'a [Column],
     marker: PhantomData<T>,
+}
+
+impl<'a, T> RowsSeed<'a, T> {
+    pub(crate) fn new(position: &'a Position, columns: &'a [Column]) -> Self {
+        Self {
+            position,
+            columns,
+            marker: PhantomData,
+        }
+    }
 }
 
 impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for RowsSeed<'_, T> {
@@ -230,10 +214,21 @@ impl<'de, T: DeserializeOwned> Visitor<'de> for RowsSeed<'_, T> {
     }
 }
 
-struct RowSeed<'a, T> {
+/// One row (a JSON array) presented to `T`.
+pub(crate) struct RowSeed<'a, T> {
     position: &'a Position,
     columns: &'a [Column],
     marker: PhantomData<T>,
+}
+
+impl<'a, T> RowSeed<'a, T> {
+    pub(crate) fn new(position: &'a Position, columns: &'a [Column]) -> Self {
+        Self {
+            position,
+            columns,
+            marker: PhantomData,
+        }
+    }
 }
 
 impl<'de, T: DeserializeOwned> DeserializeSeed<'de> for RowSeed<'_, T> {
@@ -286,7 +281,7 @@ impl<'de, A: SeqAccess<'de>> RowDeserializer<'_, A> {
         }
         self.position.column.set(Some(0));
         self.seq
-            .next_element_seed(seed)?
+            .next_element_seed(CellSeed(seed))?
             .ok_or_else(|| de::Error::invalid_length(0, &"a row with one cell"))
     }
 
@@ -430,7 +425,7 @@ impl<'de, A: SeqAccess<'de>> MapAccess<'de> for ColumnsByName<'_, A> {
         let index = self.next;
         self.next += 1;
         self.position.column.set(Some(index));
-        self.seq.next_element_seed(seed)?.ok_or_else(|| {
+        self.seq.next_element_seed(CellSeed(seed))?.ok_or_else(|| {
             de::Error::custom(format_args!(
                 "the row has {index} cells but the result has {} columns",
                 self.columns.len()
@@ -459,7 +454,7 @@ impl<'de, A: SeqAccess<'de>> SeqAccess<'de> for CellsInOrder<'_, A> {
     ) -> Result<Option<S::Value>, A::Error> {
         self.position.column.set(Some(self.next));
         self.next += 1;
-        self.seq.next_element_seed(seed)
+        self.seq.next_element_seed(CellSeed(seed))
     }
 }
 
@@ -549,6 +544,26 @@ mod tests {
     fn a_scalar_target_on_many_columns_is_an_error() {
         let err = rows::<i64>(BODY.as_bytes()).unwrap_err();
         assert!(err.to_string().contains("one column"), "{err}");
+    }
+
+    #[test]
+    fn blob_cells_decode_into_bytes_blobs_and_byte_buffers() {
+        let body = br#"{"columns":[{"name":"b","type":"BLOB"},{"name":"n","type":"BLOB"}],"rows":[[{"base64":"AP8Q"},null],[{"base64":""},{"base64":"AQ=="}]]}"#;
+        let rows: Vec<(Vec<u8>, Option<Vec<u8>>)> = rows(body).unwrap();
+        assert_eq!(rows[0], (vec![0, 255, 16], None));
+        assert_eq!(rows[1], (vec![], Some(vec![1])));
+        let blobs: Vec<(crate::Blob, Option<crate::Blob>)> = super::rows(body).unwrap();
+        assert_eq!(blobs[0].0.0, [0, 255, 16]);
+        #[derive(Debug, Deserialize)]
+        struct File {
+            b: bytes::Bytes,
+            n: Option<crate::Blob>,
+        }
+        let files: Vec<File> = super::rows(body).unwrap();
+        assert_eq!(&files[0].b[..], [0, 255, 16]);
+        assert_eq!(files[1].n.as_ref().unwrap().0, [1]);
+        let err = super::rows::<(i64, i64)>(body).unwrap_err();
+        assert!(matches!(err.kind(), ErrorKind::Decode { column: Some(c), .. } if c == "b"));
     }
 
     #[test]

@@ -417,6 +417,12 @@ impl Error {
         self
     }
 
+    /// The kind and the source, for a failure carried on as an attempt's.
+    pub(crate) fn into_parts(self) -> (ErrorKind, Option<BoxError>) {
+        let inner = *self.inner;
+        (inner.kind, inner.source)
+    }
+
     /// What went wrong.
     pub fn kind(&self) -> &ErrorKind {
         &self.inner.kind

@@ -16,13 +16,17 @@ use http::HeaderValue;
 use serde::Serialize;
 
 use crate::client::Client;
+use serde::de::IgnoredAny;
+
+use crate::cursor::Collect;
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
-use crate::table::{Table, Value};
+use crate::table::Table;
 use crate::transport::Endpoint;
+use serde_json::Value;
 
 /// How large one generated statement may be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -202,6 +206,7 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
             for (index, chunk) in chunks.into_iter().enumerate() {
                 let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
                     .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
+                let mut effect = Collect::<IgnoredAny>::new();
                 let sent = self
                     .client
                     .send(
@@ -211,9 +216,12 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                         &self.options,
                         Some(key),
                         Some(started),
+                        &mut effect,
                     )
                     .await
-                    .and_then(|delivered| delivered.decode(decode::exec_result));
+                    .and_then(|delivered| {
+                        decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
+                    });
                 let err = match sent {
                     Ok(effect) => {
                         inserted += effect.rows_affected;
@@ -249,14 +257,18 @@ impl<T> Insert<'_, T> {
             |message| {
                 Error::new(ErrorKind::PayloadTooLarge {
                     message: format!(
-                        "an atomic insert of {rows} rows takes {count} statements in one batch, and                          {message}; nothing was sent. Insert without .atomic() (each statement                          exactly once under its key, but not all or nothing), split the rows, or                          raise the client's batch limits to the server's"
+                        "an atomic insert of {rows} rows takes {count} statements in one batch, and {message}; \
+                         nothing was sent. Insert without .atomic() (each statement exactly once \
+                         under its key, but not all or nothing), split the rows, or raise the \
+                         client's batch limits to the server's"
                     ),
                 })
             },
         )?;
         let key = HeaderValue::try_from(call_key.as_str())
             .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
-        let tables = self
+        let mut whole = crate::cursor::Whole::default();
+        let delivered = self
             .client
             .send_to(
                 Endpoint::Batch,
@@ -266,9 +278,11 @@ impl<T> Insert<'_, T> {
                 &self.options,
                 Some(key),
                 None,
+                &mut whole,
             )
-            .await?
-            .decode(|body| crate::batch::decode_results(body, count))?;
+            .await?;
+        let tables =
+            crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(tables.iter().map(Table::rows_affected).sum())
     }
 }
@@ -391,7 +405,7 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
 }
 
 fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
-    match serde_json::to_value(row) {
+    match crate::blob::to_param(row) {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(invalid(
             None,

@@ -4,7 +4,12 @@
 //!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
 //!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk;
 //!   [`Client::batch`] runs several statements in one transaction, all or nothing.
-//! * Parameters are always bound (`.bind(value)`), never spliced into SQL.
+//! * [`Query::fetch`] streams rows of any number as they arrive ([`RowStream`]); every call decodes the
+//!   body incrementally, and a result the server ends with an error is never taken for a whole one.
+//! * Parameters are always bound (`.bind(value)`), never spliced into SQL; a BLOB is a [`Blob`] (or any
+//!   value serialized as bytes) and comes back as one.
+//! * Features: `rustls` (default) or `native-tls` for HTTPS; `gzip` and `zstd` ask for compressed
+//!   responses (off by default: they pay across a network, not on loopback).
 //! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
@@ -28,8 +33,11 @@
 //! ```
 
 mod batch;
+mod blob;
 mod client;
+mod cursor;
 pub mod decode;
+mod envelope;
 mod error;
 mod insert;
 mod options;
@@ -40,9 +48,12 @@ pub mod simulation;
 mod statement;
 mod table;
 mod transport;
+mod value;
 
 pub use batch::Batch;
+pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
+pub use cursor::RowStream;
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::Insert;
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type).
@@ -53,8 +64,9 @@ pub use reqwest::Proxy;
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
-pub use table::{Column, ExecResult, Row, Table, Value};
+pub use table::{Column, ExecResult, Row, Table};
 pub use tokio_util::sync::CancellationToken;
+pub use value::Value;
 
 /// The README's examples compile (`cargo test --doc`).
 #[cfg(doctest)]
@@ -75,4 +87,7 @@ fn _assert_impls() {
     send::<ResponseFuture<'static, u64>>();
     send::<Insert<'static, u8>>();
     send_sync::<Batch>();
+    send::<RowStream<u8>>();
+    fn stream<S: futures_core::Stream<Item = Result<u8>> + Unpin>() {}
+    stream::<RowStream<u8>>();
 }

@@ -95,6 +95,33 @@ pub(crate) fn request_id(headers: &http::HeaderMap) -> Option<String> {
     sane.then(|| String::from_utf8_lossy(bytes).into_owned())
 }
 
+/// Maps the `error` member that ends a streamed body (the status was `200` before the failure) to
+/// the kind the same error would have as a response of its own: its code decides the status.
+pub(crate) fn from_body_error(raw_error: &str) -> ErrorKind {
+    #[derive(Deserialize)]
+    struct CodeOnly {
+        #[serde(default)]
+        code: Option<String>,
+    }
+    let code = serde_json::from_str::<CodeOnly>(raw_error)
+        .ok()
+        .and_then(|body| body.code);
+    let status = match code.as_deref() {
+        Some("SQL_ERROR" | "BAD_REQUEST") => 400,
+        Some("UNAUTHORIZED") => 401,
+        Some("STATEMENT_NOT_ALLOWED" | "READ_ONLY" | "ORIGIN_NOT_ALLOWED") => 403,
+        Some("CONSTRAINT_VIOLATION" | "IDEMPOTENCY_KEY_IN_USE") => 409,
+        Some("PAYLOAD_TOO_LARGE") => 413,
+        Some("STATEMENT_TIMEOUT" | "RESULT_TOO_LARGE" | "IDEMPOTENCY_KEY_REUSED") => 422,
+        Some("RATE_LIMITED") => 429,
+        Some("UNAVAILABLE") => 503,
+        // INTERNAL, and codes this version does not know: a server failure.
+        _ => 500,
+    };
+    let envelope = format!("{{\"error\":{raw_error}}}");
+    from_status(status, &http::HeaderMap::new(), envelope.as_bytes())
+}
+
 fn reason(status: u16) -> String {
     http::StatusCode::from_u16(status)
         .ok()
@@ -357,6 +384,32 @@ mod tests {
                 message: "m".into()
             }
         );
+    }
+
+    #[test]
+    fn an_error_ending_a_streamed_body_maps_by_its_code() {
+        assert_eq!(
+            from_body_error(r#"{"code":"SQL_ERROR","message":"integer overflow"}"#),
+            ErrorKind::Sql {
+                code: "SQL_ERROR".into(),
+                message: "integer overflow".into()
+            }
+        );
+        assert!(matches!(
+            from_body_error(r#"{"code":"STATEMENT_TIMEOUT","message":"m"}"#),
+            ErrorKind::StatementTimeout { .. }
+        ));
+        assert!(matches!(
+            from_body_error(r#"{"code":"UNAVAILABLE","message":"m"}"#),
+            ErrorKind::Unavailable {
+                retry_after: None,
+                ..
+            }
+        ));
+        assert!(matches!(
+            from_body_error(r#"{"code":"INTERNAL","message":"m"}"#),
+            ErrorKind::Http { status: 500, .. }
+        ));
     }
 
     #[test]

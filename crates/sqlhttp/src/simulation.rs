@@ -111,7 +111,7 @@ impl Exchange for SimulatedExchange {
         let answer = (self.server.handler)(built);
         Box::pin(async move {
             match answer.await {
-                Ok(response) if response.status().is_success() => Ok(response.into_body()),
+                Ok(response) if response.status().is_success() => Ok(response.into_body().into()),
                 Ok(response) => {
                     let status = response.status().as_u16();
                     Err(response::failure_from_status(

@@ -13,13 +13,18 @@ use bytes::Bytes;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use serde::de::IgnoredAny;
+
 use crate::client::Client;
+use crate::cursor::{Collect, First, RowStream};
 use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
-use crate::table::{ExecResult, Table, Value};
-use crate::transport::Delivered;
+use crate::table::{ExecResult, Table};
+use crate::transport::{Delivered, Receive};
+use crate::value::Value as Cell;
+use serde_json::Value;
 
 /// The request body of protocol v1.
 #[derive(Serialize)]
@@ -37,10 +42,12 @@ impl RequestBody<'_> {
     }
 }
 
-/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a float, or a string.
+/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a float, a string,
+/// or a blob (`{"base64": ...}`, made from bytes by `blob::to_param`).
 pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
+        Value::Object(map) if crate::blob::is_blob(map) => Ok(()),
         Value::Number(n) if n.is_i64() || n.is_f64() => Ok(()),
         Value::Number(_) => {
             Err("an integer above i64::MAX does not fit in a signed 64-bit integer".to_owned())
@@ -95,7 +102,7 @@ impl Statement {
             return;
         }
         let index = self.params.len();
-        let checked = serde_json::to_value(value)
+        let checked = crate::blob::to_param(value)
             .map_err(|err| err.to_string())
             .and_then(|value| check_scalar(&value).map(|()| value));
         match checked {
@@ -109,13 +116,15 @@ impl Statement {
         }
     }
 
-    /// Sends the statement as an operation of `class`; a parameter that could not be bound or a
-    /// setting that cannot work fails here, before anything is sent.
+    /// Sends the statement as an operation of `class`, handing the body to `receiver` while the call
+    /// may be retried; a parameter that could not be bound or a setting that cannot work fails here,
+    /// before anything is sent.
     async fn send(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
+        receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
         if let Some(kind) = self.invalid {
             return Err(Error::new(kind));
@@ -126,32 +135,61 @@ impl Statement {
         }
         .encode();
         client
-            .send(class, body, &self.sql, options, None, None)
+            .send(class, body, &self.sql, options, None, None, receiver)
             .await
     }
 
-    /// Sends the statement and decodes every row into a `T`.
-    async fn fetch_all<T: DeserializeOwned>(
+    /// Sends the statement and decodes every row into a `T`; a failure anywhere in the body is
+    /// retried as the class allows (the caller has seen nothing yet).
+    async fn fetch_all<T: DeserializeOwned + Send>(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
-    ) -> Result<(Vec<T>, Delivered)> {
-        let delivered = self.send(client, class, options).await?;
-        let rows = delivered.decode(decode::rows)?;
-        Ok((rows, delivered))
+    ) -> Result<Vec<T>> {
+        let mut all = Collect::new();
+        self.send(client, class, options, &mut all).await?;
+        Ok(all.rows)
     }
 
-    async fn fetch_one<T: DeserializeOwned>(
+    /// Sends the statement and returns its rows as a stream, once the first has arrived.
+    async fn fetch<T: DeserializeOwned + Send>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<RowStream<T>> {
+        let mut first = First::new();
+        let delivered = self.send(client, class, options, &mut first).await?;
+        Ok(RowStream::new(first, delivered))
+    }
+
+    /// The first row, reading no more of the result than it must.
+    async fn fetch_optional<T: DeserializeOwned + Send>(
+        self,
+        client: &Client,
+        class: OpClass,
+        options: &CallOptions,
+    ) -> Result<(Option<T>, RowStream<T>)> {
+        let mut rows = self.fetch(client, class, options).await?;
+        let first = rows.try_next().await?;
+        Ok((first, rows))
+    }
+
+    async fn fetch_one<T: DeserializeOwned + Send>(
         self,
         client: &Client,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<T> {
-        let (rows, delivered) = self.fetch_all(client, class, options).await?;
-        rows.into_iter()
-            .next()
-            .ok_or_else(|| delivered.attach(Error::new(ErrorKind::RowNotFound)))
+        let (first, rows) = self.fetch_optional(client, class, options).await?;
+        match first {
+            Some(row) => {
+                rows.close().await;
+                Ok(row)
+            }
+            None => Err(rows.attach(Error::new(ErrorKind::RowNotFound))),
+        }
     }
 }
 
@@ -203,7 +241,8 @@ macro_rules! bind_params {
 }
 
 /// A read returning typed rows, made by [`Client::query`]. Finish it with [`fetch_all`](Self::fetch_all),
-/// [`fetch_one`](Self::fetch_one) or [`fetch_optional`](Self::fetch_optional).
+/// [`fetch_one`](Self::fetch_one), [`fetch_optional`](Self::fetch_optional) or
+/// [`fetch`](Self::fetch) (a stream, for results of any size).
 ///
 /// Retried on transient failures. Per-call settings override the client's for this call only.
 ///
@@ -251,32 +290,50 @@ impl Query {
     ///
     /// Any failure of the call (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and column when a
     /// cell is not what `T` expects.
-    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let (rows, _) = self
-            .statement
+    pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
+        self.statement
             .fetch_all(&self.client, OpClass::Read, &self.options)
-            .await?;
-        Ok(rows)
+            .await
     }
 
-    /// The first row.
+    /// The rows as a [`RowStream`], decoded one at a time as they arrive, in constant memory
+    /// whatever the result's size. Retried as a read until the first row has arrived; never after
+    /// (see [`RowStream`]).
+    ///
+    /// # Errors
+    ///
+    /// Any failure of the call before the first row (see [`ErrorKind`]); later failures come from the
+    /// stream.
+    pub async fn fetch<T: DeserializeOwned + Send>(self) -> Result<RowStream<T>> {
+        self.statement
+            .fetch(&self.client, OpClass::Read, &self.options)
+            .await
+    }
+
+    /// The first row. Reads no further into the result: the rest is never sent in full, and the
+    /// server stops the statement.
     ///
     /// # Errors
     ///
     /// [`ErrorKind::RowNotFound`] when the query returned no rows; otherwise as [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
+    pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
             .fetch_one(&self.client, OpClass::Read, &self.options)
             .await
     }
 
-    /// The first row, or `None` when there is none.
+    /// The first row, or `None` when there is none. Reads no further into the result.
     ///
     /// # Errors
     ///
     /// As [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
-        Ok(self.fetch_all().await?.into_iter().next())
+    pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
+        let (first, rows) = self
+            .statement
+            .fetch_optional(&self.client, OpClass::Read, &self.options)
+            .await?;
+        rows.close().await;
+        Ok(first)
     }
 }
 
@@ -330,11 +387,11 @@ impl IntoFuture for TableQuery {
 
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
-            let delivered = self
-                .statement
-                .send(&self.client, OpClass::Read, &self.options)
+            let mut all = Collect::<Vec<Cell>>::new();
+            self.statement
+                .send(&self.client, OpClass::Read, &self.options, &mut all)
                 .await?;
-            delivered.decode(decode::table)
+            Ok(all.into_table())
         })
     }
 }
@@ -407,12 +464,10 @@ impl Execute {
     ///
     /// Any failure of the one attempt (see [`ErrorKind`]); [`ErrorKind::Decode`] naming the row and
     /// column when a cell is not what `T` expects (the statement has run: its effects stay).
-    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        let (rows, _) = self
-            .statement
+    pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
+        self.statement
             .fetch_all(&self.client, OpClass::Execute, &self.options)
-            .await?;
-        Ok(rows)
+            .await
     }
 
     /// Runs the statement once and decodes the first returned row.
@@ -421,7 +476,7 @@ impl Execute {
     ///
     /// [`ErrorKind::RowNotFound`] when the statement returned no rows (it has run all the same);
     /// otherwise as [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
+    pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
             .fetch_one(&self.client, OpClass::Execute, &self.options)
             .await
@@ -432,8 +487,13 @@ impl Execute {
     /// # Errors
     ///
     /// As [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
-        Ok(self.fetch_all().await?.into_iter().next())
+    pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
+        let (first, rows) = self
+            .statement
+            .fetch_optional(&self.client, OpClass::Execute, &self.options)
+            .await?;
+        rows.close().await;
+        Ok(first)
     }
 
     /// Runs the statement once and returns what it returned with its columns, as
@@ -456,11 +516,11 @@ impl Execute {
     ///
     /// Any failure of the one attempt (see [`ErrorKind`]).
     pub async fn fetch_table(self) -> Result<Table> {
-        let delivered = self
-            .statement
-            .send(&self.client, OpClass::Execute, &self.options)
+        let mut all = Collect::<Vec<Cell>>::new();
+        self.statement
+            .send(&self.client, OpClass::Execute, &self.options, &mut all)
             .await?;
-        delivered.decode(decode::table)
+        Ok(all.into_table())
     }
 }
 
@@ -470,11 +530,12 @@ impl IntoFuture for Execute {
 
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
+            let mut effect = Collect::<IgnoredAny>::new();
             let delivered = self
                 .statement
-                .send(&self.client, OpClass::Execute, &self.options)
+                .send(&self.client, OpClass::Execute, &self.options, &mut effect)
                 .await?;
-            delivered.decode(decode::exec_result)
+            decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
         })
     }
 }

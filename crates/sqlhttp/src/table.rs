@@ -10,9 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
 
-/// A dynamically typed cell: `null`, a bool, a number (integers keep 64-bit precision), a string, or a
-/// BLOB as an array of bytes.
-pub use serde_json::Value;
+use crate::value::Value;
 
 /// A result column: its name and the engine's declared type.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -62,16 +60,29 @@ pub struct ExecResult {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone, PartialEq, Deserialize)]
+#[derive(Clone, PartialEq)]
 pub struct Table {
     columns: Vec<Column>,
     rows: Vec<Vec<Value>>,
     rows_affected: u64,
-    #[serde(default)]
     last_insert_id: Option<i64>,
 }
 
 impl Table {
+    pub(crate) fn new(
+        columns: Vec<Column>,
+        rows: Vec<Vec<Value>>,
+        rows_affected: u64,
+        last_insert_id: Option<i64>,
+    ) -> Self {
+        Self {
+            columns,
+            rows,
+            rows_affected,
+            last_insert_id,
+        }
+    }
+
     /// The result's columns, in order.
     pub fn columns(&self) -> &[Column] {
         &self.columns

@@ -1,7 +1,8 @@
 //! The transport owns every HTTP exchange and every attempt: it sends one prepared request body to one
 //! of the protocol's endpoints (a statement, or a batch), retries it as the operation's class and the
-//! failure allow, waits between attempts, honours cancellation and the retry budget, and returns the
-//! successful body's bytes.
+//! failure allow, waits between attempts, honours cancellation and the retry budget, and hands the
+//! successful body to the call's receiver until it is served (the whole result, or a stream's first
+//! row); the rest of the body is the caller's, never retried.
 //!
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
@@ -77,10 +78,85 @@ impl From<ErrorKind> for Failure {
 
 /// The future of one exchange.
 pub(crate) type ExchangeFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Bytes, Failure>> + Send + 'a>>;
+    Pin<Box<dyn Future<Output = Result<Body, Failure>> + Send + 'a>>;
 
-/// One HTTP exchange: a request out, the whole success body or the failure's kind back. The loop
-/// around it does not know HTTP; unit tests script this seam to drive the loop on a paused clock.
+/// A success response's body, read piece by piece as it arrives.
+pub(crate) struct Body(BodyInner);
+
+enum BodyInner {
+    /// A body already whole (a simulated server, a scripted test).
+    Whole(Option<Bytes>),
+    /// The body of an HTTP response, still arriving.
+    Http(reqwest::Response),
+    /// Pieces that arrive each after its pause (tests of time on a paused clock).
+    #[cfg(test)]
+    Scripted(std::collections::VecDeque<(Duration, Bytes)>),
+}
+
+impl From<Bytes> for Body {
+    fn from(bytes: Bytes) -> Self {
+        Body(BodyInner::Whole(Some(bytes)))
+    }
+}
+
+impl std::fmt::Debug for Body {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Body").finish_non_exhaustive()
+    }
+}
+
+impl Body {
+    /// A body whose pieces arrive each after its pause.
+    #[cfg(test)]
+    pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {
+        Body(BodyInner::Scripted(pieces.into_iter().collect()))
+    }
+
+    /// The next piece, or `None` at the body's clean end. A body cut short (the connection lost,
+    /// a chunked body without its end) is a connection failure.
+    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, Failure> {
+        match &mut self.0 {
+            BodyInner::Whole(bytes) => Ok(bytes.take()),
+            #[cfg(test)]
+            BodyInner::Scripted(pieces) => match pieces.pop_front() {
+                Some((pause, piece)) => {
+                    tokio::time::sleep(pause).await;
+                    Ok(Some(piece))
+                }
+                None => Ok(None),
+            },
+            BodyInner::Http(response) => response.chunk().await.map_err(|err| {
+                let err = err.without_url();
+                Failure {
+                    kind: ErrorKind::Connection {
+                        message: format!("response body ended early: {err}"),
+                    },
+                    sent: true,
+                    source: Some(Box::new(err)),
+                    statement: None,
+                    request_id: None,
+                }
+            }),
+        }
+    }
+}
+
+/// What a call does with the body while it may still be retried: it takes the pieces until it has
+/// something to hand to the caller (the whole result, or a stream's first row). Until then a
+/// failure is retried as any other; after it, never (the caller may have seen rows).
+// A `Failure` travels once per attempt, beside an HTTP exchange: returning it by value costs nothing
+// that matters.
+#[allow(clippy::result_large_err)]
+pub(crate) trait Receive: Send {
+    /// Forgets what an earlier attempt delivered.
+    fn reset(&mut self);
+    /// Takes the next piece (`None`: the body ended). `Ok(true)` once the caller can be served.
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure>;
+}
+
+/// One HTTP exchange: a request out, a success head (its body still to read) or the failure's kind
+/// back. The loop around it does not know HTTP; unit tests script this seam to drive the loop on a
+/// paused clock.
 pub(crate) trait Exchange: Send + Sync {
     fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a>;
 }
@@ -122,12 +198,17 @@ pub(crate) struct Call<'a> {
     pub(crate) started: Option<Instant>,
 }
 
-/// A successful call: the body, and how many attempts it took with what each failed one met.
+/// A successful call: the rest of the body (what the receiver has not taken), how many attempts it
+/// took with what each failed one met, and how long the rest of the body may stall.
 #[derive(Debug)]
 pub(crate) struct Delivered {
-    pub(crate) body: Bytes,
+    pub(crate) body: Body,
     pub(crate) attempts: u32,
     pub(crate) history: Vec<AttemptFailure>,
+    /// The call's `timeout`: the longest wait for each further piece of the body.
+    pub(crate) stall: Option<Duration>,
+    /// The call's and the client's cancellation tokens, which end the rest of the body too.
+    pub(crate) cancel: [Option<CancellationToken>; 2],
 }
 
 impl Delivered {
@@ -136,10 +217,20 @@ impl Delivered {
         err.with_attempts(self.attempts, self.history.clone())
             .with_sent(true, false)
     }
+}
 
-    /// Decodes the body with `decode`, attaching the call's attempts to a failure.
-    pub(crate) fn decode<T>(&self, decode: impl FnOnce(&[u8]) -> Result<T>) -> Result<T> {
-        decode(&self.body).map_err(|err| self.attach(err))
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        let statement = err.statement_index();
+        let request_id = err.request_id().map(str::to_owned);
+        let (kind, source) = err.into_parts();
+        Failure {
+            kind,
+            sent: true,
+            source,
+            statement,
+            request_id,
+        }
     }
 }
 
@@ -151,18 +242,50 @@ impl Transport {
         }
     }
 
-    /// Sends the call, retrying as allowed; returns the body of the first successful response, or the
-    /// last failure with the attempt count and history.
-    pub(crate) async fn send(&self, call: Call<'_>) -> Result<Delivered> {
+    /// Sends the call, retrying as allowed until `receiver` has what it needs from a response; returns
+    /// the rest of that response's body, or the last failure with the attempt count and history.
+    pub(crate) async fn send(
+        &self,
+        call: Call<'_>,
+        receiver: &mut dyn Receive,
+    ) -> Result<Delivered> {
         let span = tracing::info_span!(
             "sqlhttp.call",
             op = call.class.as_str(),
             attempts = tracing::field::Empty,
         );
-        self.run(call, &span).instrument(span.clone()).await
+        self.run(call, receiver, &span)
+            .instrument(span.clone())
+            .await
     }
 
-    async fn run(&self, call: Call<'_>, span: &tracing::Span) -> Result<Delivered> {
+    /// One attempt: the response head within the attempt's budget, then the body's pieces, each
+    /// within the budget again (a stall, not the whole download), until `receiver` is served.
+    async fn attempt(
+        &self,
+        request: AttemptRequest<'_>,
+        timeout: Option<Duration>,
+        deadline: Option<Instant>,
+        receiver: &mut dyn Receive,
+    ) -> Result<Body, Failure> {
+        receiver.reset();
+        let exchange = self.exchange.send(request);
+        let mut body = with_timeout(attempt_budget(timeout, deadline), exchange).await?;
+        loop {
+            let piece = with_timeout(attempt_budget(timeout, deadline), body.chunk()).await?;
+            let ended = piece.is_none();
+            if receiver.take(piece.as_deref())? || ended {
+                return Ok(body);
+            }
+        }
+    }
+
+    async fn run(
+        &self,
+        call: Call<'_>,
+        receiver: &mut dyn Receive,
+        span: &tracing::Span,
+    ) -> Result<Delivered> {
         tracing::debug!(sql = call.sql, "sending statement");
         let options = call.options;
         let cancel = options.cancel.as_ref();
@@ -208,18 +331,17 @@ impl Transport {
         loop {
             attempt += 1;
             span.record("attempts", attempt);
-            let budget = attempt_budget(timeout, deadline);
-            let exchange = self.exchange.send(AttemptRequest {
+            let request = AttemptRequest {
                 endpoint: call.endpoint,
                 body: &call.body,
                 attempt,
                 max_attempts,
                 idempotency_key: idempotency_key.as_ref(),
-            });
+            };
             let outcome = tokio::select! {
                 biased;
                 () = cancelled(cancel, self.cancel.as_ref()) => Err(Failure::from(ErrorKind::Cancelled)),
-                outcome = with_timeout(budget, exchange) => outcome,
+                outcome = self.attempt(request, timeout, deadline, &mut *receiver) => outcome,
             };
             let Failure {
                 kind,
@@ -236,6 +358,8 @@ impl Transport {
                         body,
                         attempts: attempt,
                         history,
+                        stall: timeout,
+                        cancel: [cancel.cloned(), self.cancel.clone()],
                     });
                 }
                 Err(failure) => failure,
@@ -373,8 +497,8 @@ impl Exchange for HttpExchange {
 }
 
 impl HttpExchange {
-    /// One HTTP exchange: the request, the status, the whole body.
-    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Bytes, Failure> {
+    /// One HTTP exchange: the request, the status, and a success body to read (an error's whole).
+    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Body, Failure> {
         let AttemptRequest {
             endpoint,
             body,
@@ -402,19 +526,7 @@ impl HttpExchange {
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();
         if status.is_success() {
-            let request_id = response::request_id(response.headers());
-            return response.bytes().await.map_err(|err| {
-                let err = err.without_url();
-                Failure {
-                    kind: ErrorKind::Connection {
-                        message: format!("response body ended early: {err}"),
-                    },
-                    sent: true,
-                    source: Some(Box::new(err)),
-                    statement: None,
-                    request_id,
-                }
-            });
+            return Ok(Body(BodyInner::Http(response)));
         }
         let headers = std::mem::take(response.headers_mut());
         // The status decides; a body cut short only costs the server's message.
@@ -436,12 +548,13 @@ fn attempt_budget(timeout: Option<Duration>, deadline: Option<Instant>) -> Optio
     }
 }
 
-/// Runs one exchange within its budget. An attempt cut short by it may have reached the server.
+/// Runs one step of an exchange (the head, a piece of the body) within its budget. An attempt cut
+/// short by it may have reached the server.
 // A `Failure` is built once per attempt, next to an HTTP exchange: its size does not matter.
 #[allow(clippy::result_large_err)]
-async fn with_timeout<F>(budget: Option<Duration>, exchange: F) -> Result<Bytes, Failure>
+pub(crate) async fn with_timeout<T, F>(budget: Option<Duration>, exchange: F) -> Result<T, Failure>
 where
-    F: Future<Output = Result<Bytes, Failure>>,
+    F: Future<Output = Result<T, Failure>>,
 {
     let began = Instant::now();
     let outcome = match budget {
@@ -466,7 +579,10 @@ where
 }
 
 /// Resolves when either token is cancelled; never when there is none.
-async fn cancelled(call: Option<&CancellationToken>, client: Option<&CancellationToken>) {
+pub(crate) async fn cancelled(
+    call: Option<&CancellationToken>,
+    client: Option<&CancellationToken>,
+) {
     match (call, client) {
         (Some(a), Some(b)) => tokio::select! {
             () = a.cancelled() => {}

@@ -27,6 +27,8 @@ enum Step {
     Hang,
     /// Fails after this long as the HTTP client's own timeout does (no duration).
     TimesOut(Duration),
+    /// Answers at once with a body whose pieces arrive each after its pause.
+    Trickle(Vec<Duration>),
 }
 
 /// What one attempt looked like from the server's side.
@@ -55,7 +57,7 @@ impl Exchange for Scripted {
         let step = self.steps.lock().unwrap().pop_front().unwrap_or(Step::Ok);
         Box::pin(async move {
             match step {
-                Step::Ok => Ok(Bytes::from_static(b"ok")),
+                Step::Ok => Ok(Bytes::from_static(b"ok").into()),
                 Step::Fail(kind) => Err(kind.into()),
                 Step::FailWithId(kind, id) => Err(Failure {
                     request_id: Some(id.to_owned()),
@@ -70,9 +72,14 @@ impl Exchange for Scripted {
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
-                    Ok(Bytes::from_static(b"ok"))
+                    Ok(Bytes::from_static(b"ok").into())
                 }
                 Step::Hang => std::future::pending().await,
+                Step::Trickle(pauses) => Ok(Body::scripted(
+                    pauses
+                        .into_iter()
+                        .map(|pause| (pause, Bytes::from_static(b"ok"))),
+                )),
                 Step::TimesOut(after) => {
                     tokio::time::sleep(after).await;
                     Err(ErrorKind::Timeout {
@@ -82,6 +89,26 @@ impl Exchange for Scripted {
                 }
             }
         })
+    }
+}
+
+/// Takes the whole body.
+#[derive(Default)]
+struct Whole(Vec<u8>);
+
+impl Receive for Whole {
+    fn reset(&mut self) {
+        self.0.clear();
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        match piece {
+            Some(piece) => {
+                self.0.extend_from_slice(piece);
+                Ok(false)
+            }
+            None => Ok(true),
+        }
     }
 }
 
@@ -124,9 +151,13 @@ impl Harness {
     }
 
     async fn send_with(&self, class: OpClass, cancel: Option<&CancellationToken>) -> Result<Bytes> {
-        self.deliver(class, cancel)
+        let options = CallOptions {
+            cancel: cancel.cloned(),
+            ..CallOptions::default()
+        };
+        self.deliver_bytes(class, &options, None)
             .await
-            .map(|delivered| delivered.body)
+            .map(|(_, bytes)| bytes)
     }
 
     async fn deliver(
@@ -147,24 +178,42 @@ impl Harness {
         options: &CallOptions,
         key: Option<&'static str>,
     ) -> Result<Delivered> {
-        self.transport
-            .send(Call {
-                class,
-                endpoint: Endpoint::Sql,
-                body: Bytes::from_static(b"{}"),
-                sql: "SELECT 1",
-                options,
-                idempotency_key: key.map(HeaderValue::from_static),
-                started: None,
-            })
+        self.deliver_bytes(class, options, key)
             .await
+            .map(|(delivered, _)| delivered)
+    }
+
+    /// Sends, taking the whole body as the receiver.
+    async fn deliver_bytes(
+        &self,
+        class: OpClass,
+        options: &CallOptions,
+        key: Option<&'static str>,
+    ) -> Result<(Delivered, Bytes)> {
+        let mut whole = Whole::default();
+        let delivered = self
+            .transport
+            .send(
+                Call {
+                    class,
+                    endpoint: Endpoint::Sql,
+                    body: Bytes::from_static(b"{}"),
+                    sql: "SELECT 1",
+                    options,
+                    idempotency_key: key.map(HeaderValue::from_static),
+                    started: None,
+                },
+                &mut whole,
+            )
+            .await?;
+        Ok((delivered, Bytes::from(whole.0)))
     }
 
     /// Sends with per-call settings, as a request builder does.
     async fn send_options(&self, class: OpClass, options: CallOptions) -> Result<Bytes> {
-        self.deliver_with(class, &options, None)
+        self.deliver_bytes(class, &options, None)
             .await
-            .map(|delivered| delivered.body)
+            .map(|(_, bytes)| bytes)
     }
 
     fn keys(&self) -> Vec<Option<String>> {
@@ -942,4 +991,39 @@ async fn each_attempt_keeps_the_request_id_its_response_carried() {
     let err = harness.send(OpClass::Read).await.unwrap_err();
     assert_eq!(err.request_id(), None);
     assert_eq!(err.history()[0].request_id.as_deref(), Some("only-id"));
+}
+
+/// `timeout` bounds each stall of the body, not the whole download: ten pieces 900 ms apart under a
+/// one-second timeout are nine seconds of healthy transfer.
+#[tokio::test(start_paused = true)]
+async fn a_long_body_that_keeps_arriving_is_not_cut() {
+    let h = Harness::with([Step::Trickle(vec![ms(900); 10])], |t| Transport {
+        timeout: Some(ms(1_000)),
+        ..t
+    });
+    let started = Instant::now();
+    let body = h.send(OpClass::Read).await.unwrap();
+    assert_eq!(body.len(), 20);
+    assert_eq!(started.elapsed(), ms(9_000));
+    assert_eq!(h.seen().len(), 1);
+}
+
+/// A body that stalls past `timeout` before the call is served is an attempt timeout: retried.
+#[tokio::test(start_paused = true)]
+async fn a_body_stalled_before_the_call_is_served_is_retried() {
+    let h = Harness::with([Step::Trickle(vec![ms(100), ms(1_500)]), Step::Ok], |t| {
+        Transport {
+            timeout: Some(ms(1_000)),
+            ..t
+        }
+    });
+    let started = Instant::now();
+    let body = h.send(OpClass::Read).await.unwrap();
+    assert_eq!(&body[..], b"ok");
+    // The first piece at 100 ms, then a stall cut at 1 100 ms; the retry after its backoff.
+    let times = h.times();
+    assert_eq!(times.len(), 2);
+    assert_eq!(times[0], ms(0));
+    assert!(times[1] >= ms(1_100), "{times:?}");
+    assert!(started.elapsed() >= ms(1_100));
 }

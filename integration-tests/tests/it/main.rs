@@ -15,6 +15,7 @@
 //! `Retry-After`, a few hundred milliseconds of timeout).
 
 mod batches;
+mod blobs;
 mod connector;
 mod errors;
 mod faults;
@@ -22,5 +23,6 @@ mod harness;
 mod methods;
 mod operations;
 mod restart;
+mod streams;
 mod timing;
 mod writes;

@@ -102,7 +102,7 @@ async fn query_table_reports_declared_types() {
     let last = result.row(2).unwrap();
     assert_eq!(last.get::<i64>("id").unwrap(), i64::MAX);
     assert_eq!(last.get::<f64>("doubled").unwrap(), 0.0);
-    assert_eq!(last.value("note"), Some(&Value::String("note 0".into())));
+    assert_eq!(last.value("note"), Some(&Value::Text("note 0".into())));
 }
 
 #[tokio::test]

@@ -10,7 +10,7 @@ use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
 use crate::config::{Database, Limits};
 use crate::engine::postgres::PgEngine;
-use crate::engine::{Engine, Outcome};
+use crate::engine::{Engine, Outcome, Reply};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
@@ -38,16 +38,16 @@ impl Backend {
         }
     }
 
-    /// Runs one request without an Idempotency-Key.
-    pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+    /// Runs one request without an Idempotency-Key; a large success body streams.
+    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
         match self {
-            Backend::Sqlite(engine) => engine.execute(request).await,
-            Backend::Postgres(engine) => engine.execute(request).await,
+            Backend::Sqlite(engine) => engine.execute_streamed(request).await,
+            Backend::Postgres(engine) => engine.execute_streamed(request).await,
         }
     }
 
     /// Runs one request for a credential that may only read (`403 READ_ONLY` for a write).
-    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
         match self {
             Backend::Sqlite(engine) => engine.execute_read_only(request).await,
             Backend::Postgres(engine) => engine.execute_read_only(request).await,

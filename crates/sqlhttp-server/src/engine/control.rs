@@ -160,6 +160,15 @@ impl Hooks {
         }
     }
 
+    /// Why the running job's statement was stopped, as the protocol error to report (for a body
+    /// that is already streaming, where the worker cannot replace the error afterwards).
+    pub(crate) fn interrupted_error(&self) -> ApiError {
+        match &*self.job.lock().unwrap_or_else(PoisonError::into_inner) {
+            Some(job) => job.interrupted_error(),
+            None => ApiError::unavailable("the statement was interrupted"),
+        }
+    }
+
     /// Whether statements compiled from now on are a client's.
     pub(crate) fn set_sandboxed(&self, on: bool) {
         self.sandboxed.store(on, Ordering::Release);

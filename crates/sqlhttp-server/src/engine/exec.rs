@@ -1,11 +1,16 @@
 //! Running one client statement and writing its success body straight from SQLite rows into
 //! JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that order), within the
-//! sandbox and the result-size limit.
+//! sandbox: the row writer [`write_result`], which hands its output to a [`Sink`] after each row
+//! (`stream` sends it on in chunks), and [`execute`], the buffered entry point within the
+//! result-size limit.
 //!
 //! Runs on an engine thread with a borrowed connection. Knows nothing about HTTP, pooling or
 //! idempotency: the caller decides what surrounds the statement.
 
 use std::io::Write as _;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 
 use rusqlite::fallible_iterator::FallibleIterator as _;
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
@@ -34,6 +39,7 @@ impl ToSql for Param {
             Param::Integer(i) => ValueRef::Integer(*i),
             Param::Real(f) => ValueRef::Real(*f),
             Param::Text(s) => ValueRef::Text(s.as_bytes()),
+            Param::Blob(b) => ValueRef::Blob(b),
         }))
     }
 }
@@ -102,14 +108,73 @@ fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError>
     }
 }
 
-/// Runs the request's statement and returns its JSON success body.
+/// What writing a statement's result gave.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Written {
+    /// The whole success body was written (and handed to the sink as it went).
+    Done,
+    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
+    NeedsWriter,
+}
+
+/// Where the row writer hands its output: after each row it may take the bytes written so far
+/// (streaming them) or refuse to go on (a size limit).
+pub(crate) trait Sink {
+    /// Called after row number `rows` (from 1) was written; `out` ends after a whole row.
+    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError>;
+}
+
+/// Keeps the whole body, up to `--max-result-bytes`.
+struct Buffered {
+    limit: usize,
+}
+
+impl Sink for Buffered {
+    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        if out.len() > self.limit {
+            let limit = self.limit;
+            return Err(ApiError::new(
+                ErrorCode::ResultTooLarge,
+                format!(
+                    "the result is larger than this server's limit of {limit} bytes for a \
+                     buffered result (--max-result-bytes), reached at row {rows}; select fewer \
+                     rows or columns, or page with LIMIT and a key"
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Runs the request's statement and returns its whole JSON success body, refused past
+/// `--max-result-bytes`. Keyed writes use it: their outcome is stored for replay.
 pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Result<Ran, ApiError> {
+    let mut out = Vec::with_capacity(256);
+    let mut sink = Buffered {
+        limit: conn.limits.max_result_bytes,
+    };
+    match write_result(conn, request, access, &mut out, &mut sink)? {
+        Written::Done => Ok(Ran::Body(out)),
+        Written::NeedsWriter => Ok(Ran::NeedsWriter),
+    }
+}
+
+/// Runs the request's statement, writing its success body into `out` and handing it to `sink`
+/// after each row. On an error `out` ends after a whole row (or before the first), so a caller
+/// that streamed part of it can close the body with [`write_error_tail`].
+pub(crate) fn write_result(
+    conn: &Conn,
+    request: &SqlRequest,
+    access: Access,
+    out: &mut Vec<u8>,
+    sink: &mut dyn Sink,
+) -> Result<Written, ApiError> {
     sandbox::check_text(&request.sql, &conn.limits)?;
     let sandboxed = Sandboxed::on(conn);
     let mut stmt = prepare_one(conn, &request.sql)?;
     let writes = !stmt.readonly();
     if writes && access == Access::ReadOnly {
-        return Ok(Ran::NeedsWriter);
+        return Ok(Written::NeedsWriter);
     }
     let expected = stmt.parameter_count();
     if expected != request.params.len() {
@@ -130,17 +195,15 @@ pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Resu
     }
     let changes_before = conn.conn.total_changes();
 
-    let limit = conn.limits.max_result_bytes;
-    let mut out = Vec::with_capacity(256);
     out.extend_from_slice(b"{\"columns\":[");
     for (index, column) in stmt.columns().enumerate() {
         if index > 0 {
             out.push(b',');
         }
         out.extend_from_slice(b"{\"name\":");
-        write_str(&mut out, column.name());
+        write_str(out, column.name());
         out.extend_from_slice(b",\"type\":");
-        write_str(&mut out, column.decl_type().unwrap_or(""));
+        write_str(out, column.decl_type().unwrap_or(""));
         out.push(b'}');
     }
     out.extend_from_slice(b"],\"rows\":[");
@@ -149,28 +212,26 @@ pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Resu
     let mut rows = stmt.raw_query();
     let mut count: u64 = 0;
     while let Some(row) = rows.next().map_err(|e| client_error(conn, e))? {
+        let row_start = out.len();
         if count > 0 {
             out.push(b',');
         }
-        count += 1;
         out.push(b'[');
         for index in 0..width {
             if index > 0 {
                 out.push(b',');
             }
-            write_value(&mut out, row.get_ref(index).map_err(map_engine_error)?);
+            match row.get_ref(index) {
+                Ok(value) => write_value(out, value),
+                Err(e) => {
+                    out.truncate(row_start);
+                    return Err(map_engine_error(e));
+                }
+            }
         }
         out.push(b']');
-        if out.len() > limit {
-            return Err(ApiError::new(
-                ErrorCode::ResultTooLarge,
-                format!(
-                    "the result is larger than this server's limit of {limit} bytes \
-                     (--max-result-bytes), reached at row {count}; select fewer rows or \
-                     columns, or page with LIMIT and a key"
-                ),
-            ));
-        }
+        count += 1;
+        sink.after_row(out, count)?;
     }
     drop(rows);
     drop(stmt);
@@ -199,7 +260,16 @@ pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Resu
         None => out.extend_from_slice(b"null"),
     }
     out.push(b'}');
-    Ok(Ran::Body(out))
+    Ok(Written::Done)
+}
+
+/// Closes a success body cut after a whole row with the error that stopped it:
+/// `],"error":{"code":..,"message":..}}`, with no `rows_affected` or `last_insert_id`.
+pub(crate) fn write_error_tail(out: &mut Vec<u8>, err: &ApiError) {
+    out.extend_from_slice(b"],");
+    let body = err.body();
+    // `{"error":{...}}` without its opening brace.
+    out.extend_from_slice(body.get(1..).unwrap_or_default());
 }
 
 fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
@@ -229,14 +299,15 @@ fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
             Err(_) => write_str(out, &String::from_utf8_lossy(bytes)),
         },
         ValueRef::Blob(bytes) => {
-            out.push(b'[');
-            for (index, byte) in bytes.iter().enumerate() {
-                if index > 0 {
-                    out.push(b',');
-                }
-                let _ = write!(out, "{byte}");
-            }
-            out.push(b']');
+            out.extend_from_slice(b"{\"base64\":\"");
+            let start = out.len();
+            out.resize(
+                start + base64::encoded_len(bytes.len(), true).unwrap_or(0),
+                0,
+            );
+            let written = STANDARD.encode_slice(bytes, &mut out[start..]).unwrap_or(0);
+            out.truncate(start + written);
+            out.extend_from_slice(b"\"}");
         }
     }
 }
@@ -335,7 +406,7 @@ mod tests {
                 i64::MAX,
                 0.25,
                 "a\"b",
-                [0, 255, 16],
+                {"base64": "AP8Q"},
                 null,
                 null,
                 "caf\u{e9}"

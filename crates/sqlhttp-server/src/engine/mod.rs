@@ -20,6 +20,7 @@ mod exec;
 mod idempotency;
 mod postgres;
 mod sandbox;
+mod stream;
 mod transaction;
 mod worker;
 
@@ -39,6 +40,7 @@ use worker::Pool;
 
 pub(crate) use backend::Backend;
 pub(crate) use sandbox::check_text;
+pub(crate) use stream::ChunkReceiver;
 
 /// What a statement produced: a status and JSON body, fresh or replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -78,6 +80,16 @@ impl Drop for QueryOnly<'_> {
     }
 }
 
+/// A statement's answer: whole (an error, a small result, a replayed outcome), or a success
+/// body that streams while the engine steps the statement.
+#[derive(Debug)]
+pub(crate) enum Reply {
+    /// The whole outcome.
+    Whole(Outcome),
+    /// A `200` whose body is still being written; dropping it stops the statement.
+    Stream(ChunkReceiver),
+}
+
 /// How often `close` interrupts statements that keep engine threads from exiting.
 const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
 
@@ -96,6 +108,12 @@ impl Drop for CancelOnDrop {
     fn drop(&mut self) {
         self.0.cancel();
     }
+}
+
+/// What one pool made of a streamed request.
+enum Streamed {
+    Reply(Reply),
+    NeedsWriter,
 }
 
 impl Engine {
@@ -157,7 +175,9 @@ impl Engine {
     }
 
     /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
-    /// write, else on the writer.
+    /// write, else on the writer; the whole body is built before it is returned (within
+    /// `--max-result-bytes`). The HTTP handler streams instead ([`Engine::execute_streamed`]).
+    #[cfg_attr(not(test), allow(dead_code))]
     pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
         let request = Arc::new(request);
         if let Some(readers) = &self.readers {
@@ -181,28 +201,18 @@ impl Engine {
     }
 
     /// Runs one request for a credential that may only read: on a reader, or on the writer
-    /// when there are no readers, and only if the statement cannot write (`403 READ_ONLY`
-    /// otherwise; nothing ran). Never the writer's write path, whatever the request carries.
-    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        let ran = match &self.readers {
-            Some(readers) => {
-                Self::run(readers, move |conn| {
-                    exec::execute(conn, &request, Access::ReadOnly)
-                })
-                .await?
-            }
-            None => {
-                Self::run(&self.writer, move |conn| {
-                    // The writer refuses writes for this job too, should the check ever miss.
-                    let _query_only = QueryOnly::on(conn)?;
-                    exec::execute(conn, &request, Access::ReadOnly)
-                })
-                .await?
-            }
+    /// under `PRAGMA query_only` when there are no readers, and only if the statement cannot
+    /// write (`403 READ_ONLY` otherwise; nothing ran). Never the writer's write path, whatever
+    /// the request carries. A large result streams, as [`Engine::execute_streamed`]'s does.
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        let request = Arc::new(request);
+        let streamed = match &self.readers {
+            Some(readers) => Self::run_streamed(readers, request, Access::ReadOnly, false).await?,
+            None => Self::run_streamed(&self.writer, request, Access::ReadOnly, true).await?,
         };
-        match ran {
-            Ran::Body(body) => Ok(Outcome::fresh(body)),
-            Ran::NeedsWriter => Err(ApiError::new(
+        match streamed {
+            Streamed::Reply(reply) => Ok(reply),
+            Streamed::NeedsWriter => Err(ApiError::new(
                 ErrorCode::ReadOnly,
                 "this credential may only read, and the statement may write; nothing was written",
             )),
@@ -215,6 +225,63 @@ impl Engine {
             .chain(&self.readers)
             .map(|pool| (pool.name(), pool.waiting()))
             .collect()
+    }
+
+    /// Runs one request without an Idempotency-Key as [`Engine::execute`] does, but streams a
+    /// success body larger than one chunk while the statement runs (see `stream`): the job keeps
+    /// its connection until the body is done or dropped.
+    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        let request = Arc::new(request);
+        if let Some(readers) = &self.readers {
+            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly, false).await?
+            {
+                Streamed::Reply(reply) => return Ok(reply),
+                Streamed::NeedsWriter => {}
+            }
+        }
+        match Self::run_streamed(&self.writer, request, Access::ReadWrite, false).await? {
+            Streamed::Reply(reply) => Ok(reply),
+            Streamed::NeedsWriter => Err(ApiError::internal()),
+        }
+    }
+
+    /// Runs one request on `pool`, streaming a large success body; `query_only` keeps the
+    /// connection from writing for the whole job (a read credential on the writer).
+    async fn run_streamed(
+        pool: &Pool,
+        request: Arc<SqlRequest>,
+        access: Access,
+        query_only: bool,
+    ) -> Result<Streamed, ApiError> {
+        let control = Arc::new(JobControl::default());
+        let cancel = CancelOnDrop(Arc::clone(&control));
+        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
+        let result = pool.start_job(&control, move |conn| {
+            let _query_only = if query_only {
+                Some(QueryOnly::on(conn)?)
+            } else {
+                None
+            };
+            stream::execute(conn, &request, access, sender)
+        })?;
+        match receiver.start().await {
+            stream::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Streamed::Reply(Reply::Stream(receiver)))
+            }
+            stream::Start::Nothing => {
+                let ran = result.await;
+                std::mem::forget(cancel);
+                match ran? {
+                    stream::Ran::Whole(body) => {
+                        Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body))))
+                    }
+                    stream::Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
+                    stream::Ran::Sent => Err(ApiError::internal()),
+                }
+            }
+        }
     }
 
     /// Runs one keyed request exactly once (see `idempotency`). `guard` is held until the
@@ -414,6 +481,9 @@ mod tests {
                 .execute_read_only(statement("SELECT count(*) FROM t"))
                 .await
                 .unwrap();
+            let Reply::Whole(count) = count else {
+                panic!("a one-row result is answered whole")
+            };
             assert!(String::from_utf8_lossy(&count.body).contains("[[0]]"));
             // The writer still writes for everyone else.
             engine

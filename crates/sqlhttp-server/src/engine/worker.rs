@@ -100,6 +100,19 @@ impl Pool {
         F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
         T: Send + 'static,
     {
+        self.start_job(control, job)?.await
+    }
+
+    /// Queues `job` as [`Pool::run`] does and returns at once; the future answers its result.
+    pub(crate) fn start_job<T, F>(
+        &self,
+        control: &Arc<JobControl>,
+        job: F,
+    ) -> Result<impl Future<Output = Result<T, ApiError>> + Send + 'static, ApiError>
+    where
+        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
         let (reply, result) = oneshot::channel();
         let job_control = Arc::clone(control);
         self.waiting.fetch_add(1, Ordering::Relaxed);
@@ -135,7 +148,7 @@ impl Pool {
             let _ = reply.send(outcome);
         });
         self.submit(task)?;
-        result.await.map_err(|_| shutting_down())?
+        Ok(async move { result.await.map_err(|_| shutting_down())? })
     }
 
     fn submit(&self, task: Task) -> Result<(), ApiError> {

@@ -10,6 +10,7 @@ pub(crate) mod auth;
 mod batch;
 mod body;
 mod browser;
+mod compression;
 pub(crate) mod credentials;
 pub(crate) mod hyper_errors;
 pub(crate) mod metrics;
@@ -27,7 +28,7 @@ use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::api_error::{ApiError, ErrorCode, json_response};
-use crate::engine::{Outcome, check_text};
+use crate::engine::{Outcome, Reply, check_text};
 use crate::request::SqlRequest;
 use crate::state::AppState;
 
@@ -85,6 +86,7 @@ pub fn app(state: AppState) -> Router {
         )
         .fallback(not_found)
         .with_state(state.clone())
+        .layer(compression::layer())
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             credentials::authenticate,
@@ -132,12 +134,13 @@ async fn probe_method_not_allowed() -> ApiError {
 
 async fn sql(State(state): State<AppState>, request: Request) -> Response {
     match run_sql(&state, request).await {
-        Ok(outcome) => outcome_response(outcome),
+        Ok(Reply::Whole(outcome)) => outcome_response(outcome),
+        Ok(Reply::Stream(body)) => streamed_response(body),
         Err(err) => err.into_response(),
     }
 }
 
-async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
+async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
@@ -168,7 +171,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
         return shared.engine.execute_read_only(request).await;
     }
     let Some((ttl, key)) = key else {
-        return shared.engine.execute(request).await;
+        return shared.engine.execute_streamed(request).await;
     };
     let guard = shared.claim(&key).ok_or_else(|| {
         ApiError::new(
@@ -181,6 +184,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Outcome, ApiError
         .engine
         .execute_with_key(ttl, key, request_hash, request, guard)
         .await
+        .map(Reply::Whole)
 }
 
 /// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
@@ -221,6 +225,18 @@ fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     }
     // Visible ASCII is valid UTF-8.
     Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+/// A `200` whose JSON body streams from the engine (chunked); see ADR 0016.
+fn streamed_response(body: crate::engine::ChunkReceiver) -> Response {
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(
+            axum::http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        )
+        .body(axum::body::Body::from_stream(body))
+        .unwrap_or_else(|_| ApiError::internal().into_response())
 }
 
 fn outcome_response(outcome: Outcome) -> Response {

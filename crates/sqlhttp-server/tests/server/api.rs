@@ -163,7 +163,7 @@ async fn values_map_to_json_exactly() {
                 i64::MAX,
                 2.5,
                 "h\u{e9}llo \"q\"",
-                [0, 1, 255],
+                {"base64": "AAH/"},
                 null,
                 i64::MAX
             ],

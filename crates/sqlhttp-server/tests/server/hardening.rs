@@ -293,13 +293,31 @@ async fn values_and_results_are_bounded() {
             .unwrap()
             .contains("--max-value-bytes")
     );
+    // A result larger than the buffered limit streams...
     let (status, body) = sql(
         &handle,
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 5000000) SELECT x, 'row' FROM c",
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) SELECT x, 'row' FROM c",
+    )
+    .await;
+    assert_eq!(status, 200);
+    assert_eq!(body["rows"].as_array().unwrap().len(), 100_000);
+    // ...but a keyed write's outcome is stored for replay, so it is bounded.
+    let (status, _) = sql(&handle, "CREATE TABLE big (x INTEGER)").await;
+    assert_eq!(status, 200);
+    let (status, _, body) = post_to(
+        &handle.url(),
+        &[("idempotency-key", "big-returning")],
+        &json!({"sql": "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 100000) INSERT INTO big SELECT x FROM c RETURNING x, 'row'"}),
     )
     .await;
     assert_eq!(status, 422, "{body}");
     assert_eq!(body["error"]["code"], "RESULT_TOO_LARGE");
+    let (_, count) = sql(&handle, "SELECT count(*) FROM big").await;
+    assert_eq!(
+        count["rows"],
+        json!([[0]]),
+        "the refused write was rolled back"
+    );
     let (status, _) = sql(&handle, "SELECT 1").await;
     assert_eq!(status, 200);
     handle.shutdown().await;

@@ -10,4 +10,5 @@ mod hardening;
 mod idempotency;
 mod operations;
 mod postgres;
+mod streaming;
 mod tcp;

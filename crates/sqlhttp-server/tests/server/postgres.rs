@@ -541,3 +541,93 @@ async fn a_requester_that_goes_away_cancels_its_statement() {
     let _ = driver.await;
     ok(&router, "SELECT 1", json!([])).await;
 }
+
+#[tokio::test]
+async fn a_large_result_streams_and_an_error_after_the_head_ends_the_body() {
+    use axum::body::HttpBody as _;
+    use tower::ServiceExt as _;
+    let router = postgres_app!("a_large_result_streams_and_an_error_after_the_head_ends_the_body");
+    let request = |sql: &str| {
+        axum::http::Request::post("/api/v1/sql")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(json!({ "sql": sql }).to_string()))
+            .unwrap()
+    };
+    let response = router
+        .clone()
+        .oneshot(request(
+            "SELECT x, 'row ' || x AS label FROM generate_series(1, 50000) AS x",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.body().size_hint().exact().is_none(),
+        "a large body is streamed, without a length"
+    );
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert!(
+        text.starts_with(
+            r#"{"columns":[{"name":"x","type":"int4"},{"name":"label","type":"text"}],"rows":[[1,"row 1"],"#
+        ),
+        "{}",
+        &text[..120]
+    );
+    assert!(
+        text.ends_with(r#"[50000,"row 50000"]],"rows_affected":0,"last_insert_id":null}"#),
+        "{}",
+        &text[text.len() - 100..]
+    );
+
+    let failing = sql(
+        &router,
+        "SELECT CASE WHEN x < 20000 THEN x ELSE 1 / (x - x) END AS v \
+         FROM generate_series(1, 30000) AS x",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        failing.status,
+        200,
+        "the head went out before the error: {}",
+        String::from_utf8_lossy(&failing.body[..failing.body.len().min(300)])
+    );
+    let json = failing.json();
+    assert_eq!(json["error"]["code"], "SQL_ERROR", "{}", json["error"]);
+    assert!(json.get("rows_affected").is_none());
+    let rows = json["rows"].as_array().unwrap();
+    assert!(!rows.is_empty() && rows.len() < 20_000, "{}", rows.len());
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_frees_its_connection() {
+    let router = postgres_app!(
+        "a_client_that_leaves_mid_stream_frees_its_connection",
+        |config| {
+            config.limits.read_connections = 0;
+        }
+    );
+    use tower::ServiceExt as _;
+    let response = router
+        .clone()
+        .oneshot(
+            axum::http::Request::post("/api/v1/sql")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(
+                    json!({"sql": "SELECT x FROM generate_series(1, 100000000) AS x"}).to_string(),
+                ))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    drop(response);
+    // The only connection serves the next request well within the statement timeout.
+    let next = tokio::time::timeout(Duration::from_secs(5), sql(&router, "SELECT 1", json!([])))
+        .await
+        .expect("the connection was freed");
+    assert_eq!(next.status, 200);
+}

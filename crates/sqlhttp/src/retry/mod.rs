@@ -11,7 +11,8 @@
 //! | execute | `execute`, and its `fetch_*` for `RETURNING` rows | never, whatever the configuration |
 //!
 //! A failure is retried when it is transient: a connection refused, reset or closed before a complete
-//! response; an attempt timeout; `408`, `429`, and every `5xx` except `501`. For writes, a `409
+//! response (or, for a stream, before its first row); a streamed body that the server ends with a
+//! transient error (`UNAVAILABLE`) before the first row; an attempt timeout; `408`, `429`, and every `5xx` except `501`. For writes, a `409
 //! IDEMPOTENCY_KEY_IN_USE` is transient too (the first attempt is still running on the server). Every
 //! other `4xx` (bad SQL, bad credentials, a constraint violation, an oversized payload), `501`, a complete
 //! `2xx` body that does not decode, a TLS certificate failure, a configuration error and the caller's
@@ -26,7 +27,12 @@
 //!
 //! # Timing
 //!
-//! * `timeout` is the budget of one attempt; each attempt gets all of it.
+//! * `timeout` bounds one attempt's wait for the response head, then each stall of its body (no byte
+//!   for that long), not the whole download; each attempt gets all of it.
+//! * A call is retried until it has what it hands to the caller: the whole result for `fetch_all`,
+//!   `query_table`, `execute` and `insert`, the first row for [`Query::fetch`](crate::Query::fetch),
+//!   `fetch_one` and `fetch_optional`. After a stream's first row, a failure ends the stream with
+//!   an error and is never retried (rows would repeat).
 //! * [`RetryPolicy::max_elapsed`] caps the whole sequence, backoff included: no sleep starts that would
 //!   end past it and no attempt runs past it; reaching it returns the last failure.
 //! * Backoff before retry *n* is drawn uniformly from `[0, min(max_backoff, initial_backoff * 2^(n-1))]`

@@ -2,8 +2,8 @@
 //! (deadpool-postgres), every request in a transaction of the server's own, run as the role
 //! `sqlhttp_client`.
 //!
-//! - [`PgEngine`] is the async handle: `execute` (streamed or whole), `execute_read_only`
-//!   (`BEGIN READ ONLY`), `execute_with_key` (exactly once, see `store`), `batch` and
+//! - [`PgEngine`] is the async handle: `execute_streamed` (the body streams once it outgrows a
+//!   chunk, as on SQLite), `execute_read_only` (`BEGIN READ ONLY`, streamed too), `execute_with_key` (exactly once, see `store`), `batch` and
 //!   `batch_with_key` (one transaction; a read-only batch is `READ ONLY, REPEATABLE READ`, so its
 //!   statements see one snapshot), `ready` and `close`.
 //! - Each transaction sets `statement_timeout` to `--statement-timeout`; a request whose
@@ -23,10 +23,13 @@ mod store;
 mod types;
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{CancelToken, Client, NoTls};
@@ -34,7 +37,8 @@ use tokio_postgres::{CancelToken, Client, NoTls};
 use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
 use crate::config::{Limits, PostgresUrl};
-use crate::engine::Outcome;
+use crate::engine::stream::{self, ChunkSender};
+use crate::engine::{Outcome, Reply, exec};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
@@ -217,19 +221,49 @@ impl PgEngine {
         })
     }
 
-    /// Runs one request without an Idempotency-Key, in a read-write transaction.
-    pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        self.spawn(|inner, job| async move { inner.whole(&job, &request, Mode::Write).await })
-            .await
-            .map(Outcome::fresh)
+    /// Runs one request without an Idempotency-Key in a read-write transaction, streaming a
+    /// success body larger than one chunk while the rows arrive (see `engine::stream`): the
+    /// transaction commits before the body's last bytes are sent, and a failure after the first
+    /// chunk ends the body with its error.
+    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        self.streamed(request, Mode::Write).await
     }
 
-    /// Runs one request for a credential that may only read, in a `READ ONLY` transaction:
-    /// a statement that writes is refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
-    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        self.spawn(|inner, job| async move { inner.whole(&job, &request, Mode::Read).await })
-            .await
-            .map(Outcome::fresh)
+    /// Runs one request for a credential that may only read, streamed like
+    /// [`PgEngine::execute_streamed`], in a `READ ONLY` transaction: a statement that writes is
+    /// refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        self.streamed(request, Mode::Read).await
+    }
+
+    async fn streamed(&self, request: SqlRequest, mode: Mode) -> Result<Reply, ApiError> {
+        let job = Arc::new(Job::default());
+        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
+        let inner = Arc::clone(&self.inner);
+        let task_job = Arc::clone(&job);
+        let task =
+            tokio::spawn(async move { inner.stream(&task_job, &request, mode, sender).await });
+        let cancel = CancelJob(job);
+        match receiver.start().await {
+            stream::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Reply::Stream(receiver))
+            }
+            stream::Start::Nothing => {
+                let ran = task.await;
+                std::mem::forget(cancel);
+                match ran {
+                    Ok(Ok(Some(body))) => Ok(Reply::Whole(Outcome::fresh(body))),
+                    Ok(Ok(None)) => Err(ApiError::internal()),
+                    Ok(Err(err)) => Err(err),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a PostgreSQL job panicked");
+                        Err(ApiError::internal())
+                    }
+                }
+            }
+        }
     }
 
     /// Runs one keyed request exactly once (see `store`). `guard` is held until the engine is
@@ -302,11 +336,13 @@ impl PgEngine {
     }
 }
 
-/// One request's job: whether its requester went away, and how to cancel its statement.
+/// One request's job: whether its requester went away. The task that holds the connection
+/// cancels its own statement (see [`Inner::guarded`]), so a cancel request can never reach a
+/// connection that already serves another request.
 #[derive(Default)]
 struct Job {
     cancelled: AtomicBool,
-    token: Mutex<Option<CancelToken>>,
+    notify: tokio::sync::Notify,
 }
 
 impl Job {
@@ -315,23 +351,13 @@ impl Job {
     }
 }
 
-/// Cancels a job when the future waiting for it is dropped.
+/// Cancels a job when the future (or the streamed body) waiting for it is dropped.
 struct CancelJob(Arc<Job>);
 
 impl Drop for CancelJob {
     fn drop(&mut self) {
         self.0.cancelled.store(true, Ordering::Release);
-        let token = self
-            .0
-            .token
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone();
-        if let (Some(token), Ok(runtime)) = (token, tokio::runtime::Handle::try_current()) {
-            runtime.spawn(async move {
-                let _ = token.cancel_query(NoTls).await;
-            });
-        }
+        self.0.notify.notify_one();
     }
 }
 
@@ -387,7 +413,6 @@ impl Inner {
         })?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let cancel = object.cancel_token();
-        *job.token.lock().unwrap_or_else(PoisonError::into_inner) = Some(cancel.clone());
         self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -400,6 +425,19 @@ impl Inner {
             clean: false,
             _permit: permit,
         })
+    }
+
+    /// Runs `work` on `lease`; should the requester go away meanwhile, cancels the statement
+    /// running on the lease's connection (PostgreSQL answers it with `57014`) and lets `work`
+    /// finish with that error, so the transaction is still ended by its owner.
+    async fn guarded<T>(&self, job: &Job, lease: &Lease, work: impl Future<Output = T>) -> T {
+        let mut work = pin!(work);
+        tokio::select! {
+            out = &mut work => return out,
+            () = job.notify.notified() => {}
+        }
+        let _ = lease.cancel.cancel_query(NoTls).await;
+        work.await
     }
 
     /// Opens the server's transaction on `lease`: its mode and statement timeout, and (for
@@ -443,24 +481,47 @@ impl Inner {
         }
     }
 
-    /// Runs one statement in its own transaction and returns its whole body.
-    async fn whole(
+    /// Runs one statement in its own transaction, sending its body through `sender` once it
+    /// outgrows a chunk. Returns the whole body when nothing was sent, `None` when the body went
+    /// through the channel (to its end, or to an error written into it).
+    async fn stream(
         &self,
         job: &Job,
         request: &SqlRequest,
         mode: Mode,
-    ) -> Result<Vec<u8>, ApiError> {
+        sender: ChunkSender,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
         let lease = self.lease(job).await?;
         if let Err(err) = self.begin(&lease, mode, true).await {
             return self.end(lease, Err(err)).await;
         }
-        let mut out = Vec::with_capacity(256);
-        let mut sink = Sink::Buffered {
-            limit: self.limits.max_result_bytes,
-        };
+        let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
+        let must_stop = || job.is_cancelled();
+        let mut sink = Sink::Stream(run::Chunks::new(&sender, &must_stop));
         let map = |e| self.map(e);
-        let written = run::write_result(lease.client(), request, &mut out, &mut sink, &map).await;
-        self.end(lease, written.map(|()| out)).await
+        let written = self
+            .guarded(
+                job,
+                &lease,
+                run::write_result(lease.client(), request, &mut out, &mut sink, &map),
+            )
+            .await;
+        let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
+        if !started {
+            return self.end(lease, written.map(|()| Some(out))).await;
+        }
+        let ended = self.end(lease, written).await;
+        if let Err(err) = ended {
+            if sender.is_gone() {
+                // Nobody reads the body any more.
+                return Err(err);
+            }
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            // `out` ends after a whole row: close the rows and say why the body ends here.
+            exec::write_error_tail(&mut out, &err);
+        }
+        sender.finish(Bytes::from(out));
+        Ok(None)
     }
 
     /// Runs a batch without an Idempotency-Key in one transaction.
@@ -476,7 +537,11 @@ impl Inner {
         }
         let mut out = Vec::new();
         let ran = self
-            .run_statements(lease.client(), &batch.statements, &mut out)
+            .guarded(
+                job,
+                &lease,
+                self.run_statements(lease.client(), &batch.statements, &mut out),
+            )
             .await;
         self.end(lease, ran.map(|()| out)).await
     }
@@ -511,7 +576,13 @@ impl Inner {
             }
             Ok(out)
         };
-        let outcome = store::run_with_key(client, ttl, key, request_hash, run, &map).await;
+        let outcome = self
+            .guarded(
+                job,
+                &lease,
+                store::run_with_key(client, ttl, key, request_hash, run, &map),
+            )
+            .await;
         self.end(lease, outcome).await
     }
 

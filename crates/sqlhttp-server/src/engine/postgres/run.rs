@@ -9,6 +9,9 @@ use std::future::poll_fn;
 use std::io::Write as _;
 use std::pin::pin;
 
+use std::time::Instant;
+
+use bytes::Bytes;
 use futures_core::Stream as _;
 use tokio_postgres::Client;
 use tokio_postgres::types::ToSql;
@@ -16,6 +19,7 @@ use tokio_postgres::types::ToSql;
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::postgres::types::{self, Raw};
 use crate::engine::postgres::{placeholders, sandbox};
+use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
 use crate::request::{SqlRequest, may_change_rows};
 
 /// Where the row writer hands its output after each row.
@@ -25,13 +29,11 @@ pub(crate) enum Sink<'a> {
         /// The largest body kept.
         limit: usize,
     },
-    /// Placeholder until streaming lands.
-    #[allow(dead_code)]
-    Never(std::marker::PhantomData<&'a ()>),
+    /// Sends the body on in chunks as it grows (see `engine::stream`).
+    Stream(Chunks<'a>),
 }
 
 impl Sink<'_> {
-    #[allow(clippy::ptr_arg)] // BLOB-MERGE: the stream sink takes the Vec
     async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
         match self {
             Sink::Buffered { limit } => {
@@ -47,8 +49,53 @@ impl Sink<'_> {
                 }
                 Ok(())
             }
-            Sink::Never(_) => Ok(()),
+            Sink::Stream(chunks) => chunks.after_row(out, rows).await,
         }
+    }
+}
+
+/// Cuts the row writer's output into chunks, as the SQLite engine's stream sink does, and
+/// sends them without blocking a thread.
+pub(crate) struct Chunks<'a> {
+    sender: &'a ChunkSender,
+    must_stop: &'a (dyn Fn() -> bool + Sync),
+    started: bool,
+    last_flush: Instant,
+}
+
+impl<'a> Chunks<'a> {
+    /// Sends through `sender`; `must_stop` says when the requester went away.
+    pub(crate) fn new(sender: &'a ChunkSender, must_stop: &'a (dyn Fn() -> bool + Sync)) -> Self {
+        Chunks {
+            sender,
+            must_stop,
+            started: false,
+            last_flush: Instant::now(),
+        }
+    }
+
+    /// Whether a chunk was sent (the response has started).
+    pub(crate) fn started(&self) -> bool {
+        self.started
+    }
+
+    async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        if out.len() >= CHUNK_BYTES
+            || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
+        {
+            let chunk = Bytes::from(std::mem::replace(
+                out,
+                Vec::with_capacity(CHUNK_BYTES + 1024),
+            ));
+            self.started = true;
+            self.last_flush = Instant::now();
+            self.sender
+                .send_async(chunk, self.must_stop)
+                .await
+                // Gone or told to stop: the statement stops either way.
+                .map_err(|_| ApiError::interrupted())?;
+        }
+        Ok(())
     }
 }
 

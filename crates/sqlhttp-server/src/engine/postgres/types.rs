@@ -529,13 +529,13 @@ fn bind_one<'a>(param: &'a Param, ty: &Type) -> Result<Bound<'a>, String> {
         Param::Integer(i) => Bound::Text(i.to_string()),
         Param::Real(f) => Bound::Text(serde_json::to_string(f).map_err(|e| e.to_string())?),
         Param::Text(s) => Bound::Text(s.clone()),
-        // BLOB-MERGE Param::Blob(bytes) if *ty == Type::BYTEA => Bound::Bytes(bytes),
-        // BLOB-MERGE Param::Blob(_) => {
-        // BLOB-MERGE     return Err(format!(
-        // BLOB-MERGE         "a blob binds to a bytea parameter only, and PostgreSQL expects {} here",
-        // BLOB-MERGE         ty.name()
-        // BLOB-MERGE     ));
-        // BLOB-MERGE }
+        Param::Blob(bytes) if *ty == Type::BYTEA => Bound::Bytes(bytes),
+        Param::Blob(_) => {
+            return Err(format!(
+                "a blob binds to a bytea parameter only, and PostgreSQL expects {} here",
+                ty.name()
+            ));
+        }
     })
 }
 
@@ -778,18 +778,27 @@ mod tests {
             Param::Integer(-3),
             Param::Real(0.1),
             Param::Text("2024-06-01".into()),
-            // BLOB-MERGE Param::Blob(vec![1, 2]),
+            Param::Blob(vec![1, 2]),
         ];
-        let types = [Type::INT4, Type::INT8, Type::FLOAT8, Type::DATE];
+        let types = [
+            Type::INT4,
+            Type::INT8,
+            Type::FLOAT8,
+            Type::DATE,
+            Type::BYTEA,
+        ];
         let bound = bind(&params, &types).unwrap();
         assert!(matches!(bound[0], Bound::Null));
         assert!(matches!(&bound[1], Bound::Text(t) if t == "-3"));
         assert!(matches!(&bound[2], Bound::Text(t) if t == "0.1"));
         assert!(matches!(&bound[3], Bound::Text(t) if t == "2024-06-01"));
-        // BLOB-MERGE assert!(matches!(bound[4], Bound::Bytes(&[1, 2])));
+        assert!(matches!(bound[4], Bound::Bytes(&[1, 2])));
         assert!(matches!(bound[1].encode_format(&Type::INT8), Format::Text));
-        // BLOB-MERGE assert!(matches!(bound[4].encode_format(&Type::BYTEA), Format::Binary));
-        // BLOB-MERGE let err = bind(&[Param::Blob(vec![])], &[Type::TEXT]).unwrap_err();
-        // BLOB-MERGE assert!(err.message.contains("parameter 1"), "{}", err.message);
+        assert!(matches!(
+            bound[4].encode_format(&Type::BYTEA),
+            Format::Binary
+        ));
+        let err = bind(&[Param::Blob(vec![])], &[Type::TEXT]).unwrap_err();
+        assert!(err.message.contains("parameter 1"), "{}", err.message);
     }
 }

@@ -1,0 +1,476 @@
+//! Streaming one statement's success body while the engine steps it: [`channel`] (a bounded
+//! queue of body chunks from an engine thread to the HTTP body), the sink that cuts the row
+//! writer's output into chunks, and [`execute`], which runs a statement through them and signals
+//! a failure after the first chunk inside the body (see `docs/adr/0016-streamed-results.md`).
+//!
+//! The engine thread blocks while the queue is full (an async producer, the PostgreSQL engine,
+//! waits with [`ChunkSender::send_async`] instead), so a request holds one small buffer and a
+//! few chunks whatever the result's size; it stops when the HTTP body is dropped (the client went
+//! away), when its statement timeout passes, or when the engine closes. Knows the row writer and
+//! the job's stop conditions; nothing about HTTP beyond being a `Stream` of byte chunks.
+
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+
+use crate::api_error::ApiError;
+use crate::engine::connection::Conn;
+use crate::engine::exec::{self, Access, Sink, Written};
+use crate::request::SqlRequest;
+
+/// A chunk is handed to the HTTP body once the rows written reach this many bytes.
+pub(crate) const CHUNK_BYTES: usize = 32 * 1024;
+
+/// Rows written but not yet handed over are sent after this long, so that a slow statement's
+/// first rows reach the client without waiting for a whole chunk.
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(50);
+
+/// Chunks that may wait in the queue for the client to take them.
+pub(crate) const QUEUE_CHUNKS: usize = 4;
+
+/// How often a producer blocked on a full queue checks whether its job must stop.
+const STOP_CHECK: Duration = Duration::from_millis(20);
+
+#[derive(Debug, Default)]
+struct State {
+    queue: VecDeque<Bytes>,
+    /// The producer handed over the body's last byte.
+    finished: bool,
+    /// The producer is gone (finished or not).
+    sender_gone: bool,
+    /// The HTTP body was dropped: the client went away.
+    receiver_gone: bool,
+    waker: Option<Waker>,
+    /// An async producer waiting for room in the queue (see [`ChunkSender::send_async`]).
+    room_waker: Option<Waker>,
+}
+
+#[derive(Debug, Default)]
+struct Shared {
+    state: Mutex<State>,
+    room: Condvar,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A bounded queue of body chunks: the engine thread sends, the HTTP body receives.
+pub(crate) fn channel(capacity: usize) -> (ChunkSender, ChunkReceiver) {
+    let shared = Arc::new(Shared::default());
+    (
+        ChunkSender {
+            shared: Arc::clone(&shared),
+            capacity: capacity.max(1),
+        },
+        ChunkReceiver {
+            shared,
+            guard: None,
+            failed: false,
+        },
+    )
+}
+
+/// Why a chunk could not be sent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SendError {
+    /// The receiver is gone: nobody will read the rest of the body.
+    Gone,
+    /// The job must stop (its timeout passed, its requester left, the engine is closing).
+    Stopped,
+}
+
+/// The engine thread's end. Dropping it without [`ChunkSender::finish`] cuts the body: the
+/// client sees it end without its closing bytes, never as a whole result.
+#[derive(Debug)]
+pub(crate) struct ChunkSender {
+    shared: Arc<Shared>,
+    capacity: usize,
+}
+
+impl ChunkSender {
+    /// Queues `chunk`, waiting while the queue is full; `must_stop` is asked every few
+    /// milliseconds while waiting.
+    pub(crate) fn send(&self, chunk: Bytes, must_stop: impl Fn() -> bool) -> Result<(), SendError> {
+        let mut state = self.shared.lock();
+        loop {
+            if state.receiver_gone {
+                return Err(SendError::Gone);
+            }
+            if state.queue.len() < self.capacity {
+                break;
+            }
+            if must_stop() {
+                return Err(SendError::Stopped);
+            }
+            state = self
+                .shared
+                .room
+                .wait_timeout(state, STOP_CHECK)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        state.queue.push_back(chunk);
+        if let Some(waker) = state.waker.take() {
+            waker.wake();
+        }
+        Ok(())
+    }
+
+    /// Queues `chunk` as [`ChunkSender::send`] does, for a producer on the async runtime (the
+    /// PostgreSQL engine): it waits for room without blocking a thread. `must_stop` is asked
+    /// whenever it is woken without room.
+    pub(crate) async fn send_async(
+        &self,
+        chunk: Bytes,
+        must_stop: impl Fn() -> bool,
+    ) -> Result<(), SendError> {
+        let mut chunk = Some(chunk);
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if state.receiver_gone {
+                return Poll::Ready(Err(SendError::Gone));
+            }
+            if state.queue.len() < self.capacity {
+                if let Some(chunk) = chunk.take() {
+                    state.queue.push_back(chunk);
+                }
+                if let Some(waker) = state.waker.take() {
+                    waker.wake();
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if must_stop() {
+                return Poll::Ready(Err(SendError::Stopped));
+            }
+            state.room_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Queues the body's last bytes, past the queue's bound if need be (they are small: the
+    /// statement's effect or its error), and ends the body cleanly.
+    pub(crate) fn finish(self, last: Bytes) {
+        let mut state = self.shared.lock();
+        if !last.is_empty() {
+            state.queue.push_back(last);
+        }
+        state.finished = true;
+        // Drop wakes the receiver.
+    }
+
+    /// Whether the receiver is gone.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.shared.lock().receiver_gone
+    }
+}
+
+impl Drop for ChunkSender {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.sender_gone = true;
+        if let Some(waker) = state.waker.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// What the first look at a body found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Start {
+    /// At least one chunk is queued: the body streams.
+    Streaming,
+    /// The producer ended without sending anything: its job returned the whole outcome.
+    Nothing,
+}
+
+/// The HTTP body's end: a `Stream` of chunks that fails if the producer stops without finishing.
+pub(crate) struct ChunkReceiver {
+    shared: Arc<Shared>,
+    /// Dropped with the body: cancels the job when the client goes away.
+    guard: Option<Box<dyn Send + Sync>>,
+    failed: bool,
+}
+
+impl std::fmt::Debug for ChunkReceiver {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChunkReceiver").finish_non_exhaustive()
+    }
+}
+
+impl ChunkReceiver {
+    /// Waits until the producer has queued a chunk or has ended without one.
+    pub(crate) async fn start(&mut self) -> Start {
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if !state.queue.is_empty() {
+                Poll::Ready(Start::Streaming)
+            } else if state.sender_gone {
+                Poll::Ready(Start::Nothing)
+            } else {
+                state.waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    /// Keeps `guard` until the body is dropped.
+    pub(crate) fn hold(&mut self, guard: impl Send + Sync + 'static) {
+        self.guard = Some(Box::new(guard));
+    }
+}
+
+impl Drop for ChunkReceiver {
+    fn drop(&mut self) {
+        let mut state = self.shared.lock();
+        state.receiver_gone = true;
+        state.queue.clear();
+        let room_waker = state.room_waker.take();
+        drop(state);
+        self.shared.room.notify_all();
+        if let Some(waker) = room_waker {
+            waker.wake();
+        }
+    }
+}
+
+/// The body was cut: the producer stopped before the body's end (a panic, a lost job).
+fn cut() -> std::io::Error {
+    std::io::Error::other("the result stream ended before its last byte")
+}
+
+impl futures_core::Stream for ChunkReceiver {
+    type Item = Result<Bytes, std::io::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.failed {
+            return Poll::Ready(None);
+        }
+        let mut state = this.shared.lock();
+        if let Some(chunk) = state.queue.pop_front() {
+            let room_waker = state.room_waker.take();
+            drop(state);
+            this.shared.room.notify_one();
+            if let Some(waker) = room_waker {
+                waker.wake();
+            }
+            return Poll::Ready(Some(Ok(chunk)));
+        }
+        if state.finished {
+            return Poll::Ready(None);
+        }
+        if state.sender_gone {
+            drop(state);
+            this.failed = true;
+            return Poll::Ready(Some(Err(cut())));
+        }
+        state.waker = Some(cx.waker().clone());
+        Poll::Pending
+    }
+}
+
+/// Cuts the row writer's output into chunks and sends them.
+struct StreamSink<'a> {
+    conn: &'a Conn,
+    sender: &'a ChunkSender,
+    started: bool,
+    last_flush: Instant,
+}
+
+impl StreamSink<'_> {
+    fn flush(&mut self, out: &mut Vec<u8>) -> Result<(), ApiError> {
+        let chunk = Bytes::from(std::mem::replace(
+            out,
+            Vec::with_capacity(CHUNK_BYTES + 1024),
+        ));
+        self.started = true;
+        self.last_flush = Instant::now();
+        let hooks = &self.conn.hooks;
+        self.sender
+            .send(chunk, || hooks.must_stop())
+            // Gone or told to stop: either way the statement stops, and the worker (or the
+            // streamed error tail) says why.
+            .map_err(|_: SendError| ApiError::interrupted())
+    }
+}
+
+impl Sink for StreamSink<'_> {
+    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        // The clock is read every 64 rows: cheap, and often enough for a slow statement.
+        if out.len() >= CHUNK_BYTES
+            || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
+        {
+            self.flush(out)?;
+        }
+        Ok(())
+    }
+}
+
+/// What running a statement through the stream gave.
+#[derive(Debug)]
+pub(crate) enum Ran {
+    /// The whole success body: it fit one chunk, and nothing was sent.
+    Whole(Vec<u8>),
+    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
+    NeedsWriter,
+    /// The body went through the channel, to its end or to an error written into it.
+    Sent,
+}
+
+/// Runs the request's statement, sending its success body through `sender` as rows are
+/// written. A body that fits one chunk is returned whole instead (`Ran::Whole`: the caller answers
+/// it with a length, and an error before it is an ordinary error response). Once a chunk has
+/// been sent, a failure is written into the body as its `"error"` member and the body ends
+/// there; nothing that follows can make the client take it for a whole result.
+pub(crate) fn execute(
+    conn: &Conn,
+    request: &SqlRequest,
+    access: Access,
+    sender: ChunkSender,
+) -> Result<Ran, ApiError> {
+    let mut out = Vec::with_capacity(CHUNK_BYTES + 1024);
+    let mut sink = StreamSink {
+        conn,
+        sender: &sender,
+        started: false,
+        last_flush: Instant::now(),
+    };
+    let written = exec::write_result(conn, request, access, &mut out, &mut sink);
+    let started = sink.started;
+    match written {
+        Ok(Written::NeedsWriter) => Ok(Ran::NeedsWriter),
+        Ok(Written::Done) if !started => Ok(Ran::Whole(out)),
+        Ok(Written::Done) => {
+            sender.finish(Bytes::from(out));
+            Ok(Ran::Sent)
+        }
+        Err(err) if !started => Err(err),
+        Err(err) => {
+            if sender.is_gone() {
+                // Nobody reads the body any more: the job was cancelled.
+                return Err(err);
+            }
+            let err = if err.interrupted {
+                conn.hooks.interrupted_error()
+            } else {
+                err
+            };
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            // `out` ends after a whole row: close the rows and say why the body ends here.
+            exec::write_error_tail(&mut out, &err);
+            sender.finish(Bytes::from(out));
+            Ok(Ran::Sent)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::future::poll_fn;
+
+    fn next(receiver: &mut ChunkReceiver) -> Poll<Option<Result<Bytes, std::io::Error>>> {
+        let waker = Waker::noop();
+        let mut cx = Context::from_waker(waker);
+        futures_core::Stream::poll_next(Pin::new(receiver), &mut cx)
+    }
+
+    #[test]
+    fn chunks_arrive_in_order_and_a_finished_body_ends_cleanly() {
+        let (sender, mut receiver) = channel(2);
+        sender.send(Bytes::from_static(b"a"), || false).unwrap();
+        sender.send(Bytes::from_static(b"b"), || false).unwrap();
+        sender.finish(Bytes::from_static(b"c"));
+        let mut got = Vec::new();
+        while let Poll::Ready(Some(chunk)) = next(&mut receiver) {
+            got.extend_from_slice(&chunk.unwrap());
+        }
+        assert_eq!(got, b"abc");
+        assert!(matches!(next(&mut receiver), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_sender_dropped_unfinished_cuts_the_body() {
+        let (sender, mut receiver) = channel(2);
+        sender.send(Bytes::from_static(b"a"), || false).unwrap();
+        drop(sender);
+        assert!(matches!(next(&mut receiver), Poll::Ready(Some(Ok(_)))));
+        assert!(matches!(next(&mut receiver), Poll::Ready(Some(Err(_)))));
+        assert!(matches!(next(&mut receiver), Poll::Ready(None)));
+    }
+
+    #[test]
+    fn a_full_queue_blocks_until_stopped_or_the_receiver_goes() {
+        let (sender, receiver) = channel(1);
+        sender.send(Bytes::from_static(b"a"), || false).unwrap();
+        assert_eq!(
+            sender.send(Bytes::from_static(b"b"), || true),
+            Err(SendError::Stopped)
+        );
+        let blocked = std::thread::spawn(move || sender.send(Bytes::from_static(b"b"), || false));
+        std::thread::sleep(Duration::from_millis(30));
+        drop(receiver);
+        assert_eq!(blocked.join().unwrap(), Err(SendError::Gone));
+    }
+
+    #[tokio::test]
+    async fn an_async_sender_waits_for_room_and_stops_when_the_receiver_goes() {
+        let (sender, mut receiver) = channel(1);
+        sender
+            .send_async(Bytes::from_static(b"a"), || false)
+            .await
+            .unwrap();
+        let producer = tokio::spawn(async move {
+            sender
+                .send_async(Bytes::from_static(b"b"), || false)
+                .await?;
+            sender.send_async(Bytes::from_static(b"c"), || false).await
+        });
+        let first = poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut receiver), cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&first[..], b"a");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(receiver);
+        assert_eq!(producer.await.unwrap(), Err(SendError::Gone));
+        let (sender, _receiver) = channel(1);
+        sender
+            .send_async(Bytes::from_static(b"a"), || false)
+            .await
+            .unwrap();
+        assert_eq!(
+            sender.send_async(Bytes::from_static(b"b"), || true).await,
+            Err(SendError::Stopped)
+        );
+    }
+
+    #[tokio::test]
+    async fn start_tells_a_stream_from_a_whole_outcome() {
+        let (sender, mut receiver) = channel(1);
+        drop(sender);
+        assert_eq!(receiver.start().await, Start::Nothing);
+        let (sender, mut receiver) = channel(1);
+        let producer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            sender.send(Bytes::from_static(b"x"), || false).unwrap();
+            sender.finish(Bytes::new());
+        });
+        assert_eq!(receiver.start().await, Start::Streaming);
+        let first = poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut receiver), cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&first[..], b"x");
+        producer.join().unwrap();
+    }
+}

@@ -1,0 +1,403 @@
+//! Rows as they arrive: [`RowStream`], the typed stream [`Query::fetch`](crate::Query::fetch)
+//! returns, and the two receivers the transport fills while a call may still be retried —
+//! [`Collect`] (every row, for `fetch_all`, `query_table` and `execute`) and [`First`] (a stream's
+//! first row, for `fetch`, `fetch_one` and `fetch_optional`).
+//!
+//! Every one decodes through the same incremental [`Decoder`], so a buffered call and a stream
+//! read rows alike. This module knows the transport's body and receiver seam; it does not know
+//! retry rules or HTTP.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+use crate::envelope::{Decoder, Step};
+use crate::error::{AttemptFailure, Error, ErrorKind, Result};
+use crate::table::Column;
+use crate::transport::{Body, Delivered, Failure, Receive, cancelled, with_timeout};
+
+/// Takes every row: served at the body's end.
+pub(crate) struct Collect<T> {
+    pub(crate) decoder: Decoder<'static, T>,
+    pub(crate) rows: Vec<T>,
+}
+
+impl<T: DeserializeOwned> Collect<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            decoder: Decoder::new(),
+            rows: Vec::new(),
+        }
+    }
+}
+
+impl<T: DeserializeOwned + Send> Receive for Collect<T> {
+    fn reset(&mut self) {
+        self.decoder.reset();
+        self.rows.clear();
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        match piece {
+            Some(piece) => self.decoder.push(piece),
+            None => self.decoder.finish(),
+        }
+        match self.decoder.drain_into(&mut self.rows)? {
+            Step::NeedMore => Ok(false),
+            Step::End => Ok(true),
+            Step::Row(()) => unreachable!("drain_into gives rows to the vector"),
+        }
+    }
+}
+
+impl Collect<Vec<crate::value::Value>> {
+    /// The rows with their columns and effect, once the body has been served.
+    pub(crate) fn into_table(self) -> crate::table::Table {
+        let columns = self.decoder.columns().unwrap_or_default().to_vec();
+        let effect = self.decoder.effect();
+        crate::table::Table::new(
+            columns,
+            self.rows,
+            effect.rows_affected.unwrap_or(0),
+            effect.last_insert_id,
+        )
+    }
+}
+
+/// Takes the whole body as bytes (a batch's answer, decoded once complete): served at its end.
+#[derive(Default)]
+pub(crate) struct Whole(pub(crate) Vec<u8>);
+
+impl Receive for Whole {
+    fn reset(&mut self) {
+        self.0.clear();
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        match piece {
+            Some(piece) => {
+                self.0.extend_from_slice(piece);
+                Ok(false)
+            }
+            None => Ok(true),
+        }
+    }
+}
+
+/// Takes the first row (or the end of a result without rows): served as soon as it is decoded.
+pub(crate) struct First<T> {
+    decoder: Decoder<'static, T>,
+    first: Option<T>,
+    ended: bool,
+}
+
+impl<T: DeserializeOwned> First<T> {
+    pub(crate) fn new() -> Self {
+        Self {
+            decoder: Decoder::new(),
+            first: None,
+            ended: false,
+        }
+    }
+}
+
+impl<T: DeserializeOwned + Send> Receive for First<T> {
+    fn reset(&mut self) {
+        self.decoder.reset();
+        self.first = None;
+        self.ended = false;
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        match piece {
+            Some(piece) => self.decoder.push(piece),
+            None => self.decoder.finish(),
+        }
+        match self.decoder.next()? {
+            Step::Row(row) => {
+                self.first = Some(row);
+                Ok(true)
+            }
+            Step::NeedMore => Ok(false),
+            Step::End => {
+                self.ended = true;
+                Ok(true)
+            }
+        }
+    }
+}
+
+/// How much of the body [`RowStream::close`] reads past the rows it was asked for before it gives
+/// up on reusing the connection.
+const DRAIN_LIMIT: usize = 64 * 1024;
+
+type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failure>)> + Send>>;
+
+/// The rows of a query, decoded one at a time as the response body arrives, made by
+/// [`Query::fetch`](crate::Query::fetch).
+///
+/// Memory stays at one partial row and one piece of the body, whatever the result's size. Read it
+/// with [`try_next`](Self::try_next), or as a [`Stream`](futures_core::Stream) of `Result<T>`.
+/// The call was retried as a read until the first row arrived; after that a failure ends the
+/// stream with an error and is never retried (rows would repeat). A body cut short, or one the
+/// server ends with an error (a statement timeout, an engine error at row N), yields that error and
+/// never a clean end. The call's `timeout` bounds each stall of the body, not the whole download.
+/// Dropping the stream closes its connection, which stops the statement on the server.
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// use serde::Deserialize;
+///
+/// #[derive(Deserialize)]
+/// struct Event { id: i64, kind: String }
+///
+/// let mut events = client.query("SELECT id, kind FROM events ORDER BY id").fetch::<Event>().await?;
+/// println!("{} columns", events.columns().len());
+/// while let Some(event) = events.try_next().await? {
+///     println!("{} {}", event.id, event.kind);
+/// }
+/// # Ok(())
+/// # }
+/// ```
+#[must_use = "a stream does nothing unless it is read"]
+pub struct RowStream<T> {
+    decoder: Decoder<'static, T>,
+    first: Option<T>,
+    body: Option<Body>,
+    reading: Option<ReadFuture>,
+    stall: Option<Duration>,
+    cancel: [Option<CancellationToken>; 2],
+    attempts: u32,
+    history: Vec<AttemptFailure>,
+    done: bool,
+}
+
+// No field is ever pinned: the read in flight is boxed, and `T`s are only moved in and out.
+impl<T> Unpin for RowStream<T> {}
+
+impl<T> fmt::Debug for RowStream<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RowStream")
+            .field("rows", &self.decoder.rows_given())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T: DeserializeOwned> RowStream<T> {
+    pub(crate) fn new(first: First<T>, delivered: Delivered) -> Self {
+        let First {
+            decoder,
+            first,
+            ended,
+        } = first;
+        let Delivered {
+            body,
+            attempts,
+            history,
+            stall,
+            cancel,
+        } = delivered;
+        Self {
+            decoder,
+            first,
+            body: (!ended).then_some(body),
+            reading: None,
+            stall,
+            cancel,
+            attempts,
+            history,
+            done: false,
+        }
+    }
+
+    /// The result's columns, with their declared types: known once the stream exists (the
+    /// protocol sends them before the rows).
+    pub fn columns(&self) -> &[Column] {
+        self.decoder.columns().unwrap_or_default()
+    }
+
+    /// The next row, or `None` after the last one.
+    ///
+    /// # Errors
+    ///
+    /// [`ErrorKind::Decode`] naming the row and column when a row is not a `T`; the server's error
+    /// when it ended the result with one (for instance [`ErrorKind::StatementTimeout`] or
+    /// [`ErrorKind::Sql`]); [`ErrorKind::Connection`] when the body was cut short;
+    /// [`ErrorKind::Timeout`] when no byte arrived for the call's `timeout`;
+    /// [`ErrorKind::Cancelled`]. The stream ends after an error.
+    pub async fn try_next(&mut self) -> Result<Option<T>> {
+        std::future::poll_fn(|cx| self.poll_row(cx))
+            .await
+            .transpose()
+    }
+
+    /// Reads the rest of a small body so its connection can be reused, or drops it.
+    pub(crate) async fn close(mut self) {
+        let Some(mut body) = self.body.take() else {
+            return;
+        };
+        let mut read = 0;
+        while read <= DRAIN_LIMIT {
+            match with_timeout(self.stall, body.chunk()).await {
+                Ok(Some(piece)) => read += piece.len(),
+                Ok(None) | Err(_) => return,
+            }
+        }
+    }
+
+    /// Gives an error raised after the exchange the call's attempt count and history.
+    pub(crate) fn attach(&self, err: Error) -> Error {
+        err.with_attempts(self.attempts, self.history.clone())
+            .with_sent(true, false)
+    }
+
+    fn fail(&mut self, err: Error) -> Poll<Option<Result<T>>> {
+        self.done = true;
+        self.body = None;
+        self.reading = None;
+        let err = err
+            .with_attempts(self.attempts, self.history.clone())
+            .with_sent(true, false);
+        Poll::Ready(Some(Err(err)))
+    }
+
+    fn poll_row(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
+        if let Some(first) = self.first.take() {
+            return Poll::Ready(Some(Ok(first)));
+        }
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match self.decoder.next() {
+                Ok(Step::Row(row)) => return Poll::Ready(Some(Ok(row))),
+                Ok(Step::End) => {
+                    self.done = true;
+                    self.body = None;
+                    return Poll::Ready(None);
+                }
+                Ok(Step::NeedMore) => {}
+                Err(err) => return self.fail(err),
+            }
+            if self.reading.is_none() {
+                let Some(mut body) = self.body.take() else {
+                    // The body ended: the decoder was told, so it cannot need more.
+                    self.decoder.finish();
+                    continue;
+                };
+                let stall = self.stall;
+                let [call, client] = self.cancel.clone();
+                self.reading = Some(Box::pin(async move {
+                    let read = tokio::select! {
+                        biased;
+                        () = cancelled(call.as_ref(), client.as_ref()) => Err(Failure::from(ErrorKind::Cancelled)),
+                        read = with_timeout(stall, body.chunk()) => read,
+                    };
+                    (body, read)
+                }));
+            }
+            let Some(reading) = self.reading.as_mut() else {
+                continue;
+            };
+            let (body, read) = match reading.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(done) => done,
+            };
+            self.reading = None;
+            match read {
+                Ok(Some(piece)) => {
+                    self.body = Some(body);
+                    self.decoder.push(&piece);
+                }
+                Ok(None) => self.decoder.finish(),
+                Err(failure) => {
+                    let Failure { kind, source, .. } = failure;
+                    return self.fail(Error::new(kind).with_boxed_source(source));
+                }
+            }
+        }
+    }
+}
+
+impl<T: DeserializeOwned> futures_core::Stream for RowStream<T> {
+    type Item = Result<T>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
+        self.get_mut().poll_row(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(ms: u64) -> Duration {
+        Duration::from_millis(ms)
+    }
+
+    /// A stream whose first row was handed over: a later stall past `timeout` ends it with a
+    /// timeout error (no retry: the transport is done with it), and then it ends.
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_after_the_first_row_ends_the_stream_with_a_timeout() {
+        let mut first = First::<i64>::new();
+        let head = br#"{"columns":[{"name":"n","type":""}],"rows":[[1],"#;
+        assert!(
+            first.take(Some(head)).unwrap(),
+            "the first row serves the call"
+        );
+        let delivered = Delivered {
+            body: Body::scripted([
+                (ms(900), Bytes::from_static(b"[2],")),
+                (ms(5_000), Bytes::from_static(b"[3]],\"rows_affected\":0}")),
+            ]),
+            attempts: 1,
+            history: Vec::new(),
+            stall: Some(ms(1_000)),
+            cancel: [None, None],
+        };
+        let mut rows = RowStream::new(first, delivered);
+        assert_eq!(rows.columns()[0].name(), "n");
+        assert_eq!(rows.try_next().await.unwrap(), Some(1));
+        let started = tokio::time::Instant::now();
+        assert_eq!(rows.try_next().await.unwrap(), Some(2));
+        let err = rows.try_next().await.unwrap_err();
+        assert!(err.is_timeout(), "{err:?}");
+        assert_eq!(err.attempts(), 1);
+        assert_eq!(started.elapsed(), ms(1_900));
+        assert_eq!(rows.try_next().await.unwrap(), None);
+    }
+
+    /// A body that trickles in slowly but steadily streams to its end.
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_steady_stream_is_not_cut() {
+        let mut first = First::<i64>::new();
+        assert!(
+            first
+                .take(Some(br#"{"columns":[{"name":"n","type":""}],"rows":[[0]"#))
+                .unwrap()
+        );
+        let pieces = (1..=20)
+            .map(|n| (ms(900), Bytes::from(format!(",[{n}]"))))
+            .chain([(ms(900), Bytes::from_static(b"],\"rows_affected\":0}"))]);
+        let delivered = Delivered {
+            body: Body::scripted(pieces),
+            attempts: 1,
+            history: Vec::new(),
+            stall: Some(ms(1_000)),
+            cancel: [None, None],
+        };
+        let mut rows = RowStream::new(first, delivered);
+        let mut got = Vec::new();
+        while let Some(n) = rows.try_next().await.unwrap() {
+            got.push(n);
+        }
+        assert_eq!(got, (0..=20).collect::<Vec<i64>>());
+    }
+}
