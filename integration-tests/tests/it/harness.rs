@@ -83,7 +83,7 @@ impl Live {
 }
 
 /// The engine behind the server under test. The suite is engine-neutral; a test that only makes
-/// sense on one engine asks [`Live::runs_on`] and says why when it does not run.
+/// sense on one engine asks [`Live::engine`] and says, in a comment, why it differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Engine {
     Sqlite,
@@ -106,15 +106,6 @@ impl Live {
     /// The engine behind this server.
     pub(crate) async fn engine(&self) -> Engine {
         engine_of(&self.client()).await
-    }
-
-    /// Whether the calling test runs against this server; when not, says so and why.
-    pub(crate) async fn runs_on(&self, engine: Engine, why: &str) -> bool {
-        let actual = self.engine().await;
-        if actual != engine {
-            eprintln!("skipped on {actual:?}: {why}");
-        }
-        actual == engine
     }
 }
 

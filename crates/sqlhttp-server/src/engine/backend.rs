@@ -17,8 +17,8 @@ use crate::request::SqlRequest;
 /// The engine serving the configured database.
 #[derive(Debug)]
 pub(crate) enum Backend {
-    /// The embedded SQLite engine.
-    Sqlite(Engine),
+    /// The embedded SQLite engine (boxed: it is far larger than the PostgreSQL handle).
+    Sqlite(Box<Engine>),
     /// A PostgreSQL database.
     Postgres(PgEngine),
 }
@@ -34,7 +34,8 @@ impl Backend {
             Database::Postgres(url) => {
                 PgEngine::start(url, idempotency_ttl, limits).map(Backend::Postgres)
             }
-            sqlite => Engine::start(sqlite, idempotency_ttl, limits).map(Backend::Sqlite),
+            sqlite => Engine::start(sqlite, idempotency_ttl, limits)
+                .map(|engine| Backend::Sqlite(Box::new(engine))),
         }
     }
 
