@@ -442,13 +442,23 @@ async fn replicas_on_one_database_share_the_idempotency_store() {
     let body = json!({"sql": "INSERT INTO t VALUES (1)"});
     let key = [("idempotency-key", "shared")];
     let (first, second) = tokio::join!(post_with(&a, &key, &body), post_with(&b, &key, &body));
-    assert_eq!(first.status, 200);
-    assert_eq!(second.status, 200);
-    let replayed = [&first, &second]
+    // One replica applies; the other replays, or (while the first still runs) answers 409
+    // IDEMPOTENCY_KEY_IN_USE, as one replica's in-flight registry would.
+    let fresh = [&first, &second]
         .iter()
-        .filter(|r| r.header("idempotent-replayed") == Some("true"))
+        .filter(|r| r.status == 200 && r.header("idempotent-replayed").is_none())
         .count();
-    assert_eq!(replayed, 1, "one replica applied, the other replayed");
+    assert_eq!(fresh, 1, "exactly one replica applied the write");
+    for reply in [&first, &second] {
+        if reply.status != 200 {
+            assert_eq!(reply.code(), "IDEMPOTENCY_KEY_IN_USE");
+            assert_eq!(reply.header("retry-after"), Some("1"));
+        }
+    }
+    for replica in [&a, &b] {
+        let again = post_with(replica, &key, &body).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    }
     let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
     assert_eq!(count["rows"], json!([[1]]));
 }
@@ -630,4 +640,32 @@ async fn a_client_that_leaves_mid_stream_frees_its_connection() {
         .await
         .expect("the connection was freed");
     assert_eq!(next.status, 200);
+}
+
+#[tokio::test]
+async fn shutdown_stops_running_statements_and_ends() {
+    let Some(url) = database("shutdown_stops_running_statements_and_ends").await else {
+        return;
+    };
+    let mut config = config(&url);
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let handle = sqlhttp_server::Server::bind(config).await.unwrap().spawn();
+    let endpoint = format!("{}/api/v1/sql", handle.url());
+    let slow = tokio::spawn(async move {
+        crate::common::http_client()
+            .post(endpoint)
+            .header("content-type", "application/json")
+            .body(r#"{"sql": "SELECT pg_sleep(30)"}"#)
+            .send()
+            .await
+            .map(|response| response.status().as_u16())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(10), handle.shutdown())
+        .await
+        .expect("shutdown ends well before the statement would have");
+    // The request was answered 503, or its connection cut; never left hanging.
+    if let Ok(status) = slow.await.unwrap() {
+        assert_eq!(status, 503);
+    }
 }

@@ -47,6 +47,10 @@ use run::Sink;
 /// How long opening a new connection may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 
+/// How long cancelled work may take to stop before it is abandoned (its connection is then
+/// rolled back by its owner, or discarded).
+const STOP_WITHIN: Duration = Duration::from_secs(1);
+
 /// Expired idempotency keys are purged at most this often.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -81,6 +85,8 @@ struct Inner {
     admission: Arc<Semaphore>,
     limits: Limits,
     closing: Arc<AtomicBool>,
+    /// Wakes every guarded job when the engine closes.
+    shutdown: tokio::sync::Notify,
     in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
     next_lease: AtomicU64,
     last_purge: Mutex<Option<Instant>>,
@@ -185,6 +191,7 @@ impl PgEngine {
             admission: Arc::new(Semaphore::new(connections + limits.queue_depth)),
             limits,
             closing: Arc::new(AtomicBool::new(false)),
+            shutdown: tokio::sync::Notify::new(),
             in_flight: Arc::default(),
             next_lease: AtomicU64::new(0),
             // The first keyed request purges.
@@ -430,14 +437,32 @@ impl Inner {
     /// Runs `work` on `lease`; should the requester go away meanwhile, cancels the statement
     /// running on the lease's connection (PostgreSQL answers it with `57014`) and lets `work`
     /// finish with that error, so the transaction is still ended by its owner.
-    async fn guarded<T>(&self, job: &Job, lease: &Lease, work: impl Future<Output = T>) -> T {
+    ///
+    /// The same happens when the engine closes; work that is not in a statement then (a
+    /// streamed body waiting for its client to read) gets [`STOP_WITHIN`] and is abandoned.
+    async fn guarded<T>(
+        &self,
+        job: &Job,
+        lease: &Lease,
+        work: impl Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
         let mut work = pin!(work);
-        tokio::select! {
-            out = &mut work => return out,
-            () = job.notify.notified() => {}
+        let shutdown = self.shutdown.notified();
+        let mut shutdown = pin!(shutdown);
+        shutdown.as_mut().enable();
+        if !self.closing.load(Ordering::Acquire) {
+            tokio::select! {
+                out = &mut work => return out,
+                () = job.notify.notified() => {}
+                () = &mut shutdown => {}
+            }
         }
         let _ = lease.cancel.cancel_query(NoTls).await;
-        work.await
+        match tokio::time::timeout(STOP_WITHIN, work).await {
+            Ok(out) => out,
+            Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),
+            Err(_) => Err(ApiError::interrupted()),
+        }
     }
 
     /// Opens the server's transaction on `lease`: its mode and statement timeout, and (for
@@ -673,6 +698,7 @@ impl Inner {
 
     async fn close(&self) {
         self.closing.store(true, Ordering::Release);
+        self.shutdown.notify_waiters();
         self.pool.close();
         loop {
             let tokens: Vec<CancelToken> = self

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_core::Stream as _;
-use tokio_postgres::Client;
+use tokio_postgres::{Client, NoTls};
 use tokio_postgres::types::ToSql;
 
 use crate::api_error::{ApiError, ErrorCode};
@@ -99,6 +99,12 @@ impl<'a> Chunks<'a> {
     }
 }
 
+/// Cancels the statement still sending rows, so the caller's `ROLLBACK` does not wait behind the
+/// rest of its result.
+async fn stop(client: &Client) {
+    let _ = client.cancel_token().cancel_query(NoTls).await;
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error.
@@ -167,12 +173,16 @@ pub(crate) async fn write_result(
             if let Err(why) = written {
                 out.truncate(row_start);
                 tracing::error!(column = column.name(), error = %why, "cannot write a cell");
+                stop(client).await;
                 return Err(ApiError::internal());
             }
         }
         out.push(b']');
         count += 1;
-        sink.after_row(out, count).await?;
+        if let Err(err) = sink.after_row(out, count).await {
+            stop(client).await;
+            return Err(err);
+        }
     }
     let rows_affected = if may_change_rows(&request.sql) {
         rows.rows_affected().unwrap_or(0)

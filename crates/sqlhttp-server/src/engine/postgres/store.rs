@@ -1,8 +1,9 @@
 //! Exactly-once requests on PostgreSQL: the `_sqlhttp_idempotency` table, and running keyed
 //! work so that its effects and its stored outcome commit in ONE transaction.
 //!
-//! The key is locked for the transaction (`pg_advisory_xact_lock`), so replicas sharing the
-//! database run one request per key and the others replay its outcome. Only the login role
+//! The key is locked for the transaction (`pg_try_advisory_xact_lock`), so replicas sharing the
+//! database run one request per key: another one sent meanwhile answers `409
+//! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. Only the login role
 //! reaches the table: the keyed work runs as `sqlhttp_client`, inside a savepoint, and the role
 //! is reset before the outcome is stored. Knows SQL and the protocol's error codes; nothing about
 //! HTTP or what the work is (the caller passes it as a future).
@@ -68,13 +69,22 @@ pub(crate) async fn run_with_key<F>(
 where
     F: Future<Output = Result<Vec<u8>, ApiError>>,
 {
-    client
-        .execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 1397836872))",
+    // One runner per key across replicas: another replica running the same key answers as
+    // this one's in-flight registry does (409, retry later), then replays.
+    let locked: bool = client
+        .query_one(
+            "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1397836872))",
             &[&key],
         )
         .await
-        .map_err(map)?;
+        .map_err(map)?
+        .get(0);
+    if !locked {
+        return Err(ApiError::new(
+            ErrorCode::IdempotencyKeyInUse,
+            "a request with this Idempotency-Key is still running; retry later",
+        ));
+    }
     let stored = client
         .query_opt(
             "SELECT request_hash, status, body, created_at FROM _sqlhttp_idempotency WHERE key = $1",

@@ -164,10 +164,11 @@ pub(crate) fn write_cell(out: &mut Vec<u8>, ty: &Type, raw: Option<&[u8]>) -> Re
             write_string(out, &interval(months, days, micros));
         }
         Type::UUID => write_string(out, &uuid(&be::<16>(raw, ty)?)),
-        Type::JSON => out.extend_from_slice(raw),
+        // PostgreSQL checked the JSON text; an empty one would break the body.
+        Type::JSON if !raw.is_empty() => out.extend_from_slice(raw),
         // jsonb's binary form is a version byte (1) and the JSON text.
         Type::JSONB => match raw.split_first() {
-            Some((1, json)) => out.extend_from_slice(json),
+            Some((1, json)) if !json.is_empty() => out.extend_from_slice(json),
             _ => return Err(malformed(ty)),
         },
         Type::BYTEA => write_blob(out, raw),
@@ -760,6 +761,7 @@ mod tests {
             let mut out = Vec::new();
             assert!(write_cell(&mut out, &ty, Some(&[1])).is_err(), "{ty}");
         }
+        assert!(write_cell(&mut Vec::new(), &Type::JSON, Some(&[])).is_err());
     }
 
     #[test]
