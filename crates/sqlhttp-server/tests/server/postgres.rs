@@ -2,9 +2,9 @@
 //! once, batches, streaming and the type mapping, each test on a database of its own.
 //!
 //! The cluster is `SQLHTTPD_TEST_POSTGRES_URL` when set (CI starts one), else a throwaway one
-//! from `scripts/start-postgres`, stopped when the test process exits. When neither works
-//! (no PostgreSQL on the machine, no permission to install it) the tests say so and pass
-//! without running: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` to make that a failure instead.
+//! from `scripts/start-postgres` (never installing the package), stopped when the test process
+//! exits. When neither works (no PostgreSQL on the machine) the tests say so and pass without
+//! running: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -26,7 +26,11 @@ fn cluster() -> Option<&'static str> {
                 return Some(url);
             }
             let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
-            let output = Command::new(script).stderr(Stdio::inherit()).output();
+            // Tests never install system packages; .ci/run's own start-postgres may.
+            let output = Command::new(script)
+                .env("START_POSTGRES_NO_INSTALL", "1")
+                .stderr(Stdio::inherit())
+                .output();
             let url = match output {
                 Ok(output) if output.status.success() => {
                     String::from_utf8(output.stdout).ok()?.trim().to_owned()

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use futures_core::Stream as _;
-use tokio_postgres::{Client, NoTls};
 use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::postgres::types::{self, Raw};
