@@ -43,6 +43,8 @@ pub(crate) enum ConstraintKind {
     ForeignKey,
     Check,
     NotNull,
+    /// A PostgreSQL exclusion constraint.
+    Exclusion,
 }
 
 impl ConstraintKind {
@@ -53,6 +55,7 @@ impl ConstraintKind {
             ConstraintKind::ForeignKey => "foreign_key",
             ConstraintKind::Check => "check",
             ConstraintKind::NotNull => "not_null",
+            ConstraintKind::Exclusion => "exclusion",
         }
     }
 }

@@ -181,10 +181,11 @@ impl Default for Config {
     }
 }
 
-/// Which SQLite database the server opens.
+/// Which database the server serves.
 ///
 /// Parsed from a URL: `sqlite::memory:` for a private in-memory database, `sqlite:PATH` or
-/// `sqlite://PATH` for a file (created when missing).
+/// `sqlite://PATH` for a file (created when missing), `postgres://USER[:PASSWORD]@HOST[:PORT]/DB`
+/// (or `postgresql://`, with libpq's query parameters) for a PostgreSQL database.
 ///
 /// ```
 /// use std::path::PathBuf;
@@ -195,7 +196,11 @@ impl Default for Config {
 ///     "sqlite://data/app.db".parse::<Database>().unwrap(),
 ///     Database::File(PathBuf::from("data/app.db"))
 /// );
-/// assert!("postgres://localhost".parse::<Database>().is_err());
+/// assert!(matches!(
+///     "postgres://app@db.internal:5432/app".parse::<Database>().unwrap(),
+///     Database::Postgres(_)
+/// ));
+/// assert!("mysql://localhost".parse::<Database>().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
@@ -205,6 +210,41 @@ pub enum Database {
     Memory,
     /// A database file at this path.
     File(PathBuf),
+    /// A PostgreSQL database (see `docs/adr/0018-postgresql-engine.md`).
+    Postgres(PostgresUrl),
+}
+
+/// A PostgreSQL connection URL. `Debug` and `Display` never print its password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct PostgresUrl(String);
+
+impl PostgresUrl {
+    /// The URL with its password, for the driver only.
+    pub(crate) fn secret(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // `scheme://user:password@host` → `scheme://user:***@host`.
+        let (scheme, rest) = self.0.split_once("://").unwrap_or(("postgres", &self.0));
+        match rest.split_once('@') {
+            Some((userinfo, host)) if userinfo.contains(':') => {
+                let user = userinfo.split(':').next().unwrap_or_default();
+                write!(f, "{scheme}://{user}:***@{host}")
+            }
+            _ => write!(f, "{scheme}://{rest}"),
+        }
+    }
+}
+
+impl std::fmt::Debug for PostgresUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("PostgresUrl")
+            .field(&self.to_string())
+            .finish()
+    }
 }
 
 impl FromStr for Database {
@@ -215,8 +255,21 @@ impl FromStr for Database {
             url: url.to_owned(),
             reason: reason.to_owned(),
         };
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return url
+                .parse::<tokio_postgres::Config>()
+                .map(|_| Database::Postgres(PostgresUrl(url.to_owned())))
+                // The driver's message never quotes the password.
+                .map_err(|e| ServerError::InvalidDatabaseUrl {
+                    url: PostgresUrl(url.to_owned()).to_string(),
+                    reason: e.to_string(),
+                });
+        }
         let rest = url.strip_prefix("sqlite:").ok_or_else(|| {
-            invalid("expected `sqlite::memory:`, `sqlite:PATH` or `sqlite://PATH`")
+            invalid(
+                "expected `sqlite::memory:`, `sqlite:PATH`, `sqlite://PATH` or \
+                 `postgres://USER@HOST:PORT/DB`",
+            )
         })?;
         let path = rest.strip_prefix("//").unwrap_or(rest);
         match path {
@@ -300,7 +353,8 @@ mod tests {
             "sqlite:",
             "sqlite://",
             "app.db",
-            "postgres://x",
+            "mysql://x",
+            "postgres://x:1:2:3/",
             "SQLITE:app.db",
         ] {
             let err = Database::from_str(bad).unwrap_err();
@@ -309,6 +363,23 @@ mod tests {
                 "{bad}: {err}"
             );
         }
+    }
+
+    #[test]
+    fn postgres_urls_hide_their_password() {
+        let Database::Postgres(url) =
+            Database::from_str("postgresql://app:s3cret@db:5432/app?sslmode=disable").unwrap()
+        else {
+            panic!("a PostgreSQL URL")
+        };
+        assert_eq!(
+            url.to_string(),
+            "postgresql://app:***@db:5432/app?sslmode=disable"
+        );
+        assert!(!format!("{url:?}").contains("s3cret"));
+        assert!(url.secret().contains("s3cret"));
+        let plain = Database::from_str("postgres://postgres@127.0.0.1:5432/postgres").unwrap();
+        assert!(format!("{plain:?}").contains("postgres@127.0.0.1:5432"));
     }
 
     #[test]

@@ -35,6 +35,14 @@ pub enum ServerError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The PostgreSQL database could not be reached or prepared for use.
+    #[error("cannot use database {database}: {reason}")]
+    Postgres {
+        /// The database URL, without its password.
+        database: String,
+        /// What went wrong, and what the operator can do about it.
+        reason: String,
+    },
     /// The engine thread could not be started.
     #[error("cannot start the engine thread: {0}")]
     EngineThread(#[source] std::io::Error),
@@ -81,6 +89,7 @@ impl ServerError {
         let database = match database {
             crate::Database::Memory => ":memory:".to_owned(),
             crate::Database::File(path) => path.display().to_string(),
+            crate::Database::Postgres(url) => url.to_string(),
         };
         ServerError::OpenDatabase { database, source }
     }

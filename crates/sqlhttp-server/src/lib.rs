@@ -1,5 +1,5 @@
 //! `sqlhttpd`, the reference server for the sqlhttp wire protocol v1, on an embedded SQLite
-//! engine (see `docs/protocol.md` for the protocol).
+//! engine or a PostgreSQL database (see `docs/protocol.md` for the protocol).
 //!
 //! This crate root only wires the modules together and re-exports the public API:
 //! [`Config`] and [`Database`] (configuration), [`Server`] and [`ServerHandle`] (running it),
@@ -34,7 +34,7 @@ mod state;
 
 pub use config::{
     Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
-    DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, RateLimit, parse_duration,
+    DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, PostgresUrl, RateLimit, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;

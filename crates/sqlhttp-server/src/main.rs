@@ -37,8 +37,8 @@ struct Cli {
     )]
     listen: SocketAddr,
 
-    /// Database URL: `sqlite::memory:` (a throwaway database, removed on exit), `sqlite:PATH`
-    /// or `sqlite://PATH`.
+    /// Database URL: `sqlite::memory:` (a throwaway database, removed on exit), `sqlite:PATH`,
+    /// `sqlite://PATH`, or `postgres://USER[:PASSWORD]@HOST[:PORT]/DB` for PostgreSQL.
     #[arg(long, env = "SQLHTTPD_DATABASE", value_name = "URL", default_value = "sqlite::memory:", value_parser = parse_database)]
     database: Database,
 

@@ -168,7 +168,7 @@ pub(crate) fn is_transaction_control(sql: &str) -> bool {
 pub(crate) fn may_change_rows(sql: &str) -> bool {
     matches!(
         leading_keyword(sql).as_str(),
-        "INSERT" | "REPLACE" | "UPDATE" | "DELETE" | "WITH"
+        "INSERT" | "REPLACE" | "UPDATE" | "DELETE" | "MERGE" | "WITH"
     )
 }
 

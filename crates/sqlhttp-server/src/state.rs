@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use crate::config::{Config, Limits};
-use crate::engine::Engine;
+use crate::engine::Backend;
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
 use crate::http::metrics::Metrics;
@@ -34,7 +34,7 @@ pub struct AppState {
 
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) engine: Engine,
+    pub(crate) engine: Backend,
     pub(crate) tokens: Tokens,
     pub(crate) rate_limiter: Option<RateLimiter>,
     pub(crate) metrics: Metrics,
@@ -56,7 +56,7 @@ impl AppState {
             config.tokens.iter().map(String::as_str),
             config.read_tokens.iter().map(String::as_str),
         )?;
-        let engine = Engine::start(&config.database, config.idempotency_ttl, config.limits)?;
+        let engine = Backend::start(&config.database, config.idempotency_ttl, config.limits)?;
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,

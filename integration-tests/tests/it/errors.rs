@@ -130,11 +130,12 @@ async fn a_constraint_violation_names_its_kind() {
 #[tokio::test]
 async fn the_sandbox_refuses_attach_with_its_own_kind() {
     let live = Live::start().await;
-    let err = live
-        .client()
-        .execute("ATTACH DATABASE 'elsewhere.db' AS other")
-        .await
-        .unwrap_err();
+    // Reaching outside the served database: ATTACH on SQLite, a server file on PostgreSQL.
+    let escape = match live.engine().await {
+        Engine::Sqlite => "ATTACH DATABASE 'elsewhere.db' AS other",
+        Engine::Postgres => "SELECT pg_read_file('/etc/passwd')",
+    };
+    let err = live.client().execute(escape).await.unwrap_err();
     assert!(
         matches!(err.kind(), ErrorKind::StatementNotAllowed { .. }),
         "{err:?}"

@@ -80,16 +80,24 @@ async fn query_table_reports_declared_types() {
         .iter()
         .map(|c| (c.name(), c.type_name()))
         .collect();
-    assert_eq!(
-        columns,
-        vec![
+    // SQLite reports declared types (none for an expression); PostgreSQL the value's type.
+    let expected = match live.engine().await {
+        Engine::Sqlite => vec![
             ("id", "INTEGER"),
             ("name", "TEXT"),
             ("price", "REAL"),
             ("note", "TEXT"),
-            ("doubled", "")
-        ]
-    );
+            ("doubled", ""),
+        ],
+        Engine::Postgres => vec![
+            ("id", "int8"),
+            ("name", "text"),
+            ("price", "float8"),
+            ("note", "text"),
+            ("doubled", "float8"),
+        ],
+    };
+    assert_eq!(columns, expected);
     assert_eq!(result.len(), 3);
     let last = result.row(2).unwrap();
     assert_eq!(last.get::<i64>("id").unwrap(), i64::MAX);
@@ -112,7 +120,18 @@ async fn execute_reports_rows_affected_and_last_insert_id() {
         .await
         .unwrap();
     assert_eq!(effect.rows_affected, 1);
-    let id = effect.last_insert_id.expect("an insert reports its rowid");
+    let id = match live.engine().await {
+        Engine::Sqlite => effect.last_insert_id.expect("an insert reports its rowid"),
+        // PostgreSQL has no rowid: RETURNING tells the id.
+        Engine::Postgres => {
+            assert_eq!(effect.last_insert_id, None);
+            client
+                .query(format!("SELECT max(id) FROM \"{table}\""))
+                .fetch_one()
+                .await
+                .unwrap()
+        }
+    };
     let effect = client
         .execute(format!(
             "UPDATE \"{table}\" SET price = price + 1 WHERE id = ?"

@@ -51,6 +51,9 @@ impl Target {
                 .prefix("sqlhttpd-")
                 .tempdir()
                 .map(|dir| Target::Scratch(Arc::new(dir))),
+            Database::Postgres(_) => Err(std::io::Error::other(
+                "a PostgreSQL database is served by the PostgreSQL engine",
+            )),
         }
     }
 

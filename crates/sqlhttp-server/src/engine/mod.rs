@@ -11,12 +11,14 @@
 //! Atomic batches (`batch`) run several statements in one transaction of the server's own.
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
+mod backend;
 mod batch;
 mod connection;
 mod control;
 mod errors;
 mod exec;
 mod idempotency;
+mod postgres;
 mod sandbox;
 mod stream;
 mod transaction;
@@ -36,6 +38,7 @@ use control::{Hooks, JobControl};
 use exec::{Access, Ran};
 use worker::Pool;
 
+pub(crate) use backend::Backend;
 pub(crate) use sandbox::check_text;
 pub(crate) use stream::ChunkReceiver;
 

@@ -3,7 +3,8 @@
 //! writer's output into chunks, and [`execute`], which runs a statement through them and signals
 //! a failure after the first chunk inside the body (see `docs/adr/0016-streamed-results.md`).
 //!
-//! The engine thread blocks while the queue is full, so a request holds one small buffer and a
+//! The engine thread blocks while the queue is full (an async producer, the PostgreSQL engine,
+//! waits with [`ChunkSender::send_async`] instead), so a request holds one small buffer and a
 //! few chunks whatever the result's size; it stops when the HTTP body is dropped (the client went
 //! away), when its statement timeout passes, or when the engine closes. Knows the row writer and
 //! the job's stop conditions; nothing about HTTP beyond being a `Stream` of byte chunks.
@@ -26,7 +27,7 @@ pub(crate) const CHUNK_BYTES: usize = 32 * 1024;
 
 /// Rows written but not yet handed over are sent after this long, so that a slow statement's
 /// first rows reach the client without waiting for a whole chunk.
-const FLUSH_AFTER: Duration = Duration::from_millis(50);
+pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(50);
 
 /// Chunks that may wait in the queue for the client to take them.
 pub(crate) const QUEUE_CHUNKS: usize = 4;
@@ -44,6 +45,8 @@ struct State {
     /// The HTTP body was dropped: the client went away.
     receiver_gone: bool,
     waker: Option<Waker>,
+    /// An async producer waiting for room in the queue (see [`ChunkSender::send_async`]).
+    room_waker: Option<Waker>,
 }
 
 #[derive(Debug, Default)]
@@ -118,6 +121,38 @@ impl ChunkSender {
             waker.wake();
         }
         Ok(())
+    }
+
+    /// Queues `chunk` as [`ChunkSender::send`] does, for a producer on the async runtime (the
+    /// PostgreSQL engine): it waits for room without blocking a thread. `must_stop` is asked
+    /// whenever it is woken without room.
+    pub(crate) async fn send_async(
+        &self,
+        chunk: Bytes,
+        must_stop: impl Fn() -> bool,
+    ) -> Result<(), SendError> {
+        let mut chunk = Some(chunk);
+        std::future::poll_fn(|cx| {
+            let mut state = self.shared.lock();
+            if state.receiver_gone {
+                return Poll::Ready(Err(SendError::Gone));
+            }
+            if state.queue.len() < self.capacity {
+                if let Some(chunk) = chunk.take() {
+                    state.queue.push_back(chunk);
+                }
+                if let Some(waker) = state.waker.take() {
+                    waker.wake();
+                }
+                return Poll::Ready(Ok(()));
+            }
+            if must_stop() {
+                return Poll::Ready(Err(SendError::Stopped));
+            }
+            state.room_waker = Some(cx.waker().clone());
+            Poll::Pending
+        })
+        .await
     }
 
     /// Queues the body's last bytes, past the queue's bound if need be (they are small: the
@@ -198,8 +233,12 @@ impl Drop for ChunkReceiver {
         let mut state = self.shared.lock();
         state.receiver_gone = true;
         state.queue.clear();
+        let room_waker = state.room_waker.take();
         drop(state);
         self.shared.room.notify_all();
+        if let Some(waker) = room_waker {
+            waker.wake();
+        }
     }
 }
 
@@ -218,8 +257,12 @@ impl futures_core::Stream for ChunkReceiver {
         }
         let mut state = this.shared.lock();
         if let Some(chunk) = state.queue.pop_front() {
+            let room_waker = state.room_waker.take();
             drop(state);
             this.shared.room.notify_one();
+            if let Some(waker) = room_waker {
+                waker.wake();
+            }
             return Poll::Ready(Some(Ok(chunk)));
         }
         if state.finished {
@@ -377,6 +420,38 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         drop(receiver);
         assert_eq!(blocked.join().unwrap(), Err(SendError::Gone));
+    }
+
+    #[tokio::test]
+    async fn an_async_sender_waits_for_room_and_stops_when_the_receiver_goes() {
+        let (sender, mut receiver) = channel(1);
+        sender
+            .send_async(Bytes::from_static(b"a"), || false)
+            .await
+            .unwrap();
+        let producer = tokio::spawn(async move {
+            sender
+                .send_async(Bytes::from_static(b"b"), || false)
+                .await?;
+            sender.send_async(Bytes::from_static(b"c"), || false).await
+        });
+        let first = poll_fn(|cx| futures_core::Stream::poll_next(Pin::new(&mut receiver), cx))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&first[..], b"a");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        drop(receiver);
+        assert_eq!(producer.await.unwrap(), Err(SendError::Gone));
+        let (sender, _receiver) = channel(1);
+        sender
+            .send_async(Bytes::from_static(b"a"), || false)
+            .await
+            .unwrap();
+        assert_eq!(
+            sender.send_async(Bytes::from_static(b"b"), || true).await,
+            Err(SendError::Stopped)
+        );
     }
 
     #[tokio::test]

@@ -9,5 +9,6 @@ mod conformance;
 mod hardening;
 mod idempotency;
 mod operations;
+mod postgres;
 mod streaming;
 mod tcp;

@@ -1,0 +1,724 @@
+//! The PostgreSQL engine: client statements on a pool of tokio-postgres connections
+//! (deadpool-postgres), every request in a transaction of the server's own, run as the role
+//! `sqlhttp_client`.
+//!
+//! - [`PgEngine`] is the async handle: `execute_streamed` (the body streams once it outgrows a
+//!   chunk, as on SQLite), `execute_read_only` (`BEGIN READ ONLY`, streamed too), `execute_with_key` (exactly once, see `store`), `batch` and
+//!   `batch_with_key` (one transaction; a read-only batch is `READ ONLY, REPEATABLE READ`, so its
+//!   statements see one snapshot), `ready` and `close`.
+//! - Each transaction sets `statement_timeout` to `--statement-timeout`; a request whose
+//!   requester goes away has its statement cancelled and its connection discarded.
+//! - `placeholders` rewrites `?` into `$n`, `sqlstate` maps PostgreSQL's errors onto the
+//!   protocol's table, `types` maps values both ways, `sandbox` adds PostgreSQL's text rules to
+//!   the common ones, `setup` prepares the database at start, `run` writes a statement's body.
+//!
+//! Knows nothing about HTTP. See `docs/adr/0018-postgresql-engine.md`.
+
+mod placeholders;
+mod run;
+mod sandbox;
+mod setup;
+mod sqlstate;
+mod store;
+mod types;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio_postgres::{CancelToken, Client, NoTls};
+
+use crate::api_error::{ApiError, ErrorCode};
+use crate::batch_request::BatchRequest;
+use crate::config::{Limits, PostgresUrl};
+use crate::engine::stream::{self, ChunkSender};
+use crate::engine::{Outcome, Reply, exec};
+use crate::error::ServerError;
+use crate::request::SqlRequest;
+
+use run::Sink;
+
+/// How long opening a new connection may take.
+const CONNECT_WITHIN: Duration = Duration::from_secs(5);
+
+/// How long cancelled work may take to stop before it is abandoned (its connection is then
+/// rolled back by its owner, or discarded).
+const STOP_WITHIN: Duration = Duration::from_secs(1);
+
+/// Expired idempotency keys are purged at most this often.
+const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Keyed work: one statement or a batch's statements.
+#[derive(Debug, Clone, Copy)]
+enum Work<'a> {
+    Statement(&'a SqlRequest),
+    Batch(&'a [SqlRequest]),
+}
+
+/// What a transaction may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    /// `READ WRITE`, `READ COMMITTED`.
+    Write,
+    /// `READ ONLY`, `REPEATABLE READ`: one snapshot for the whole transaction.
+    Read,
+}
+
+/// Handle to the PostgreSQL engine. Each request's transaction runs as a task of its own, so a
+/// requester that goes away interrupts the running statement (PostgreSQL cancels it) but never
+/// leaves a transaction half-done: what committed stays, what did not is rolled back.
+#[derive(Debug)]
+pub(crate) struct PgEngine {
+    inner: Arc<Inner>,
+}
+
+/// What the tasks share.
+struct Inner {
+    pool: Pool,
+    /// One permit per pooled connection plus `--queue-depth`: past it requests answer 503.
+    admission: Arc<Semaphore>,
+    limits: Limits,
+    closing: Arc<AtomicBool>,
+    /// Wakes every guarded job when the engine closes.
+    shutdown: tokio::sync::Notify,
+    in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
+    next_lease: AtomicU64,
+    last_purge: Mutex<Option<Instant>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgEngine")
+            .field("connections", &self.pool.status().size)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A pooled connection held by one request. Dropped before [`Lease::release`] (the requester
+/// went away mid-transaction), its statement is cancelled and the connection is discarded, so
+/// PostgreSQL rolls the transaction back.
+struct Lease {
+    object: Option<Object>,
+    id: u64,
+    cancel: CancelToken,
+    in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
+    clean: bool,
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Lease {
+    fn client(&self) -> &Client {
+        // The object is taken only in drop.
+        self.object
+            .as_ref()
+            .map(|object| &***object)
+            .expect("a live lease")
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+        if self.clean {
+            return;
+        }
+        if let Some(object) = self.object.take() {
+            let client = Object::take(object);
+            let cancel = self.cancel.clone();
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    let _ = cancel.cancel_query(NoTls).await;
+                    drop(client);
+                });
+            }
+        }
+    }
+}
+
+impl PgEngine {
+    /// Prepares the database (role, schema rights, idempotency table) and builds the pool;
+    /// connections open on first use.
+    pub(crate) fn start(
+        url: &PostgresUrl,
+        idempotency_ttl: Option<Duration>,
+        limits: Limits,
+    ) -> Result<PgEngine, ServerError> {
+        let failed = |reason: String| ServerError::Postgres {
+            database: url.to_string(),
+            reason,
+        };
+        let superuser = setup::prepare(url)?;
+        if superuser {
+            tracing::warn!(
+                database = %url,
+                "the login role is a superuser: client statements run as {}, but a client \
+                 that creates a function can return to the login role; connect as an \
+                 unprivileged role in production (docs/deploy.md)",
+                setup::CLIENT_ROLE
+            );
+        }
+        let config: tokio_postgres::Config = url
+            .secret()
+            .parse()
+            .map_err(|e: tokio_postgres::Error| failed(e.to_string()))?;
+        let manager = Manager::from_config(
+            config,
+            NoTls,
+            ManagerConfig {
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let connections = limits.read_connections + 1;
+        let pool = Pool::builder(manager)
+            .max_size(connections)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(limits.statement_timeout))
+            .create_timeout(Some(CONNECT_WITHIN))
+            .recycle_timeout(Some(CONNECT_WITHIN))
+            .build()
+            .map_err(|e| failed(e.to_string()))?;
+        let engine = Inner {
+            pool,
+            admission: Arc::new(Semaphore::new(connections + limits.queue_depth)),
+            limits,
+            closing: Arc::new(AtomicBool::new(false)),
+            shutdown: tokio::sync::Notify::new(),
+            in_flight: Arc::default(),
+            next_lease: AtomicU64::new(0),
+            // The first keyed request purges.
+            last_purge: Mutex::new(None),
+        };
+        if idempotency_ttl.is_none() {
+            *engine
+                .last_purge
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = Some(Instant::now());
+        }
+        Ok(PgEngine {
+            inner: Arc::new(engine),
+        })
+    }
+
+    /// Runs `work` as a task of its own and waits for it. Dropping the returned future (the
+    /// requester went away) cancels the statement the task is running; the task then rolls
+    /// back, unless its statement had already finished, in which case it commits.
+    async fn spawn<T, F, Fut>(&self, work: F) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let job = Arc::new(Job::default());
+        let task = tokio::spawn(work(Arc::clone(&self.inner), Arc::clone(&job)));
+        let cancel = CancelJob(job);
+        let result = task.await;
+        std::mem::forget(cancel);
+        result.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a PostgreSQL job panicked");
+            Err(ApiError::internal())
+        })
+    }
+
+    /// Runs one request without an Idempotency-Key in a read-write transaction, streaming a
+    /// success body larger than one chunk while the rows arrive (see `engine::stream`): the
+    /// transaction commits before the body's last bytes are sent, and a failure after the first
+    /// chunk ends the body with its error.
+    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        self.streamed(request, Mode::Write).await
+    }
+
+    /// Runs one request for a credential that may only read, streamed like
+    /// [`PgEngine::execute_streamed`], in a `READ ONLY` transaction: a statement that writes is
+    /// refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
+    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        self.streamed(request, Mode::Read).await
+    }
+
+    async fn streamed(&self, request: SqlRequest, mode: Mode) -> Result<Reply, ApiError> {
+        let job = Arc::new(Job::default());
+        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
+        let inner = Arc::clone(&self.inner);
+        let task_job = Arc::clone(&job);
+        let task =
+            tokio::spawn(async move { inner.stream(&task_job, &request, mode, sender).await });
+        let cancel = CancelJob(job);
+        match receiver.start().await {
+            stream::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Reply::Stream(receiver))
+            }
+            stream::Start::Nothing => {
+                let ran = task.await;
+                std::mem::forget(cancel);
+                match ran {
+                    Ok(Ok(Some(body))) => Ok(Reply::Whole(Outcome::fresh(body))),
+                    Ok(Ok(None)) => Err(ApiError::internal()),
+                    Ok(Err(err)) => Err(err),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a PostgreSQL job panicked");
+                        Err(ApiError::internal())
+                    }
+                }
+            }
+        }
+    }
+
+    /// Runs one keyed request exactly once (see `store`). `guard` is held until the engine is
+    /// done with the key, whether or not the requester still waits.
+    pub(crate) async fn execute_with_key<G: Send + 'static>(
+        &self,
+        ttl: Duration,
+        key: String,
+        request_hash: [u8; 32],
+        request: SqlRequest,
+        guard: G,
+    ) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move {
+            let _guard = guard;
+            inner
+                .with_key(&job, ttl, &key, &request_hash, Work::Statement(&request))
+                .await
+        })
+        .await
+    }
+
+    /// Runs a batch without an Idempotency-Key in one transaction.
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move { inner.batch(&job, &batch).await })
+            .await
+            .map(Outcome::fresh)
+    }
+
+    /// Runs a keyed write batch exactly once (see `store`). `guard` is held until the engine
+    /// is done with the key, whether or not the requester still waits.
+    pub(crate) async fn batch_with_key<G: Send + 'static>(
+        &self,
+        ttl: Duration,
+        key: String,
+        request_hash: [u8; 32],
+        batch: BatchRequest,
+        guard: G,
+    ) -> Result<Outcome, ApiError> {
+        self.spawn(|inner, job| async move {
+            let _guard = guard;
+            inner
+                .with_key(
+                    &job,
+                    ttl,
+                    &key,
+                    &request_hash,
+                    Work::Batch(&batch.statements),
+                )
+                .await
+        })
+        .await
+    }
+
+    /// Whether a connection answers a trivial statement.
+    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
+        self.spawn(|inner, job| async move { inner.ready(&job).await })
+            .await
+    }
+
+    /// Requests waiting for a connection now.
+    pub(crate) fn waiting(&self) -> usize {
+        self.inner.pool.status().waiting
+    }
+
+    /// Closes the pool: statements still running are cancelled (their requests answer 503),
+    /// and this returns once every request has let go of its connection. Later requests
+    /// answer 503.
+    pub(crate) async fn close(&self) {
+        self.inner.close().await;
+    }
+}
+
+/// One request's job: whether its requester went away. The task that holds the connection
+/// cancels its own statement (see [`Inner::guarded`]), so a cancel request can never reach a
+/// connection that already serves another request.
+#[derive(Default)]
+struct Job {
+    cancelled: AtomicBool,
+    notify: tokio::sync::Notify,
+}
+
+impl Job {
+    fn is_cancelled(&self) -> bool {
+        self.cancelled.load(Ordering::Acquire)
+    }
+}
+
+/// Cancels a job when the future (or the streamed body) waiting for it is dropped.
+struct CancelJob(Arc<Job>);
+
+impl Drop for CancelJob {
+    fn drop(&mut self) {
+        self.0.cancelled.store(true, Ordering::Release);
+        self.0.notify.notify_one();
+    }
+}
+
+impl Inner {
+    fn timeout_ms(&self) -> u128 {
+        self.limits.statement_timeout.as_millis()
+    }
+
+    /// The protocol error for a PostgreSQL failure; once closing, a cancelled or lost
+    /// statement is the shutdown's 503.
+    fn map(&self, err: tokio_postgres::Error) -> ApiError {
+        let mapped = sqlstate::map_error(&err, self.timeout_ms());
+        if self.closing.load(Ordering::Acquire)
+            && matches!(
+                mapped.code,
+                ErrorCode::StatementTimeout | ErrorCode::Unavailable
+            )
+        {
+            return shutting_down();
+        }
+        mapped
+    }
+
+    /// A connection for one request, or 503 when the server is closing, the queue is full or
+    /// the database cannot be reached.
+    async fn lease(&self, job: &Job) -> Result<Lease, ApiError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(shutting_down());
+        }
+        if job.is_cancelled() {
+            // Nobody waits for the answer any more.
+            return Err(ApiError::interrupted());
+        }
+        let permit = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| {
+                ApiError::unavailable(
+                    "the database is busy: too many statements are waiting; retry later",
+                )
+            })?;
+        let object = self.pool.get().await.map_err(|e| {
+            use deadpool_postgres::PoolError as E;
+            match e {
+                E::Timeout(_) => ApiError::unavailable(
+                    "the database is busy: no connection came free in time; retry later",
+                ),
+                E::Closed => shutting_down(),
+                other => {
+                    tracing::warn!(error = %other, "cannot get a database connection");
+                    ApiError::unavailable("the database cannot be reached; retry later")
+                }
+            }
+        })?;
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let cancel = object.cancel_token();
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, cancel.clone());
+        Ok(Lease {
+            object: Some(object),
+            id,
+            cancel,
+            in_flight: Arc::clone(&self.in_flight),
+            clean: false,
+            _permit: permit,
+        })
+    }
+
+    /// Runs `work` on `lease`; should the requester go away meanwhile, cancels the statement
+    /// running on the lease's connection (PostgreSQL answers it with `57014`) and lets `work`
+    /// finish with that error, so the transaction is still ended by its owner.
+    ///
+    /// The same happens when the engine closes; work that is not in a statement then (a
+    /// streamed body waiting for its client to read) gets [`STOP_WITHIN`] and is abandoned.
+    async fn guarded<T>(
+        &self,
+        job: &Job,
+        lease: &Lease,
+        work: impl Future<Output = Result<T, ApiError>>,
+    ) -> Result<T, ApiError> {
+        let mut work = pin!(work);
+        let shutdown = self.shutdown.notified();
+        let mut shutdown = pin!(shutdown);
+        shutdown.as_mut().enable();
+        if !self.closing.load(Ordering::Acquire) {
+            tokio::select! {
+                out = &mut work => return out,
+                () = job.notify.notified() => {}
+                () = &mut shutdown => {}
+            }
+        }
+        let _ = lease.cancel.cancel_query(NoTls).await;
+        match tokio::time::timeout(STOP_WITHIN, work).await {
+            Ok(out) => out,
+            Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),
+            Err(_) => Err(ApiError::interrupted()),
+        }
+    }
+
+    /// Opens the server's transaction on `lease`: its mode and statement timeout, and (for
+    /// client work) the client role.
+    async fn begin(&self, lease: &Lease, mode: Mode, as_client: bool) -> Result<(), ApiError> {
+        let mode = match mode {
+            Mode::Write => "READ WRITE, ISOLATION LEVEL READ COMMITTED",
+            Mode::Read => "READ ONLY, ISOLATION LEVEL REPEATABLE READ",
+        };
+        let role = if as_client {
+            format!("; SET LOCAL ROLE {}", setup::CLIENT_ROLE)
+        } else {
+            String::new()
+        };
+        lease
+            .client()
+            .batch_execute(&format!(
+                "BEGIN {mode}; SET LOCAL statement_timeout = {}{role}",
+                self.timeout_ms()
+            ))
+            .await
+            .map_err(|e| self.map(e))
+    }
+
+    /// Ends the transaction: commits `result` when it is `Ok`, rolls back otherwise; the lease
+    /// goes back to the pool unless the connection is in doubt.
+    async fn end<T>(&self, mut lease: Lease, result: Result<T, ApiError>) -> Result<T, ApiError> {
+        let client = lease.client();
+        let ended = match &result {
+            Ok(_) => client.batch_execute("COMMIT").await,
+            Err(_) => client.batch_execute("ROLLBACK").await,
+        };
+        match ended {
+            Ok(()) => {
+                lease.clean = true;
+                result
+            }
+            // The statement's own error explains more than the failed rollback.
+            Err(_) if result.is_err() => result,
+            Err(e) => Err(self.map(e)),
+        }
+    }
+
+    /// Runs one statement in its own transaction, sending its body through `sender` once it
+    /// outgrows a chunk. Returns the whole body when nothing was sent, `None` when the body went
+    /// through the channel (to its end, or to an error written into it).
+    async fn stream(
+        &self,
+        job: &Job,
+        request: &SqlRequest,
+        mode: Mode,
+        sender: ChunkSender,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, mode, true).await {
+            return self.end(lease, Err(err)).await;
+        }
+        let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
+        let must_stop = || job.is_cancelled();
+        let mut sink = Sink::Stream(run::Chunks::new(&sender, &must_stop));
+        let map = |e| self.map(e);
+        let written = self
+            .guarded(
+                job,
+                &lease,
+                run::write_result(lease.client(), request, &mut out, &mut sink, &map),
+            )
+            .await;
+        let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
+        if !started {
+            return self.end(lease, written.map(|()| Some(out))).await;
+        }
+        let ended = self.end(lease, written).await;
+        if let Err(err) = ended {
+            if sender.is_gone() {
+                // Nobody reads the body any more.
+                return Err(err);
+            }
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            // `out` ends after a whole row: close the rows and say why the body ends here.
+            exec::write_error_tail(&mut out, &err);
+        }
+        sender.finish(Bytes::from(out));
+        Ok(None)
+    }
+
+    /// Runs a batch without an Idempotency-Key in one transaction.
+    async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
+        let mode = if batch.read_only {
+            Mode::Read
+        } else {
+            Mode::Write
+        };
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, mode, true).await {
+            return self.end(lease, Err(err)).await;
+        }
+        let mut out = Vec::new();
+        let ran = self
+            .guarded(
+                job,
+                &lease,
+                self.run_statements(lease.client(), &batch.statements, &mut out),
+            )
+            .await;
+        self.end(lease, ran.map(|()| out)).await
+    }
+
+    async fn with_key(
+        &self,
+        job: &Job,
+        ttl: Duration,
+        key: &str,
+        request_hash: &[u8],
+        work: Work<'_>,
+    ) -> Result<Outcome, ApiError> {
+        self.purge_if_due(job, ttl).await;
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, Mode::Write, false).await {
+            return self.end(lease, Err(err)).await;
+        }
+        let client = lease.client();
+        let map = |e| self.map(e);
+        let run = async {
+            let mut out = Vec::with_capacity(256);
+            match work {
+                Work::Statement(request) => {
+                    let mut sink = Sink::Buffered {
+                        limit: self.limits.max_result_bytes,
+                    };
+                    run::write_result(client, request, &mut out, &mut sink, &map).await?;
+                }
+                Work::Batch(statements) => {
+                    self.run_statements(client, statements, &mut out).await?;
+                }
+            }
+            Ok(out)
+        };
+        let outcome = self
+            .guarded(
+                job,
+                &lease,
+                store::run_with_key(client, ttl, key, request_hash, run, &map),
+            )
+            .await;
+        self.end(lease, outcome).await
+    }
+
+    /// Runs the statements in order inside the open transaction and writes
+    /// `{"results": [...]}`; the first failure stops the batch and names its statement.
+    async fn run_statements(
+        &self,
+        client: &Client,
+        statements: &[SqlRequest],
+        out: &mut Vec<u8>,
+    ) -> Result<(), ApiError> {
+        let limit = self.limits.max_result_bytes;
+        let map = |e| self.map(e);
+        out.extend_from_slice(b"{\"results\":[");
+        for (index, statement) in statements.iter().enumerate() {
+            let mut body = Vec::with_capacity(256);
+            let mut sink = Sink::Buffered { limit };
+            run::write_result(client, statement, &mut body, &mut sink, &map)
+                .await
+                .map_err(|err| {
+                    match err.code {
+                        ErrorCode::ReadOnly => ApiError::new(
+                            ErrorCode::ReadOnly,
+                            format!(
+                                "statement {index} writes, but the batch is read-only; nothing was \
+                             written"
+                            ),
+                        ),
+                        _ => err,
+                    }
+                    .at_statement(index)
+                })?;
+            if index > 0 {
+                out.push(b',');
+            }
+            if out.len() + body.len() + 2 > limit {
+                return Err(ApiError::new(
+                    ErrorCode::ResultTooLarge,
+                    format!(
+                        "the batch's results are larger than this server's limit of {limit} \
+                         bytes (--max-result-bytes), reached at statement {index}; select fewer \
+                         rows, or split the reads over several requests"
+                    ),
+                )
+                .at_statement(index));
+            }
+            out.extend_from_slice(&body);
+        }
+        out.extend_from_slice(b"]}");
+        Ok(())
+    }
+
+    /// Deletes expired idempotency keys, at most once a [`PURGE_INTERVAL`].
+    async fn purge_if_due(&self, job: &Job, ttl: Duration) {
+        {
+            let mut last = self
+                .last_purge
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if last.is_some_and(|at| at.elapsed() < PURGE_INTERVAL) {
+                return;
+            }
+            *last = Some(Instant::now());
+        }
+        let Ok(lease) = self.lease(job).await else {
+            return;
+        };
+        match store::purge_expired(lease.client(), ttl).await {
+            Ok(0) => {}
+            Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
+            Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
+        }
+        let mut lease = lease;
+        lease.clean = true;
+    }
+
+    /// Whether a connection answers a trivial statement.
+    async fn ready(&self, job: &Job) -> Result<(), ApiError> {
+        let mut lease = self.lease(job).await?;
+        lease
+            .client()
+            .query_one("SELECT 1", &[])
+            .await
+            .map_err(|e| self.map(e))?;
+        lease.clean = true;
+        Ok(())
+    }
+
+    async fn close(&self) {
+        self.closing.store(true, Ordering::Release);
+        self.shutdown.notify_waiters();
+        self.pool.close();
+        loop {
+            let tokens: Vec<CancelToken> = self
+                .in_flight
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .values()
+                .cloned()
+                .collect();
+            if tokens.is_empty() {
+                break;
+            }
+            for token in tokens {
+                let _ = token.cancel_query(NoTls).await;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError::unavailable("the server is shutting down; retry on another replica or later")
+}

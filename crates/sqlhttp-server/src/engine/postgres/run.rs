@@ -1,0 +1,198 @@
+//! Running one client statement on PostgreSQL and writing its success body straight from the
+//! row stream into JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that
+//! order), the same shape the SQLite engine writes.
+//!
+//! Runs inside a transaction the caller opened, as the client role. Knows tokio-postgres and the
+//! row writer's output; nothing about HTTP, pooling, transactions or idempotency.
+
+use std::future::poll_fn;
+use std::io::Write as _;
+use std::pin::pin;
+
+use std::time::Instant;
+
+use bytes::Bytes;
+use futures_core::Stream as _;
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Client, NoTls};
+
+use crate::api_error::{ApiError, ErrorCode};
+use crate::engine::postgres::types::{self, Raw};
+use crate::engine::postgres::{placeholders, sandbox};
+use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
+use crate::request::{SqlRequest, may_change_rows};
+
+/// Where the row writer hands its output after each row.
+pub(crate) enum Sink<'a> {
+    /// Keeps the whole body, up to `--max-result-bytes`.
+    Buffered {
+        /// The largest body kept.
+        limit: usize,
+    },
+    /// Sends the body on in chunks as it grows (see `engine::stream`).
+    Stream(Chunks<'a>),
+}
+
+impl Sink<'_> {
+    async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        match self {
+            Sink::Buffered { limit } => {
+                if out.len() > *limit {
+                    return Err(ApiError::new(
+                        ErrorCode::ResultTooLarge,
+                        format!(
+                            "the result is larger than this server's limit of {limit} bytes for a \
+                             buffered result (--max-result-bytes), reached at row {rows}; select \
+                             fewer rows or columns, or page with LIMIT and a key"
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            Sink::Stream(chunks) => chunks.after_row(out, rows).await,
+        }
+    }
+}
+
+/// Cuts the row writer's output into chunks, as the SQLite engine's stream sink does, and
+/// sends them without blocking a thread.
+pub(crate) struct Chunks<'a> {
+    sender: &'a ChunkSender,
+    must_stop: &'a (dyn Fn() -> bool + Sync),
+    started: bool,
+    last_flush: Instant,
+}
+
+impl<'a> Chunks<'a> {
+    /// Sends through `sender`; `must_stop` says when the requester went away.
+    pub(crate) fn new(sender: &'a ChunkSender, must_stop: &'a (dyn Fn() -> bool + Sync)) -> Self {
+        Chunks {
+            sender,
+            must_stop,
+            started: false,
+            last_flush: Instant::now(),
+        }
+    }
+
+    /// Whether a chunk was sent (the response has started).
+    pub(crate) fn started(&self) -> bool {
+        self.started
+    }
+
+    async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        if out.len() >= CHUNK_BYTES
+            || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
+        {
+            let chunk = Bytes::from(std::mem::replace(
+                out,
+                Vec::with_capacity(CHUNK_BYTES + 1024),
+            ));
+            self.started = true;
+            self.last_flush = Instant::now();
+            self.sender
+                .send_async(chunk, self.must_stop)
+                .await
+                // Gone or told to stop: the statement stops either way.
+                .map_err(|_| ApiError::interrupted())?;
+        }
+        Ok(())
+    }
+}
+
+/// Cancels the statement still sending rows, so the caller's `ROLLBACK` does not wait behind the
+/// rest of its result.
+async fn stop(client: &Client) {
+    let _ = client.cancel_token().cancel_query(NoTls).await;
+}
+
+/// Runs the request's statement, writing its success body into `out` and handing it to `sink`
+/// after each row. On an error `out` ends after a whole row (or before the first row), so a
+/// caller that streamed part of it can close the body with the error.
+pub(crate) async fn write_result(
+    client: &Client,
+    request: &SqlRequest,
+    out: &mut Vec<u8>,
+    sink: &mut Sink<'_>,
+    map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
+) -> Result<(), ApiError> {
+    sandbox::check_text(&request.sql)?;
+    let rewritten = placeholders::rewrite(&request.sql);
+    let statement = client.prepare(&rewritten.sql).await.map_err(map)?;
+    let expected = statement.params().len();
+    if expected != request.params.len() {
+        return Err(ApiError::sql(format!(
+            "wrong number of parameters: the statement takes {expected}, the request gave {}",
+            request.params.len()
+        )));
+    }
+    if let Some(column) = statement
+        .columns()
+        .iter()
+        .find(|column| !types::is_supported(column.type_()))
+    {
+        return Err(types::unsupported(column.name(), column.type_()));
+    }
+    let bound = types::bind(&request.params, statement.params())?;
+
+    out.extend_from_slice(b"{\"columns\":[");
+    for (index, column) in statement.columns().iter().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"name\":");
+        let _ = serde_json::to_writer(&mut *out, column.name());
+        out.extend_from_slice(b",\"type\":");
+        let _ = serde_json::to_writer(&mut *out, column.type_().name());
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"rows\":[");
+
+    let rows = client
+        .query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql))
+        .await
+        .map_err(map)?;
+    let mut rows = pin!(rows);
+    let mut count: u64 = 0;
+    while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
+        let row = row.map_err(map)?;
+        let row_start = out.len();
+        if count > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+        for (index, column) in row.columns().iter().enumerate() {
+            if index > 0 {
+                out.push(b',');
+            }
+            let written = row
+                .try_get::<_, Raw<'_>>(index)
+                .map_err(|e| e.to_string())
+                .and_then(|raw| {
+                    types::write_cell(out, column.type_(), raw.0).map_err(|e| e.to_string())
+                });
+            if let Err(why) = written {
+                out.truncate(row_start);
+                tracing::error!(column = column.name(), error = %why, "cannot write a cell");
+                stop(client).await;
+                return Err(ApiError::internal());
+            }
+        }
+        out.push(b']');
+        count += 1;
+        if let Err(err) = sink.after_row(out, count).await {
+            stop(client).await;
+            return Err(err);
+        }
+    }
+    let rows_affected = if may_change_rows(&request.sql) {
+        rows.rows_affected().unwrap_or(0)
+    } else {
+        0
+    };
+    // PostgreSQL has no rowid: `last_insert_id` is always null (use RETURNING).
+    let _ = write!(
+        out,
+        "],\"rows_affected\":{rows_affected},\"last_insert_id\":null}}"
+    );
+    Ok(())
+}

@@ -1,0 +1,675 @@
+//! The server on PostgreSQL: every endpoint's shape, the SQLSTATE table, the sandbox, exactly
+//! once, batches, streaming and the type mapping, each test on a database of its own.
+//!
+//! The cluster is `SQLHTTPD_TEST_POSTGRES_URL` when set (CI starts one), else a throwaway one
+//! from `scripts/start-postgres` (never installing the package), stopped when the test process
+//! exits. When neither works (no PostgreSQL on the machine) the tests say so and pass without
+//! running: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
+
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use axum::Router;
+use serde_json::{Value, json};
+use sqlhttp_server::{AppState, Config, Limits, app};
+
+use crate::common::{ok, post_with, send, sql};
+
+/// The cluster's URL (its `postgres` database), started once per test process.
+fn cluster() -> Option<&'static str> {
+    static CLUSTER: OnceLock<Option<String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("SQLHTTPD_TEST_POSTGRES_URL") {
+                return Some(url);
+            }
+            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
+            // Tests never install system packages; .ci/run's own start-postgres may.
+            let output = Command::new(script)
+                .env("START_POSTGRES_NO_INSTALL", "1")
+                .stderr(Stdio::inherit())
+                .output();
+            let url = match output {
+                Ok(output) if output.status.success() => {
+                    String::from_utf8(output.stdout).ok()?.trim().to_owned()
+                }
+                Ok(output) => {
+                    eprintln!("scripts/start-postgres failed ({})", output.status);
+                    return None;
+                }
+                Err(e) => {
+                    eprintln!("cannot run scripts/start-postgres: {e}");
+                    return None;
+                }
+            };
+            // Stop the cluster when this process exits, however it exits.
+            let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+            let watcher = format!(
+                "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{url}'",
+                pid = std::process::id()
+            );
+            let _ = Command::new("setsid")
+                .args(["sh", "-c", &watcher])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn();
+            Some(url)
+        })
+        .as_deref()
+}
+
+/// A fresh database on the cluster, or `None` (with a message) when there is no cluster.
+async fn database(test: &str) -> Option<String> {
+    let Some(url) = cluster() else {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "no PostgreSQL for {test}, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!(
+            "skipping {test}: no PostgreSQL (set SQLHTTPD_TEST_POSTGRES_URL, or install the \
+             postgresql package for scripts/start-postgres)"
+        );
+        return None;
+    };
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "sqlhttp_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    drop(client);
+    let _ = driver.await;
+    let (base, _) = url.rsplit_once('/').unwrap();
+    Some(format!("{base}/{name}"))
+}
+
+fn config(url: &str) -> Config {
+    Config {
+        database: url.parse().unwrap(),
+        ..Config::default()
+    }
+}
+
+async fn app_on(test: &str, tweak: impl FnOnce(&mut Config)) -> Option<Router> {
+    let url = database(test).await?;
+    let mut config = config(&url);
+    tweak(&mut config);
+    Some(app(AppState::new(&config).unwrap()))
+}
+
+macro_rules! postgres_app {
+    ($test:expr) => {
+        postgres_app!($test, |_| {})
+    };
+    ($test:expr, $tweak:expr) => {
+        match app_on($test, $tweak).await {
+            Some(router) => router,
+            None => return,
+        }
+    };
+}
+
+async fn batch(router: &Router, headers: &[(&str, &str)], body: &Value) -> crate::common::Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(router, "POST", "/api/v1/batch", &all, body.to_string()).await
+}
+
+#[tokio::test]
+async fn statements_answer_the_v1_body() {
+    let router = postgres_app!("statements_answer_the_v1_body");
+    let created = ok(
+        &router,
+        "CREATE TABLE items (id bigint PRIMARY KEY, name text NOT NULL, price real)",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        created,
+        json!({"columns": [], "rows": [], "rows_affected": 0, "last_insert_id": null})
+    );
+    let inserted = ok(
+        &router,
+        "INSERT INTO items VALUES (?, ?, ?), (?, ?, ?)",
+        json!([1, "a \"quoted\" ✓", 1.25, i64::MAX, "b", null]),
+    )
+    .await;
+    assert_eq!(inserted["rows_affected"], 2);
+    assert_eq!(inserted["last_insert_id"], Value::Null);
+    let rows = ok(
+        &router,
+        "SELECT id, name, price FROM items WHERE id >= ? ORDER BY id",
+        json!([0]),
+    )
+    .await;
+    assert_eq!(
+        rows,
+        json!({
+            "columns": [
+                {"name": "id", "type": "int8"},
+                {"name": "name", "type": "text"},
+                {"name": "price", "type": "float4"}
+            ],
+            "rows": [[1, "a \"quoted\" ✓", 1.25], [i64::MAX, "b", null]],
+            "rows_affected": 0,
+            "last_insert_id": null
+        })
+    );
+    let returning = ok(
+        &router,
+        "UPDATE items SET price = ? WHERE id = ? RETURNING id, price",
+        json!([2.5, 1]),
+    )
+    .await;
+    assert_eq!(returning["rows"], json!([[1, 2.5]]));
+    assert_eq!(returning["rows_affected"], 1);
+    let ready = send(&router, "GET", "/readyz", &[], "").await;
+    assert_eq!(ready.status, 200);
+}
+
+#[tokio::test]
+async fn values_map_to_json_cells() {
+    let router = postgres_app!("values_map_to_json_cells");
+    let row = ok(
+        &router,
+        "SELECT true, 7::int2, 12.50::numeric, 'NaN'::float8, \
+         '2024-06-01 12:30:00.25+02'::timestamptz, '2024-06-01'::date, '13:14:15'::time, \
+         '2024-06-01 01:02:03'::timestamp, '123e4567-e89b-12d3-a456-426614174000'::uuid, \
+         '{\"a\": [1, 2]}'::jsonb, '\\x00ff10'::bytea, ARRAY[[1, 2], [3, NULL]]::int4[], \
+         '1 day 2 hours'::interval, NULL::text, 123456789012345678901234567890.5::numeric",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        row["rows"][0],
+        json!([
+            true,
+            7,
+            "12.50",
+            null,
+            "2024-06-01T10:30:00.25Z",
+            "2024-06-01",
+            "13:14:15",
+            "2024-06-01T01:02:03",
+            "123e4567-e89b-12d3-a456-426614174000",
+            {"a": [1, 2]},
+            {"base64": "AP8Q"},
+            [[1, 2], [3, null]],
+            "P1DT2H",
+            null,
+            "123456789012345678901234567890.5"
+        ])
+    );
+    let unsupported = sql(&router, "SELECT point(1, 2) AS p", json!([])).await;
+    assert_eq!(unsupported.status, 400);
+    assert!(
+        unsupported.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("p::text")
+    );
+}
+
+#[tokio::test]
+async fn parameters_take_the_types_postgresql_infers() {
+    let router = postgres_app!("parameters_take_the_types_postgresql_infers");
+    ok(
+        &router,
+        "CREATE TABLE t (n numeric, d date, u uuid, j jsonb, b bytea, f boolean, a int[])",
+        json!([]),
+    )
+    .await;
+    ok(
+        &router,
+        "INSERT INTO t VALUES (?, ?, ?, ?, ?, ?, ?)",
+        json!([
+            "10.10",
+            "2024-02-29",
+            "123e4567-e89b-12d3-a456-426614174000",
+            "{\"k\": true}",
+            {"base64": "AQI="},
+            1,
+            "{1,2}"
+        ]),
+    )
+    .await;
+    let row = ok(
+        &router,
+        "SELECT n, d, u, j, b, f, a FROM t WHERE n = ? AND j ?? 'k'",
+        json!([10.1]),
+    )
+    .await;
+    assert_eq!(
+        row["rows"],
+        json!([[
+            "10.10",
+            "2024-02-29",
+            "123e4567-e89b-12d3-a456-426614174000",
+            {"k": true},
+            {"base64": "AQI="},
+            true,
+            [1, 2]
+        ]])
+    );
+    let wrong = sql(&router, "SELECT ?::int", json!([1, 2])).await;
+    assert_eq!(wrong.code(), "SQL_ERROR");
+    assert!(
+        wrong.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("takes 1")
+    );
+    let bad = sql(&router, "SELECT ?::int", json!(["x"])).await;
+    assert_eq!(bad.code(), "SQL_ERROR");
+    let blob = sql(&router, "SELECT ?::int", json!([{"base64": "AA=="}])).await;
+    assert_eq!(blob.code(), "SQL_ERROR");
+}
+
+#[tokio::test]
+async fn errors_follow_the_sqlstate_table() {
+    let router = postgres_app!("errors_follow_the_sqlstate_table", |config| {
+        config.limits.statement_timeout = Duration::from_millis(300);
+    });
+    ok(
+        &router,
+        "CREATE TABLE p (id int PRIMARY KEY, code text UNIQUE, n int CHECK (n > 0), v text NOT NULL)",
+        json!([]),
+    )
+    .await;
+    ok(
+        &router,
+        "CREATE TABLE c (p int REFERENCES p(id))",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO p VALUES (1, 'a', 1, 'x')", json!([])).await;
+    let cases = [
+        ("INSERT INTO p VALUES (1, 'b', 1, 'x')", "primary_key"),
+        ("INSERT INTO p VALUES (2, 'a', 1, 'x')", "unique"),
+        ("INSERT INTO p VALUES (2, 'b', 0, 'x')", "check"),
+        ("INSERT INTO p VALUES (2, 'b', 1, NULL)", "not_null"),
+        ("INSERT INTO c VALUES (99)", "foreign_key"),
+    ];
+    for (statement, kind) in cases {
+        let reply = sql(&router, statement, json!([])).await;
+        assert_eq!(reply.status, 409, "{statement}");
+        assert_eq!(reply.code(), "CONSTRAINT_VIOLATION");
+        assert_eq!(reply.json()["error"]["constraint"], kind, "{statement}");
+    }
+    for statement in [
+        "SELEC 1",
+        "SELECT * FROM nope",
+        "SELECT 1/0",
+        "SELECT 1; SELECT 2",
+    ] {
+        let reply = sql(&router, statement, json!([])).await;
+        assert_eq!(reply.code(), "SQL_ERROR", "{statement}");
+    }
+    let slow = sql(&router, "SELECT pg_sleep(5)", json!([])).await;
+    assert_eq!(slow.status, 422);
+    assert_eq!(slow.code(), "STATEMENT_TIMEOUT");
+    assert!(
+        slow.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("300 ms")
+    );
+    ok(&router, "SELECT 1", json!([])).await;
+}
+
+#[tokio::test]
+async fn the_sandbox_holds() {
+    let router = postgres_app!("the_sandbox_holds");
+    for statement in ["BEGIN", "COMMIT", "ROLLBACK", "SAVEPOINT s"] {
+        let reply = sql(&router, statement, json!([])).await;
+        assert_eq!(reply.code(), "BAD_REQUEST", "{statement}");
+    }
+    for statement in [
+        "SET ROLE postgres",
+        "RESET ROLE",
+        "SELECT set_config('role', 'postgres', true)",
+        "START TRANSACTION",
+        "SELECT pg_read_file('/etc/passwd')",
+        "SELECT pg_ls_dir('.')",
+        "SELECT lo_import('/etc/passwd')",
+        "COPY (SELECT 1) TO '/tmp/sqlhttp-escape'",
+        "COPY (SELECT 1) TO PROGRAM 'true'",
+        "SELECT * FROM _sqlhttp_idempotency",
+        "DELETE FROM _sqlhttp_idempotency",
+        "DROP TABLE _sqlhttp_idempotency",
+        "CREATE ROLE escape SUPERUSER",
+    ] {
+        let reply = sql(&router, statement, json!([])).await;
+        assert_eq!(
+            reply.status,
+            403,
+            "{statement}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{statement}");
+    }
+    let who = ok(&router, "SELECT current_user::text", json!([])).await;
+    assert_eq!(who["rows"], json!([["sqlhttp_client"]]));
+}
+
+#[tokio::test]
+async fn read_only_credentials_run_read_only_transactions() {
+    let router = postgres_app!(
+        "read_only_credentials_run_read_only_transactions",
+        |config| {
+            config.tokens = vec!["writer".into()];
+            config.read_tokens = vec!["reader".into()];
+        }
+    );
+    let as_writer = [("authorization", "Bearer writer")];
+    let as_reader = [("authorization", "Bearer reader")];
+    let create = post_with(
+        &router,
+        &as_writer,
+        &json!({"sql": "CREATE TABLE t (x int)"}),
+    )
+    .await;
+    assert_eq!(create.status, 200);
+    for statement in [
+        "INSERT INTO t VALUES (1)",
+        "CREATE TABLE u (x int)",
+        "DROP TABLE t",
+    ] {
+        let reply = post_with(&router, &as_reader, &json!({ "sql": statement })).await;
+        assert_eq!(reply.status, 403, "{statement}");
+        assert_eq!(reply.code(), "READ_ONLY", "{statement}");
+    }
+    let count = post_with(
+        &router,
+        &as_reader,
+        &json!({"sql": "SELECT count(*) FROM t"}),
+    )
+    .await;
+    assert_eq!(count.json()["rows"], json!([[0]]));
+    let read_batch = batch(
+        &router,
+        &as_reader,
+        &json!({"statements": [{"sql": "SELECT 1"}, {"sql": "INSERT INTO t VALUES (1)"}]}),
+    )
+    .await;
+    assert_eq!(read_batch.code(), "READ_ONLY");
+    assert_eq!(read_batch.json()["error"]["statement"], 1);
+}
+
+#[tokio::test]
+async fn a_keyed_write_applies_once_and_replays() {
+    let router = postgres_app!("a_keyed_write_applies_once_and_replays");
+    ok(&router, "CREATE TABLE t (x int)", json!([])).await;
+    let body = json!({"sql": "INSERT INTO t VALUES (?) RETURNING x", "params": [7]});
+    let key = [("idempotency-key", "k-1")];
+    let first = post_with(&router, &key, &body).await;
+    assert_eq!(first.status, 200);
+    assert_eq!(first.header("idempotent-replayed"), None);
+    let again = post_with(&router, &key, &body).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    let other = post_with(&router, &key, &json!({"sql": "INSERT INTO t VALUES (8)"})).await;
+    assert_eq!(other.code(), "IDEMPOTENCY_KEY_REUSED");
+    let count = ok(&router, "SELECT count(*) FROM t", json!([])).await;
+    assert_eq!(count["rows"], json!([[1]]));
+
+    // A final error is stored too, and what ran before it is undone.
+    let failing = json!({"sql": "INSERT INTO t VALUES (1/0)"});
+    let key = [("idempotency-key", "k-2")];
+    let first = post_with(&router, &key, &failing).await;
+    assert_eq!(first.code(), "SQL_ERROR");
+    let again = post_with(&router, &key, &failing).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+}
+
+#[tokio::test]
+async fn replicas_on_one_database_share_the_idempotency_store() {
+    let Some(url) = database("replicas_on_one_database_share_the_idempotency_store").await else {
+        return;
+    };
+    let a = app(AppState::new(&config(&url)).unwrap());
+    let b = app(AppState::new(&config(&url)).unwrap());
+    ok(&a, "CREATE TABLE t (x int)", json!([])).await;
+    let body = json!({"sql": "INSERT INTO t VALUES (1)"});
+    let key = [("idempotency-key", "shared")];
+    let (first, second) = tokio::join!(post_with(&a, &key, &body), post_with(&b, &key, &body));
+    // One replica applies; the other replays, or (while the first still runs) answers 409
+    // IDEMPOTENCY_KEY_IN_USE, as one replica's in-flight registry would.
+    let fresh = [&first, &second]
+        .iter()
+        .filter(|r| r.status == 200 && r.header("idempotent-replayed").is_none())
+        .count();
+    assert_eq!(fresh, 1, "exactly one replica applied the write");
+    for reply in [&first, &second] {
+        if reply.status != 200 {
+            assert_eq!(reply.code(), "IDEMPOTENCY_KEY_IN_USE");
+            assert_eq!(reply.header("retry-after"), Some("1"));
+        }
+    }
+    for replica in [&a, &b] {
+        let again = post_with(replica, &key, &body).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    }
+    let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
+    assert_eq!(count["rows"], json!([[1]]));
+}
+
+#[tokio::test]
+async fn batches_are_one_transaction() {
+    let router = postgres_app!("batches_are_one_transaction");
+    ok(
+        &router,
+        "CREATE TABLE a (id int PRIMARY KEY, n int CHECK (n >= 0))",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO a VALUES (1, 10), (2, 0)", json!([])).await;
+    let transfer = |amount: i64| {
+        json!({"statements": [
+            {"sql": "UPDATE a SET n = n - ? WHERE id = 1", "params": [amount]},
+            {"sql": "UPDATE a SET n = n + ? WHERE id = 2", "params": [amount]},
+            {"sql": "SELECT id, n FROM a ORDER BY id"}
+        ]})
+    };
+    let done = batch(&router, &[], &transfer(4)).await;
+    assert_eq!(done.status, 200, "{}", String::from_utf8_lossy(&done.body));
+    assert_eq!(done.json()["results"][2]["rows"], json!([[1, 6], [2, 4]]));
+    let refused = batch(&router, &[], &transfer(7)).await;
+    assert_eq!(refused.code(), "CONSTRAINT_VIOLATION");
+    assert_eq!(refused.json()["error"]["statement"], 0);
+    let after = ok(&router, "SELECT n FROM a ORDER BY id", json!([])).await;
+    assert_eq!(after["rows"], json!([[6], [4]]));
+
+    let key = [("idempotency-key", "transfer-1")];
+    let first = batch(&router, &key, &transfer(1)).await;
+    let again = batch(&router, &key, &transfer(1)).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    let after = ok(&router, "SELECT n FROM a ORDER BY id", json!([])).await;
+    assert_eq!(after["rows"], json!([[5], [5]]));
+}
+
+#[tokio::test]
+async fn a_bad_url_or_an_unreachable_database_fails_at_start() {
+    assert!(
+        "postgres://x:1:2/"
+            .parse::<sqlhttp_server::Database>()
+            .is_err()
+    );
+    let config = Config {
+        database: "postgres://nobody@127.0.0.1:1/none".parse().unwrap(),
+        limits: Limits::default(),
+        ..Config::default()
+    };
+    let err = AppState::new(&config).unwrap_err().to_string();
+    assert!(err.contains("cannot connect"), "{err}");
+}
+
+#[tokio::test]
+async fn a_requester_that_goes_away_cancels_its_statement() {
+    let Some(url) = database("a_requester_that_goes_away_cancels_its_statement").await else {
+        return;
+    };
+    let router = app(AppState::new(&config(&url)).unwrap());
+    let abandoned = tokio::time::timeout(
+        Duration::from_millis(300),
+        sql(&router, "SELECT pg_sleep(30) AS abandoned_sleep", json!([])),
+    )
+    .await;
+    assert!(abandoned.is_err(), "the sleep was still running");
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut running = i64::MAX;
+    for _ in 0..100 {
+        running = client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' \
+                 AND query LIKE '%abandoned_sleep%' AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(running, 0, "the abandoned statement was cancelled");
+    drop(client);
+    let _ = driver.await;
+    ok(&router, "SELECT 1", json!([])).await;
+}
+
+#[tokio::test]
+async fn a_large_result_streams_and_an_error_after_the_head_ends_the_body() {
+    use axum::body::HttpBody as _;
+    use tower::ServiceExt as _;
+    let router = postgres_app!("a_large_result_streams_and_an_error_after_the_head_ends_the_body");
+    let request = |sql: &str| {
+        axum::http::Request::post("/api/v1/sql")
+            .header("content-type", "application/json")
+            .body(axum::body::Body::from(json!({ "sql": sql }).to_string()))
+            .unwrap()
+    };
+    let response = router
+        .clone()
+        .oneshot(request(
+            "SELECT x, 'row ' || x AS label FROM generate_series(1, 50000) AS x",
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    assert!(
+        response.body().size_hint().exact().is_none(),
+        "a large body is streamed, without a length"
+    );
+    let body = axum::body::to_bytes(response.into_body(), usize::MAX)
+        .await
+        .unwrap();
+    let text = std::str::from_utf8(&body).unwrap();
+    assert!(
+        text.starts_with(
+            r#"{"columns":[{"name":"x","type":"int4"},{"name":"label","type":"text"}],"rows":[[1,"row 1"],"#
+        ),
+        "{}",
+        &text[..120]
+    );
+    assert!(
+        text.ends_with(r#"[50000,"row 50000"]],"rows_affected":0,"last_insert_id":null}"#),
+        "{}",
+        &text[text.len() - 100..]
+    );
+
+    let failing = sql(
+        &router,
+        "SELECT CASE WHEN x < 20000 THEN x ELSE 1 / (x - x) END AS v \
+         FROM generate_series(1, 30000) AS x",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        failing.status,
+        200,
+        "the head went out before the error: {}",
+        String::from_utf8_lossy(&failing.body[..failing.body.len().min(300)])
+    );
+    let json = failing.json();
+    assert_eq!(json["error"]["code"], "SQL_ERROR", "{}", json["error"]);
+    assert!(json.get("rows_affected").is_none());
+    let rows = json["rows"].as_array().unwrap();
+    assert!(!rows.is_empty() && rows.len() < 20_000, "{}", rows.len());
+}
+
+#[tokio::test]
+async fn a_client_that_leaves_mid_stream_frees_its_connection() {
+    let router = postgres_app!(
+        "a_client_that_leaves_mid_stream_frees_its_connection",
+        |config| {
+            config.limits.read_connections = 0;
+        }
+    );
+    use tower::ServiceExt as _;
+    let response = router
+        .clone()
+        .oneshot(
+            axum::http::Request::post("/api/v1/sql")
+                .header("content-type", "application/json")
+                .body(axum::body::Body::from(
+                    json!({"sql": "SELECT x FROM generate_series(1, 100000000) AS x"}).to_string(),
+                ))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    drop(response);
+    // The only connection serves the next request well within the statement timeout.
+    let next = tokio::time::timeout(Duration::from_secs(5), sql(&router, "SELECT 1", json!([])))
+        .await
+        .expect("the connection was freed");
+    assert_eq!(next.status, 200);
+}
+
+#[tokio::test]
+async fn shutdown_stops_running_statements_and_ends() {
+    let Some(url) = database("shutdown_stops_running_statements_and_ends").await else {
+        return;
+    };
+    let mut config = config(&url);
+    config.listen = "127.0.0.1:0".parse().unwrap();
+    let handle = sqlhttp_server::Server::bind(config).await.unwrap().spawn();
+    let endpoint = format!("{}/api/v1/sql", handle.url());
+    let slow = tokio::spawn(async move {
+        crate::common::http_client()
+            .post(endpoint)
+            .header("content-type", "application/json")
+            .body(r#"{"sql": "SELECT pg_sleep(30)"}"#)
+            .send()
+            .await
+            .map(|response| response.status().as_u16())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::timeout(Duration::from_secs(10), handle.shutdown())
+        .await
+        .expect("shutdown ends well before the statement would have");
+    // The request was answered 503, or its connection cut; never left hanging.
+    if let Ok(status) = slow.await.unwrap() {
+        assert_eq!(status, 503);
+    }
+}
