@@ -50,6 +50,16 @@ async fn sql(handle: &ServerHandle, text: &str) -> (u16, Value) {
     (status, body)
 }
 
+/// A child process killed and reaped when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Sends raw bytes and reads until the server closes the connection (or `within` passes), on
 /// a blocking thread so the server keeps running on the test's runtime.
 async fn raw_exchange(handle: &ServerHandle, request: &[u8], within: Duration) -> Vec<u8> {
@@ -82,7 +92,9 @@ fn json_body_of(response: &[u8]) -> Value {
 
 #[tokio::test]
 async fn a_flood_of_statements_or_nesting_cannot_end_the_process() {
-    let (mut child, url) = start_binary(&["--listen", "127.0.0.1:0"]);
+    let (child, url) = start_binary(&["--listen", "127.0.0.1:0"]);
+    // Killed however the test ends, so a failure leaves no server behind.
+    let mut child = KillOnDrop(child);
     let floods = [
         "END;".repeat(9_000),
         "SELECT 1;".repeat(4_000),
@@ -105,9 +117,10 @@ async fn a_flood_of_statements_or_nesting_cannot_end_the_process() {
     }
     let (status, _, body) = post_to(&url, &[], &json!({"sql": "SELECT 42"})).await;
     assert_eq!((status, &body["rows"]), (200, &json!([[42]])));
-    assert!(child.try_wait().unwrap().is_none(), "the process is alive");
-    child.kill().unwrap();
-    child.wait().unwrap();
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the process is alive"
+    );
 }
 
 #[tokio::test]
