@@ -92,13 +92,19 @@ async fn prepare_on(url: &PostgresUrl) -> Result<bool, ServerError> {
         .await
         .map_err(|e| fail("cannot read the roles", e))?
         .get(0);
-    if !exists {
-        client.batch_execute(CREATE_ROLE).await.map_err(|e| {
-            failed(
+    if !exists && let Err(e) = client.batch_execute(CREATE_ROLE).await {
+        // Roles are the cluster's while the set-up lock is one database's: a server starting on
+        // another database of the same cluster may have created the role just now.
+        let created_meanwhile = e.code().is_some_and(|code| {
+            *code == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
+                || *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
+        });
+        if !created_meanwhile {
+            return Err(failed(
                 url,
                 format!("cannot create the role {CLIENT_ROLE} ({e}); {OPERATOR_HINT}"),
-            )
-        })?;
+            ));
+        }
     }
     let member: bool = client
         .query_one(
