@@ -35,7 +35,7 @@ use crate::request::SqlRequest;
 
 use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
-use exec::{Access, Ran};
+use exec::Access;
 use worker::Pool;
 
 pub(crate) use backend::Backend;
@@ -176,8 +176,9 @@ impl Engine {
 
     /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
     /// write, else on the writer; the whole body is built before it is returned (within
-    /// `--max-result-bytes`). The HTTP handler streams instead ([`Engine::execute_streamed`]).
-    #[cfg_attr(not(test), allow(dead_code))]
+    /// `--max-result-bytes`). For the engine's own tests: the HTTP handler streams instead
+    /// ([`Engine::execute_streamed`]).
+    #[cfg(test)]
     pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
         let request = Arc::new(request);
         if let Some(readers) = &self.readers {
@@ -186,7 +187,7 @@ impl Engine {
                 exec::execute(conn, &read, Access::ReadOnly)
             })
             .await?;
-            if let Ran::Body(body) = ran {
+            if let exec::Ran::Body(body) = ran {
                 return Ok(Outcome::fresh(body));
             }
         }
@@ -195,8 +196,8 @@ impl Engine {
         })
         .await?;
         match ran {
-            Ran::Body(body) => Ok(Outcome::fresh(body)),
-            Ran::NeedsWriter => Err(ApiError::internal()),
+            exec::Ran::Body(body) => Ok(Outcome::fresh(body)),
+            exec::Ran::NeedsWriter => Err(ApiError::internal()),
         }
     }
 
