@@ -214,21 +214,72 @@ pub enum Database {
     Postgres(PostgresUrl),
 }
 
-/// A PostgreSQL connection URL. `Debug` and `Display` never print its password.
+/// The login role client statements run as on PostgreSQL, unless configured otherwise.
+pub const DEFAULT_CLIENT_ROLE: &str = "sqlhttp_client";
+
+/// A PostgreSQL connection URL, and the role client statements log in as
+/// ([`DEFAULT_CLIENT_ROLE`] unless [`PostgresUrl::with_client_role`] says otherwise). `Debug`
+/// and `Display` never print the password.
+///
+/// The URL's own role prepares the database at start (it creates the client role and the
+/// server's store); client statements never run as it. See `docs/adr/0020-postgresql-client-login.md`.
 #[derive(Clone, PartialEq, Eq)]
-pub struct PostgresUrl(String);
+pub struct PostgresUrl {
+    url: String,
+    client_role: String,
+}
 
 impl PostgresUrl {
     /// The URL with its password, for the driver only.
     pub(crate) fn secret(&self) -> &str {
-        &self.0
+        &self.url
+    }
+
+    /// The role client statements log in as.
+    pub fn client_role(&self) -> &str {
+        &self.client_role
+    }
+
+    /// Client statements log in as `role`: a plain identifier (lowercase ASCII letters, digits
+    /// and `_`, not starting with a digit, at most 63 bytes), so it needs no quoting.
+    ///
+    /// ```
+    /// use sqlhttp_server::Database;
+    ///
+    /// let Database::Postgres(url) = "postgres://admin@db/app".parse().unwrap() else {
+    ///     unreachable!()
+    /// };
+    /// assert_eq!(url.client_role(), "sqlhttp_client");
+    /// assert_eq!(url.clone().with_client_role("app_client").unwrap().client_role(), "app_client");
+    /// assert!(url.with_client_role("Robert'); DROP").is_err());
+    /// ```
+    ///
+    /// # Errors
+    /// [`ServerError::InvalidClientRole`] when `role` is not such an identifier.
+    pub fn with_client_role(mut self, role: &str) -> Result<PostgresUrl, ServerError> {
+        let plain = !role.is_empty()
+            && role.len() <= 63
+            && !role.starts_with(|c: char| c.is_ascii_digit())
+            && role
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+        if !plain {
+            return Err(ServerError::InvalidClientRole {
+                role: role.to_owned(),
+            });
+        }
+        self.client_role = role.to_owned();
+        Ok(self)
     }
 }
 
 impl std::fmt::Display for PostgresUrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         // `scheme://user:password@host` → `scheme://user:***@host`.
-        let (scheme, rest) = self.0.split_once("://").unwrap_or(("postgres", &self.0));
+        let (scheme, rest) = self
+            .url
+            .split_once("://")
+            .unwrap_or(("postgres", &self.url));
         match rest.split_once('@') {
             Some((userinfo, host)) if userinfo.contains(':') => {
                 let user = userinfo.split(':').next().unwrap_or_default();
@@ -256,14 +307,18 @@ impl FromStr for Database {
             reason: reason.to_owned(),
         };
         if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            return url
-                .parse::<tokio_postgres::Config>()
-                .map(|_| Database::Postgres(PostgresUrl(url.to_owned())))
+            let parsed = PostgresUrl {
+                url: url.to_owned(),
+                client_role: DEFAULT_CLIENT_ROLE.to_owned(),
+            };
+            return match url.parse::<tokio_postgres::Config>() {
+                Ok(_) => Ok(Database::Postgres(parsed)),
                 // The driver's message never quotes the password.
-                .map_err(|e| ServerError::InvalidDatabaseUrl {
-                    url: PostgresUrl(url.to_owned()).to_string(),
+                Err(e) => Err(ServerError::InvalidDatabaseUrl {
+                    url: parsed.to_string(),
                     reason: e.to_string(),
-                });
+                }),
+            };
         }
         let rest = url.strip_prefix("sqlite:").ok_or_else(|| {
             invalid(

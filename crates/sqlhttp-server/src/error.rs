@@ -35,6 +35,15 @@ pub enum ServerError {
         #[source]
         source: rusqlite::Error,
     },
+    /// The PostgreSQL client role (`--client-role`) is not a plain identifier.
+    #[error(
+        "invalid client role `{role}`: use lowercase ASCII letters, digits and `_`, not starting \
+         with a digit, at most 63 bytes"
+    )]
+    InvalidClientRole {
+        /// The role as given.
+        role: String,
+    },
     /// The PostgreSQL database could not be reached or prepared for use.
     #[error("cannot use database {database}: {reason}")]
     Postgres {

@@ -33,7 +33,7 @@ mod server;
 mod state;
 
 pub use config::{
-    Config, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
+    Config, DEFAULT_CLIENT_ROLE, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_BODY_BYTES, Database, HttpLimits, Limits, PostgresUrl, RateLimit, parse_duration,
 };
 pub use error::ServerError;

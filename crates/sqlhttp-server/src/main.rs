@@ -42,6 +42,12 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_DATABASE", value_name = "URL", default_value = "sqlite::memory:", value_parser = parse_database)]
     database: Database,
 
+    /// PostgreSQL only: the role client statements log in as (default `sqlhttp_client`),
+    /// created by the server when missing. The --database role only prepares the database; give
+    /// each database on one PostgreSQL cluster a client role of its own.
+    #[arg(long, env = "SQLHTTPD_CLIENT_ROLE", value_name = "ROLE")]
+    client_role: Option<String>,
+
     /// Accepted bearer token (repeatable). Without any, the comma-separated tokens of
     /// SQLHTTPD_TOKENS are used; with none at all the SQL endpoint is open. Surrounding
     /// whitespace is trimmed (a header cannot carry it); an empty token is refused.
@@ -197,9 +203,18 @@ impl Cli {
             per_second,
             burst: self.rate_burst.unwrap_or(per_second),
         });
+        let database = match (self.database, self.client_role) {
+            (Database::Postgres(url), Some(role)) => {
+                Database::Postgres(url.with_client_role(&role).map_err(|e| e.to_string())?)
+            }
+            (_, Some(_)) => {
+                return Err("--client-role is for a PostgreSQL --database".to_owned());
+            }
+            (database, None) => database,
+        };
         Ok(Config {
             listen: self.listen,
-            database: self.database,
+            database,
             tokens,
             read_tokens,
             allow_anonymous: self.allow_anonymous,
@@ -392,6 +407,35 @@ mod tests {
         assert!(Cli::try_parse_from(["sqlhttpd", "--rate-limit", "0"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--rate-burst", "5"]).is_err());
         assert!(Cli::try_parse_from(["sqlhttpd", "--read-token", ""]).is_err());
+    }
+
+    #[test]
+    fn the_client_role_is_postgres_only_and_a_plain_identifier() {
+        let config = |args: &[&str]| {
+            Cli::try_parse_from(["sqlhttpd"].iter().chain(args))
+                .unwrap()
+                .into_config()
+        };
+        let postgres = ["--database", "postgres://admin@db/app"];
+        let Database::Postgres(url) = config(&postgres).unwrap().database else {
+            panic!("a PostgreSQL database");
+        };
+        assert_eq!(url.client_role(), sqlhttp_server::DEFAULT_CLIENT_ROLE);
+        let Database::Postgres(url) =
+            config(&[&postgres[..], &["--client-role", "app_client"]].concat())
+                .unwrap()
+                .database
+        else {
+            panic!("a PostgreSQL database");
+        };
+        assert_eq!(url.client_role(), "app_client");
+        for bad in ["App", "1st", "", "a-b", "x\"; drop role y"] {
+            assert!(
+                config(&[&postgres[..], &["--client-role", bad]].concat()).is_err(),
+                "{bad}"
+            );
+        }
+        assert!(config(&["--client-role", "app_client"]).is_err());
     }
 
     #[test]

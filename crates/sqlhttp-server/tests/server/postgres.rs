@@ -94,9 +94,25 @@ async fn database(test: &str) -> Option<String> {
     Some(format!("{base}/{name}"))
 }
 
+/// The client role of the test database at `url`: each database has its own, as on a shared
+/// cluster in production (the throwaway cluster asks every role but `postgres` for its
+/// password, and a client role's password is its database's).
+fn client_role(url: &str) -> String {
+    let (_, name) = url.rsplit_once('/').unwrap();
+    name.replacen("sqlhttp_", "client_", 1)
+}
+
+/// A server configuration for the test database at `url`.
 fn config(url: &str) -> Config {
+    with_role(url, &client_role(url))
+}
+
+fn with_role(url: &str, role: &str) -> Config {
+    let sqlhttp_server::Database::Postgres(url) = url.parse().unwrap() else {
+        panic!("a PostgreSQL URL");
+    };
     Config {
-        database: url.parse().unwrap(),
+        database: sqlhttp_server::Database::Postgres(url.with_client_role(role).unwrap()),
         ..Config::default()
     }
 }
@@ -345,10 +361,18 @@ async fn the_sandbox_holds() {
         "SELECT lo_import('/etc/passwd')",
         "COPY (SELECT 1) TO '/tmp/sqlhttp-escape'",
         "COPY (SELECT 1) TO PROGRAM 'true'",
-        "SELECT * FROM _sqlhttp_idempotency",
-        "DELETE FROM _sqlhttp_idempotency",
-        "DROP TABLE _sqlhttp_idempotency",
+        "SELECT * FROM _sqlhttp.idempotency",
+        "DELETE FROM _sqlhttp.idempotency",
+        "DROP TABLE _sqlhttp.idempotency",
+        "SELECT * FROM _sqlhttp.secrets",
+        "SELECT * FROM _sqlhttp.lookup('guess', 'k-1')",
+        "SELECT _sqlhttp.record('guess', 'k', '', 200, '', 0)",
+        "SELECT _sqlhttp.purge('guess', 9223372036854775807)",
+        "SELECT _sqlhttp.authorize('guess')",
+        "CREATE TABLE _sqlhttp.planted (x int)",
+        "DROP SCHEMA _sqlhttp CASCADE",
         "CREATE ROLE escape SUPERUSER",
+        "ALTER ROLE CURRENT_USER SUPERUSER",
     ] {
         let reply = sql(&router, statement, json!([])).await;
         assert_eq!(
@@ -359,8 +383,93 @@ async fn the_sandbox_holds() {
         );
         assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{statement}");
     }
-    let who = ok(&router, "SELECT current_user::text", json!([])).await;
-    assert_eq!(who["rows"], json!([["sqlhttp_client"]]));
+    // Logged in as the database's client role, not as the URL's `postgres`.
+    let who = ok(
+        &router,
+        "SELECT current_user = session_user, session_user::text LIKE 'client\\_%'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(who["rows"], json!([[true, true]]));
+}
+
+/// A client may create functions, and a function may run `RESET ROLE` or `set_config('role')`,
+/// which return to the session's login role: that login is the client role itself, so nothing
+/// is gained: no server file, no program, no store.
+#[tokio::test]
+async fn a_function_of_the_clients_cannot_leave_the_client_role() {
+    let router = postgres_app!("a_function_of_the_clients_cannot_leave_the_client_role");
+    let define = |body: &str| {
+        format!(
+            "CREATE OR REPLACE FUNCTION escape() RETURNS text LANGUAGE plpgsql AS \
+             $body$ BEGIN {body}; END $body$"
+        )
+    };
+    ok(
+        &router,
+        &define("RESET ROLE; RETURN current_user::text || ' ' || session_user::text"),
+        json!([]),
+    )
+    .await;
+    let who = ok(
+        &router,
+        "SELECT escape() = session_user || ' ' || session_user, \
+         session_user::text LIKE 'client\\_%'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(who["rows"], json!([[true, true]]));
+    for body in [
+        "RESET ROLE; RETURN pg_read_file('/etc/passwd')",
+        "RESET ROLE; RETURN (SELECT count(*)::text FROM _sqlhttp.idempotency)",
+        "RESET ROLE; RETURN (SELECT store_key FROM _sqlhttp.secrets)",
+        // The text check refuses `set_config` where it can see it; not where it cannot.
+        "EXECUTE 'SELECT set_' || 'config(''role'', ''postgres'', true)'; \
+         RETURN current_user::text",
+        "EXECUTE 'SET SESSION AUTHORIZATION postgres'; RETURN current_user::text",
+        "EXECUTE 'COPY (SELECT 1) TO PROGRAM ''true'''; RETURN 'ran'",
+    ] {
+        ok(&router, &define(body), json!([])).await;
+        let reply = sql(&router, "SELECT escape()", json!([])).await;
+        assert_eq!(
+            reply.status,
+            403,
+            "{body}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{body}");
+    }
+}
+
+/// A client's function may change its session (a setting, a temporary table shadowing a real
+/// one); the next request on that connection starts from a clean session.
+#[tokio::test]
+async fn a_session_changed_by_one_request_is_reset_for_the_next() {
+    // One pooled connection, so the next request gets the same session.
+    let router = postgres_app!(
+        "a_session_changed_by_one_request_is_reset_for_the_next",
+        |config| config.limits.read_connections = 0
+    );
+    ok(&router, "CREATE TABLE items (name text)", json!([])).await;
+    ok(&router, "INSERT INTO items VALUES ('real')", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'CREATE TEMPORARY TABLE items (name text)'; \
+         EXECUTE 'INSERT INTO items VALUES (''planted'')'; \
+         EXECUTE 'SELECT set_' || 'config(''search_path'', ''pg_temp, public'', false)'; \
+         EXECUTE 'SELECT set_' || 'config(''application_name'', ''planted'', false)'; END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT plant()", json!([])).await;
+    let seen = ok(
+        &router,
+        "SELECT name, current_setting('application_name') FROM items",
+        json!([]),
+    )
+    .await;
+    assert_eq!(seen["rows"], json!([["real", ""]]));
 }
 
 #[tokio::test]
@@ -516,6 +625,69 @@ async fn a_bad_url_or_an_unreachable_database_fails_at_start() {
     };
     let err = AppState::new(&config).unwrap_err().to_string();
     assert!(err.contains("cannot connect"), "{err}");
+}
+
+/// Runs `sql` as the cluster's owner on `url`'s database.
+async fn as_owner(url: &str, sql: &str) {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    client.batch_execute(sql).await.unwrap();
+    drop(client);
+    let _ = driver.await;
+}
+
+#[tokio::test]
+async fn client_roles_are_created_checked_and_logged_in_as() {
+    let Some(url) = database("client_roles_are_created_checked_and_logged_in_as").await else {
+        return;
+    };
+    let pid = std::process::id();
+
+    // A role of the operator's choosing is created, and client statements log in as it.
+    let custom = format!("app_client_{pid}");
+    let router = app(AppState::new(&with_role(&url, &custom)).unwrap());
+    let who = ok(&router, "SELECT session_user::text", json!([])).await;
+    assert_eq!(who["rows"], json!([[custom]]));
+
+    // A client role with rights a client must not have is refused at start.
+    for (right, grant) in [
+        ("createdb", "ALTER ROLE {role} CREATEDB"),
+        ("createrole", "ALTER ROLE {role} CREATEROLE"),
+        ("files", "GRANT pg_read_server_files TO {role}"),
+    ] {
+        let role = format!("risky_{right}_{pid}");
+        as_owner(
+            &url,
+            &format!(
+                "CREATE ROLE {role} LOGIN; {}",
+                grant.replace("{role}", &role)
+            ),
+        )
+        .await;
+        let err = AppState::new(&with_role(&url, &role))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("rights a client must not have"),
+            "{right}: {err}"
+        );
+    }
+
+    // One that may not log in is refused, with what to do.
+    let nologin = format!("nologin_{pid}");
+    as_owner(&url, &format!("CREATE ROLE {nologin} NOLOGIN")).await;
+    let err = AppState::new(&with_role(&url, &nologin))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("may not log in"), "{err}");
+
+    // The URL's own role is never the client role.
+    let err = AppState::new(&with_role(&url, "postgres"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("logs in as the client role"), "{err}");
 }
 
 #[tokio::test]

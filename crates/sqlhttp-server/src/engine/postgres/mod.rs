@@ -1,6 +1,7 @@
 //! The PostgreSQL engine: client statements on a pool of tokio-postgres connections
-//! (deadpool-postgres), every request in a transaction of the server's own, run as the role
-//! `sqlhttp_client`.
+//! (deadpool-postgres) logged in as the client role (`sqlhttp_client` by default), every
+//! request in a transaction of the server's own. Each connection's session state (settings,
+//! temporary tables, advisory locks) is reset before it serves another request.
 //!
 //! - [`PgEngine`] is the async handle: `execute_streamed` (the body streams once it outgrows a
 //!   chunk, as on SQLite), `execute_read_only` (`BEGIN READ ONLY`, streamed too), `execute_with_key` (exactly once, see `store`), `batch` and
@@ -90,6 +91,8 @@ struct Inner {
     in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
     next_lease: AtomicU64,
     last_purge: Mutex<Option<Instant>>,
+    /// What the store's functions ask for (see `store`).
+    store_key: String,
 }
 
 impl std::fmt::Debug for Inner {
@@ -145,8 +148,8 @@ impl Drop for Lease {
 }
 
 impl PgEngine {
-    /// Prepares the database (role, schema rights, idempotency table) and builds the pool;
-    /// connections open on first use.
+    /// Prepares the database (the client role, its schema rights, the server's store) and
+    /// builds the pool of client-role connections; they open on first use.
     pub(crate) fn start(
         url: &PostgresUrl,
         idempotency_ttl: Option<Duration>,
@@ -156,25 +159,14 @@ impl PgEngine {
             database: url.to_string(),
             reason,
         };
-        let superuser = setup::prepare(url)?;
-        if superuser {
-            tracing::warn!(
-                database = %url,
-                "the login role is a superuser: client statements run as {}, but a client \
-                 that creates a function can return to the login role; connect as an \
-                 unprivileged role in production (docs/deploy.md)",
-                setup::CLIENT_ROLE
-            );
-        }
-        let config: tokio_postgres::Config = url
-            .secret()
-            .parse()
-            .map_err(|e: tokio_postgres::Error| failed(e.to_string()))?;
+        let prepared = setup::prepare(url)?;
         let manager = Manager::from_config(
-            config,
+            prepared.client,
             NoTls,
             ManagerConfig {
-                recycling_method: RecyclingMethod::Fast,
+                // A client's function may change its session (settings, temporary tables that
+                // would shadow the next client's): reset it before the next request.
+                recycling_method: RecyclingMethod::Clean,
             },
         );
         let connections = limits.read_connections + 1;
@@ -196,6 +188,7 @@ impl PgEngine {
             next_lease: AtomicU64::new(0),
             // The first keyed request purges.
             last_purge: Mutex::new(None),
+            store_key: prepared.store_key,
         };
         if idempotency_ttl.is_none() {
             *engine
@@ -465,22 +458,16 @@ impl Inner {
         }
     }
 
-    /// Opens the server's transaction on `lease`: its mode and statement timeout, and (for
-    /// client work) the client role.
-    async fn begin(&self, lease: &Lease, mode: Mode, as_client: bool) -> Result<(), ApiError> {
+    /// Opens the server's transaction on `lease`: its mode and statement timeout.
+    async fn begin(&self, lease: &Lease, mode: Mode) -> Result<(), ApiError> {
         let mode = match mode {
             Mode::Write => "READ WRITE, ISOLATION LEVEL READ COMMITTED",
             Mode::Read => "READ ONLY, ISOLATION LEVEL REPEATABLE READ",
         };
-        let role = if as_client {
-            format!("; SET LOCAL ROLE {}", setup::CLIENT_ROLE)
-        } else {
-            String::new()
-        };
         lease
             .client()
             .batch_execute(&format!(
-                "BEGIN {mode}; SET LOCAL statement_timeout = {}{role}",
+                "BEGIN {mode}; SET LOCAL statement_timeout = {}",
                 self.timeout_ms()
             ))
             .await
@@ -517,7 +504,7 @@ impl Inner {
         sender: ChunkSender,
     ) -> Result<Option<Vec<u8>>, ApiError> {
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, mode, true).await {
+        if let Err(err) = self.begin(&lease, mode).await {
             return self.end(lease, Err(err)).await;
         }
         let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
@@ -557,7 +544,7 @@ impl Inner {
             Mode::Write
         };
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, mode, true).await {
+        if let Err(err) = self.begin(&lease, mode).await {
             return self.end(lease, Err(err)).await;
         }
         let mut out = Vec::new();
@@ -581,7 +568,7 @@ impl Inner {
     ) -> Result<Outcome, ApiError> {
         self.purge_if_due(job, ttl).await;
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, Mode::Write, false).await {
+        if let Err(err) = self.begin(&lease, Mode::Write).await {
             return self.end(lease, Err(err)).await;
         }
         let client = lease.client();
@@ -605,7 +592,7 @@ impl Inner {
             .guarded(
                 job,
                 &lease,
-                store::run_with_key(client, ttl, key, request_hash, run, &map),
+                store::run_with_key(client, &self.store_key, ttl, key, request_hash, run, &map),
             )
             .await;
         self.end(lease, outcome).await
@@ -675,7 +662,7 @@ impl Inner {
         let Ok(lease) = self.lease(job).await else {
             return;
         };
-        match store::purge_expired(lease.client(), ttl).await {
+        match store::purge_expired(lease.client(), &self.store_key, ttl).await {
             Ok(0) => {}
             Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
             Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),

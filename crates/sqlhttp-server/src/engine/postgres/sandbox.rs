@@ -1,14 +1,14 @@
-//! What PostgreSQL adds to the common sandbox (`engine::sandbox::check_text`): client
-//! statements run as the role `sqlhttp_client`, which has no privilege on the server's tables,
-//! no superuser rights and so no server-file functions (`COPY ... TO/FROM` a file or
-//! `PROGRAM`, `pg_read_file`, `pg_ls_dir`, `lo_import`, `lo_export`: all `42501`, answered
-//! `403 STATEMENT_NOT_ALLOWED`). This module refuses the statements that would leave that role
-//! or change the server's session settings before they reach PostgreSQL.
+//! What PostgreSQL adds to the common sandbox (`engine::sandbox::check_text`): the statements
+//! that would change the server's session (role, settings, prepared statements, transactions)
+//! are refused before they reach PostgreSQL, with a message saying why.
 //!
-//! A guard, not the boundary: a client that may create functions can still run `RESET ROLE`
-//! inside one, which returns to the login role. The boundary is the login role itself: it must
-//! not be a superuser (see `docs/adr/0018-postgresql-engine.md`). Pure text checks; knows
-//! nothing about connections.
+//! A courtesy, not the boundary: a client's function can still run what this module refuses.
+//! The boundary is the login: client statements log in as the client role (see `setup`), which
+//! has no privilege on the server's store, no superuser rights and so no server-file functions
+//! (`COPY ... TO/FROM` a file or `PROGRAM`, `pg_read_file`, `lo_import`: all `42501`, answered
+//! `403 STATEMENT_NOT_ALLOWED`), and a session a function changes is reset before the next
+//! request (see `docs/adr/0020-postgresql-client-login.md`). Pure text checks; knows nothing
+//! about connections.
 
 use crate::api_error::ApiError;
 use crate::request::leading_keyword;

@@ -1,38 +1,48 @@
-//! Preparing a PostgreSQL database for the server, once at start: the client role
-//! `sqlhttp_client` (created when missing, NOLOGIN, no superuser or role rights), the login
-//! role's membership in it, its rights on the served schema (`public`), and the idempotency
-//! table, which only the login role may touch. Several replicas may start at once: the work
-//! runs under an advisory lock.
+//! Preparing a PostgreSQL database for the server, once at start, as the `--database` URL's
+//! role (the "owner"): the client role (created when missing, LOGIN, with no superuser, role,
+//! database, replication or RLS-bypass right), its rights on the served schema (`public`), and
+//! the server's store (`store::SCHEMA_DDL`: the idempotency table and the functions that reach
+//! it, owned by the owner). Returns how to log in as the client role: client statements never
+//! run in a session of the owner, so nothing a client runs (not even `RESET ROLE` inside a
+//! function of its own) can reach the owner's rights. Several replicas may start at once: the
+//! work runs under an advisory lock.
 //!
 //! Runs on a thread of its own with a runtime of its own, so the server can be built from sync
 //! and async code alike. Knows SQL and tokio-postgres; nothing about requests or HTTP.
 
-use tokio_postgres::NoTls;
+use std::time::Duration;
+
+use tokio_postgres::error::SqlState;
+use tokio_postgres::{Client, Config, NoTls};
 
 use crate::config::PostgresUrl;
 use crate::engine::postgres::store;
 use crate::error::ServerError;
 
-/// The role client statements run as.
-pub(crate) const CLIENT_ROLE: &str = "sqlhttp_client";
-
 /// Serialises the set-up of replicas starting together.
 const SETUP_LOCK: i64 = 0x5351_4c48_5454_5001;
 
-const CREATE_ROLE: &str = "DO $$ BEGIN
-    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'sqlhttp_client') THEN
-        CREATE ROLE sqlhttp_client NOLOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT
-            NOREPLICATION NOBYPASSRLS;
-    END IF;
-END $$";
+/// How long connecting may take at start.
+const CONNECT_WITHIN: Duration = Duration::from_secs(10);
 
-/// What the operator runs when the server may not do it itself.
-const OPERATOR_HINT: &str = "as a superuser, run: CREATE ROLE sqlhttp_client NOLOGIN; \
-GRANT sqlhttp_client TO <login role>; GRANT USAGE, CREATE ON SCHEMA public TO sqlhttp_client; \
-(see docs/deploy.md, \"PostgreSQL\")";
+/// Built-in roles whose members reach the server's files or programs.
+const SERVER_FILE_ROLES: &[&str] = &[
+    "pg_read_server_files",
+    "pg_write_server_files",
+    "pg_execute_server_program",
+];
 
-/// Prepares the database; returns whether the login role is a superuser (worth a warning).
-pub(crate) fn prepare(url: &PostgresUrl) -> Result<bool, ServerError> {
+/// What the server needs to serve clients, once the database is prepared.
+pub(crate) struct Prepared {
+    /// How to log in as the client role: the `--database` URL's host, port and database, the
+    /// client role, and its password.
+    pub(crate) client: Config,
+    /// The key the store's functions ask for (see `store`).
+    pub(crate) store_key: String,
+}
+
+/// Prepares the database and checks that the client role can log in.
+pub(crate) fn prepare(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     let owned = url.clone();
     std::thread::Builder::new()
         .name("sqlhttpd-pg-setup".into())
@@ -55,109 +65,220 @@ fn failed(url: &PostgresUrl, reason: String) -> ServerError {
     }
 }
 
-async fn prepare_on(url: &PostgresUrl) -> Result<bool, ServerError> {
-    let fail = |what: &str, e: tokio_postgres::Error| {
-        let detail = e
-            .as_db_error()
-            .map_or_else(|| e.to_string(), |db| db.message().to_owned());
-        failed(url, format!("{what}: {detail}"))
-    };
-    let (client, connection) = tokio::time::timeout(
-        std::time::Duration::from_secs(10),
-        tokio_postgres::connect(url.secret(), NoTls),
-    )
-    .await
-    .map_err(|_| failed(url, "no answer within 10 s".into()))?
-    .map_err(|e| fail("cannot connect", e))?;
-    let driver = tokio::spawn(connection);
+/// PostgreSQL's own words for a failure (its message, never its DETAIL, which may quote
+/// values), or the driver's with its causes ("error connecting to server: failed to lookup
+/// address information: ...").
+fn detail(e: &tokio_postgres::Error) -> String {
+    if let Some(db) = e.as_db_error() {
+        return db.message().to_owned();
+    }
+    let mut text = e.to_string();
+    let mut cause = std::error::Error::source(e);
+    while let Some(inner) = cause {
+        let said = inner.to_string();
+        if !text.ends_with(&said) {
+            text = format!("{text}: {said}");
+        }
+        cause = inner.source();
+    }
+    text
+}
 
-    client
-        .query_one("SELECT pg_advisory_lock($1)", &[&SETUP_LOCK])
+async fn connect(config: &Config) -> Result<Client, String> {
+    let (client, connection) = tokio::time::timeout(CONNECT_WITHIN, config.connect(NoTls))
         .await
-        .map_err(|e| fail("cannot take the set-up lock", e))?;
-    let superuser: bool = client
-        .query_one(
-            "SELECT rolsuper FROM pg_roles WHERE rolname = current_user",
-            &[],
-        )
+        .map_err(|_| format!("no answer within {} s", CONNECT_WITHIN.as_secs()))?
+        .map_err(|e| detail(&e))?;
+    tokio::spawn(connection);
+    Ok(client)
+}
+
+async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
+    let role = url.client_role();
+    let fail =
+        |what: &str, e: tokio_postgres::Error| failed(url, format!("{what}: {}", detail(&e)));
+    let owner_config: Config = url
+        .secret()
+        .parse()
+        .map_err(|e: tokio_postgres::Error| failed(url, e.to_string()))?;
+    let owner = connect(&owner_config)
+        .await
+        .map_err(|e| failed(url, format!("cannot connect: {e}")))?;
+    let me: String = owner
+        .query_one("SELECT current_user::text", &[])
         .await
         .map_err(|e| fail("cannot read the login role", e))?
         .get(0);
+    if me == role {
+        return Err(failed(
+            url,
+            format!(
+                "the URL logs in as the client role {role}: give the URL of the role that owns \
+                 the database (it prepares it, and never runs client statements), or another \
+                 --client-role"
+            ),
+        ));
+    }
 
-    let exists: bool = client
-        .query_one(
-            "SELECT EXISTS (SELECT FROM pg_roles WHERE rolname = $1)",
-            &[&CLIENT_ROLE],
-        )
+    owner
+        .query_one("SELECT pg_advisory_lock($1)", &[&SETUP_LOCK])
         .await
-        .map_err(|e| fail("cannot read the roles", e))?
-        .get(0);
-    if !exists && let Err(e) = client.batch_execute(CREATE_ROLE).await {
-        // Roles are the cluster's while the set-up lock is one database's: a server starting on
-        // another database of the same cluster may have created the role just now.
-        let created_meanwhile = e.code().is_some_and(|code| {
-            *code == tokio_postgres::error::SqlState::DUPLICATE_OBJECT
-                || *code == tokio_postgres::error::SqlState::UNIQUE_VIOLATION
-        });
-        if !created_meanwhile {
-            return Err(failed(
-                url,
-                format!("cannot create the role {CLIENT_ROLE} ({e}); {OPERATOR_HINT}"),
-            ));
-        }
-    }
-    let member: bool = client
-        .query_one(
-            "SELECT pg_has_role(current_user, $1, 'MEMBER')",
-            &[&CLIENT_ROLE],
-        )
+        .map_err(|e| fail("cannot take the set-up lock", e))?;
+    store::create(&owner)
         .await
-        .map_err(|e| fail("cannot read role membership", e))?
-        .get(0);
-    if !member {
-        client
-            .batch_execute(&format!("GRANT {CLIENT_ROLE} TO CURRENT_USER"))
-            .await
-            .map_err(|e| {
-                failed(
-                    url,
-                    format!("cannot join the role {CLIENT_ROLE} ({e}); {OPERATOR_HINT}"),
-                )
-            })?;
-    }
-    let may_create: bool = client
-        .query_one(
-            "SELECT has_schema_privilege($1, 'public', 'CREATE') \
-             AND has_schema_privilege($1, 'public', 'USAGE')",
-            &[&CLIENT_ROLE],
-        )
+        .map_err(|e| fail("cannot create the server's schema _sqlhttp", e))?;
+    let (password, store_key) = store::secrets(&owner)
         .await
-        .map_err(|e| fail("cannot read the schema's privileges", e))?
-        .get(0);
-    if !may_create {
-        client
-            .batch_execute(&format!(
-                "GRANT USAGE, CREATE ON SCHEMA public TO {CLIENT_ROLE}"
-            ))
-            .await
-            .map_err(|e| {
-                failed(
-                    url,
-                    format!(
-                        "cannot grant the schema public to {CLIENT_ROLE} ({e}); {OPERATOR_HINT}"
-                    ),
-                )
-            })?;
-    }
-    client
-        .batch_execute(store::TABLE_DDL)
+        .map_err(|e| fail("cannot read the server's secrets", e))?;
+    ensure_client_role(&owner, url, &password).await?;
+    store::grant(&owner, role)
         .await
-        .map_err(|e| fail("cannot create the idempotency table", e))?;
-    client
+        .map_err(|e| fail(&format!("cannot let {role} call the store"), e))?;
+    grant_public_schema(&owner, url).await?;
+    owner
         .query_one("SELECT pg_advisory_unlock($1)", &[&SETUP_LOCK])
         .await
         .map_err(|e| fail("cannot release the set-up lock", e))?;
-    drop(client);
-    let _ = driver.await;
-    Ok(superuser)
+    drop(owner);
+
+    let mut client = owner_config;
+    client.user(role).password(password);
+    check_client_login(&client, url).await?;
+    Ok(Prepared { client, store_key })
+}
+
+/// Creates the client role when missing (with this database's password), and refuses one that
+/// holds rights a client must not have.
+async fn ensure_client_role(
+    owner: &Client,
+    url: &PostgresUrl,
+    password: &str,
+) -> Result<(), ServerError> {
+    let role = url.client_role();
+    let exists = owner
+        .query_opt(
+            "SELECT rolsuper OR rolcreaterole OR rolcreatedb OR rolreplication OR rolbypassrls, \
+                    rolcanlogin \
+             FROM pg_roles WHERE rolname = $1",
+            &[&role],
+        )
+        .await
+        .map_err(|e| failed(url, format!("cannot read the roles: {}", detail(&e))))?;
+    let Some(existing) = exists else {
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        let created = owner
+            .batch_execute(&format!(
+                "CREATE ROLE {role} LOGIN PASSWORD '{verifier}' NOSUPERUSER NOCREATEDB \
+                 NOCREATEROLE NOREPLICATION NOBYPASSRLS"
+            ))
+            .await;
+        return match created {
+            Ok(()) => Ok(()),
+            // Roles are the cluster's while the set-up lock is one database's: a server
+            // starting on another database of the cluster may have created it just now. Its
+            // password is then that database's: the login check says so.
+            Err(e)
+                if e.code() == Some(&SqlState::DUPLICATE_OBJECT)
+                    || e.code() == Some(&SqlState::UNIQUE_VIOLATION) =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(failed(
+                url,
+                format!(
+                    "cannot create the client role {role} ({}): the --database role needs \
+                     CREATEROLE (or superuser) the first time (docs/deploy.md, \"PostgreSQL\")",
+                    detail(&e)
+                ),
+            )),
+        };
+    };
+    let (privileged, can_login): (bool, bool) = (existing.get(0), existing.get(1));
+    let server_files: bool = owner
+        .query_one(
+            "SELECT bool_or(pg_has_role($1, r, 'USAGE')) FROM unnest($2::text[]) AS r",
+            &[&role, &SERVER_FILE_ROLES],
+        )
+        .await
+        .map_err(|e| failed(url, format!("cannot read role memberships: {}", detail(&e))))?
+        .get(0);
+    if privileged || server_files {
+        return Err(failed(
+            url,
+            format!(
+                "the client role {role} has rights a client must not have (superuser, \
+                 CREATEROLE, CREATEDB, REPLICATION, BYPASSRLS, or a pg_*_server_files/program \
+                 role): every client statement would have them; take them away, or give \
+                 another --client-role"
+            ),
+        ));
+    }
+    if !can_login {
+        return Err(failed(
+            url,
+            format!(
+                "the client role {role} exists but may not log in: client statements log in as \
+                 it (ALTER ROLE {role} LOGIN, or give another --client-role)"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Lets the client role use and create in schema `public`, unless it already may.
+async fn grant_public_schema(owner: &Client, url: &PostgresUrl) -> Result<(), ServerError> {
+    let role = url.client_role();
+    let may_create: bool = owner
+        .query_one(
+            "SELECT has_schema_privilege($1, 'public', 'CREATE') \
+             AND has_schema_privilege($1, 'public', 'USAGE')",
+            &[&role],
+        )
+        .await
+        .map_err(|e| {
+            failed(
+                url,
+                format!("cannot read the schema's privileges: {}", detail(&e)),
+            )
+        })?
+        .get(0);
+    if may_create {
+        return Ok(());
+    }
+    owner
+        .batch_execute(&format!("GRANT USAGE, CREATE ON SCHEMA public TO {role}"))
+        .await
+        .map_err(|e| {
+            failed(
+                url,
+                format!(
+                    "cannot grant the schema public to {role} ({}): as its owner, run GRANT \
+                     USAGE, CREATE ON SCHEMA public TO {role}",
+                    detail(&e)
+                ),
+            )
+        })
+}
+
+/// Logs in as the client role once, so a refused login fails the start, not every request.
+async fn check_client_login(client: &Config, url: &PostgresUrl) -> Result<(), ServerError> {
+    let role = url.client_role();
+    let session = connect(client).await.map_err(|e| {
+        failed(
+            url,
+            format!(
+                "cannot log in as the client role {role} ({e}): pg_hba.conf must let {role} \
+                 connect as it lets the --database role; if {role} was created for another \
+                 database of this cluster (its password is that database's), give this server \
+                 another --client-role"
+            ),
+        )
+    })?;
+    session.query_one("SELECT 1", &[]).await.map_err(|e| {
+        failed(
+            url,
+            format!("the client role cannot run a statement: {}", detail(&e)),
+        )
+    })?;
+    Ok(())
 }

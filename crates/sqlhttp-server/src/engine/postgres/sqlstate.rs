@@ -150,7 +150,7 @@ pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
         )),
         Verdict::Sql => ApiError::sql(message),
         Verdict::NotAllowed => ApiError::not_allowed(format!(
-            "{message}: statements run as the role sqlhttp_client, which has no access to this"
+            "{message}: statements run as the server's client role, which has no access to this"
         )),
         Verdict::ReadOnly => ApiError::new(
             ErrorCode::ReadOnly,

@@ -1,12 +1,19 @@
-//! Exactly-once requests on PostgreSQL: the `_sqlhttp_idempotency` table, and running keyed
-//! work so that its effects and its stored outcome commit in ONE transaction.
+//! Exactly-once requests on PostgreSQL: the server's schema `_sqlhttp` (the idempotency table,
+//! the server's secrets, and the functions that reach them), and running keyed work so that
+//! its effects and its stored outcome commit in ONE transaction.
+//!
+//! Client statements log in as the client role (see `setup`), so the store cannot be a table
+//! of that role's: it belongs to the `--database` role, and the client role may only call three
+//! `SECURITY DEFINER` functions (`lookup`, `record`, `purge`), each of which first checks the
+//! store key, a secret the server reads at start and binds as a parameter. A client can see
+//! neither the table nor the key, so it can neither read, forge nor forget an outcome, not even
+//! from a function of its own.
 //!
 //! The key is locked for the transaction (`pg_try_advisory_xact_lock`), so replicas sharing the
 //! database run one request per key: another one sent meanwhile answers `409
-//! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. Only the login role
-//! reaches the table: the keyed work runs as `sqlhttp_client`, inside a savepoint, and the role
-//! is reset before the outcome is stored. Knows SQL and the protocol's error codes; nothing about
-//! HTTP or what the work is (the caller passes it as a future).
+//! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. Knows
+//! SQL and the protocol's error codes; nothing about HTTP or what the work is (the caller
+//! passes it as a future).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -16,20 +23,127 @@ use tokio_postgres::Client;
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::Outcome;
 
-/// The outcome table: the login role owns it, nobody else has any privilege on it.
-pub(crate) const TABLE_DDL: &str = "\
-CREATE TABLE IF NOT EXISTS _sqlhttp_idempotency (
+/// The server's schema, created (or brought up to date) by the `--database` role at start.
+/// Every object is that role's; PUBLIC has no right on any of them.
+const SCHEMA_DDL: &str = "\
+CREATE SCHEMA IF NOT EXISTS _sqlhttp;
+REVOKE ALL ON SCHEMA _sqlhttp FROM PUBLIC;
+CREATE TABLE IF NOT EXISTS _sqlhttp.secrets (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    client_password text NOT NULL,
+    store_key text NOT NULL
+);
+CREATE TABLE IF NOT EXISTS _sqlhttp.idempotency (
     key text PRIMARY KEY,
     request_hash bytea NOT NULL,
     status integer NOT NULL,
     body bytea NOT NULL,
     created_at bigint NOT NULL
 );
-CREATE INDEX IF NOT EXISTS _sqlhttp_idempotency_created_at
-    ON _sqlhttp_idempotency (created_at);
-REVOKE ALL ON _sqlhttp_idempotency FROM PUBLIC;";
+CREATE INDEX IF NOT EXISTS idempotency_created_at ON _sqlhttp.idempotency (created_at);
+REVOKE ALL ON ALL TABLES IN SCHEMA _sqlhttp FROM PUBLIC;
+
+CREATE OR REPLACE FUNCTION _sqlhttp.authorize(p_store_key text) RETURNS void
+LANGUAGE plpgsql STABLE SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF p_store_key IS NULL
+        OR p_store_key IS DISTINCT FROM (SELECT s.store_key FROM _sqlhttp.secrets AS s) THEN
+        RAISE EXCEPTION 'only the server may use its store' USING ERRCODE = '42501';
+    END IF;
+END $$;
+
+CREATE OR REPLACE FUNCTION _sqlhttp.lookup(p_store_key text, p_key text)
+RETURNS TABLE (request_hash bytea, status integer, body bytea, created_at bigint)
+LANGUAGE plpgsql STABLE SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM _sqlhttp.authorize(p_store_key);
+    RETURN QUERY SELECT i.request_hash, i.status, i.body, i.created_at
+        FROM _sqlhttp.idempotency AS i WHERE i.key = p_key;
+END $$;
+
+CREATE OR REPLACE FUNCTION _sqlhttp.record(
+    p_store_key text, p_key text, p_request_hash bytea, p_status integer, p_body bytea,
+    p_created_at bigint
+) RETURNS void
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM _sqlhttp.authorize(p_store_key);
+    INSERT INTO _sqlhttp.idempotency AS i (key, request_hash, status, body, created_at)
+        VALUES (p_key, p_request_hash, p_status, p_body, p_created_at)
+        ON CONFLICT (key) DO UPDATE SET request_hash = EXCLUDED.request_hash,
+            status = EXCLUDED.status, body = EXCLUDED.body, created_at = EXCLUDED.created_at;
+END $$;
+
+CREATE OR REPLACE FUNCTION _sqlhttp.purge(p_store_key text, p_before bigint) RETURNS bigint
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    purged bigint;
+BEGIN
+    PERFORM _sqlhttp.authorize(p_store_key);
+    DELETE FROM _sqlhttp.idempotency AS i WHERE i.created_at <= p_before;
+    GET DIAGNOSTICS purged = ROW_COUNT;
+    RETURN purged;
+END $$;
+
+REVOKE ALL ON FUNCTION _sqlhttp.authorize(text), _sqlhttp.lookup(text, text),
+    _sqlhttp.record(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)
+    FROM PUBLIC;";
+
+/// The three functions the client role may call.
+const CLIENT_FUNCTIONS: &str = "_sqlhttp.lookup(text, text), \
+_sqlhttp.record(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)";
 
 const SAVEPOINT: &str = "_sqlhttp_work";
+
+/// Creates the schema, or brings its functions up to date; refuses a schema `_sqlhttp` that
+/// another role owns (its objects would not be the server's).
+pub(crate) async fn create(owner: &Client) -> Result<(), tokio_postgres::Error> {
+    owner.batch_execute(SCHEMA_DDL).await?;
+    owner
+        .batch_execute(
+            "DO $$ BEGIN
+                IF (SELECT nspowner FROM pg_namespace WHERE nspname = '_sqlhttp')
+                    <> (SELECT oid FROM pg_roles WHERE rolname = current_user) THEN
+                    RAISE EXCEPTION 'the schema _sqlhttp belongs to another role'
+                        USING ERRCODE = '42501';
+                END IF;
+            END $$",
+        )
+        .await
+}
+
+/// This database's secrets, drawn at random the first time: the client role's password and
+/// the store key.
+pub(crate) async fn secrets(owner: &Client) -> Result<(String, String), tokio_postgres::Error> {
+    let fresh = || {
+        let bits: [u8; 32] = rand::random();
+        bits.iter().map(|b| format!("{b:02x}")).collect::<String>()
+    };
+    owner
+        .execute(
+            "INSERT INTO _sqlhttp.secrets (client_password, store_key) VALUES ($1, $2) \
+             ON CONFLICT (only_row) DO NOTHING",
+            &[&fresh(), &fresh()],
+        )
+        .await?;
+    let row = owner
+        .query_one(
+            "SELECT client_password, store_key FROM _sqlhttp.secrets",
+            &[],
+        )
+        .await?;
+    Ok((row.get(0), row.get(1)))
+}
+
+/// Lets `role` (a plain identifier) call the store's functions, and nothing else of the schema.
+pub(crate) async fn grant(owner: &Client, role: &str) -> Result<(), tokio_postgres::Error> {
+    owner
+        .batch_execute(&format!(
+            "GRANT USAGE ON SCHEMA _sqlhttp TO {role}; \
+             GRANT EXECUTE ON FUNCTION {CLIENT_FUNCTIONS} TO {role}"
+        ))
+        .await
+}
 
 fn now_millis() -> i64 {
     SystemTime::now()
@@ -44,22 +158,25 @@ fn millis(duration: Duration) -> i64 {
 /// Deletes outcomes older than `ttl`; returns how many were deleted.
 pub(crate) async fn purge_expired(
     client: &Client,
+    store_key: &str,
     ttl: Duration,
-) -> Result<u64, tokio_postgres::Error> {
-    client
-        .execute(
-            "DELETE FROM _sqlhttp_idempotency WHERE created_at <= $1",
-            &[&now_millis().saturating_sub(millis(ttl))],
+) -> Result<i64, tokio_postgres::Error> {
+    Ok(client
+        .query_one(
+            "SELECT _sqlhttp.purge($1, $2)",
+            &[&store_key, &now_millis().saturating_sub(millis(ttl))],
         )
-        .await
+        .await?
+        .get(0))
 }
 
-/// Runs keyed work exactly once inside the transaction the caller opened (as the login role,
-/// with its statement timeout set): replays a stored outcome for the same request, refuses a
+/// Runs keyed work exactly once inside the transaction the caller opened (with its statement
+/// timeout set): replays a stored outcome for the same request, refuses a
 /// different request with 422, or runs `work` and stores its 2xx / final 4xx outcome with its
 /// effects. 5xx outcomes are not stored; the caller rolls back on `Err` and commits on `Ok`.
 pub(crate) async fn run_with_key<F>(
     client: &Client,
+    store_key: &str,
     ttl: Duration,
     key: &str,
     request_hash: &[u8],
@@ -73,7 +190,8 @@ where
     // this one's in-flight registry does (409, retry later), then replays.
     let locked: bool = client
         .query_one(
-            "SELECT pg_try_advisory_xact_lock(hashtextextended($1, 1397836872))",
+            "SELECT pg_catalog.pg_try_advisory_xact_lock(\
+             pg_catalog.hashtextextended($1, 1397836872))",
             &[&key],
         )
         .await
@@ -87,8 +205,8 @@ where
     }
     let stored = client
         .query_opt(
-            "SELECT request_hash, status, body, created_at FROM _sqlhttp_idempotency WHERE key = $1",
-            &[&key],
+            "SELECT request_hash, status, body, created_at FROM _sqlhttp.lookup($1, $2)",
+            &[&store_key, &key],
         )
         .await
         .map_err(map)?;
@@ -113,10 +231,7 @@ where
     }
 
     client
-        .batch_execute(&format!(
-            "SAVEPOINT {SAVEPOINT}; SET LOCAL ROLE {}",
-            super::setup::CLIENT_ROLE
-        ))
+        .batch_execute(&format!("SAVEPOINT {SAVEPOINT}"))
         .await
         .map_err(map)?;
     let (status, body) = match work.await {
@@ -132,14 +247,11 @@ where
         }
         Err(err) => return Err(err),
     };
-    client.batch_execute("RESET ROLE").await.map_err(map)?;
     client
         .execute(
-            "INSERT INTO _sqlhttp_idempotency (key, request_hash, status, body, created_at) \
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (key) DO UPDATE SET \
-             request_hash = EXCLUDED.request_hash, status = EXCLUDED.status, \
-             body = EXCLUDED.body, created_at = EXCLUDED.created_at",
+            "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
             &[
+                &store_key,
                 &key,
                 &request_hash,
                 &i32::from(status),
