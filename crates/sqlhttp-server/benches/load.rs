@@ -5,9 +5,14 @@
 //!    (`read_connections = 0`) versus the reader pool;
 //! 2. the same while a long report holds a connection;
 //! 3. the `sqlhttpd` binary's resident memory growth for a 300 MB value (refused within its
-//!    limit) and a 5-million-row result (streamed, ADR 0016).
+//!    limit) and a 5-million-row result (streamed, ADR 0016);
+//! 4. with `SQLHTTPD_BENCH_POSTGRES_URL` (a superuser's URL), the same point reads on
+//!    PostgreSQL: through `sqlhttpd`, against what an application would write instead (a
+//!    deadpool-postgres pool of the same size), and what resetting each session between
+//!    requests costs that pool (ADR 0020).
 //!
-//! Run with `cargo bench -p sqlhttp-server --bench load`.
+//! Run with `cargo bench -p sqlhttp-server --bench load`, or
+//! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres) cargo bench -p sqlhttp-server --bench load`.
 
 use std::time::{Duration, Instant};
 
@@ -52,18 +57,35 @@ async fn point_reads(url: &str) -> f64 {
         .pool_max_idle_per_host(IN_FLIGHT)
         .build()
         .unwrap();
+    let url = url.to_owned();
+    in_flight(move |id| {
+        let client = client.clone();
+        let url = url.clone();
+        async move {
+            let sql = format!("SELECT v FROM kv WHERE k = {id}");
+            assert_eq!(post(&client, &url, &sql).await, 200);
+        }
+    })
+    .await
+}
+
+/// Calls of `read` per second with `IN_FLIGHT` outstanding for `RUN_FOR`; `read` gets the key
+/// to read.
+async fn in_flight<F, Fut>(read: F) -> f64
+where
+    F: Fn(i64) -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
     let deadline = Instant::now() + RUN_FOR;
     let started = Instant::now();
     let mut tasks = Vec::new();
     for worker in 0..IN_FLIGHT {
-        let client = client.clone();
-        let url = url.to_owned();
+        let read = read.clone();
         tasks.push(tokio::spawn(async move {
             let mut done = 0_u64;
             let mut id = worker as i64;
             while Instant::now() < deadline {
-                let sql = format!("SELECT v FROM kv WHERE k = {}", id % 10_000);
-                assert_eq!(post(&client, &url, &sql).await, 200);
+                read(id % 10_000).await;
                 done += 1;
                 id += IN_FLIGHT as i64;
             }
@@ -182,6 +204,76 @@ async fn memory_per_request() {
     let _ = child.wait();
 }
 
+/// Point reads on PostgreSQL: sqlhttpd against a plain pool, and the plain pool with and
+/// without a session reset per checkout.
+async fn postgres(url: &str) {
+    use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
+
+    let pid = std::process::id();
+    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("CREATE DATABASE sqlhttp_bench_{pid}"))
+        .await
+        .unwrap();
+    let (base, _) = url.rsplit_once('/').unwrap();
+    let db_url = format!("{base}/sqlhttp_bench_{pid}");
+    let Database::Postgres(database) = db_url.parse().unwrap() else {
+        unreachable!("a PostgreSQL URL")
+    };
+    // A client role of its own: its password is this database's.
+    let database = Database::Postgres(
+        database
+            .with_client_role(&format!("bench_client_{pid}"))
+            .unwrap(),
+    );
+    let handle = serve(database, 4).await;
+    let server_url = handle.url();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    for sql in [
+        "CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT)",
+        "INSERT INTO kv SELECT x, 'value ' || x FROM generate_series(0, 9999) AS x",
+    ] {
+        assert_eq!(post(&http, &server_url, sql).await, 200);
+    }
+    let through_sqlhttpd = point_reads(&server_url).await;
+    handle.shutdown().await;
+
+    let pool = |recycling_method| {
+        let manager = Manager::from_config(
+            db_url.parse().unwrap(),
+            tokio_postgres::NoTls,
+            ManagerConfig { recycling_method },
+        );
+        // The size of sqlhttpd's pool with 4 readers.
+        Pool::builder(manager).max_size(5).build().unwrap()
+    };
+    let plain = |pool: Pool| {
+        in_flight(move |id| {
+            let pool = pool.clone();
+            async move {
+                let client = pool.get().await.unwrap();
+                let statement = client
+                    .prepare_cached("SELECT v FROM kv WHERE k = $1")
+                    .await
+                    .unwrap();
+                client.query_one(&statement, &[&(id as i32)]).await.unwrap();
+            }
+        })
+    };
+    let fast = plain(pool(RecyclingMethod::Fast)).await;
+    let clean = plain(pool(RecyclingMethod::Clean)).await;
+    println!(
+        "PostgreSQL point reads, {IN_FLIGHT} in flight, 5 connections: plain pool {fast:.0}/s, \
+         plain pool resetting sessions {clean:.0}/s ({:.2}x), through sqlhttpd {through_sqlhttpd:.0}/s \
+         ({:.2}x the plain pool)",
+        clean / fast,
+        through_sqlhttpd / fast
+    );
+}
+
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -195,5 +287,9 @@ fn main() {
         let pool = scenario(4, true).await;
         println!("point reads beside a long report: one connection {one:.0}/s, reader pool (4) {pool:.0}/s, ratio {:.2}x", pool / one);
         memory_per_request().await;
+        match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {
+            Ok(url) => postgres(&url).await,
+            Err(_) => println!("PostgreSQL: set SQLHTTPD_BENCH_POSTGRES_URL for its figures"),
+        }
     });
 }
