@@ -8,7 +8,9 @@
 //!   exactly like real ones.
 //! * [`ChaosProxy`]: an HTTP/1.1 proxy on loopback that applies one planned [`Fault`] per request:
 //!   close or reset before forwarding (the server never saw the request), drop the response after
-//!   the server did the work, delay or truncate it, answer `429`/`503`/... itself, or stall.
+//!   the server did the work, delay or truncate it, answer `429`/`503`/... itself, or stall. In
+//!   front of several upstreams ([`ChaosProxy::start_balanced`]) it is a round-robin load
+//!   balancer that fails over past upstreams that are down, for tests with replicas.
 //! * [`TestServer`]: the reference server `sqlhttpd` in-process on an ephemeral port, in-memory or
 //!   file-backed, with stop/restart on the same port, SDK client builders pointed at it or at a
 //!   proxy in front of it; and [`ServerProcess`] for the `sqlhttpd` binary as a child process.

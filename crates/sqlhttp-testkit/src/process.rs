@@ -26,7 +26,8 @@ const BANNER: &str = "listening on ";
 /// [`spawn`](Self::spawn) runs `BINARY ARGS... --listen 127.0.0.1:0` and waits for the child's
 /// first stdout line, `listening on http://HOST:PORT`, which gives its address. The rest of its
 /// stdout is read and discarded; its stderr is inherited (logs show up with the test's output).
-/// The child is killed when the `ServerProcess` is dropped.
+/// [`spawn_command`](Self::spawn_command) does the same for a command the caller prepared (its
+/// environment, say). The child is killed when the `ServerProcess` is dropped.
 ///
 /// In the server crate's own tests, the binary is `env!("CARGO_BIN_EXE_sqlhttpd")`.
 ///
@@ -68,12 +69,37 @@ impl ServerProcess {
         I: IntoIterator<Item = S>,
         S: AsRef<OsStr>,
     {
-        let mut child = Command::new(binary.as_ref())
-            .args(args)
+        let mut command = Command::new(binary.as_ref());
+        command.args(args).stderr(Stdio::inherit());
+        ServerProcess::spawn_command(command).await
+    }
+
+    /// Like [`spawn`](Self::spawn), for a command the caller prepared: program, arguments,
+    /// environment, working directory, and where stderr goes (inherited unless the command
+    /// says otherwise; a pipe nobody reads can stall a chatty server). The `ServerProcess` adds
+    /// `--listen 127.0.0.1:0` to the arguments and takes over stdin (null) and stdout. Takes a
+    /// `std::process::Command` or a `tokio::process::Command`.
+    ///
+    /// ```no_run
+    /// use std::process::Command;
+    /// use sqlhttp_testkit::ServerProcess;
+    ///
+    /// # async fn run() -> std::io::Result<()> {
+    /// let mut command = Command::new("target/debug/sqlhttpd");
+    /// command.env("RUST_LOG", "warn").env_remove("SQLHTTPD_TOKENS");
+    /// let server = ServerProcess::spawn_command(command).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// As [`spawn`](Self::spawn).
+    pub async fn spawn_command(command: impl Into<Command>) -> io::Result<ServerProcess> {
+        let mut command = command.into();
+        let mut child = command
             .args(["--listen", "127.0.0.1:0"])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()?;
         let stdout = child

@@ -39,6 +39,22 @@ async fn another_first_line_is_invalid_data() {
 }
 
 #[tokio::test]
+async fn a_prepared_command_keeps_its_environment_and_gets_listen_appended() {
+    let mut command = std::process::Command::new("sh");
+    command
+        .args([
+            "-c",
+            r#"[ "$0 $1" = "--listen 127.0.0.1:0" ] || exit 2
+               echo "listening on http://127.0.0.1:$ANNOUNCED_PORT"
+               exec sleep 30"#,
+        ])
+        .env("ANNOUNCED_PORT", "4343");
+    let server = ServerProcess::spawn_command(command).await.unwrap();
+    assert_eq!(server.url(), "http://127.0.0.1:4343");
+    server.kill().await.unwrap();
+}
+
+#[tokio::test]
 async fn exiting_before_announcing_is_unexpected_eof() {
     let error = spawn_sh("exit 3").await.unwrap_err();
     assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "{error}");

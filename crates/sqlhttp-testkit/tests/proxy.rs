@@ -1,15 +1,17 @@
 //! `ChaosProxy` end to end: a hand-written upstream behind the proxy and a real HTTP client
-//! (reqwest, or raw TCP where the wire bytes matter) in front of it, one test per fault.
+//! (reqwest, or raw TCP where the wire bytes matter) in front of it, one test per fault; then a
+//! balanced proxy in front of several upstreams, some of them down.
 
 mod support;
 
 use std::io;
+use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use sqlhttp_testkit::{ChaosProxy, Fault};
 use support::{Upstream, http_client, io_kind};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
 
 async fn proxy_for(upstream: &Upstream) -> ChaosProxy {
     ChaosProxy::start(upstream.addr()).await.unwrap()
@@ -326,21 +328,24 @@ async fn dropping_the_proxy_closes_stalled_connections_and_stops_accepting() {
     assert_eq!(upstream.served(), 0);
 }
 
-#[tokio::test]
-async fn an_unreachable_upstream_is_a_bad_gateway() {
+/// The address of an upstream that was started and dropped: its port refuses connections.
+async fn dead_upstream() -> SocketAddr {
     let upstream = Upstream::start().await;
-    let upstream_addr = upstream.addr();
+    let addr = upstream.addr();
     drop(upstream);
     // Wait (bounded) until the upstream's port refuses connections.
-    let mut down = false;
     for _ in 0..500 {
-        if TcpStream::connect(upstream_addr).await.is_err() {
-            down = true;
-            break;
+        if TcpStream::connect(addr).await.is_err() {
+            return addr;
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    assert!(down);
+    panic!("the dropped upstream at {addr} still accepts connections");
+}
+
+#[tokio::test]
+async fn an_unreachable_upstream_is_a_bad_gateway() {
+    let upstream_addr = dead_upstream().await;
     let proxy = ChaosProxy::start(upstream_addr).await.unwrap();
 
     let response = http_client().get(proxy.url()).send().await.unwrap();
@@ -387,4 +392,146 @@ async fn raw_clients_get_a_closed_connection_after_one_exchange() {
         "{answer}"
     );
     assert_eq!((proxy.requests(), upstream.served()), (1, 1));
+}
+
+#[tokio::test]
+async fn a_single_upstream_proxy_lists_its_upstream() {
+    let upstream = Upstream::start().await;
+    let proxy = proxy_for(&upstream).await;
+    assert_eq!(proxy.upstreams(), [upstream.addr()]);
+    assert_eq!(proxy.upstream(), upstream.addr());
+    assert!(http_client().get(proxy.url()).send().await.is_ok());
+    assert_eq!(proxy.forwarded_to(upstream.addr()), 1);
+    assert_eq!(proxy.failed_connects_to(upstream.addr()), 0);
+}
+
+#[tokio::test]
+async fn a_balanced_proxy_needs_an_upstream() {
+    let error = ChaosProxy::start_balanced([]).await.unwrap_err();
+    assert_eq!(error.kind(), io::ErrorKind::InvalidInput);
+}
+
+#[tokio::test]
+async fn a_balanced_proxy_sends_requests_round_robin_in_the_order_given() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let proxy = ChaosProxy::start_balanced([a.addr(), b.addr()])
+        .await
+        .unwrap();
+    assert_eq!(proxy.upstreams(), [a.addr(), b.addr()]);
+    assert_eq!(proxy.upstream(), a.addr());
+    let http = http_client();
+    let mut served = Vec::new();
+    for _ in 0..5 {
+        let response = http.get(proxy.url()).send().await.unwrap();
+        assert_eq!(response.text().await.unwrap(), "hello");
+        served.push((a.served(), b.served()));
+    }
+    assert_eq!(served, [(1, 0), (1, 1), (2, 1), (2, 2), (3, 2)]);
+    assert_eq!(
+        (proxy.forwarded_to(a.addr()), proxy.forwarded_to(b.addr())),
+        (3, 2)
+    );
+    assert_eq!(proxy.forwarded(), 5);
+    let stranger: SocketAddr = "127.0.0.1:1".parse().unwrap();
+    assert_eq!(proxy.forwarded_to(stranger), 0);
+}
+
+#[tokio::test]
+async fn a_balanced_proxy_applies_each_fault_to_the_upstream_whose_turn_it_is() {
+    let (a, b) = (Upstream::start().await, Upstream::start().await);
+    let proxy = ChaosProxy::start_balanced([a.addr(), b.addr()])
+        .await
+        .unwrap();
+    // As with replicas: the first attempt reaches A, which does the work, and its response is
+    // lost; the retry reaches B.
+    proxy.push(Fault::DropAfterForward);
+    let http = http_client();
+    assert!(http.post(proxy.url()).body("write").send().await.is_err());
+    assert_eq!((a.served(), b.served()), (1, 0));
+    let retried = http.post(proxy.url()).body("write").send().await.unwrap();
+    assert_eq!(retried.status(), 200);
+    assert_eq!((a.served(), b.served()), (1, 1));
+    // A fault that forwards nothing still takes its turn: the round robin counts requests
+    // forwarded, not requests received.
+    proxy.push(Fault::status(503));
+    assert_eq!(http.get(proxy.url()).send().await.unwrap().status(), 503);
+    assert!(http.get(proxy.url()).send().await.is_ok());
+    assert_eq!((a.served(), b.served()), (2, 1));
+}
+
+#[tokio::test]
+async fn a_balanced_proxy_fails_over_past_an_upstream_that_refuses_connections() {
+    let down = dead_upstream().await;
+    let up = Upstream::start().await;
+    let proxy = ChaosProxy::start_balanced([down, up.addr()]).await.unwrap();
+    let http = http_client();
+    for _ in 0..3 {
+        let response = http.get(proxy.url()).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+    }
+    assert_eq!(up.served(), 3);
+    assert_eq!(
+        (proxy.forwarded_to(down), proxy.forwarded_to(up.addr())),
+        (0, 3)
+    );
+    // Requests 1 and 3 started at the dead upstream; request 2 started at the live one.
+    assert_eq!(
+        (
+            proxy.failed_connects_to(down),
+            proxy.failed_connects_to(up.addr())
+        ),
+        (2, 0)
+    );
+}
+
+#[tokio::test]
+async fn a_balanced_proxy_with_every_upstream_down_is_a_bad_gateway() {
+    let (a, b) = (dead_upstream().await, dead_upstream().await);
+    let proxy = ChaosProxy::start_balanced([a, b]).await.unwrap();
+    let response = http_client().get(proxy.url()).send().await.unwrap();
+    assert_eq!(response.status(), 502);
+    assert_eq!(
+        (proxy.requests(), proxy.forwarded()),
+        (1, 0),
+        "nothing was sent"
+    );
+    assert_eq!(
+        (proxy.failed_connects_to(a), proxy.failed_connects_to(b)),
+        (1, 1)
+    );
+}
+
+#[tokio::test]
+async fn a_request_whose_upstream_fails_after_receiving_it_is_not_sent_elsewhere() {
+    // An upstream that takes the request and hangs up without answering: it may have done the
+    // work, so the proxy must not send the request on to another upstream.
+    let hangup = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hangup_addr = hangup.local_addr().unwrap();
+    let hangup_task = tokio::spawn(async move {
+        let (mut stream, _) = hangup.accept().await.unwrap();
+        let mut head = Vec::new();
+        let mut byte = [0u8; 1];
+        while !head.ends_with(b"\r\n\r\n") && stream.read(&mut byte).await.unwrap() == 1 {
+            head.push(byte[0]);
+        }
+        String::from_utf8(head).unwrap()
+    });
+    let other = Upstream::start().await;
+    let proxy = ChaosProxy::start_balanced([hangup_addr, other.addr()])
+        .await
+        .unwrap();
+
+    let response = http_client().get(proxy.url()).send().await.unwrap();
+    assert_eq!(response.status(), 502);
+    let head = hangup_task.await.unwrap();
+    assert!(head.starts_with("GET / HTTP/1.1\r\n"), "{head}");
+    assert_eq!(other.served(), 0);
+    assert_eq!(
+        (
+            proxy.forwarded_to(hangup_addr),
+            proxy.forwarded_to(other.addr())
+        ),
+        (1, 0)
+    );
+    assert_eq!(proxy.failed_connects_to(hangup_addr), 0);
 }

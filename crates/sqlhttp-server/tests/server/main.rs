@@ -10,5 +10,6 @@ mod hardening;
 mod idempotency;
 mod operations;
 mod postgres;
+mod replicas;
 mod streaming;
 mod tcp;

@@ -493,7 +493,7 @@ async fn raw_exchange(addr: SocketAddr, request: &[u8]) -> Vec<u8> {
 }
 
 /// The value of one sample line of a Prometheus exposition.
-fn sample(text: &str, series: &str) -> Option<f64> {
+pub(crate) fn sample(text: &str, series: &str) -> Option<f64> {
     text.lines()
         .find_map(|line| line.strip_prefix(series)?.strip_prefix(' '))
         .map(|value| value.parse().unwrap())

@@ -62,7 +62,7 @@ fn cluster() -> Option<&'static str> {
 }
 
 /// A fresh database on the cluster, or `None` (with a message) when there is no cluster.
-async fn database(test: &str) -> Option<String> {
+pub(crate) async fn database(test: &str) -> Option<String> {
     let Some(url) = cluster() else {
         assert!(
             std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),

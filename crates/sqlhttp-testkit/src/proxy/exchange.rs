@@ -1,9 +1,9 @@
 //! One client connection through the proxy: read a request, take the next fault, carry it out.
 //!
 //! This module knows the fault semantics and the sockets of one exchange. It must not know
-//! about the accept loop, the proxy's lifetime or the sqlhttp wire protocol.
+//! about the accept loop, the proxy's lifetime, how an upstream is chosen or the sqlhttp wire
+//! protocol.
 
-use std::net::SocketAddr;
 use std::time::Duration;
 
 use http::StatusCode;
@@ -19,7 +19,7 @@ use super::{IO_TIMEOUT, Shared};
 const LINGER_AFTER_ANSWER: Duration = Duration::from_secs(1);
 
 /// Serves one client connection to its end.
-pub(super) async fn serve(mut client: TcpStream, upstream: SocketAddr, shared: &Shared) {
+pub(super) async fn serve(mut client: TcpStream, shared: &Shared) {
     let request = match timeout(IO_TIMEOUT, http1::read_request(&mut client)).await {
         Ok(Ok(request)) => request,
         Ok(Err(RequestError::Reject(status, why))) => {
@@ -42,32 +42,33 @@ pub(super) async fn serve(mut client: TcpStream, upstream: SocketAddr, shared: &
             body,
         } => answer(client, &http1::encode_response(status, &headers, &body)).await,
         Fault::Pass => {
-            let response = forward(upstream, &request, shared).await;
+            let response = forward(&request, shared).await;
             answer(client, &response).await;
         }
         Fault::DropAfterForward => {
-            let _response = forward(upstream, &request, shared).await;
+            let _response = forward(&request, shared).await;
             drop(client);
         }
         Fault::Delay(delay) => {
-            let response = forward(upstream, &request, shared).await;
+            let response = forward(&request, shared).await;
             tokio::time::sleep(delay).await;
             answer(client, &response).await;
         }
         Fault::Truncate(keep) => {
-            let response = forward(upstream, &request, shared).await;
+            let response = forward(&request, shared).await;
             answer(client, &response[..keep.min(response.len())]).await;
         }
     }
 }
 
-/// Sends `request` to the upstream over a fresh connection and returns the complete response
-/// framed for the client, or the proxy's own 502/504 when that fails.
-async fn forward(upstream: SocketAddr, request: &ProxiedRequest, shared: &Shared) -> Vec<u8> {
+/// Sends `request` over a fresh connection to the upstream whose turn it is (or the next one
+/// that accepts the connection) and returns the complete response framed for the client, or
+/// the proxy's own 502/504 when that fails.
+async fn forward(request: &ProxiedRequest, shared: &Shared) -> Vec<u8> {
     let exchange = async {
-        let mut connection = TcpStream::connect(upstream).await?;
+        let (upstream, mut connection) = shared.upstreams.connect().await?;
         connection.write_all(&request.bytes).await?;
-        shared.count_forwarded();
+        shared.count_forwarded(upstream);
         http1::read_response(&mut connection, request.is_head).await
     };
     match timeout(IO_TIMEOUT, exchange).await {

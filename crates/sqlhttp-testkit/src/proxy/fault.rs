@@ -16,7 +16,8 @@ use http::StatusCode;
 /// connection and one upstream connection per forwarded request, both closed afterwards.
 ///
 /// When a fault forwards the request and the upstream cannot be reached (it is down, or it closes
-/// without a complete response), the proxy's response is its own `502 Bad Gateway`
+/// without a complete response; behind a balanced proxy, when every upstream refused the
+/// connection), the proxy's response is its own `502 Bad Gateway`
 /// (`504 Gateway Timeout` when the upstream does not answer within the proxy's I/O timeout), and
 /// the fault then applies to that response.
 #[derive(Debug, Clone, PartialEq, Eq)]
