@@ -97,7 +97,7 @@ pub(crate) async fn database(test: &str) -> Option<String> {
 /// The client role of the test database at `url`: each database has its own, as on a shared
 /// cluster in production (the throwaway cluster asks every role but `postgres` for its
 /// password, and a client role's password is its database's).
-fn client_role(url: &str) -> String {
+pub(crate) fn client_role(url: &str) -> String {
     let (_, name) = url.rsplit_once('/').unwrap();
     name.replacen("sqlhttp_", "client_", 1)
 }

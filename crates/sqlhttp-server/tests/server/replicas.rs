@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::common::sqlhttpd;
 use crate::operations::sample;
-use crate::postgres::database;
+use crate::postgres::{client_role, database};
 
 /// Two replicas of `sqlhttpd` on the database at `url`, started together (killed on drop),
 /// logging warnings and errors only.
@@ -26,7 +26,9 @@ async fn replicas(url: &str) -> (ServerProcess, ServerProcess) {
     let replica = || {
         let mut command = sqlhttpd();
         // ServerProcess reads stdout; stderr goes to the test's output, not to a pipe nobody reads.
-        command.args(["--database", url]).stderr(Stdio::inherit());
+        command
+            .args(["--database", url, "--client-role", &client_role(url)])
+            .stderr(Stdio::inherit());
         ServerProcess::spawn_command(command)
     };
     let (a, b) = tokio::join!(replica(), replica());
