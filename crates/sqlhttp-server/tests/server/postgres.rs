@@ -374,14 +374,7 @@ async fn the_sandbox_holds() {
         "CREATE ROLE escape SUPERUSER",
         "ALTER ROLE CURRENT_USER SUPERUSER",
     ] {
-        let reply = sql(&router, statement, json!([])).await;
-        assert_eq!(
-            reply.status,
-            403,
-            "{statement}: {}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{statement}");
+        refused(&sql(&router, statement, json!([])).await, statement);
     }
     // Logged in as the database's client role, not as the URL's `postgres`.
     let who = ok(
@@ -430,15 +423,19 @@ async fn a_function_of_the_clients_cannot_leave_the_client_role() {
         "EXECUTE 'COPY (SELECT 1) TO PROGRAM ''true'''; RETURN 'ran'",
     ] {
         ok(&router, &define(body), json!([])).await;
-        let reply = sql(&router, "SELECT escape()", json!([])).await;
-        assert_eq!(
-            reply.status,
-            403,
-            "{body}: {}",
-            String::from_utf8_lossy(&reply.body)
-        );
-        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{body}");
+        refused(&sql(&router, "SELECT escape()", json!([])).await, body);
     }
+}
+
+/// Asserts `403 STATEMENT_NOT_ALLOWED` for what `what` tried.
+fn refused(reply: &crate::common::Reply, what: &str) {
+    assert_eq!(
+        reply.status,
+        403,
+        "{what}: {}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{what}");
 }
 
 /// A client's function may change its session (a setting, a temporary table shadowing a real
