@@ -241,7 +241,9 @@ impl PostgresUrl {
     }
 
     /// Client statements log in as `role`: a plain identifier (lowercase ASCII letters, digits
-    /// and `_`, not starting with a digit, at most 63 bytes), so it needs no quoting.
+    /// and `_`, not starting with a digit, at most 63 bytes), so it needs no quoting; not one of
+    /// PostgreSQL's reserved `pg_*` names, nor `_sqlhttp` (the server's schema, which would come
+    /// first in the role's search path).
     ///
     /// ```
     /// use sqlhttp_server::Database;
@@ -251,7 +253,8 @@ impl PostgresUrl {
     /// };
     /// assert_eq!(url.client_role(), "sqlhttp_client");
     /// assert_eq!(url.clone().with_client_role("app_client").unwrap().client_role(), "app_client");
-    /// assert!(url.with_client_role("Robert'); DROP").is_err());
+    /// assert!(url.clone().with_client_role("Robert'); DROP").is_err());
+    /// assert!(url.with_client_role("pg_monitor").is_err());
     /// ```
     ///
     /// # Errors
@@ -262,7 +265,9 @@ impl PostgresUrl {
             && !role.starts_with(|c: char| c.is_ascii_digit())
             && role
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_');
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+            && !role.starts_with("pg_")
+            && role != "_sqlhttp";
         if !plain {
             return Err(ServerError::InvalidClientRole {
                 role: role.to_owned(),

@@ -38,7 +38,7 @@ pub enum ServerError {
     /// The PostgreSQL client role (`--client-role`) is not a plain identifier.
     #[error(
         "invalid client role `{role}`: use lowercase ASCII letters, digits and `_`, not starting \
-         with a digit, at most 63 bytes"
+         with a digit or `pg_`, at most 63 bytes, other than `_sqlhttp`"
     )]
     InvalidClientRole {
         /// The role as given.

@@ -429,7 +429,15 @@ mod tests {
             panic!("a PostgreSQL database");
         };
         assert_eq!(url.client_role(), "app_client");
-        for bad in ["App", "1st", "", "a-b", "x\"; drop role y"] {
+        for bad in [
+            "App",
+            "1st",
+            "",
+            "a-b",
+            "x\"; drop role y",
+            "pg_monitor",
+            "_sqlhttp",
+        ] {
             assert!(
                 config(&[&postgres[..], &["--client-role", bad]].concat()).is_err(),
                 "{bad}"
