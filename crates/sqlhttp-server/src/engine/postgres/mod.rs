@@ -676,7 +676,13 @@ impl Inner {
         let Ok(lease) = self.lease(job).await else {
             return;
         };
-        match store::purge_expired(lease.client(), &self.store_key, ttl).await {
+        // From a clean session, as every request's transaction starts (a client may have left
+        // `default_transaction_read_only` on, say).
+        let purged = match lease.client().batch_execute(SESSION_RESET).await {
+            Ok(()) => store::purge_expired(lease.client(), &self.store_key, ttl).await,
+            Err(e) => Err(e),
+        };
+        match purged {
             Ok(0) => {}
             Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
             Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
