@@ -542,6 +542,54 @@ async fn a_keyed_write_applies_once_and_replays() {
 }
 
 #[tokio::test]
+async fn an_expired_key_runs_again_and_is_purged() {
+    let Some(url) = database("an_expired_key_runs_again_and_is_purged").await else {
+        return;
+    };
+    let ttl = Duration::from_millis(300);
+    let with_ttl = || {
+        let mut config = config(&url);
+        config.idempotency_ttl = Some(ttl);
+        app(AppState::new(&config).unwrap())
+    };
+    let router = with_ttl();
+    ok(&router, "CREATE TABLE t (x int)", json!([])).await;
+    let body = json!({"sql": "INSERT INTO t VALUES (1)"});
+    let key = [("idempotency-key", "short-lived")];
+    assert_eq!(post_with(&router, &key, &body).await.status, 200);
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let again = post_with(&router, &key, &body).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(
+        again.header("idempotent-replayed"),
+        None,
+        "expired: run again"
+    );
+    let count = ok(&router, "SELECT count(*) FROM t", json!([])).await;
+    assert_eq!(count["rows"], json!([[2]]));
+
+    // A server purges expired outcomes on its first keyed request (then once a minute).
+    tokio::time::sleep(ttl + Duration::from_millis(100)).await;
+    let fresh_server = with_ttl();
+    let other = [("idempotency-key", "another")];
+    assert_eq!(post_with(&fresh_server, &other, &body).await.status, 200);
+    let (owner, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let keys: Vec<String> = owner
+        .query("SELECT key FROM _sqlhttp.idempotency ORDER BY key", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(keys, ["another"]);
+    drop(owner);
+    let _ = driver.await;
+}
+
+#[tokio::test]
 async fn replicas_on_one_database_share_the_idempotency_store() {
     let Some(url) = database("replicas_on_one_database_share_the_idempotency_store").await else {
         return;
