@@ -25,40 +25,47 @@ fn cluster() -> Option<&'static str> {
             if let Ok(url) = std::env::var("SQLHTTPD_TEST_POSTGRES_URL") {
                 return Some(url);
             }
-            let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
-            // Tests never install system packages; .ci/run's own start-postgres may.
-            let output = Command::new(script)
-                .env("START_POSTGRES_NO_INSTALL", "1")
-                .stderr(Stdio::inherit())
-                .output();
-            let url = match output {
-                Ok(output) if output.status.success() => {
-                    String::from_utf8(output.stdout).ok()?.trim().to_owned()
-                }
-                Ok(output) => {
-                    eprintln!("scripts/start-postgres failed ({})", output.status);
-                    return None;
-                }
-                Err(e) => {
-                    eprintln!("cannot run scripts/start-postgres: {e}");
-                    return None;
-                }
-            };
-            // Stop the cluster when this process exits, however it exits.
-            let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
-            let watcher = format!(
-                "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{url}'",
-                pid = std::process::id()
-            );
-            let _ = Command::new("setsid")
-                .args(["sh", "-c", &watcher])
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn();
-            Some(url)
+            start_cluster("trust")
         })
         .as_deref()
+}
+
+/// Starts a throwaway cluster with `scripts/start-postgres` (`auth` for roles other than
+/// `postgres`), stopped when this process exits; `None` when there is no PostgreSQL here.
+fn start_cluster(auth: &str) -> Option<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
+    // Tests never install system packages; .ci/run's own start-postgres may.
+    let output = Command::new(script)
+        .env("START_POSTGRES_NO_INSTALL", "1")
+        .env("START_POSTGRES_AUTH", auth)
+        .stderr(Stdio::inherit())
+        .output();
+    let url = match output {
+        Ok(output) if output.status.success() => {
+            String::from_utf8(output.stdout).ok()?.trim().to_owned()
+        }
+        Ok(output) => {
+            eprintln!("scripts/start-postgres failed ({})", output.status);
+            return None;
+        }
+        Err(e) => {
+            eprintln!("cannot run scripts/start-postgres: {e}");
+            return None;
+        }
+    };
+    // Stop the cluster when this process exits, however it exits.
+    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+    let watcher = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{url}'",
+        pid = std::process::id()
+    );
+    let _ = Command::new("setsid")
+        .args(["sh", "-c", &watcher])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    Some(url)
 }
 
 /// A fresh database on the cluster, or `None` (with a message) when there is no cluster.
@@ -74,6 +81,11 @@ pub(crate) async fn database(test: &str) -> Option<String> {
         );
         return None;
     };
+    Some(database_on(url).await)
+}
+
+/// A fresh database on the cluster at `url`.
+async fn database_on(url: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let name = format!(
         "sqlhttp_{}_{}",
@@ -91,12 +103,12 @@ pub(crate) async fn database(test: &str) -> Option<String> {
     drop(client);
     let _ = driver.await;
     let (base, _) = url.rsplit_once('/').unwrap();
-    Some(format!("{base}/{name}"))
+    format!("{base}/{name}")
 }
 
 /// The client role of the test database at `url`: each database has its own, as on a shared
-/// cluster in production (the throwaway cluster asks every role but `postgres` for its
-/// password, and a client role's password is its database's).
+/// cluster in production where a client role's password is its database's (see
+/// `passwords_are_checked_as_in_production`).
 pub(crate) fn client_role(url: &str) -> String {
     let (_, name) = url.rsplit_once('/').unwrap();
     name.replacen("sqlhttp_", "client_", 1)
@@ -681,6 +693,61 @@ async fn as_owner(url: &str, sql: &str) {
     client.batch_execute(sql).await.unwrap();
     drop(client);
     let _ = driver.await;
+}
+
+/// The login path as production runs it: on a cluster that asks every role but `postgres` for
+/// its SCRAM password, the server logs in as the client role it created, with the password
+/// kept in the database, again after a restart; a second database cannot share that role, and
+/// says so at start.
+#[tokio::test]
+async fn passwords_are_checked_as_in_production() {
+    let Some(cluster) = start_cluster("scram-sha-256") else {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "cannot start a password-checking cluster, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!("skipping: no PostgreSQL for scripts/start-postgres");
+        return;
+    };
+    let default_role = |url: &str| Config {
+        database: url.parse().unwrap(),
+        ..Config::default()
+    };
+    let first = database_on(&cluster).await;
+    let router = app(AppState::new(&default_role(&first)).unwrap());
+    let who = ok(&router, "SELECT session_user::text", json!([])).await;
+    assert_eq!(who["rows"], json!([["sqlhttp_client"]]));
+
+    // The role's password is checked: without it, no login.
+    let (base, _) = first.rsplit_once('/').unwrap();
+    let as_client = base.replacen("postgres@", "sqlhttp_client@", 1) + "/postgres";
+    let refused = tokio_postgres::connect(&as_client, tokio_postgres::NoTls).await;
+    assert!(
+        refused.is_err(),
+        "the cluster asks the client role for a password"
+    );
+
+    // A restart logs in again with the password kept in the database.
+    drop(router);
+    let restarted = app(AppState::new(&default_role(&first)).unwrap());
+    ok(&restarted, "SELECT 1", json!([])).await;
+
+    // Another database's server cannot log in as that role, and says what to do.
+    let second = database_on(&cluster).await;
+    let err = AppState::new(&default_role(&second))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("give this server another --client-role"),
+        "{err}"
+    );
+    let own = app(AppState::new(&with_role(&second, "second_client")).unwrap());
+    let who = ok(&own, "SELECT session_user::text", json!([])).await;
+    assert_eq!(who["rows"], json!([["second_client"]]));
+
+    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+    drop((restarted, own));
+    let _ = Command::new(stop).arg(&cluster).status();
 }
 
 #[tokio::test]
