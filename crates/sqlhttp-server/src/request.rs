@@ -134,32 +134,89 @@ fn parse_blob(
         .map_err(|e| refused(&format!("`base64` is not standard padded base64: {e}")))
 }
 
-/// The first keyword of a SQL text, upper-cased, after whitespace and comments.
+/// The statement's first keyword, uppercased, after whitespace and comments ("" when there
+/// is none). Block comments end at the first `*/`, as SQLite reads them; see
+/// [`leading_keywords`] for checks that must hold on PostgreSQL too.
 pub(crate) fn leading_keyword(sql: &str) -> String {
+    first_keyword(sql, false)
+}
+
+/// The first keyword as SQLite reads the text and as PostgreSQL does (its block comments nest:
+/// `/* /* */ x */ COMMIT` is a COMMIT there). A check that refuses a keyword refuses it when
+/// either reading finds it.
+pub(crate) fn leading_keywords(sql: &str) -> [String; 2] {
+    [first_keyword(sql, false), first_keyword(sql, true)]
+}
+
+fn first_keyword(sql: &str, nested_comments: bool) -> String {
+    let (keyword, _) = next_word(sql, nested_comments);
+    keyword
+}
+
+/// The first two keywords (`ALTER ROLE`, `ALTER TABLE`) under either reading of the comments,
+/// as in [`leading_keywords`].
+pub(crate) fn leading_keyword_pairs(sql: &str) -> [(String, String); 2] {
+    [false, true].map(|nested| {
+        let (first, rest) = next_word(sql, nested);
+        let (second, _) = next_word(rest, nested);
+        (first, second)
+    })
+}
+
+/// The next word, uppercased, after whitespace and comments, and the text after it.
+fn next_word(sql: &str, nested_comments: bool) -> (String, &str) {
     let mut rest = sql;
     loop {
         rest = rest.trim_start();
         if let Some(comment) = rest.strip_prefix("--") {
             rest = comment.find('\n').map_or("", |end| &comment[end..]);
         } else if let Some(comment) = rest.strip_prefix("/*") {
-            rest = comment.find("*/").map_or("", |end| &comment[end + 2..]);
+            rest = after_block_comment(comment, nested_comments);
         } else {
             break;
         }
     }
-    rest.chars()
-        .take_while(|c| c.is_ascii_alphabetic() || *c == '_')
-        .map(|c| c.to_ascii_uppercase())
-        .collect()
+    let end = rest
+        .find(|c: char| !(c.is_ascii_alphabetic() || c == '_'))
+        .unwrap_or(rest.len());
+    (rest[..end].to_ascii_uppercase(), &rest[end..])
+}
+
+/// The text after the block comment whose opening `/*` came just before `comment`; "" when it
+/// is not closed.
+fn after_block_comment(comment: &str, nested: bool) -> &str {
+    let bytes = comment.as_bytes();
+    let mut depth = 1_usize;
+    let mut at = 0;
+    while at + 1 < bytes.len() {
+        match (bytes[at], bytes[at + 1]) {
+            (b'/', b'*') if nested => {
+                depth += 1;
+                at += 2;
+            }
+            (b'*', b'/') => {
+                depth -= 1;
+                at += 2;
+                if depth == 0 {
+                    return &comment[at..];
+                }
+            }
+            _ => at += 1,
+        }
+    }
+    ""
 }
 
 /// Whether the statement controls a transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT,
-/// RELEASE): every request is its own transaction, so the sandbox refuses these.
+/// RELEASE) under either reading of its comments: every request is its own transaction, so
+/// the sandbox refuses these.
 pub(crate) fn is_transaction_control(sql: &str) -> bool {
-    matches!(
-        leading_keyword(sql).as_str(),
-        "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
-    )
+    leading_keywords(sql).iter().any(|keyword| {
+        matches!(
+            keyword.as_str(),
+            "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
+        )
+    })
 }
 
 /// Whether the statement is an INSERT, REPLACE, UPDATE or DELETE (or a WITH prefix before
@@ -273,6 +330,18 @@ mod tests {
         assert_eq!(leading_keyword("  select 1"), "SELECT");
         assert_eq!(leading_keyword("-- hi\n/* there */ Begin;"), "BEGIN");
         assert_eq!(leading_keyword("/* unterminated"), "");
+        // PostgreSQL's comments nest; SQLite's do not. Both readings are checked.
+        assert_eq!(
+            leading_keywords("/* /* */ x */ COMMIT"),
+            ["X".to_owned(), "COMMIT".to_owned()]
+        );
+        assert_eq!(
+            leading_keywords("/* /* */ COMMIT"),
+            ["COMMIT".to_owned(), String::new()]
+        );
+        assert!(is_transaction_control("/* /* */ x */ COMMIT"));
+        assert!(is_transaction_control("/* /* */ COMMIT"));
+        assert!(is_transaction_control("/* a /* b /* c */ */ */ rollback"));
         assert!(is_transaction_control("commit"));
         assert!(is_transaction_control("END TRANSACTION"));
         assert!(is_transaction_control("savepoint a"));

@@ -20,7 +20,7 @@ use rusqlite::{Connection, config::DbConfig};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
-use crate::request::{is_transaction_control, leading_keyword};
+use crate::request::{is_transaction_control, leading_keywords};
 
 /// Prefix of every table, index and trigger the server owns.
 pub(crate) const SERVER_PREFIX: &str = "_sqlhttp_";
@@ -88,7 +88,10 @@ pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
     if is_transaction_control(sql) {
         return Err(ApiError::bad_request(TRANSACTION_HINT));
     }
-    if leading_keyword(sql) == "VACUUM" {
+    if leading_keywords(sql)
+        .iter()
+        .any(|keyword| keyword == "VACUUM")
+    {
         return Err(ApiError::not_allowed(
             "VACUUM is not allowed: the database file is the server's to maintain, \
              and VACUUM INTO would write a copy of it outside the served database",

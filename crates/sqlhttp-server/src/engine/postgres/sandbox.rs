@@ -11,7 +11,7 @@
 //! about connections.
 
 use crate::api_error::ApiError;
-use crate::request::leading_keyword;
+use crate::request::{leading_keyword_pairs, leading_keywords};
 
 /// Leading keywords a client statement may not have, and why.
 const REFUSED: &[(&str, &str)] = &[
@@ -55,20 +55,109 @@ const REFUSED: &[(&str, &str)] = &[
     ),
 ];
 
+/// Objects `ALTER` may not change: the client role's own password and settings (a role may
+/// alter itself) are the server's.
+const REFUSED_ALTER: &[&str] = &["ROLE", "USER", "GROUP", "SYSTEM", "DATABASE"];
+
 /// Functions that change session settings, refused wherever they appear in the text.
 const REFUSED_FUNCTIONS: &[&str] = &["set_config"];
 
 /// Checks a client's SQL text for PostgreSQL, after `engine::sandbox::check_text`.
 pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
-    let keyword = leading_keyword(sql);
-    if let Some((_, why)) = REFUSED.iter().find(|(refused, _)| *refused == keyword) {
-        return Err(ApiError::not_allowed(*why));
+    for keyword in leading_keywords(sql) {
+        if let Some((_, why)) = REFUSED.iter().find(|(refused, _)| *refused == keyword) {
+            return Err(ApiError::not_allowed(*why));
+        }
+    }
+    for (first, second) in leading_keyword_pairs(sql) {
+        if first == "ALTER" && REFUSED_ALTER.contains(&second.as_str()) {
+            return Err(ApiError::not_allowed(format!(
+                "ALTER {second} is not allowed: roles and the database's settings are the \
+                 server's"
+            )));
+        }
     }
     let lower = sql.to_ascii_lowercase();
     if let Some(function) = REFUSED_FUNCTIONS.iter().find(|f| lower.contains(*f)) {
         return Err(ApiError::not_allowed(format!(
             "{function} is not allowed: the server's session settings are its own"
         )));
+    }
+    Ok(())
+}
+
+/// Leading keywords that change the database or other sessions although a `READ ONLY`
+/// transaction lets them run (maintenance, locks, notifications).
+const WRITES_DESPITE_READ_ONLY: &[&str] = &[
+    "LOCK",
+    "NOTIFY",
+    "ANALYZE",
+    "ANALYSE",
+    "VACUUM",
+    "REINDEX",
+    "CLUSTER",
+    "CHECKPOINT",
+    "LOAD",
+];
+
+/// Functions that write, or affect other sessions, although a `READ ONLY` transaction lets them
+/// run (large objects, notifications, WAL messages, signals, advisory locks), and built-ins that
+/// run SQL text, which could call any of them out of sight.
+const FUNCTIONS_DESPITE_READ_ONLY: &[&str] = &[
+    "lo_creat",
+    "lo_create",
+    "lo_from_bytea",
+    "lo_put",
+    "lo_unlink",
+    "lo_import",
+    "lo_export",
+    "lo_truncate",
+    "lo_truncate64",
+    "lo_open",
+    "lowrite",
+    "pg_notify",
+    "pg_logical_emit_message",
+    "pg_terminate_backend",
+    "pg_cancel_backend",
+    "pg_advisory_lock",
+    "pg_advisory_lock_shared",
+    "pg_try_advisory_lock",
+    "pg_try_advisory_lock_shared",
+    "pg_advisory_xact_lock",
+    "pg_advisory_xact_lock_shared",
+    "pg_try_advisory_xact_lock",
+    "pg_try_advisory_xact_lock_shared",
+    "query_to_xml",
+    "query_to_xmlschema",
+    "query_to_xml_and_xmlschema",
+    "cursor_to_xml",
+    "cursor_to_xmlschema",
+    "ts_stat",
+    "ts_rewrite",
+];
+
+/// Checks a statement run for a credential (or a batch) that may only read, on top of
+/// [`check_text`]: PostgreSQL's `READ ONLY` transactions refuse writes to tables, but not
+/// large objects, maintenance commands, locks or notifications, which a reader may not use
+/// either (`403 READ_ONLY`). A name refused here is refused wherever it appears as a word.
+pub(crate) fn check_read_only_text(sql: &str) -> Result<(), ApiError> {
+    let refused = |what: &str| {
+        Err(ApiError::new(
+            crate::api_error::ErrorCode::ReadOnly,
+            format!("{what} is not available to a request that may only read; nothing was written"),
+        ))
+    };
+    for keyword in leading_keywords(sql) {
+        if WRITES_DESPITE_READ_ONLY.contains(&keyword.as_str()) {
+            return refused(&keyword);
+        }
+    }
+    let lower = sql.to_ascii_lowercase();
+    let words = lower.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'));
+    for word in words {
+        if FUNCTIONS_DESPITE_READ_ONLY.contains(&word) {
+            return refused(word);
+        }
     }
     Ok(())
 }
@@ -95,9 +184,41 @@ mod tests {
             "PREPARE p AS SELECT 1",
             "DISCARD ALL",
             "LISTEN x",
+            "/* /* */ x */ SET statement_timeout = 0",
+            "/* /* */ x */ RESET ALL",
+            "ALTER ROLE CURRENT_USER PASSWORD 'mine'",
+            "alter user sqlhttp_client set search_path = evil",
         ] {
             let err = check_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");
+        }
+    }
+
+    #[test]
+    fn readers_may_not_write_what_read_only_transactions_let_through() {
+        for sql in [
+            "SELECT lo_from_bytea(0, 'x')",
+            "select LO_CREATE(0)",
+            "SELECT lo_put(16978, 0, 'HACKED')",
+            "LOCK TABLE t IN ACCESS EXCLUSIVE MODE",
+            "/* /* */ x */ ANALYZE t",
+            "CLUSTER t USING t_pkey",
+            "NOTIFY c",
+            "SELECT pg_notify('c', 'x')",
+            "SELECT pg_terminate_backend(1)",
+            "SELECT pg_advisory_lock(1), pg_sleep(1)",
+            "SELECT query_to_xml('select 1', true, false, '')",
+        ] {
+            let err = check_read_only_text(sql).unwrap_err();
+            assert_eq!(err.code, ErrorCode::ReadOnly, "{sql}");
+        }
+        for sql in [
+            "SELECT hello_world, lo_ FROM t",
+            "SELECT * FROM locks",
+            "WITH x AS (SELECT 1) SELECT * FROM x",
+            "SELECT 'analyze' AS word",
+        ] {
+            check_read_only_text(sql).unwrap();
         }
     }
 
