@@ -450,6 +450,234 @@ fn refused(reply: &crate::common::Reply, what: &str) {
     assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{what}");
 }
 
+/// Functions a client puts in `public` that shadow built-ins the server's set-up calls: the
+/// set-up runs as the `--database` role (a superuser here), so it must never call them.
+#[tokio::test]
+async fn the_set_up_never_runs_a_clients_function() {
+    let Some(url) = database("the_set_up_never_runs_a_clients_function").await else {
+        return;
+    };
+    let router = app(AppState::new(&config(&url)).unwrap());
+    ok(&router, "CREATE TABLE ran_as (who text)", json!([])).await;
+    for shadow in [
+        "pg_has_role(u text, r text, p text) RETURNS boolean",
+        "has_schema_privilege(u text, s text, p text) RETURNS boolean",
+        "unnest(a text[]) RETURNS SETOF text",
+        "current_database() RETURNS name",
+        "format(f text, a text, b text) RETURNS text",
+    ] {
+        let (signature, returns) = shadow.split_once(" RETURNS ").unwrap();
+        let result = if returns.starts_with("SETOF") {
+            "RETURN NEXT 'x'"
+        } else if returns == "boolean" {
+            "RETURN true"
+        } else {
+            "RETURN 'x'"
+        };
+        ok(
+            &router,
+            &format!(
+                "CREATE FUNCTION public.{signature} RETURNS {returns} LANGUAGE plpgsql AS $f$ \
+                 BEGIN INSERT INTO public.ran_as VALUES (current_user::text); {result}; END $f$"
+            ),
+            json!([]),
+        )
+        .await;
+    }
+    drop(router);
+    // A restart prepares the database again.
+    let restarted = app(AppState::new(&config(&url)).unwrap());
+    let ran = ok(&restarted, "SELECT count(*) FROM ran_as", json!([])).await;
+    assert_eq!(
+        ran["rows"],
+        json!([[0]]),
+        "the set-up ran a client's function"
+    );
+}
+
+/// PostgreSQL's block comments nest: `/* /* */ x */ COMMIT` is a COMMIT there.
+#[tokio::test]
+async fn transaction_control_hidden_in_nested_comments_is_refused() {
+    let router = postgres_app!(
+        "transaction_control_hidden_in_nested_comments_is_refused",
+        |config| {
+            config.tokens = vec!["writer".into()];
+            config.read_tokens = vec!["reader".into()];
+        }
+    );
+    let writer = [("authorization", "Bearer writer")];
+    let reader = [("authorization", "Bearer reader")];
+    let created = post_with(&router, &writer, &json!({"sql": "CREATE TABLE t (x int)"})).await;
+    assert_eq!(created.status, 200);
+    for hidden in [
+        "/* /* */ x */ COMMIT",
+        "/* /* */ x */ END",
+        "/* a /* b */ */ ROLLBACK",
+    ] {
+        let reply = batch(
+            &router,
+            &reader,
+            &json!({"statements": [{"sql": hidden}, {"sql": "INSERT INTO t VALUES (1)"}]}),
+        )
+        .await;
+        assert_eq!(
+            reply.status,
+            400,
+            "{hidden}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    let count = post_with(&router, &reader, &json!({"sql": "SELECT count(*) FROM t"})).await;
+    assert_eq!(count.json()["rows"], json!([[0]]));
+}
+
+/// A client's function can lower PostgreSQL's statement_timeout for its own transaction; the
+/// server's own clock still ends the request and frees the connection.
+#[tokio::test]
+async fn the_statement_timeout_holds_when_a_client_lowers_its_guard() {
+    let router = postgres_app!(
+        "the_statement_timeout_holds_when_a_client_lowers_its_guard",
+        |config| config.limits.statement_timeout = Duration::from_millis(300)
+    );
+    let started = std::time::Instant::now();
+    let reply = batch(
+        &router,
+        &[],
+        &json!({"statements": [
+            {"sql": "SELECT query_to_xml('select pg_catalog.set_' || 'config(''statement_timeout'', ''0'', true)', true, false, '')::text"},
+            {"sql": "SELECT pg_sleep(30)"},
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        reply.code(),
+        "STATEMENT_TIMEOUT",
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    ok(&router, "SELECT 1", json!([])).await;
+}
+
+/// A role may alter itself: a client's function can plant session defaults for every session
+/// to come. The connection that logs in with them is refused, they are removed, and the next
+/// one is clean.
+#[tokio::test]
+async fn defaults_a_client_plants_on_its_role_are_removed() {
+    let router = postgres_app!(
+        "defaults_a_client_plants_on_its_role_are_removed",
+        |config| config.limits.read_connections = 0
+    );
+    ok(
+        &router,
+        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET search_path = evil, public'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET application_name = planted'; \
+         END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT plant()", json!([])).await;
+    // End this session: the pool logs in again, with whatever defaults the role has.
+    let _ = sql(
+        &router,
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+        json!([]),
+    )
+    .await;
+    let mut seen = None;
+    for _ in 0..5 {
+        let reply = sql(
+            &router,
+            "SELECT current_setting('application_name'), current_setting('search_path')",
+            json!([]),
+        )
+        .await;
+        if reply.status == 200 {
+            seen = Some(reply.json()["rows"].clone());
+            break;
+        }
+    }
+    assert_eq!(seen, Some(json!([["", "\"$user\", public"]])));
+    let planted = ok(
+        &router,
+        "SELECT count(*) FROM pg_db_role_setting WHERE setrole = \
+         (SELECT oid FROM pg_roles WHERE rolname = session_user)",
+        json!([]),
+    )
+    .await;
+    assert_eq!(planted["rows"], json!([[0]]));
+}
+
+/// Prepared statements a client's function leaves behind (even under the driver's own statement
+/// names) are gone before the next request.
+#[tokio::test]
+async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
+    let router = postgres_app!(
+        "prepared_statements_a_client_leaves_behind_are_deallocated",
+        |config| config.limits.read_connections = 0
+    );
+    ok(
+        &router,
+        "CREATE FUNCTION squat() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         FOR i IN 0..2000 LOOP EXECUTE format('PREPARE s%s AS SELECT 1', i); END LOOP; END $$",
+        json!([]),
+    )
+    .await;
+    // The squatting request itself may trip on its own statements; the next ones must not.
+    let _ = sql(&router, "SELECT squat()", json!([])).await;
+    for _ in 0..3 {
+        // Prepared by SQL, that is, not this request's own statement.
+        let left = ok(
+            &router,
+            "SELECT count(*) FROM pg_prepared_statements WHERE from_sql",
+            json!([]),
+        )
+        .await;
+        assert_eq!(left["rows"], json!([[0]]));
+    }
+}
+
+/// A read-only transaction lets large objects, locks and notifications through; a reader may
+/// not use them.
+#[tokio::test]
+async fn readers_cannot_write_large_objects_or_lock_tables() {
+    let router = postgres_app!(
+        "readers_cannot_write_large_objects_or_lock_tables",
+        |config| {
+            config.tokens = vec!["writer".into()];
+            config.read_tokens = vec!["reader".into()];
+        }
+    );
+    let writer = [("authorization", "Bearer writer")];
+    let reader = [("authorization", "Bearer reader")];
+    let created = post_with(&router, &writer, &json!({"sql": "CREATE TABLE t (x int)"})).await;
+    assert_eq!(created.status, 200);
+    for statement in [
+        "SELECT lo_from_bytea(0, 'x')",
+        "SELECT lo_create(0)",
+        "LOCK TABLE t IN ACCESS EXCLUSIVE MODE",
+        "ANALYZE t",
+        "NOTIFY c",
+        "SELECT pg_notify('c', 'x')",
+        "SELECT query_to_xml('select lo_create(0)', true, false, '')",
+    ] {
+        let reply = post_with(&router, &reader, &json!({ "sql": statement })).await;
+        assert_eq!(reply.code(), "READ_ONLY", "{statement}");
+    }
+    let objects = post_with(
+        &router,
+        &writer,
+        &json!({"sql": "SELECT count(*) FROM pg_largeobject_metadata"}),
+    )
+    .await;
+    assert_eq!(objects.json()["rows"], json!([[0]]));
+}
+
 /// A client's function may change its session (a setting, a temporary table shadowing a real
 /// one); the next request on that connection starts from a clean session.
 #[tokio::test]

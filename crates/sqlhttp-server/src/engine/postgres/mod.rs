@@ -18,6 +18,7 @@
 mod placeholders;
 mod run;
 mod sandbox;
+mod session;
 mod setup;
 mod sqlstate;
 mod store;
@@ -31,7 +32,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use deadpool_postgres::{
+    Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
+};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_postgres::{CancelToken, Client, NoTls};
 
@@ -51,14 +54,6 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// How long cancelled work may take to stop before it is abandoned (its connection is then
 /// rolled back by its owner, or discarded).
 const STOP_WITHIN: Duration = Duration::from_secs(1);
-
-/// Sent before every transaction: undoes whatever a client's function changed in the session
-/// for good (settings, the search path, temporary tables that would shadow the next client's,
-/// advisory locks, held cursors, listens), so no request sees what another left behind. It is
-/// pipelined with `BEGIN`, in the same round trip: resetting costs no measurable throughput
-/// (the load bench), where deadpool's `Clean` recycling, a round trip of its own, cost 15 %.
-const SESSION_RESET: &str = "RESET ALL; DISCARD TEMP; SELECT pg_catalog.pg_advisory_unlock_all(); \
-CLOSE ALL; UNLISTEN *;";
 
 /// Expired idempotency keys are purged at most this often.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -184,6 +179,13 @@ impl PgEngine {
             .wait_timeout(Some(limits.statement_timeout))
             .create_timeout(Some(CONNECT_WITHIN))
             .recycle_timeout(Some(CONNECT_WITHIN))
+            .post_create(Hook::async_fn(|client, _| {
+                Box::pin(async move {
+                    session::check_new(client)
+                        .await
+                        .map_err(|why| HookError::Message(why.into()))
+                })
+            }))
             .build()
             .map_err(|e| failed(e.to_string()))?;
         let engine = Inner {
@@ -241,6 +243,7 @@ impl PgEngine {
     /// [`PgEngine::execute_streamed`], in a `READ ONLY` transaction: a statement that writes is
     /// refused by PostgreSQL (`403 READ_ONLY`; nothing was written).
     pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        sandbox::check_read_only_text(&request.sql)?;
         self.streamed(request, Mode::Read).await
     }
 
@@ -295,6 +298,11 @@ impl PgEngine {
 
     /// Runs a batch without an Idempotency-Key in one transaction.
     pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+        if batch.read_only {
+            for (index, statement) in batch.statements.iter().enumerate() {
+                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
+            }
+        }
         self.spawn(|inner, job| async move { inner.batch(&job, &batch).await })
             .await
             .map(Outcome::fresh)
@@ -441,33 +449,57 @@ impl Inner {
     ///
     /// The same happens when the engine closes; work that is not in a statement then (a
     /// streamed body waiting for its client to read) gets [`STOP_WITHIN`] and is abandoned.
+    ///
+    /// And when `work` (of `statements` statements) outlives `--statement-timeout` per
+    /// statement and a grace of [`STOP_WITHIN`]: PostgreSQL's own `statement_timeout` normally
+    /// fires first, but a client's function can lower its guard (`set_config` through dynamic
+    /// SQL), and the pool must not be held past the limit anyway.
     async fn guarded<T>(
         &self,
         job: &Job,
         lease: &Lease,
+        statements: usize,
         work: impl Future<Output = Result<T, ApiError>>,
     ) -> Result<T, ApiError> {
         let mut work = pin!(work);
         let shutdown = self.shutdown.notified();
         let mut shutdown = pin!(shutdown);
         shutdown.as_mut().enable();
+        let per_statement = self.limits.statement_timeout;
+        let backstop = per_statement
+            .saturating_mul(u32::try_from(statements.max(1)).unwrap_or(u32::MAX))
+            .saturating_add(STOP_WITHIN);
+        let mut overran = false;
         if !self.closing.load(Ordering::Acquire) {
             tokio::select! {
                 out = &mut work => return out,
                 () = job.notify.notified() => {}
                 () = &mut shutdown => {}
+                () = tokio::time::sleep(backstop) => overran = true,
             }
         }
         let _ = lease.cancel.cancel_query(NoTls).await;
+        let overran_error = || {
+            ApiError::new(
+                ErrorCode::StatementTimeout,
+                format!(
+                    "the request ran longer than this server's limit of {} ms per statement \
+                     (--statement-timeout) and was cancelled; nothing it did was kept",
+                    per_statement.as_millis()
+                ),
+            )
+        };
         match tokio::time::timeout(STOP_WITHIN, work).await {
+            Ok(Err(_)) if overran => Err(overran_error()),
             Ok(out) => out,
             Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),
+            Err(_) if overran => Err(overran_error()),
             Err(_) => Err(ApiError::interrupted()),
         }
     }
 
     /// Opens the server's transaction on `lease`, in a session reset to its defaults (see
-    /// [`SESSION_RESET`]): its mode and statement timeout.
+    /// [`session::RESET`]): its mode and statement timeout.
     async fn begin(&self, lease: &Lease, mode: Mode) -> Result<(), ApiError> {
         let mode = match mode {
             Mode::Write => "READ WRITE, ISOLATION LEVEL READ COMMITTED",
@@ -481,7 +513,7 @@ impl Inner {
         // Two queries (the reset is a transaction of its own, so BEGIN may still set the
         // isolation level), sent together: one round trip.
         tokio::try_join!(
-            client.batch_execute(SESSION_RESET),
+            client.batch_execute(session::RESET),
             client.batch_execute(&begin)
         )
         .map(|_| ())
@@ -529,6 +561,7 @@ impl Inner {
             .guarded(
                 job,
                 &lease,
+                1,
                 run::write_result(lease.client(), request, &mut out, &mut sink, &map),
             )
             .await;
@@ -566,6 +599,7 @@ impl Inner {
             .guarded(
                 job,
                 &lease,
+                batch.statements.len(),
                 self.run_statements(lease.client(), &batch.statements, &mut out),
             )
             .await;
@@ -606,6 +640,10 @@ impl Inner {
             .guarded(
                 job,
                 &lease,
+                match work {
+                    Work::Statement(_) => 1,
+                    Work::Batch(statements) => statements.len(),
+                },
                 store::run_with_key(client, &self.store_key, ttl, key, request_hash, run, &map),
             )
             .await;
@@ -678,7 +716,7 @@ impl Inner {
         };
         // From a clean session, as every request's transaction starts (a client may have left
         // `default_transaction_read_only` on, say).
-        let purged = match lease.client().batch_execute(SESSION_RESET).await {
+        let purged = match lease.client().batch_execute(session::RESET).await {
             Ok(()) => store::purge_expired(lease.client(), &self.store_key, ttl).await,
             Err(e) => Err(e),
         };

@@ -104,6 +104,13 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     let owner = connect(&owner_config)
         .await
         .map_err(|e| failed(url, format!("cannot connect: {e}")))?;
+    // Clients may create functions in `public`, and an unqualified call resolves to the best
+    // match along the search path: `public.pg_has_role(text, text, text)` would beat the
+    // built-in and run with the owner's rights. The owner's session sees pg_catalog only.
+    owner
+        .batch_execute("SET search_path = pg_catalog, pg_temp")
+        .await
+        .map_err(|e| fail("cannot pin the search path", e))?;
     let me: String = owner
         .query_one("SELECT current_user::text", &[])
         .await
@@ -173,7 +180,9 @@ async fn ensure_client_role(
             ))
             .await;
         return match created {
-            Ok(()) => Ok(()),
+            Ok(()) => mark_as_ours(owner, role)
+                .await
+                .map_err(|e| failed(url, format!("cannot mark the client role: {}", detail(&e)))),
             // Roles are the cluster's while the set-up lock is one database's: a server
             // starting on another database of the cluster may have created it just now. Its
             // password is then that database's: the login check says so.
@@ -196,7 +205,8 @@ async fn ensure_client_role(
     let (privileged, can_login): (bool, bool) = (existing.get(0), existing.get(1));
     let server_files: bool = owner
         .query_one(
-            "SELECT bool_or(pg_has_role($1, r, 'USAGE')) FROM unnest($2::text[]) AS r",
+            "SELECT pg_catalog.bool_or(pg_catalog.pg_has_role($1::name, r::name, 'USAGE'::text)) \
+             FROM pg_catalog.unnest($2::text[]) AS r",
             &[&role, &SERVER_FILE_ROLES],
         )
         .await
@@ -222,7 +232,73 @@ async fn ensure_client_role(
             ),
         ));
     }
+    restore_if_ours(owner, role, password).await;
     Ok(())
+}
+
+/// The comment that marks a client role as this database's server's.
+async fn marker(owner: &Client) -> Result<String, tokio_postgres::Error> {
+    let database: String = owner
+        .query_one("SELECT pg_catalog.current_database()::text", &[])
+        .await?
+        .get(0);
+    Ok(format!("sqlhttpd client role of database {database}"))
+}
+
+async fn mark_as_ours(owner: &Client, role: &str) -> Result<(), tokio_postgres::Error> {
+    let marker = marker(owner).await?;
+    let comment: String = owner
+        .query_one(
+            "SELECT pg_catalog.format('COMMENT ON ROLE %I IS %L', $1::text, $2::text)",
+            &[&role, &marker],
+        )
+        .await?
+        .get(0);
+    owner.batch_execute(&comment).await
+}
+
+/// A client may change its own role: its password (then it could log in without the server,
+/// and the server could not) and its session defaults (then every new session of every client
+/// starts with them, `search_path` included). At each start, a role this database's server
+/// created gets its password and defaults back; another database's role is left alone.
+async fn restore_if_ours(owner: &Client, role: &str, password: &str) {
+    let restore = async {
+        let marker = marker(owner).await?;
+        let ours: bool = owner
+            .query_one(
+                "SELECT pg_catalog.shobj_description(r.oid, 'pg_authid') IS NOT DISTINCT FROM $2 \
+                 FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1::name",
+                &[&role, &marker],
+            )
+            .await?
+            .get(0);
+        if !ours {
+            return Ok(false);
+        }
+        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+        let in_database: String = owner
+            .query_one(
+                "SELECT pg_catalog.format('ALTER ROLE %I IN DATABASE %I RESET ALL', $1::text, \
+                 pg_catalog.current_database())",
+                &[&role],
+            )
+            .await?
+            .get(0);
+        owner
+            .batch_execute(&format!(
+                "ALTER ROLE {role} RESET ALL; {in_database}; ALTER ROLE {role} PASSWORD '{verifier}'"
+            ))
+            .await
+            .map(|()| true)
+    };
+    match restore.await {
+        Ok(_) => {}
+        Err(e) => tracing::warn!(
+            role,
+            error = %detail(&e),
+            "cannot restore the client role's password and defaults"
+        ),
+    }
 }
 
 /// Lets the client role use and create in schema `public`, unless it already may.
@@ -230,8 +306,8 @@ async fn grant_public_schema(owner: &Client, url: &PostgresUrl) -> Result<(), Se
     let role = url.client_role();
     let may_create: bool = owner
         .query_one(
-            "SELECT has_schema_privilege($1, 'public', 'CREATE') \
-             AND has_schema_privilege($1, 'public', 'USAGE')",
+            "SELECT pg_catalog.has_schema_privilege($1::name, 'public'::text, 'CREATE'::text) \
+             AND pg_catalog.has_schema_privilege($1::name, 'public'::text, 'USAGE'::text)",
             &[&role],
         )
         .await

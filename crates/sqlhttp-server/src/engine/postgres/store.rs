@@ -145,6 +145,16 @@ pub(crate) async fn grant(owner: &Client, role: &str) -> Result<(), tokio_postgr
         .await
 }
 
+/// The advisory-lock seed derived from the store key: the same on every replica, unknown to
+/// clients.
+fn lock_seed(store_key: &str) -> i64 {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("advisory-lock-seed:{store_key}"));
+    let mut seed = [0_u8; 8];
+    seed.copy_from_slice(&digest[..8]);
+    i64::from_le_bytes(seed)
+}
+
 fn now_millis() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -188,11 +198,13 @@ where
 {
     // One runner per key across replicas: another replica running the same key answers as
     // this one's in-flight registry does (409, retry later), then replays.
+    // Seeded with the store key, so a client cannot compute the lock of another's key (and
+    // hold it to keep that key's requests out).
     let locked: bool = client
         .query_one(
             "SELECT pg_catalog.pg_try_advisory_xact_lock(\
-             pg_catalog.hashtextextended($1, 1397836872))",
-            &[&key],
+             pg_catalog.hashtextextended($1::text, $2::bigint))",
+            &[&key, &lock_seed(store_key)],
         )
         .await
         .map_err(map)?
