@@ -83,6 +83,12 @@ pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
             "{function} is not allowed: the server's session settings are its own"
         )));
     }
+    if lower.contains("u&\"") {
+        // U&"set\005fconfig" names set_config without spelling it.
+        return Err(ApiError::not_allowed(
+            "Unicode-escaped identifiers (U&\"...\") are not accepted: write the name itself",
+        ));
+    }
     Ok(())
 }
 
@@ -188,6 +194,7 @@ mod tests {
             "/* /* */ x */ RESET ALL",
             "ALTER ROLE CURRENT_USER PASSWORD 'mine'",
             "alter user sqlhttp_client set search_path = evil",
+            "SELECT U&\"set\\005fconfig\"('role', 'x', true)",
         ] {
             let err = check_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");
