@@ -169,7 +169,8 @@ fn next_word(sql: &str, nested_comments: bool) -> (String, &str) {
     loop {
         rest = rest.trim_start();
         if let Some(comment) = rest.strip_prefix("--") {
-            rest = comment.find('\n').map_or("", |end| &comment[end..]);
+            // Both engines end a line comment at a carriage return as well.
+            rest = comment.find(['\n', '\r']).map_or("", |end| &comment[end..]);
         } else if let Some(comment) = rest.strip_prefix("/*") {
             rest = after_block_comment(comment, nested_comments);
         } else {
@@ -342,6 +343,8 @@ mod tests {
         assert!(is_transaction_control("/* /* */ x */ COMMIT"));
         assert!(is_transaction_control("/* /* */ COMMIT"));
         assert!(is_transaction_control("/* a /* b /* c */ */ */ rollback"));
+        assert!(is_transaction_control("-- x\rCOMMIT"));
+        assert!(is_transaction_control("--\r\nEND"));
         assert!(is_transaction_control("commit"));
         assert!(is_transaction_control("END TRANSACTION"));
         assert!(is_transaction_control("savepoint a"));

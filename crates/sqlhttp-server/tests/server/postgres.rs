@@ -513,6 +513,8 @@ async fn transaction_control_hidden_in_nested_comments_is_refused() {
         "/* /* */ x */ COMMIT",
         "/* /* */ x */ END",
         "/* a /* b */ */ ROLLBACK",
+        // PostgreSQL ends a line comment at a carriage return too.
+        "-- x\rCOMMIT",
     ] {
         let reply = batch(
             &router,
@@ -529,6 +531,21 @@ async fn transaction_control_hidden_in_nested_comments_is_refused() {
     }
     let count = post_with(&router, &reader, &json!({"sql": "SELECT count(*) FROM t"})).await;
     assert_eq!(count.json()["rows"], json!([[0]]));
+    // A procedure may not end the server's transaction either: PostgreSQL refuses, and says so.
+    let created = post_with(
+        &router,
+        &writer,
+        &json!({"sql": "CREATE PROCEDURE finish() LANGUAGE plpgsql AS $$ BEGIN COMMIT; END $$"}),
+    )
+    .await;
+    assert_eq!(created.status, 200);
+    let called = post_with(&router, &writer, &json!({"sql": "CALL finish()"})).await;
+    assert_eq!(
+        called.code(),
+        "SQL_ERROR",
+        "{}",
+        String::from_utf8_lossy(&called.body)
+    );
 }
 
 /// A client's function can lower PostgreSQL's statement_timeout for its own transaction; the
@@ -563,6 +580,53 @@ async fn the_statement_timeout_holds_when_a_client_lowers_its_guard() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+/// Work PostgreSQL does at COMMIT (a deferred trigger) is bounded too, even after a client's
+/// function lowered the statement timeout.
+#[tokio::test]
+async fn the_statement_timeout_holds_at_commit() {
+    let router = postgres_app!("the_statement_timeout_holds_at_commit", |config| {
+        config.limits.statement_timeout = Duration::from_millis(300);
+    });
+    ok(&router, "CREATE TABLE dt (x int)", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+         PERFORM pg_sleep(30); RETURN NULL; END $$",
+        json!([]),
+    )
+    .await;
+    ok(
+        &router,
+        "CREATE CONSTRAINT TRIGGER late AFTER INSERT ON dt DEFERRABLE INITIALLY DEFERRED \
+         FOR EACH ROW EXECUTE FUNCTION slow()",
+        json!([]),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let reply = batch(
+        &router,
+        &[],
+        &json!({"statements": [
+            {"sql": "SELECT query_to_xml('select pg_catalog.set_' || 'config(''statement_timeout'', ''0'', true)', true, false, '')::text"},
+            {"sql": "INSERT INTO dt VALUES (1)"},
+        ]}),
+    )
+    .await;
+    assert_eq!(
+        reply.code(),
+        "STATEMENT_TIMEOUT",
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let count = ok(&router, "SELECT count(*) FROM dt", json!([])).await;
+    assert_eq!(count["rows"], json!([[0]]));
+}
+
 /// A role may alter itself: a client's function can plant session defaults for every session
 /// to come. The connection that logs in with them is refused, they are removed, and the next
 /// one is clean.
@@ -577,6 +641,9 @@ async fn defaults_a_client_plants_on_its_role_are_removed() {
         "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET search_path = evil, public'; \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET application_name = planted'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) \
+             || ' SET default_transaction_read_only = on'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET statement_timeout = 1'; \
          END $$",
         json!([]),
     )
@@ -695,18 +762,19 @@ async fn a_session_changed_by_one_request_is_reset_for_the_next() {
          EXECUTE 'CREATE TEMPORARY TABLE items (name text)'; \
          EXECUTE 'INSERT INTO items VALUES (''planted'')'; \
          EXECUTE 'SELECT set_' || 'config(''search_path'', ''pg_temp, public'', false)'; \
-         EXECUTE 'SELECT set_' || 'config(''application_name'', ''planted'', false)'; END $$",
+         EXECUTE 'SELECT set_' || 'config(''application_name'', ''planted'', false)'; \
+         EXECUTE 'SET ROLE ' || quote_ident(current_user); END $$",
         json!([]),
     )
     .await;
     ok(&router, "SELECT plant()", json!([])).await;
     let seen = ok(
         &router,
-        "SELECT name, current_setting('application_name') FROM items",
+        "SELECT name, current_setting('application_name'), current_setting('role') FROM items",
         json!([]),
     )
     .await;
-    assert_eq!(seen["rows"], json!([["real", ""]]));
+    assert_eq!(seen["rows"], json!([["real", "", "none"]]));
 }
 
 #[tokio::test]

@@ -55,6 +55,9 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// rolled back by its owner, or discarded).
 const STOP_WITHIN: Duration = Duration::from_secs(1);
 
+/// The savepoint every request's transaction opens first and releases last.
+const GUARD: &str = "_sqlhttp_guard";
+
 /// Expired idempotency keys are purged at most this often.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
@@ -506,8 +509,10 @@ impl Inner {
             Mode::Read => "READ ONLY, ISOLATION LEVEL REPEATABLE READ",
         };
         let client = lease.client();
+        // The guard savepoint is released just before COMMIT: had anything ended the server's
+        // transaction on the way, the release fails and the request with it.
         let begin = format!(
-            "BEGIN {mode}; SET LOCAL statement_timeout = {}",
+            "BEGIN {mode}; SET LOCAL statement_timeout = {}; SAVEPOINT {GUARD}",
             self.timeout_ms()
         );
         // Two queries (the reset is a transaction of its own, so BEGIN may still set the
@@ -520,13 +525,32 @@ impl Inner {
         .map_err(|e| self.map(e))
     }
 
-    /// Ends the transaction: commits `result` when it is `Ok`, rolls back otherwise; the lease
-    /// goes back to the pool unless the connection is in doubt.
+    /// Ends the transaction: commits `result` when it is `Ok` (with the statement timeout set
+    /// again, which a client's function may have lowered, for the work COMMIT runs: deferred
+    /// triggers, cursors held past it), rolls back otherwise. The lease goes back to the pool
+    /// unless the connection is in doubt; past `--statement-timeout` and [`STOP_WITHIN`], the
+    /// end is abandoned and the connection discarded (its transaction rolls back).
     async fn end<T>(&self, mut lease: Lease, result: Result<T, ApiError>) -> Result<T, ApiError> {
         let client = lease.client();
-        let ended = match &result {
-            Ok(_) => client.batch_execute("COMMIT").await,
-            Err(_) => client.batch_execute("ROLLBACK").await,
+        let commit = format!(
+            "SET LOCAL statement_timeout = {}; RELEASE SAVEPOINT {GUARD}; COMMIT",
+            self.timeout_ms()
+        );
+        let ending = match &result {
+            Ok(_) => client.batch_execute(&commit),
+            Err(_) => client.batch_execute("ROLLBACK"),
+        };
+        let within = self.limits.statement_timeout.saturating_add(STOP_WITHIN);
+        let Ok(ended) = tokio::time::timeout(within, ending).await else {
+            // Dropping the unclean lease cancels the statement and discards the connection.
+            return Err(ApiError::new(
+                ErrorCode::StatementTimeout,
+                format!(
+                    "the transaction did not end within this server's limit of {} ms \
+                     (--statement-timeout) and was cancelled; nothing it did was kept",
+                    self.timeout_ms()
+                ),
+            ));
         };
         match ended {
             Ok(()) => {

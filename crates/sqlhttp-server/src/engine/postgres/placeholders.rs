@@ -49,7 +49,7 @@ pub(crate) fn rewrite(sql: &str) -> Rewritten {
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
                 i = bytes[i..]
                     .iter()
-                    .position(|&b| b == b'\n')
+                    .position(|&b| b == b'\n' || b == b'\r')
                     .map_or(bytes.len(), |end| i + end + 1);
             }
             b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_block_comment(bytes, i),

@@ -50,6 +50,26 @@ const REFUSED: &[(&str, &str)] = &[
         "EXECUTE is not allowed: every request is prepared by the server",
     ),
     (
+        "DECLARE",
+        "cursors are not available: a request's connection is not kept, and its rows stream \
+         anyway",
+    ),
+    (
+        "FETCH",
+        "cursors are not available: a request's connection is not kept, and its rows stream \
+         anyway",
+    ),
+    (
+        "MOVE",
+        "cursors are not available: a request's connection is not kept, and its rows stream \
+         anyway",
+    ),
+    (
+        "CLOSE",
+        "cursors are not available: a request's connection is not kept, and its rows stream \
+         anyway",
+    ),
+    (
         "DEALLOCATE",
         "DEALLOCATE is not allowed: every request is prepared by the server",
     ),
@@ -140,6 +160,10 @@ const FUNCTIONS_DESPITE_READ_ONLY: &[&str] = &[
     "cursor_to_xmlschema",
     "ts_stat",
     "ts_rewrite",
+    "gin_clean_pending_list",
+    "brin_summarize_new_values",
+    "brin_summarize_range",
+    "brin_desummarize_range",
 ];
 
 /// Checks a statement run for a credential (or a batch) that may only read, on top of
@@ -195,6 +219,8 @@ mod tests {
             "ALTER ROLE CURRENT_USER PASSWORD 'mine'",
             "alter user sqlhttp_client set search_path = evil",
             "SELECT U&\"set\\005fconfig\"('role', 'x', true)",
+            "-- x\rSET search_path = evil",
+            "DECLARE c CURSOR WITH HOLD FOR SELECT pg_sleep(8)",
         ] {
             let err = check_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");

@@ -11,12 +11,13 @@ use tokio_postgres::Client;
 /// Sent before every transaction: undoes whatever a client's function changed in the session
 /// for good (settings, the search path, temporary tables that would shadow the next client's,
 /// `currval`, prepared statements squatting the driver's statement names, advisory locks, held
-/// cursors, listens), so no request sees what another left behind. The server's own statements
+/// cursors, listens, a role set with `SET ROLE`), so no request sees what another left behind. The server's own statements
 /// never outlive a request, so `DEALLOCATE ALL` takes none of them. It is pipelined with
 /// `BEGIN`, in the same round trip: resetting costs no measurable throughput (the load bench),
 /// where deadpool's `Clean` recycling, a round trip of its own, cost 15 %.
-pub(crate) const RESET: &str = "RESET ALL; DISCARD TEMP; DISCARD SEQUENCES; DEALLOCATE ALL; \
-SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;";
+pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
+DISCARD TEMP; DISCARD SEQUENCES; DEALLOCATE ALL; SELECT pg_catalog.pg_advisory_unlock_all(); \
+CLOSE ALL; UNLISTEN *;";
 
 /// Role defaults that apply to this session's login (`ALTER ROLE ... SET`, for every database
 /// or this one).
@@ -35,6 +36,17 @@ pg_catalog.current_database()); END $$";
 /// (a client ran `ALTER ROLE ... SET`), they are removed and the connection is refused: it
 /// already runs with them, while the next one will not. Returns why it was refused.
 pub(crate) async fn check_new(client: &Client) -> Result<(), String> {
+    // Planted defaults apply to this very session: make sure they cannot stop the check
+    // (`default_transaction_read_only`, a tiny `statement_timeout`, a search path). Requests
+    // start with RESET ALL, which returns to the login's values.
+    client
+        .batch_execute(
+            "SET default_transaction_read_only = off; SET statement_timeout = '10s'; \
+             SET lock_timeout = '10s'; SET idle_in_transaction_session_timeout = 0; \
+             SET search_path = pg_catalog, pg_temp",
+        )
+        .await
+        .map_err(|e| format!("cannot prepare a new connection: {e}"))?;
     let planted: i64 = client
         .query_one(PLANTED, &[])
         .await

@@ -62,6 +62,7 @@ pub(crate) const TABLE: &[(&str, Verdict)] = &[
     ("25P01", Verdict::Sql), // no_active_sql_transaction
     ("0A000", Verdict::Sql), // feature_not_supported
     ("0B000", Verdict::Sql), // invalid_transaction_initiation
+    ("2D000", Verdict::Sql), // invalid_transaction_termination (COMMIT in a called procedure)
     // Classes.
     ("08", Verdict::Unavailable), // connection exception
     ("53", Verdict::Unavailable), // insufficient resources (disk full, out of memory)
