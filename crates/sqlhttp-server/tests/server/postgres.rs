@@ -627,6 +627,108 @@ async fn the_statement_timeout_holds_at_commit() {
     assert_eq!(count["rows"], json!([[0]]));
 }
 
+/// A function can catch the cancel PostgreSQL's timeout and the server send, and go on: the
+/// server ends that session, so it does not keep its locks and a connection slot.
+#[tokio::test]
+async fn a_session_that_ignores_cancels_is_ended() {
+    let Some(url) = database("a_session_that_ignores_cancels_is_ended").await else {
+        return;
+    };
+    let mut config = config(&url);
+    config.limits.statement_timeout = Duration::from_millis(300);
+    let router = app(AppState::new(&config).unwrap());
+    ok(
+        &router,
+        "CREATE FUNCTION stubborn(secs int) RETURNS int LANGUAGE plpgsql AS $$ \
+         DECLARE t0 timestamptz := clock_timestamp(); BEGIN \
+         WHILE clock_timestamp() < t0 + make_interval(secs => secs) LOOP \
+         BEGIN PERFORM pg_sleep(0.1); EXCEPTION WHEN query_canceled THEN NULL; END; \
+         END LOOP; RETURN 0; END $$",
+        json!([]),
+    )
+    .await;
+    let started = std::time::Instant::now();
+    let reply = sql(&router, "SELECT stubborn(30) AS stubborn_call", json!([])).await;
+    assert_eq!(reply.code(), "STATEMENT_TIMEOUT");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    let (owner, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    let mut running = i64::MAX;
+    for _ in 0..50 {
+        running = owner
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%stubborn_call%' \
+                 AND pid <> pg_backend_pid()",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        if running == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(running, 0, "the session the server gave up on still runs");
+    drop(owner);
+    let _ = driver.await;
+}
+
+/// A deferred constraint fails at the end of the work, not in a COMMIT after the outcome was
+/// stored: a keyed request's 409 is replayed like any other final answer. Errors stay small.
+#[tokio::test]
+async fn deferred_failures_are_stored_outcomes_and_messages_stay_small() {
+    let router = postgres_app!("deferred_failures_are_stored_outcomes_and_messages_stay_small");
+    ok(
+        &router,
+        "CREATE TABLE d (x int, CONSTRAINT u UNIQUE (x) DEFERRABLE INITIALLY DEFERRED)",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO d VALUES (1)", json!([])).await;
+    let key = [("idempotency-key", "deferred-1")];
+    let body = json!({"sql": "INSERT INTO d VALUES (1)"});
+    let first = post_with(&router, &key, &body).await;
+    assert_eq!(first.code(), "CONSTRAINT_VIOLATION");
+    let again = post_with(&router, &key, &body).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+
+    ok(
+        &router,
+        "CREATE FUNCTION shout(n int) RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+         RAISE EXCEPTION USING MESSAGE = repeat('A', n); END $$",
+        json!([]),
+    )
+    .await;
+    let loud = sql(&router, "SELECT shout(1000000)", json!([])).await;
+    assert_eq!(loud.code(), "SQL_ERROR");
+    assert!(loud.body.len() < 8192, "{} bytes", loud.body.len());
+
+    // Errors a client's own code raises are its errors, not the server's.
+    let unmatched = sql(
+        &router,
+        "CREATE FUNCTION pick(n int) RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+         CASE n WHEN 1 THEN RETURN 1; END CASE; END $$",
+        json!([]),
+    )
+    .await;
+    assert_eq!(unmatched.status, 200);
+    assert_eq!(
+        sql(&router, "SELECT pick(2)", json!([])).await.code(),
+        "SQL_ERROR"
+    );
+    // A "char" past ASCII is written as PostgreSQL writes it.
+    let byte = ok(&router, "SELECT 'é'::\"char\" AS c", json!([])).await;
+    assert_eq!(byte["rows"], json!([["\\303"]]));
+}
+
 /// A role may alter itself: a client's function can plant session defaults for every session
 /// to come. The connection that logs in with them is refused, they are removed, and the next
 /// one is clean.

@@ -27,7 +27,7 @@ mod types;
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -99,6 +99,8 @@ struct Inner {
     last_purge: Mutex<Option<Instant>>,
     /// What the store's functions ask for (see `store`).
     store_key: String,
+    /// How to log in beside the pool (see [`terminate`]).
+    reaper: Arc<tokio_postgres::Config>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -118,6 +120,10 @@ struct Lease {
     cancel: CancelToken,
     in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
     clean: bool,
+    /// The session's backend process, once the transaction began (0 before).
+    backend: AtomicI32,
+    /// How to log in beside the pool, to end a session the server gave up on.
+    reaper: Arc<tokio_postgres::Config>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -143,13 +149,40 @@ impl Drop for Lease {
         if let Some(object) = self.object.take() {
             let client = Object::take(object);
             let cancel = self.cancel.clone();
+            let backend = self.backend.load(Ordering::Acquire);
+            let reaper = Arc::clone(&self.reaper);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
                     let _ = cancel.cancel_query(NoTls).await;
                     drop(client);
+                    // A function can catch the cancel and go on (holding its locks and a
+                    // connection slot); its backend cannot catch being terminated.
+                    if backend != 0 {
+                        terminate(&reaper, backend).await;
+                    }
                 });
             }
         }
+    }
+}
+
+/// Ends the session of backend `pid` from a connection of its own (the client role may end its
+/// own sessions), and waits (briefly) until it is gone.
+async fn terminate(config: &tokio_postgres::Config, pid: i32) {
+    let ended = async {
+        let (client, connection) = config.connect(NoTls).await?;
+        let driver = tokio::spawn(connection);
+        client
+            .query_one("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
+            .await?;
+        drop(client);
+        let _ = driver.await;
+        Ok::<(), tokio_postgres::Error>(())
+    };
+    match tokio::time::timeout(CONNECT_WITHIN, ended).await {
+        Ok(Ok(())) => tracing::debug!(pid, "ended a session the server gave up on"),
+        Ok(Err(e)) => tracing::warn!(pid, error = %e, "cannot end a session the server gave up on"),
+        Err(_) => tracing::warn!(pid, "cannot end a session the server gave up on: no answer"),
     }
 }
 
@@ -166,6 +199,7 @@ impl PgEngine {
             reason,
         };
         let prepared = setup::prepare(url)?;
+        let reaper = Arc::new(prepared.client.clone());
         let manager = Manager::from_config(
             prepared.client,
             NoTls,
@@ -202,6 +236,7 @@ impl PgEngine {
             // The first keyed request purges.
             last_purge: Mutex::new(None),
             store_key: prepared.store_key,
+            reaper,
         };
         if idempotency_ttl.is_none() {
             *engine
@@ -292,8 +327,8 @@ impl PgEngine {
     ) -> Result<Outcome, ApiError> {
         self.spawn(|inner, job| async move {
             let _guard = guard;
-            inner
-                .with_key(&job, ttl, &key, &request_hash, Work::Statement(&request))
+            // Boxed: the keyed transaction's future is large.
+            Box::pin(inner.with_key(&job, ttl, &key, &request_hash, Work::Statement(&request)))
                 .await
         })
         .await
@@ -323,15 +358,14 @@ impl PgEngine {
     ) -> Result<Outcome, ApiError> {
         self.spawn(|inner, job| async move {
             let _guard = guard;
-            inner
-                .with_key(
-                    &job,
-                    ttl,
-                    &key,
-                    &request_hash,
-                    Work::Batch(&batch.statements),
-                )
-                .await
+            Box::pin(inner.with_key(
+                &job,
+                ttl,
+                &key,
+                &request_hash,
+                Work::Batch(&batch.statements),
+            ))
+            .await
         })
         .await
     }
@@ -442,6 +476,8 @@ impl Inner {
             cancel,
             in_flight: Arc::clone(&self.in_flight),
             clean: false,
+            backend: AtomicI32::new(0),
+            reaper: Arc::clone(&self.reaper),
             _permit: permit,
         })
     }
@@ -515,14 +551,16 @@ impl Inner {
             "BEGIN {mode}; SET LOCAL statement_timeout = {}; SAVEPOINT {GUARD}",
             self.timeout_ms()
         );
-        // Two queries (the reset is a transaction of its own, so BEGIN may still set the
-        // isolation level), sent together: one round trip.
-        tokio::try_join!(
+        // The reset is a transaction of its own, so BEGIN may still set the isolation level;
+        // the three queries (the last names the session's backend) go together, one round trip.
+        let (_, _, backend) = tokio::try_join!(
             client.batch_execute(session::RESET),
-            client.batch_execute(&begin)
+            client.batch_execute(&begin),
+            client.query_one("SELECT pg_catalog.pg_backend_pid()", &[])
         )
-        .map(|_| ())
-        .map_err(|e| self.map(e))
+        .map_err(|e| self.map(e))?;
+        lease.backend.store(backend.get(0), Ordering::Release);
+        Ok(())
     }
 
     /// Ends the transaction: commits `result` when it is `Ok` (with the statement timeout set
@@ -532,25 +570,36 @@ impl Inner {
     /// end is abandoned and the connection discarded (its transaction rolls back).
     async fn end<T>(&self, mut lease: Lease, result: Result<T, ApiError>) -> Result<T, ApiError> {
         let client = lease.client();
+        // Deferred constraints and triggers run here, under the timeout, not in COMMIT; session
+        // advisory locks a client took end with its request.
         let commit = format!(
-            "SET LOCAL statement_timeout = {}; RELEASE SAVEPOINT {GUARD}; COMMIT",
+            "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+             RELEASE SAVEPOINT {GUARD}; SELECT pg_catalog.pg_advisory_unlock_all(); COMMIT",
             self.timeout_ms()
         );
         let ending = match &result {
             Ok(_) => client.batch_execute(&commit),
-            Err(_) => client.batch_execute("ROLLBACK"),
+            Err(_) => client.batch_execute("ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"),
         };
-        let within = self.limits.statement_timeout.saturating_add(STOP_WITHIN);
+        // A rollback is quick unless the session is stuck in work that ignores cancels: then
+        // it is not waited for (the session is ended, which rolls back).
+        let within = match &result {
+            Ok(_) => self.limits.statement_timeout.saturating_add(STOP_WITHIN),
+            Err(_) => STOP_WITHIN,
+        };
         let Ok(ended) = tokio::time::timeout(within, ending).await else {
-            // Dropping the unclean lease cancels the statement and discards the connection.
-            return Err(ApiError::new(
-                ErrorCode::StatementTimeout,
-                format!(
-                    "the transaction did not end within this server's limit of {} ms \
-                     (--statement-timeout) and was cancelled; nothing it did was kept",
-                    self.timeout_ms()
-                ),
-            ));
+            if let Err(err) = result {
+                return Err(err);
+            }
+            // Dropping the unclean lease cancels the statement and ends the session. COMMIT may
+            // have completed meanwhile: the outcome is not known, and the answer says so (a
+            // keyed retry replays it, or runs it if it was not kept).
+            return Err(ApiError::unavailable(format!(
+                "the transaction did not finish ending within this server's limit of {} ms \
+                 (--statement-timeout); whether it was kept is unknown: retry with the same \
+                 Idempotency-Key, or check",
+                self.timeout_ms()
+            )));
         };
         match ended {
             Ok(()) => {
@@ -668,7 +717,16 @@ impl Inner {
                     Work::Statement(_) => 1,
                     Work::Batch(statements) => statements.len(),
                 },
-                store::run_with_key(client, &self.store_key, ttl, key, request_hash, run, &map),
+                // Boxed: the keyed work's future is large.
+                Box::pin(store::run_with_key(
+                    client,
+                    &self.store_key,
+                    ttl,
+                    key,
+                    request_hash,
+                    run,
+                    &map,
+                )),
             )
             .await;
         self.end(lease, outcome).await

@@ -70,7 +70,7 @@ fn failed(url: &PostgresUrl, reason: String) -> ServerError {
 /// address information: ...").
 fn detail(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return db.message().to_owned();
+        return super::sqlstate::bounded(db.message());
     }
     let mut text = e.to_string();
     let mut cause = std::error::Error::source(e);

@@ -84,12 +84,23 @@ pub(crate) const TABLE: &[(&str, Verdict)] = &[
     ("54", Verdict::Sql),         // program limit exceeded (too many columns, too complex)
     ("55", Verdict::Sql),         // object not in prerequisite state
     ("09", Verdict::Sql),         // triggered action exception
-    ("0L", Verdict::NotAllowed),  // invalid grantor
-    ("0P", Verdict::NotAllowed),  // invalid role specification
-    ("28", Verdict::NotAllowed),  // invalid authorization specification
-    ("58", Verdict::Internal),    // system error (I/O)
-    ("XX", Verdict::Internal),    // internal error
-    ("F0", Verdict::Internal),    // configuration file error
+    // Classes a client's own code can raise (or cause): its errors, not the server's.
+    ("20", Verdict::Sql),        // case not found (PL/pgSQL CASE)
+    ("24", Verdict::Sql),        // invalid cursor state
+    ("25", Verdict::Sql),        // invalid transaction state
+    ("27", Verdict::Sql),        // triggered data change violation
+    ("0F", Verdict::Sql),        // locator exception
+    ("0Z", Verdict::Sql),        // diagnostics exception
+    ("10", Verdict::Sql),        // XQuery error
+    ("3B", Verdict::Sql),        // savepoint exception
+    ("HV", Verdict::Sql),        // foreign data wrapper error
+    ("72", Verdict::Sql),        // snapshot failure
+    ("0L", Verdict::NotAllowed), // invalid grantor
+    ("0P", Verdict::NotAllowed), // invalid role specification
+    ("28", Verdict::NotAllowed), // invalid authorization specification
+    ("58", Verdict::Internal),   // system error (I/O)
+    ("XX", Verdict::Internal),   // internal error
+    ("F0", Verdict::Internal),   // configuration file error
 ];
 
 /// The verdict for a SQLSTATE code.
@@ -119,12 +130,28 @@ pub(crate) fn map_error(err: &tokio_postgres::Error, timeout_ms: u128) -> ApiErr
     }
 }
 
+/// Longest message passed on: a function may raise one of a gigabyte, and a keyed request's
+/// error is stored.
+const MAX_MESSAGE_BYTES: usize = 4096;
+
+/// `message`, cut at a character boundary to [`MAX_MESSAGE_BYTES`] with a note that it was.
+pub(crate) fn bounded(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_owned();
+    }
+    let mut end = MAX_MESSAGE_BYTES;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... (cut from {} bytes)", &message[..end], message.len())
+}
+
 /// The protocol error for an error PostgreSQL reported.
 pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
     let code = db.code().code();
     // PostgreSQL's detail quotes values (`Key (email)=(a@example.com) already exists`), and no
     // error body carries a bound value or a cell: the message alone goes to the client.
-    let message = db.message().to_owned();
+    let message = bounded(db.message());
     match verdict(code) {
         Verdict::Constraint(kind) => {
             // PostgreSQL names a primary key's index `<table>_pkey` unless told otherwise.

@@ -246,7 +246,17 @@ where
         .batch_execute(&format!("SAVEPOINT {SAVEPOINT}"))
         .await
         .map_err(map)?;
-    let (status, body) = match work.await {
+    // Deferred constraints and triggers are part of the work: their failure is its outcome,
+    // stored and replayed like any other, not a failed COMMIT after the outcome was recorded.
+    let settled = async {
+        let body = work.await?;
+        client
+            .batch_execute("SET CONSTRAINTS ALL IMMEDIATE")
+            .await
+            .map_err(map)?;
+        Ok::<_, ApiError>(body)
+    };
+    let (status, body) = match settled.await {
         Ok(body) => (200u16, body),
         Err(err) if err.code.is_stored_outcome() => {
             // Undo whatever part of the work ran (the statements of a batch before the one

@@ -143,9 +143,15 @@ pub(crate) fn write_cell(out: &mut Vec<u8>, ty: &Type, raw: Option<&[u8]>) -> Re
         Type::FLOAT4 => write_float(out, f64::from(f32::from_be_bytes(be(raw, ty)?))),
         Type::FLOAT8 => write_float(out, f64::from_be_bytes(be(raw, ty)?)),
         Type::NUMERIC => write_string(out, &numeric(raw).ok_or_else(|| malformed(ty))?),
-        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::CHAR | Type::UNKNOWN => {
+        Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
             write_text(out, raw)?
         }
+        // `"char"` is one raw byte: a byte past ASCII is written as PostgreSQL's text output
+        // writes it, `\ooo`.
+        Type::CHAR => match raw {
+            [byte] if !byte.is_ascii() => write_string(out, &format!("\\{byte:03o}")),
+            _ => write_text(out, raw)?,
+        },
         Type::DATE => write_string(out, &date(i32::from_be_bytes(be(raw, ty)?))),
         Type::TIME => write_string(out, &time_of_day(i64::from_be_bytes(be(raw, ty)?))),
         Type::TIMETZ => {
