@@ -13,6 +13,10 @@
 use crate::api_error::ApiError;
 use crate::request::{leading_keyword_pairs, leading_keywords};
 
+/// Why cursors are refused.
+const CURSOR_HINT: &str =
+    "cursors are not available: a request's connection is not kept, and its rows stream anyway";
+
 /// Leading keywords a client statement may not have, and why.
 const REFUSED: &[(&str, &str)] = &[
     (
@@ -49,26 +53,10 @@ const REFUSED: &[(&str, &str)] = &[
         "EXECUTE",
         "EXECUTE is not allowed: every request is prepared by the server",
     ),
-    (
-        "DECLARE",
-        "cursors are not available: a request's connection is not kept, and its rows stream \
-         anyway",
-    ),
-    (
-        "FETCH",
-        "cursors are not available: a request's connection is not kept, and its rows stream \
-         anyway",
-    ),
-    (
-        "MOVE",
-        "cursors are not available: a request's connection is not kept, and its rows stream \
-         anyway",
-    ),
-    (
-        "CLOSE",
-        "cursors are not available: a request's connection is not kept, and its rows stream \
-         anyway",
-    ),
+    ("DECLARE", CURSOR_HINT),
+    ("FETCH", CURSOR_HINT),
+    ("MOVE", CURSOR_HINT),
+    ("CLOSE", CURSOR_HINT),
     (
         "DEALLOCATE",
         "DEALLOCATE is not allowed: every request is prepared by the server",
