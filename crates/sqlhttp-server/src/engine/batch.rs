@@ -11,8 +11,9 @@
 
 use std::time::Duration;
 
-use crate::api_error::{ApiError, ErrorCode};
+use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
+use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
 use crate::engine::connection::Conn;
 use crate::engine::exec::{self, Access, Ran};
 use crate::engine::transaction::{self, Mode};
@@ -89,9 +90,7 @@ fn run_statements(
     statements: &[SqlRequest],
     access: Access,
 ) -> Result<Vec<u8>, ApiError> {
-    let limit = conn.limits.max_result_bytes;
-    let mut out = Vec::with_capacity(64 * statements.len());
-    out.extend_from_slice(b"{\"results\":[");
+    let mut answer = BatchBody::new(conn.limits.max_result_bytes, statements.len());
     for (index, statement) in statements.iter().enumerate() {
         // A statement too short to reach the progress handler still stops a batch whose
         // deadline passed or whose client went away.
@@ -100,15 +99,7 @@ fn run_statements(
         }
         let body = match exec::execute(conn, statement, access) {
             Ok(Ran::Body(body)) => body,
-            Ok(Ran::NeedsWriter) => {
-                return Err(ApiError::new(
-                    ErrorCode::ReadOnly,
-                    format!(
-                        "statement {index} writes, but the batch is read-only; nothing was written"
-                    ),
-                )
-                .at_statement(index));
-            }
+            Ok(Ran::NeedsWriter) => return Err(writes_in_read_only_batch(index)),
             Err(err) => return Err(err.at_statement(index)),
         };
         if conn.conn.is_autocommit() {
@@ -117,29 +108,15 @@ fn run_statements(
             tracing::error!(index, "a batch statement ended the batch's transaction");
             return Err(ApiError::internal().at_statement(index));
         }
-        if index > 0 {
-            out.push(b',');
-        }
-        if out.len() + body.len() + 2 > limit {
-            return Err(ApiError::new(
-                ErrorCode::ResultTooLarge,
-                format!(
-                    "the batch's results are larger than this server's limit of {limit} bytes \
-                     (--max-result-bytes), reached at statement {index}; select fewer rows, or \
-                     split the reads over several requests"
-                ),
-            )
-            .at_statement(index));
-        }
-        out.extend_from_slice(&body);
+        answer.push(index, &body)?;
     }
-    out.extend_from_slice(b"]}");
-    Ok(out)
+    Ok(answer.finish())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::api_error::ErrorCode;
     use crate::config::{Database, Limits};
     use crate::request::Param;
 

@@ -13,6 +13,7 @@
 
 mod backend;
 mod batch;
+mod batch_body;
 mod connection;
 mod control;
 mod errors;

@@ -114,6 +114,16 @@ pub(crate) fn client_role(url: &str) -> String {
     name.replacen("sqlhttp_", "client_", 1)
 }
 
+/// The headers of the two credentials [`with_writer_and_reader`] configures.
+const WRITER: [(&str, &str); 1] = [("authorization", "Bearer writer")];
+const READER: [(&str, &str); 1] = [("authorization", "Bearer reader")];
+
+/// A full-access token `writer` and a read-only token `reader`.
+fn with_writer_and_reader(config: &mut Config) {
+    config.tokens = vec!["writer".into()];
+    config.read_tokens = vec!["reader".into()];
+}
+
 /// A server configuration for the test database at `url`.
 fn config(url: &str) -> Config {
     with_role(url, &client_role(url))
@@ -500,13 +510,9 @@ async fn the_set_up_never_runs_a_clients_function() {
 async fn transaction_control_hidden_in_nested_comments_is_refused() {
     let router = postgres_app!(
         "transaction_control_hidden_in_nested_comments_is_refused",
-        |config| {
-            config.tokens = vec!["writer".into()];
-            config.read_tokens = vec!["reader".into()];
-        }
+        with_writer_and_reader
     );
-    let writer = [("authorization", "Bearer writer")];
-    let reader = [("authorization", "Bearer reader")];
+    let (writer, reader) = (WRITER, READER);
     let created = post_with(&router, &writer, &json!({"sql": "CREATE TABLE t (x int)"})).await;
     assert_eq!(created.status, 200);
     for hidden in [
@@ -812,13 +818,9 @@ async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
 async fn readers_cannot_write_large_objects_or_lock_tables() {
     let router = postgres_app!(
         "readers_cannot_write_large_objects_or_lock_tables",
-        |config| {
-            config.tokens = vec!["writer".into()];
-            config.read_tokens = vec!["reader".into()];
-        }
+        with_writer_and_reader
     );
-    let writer = [("authorization", "Bearer writer")];
-    let reader = [("authorization", "Bearer reader")];
+    let (writer, reader) = (WRITER, READER);
     let created = post_with(&router, &writer, &json!({"sql": "CREATE TABLE t (x int)"})).await;
     assert_eq!(created.status, 200);
     for statement in [
@@ -878,13 +880,9 @@ async fn a_session_changed_by_one_request_is_reset_for_the_next() {
 async fn read_only_credentials_run_read_only_transactions() {
     let router = postgres_app!(
         "read_only_credentials_run_read_only_transactions",
-        |config| {
-            config.tokens = vec!["writer".into()];
-            config.read_tokens = vec!["reader".into()];
-        }
+        with_writer_and_reader
     );
-    let as_writer = [("authorization", "Bearer writer")];
-    let as_reader = [("authorization", "Bearer reader")];
+    let (as_writer, as_reader) = (WRITER, READER);
     let create = post_with(
         &router,
         &as_writer,

@@ -41,6 +41,7 @@ use tokio_postgres::{CancelToken, Client, NoTls};
 use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
 use crate::config::{Limits, PostgresUrl};
+use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
 use crate::engine::stream::{self, ChunkSender};
 use crate::engine::{Outcome, Reply, exec};
 use crate::error::ServerError;
@@ -667,16 +668,15 @@ impl Inner {
         if let Err(err) = self.begin(&lease, mode).await {
             return self.end(lease, Err(err)).await;
         }
-        let mut out = Vec::new();
         let ran = self
             .guarded(
                 job,
                 &lease,
                 batch.statements.len(),
-                self.run_statements(lease.client(), &batch.statements, &mut out),
+                self.run_statements(lease.client(), &batch.statements),
             )
             .await;
-        self.end(lease, ran.map(|()| out)).await
+        self.end(lease, ran).await
     }
 
     async fn with_key(
@@ -695,19 +695,17 @@ impl Inner {
         let client = lease.client();
         let map = |e| self.map(e);
         let run = async {
-            let mut out = Vec::with_capacity(256);
             match work {
                 Work::Statement(request) => {
+                    let mut out = Vec::with_capacity(256);
                     let mut sink = Sink::Buffered {
                         limit: self.limits.max_result_bytes,
                     };
                     run::write_result(client, request, &mut out, &mut sink, &map).await?;
+                    Ok(out)
                 }
-                Work::Batch(statements) => {
-                    self.run_statements(client, statements, &mut out).await?;
-                }
+                Work::Batch(statements) => self.run_statements(client, statements).await,
             }
-            Ok(out)
         };
         let outcome = self
             .guarded(
@@ -732,53 +730,28 @@ impl Inner {
         self.end(lease, outcome).await
     }
 
-    /// Runs the statements in order inside the open transaction and writes
+    /// Runs the statements in order inside the open transaction and answers
     /// `{"results": [...]}`; the first failure stops the batch and names its statement.
     async fn run_statements(
         &self,
         client: &Client,
         statements: &[SqlRequest],
-        out: &mut Vec<u8>,
-    ) -> Result<(), ApiError> {
+    ) -> Result<Vec<u8>, ApiError> {
         let limit = self.limits.max_result_bytes;
         let map = |e| self.map(e);
-        out.extend_from_slice(b"{\"results\":[");
+        let mut answer = BatchBody::new(limit, statements.len());
         for (index, statement) in statements.iter().enumerate() {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
             run::write_result(client, statement, &mut body, &mut sink, &map)
                 .await
-                .map_err(|err| {
-                    match err.code {
-                        ErrorCode::ReadOnly => ApiError::new(
-                            ErrorCode::ReadOnly,
-                            format!(
-                                "statement {index} writes, but the batch is read-only; nothing was \
-                             written"
-                            ),
-                        ),
-                        _ => err,
-                    }
-                    .at_statement(index)
+                .map_err(|err| match err.code {
+                    ErrorCode::ReadOnly => writes_in_read_only_batch(index),
+                    _ => err.at_statement(index),
                 })?;
-            if index > 0 {
-                out.push(b',');
-            }
-            if out.len() + body.len() + 2 > limit {
-                return Err(ApiError::new(
-                    ErrorCode::ResultTooLarge,
-                    format!(
-                        "the batch's results are larger than this server's limit of {limit} \
-                         bytes (--max-result-bytes), reached at statement {index}; select fewer \
-                         rows, or split the reads over several requests"
-                    ),
-                )
-                .at_statement(index));
-            }
-            out.extend_from_slice(&body);
+            answer.push(index, &body)?;
         }
-        out.extend_from_slice(b"]}");
-        Ok(())
+        Ok(answer.finish())
     }
 
     /// Deletes expired idempotency keys, at most once a [`PURGE_INTERVAL`].
