@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::api_error::{ApiError, ErrorCode};
+use crate::engine::job::Cancel;
 
 /// Why a statement was told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +119,12 @@ impl JobControl {
                 ApiError::unavailable("the statement was interrupted: the server is shutting down")
             }
         }
+    }
+}
+
+impl Cancel for JobControl {
+    fn cancel(&self) {
+        JobControl::cancel(self);
     }
 }
 

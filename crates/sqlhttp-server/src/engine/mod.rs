@@ -19,6 +19,7 @@ mod control;
 mod errors;
 mod exec;
 mod idempotency;
+mod job;
 mod postgres;
 mod sandbox;
 mod stream;
@@ -37,6 +38,7 @@ use crate::request::SqlRequest;
 use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
 use exec::Access;
+use job::CancelOnDrop;
 use worker::Pool;
 
 pub(crate) use backend::Backend;
@@ -102,15 +104,6 @@ pub(crate) struct Engine {
     closing: Arc<AtomicBool>,
 }
 
-/// Cancels a job when the request waiting for it is dropped (the client went away).
-struct CancelOnDrop(Arc<JobControl>);
-
-impl Drop for CancelOnDrop {
-    fn drop(&mut self) {
-        self.0.cancel();
-    }
-}
-
 /// What one pool made of a streamed request.
 enum Streamed {
     Reply(Reply),
@@ -168,10 +161,22 @@ impl Engine {
         F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
         T: Send + 'static,
     {
-        let control = Arc::new(JobControl::default());
-        let cancel = CancelOnDrop(Arc::clone(&control));
+        Self::run_controlled(pool, Arc::new(JobControl::default()), job).await
+    }
+
+    /// [`Engine::run`] with the job's control made by the caller.
+    async fn run_controlled<T, F>(
+        pool: &Pool,
+        control: Arc<JobControl>,
+        job: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let cancel = CancelOnDrop::new(Arc::clone(&control));
         let result = pool.run(&control, job).await;
-        std::mem::forget(cancel);
+        cancel.disarm();
         result
     }
 
@@ -256,7 +261,7 @@ impl Engine {
         query_only: bool,
     ) -> Result<Streamed, ApiError> {
         let control = Arc::new(JobControl::default());
-        let cancel = CancelOnDrop(Arc::clone(&control));
+        let cancel = CancelOnDrop::new(Arc::clone(&control));
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
         let result = pool.start_job(&control, move |conn| {
             let _query_only = if query_only {
@@ -274,7 +279,7 @@ impl Engine {
             }
             stream::Start::Nothing => {
                 let ran = result.await;
-                std::mem::forget(cancel);
+                cancel.disarm();
                 match ran? {
                     stream::Ran::Whole(body) => {
                         Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body))))
@@ -382,6 +387,31 @@ mod tests {
         );
         let ok = engine.execute(statement("SELECT 1")).await.unwrap();
         assert_eq!(ok.status, 200);
+    }
+
+    /// Waits (a bounded while) until nothing but the test holds `control`.
+    async fn released(control: &Arc<JobControl>) -> bool {
+        for _ in 0..200 {
+            if Arc::strong_count(control) == 1 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn nothing_of_a_finished_job_outlives_it() {
+        let engine = engine();
+        for outcome in [Ok(()), Err(ApiError::internal())] {
+            let control = Arc::new(JobControl::default());
+            let result =
+                Engine::run_controlled(&engine.writer, Arc::clone(&control), move |_| outcome)
+                    .await;
+            drop(result);
+            assert!(released(&control).await, "the job's control leaked");
+            assert!(!control.is_cancelled(), "a finished job is not cancelled");
+        }
     }
 
     #[tokio::test]

@@ -42,6 +42,7 @@ use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
 use crate::config::{Limits, PostgresUrl};
 use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
+use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::stream::{self, ChunkSender};
 use crate::engine::{Outcome, Reply, exec};
 use crate::error::ServerError;
@@ -261,9 +262,9 @@ impl PgEngine {
     {
         let job = Arc::new(Job::default());
         let task = tokio::spawn(work(Arc::clone(&self.inner), Arc::clone(&job)));
-        let cancel = CancelJob(job);
+        let cancel = CancelOnDrop::new(job);
         let result = task.await;
-        std::mem::forget(cancel);
+        cancel.disarm();
         result.unwrap_or_else(|e| {
             tracing::error!(error = %e, "a PostgreSQL job panicked");
             Err(ApiError::internal())
@@ -293,7 +294,7 @@ impl PgEngine {
         let task_job = Arc::clone(&job);
         let task =
             tokio::spawn(async move { inner.stream(&task_job, &request, mode, sender).await });
-        let cancel = CancelJob(job);
+        let cancel = CancelOnDrop::new(job);
         match receiver.start().await {
             stream::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.
@@ -302,7 +303,7 @@ impl PgEngine {
             }
             stream::Start::Nothing => {
                 let ran = task.await;
-                std::mem::forget(cancel);
+                cancel.disarm();
                 match ran {
                     Ok(Ok(Some(body))) => Ok(Reply::Whole(Outcome::fresh(body))),
                     Ok(Ok(None)) => Err(ApiError::internal()),
@@ -405,13 +406,10 @@ impl Job {
     }
 }
 
-/// Cancels a job when the future (or the streamed body) waiting for it is dropped.
-struct CancelJob(Arc<Job>);
-
-impl Drop for CancelJob {
-    fn drop(&mut self) {
-        self.0.cancelled.store(true, Ordering::Release);
-        self.0.notify.notify_one();
+impl Cancel for Job {
+    fn cancel(&self) {
+        self.cancelled.store(true, Ordering::Release);
+        self.notify.notify_one();
     }
 }
 
