@@ -8,6 +8,7 @@
 //! handler, WAL journaling and durable commits for files, `query_only` for readers. Lives on
 //! engine threads; knows nothing about HTTP, requests or pooling.
 
+use std::cell::Cell;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -85,6 +86,9 @@ pub(crate) struct Conn {
     pub(crate) limits: Limits,
     /// When expired idempotency keys were last purged (writer only).
     pub(crate) last_purge: Option<Instant>,
+    /// The schema version (SQLite's schema cookie) this connection's compiled schema is at
+    /// least as new as; `None` before the first check.
+    schema_seen: Cell<Option<i64>>,
     _target: Target,
 }
 
@@ -151,8 +155,34 @@ impl Conn {
             hooks,
             limits,
             last_purge: None,
+            schema_seen: Cell::new(None),
             _target: target.clone(),
         })
+    }
+
+    /// Brings the connection's compiled schema up to the database's, before a client
+    /// statement is compiled: a connection compiles against the schema it read last, and learns
+    /// of another connection's DDL only when a statement it runs checks the schema version, which
+    /// is after compiling (so a stale compile gives errors and column lists of the old schema).
+    /// Returns whether the schema had moved since the last check. Call it outside the sandbox.
+    ///
+    /// The version is read first and recorded only after the reload, so what is recorded is
+    /// never newer than what was loaded: a change committed in between is seen next time.
+    pub(crate) fn refresh_schema(&self) -> rusqlite::Result<bool> {
+        let version: i64 = self
+            .conn
+            .prepare_cached("PRAGMA schema_version")?
+            .query_row([], |row| row.get(0))?;
+        if self.schema_seen.get() == Some(version) {
+            return Ok(false);
+        }
+        // Any read of the schema table checks the version it was compiled at, and a stale
+        // connection then reloads its schema (SQLITE_SCHEMA, handled inside SQLite).
+        self.conn
+            .prepare_cached("SELECT 1 FROM main.sqlite_schema LIMIT 1")?
+            .exists([])?;
+        self.schema_seen.set(Some(version));
+        Ok(true)
     }
 
     /// Ends a transaction a job left open (after a panic, or anything unforeseen), so no

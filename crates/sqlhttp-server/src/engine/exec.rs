@@ -170,8 +170,14 @@ pub(crate) fn write_result(
     sink: &mut dyn Sink,
 ) -> Result<Written, ApiError> {
     sandbox::check_text(&request.sql, &conn.limits)?;
+    conn.refresh_schema().map_err(map_engine_error)?;
     let sandboxed = Sandboxed::on(conn);
-    let mut stmt = prepare_one(conn, &request.sql)?;
+    let mut stmt = match prepare_one(conn, &request.sql) {
+        // DDL committed since the refresh above: compile again against the new schema, so the
+        // error (or the success) is the new schema's.
+        Err(_) if schema_moved(conn)? => prepare_one(conn, &request.sql)?,
+        prepared => prepared?,
+    };
     let writes = !stmt.readonly();
     if writes && access == Access::ReadOnly {
         return Ok(Written::NeedsWriter);
@@ -195,23 +201,15 @@ pub(crate) fn write_result(
     }
     let changes_before = conn.conn.total_changes();
 
-    out.extend_from_slice(b"{\"columns\":[");
-    for (index, column) in stmt.columns().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"name\":");
-        write_str(out, column.name());
-        out.extend_from_slice(b",\"type\":");
-        write_str(out, column.decl_type().unwrap_or(""));
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"],\"rows\":[");
-
-    let width = stmt.column_count();
+    // The columns are read after the first step: a statement compiled before another
+    // connection's DDL is compiled again inside that step, and only then has its real columns.
+    let mut width = 0;
     let mut rows = stmt.raw_query();
     let mut count: u64 = 0;
     while let Some(row) = rows.next().map_err(|e| client_error(conn, e))? {
+        if count == 0 {
+            width = write_header(out, row.as_ref());
+        }
         let row_start = out.len();
         if count > 0 {
             out.push(b',');
@@ -234,6 +232,9 @@ pub(crate) fn write_result(
         sink.after_row(out, count)?;
     }
     drop(rows);
+    if count == 0 {
+        write_header(out, &stmt);
+    }
     drop(stmt);
     drop(sandboxed);
 
@@ -261,6 +262,32 @@ pub(crate) fn write_result(
     }
     out.push(b'}');
     Ok(Written::Done)
+}
+
+/// Whether the schema moved under a statement that failed to compile (the check runs outside
+/// the sandbox, which is on again after it).
+fn schema_moved(conn: &Conn) -> Result<bool, ApiError> {
+    conn.hooks.set_sandboxed(false);
+    let moved = conn.refresh_schema().map_err(map_engine_error);
+    conn.hooks.set_sandboxed(true);
+    moved
+}
+
+/// Writes `{"columns":[...],"rows":[` for `stmt` and returns its number of columns.
+fn write_header(out: &mut Vec<u8>, stmt: &Statement<'_>) -> usize {
+    out.extend_from_slice(b"{\"columns\":[");
+    for (index, column) in stmt.columns().enumerate() {
+        if index > 0 {
+            out.push(b',');
+        }
+        out.extend_from_slice(b"{\"name\":");
+        write_str(out, column.name());
+        out.extend_from_slice(b",\"type\":");
+        write_str(out, column.decl_type().unwrap_or(""));
+        out.push(b'}');
+    }
+    out.extend_from_slice(b"],\"rows\":[");
+    stmt.column_count()
 }
 
 /// Closes a success body cut after a whole row with the error that stopped it:

@@ -11,5 +11,6 @@ mod idempotency;
 mod operations;
 mod postgres;
 mod replicas;
+mod schema;
 mod streaming;
 mod tcp;

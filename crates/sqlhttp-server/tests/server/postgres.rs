@@ -139,7 +139,7 @@ fn with_role(url: &str, role: &str) -> Config {
     }
 }
 
-async fn app_on(test: &str, tweak: impl FnOnce(&mut Config)) -> Option<Router> {
+pub(crate) async fn app_on(test: &str, tweak: impl FnOnce(&mut Config)) -> Option<Router> {
     let url = database(test).await?;
     let mut config = config(&url);
     tweak(&mut config);
