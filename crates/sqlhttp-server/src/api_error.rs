@@ -169,6 +169,12 @@ impl ApiError {
     }
 
     /// The engine interrupted the statement; the engine replaces this with the reason.
+    /// The same error with `hint` after its message (what the client should do instead).
+    pub(crate) fn with_hint(mut self, hint: &str) -> Self {
+        self.message = format!("{}; {hint}", self.message);
+        self
+    }
+
     pub(crate) fn interrupted() -> Self {
         ApiError {
             interrupted: true,

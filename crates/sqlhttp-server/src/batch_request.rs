@@ -61,10 +61,18 @@ impl BatchRequest {
             .iter()
             .enumerate()
             .map(|(index, raw)| {
-                SqlRequest::parse(raw.get().as_bytes()).map_err(|e| {
+                let at = |e: ApiError| {
                     ApiError::new(e.code, format!("statement {index}: {}", e.message))
                         .at_statement(index)
-                })
+                };
+                let statement = SqlRequest::parse(raw.get().as_bytes()).map_err(at)?;
+                if statement.read_only {
+                    // Honoured for one statement and not the others would be a false promise.
+                    return Err(at(ApiError::bad_request(
+                        "`read_only` belongs to the batch, not to its statements",
+                    )));
+                }
+                Ok(statement)
             })
             .collect::<Result<_, _>>()?;
         Ok(BatchRequest {

@@ -24,6 +24,9 @@ pub(crate) enum Param {
 pub(crate) struct SqlRequest {
     pub(crate) sql: String,
     pub(crate) params: Vec<Param>,
+    /// `"read_only": true`: the statement must not write, and is refused (`403 READ_ONLY`,
+    /// nothing written) if it may, whatever the credential may do.
+    pub(crate) read_only: bool,
 }
 
 #[derive(Deserialize)]
@@ -33,6 +36,7 @@ struct Wire<'a> {
     sql: Option<serde_json::Value>,
     #[serde(borrow)]
     params: Option<Vec<&'a RawValue>>,
+    read_only: Option<bool>,
 }
 
 fn present<'de, D: serde::Deserializer<'de>>(
@@ -68,7 +72,11 @@ impl SqlRequest {
             .enumerate()
             .map(|(index, raw)| parse_param(index, raw))
             .collect::<Result<_, _>>()?;
-        Ok(SqlRequest { sql, params })
+        Ok(SqlRequest {
+            sql,
+            params,
+            read_only: wire.read_only.unwrap_or(false),
+        })
     }
 }
 

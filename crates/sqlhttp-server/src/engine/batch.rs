@@ -128,6 +128,7 @@ mod tests {
         SqlRequest {
             sql: sql.into(),
             params,
+            read_only: false,
         }
     }
 

@@ -365,6 +365,7 @@ mod tests {
         let request = SqlRequest {
             sql: sql.into(),
             params,
+            read_only: false,
         };
         match execute(conn, &request, Access::ReadWrite)? {
             Ran::Body(body) => Ok(serde_json::from_slice(&body).unwrap()),
@@ -377,6 +378,7 @@ mod tests {
         let request = SqlRequest {
             sql: "SELECT 1 AS one".into(),
             params: vec![],
+            read_only: false,
         };
         let Ran::Body(body) = execute(&conn(), &request, Access::ReadOnly).unwrap() else {
             panic!("a SELECT runs read-only")
@@ -399,6 +401,7 @@ mod tests {
             let request = SqlRequest {
                 sql: sql.into(),
                 params: vec![],
+                read_only: false,
             };
             assert!(
                 matches!(
@@ -610,7 +613,11 @@ mod tests {
         #[test]
         fn any_text_gets_an_answer(sql in adversarial_sql()) {
             let conn = conn();
-            let request = SqlRequest { sql, params: vec![] };
+            let request = SqlRequest {
+                sql,
+                params: vec![],
+                read_only: false,
+            };
             let _ = execute(&conn, &request, Access::ReadWrite);
             proptest::prop_assert!(conn.conn.is_autocommit());
             let fk: i64 = conn.conn.query_row("PRAGMA foreign_keys", [], |r| r.get(0)).unwrap();

@@ -221,7 +221,8 @@ impl Engine {
             Streamed::Reply(reply) => Ok(reply),
             Streamed::NeedsWriter => Err(ApiError::new(
                 ErrorCode::ReadOnly,
-                "this credential may only read, and the statement may write; nothing was written",
+                "this request may only read (a read-only credential, or `read_only`), and the \
+                 statement may write; nothing was written",
             )),
         }
     }
@@ -361,6 +362,7 @@ mod tests {
         SqlRequest {
             sql: sql.into(),
             params: vec![],
+            read_only: false,
         }
     }
 

@@ -186,10 +186,21 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
     check_text(&request.sql, &shared.limits)?;
     tracing::debug!(sql = %request.sql, "statement");
 
-    if !credential.may_write() {
+    if !credential.may_write() || request.read_only {
         // A statement that cannot write has nothing to apply once: the key is not used, and the
         // writer is never asked.
-        return shared.engine.execute_read_only(request).await;
+        let asked = request.read_only;
+        return shared
+            .engine
+            .execute_read_only(request)
+            .await
+            .map_err(|err| {
+                if asked && err.code == ErrorCode::ReadOnly {
+                    err.with_hint(READ_ONLY_HINT)
+                } else {
+                    err
+                }
+            });
     }
     let Some((ttl, key)) = key else {
         return shared.engine.execute_streamed(request).await;
@@ -202,6 +213,11 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
         .await
         .map(Reply::Whole)
 }
+
+/// What a client that marked a write `read_only` is told to do instead.
+const READ_ONLY_HINT: &str = "the request was sent with \"read_only\": true; send a statement \
+     that writes without it (with the sqlhttp SDK: `execute`, `insert` or a write batch, not \
+     `query`)";
 
 /// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
 /// `text/plain` across origins without asking first; they cannot send `application/json`.

@@ -10,6 +10,7 @@ mod hardening;
 mod idempotency;
 mod operations;
 mod postgres;
+mod reads;
 mod replicas;
 mod schema;
 mod streaming;
