@@ -267,6 +267,8 @@ impl Batch {
                 RequestBody {
                     sql: s.sql(),
                     params: s.params(),
+                    // A read-only batch says so once, for all of its statements.
+                    read_only: false,
                 }
                 .encode()
             })

@@ -66,7 +66,7 @@ impl Client {
         ClientBuilder::new(base_url.into())
     }
 
-    /// Checks that the server answers and runs statements (`SELECT 1`). A read: retried.
+    /// Checks that the server answers and runs statements (`SELECT 1`). A verified read: retried.
     ///
     /// # Errors
     ///
@@ -78,16 +78,19 @@ impl Client {
 
     /// A query whose rows are decoded into a type of yours. A **read**: retried on transient failures.
     ///
-    /// Send only statements that read. A write sent through `query` (an `INSERT`, say) is miscategorised:
-    /// it would be retried as if it were safe to repeat, and could be applied twice. Use
-    /// [`execute`](Self::execute) or [`insert`](Self::insert) for writes.
+    /// A read the server verifies: the request says `"read_only": true`, and `sqlhttpd` refuses a
+    /// statement that could write before it runs ([`ErrorKind::ReadOnly`](crate::ErrorKind::ReadOnly),
+    /// nothing written), so a retried `query` can never write, let alone twice. Use
+    /// [`execute`](Self::execute) or [`insert`](Self::insert) for writes. (A server that ignores the
+    /// flag, one that predates it or another implementation, would run a write sent here; see the
+    /// README's "What is retried".)
     pub fn query(&self, sql: impl Into<String>) -> Query {
         Query::new(self.clone(), sql.into())
     }
 
     /// A query whose result comes back as a [`Table`](crate::Table): columns with their types and rows of
-    /// dynamically typed cells. A **read**: retried on transient failures; like [`query`](Self::query),
-    /// a write sent through it is miscategorised.
+    /// dynamically typed cells. A **read**, verified by the server and retried on transient failures,
+    /// as [`query`](Self::query) is.
     ///
     /// # Errors
     ///

@@ -140,12 +140,13 @@ const DRAIN_LIMIT: usize = 64 * 1024;
 type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failure>)> + Send>>;
 
 /// The rows of a query, decoded one at a time as the response body arrives, made by
-/// [`Query::fetch`](crate::Query::fetch).
+/// [`Query::fetch`](crate::Query::fetch) (or by [`Execute::fetch`](crate::Execute::fetch) for
+/// the rows a statement run for its effect returns).
 ///
 /// Memory stays at one partial row and one piece of the body, whatever the result's size. Read it
 /// with [`try_next`](Self::try_next), or as a [`Stream`](futures_core::Stream) of `Result<T>`.
-/// The call was retried as a read until the first row arrived; after that a failure ends the
-/// stream with an error and is never retried (rows would repeat). A body cut short, or one the
+/// A query was retried as a read until the first row arrived (an `execute` never is); after that
+/// a failure ends the stream with an error and is never retried (rows would repeat). A body cut short, or one the
 /// server ends with an error (a statement timeout, an engine error at row N), yields that error and
 /// never a clean end. The call's `timeout` bounds each stall of the body, not the whole download.
 /// Dropping the stream closes its connection, which stops the statement on the server.

@@ -399,7 +399,12 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
         sql.push_str(group);
     }
     Chunk {
-        body: RequestBody { sql: &sql, params }.encode(),
+        body: RequestBody {
+            sql: &sql,
+            params,
+            read_only: false,
+        }
+        .encode(),
         rows,
     }
 }

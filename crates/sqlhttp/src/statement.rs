@@ -32,6 +32,10 @@ pub(crate) struct RequestBody<'a> {
     pub(crate) sql: &'a str,
     #[serde(skip_serializing_if = "<[Value]>::is_empty")]
     pub(crate) params: &'a [Value],
+    /// `"read_only": true` on a read: the server refuses (`403 READ_ONLY`, nothing written) a
+    /// statement that could write, so retrying a read can never write twice.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub(crate) read_only: bool,
 }
 
 impl RequestBody<'_> {
@@ -132,6 +136,7 @@ impl Statement {
         let body = RequestBody {
             sql: &self.sql,
             params: &self.params,
+            read_only: class == OpClass::Read,
         }
         .encode();
         client
@@ -482,6 +487,39 @@ impl Execute {
         self.statement
             .fetch_all(&self.client, OpClass::Execute, &self.options)
             .await
+    }
+
+    /// Runs the statement once and returns the rows it returns (a `RETURNING` clause, a
+    /// data-changing `WITH`) as a [`RowStream`], decoded one at a time as they arrive, in
+    /// constant memory whatever the result's size, as [`Query::fetch`] does. **Never retried**,
+    /// not even before the first row: the statement may have run. The request goes out when the
+    /// stream is first read, or when it is awaited.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// let mut archived = client
+    ///     .execute("DELETE FROM events WHERE at < ? RETURNING id")
+    ///     .bind(1_700_000_000)
+    ///     .fetch::<i64>();
+    /// while let Some(id) = archived.try_next().await? {
+    ///     println!("archived {id}");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The one attempt's failure before the first row comes from the first read (or the
+    /// `.await`); later failures from the reads after it. Either way the statement may have run
+    /// in part or whole; a failure mid-stream means the server stopped it and rolled it back
+    /// unless [`Error::is_outcome_unknown`] says otherwise.
+    pub fn fetch<T: DeserializeOwned + Send + 'static>(self) -> RowStream<T> {
+        RowStream::starting(async move {
+            self.statement
+                .fetch(&self.client, OpClass::Execute, &self.options)
+                .await
+        })
     }
 
     /// Runs the statement once and decodes the first returned row.

@@ -198,3 +198,41 @@ async fn faults_beyond_the_attempts_return_the_last_one() {
     assert_eq!(statuses, vec![Some(502), Some(503), Some(504)]);
     assert_eq!(s.proxy.forwarded(), 0);
 }
+
+/// An `INSERT` sent through `query` is a miscategorised write: the server refuses it as a read
+/// (the SDK marks reads `read_only`), so even when the first answer is lost and the SDK retries,
+/// nothing is written, and the caller learns why.
+#[tokio::test]
+async fn a_write_sent_as_a_query_is_never_applied_even_when_retried() {
+    let s = scene(3).await;
+    let before = all_rows(&s.live.client(), &s.table).await;
+    s.proxy.push(Fault::DropAfterForward);
+    let sql = format!(
+        "INSERT INTO {} (id, name, price) VALUES (1000, 'twice?', 1.5)",
+        s.table
+    );
+    let err = s
+        .client()
+        .query(sql.as_str())
+        .fetch_all::<serde_json::Value>()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), sqlhttp::ErrorKind::ReadOnly { .. }),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("execute"),
+        "says what to use: {err}"
+    );
+    assert_eq!(
+        (err.attempts(), s.proxy.forwarded()),
+        (2, 2),
+        "the lost answer was retried as a read, and refused again"
+    );
+    assert_eq!(
+        all_rows(&s.live.client(), &s.table).await,
+        before,
+        "applied zero times"
+    );
+}

@@ -21,6 +21,7 @@ async fn query_sends_sql_and_bound_params_as_json() {
         .and(body_json(json!({
             "sql": "SELECT id FROM t WHERE a = ? AND b = ? AND c = ? AND d IS ? AND e = ?",
             "params": [1, "two", 3.5, null, true],
+            "read_only": true,
         })))
         .respond_with(ok_rows(&["id"], json!([[1]])))
         .expect(1)
@@ -48,10 +49,52 @@ async fn a_statement_without_params_omits_them_and_the_user_agent_is_set() {
     client.ping().await.unwrap();
     let requests = server.received_requests().await.unwrap();
     let body: Value = serde_json::from_slice(&requests[0].body).unwrap();
-    assert_eq!(body, json!({"sql": "SELECT 1"}));
+    assert_eq!(body, json!({"sql": "SELECT 1", "read_only": true}));
     assert_eq!(requests[0].headers.get("user-agent").unwrap(), "my-app/1.0");
     assert!(requests[0].headers.get("authorization").is_none());
     assert!(requests[0].headers.get("idempotency-key").is_none());
+}
+
+#[tokio::test]
+async fn reads_are_marked_read_only_and_statements_run_for_their_effect_are_not() {
+    let server = server().await;
+    respond_always(&server, ok_rows(&["x"], json!([[1]]))).await;
+    let client = builder(&server).build().unwrap();
+    let _: Vec<i64> = client.query("SELECT 1 AS x").fetch_all().await.unwrap();
+    let _: i64 = client.query("SELECT 1 AS x").fetch_one().await.unwrap();
+    let _: Option<i64> = client
+        .query("SELECT 1 AS x")
+        .fetch_optional()
+        .await
+        .unwrap();
+    let mut rows = client.query("SELECT 1 AS x").fetch::<i64>();
+    while rows.try_next().await.unwrap().is_some() {}
+    client.query_table("SELECT 1 AS x").await.unwrap();
+    let reads = server.received_requests().await.unwrap().len();
+    client.execute("UPDATE t SET x = 1").await.unwrap();
+    let _: Vec<i64> = client
+        .execute("DELETE FROM t RETURNING x")
+        .fetch_all()
+        .await
+        .unwrap();
+    let mut rows = client.execute("DELETE FROM t RETURNING x").fetch::<i64>();
+    while rows.try_next().await.unwrap().is_some() {}
+    client
+        .execute("DELETE FROM t RETURNING x")
+        .fetch_table()
+        .await
+        .unwrap();
+    let requests = server.received_requests().await.unwrap();
+    for (index, request) in requests.iter().enumerate() {
+        let body: Value = serde_json::from_slice(&request.body).unwrap();
+        let expected = (index < reads).then_some(json!(true));
+        assert_eq!(
+            body.get("read_only").cloned(),
+            expected,
+            "request {index}: {body}"
+        );
+    }
+    assert_eq!(requests.len(), reads + 4);
 }
 
 #[tokio::test]

@@ -51,6 +51,22 @@ async fn fetch_returns_a_stream_that_starts_when_read() {
 }
 
 #[tokio::test]
+async fn an_execute_stream_is_never_retried_not_even_before_its_first_row() {
+    let server = server().await;
+    Mock::given(method("POST"))
+        .and(path("/api/v1/sql"))
+        .respond_with(ResponseTemplate::new(503))
+        .mount(&server)
+        .await;
+    let client = client_with(&server, quick(3));
+    let mut rows = client.execute("DELETE FROM t RETURNING n").fetch::<i64>();
+    let err = rows.try_next().await.unwrap_err();
+    assert_eq!(err.attempts(), 1, "{err:?}");
+    assert_eq!(server.received_requests().await.unwrap().len(), 1);
+    assert!(rows.try_next().await.unwrap().is_none(), "the stream ended");
+}
+
+#[tokio::test]
 async fn a_failure_before_the_first_row_is_retried_then_comes_from_the_first_read() {
     let server = server().await;
     Mock::given(method("POST"))
