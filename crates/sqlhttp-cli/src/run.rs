@@ -1,7 +1,9 @@
 //! Running one statement and printing what it gave: rows in the chosen format, or how many rows
-//! it changed. A statement that only reads is streamed through the SDK's `query(..).fetch()` (a
-//! read: retried until its first row arrives; then rows are written as they come, in bounded
-//! memory); any other goes through `execute(..).fetch_table()` (sent once, never retried).
+//! it changed. Every statement is first sent through the SDK's `query(..).fetch()`, a read the
+//! server verifies (retried until its first row arrives; then rows are written as they come, in
+//! bounded memory). One the server refuses as a read before running it (`READ_ONLY`) goes through
+//! `execute(..).fetch()`: sent once, never retried, streamed the same way. The CLI never guesses
+//! from the text whether a statement writes.
 //!
 //! Knows the SDK's calls and the output writers; nothing about flags or the shell.
 
@@ -9,12 +11,11 @@ use std::io::Write;
 use std::time::Instant;
 
 use serde_json::Value as Param;
-use sqlhttp::{Client, Value};
+use sqlhttp::{Client, ErrorKind, RowStream, Value};
 
 use crate::args::Format;
 use crate::output;
 use crate::progress::Progress;
-use crate::script;
 
 /// What a statement gave.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -25,7 +26,10 @@ pub(crate) enum Ran {
     Changed(u64),
 }
 
-/// Runs `sql` and prints its rows to `out` in `format`.
+/// Runs `sql` and prints its rows to `out` in `format`: first as a read the server verifies
+/// (streamed, retried until its first row); a statement the server refuses as a read
+/// (`READ_ONLY`, before it ran: nothing was written) is then sent once for its effect, streamed
+/// too, never retried.
 pub(crate) async fn statement(
     client: &Client,
     sql: &str,
@@ -34,34 +38,36 @@ pub(crate) async fn statement(
     out: &mut dyn Write,
 ) -> anyhow::Result<Ran> {
     let started = Instant::now();
-    if !script::is_read(sql) {
-        let mut execute = client.execute(sql);
-        for param in params {
-            execute = execute.bind(param);
-        }
-        let table = execute.fetch_table().await?;
-        if table.columns().is_empty() {
-            return Ok(Ran::Changed(table.rows_affected()));
-        }
-        let columns: Vec<String> = table
-            .columns()
-            .iter()
-            .map(|c| c.name().to_owned())
-            .collect();
-        let mut writer = output::writer(format, out);
-        writer.start(&columns)?;
-        for row in table.rows() {
-            writer.row(row.values())?;
-        }
-        writer.finish(table.len() as u64, started.elapsed())?;
-        return Ok(Ran::Rows(table.len() as u64));
-    }
     let mut query = client.query(sql);
     for param in params {
         query = query.bind(param);
     }
-    let mut rows = query.fetch::<Vec<Value>>().await?;
+    let rows = match query.fetch::<Vec<Value>>().await {
+        Ok(rows) => rows,
+        Err(err) if matches!(err.kind(), ErrorKind::ReadOnly { .. }) => {
+            let mut execute = client.execute(sql);
+            for param in params {
+                execute = execute.bind(param);
+            }
+            execute.fetch::<Vec<Value>>().await?
+        }
+        Err(err) => return Err(err.into()),
+    };
+    print_rows(rows, format, out, started).await
+}
+
+/// Writes a result's rows as they arrive; a result without columns is a count of changed rows.
+async fn print_rows(
+    mut rows: RowStream<Vec<Value>>,
+    format: Format,
+    out: &mut dyn Write,
+    started: Instant,
+) -> anyhow::Result<Ran> {
     let columns: Vec<String> = rows.columns().iter().map(|c| c.name().to_owned()).collect();
+    if columns.is_empty() {
+        while rows.try_next().await?.is_some() {}
+        return Ok(Ran::Changed(rows.rows_affected().unwrap_or(0)));
+    }
     let progress = Progress::new("exported");
     let mut writer = output::writer(format, out);
     writer.start(&columns)?;

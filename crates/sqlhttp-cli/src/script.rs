@@ -79,34 +79,6 @@ fn is_create_trigger(prefix: &str) -> bool {
     words.first().is_some_and(|w| w == "CREATE") && words.iter().any(|w| w == "TRIGGER")
 }
 
-/// The first keyword, upper-cased, after whitespace and comments.
-fn leading_keyword(sql: &str) -> String {
-    let mut rest = sql;
-    loop {
-        rest = rest.trim_start();
-        if let Some(comment) = rest.strip_prefix("--") {
-            rest = comment.find('\n').map_or("", |end| &comment[end..]);
-        } else if let Some(comment) = rest.strip_prefix("/*") {
-            rest = comment.find("*/").map_or("", |end| &comment[end + 2..]);
-        } else {
-            break;
-        }
-    }
-    rest.chars()
-        .take_while(char::is_ascii_alphabetic)
-        .collect::<String>()
-        .to_ascii_uppercase()
-}
-
-/// Whether the statement can only read (SELECT, VALUES, EXPLAIN, PRAGMA): such a statement may
-/// be retried. Anything else, `WITH` included (it may lead to an INSERT), is sent once.
-pub(crate) fn is_read(sql: &str) -> bool {
-    matches!(
-        leading_keyword(sql).as_str(),
-        "SELECT" | "VALUES" | "EXPLAIN" | "PRAGMA"
-    )
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,17 +115,5 @@ mod tests {
         assert!(statements[0].ends_with("END"));
         assert_eq!(statements[1], "SELECT 1");
         assert!(rest.is_empty());
-    }
-
-    #[test]
-    fn reads_and_writes() {
-        assert!(is_read("select 1"));
-        assert!(is_read("/* x */ PRAGMA table_info(t)"));
-        assert!(is_read("VALUES (1)"));
-        assert!(!is_read(
-            "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x"
-        ));
-        assert!(!is_read("INSERT INTO t VALUES (1) RETURNING *"));
-        assert!(!is_read("DELETE FROM t"));
     }
 }

@@ -390,3 +390,60 @@ async fn the_interactive_shell_on_a_terminal() {
     let saved = std::fs::read_to_string(&history).unwrap();
     assert!(saved.contains("AS answer;"), "history is kept: {saved}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn any_statement_is_a_verified_read_first_and_a_write_runs_once() {
+    let server = TestServer::start().await;
+    ok(&server.url(), &["exec", "CREATE TABLE n (i INTEGER)"]).await;
+    let proxy = server.proxy().await;
+    let url = proxy.url();
+    const FIVE: &str =
+        "WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 5) ";
+
+    // A `WITH` that only reads is a read: its lost answer is asked for again.
+    proxy.push(Fault::DropAfterForward);
+    let out = ok(
+        &url,
+        &[
+            "query",
+            &format!("{FIVE}SELECT i FROM r"),
+            "--format",
+            "csv",
+        ],
+    )
+    .await;
+    assert_eq!(out.lines().count(), 6, "a header and five rows: {out}");
+    assert_eq!(proxy.forwarded(), 2, "retried once");
+
+    // A write is refused as a read (nothing written), then sent once for its effect; its
+    // returned rows stream out like a query's.
+    let write = format!("INSERT INTO n (i) {FIVE}SELECT i FROM r RETURNING i");
+    let out = ok(&url, &["query", &write, "--format", "csv"]).await;
+    assert_eq!(out.lines().count(), 6, "{out}");
+    assert_eq!(proxy.forwarded(), 4, "refused as a read, then run once");
+    let count = ok(
+        &url,
+        &["query", "SELECT count(*) AS c FROM n", "--format", "csv"],
+    )
+    .await;
+    assert_eq!(count.lines().nth(1), Some("5"));
+
+    // A write whose answer is lost is not sent again: the CLI fails, and it ran once.
+    proxy.push_all([Fault::Pass, Fault::DropAfterForward]);
+    let failed = sqlhttp(&url, &["query", &write, "--format", "csv"], None).await;
+    assert_ne!(failed.status.code(), Some(0), "{}", stderr(&failed));
+    let count = ok(
+        &url,
+        &["query", "SELECT count(*) AS c FROM n", "--format", "csv"],
+    )
+    .await;
+    assert_eq!(
+        count.lines().nth(1),
+        Some("10"),
+        "applied exactly once more"
+    );
+
+    // A statement with no result set still reports what it changed.
+    let out = ok(&url, &["query", "UPDATE n SET i = i + 1"]).await;
+    assert!(out.starts_with("10 rows affected"), "{out}");
+}

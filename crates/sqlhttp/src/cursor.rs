@@ -267,6 +267,16 @@ impl<T: DeserializeOwned> RowStream<T> {
         }
     }
 
+    /// How many rows the statement changed (the body's `rows_affected`), once the stream has
+    /// ended cleanly (after [`try_next`](Self::try_next) gave `None`); `None` before, or when
+    /// the result ended with an error. A read changes none: `Some(0)`.
+    pub fn rows_affected(&self) -> Option<u64> {
+        match &self.state {
+            State::Started(started) => started.decoder.effect().rows_affected,
+            State::Starting(_) | State::Failed => None,
+        }
+    }
+
     /// The next row, or `None` after the last one. The first call sends the request if the stream
     /// was not awaited.
     ///
