@@ -175,7 +175,7 @@ pub(crate) fn write_result(
     let mut stmt = match prepare_one(conn, &request.sql) {
         // DDL committed since the refresh above: compile again against the new schema, so the
         // error (or the success) is the new schema's.
-        Err(_) if schema_moved(conn)? => prepare_one(conn, &request.sql)?,
+        Err(_) if schema_moved(conn) => prepare_one(conn, &request.sql)?,
         prepared => prepared?,
     };
     let writes = !stmt.readonly();
@@ -265,10 +265,11 @@ pub(crate) fn write_result(
 }
 
 /// Whether the schema moved under a statement that failed to compile (the check runs outside
-/// the sandbox, which is on again after it).
-fn schema_moved(conn: &Conn) -> Result<bool, ApiError> {
+/// the sandbox, which is on again after it). A check that fails leaves the statement's own error
+/// to be answered.
+fn schema_moved(conn: &Conn) -> bool {
     conn.hooks.set_sandboxed(false);
-    let moved = conn.refresh_schema().map_err(map_engine_error);
+    let moved = conn.refresh_schema().unwrap_or(false);
     conn.hooks.set_sandboxed(true);
     moved
 }
