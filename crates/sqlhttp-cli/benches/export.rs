@@ -86,9 +86,15 @@ fn main() {
     });
 
     println!("sqlhttp query ... --format csv, {ROWS} rows each, output discarded");
-    println!("{:<34} {:>12} {:>10} {:>12}", "statement", "peak RSS", "time", "vs SELECT");
+    println!(
+        "{:<34} {:>12} {:>10} {:>12}",
+        "statement", "peak RSS", "time", "vs SELECT"
+    );
     let shapes = [
-        ("SELECT (baseline)", "SELECT i, label FROM source".to_owned()),
+        (
+            "SELECT (baseline)",
+            "SELECT i, label FROM source".to_owned(),
+        ),
         ("WITH RECURSIVE ... SELECT", generate.clone()),
         (
             "INSERT ... SELECT ... RETURNING",
@@ -110,7 +116,10 @@ fn main() {
     let copied: i64 = runtime
         .block_on(client.query("SELECT count(*) FROM copied").fetch_one())
         .unwrap();
-    assert_eq!(copied as u64, ROWS, "the RETURNING export wrote every row once");
+    assert_eq!(
+        copied as u64, ROWS,
+        "the RETURNING export wrote every row once"
+    );
     println!(
         "target: every shape under {TARGET_MIB} MiB peak: {}",
         if met { "met" } else { "NOT met" }
