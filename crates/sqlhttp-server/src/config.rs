@@ -72,6 +72,10 @@ pub struct HttpLimits {
     pub header_timeout: Duration,
     /// Time a request has to send its whole body (`408 REQUEST_TIMEOUT`). Default 30 s.
     pub body_timeout: Duration,
+    /// Longest a response may make no progress (the client reads nothing of it, so the socket
+    /// takes no byte); past it the connection is closed and a statement still streaming stops.
+    /// Default 30 s.
+    pub send_timeout: Duration,
     /// Open connections at most; past it new connections get `503 UNAVAILABLE` and are closed.
     /// Default 1024.
     pub max_connections: usize,
@@ -85,6 +89,7 @@ impl Default for HttpLimits {
         HttpLimits {
             header_timeout: Duration::from_secs(30),
             body_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
             max_connections: 1024,
             allow_origins: Vec::new(),
         }

@@ -145,6 +145,11 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_BODY_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     body_timeout: Duration,
 
+    /// Longest a response may make no progress (its client reads nothing); then the
+    /// connection is closed and its statement stops.
+    #[arg(long, env = "SQLHTTPD_SEND_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
+    send_timeout: Duration,
+
     /// Open connections at most; more are answered 503 and closed.
     #[arg(long, env = "SQLHTTPD_MAX_CONNECTIONS", value_name = "N", default_value_t = HttpLimits::default().max_connections)]
     max_connections: usize,
@@ -234,6 +239,7 @@ impl Cli {
             http: HttpLimits {
                 header_timeout: self.header_timeout,
                 body_timeout: self.body_timeout,
+                send_timeout: self.send_timeout,
                 max_connections: self.max_connections,
                 allow_origins: self
                     .allow_origins

@@ -25,6 +25,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Re
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
+use tokio::time::Sleep;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 use tower_http::add_extension::AddExtension;
@@ -155,16 +156,25 @@ impl Server {
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let io = TokioIo::new(JsonErrors::new(CuttableStream {
-                inner: stream,
-                cut: Box::pin(cut.clone().cancelled_owned()),
-                is_cut: false,
-            }));
-            let service = AddExtension::new(router.clone(), ConnectInfo(peer));
-            let connection = builder.serve_connection(io, TowerToHyperService::new(service));
-            let stop = stop.clone();
+            let (builder, router, stop, cut) =
+                (builder.clone(), router.clone(), stop.clone(), cut.clone());
+            let (header_timeout, send_timeout) = (http.header_timeout, http.send_timeout);
             connections.spawn(async move {
                 let _slot = slot;
+                match opening(&stream, header_timeout).await {
+                    Opening::Http1 => {}
+                    Opening::Http2 => return refuse_http2(stream).await,
+                    Opening::Nothing => return,
+                }
+                let io = TokioIo::new(JsonErrors::new(CuttableStream {
+                    inner: stream,
+                    cut: Box::pin(cut.cancelled_owned()),
+                    is_cut: false,
+                    send_timeout,
+                    stalled: None,
+                }));
+                let service = AddExtension::new(router, ConnectInfo(peer));
+                let connection = builder.serve_connection(io, TowerToHyperService::new(service));
                 tokio::pin!(connection);
                 let mut stopping = false;
                 loop {
@@ -269,13 +279,78 @@ impl Drop for ServerHandle {
     }
 }
 
+/// How a connection's first bytes open it.
+enum Opening {
+    /// Anything but the HTTP/2 preface: hyper's HTTP/1.1 reads it.
+    Http1,
+    /// `PRI * HTTP/2.0`: HTTP/2 with prior knowledge.
+    Http2,
+    /// Nothing within the header timeout, or the client closed.
+    Nothing,
+}
+
+/// The first bytes of every HTTP/2 connection (RFC 9113, 3.4); no HTTP/1.1 method starts so.
+const HTTP2_PREFACE_START: &[u8] = b"PRI ";
+
+/// Looks at a connection's first bytes without taking them.
+async fn opening(stream: &TcpStream, header_timeout: Duration) -> Opening {
+    let peek = async {
+        let mut first = [0_u8; HTTP2_PREFACE_START.len()];
+        loop {
+            let n = stream.peek(&mut first).await.unwrap_or(0);
+            if n == 0 {
+                return Opening::Nothing;
+            }
+            if !HTTP2_PREFACE_START.starts_with(&first[..n]) {
+                return Opening::Http1;
+            }
+            if n == first.len() {
+                return Opening::Http2;
+            }
+            // A prefix of the preface so far: wait for more (peek answers at once again).
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    tokio::time::timeout(header_timeout, peek)
+        .await
+        .unwrap_or(Opening::Nothing)
+}
+
+/// Answers HTTP/2 with prior knowledge as RFC 9113 asks of a server that wants HTTP/1.1: its
+/// (empty) SETTINGS, then GOAWAY with `HTTP_1_1_REQUIRED`, the protocol's JSON error as the
+/// frame's debug data, and closes.
+async fn refuse_http2(stream: TcpStream) {
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    const HTTP_1_1_REQUIRED: u32 = 0xd;
+    let body = ApiError::bad_request(
+        "this server speaks HTTP/1.1: send the request over HTTP/1.1 (HTTP/2 with prior \
+         knowledge is not served)",
+    )
+    .body();
+    let mut frames = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
+    let length = u32::try_from(8 + body.len()).unwrap_or(0);
+    frames.extend_from_slice(&length.to_be_bytes()[1..]);
+    frames.extend_from_slice(&[GOAWAY, 0, 0, 0, 0, 0]);
+    frames.extend_from_slice(&0_u32.to_be_bytes()); // the last stream processed: none
+    frames.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
+    frames.extend_from_slice(&body);
+    send_and_close(stream, &frames).await;
+}
+
 /// Answers a connection over the cap with `503 UNAVAILABLE` and closes it.
-async fn refuse(mut stream: TcpStream) {
+async fn refuse(stream: TcpStream) {
     let response = raw_response(&ApiError::unavailable(
         "the server has reached its connection limit; retry later",
     ));
+    send_and_close(stream, &response).await;
+}
+
+/// Writes `response`, closes the write half and reads what the client still sends, within a
+/// short bound.
+async fn send_and_close(mut stream: TcpStream, response: &[u8]) {
     let _ = tokio::time::timeout(REFUSAL_WRITE, async {
-        stream.write_all(&response).await?;
+        stream.write_all(response).await?;
         stream.shutdown().await?;
         // Read what the client sent before closing: closing with unread input resets the
         // connection, and the client could lose the answer.
@@ -286,15 +361,47 @@ async fn refuse(mut stream: TcpStream) {
     .await;
 }
 
-/// A connection that fails every read and write once the server's cut token is cancelled, so
-/// the HTTP connection task ends.
+/// A connection that fails every read and write once the server's cut token is cancelled, or
+/// once a write has made no progress for the send timeout (the client reads nothing), so the
+/// HTTP connection task ends and the response it was sending is dropped.
 struct CuttableStream {
     inner: TcpStream,
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     is_cut: bool,
+    send_timeout: Duration,
+    /// Running while a write waits for the client to take bytes.
+    stalled: Option<Pin<Box<Sleep>>>,
 }
 
 impl CuttableStream {
+    /// Passes a write's poll through, timing how long it makes no progress.
+    fn timed<T>(
+        &mut self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        match poll(Pin::new(&mut self.inner), cx) {
+            Poll::Ready(result) => {
+                self.stalled = None;
+                Poll::Ready(result)
+            }
+            Poll::Pending => {
+                let timeout = self.send_timeout;
+                let stalled = self
+                    .stalled
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if stalled.as_mut().poll(cx).is_ready() {
+                    tracing::debug!("the client took nothing for the send timeout; closing");
+                    return Poll::Ready(Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client read nothing for the send timeout",
+                    )));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
     fn check_cut(&mut self, cx: &mut Context<'_>) -> io::Result<()> {
         if !self.is_cut && self.cut.as_mut().poll(cx).is_ready() {
             self.is_cut = true;
@@ -328,12 +435,12 @@ impl AsyncWrite for CuttableStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.check_cut(cx)?;
-        Pin::new(&mut self.inner).poll_write(cx, buf)
+        self.timed(cx, |inner, cx| inner.poll_write(cx, buf))
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check_cut(cx)?;
-        Pin::new(&mut self.inner).poll_flush(cx)
+        self.timed(cx, |inner, cx| inner.poll_flush(cx))
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -346,7 +453,7 @@ impl AsyncWrite for CuttableStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.check_cut(cx)?;
-        Pin::new(&mut self.inner).poll_write_vectored(cx, bufs)
+        self.timed(cx, |inner, cx| inner.poll_write_vectored(cx, bufs))
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -4,9 +4,10 @@
 //! `503`).
 //!
 //! [`JsonErrors`] wraps a connection's byte stream: it passes every byte through, except an
-//! automatic error head from hyper (recognised by its status and its lack of a
-//! `content-type`, which every response of the app has), which it replaces with a complete JSON
-//! response. Every connection closes lingering: it stops writing, then reads and discards what
+//! automatic error head from hyper (recognised by its exact shape: a status hyper answers by
+//! itself with its canonical reason, `content-length: 0`, and no header the app's responses
+//! carry), which it replaces with a complete JSON response. Looking costs time linear in what is
+//! written. Every connection closes lingering: it stops writing, then reads and discards what
 //! the client is still sending for a short while, so the client is not reset before it has read
 //! the answer (a 1 MB header or a 4 MB body refused with `413` while most of it is still in
 //! flight). Knows HTTP/1.1 framing; nothing about routes or the engine.
@@ -61,35 +62,64 @@ fn error_for(status: &[u8]) -> Option<ApiError> {
     Some(ApiError::new(code, message))
 }
 
+/// Longest head hyper writes for an automatic error (status line, `content-length: 0`, `date`,
+/// perhaps `connection: close`): a candidate is read within this many bytes, so the scan is
+/// linear in what is written, whatever the bodies hold.
+const MAX_AUTOMATIC_HEAD: usize = 256;
+
 /// Finds hyper's automatic error head in `buf`: its start, its end (after the blank line) and
-/// the replacement response.
+/// the replacement response. Only a head of exactly hyper's shape matches: `HTTP/1.1 NNN
+/// <canonical reason>` with a status hyper answers by itself, then only `content-length: 0`,
+/// `date` and `connection` lines, each ended by CRLF. Bodies are JSON or fixed text, in which a
+/// raw CR LF never appears, and client-supplied head values (request ids) hold neither spaces nor
+/// slashes, so nothing a client sends can take that shape.
 fn find_automatic_error(buf: &[u8]) -> Option<(usize, usize, Vec<u8>)> {
-    const PREFIX: &[u8] = b"HTTP/1.";
+    const PREFIX: &[u8] = b"HTTP/1.1 ";
     let mut from = 0;
     while let Some(offset) = find(&buf[from..], PREFIX) {
         let start = from + offset;
         from = start + 1;
-        // "HTTP/1.x NNN "
-        let Some(status) = buf.get(start + 9..start + 12) else {
-            continue;
-        };
-        let Some(error) = error_for(status) else {
-            continue;
-        };
-        let Some(head_len) = find(&buf[start..], b"\r\n\r\n") else {
-            continue;
-        };
-        let end = start + head_len + 4;
-        let head = buf[start..end].to_ascii_lowercase();
-        if find(&head, b"content-type:").is_none()
-            && find(&head, b"content-length: 0\r\n").is_some()
-        {
-            return Some((start, end, raw_response(&error)));
+        let window = &buf[start..buf.len().min(start + MAX_AUTOMATIC_HEAD)];
+        if let Some((head_len, error)) = automatic_head(window) {
+            return Some((start, start + head_len, raw_response(&error)));
         }
     }
     None
 }
 
+/// The length of the automatic error head `window` starts with, and the error it stands for.
+fn automatic_head(window: &[u8]) -> Option<(usize, ApiError)> {
+    // Cheapest checks first: most candidates fail at the status or the reason, in a few bytes.
+    let status = window.get(9..12)?;
+    let error = error_for(status)?;
+    let code = std::str::from_utf8(status).ok()?.parse::<u16>().ok()?;
+    let reason = axum::http::StatusCode::from_u16(code)
+        .ok()?
+        .canonical_reason()?;
+    let ending = format!(" {reason}\r\n");
+    if !window.get(12..)?.starts_with(ending.as_bytes()) {
+        return None;
+    }
+    let mut len = 12 + ending.len();
+    for line in window[len..].split_inclusive(|b| *b == b'\n') {
+        len += line.len();
+        let line = line.strip_suffix(b"\r\n")?;
+        if line.is_empty() {
+            return Some((len, error));
+        }
+        let lower = line.to_ascii_lowercase();
+        let allowed = lower == b"content-length: 0"
+            || lower.starts_with(b"date: ")
+            || lower.starts_with(b"connection: ");
+        if !allowed || !line.iter().all(|b| (0x20..=0x7e).contains(b)) {
+            return None;
+        }
+    }
+    // The window ended before the blank line: not a head of hyper's.
+    None
+}
+
+/// The first position of `needle` in `haystack` (linear: the needle is a few bytes).
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
     haystack
         .windows(needle.len())
@@ -241,6 +271,27 @@ mod tests {
         let app_400 = b"HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 0\r\n\r\n";
         assert!(find_automatic_error(app_400).is_none());
         assert!(find_automatic_error(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").is_none());
+    }
+
+    #[test]
+    fn only_hyper_shaped_heads_match_and_bodies_cost_linear_time() {
+        // A client's request id once read as a status line inside a 200's head.
+        let spliced = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nx-request-id: HTTP/1.1_400_x\r\ncontent-length: 0\r\n\r\n";
+        assert!(find_automatic_error(spliced).is_none());
+        let mut body = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        for _ in 0..100_000 {
+            body.extend_from_slice(b"HTTP/1.1 400 ");
+        }
+        let started = std::time::Instant::now();
+        assert!(find_automatic_error(&body).is_none());
+        // 1.3 MB of candidates, each dismissed within a few bytes.
+        assert!(started.elapsed() < std::time::Duration::from_secs(2));
+        let wrong_reason = b"HTTP/1.1 400 Nope\r\ncontent-length: 0\r\n\r\n";
+        assert!(find_automatic_error(wrong_reason).is_none());
+        let extra_header = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nx-a: b\r\n\r\n";
+        assert!(find_automatic_error(extra_header).is_none());
+        let with_connection = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\ndate: Sun, 29 Nov 2026 16:00:00 GMT\r\n\r\n";
+        assert!(find_automatic_error(with_connection).is_some());
     }
 
     #[test]

@@ -86,10 +86,11 @@ pub(crate) async fn log_requests(
     tracing::info!(
         request_id = id.as_str(),
         %method,
-        %path,
+        // Quoted (and escaped): the path and the attempt header are the client's words.
+        path = ?path,
         client = client.map(tracing::field::display),
         %credential,
-        %attempt,
+        attempt = ?attempt,
         status,
         code = code.map(ErrorCode::as_str),
         duration_ms = elapsed.as_secs_f64() * 1000.0,

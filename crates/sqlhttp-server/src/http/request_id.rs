@@ -1,5 +1,5 @@
 //! Request ids: every response carries `X-Request-Id`, the client's own when it sent a sane one
-//! (1 to 128 visible ASCII characters, in one header), else one generated here (32 hex digits,
+//! (1 to 128 letters, digits, `-`, `_`, `.` or `:`, in one header), else one generated here (32 hex digits,
 //! 128 random bits). The id is in the request's extensions, the request's log line and span.
 //!
 //! Knows one header; nothing about routes, credentials or the engine.
@@ -42,9 +42,15 @@ impl RequestId {
     }
 }
 
-/// 1 to [`MAX_LEN`] visible ASCII characters (`0x21..=0x7E`): safe to log and to echo.
+/// 1 to [`MAX_LEN`] characters of a token's alphabet (ASCII letters, digits, `-`, `_`, `.`,
+/// `:`): safe to log and to echo in a response head, where nothing in it can read as HTTP
+/// framing, a log field or a status line (`HTTP/1.1 400` has a `/` and a space).
 pub(crate) fn is_sane(bytes: &[u8]) -> bool {
-    !bytes.is_empty() && bytes.len() <= MAX_LEN && bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+    !bytes.is_empty()
+        && bytes.len() <= MAX_LEN
+        && bytes
+            .iter()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b':'))
 }
 
 #[cfg(test)]
@@ -66,6 +72,9 @@ mod tests {
     #[test]
     fn a_sane_client_id_is_kept() {
         assert_eq!(with(&[b"abc-123"]).as_str(), "abc-123");
+        let traceparent = b"00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        assert_eq!(with(&[traceparent]).as_str().as_bytes(), traceparent);
+        assert_eq!(with(&[b"req_1.2:3"]).as_str(), "req_1.2:3");
         let long = [b'x'; MAX_LEN];
         assert_eq!(with(&[&long]).as_str().len(), MAX_LEN);
     }
@@ -79,6 +88,9 @@ mod tests {
             &[&b"has space"[..]][..],
             &[&b"tab\there"[..]][..],
             &[&b"caf\xc3\xa9"[..]][..],
+            &[&b"HTTP/1.1_400_x"[..]][..],
+            &[&b"a\"b"[..]][..],
+            &[&b"x=1"[..]][..],
             &[&too_long[..]][..],
             &[&b"one"[..], &b"two"[..]][..],
         ] {

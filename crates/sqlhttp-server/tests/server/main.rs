@@ -6,6 +6,7 @@ mod batch;
 mod binary;
 mod common;
 mod conformance;
+mod connections;
 mod hardening;
 mod idempotency;
 mod operations;

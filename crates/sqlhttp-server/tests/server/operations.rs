@@ -227,7 +227,16 @@ async fn tokens_from_files_never_reach_the_log() {
     )
     .await;
     assert_eq!(read.status, 403);
-    let refused = call(&client, &url, Some("secret-wrong-token"), &[], "SELECT 1").await;
+    // A forged attempt header cannot make the refused request's line read as a success.
+    let forged = "1 status=200 credential=token#1";
+    let refused = call(
+        &client,
+        &url,
+        Some("secret-wrong-token"),
+        &[("sqlhttp-attempt", forged)],
+        "SELECT 1",
+    )
+    .await;
     assert_eq!(refused.status, 401);
     let log = stop(child);
     for secret in [
@@ -243,7 +252,7 @@ async fn tokens_from_files_never_reach_the_log() {
         .unwrap_or_else(|| panic!("no log line for the request:\n{log}"));
     for field in [
         "credential=token#1",
-        "attempt=2/3",
+        "attempt=\"2/3\"",
         "rows=1",
         "bytes=",
         "duration_ms=",
@@ -251,6 +260,14 @@ async fn tokens_from_files_never_reach_the_log() {
         assert!(line.contains(field), "{field} missing: {line}");
     }
     assert!(log.contains("credential=read#1"), "{log}");
+    let refused_line = log
+        .lines()
+        .find(|line| line.contains("status=401"))
+        .unwrap_or_else(|| panic!("no log line for the refused request:\n{log}"));
+    assert!(
+        refused_line.contains(&format!("attempt=\"{forged}\"")),
+        "the client's words are quoted: {refused_line}"
+    );
     assert!(
         log.contains("code=\"READ_ONLY\"") || log.contains("code=READ_ONLY"),
         "{log}"
