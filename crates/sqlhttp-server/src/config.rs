@@ -15,8 +15,13 @@ use crate::error::ServerError;
 pub const DEFAULT_LISTEN: SocketAddr =
     SocketAddr::new(std::net::IpAddr::V4(Ipv4Addr::LOCALHOST), 8080);
 
-/// Default request body limit: 1 MiB.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 1_048_576;
+/// Default request body limit: 6 MiB, so one value of the default `--max-value-bytes` (4 MiB, sent
+/// as 5.33 MiB of base64) fits in a request with its SQL.
+pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1_048_576;
+
+/// Default server-wide budget for request bodies held at once: 256 MiB (about 42 bodies of the
+/// default limit; `503 UNAVAILABLE` with `Retry-After` past it).
+pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 * 1_048_576;
 
 /// Default batch body limit: 8 MiB, so an atomic bulk insert of several full statements fits.
 pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1_048_576;
@@ -33,7 +38,8 @@ pub struct Limits {
     pub statement_timeout: Duration,
     /// Longest accepted SQL text, in bytes (`413 PAYLOAD_TOO_LARGE`). Default 256 KiB.
     pub max_sql_bytes: usize,
-    /// Largest string or blob the engine will hold, whether bound or computed. Default 16 MiB.
+    /// Largest string or blob the engine will hold, whether bound or computed. Default 4 MiB
+    /// (its base64 fits the default body limit).
     pub max_value_bytes: usize,
     /// Largest success body the server will build whole for one statement: a keyed write's
     /// outcome, stored for replay (`422 RESULT_TOO_LARGE` past it). Other results stream and are
@@ -47,6 +53,12 @@ pub struct Limits {
     pub read_connections: usize,
     /// Most statements in one atomic batch (`413 PAYLOAD_TOO_LARGE` past it). Default 100.
     pub max_batch_statements: usize,
+    /// Memory all of SQLite's connections in the process may use at once: page caches, sorts,
+    /// `DISTINCT` and temporary tables (held in memory, never spilled to files), values being
+    /// computed. Past it a statement fails with `503 UNAVAILABLE` and its work is rolled back.
+    /// SQLite's limit is one per process: the last engine started in a process sets it.
+    /// Default 512 MiB. Not used on PostgreSQL.
+    pub max_engine_memory: usize,
 }
 
 impl Default for Limits {
@@ -54,11 +66,12 @@ impl Default for Limits {
         Limits {
             statement_timeout: Duration::from_secs(30),
             max_sql_bytes: 256 * 1024,
-            max_value_bytes: 16 * 1024 * 1024,
+            max_value_bytes: 4 * 1024 * 1024,
             max_result_bytes: 16 * 1024 * 1024,
             queue_depth: 128,
             read_connections: 4,
             max_batch_statements: 100,
+            max_engine_memory: 512 * 1024 * 1024,
         }
     }
 }
@@ -159,6 +172,10 @@ pub struct Config {
     pub max_body_bytes: usize,
     /// Largest accepted `POST /api/v1/batch` body, in bytes.
     pub max_batch_bytes: usize,
+    /// Request bodies the server holds at once, in bytes, across all requests (a request holds
+    /// its body from the first byte until it is answered); past it `503 UNAVAILABLE` with
+    /// `Retry-After`, before anything runs.
+    pub max_buffered_bytes: usize,
     /// How long an Idempotency-Key's outcome is kept; `None` switches idempotency off
     /// (the header is then ignored).
     pub idempotency_ttl: Option<Duration>,
@@ -179,6 +196,7 @@ impl Default for Config {
             rate_limit: None,
             max_body_bytes: DEFAULT_MAX_BODY_BYTES,
             max_batch_bytes: DEFAULT_MAX_BATCH_BYTES,
+            max_buffered_bytes: DEFAULT_MAX_BUFFERED_BYTES,
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
             limits: Limits::default(),
             http: HttpLimits::default(),
@@ -473,7 +491,13 @@ mod tests {
         assert!(config.read_tokens.is_empty());
         assert!(!config.allow_anonymous);
         assert_eq!(config.rate_limit, None);
-        assert_eq!(config.max_body_bytes, 1_048_576);
+        assert_eq!(config.max_body_bytes, 6 * 1_048_576);
+        assert_eq!(config.max_buffered_bytes, 256 * 1_048_576);
+        assert_eq!(config.limits.max_value_bytes, 4 * 1_048_576);
+        assert_eq!(config.limits.max_engine_memory, 512 * 1_048_576);
+        assert_eq!(config.http.send_timeout, Duration::from_secs(30));
+        // A value of the largest size fits in a request with its SQL, as base64.
+        assert!(config.limits.max_value_bytes.div_ceil(3) * 4 + 64 * 1024 <= config.max_body_bytes);
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(86_400)));
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(30));
         assert_eq!(config.limits.read_connections, 4);

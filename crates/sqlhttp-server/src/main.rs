@@ -96,9 +96,18 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_MAX_BODY_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
 
+    /// Request bodies held at once across all requests, in bytes; past it 503.
+    #[arg(long, env = "SQLHTTPD_MAX_BUFFERED_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BUFFERED_BYTES)]
+    max_buffered_bytes: usize,
+
     /// Largest accepted atomic batch body (POST /api/v1/batch), in bytes.
     #[arg(long, env = "SQLHTTPD_MAX_BATCH_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BATCH_BYTES)]
     max_batch_bytes: usize,
+
+    /// Memory SQLite may use at once for every connection together (sorts, DISTINCT and
+    /// temporary tables are held in memory); past it a statement answers 503. SQLite only.
+    #[arg(long, env = "SQLHTTPD_MAX_ENGINE_MEMORY", value_name = "N", default_value_t = Limits::default().max_engine_memory)]
+    max_engine_memory: usize,
 
     /// Most statements in one atomic batch.
     #[arg(long, env = "SQLHTTPD_MAX_BATCH_STATEMENTS", value_name = "N", default_value_t = Limits::default().max_batch_statements)]
@@ -226,6 +235,7 @@ impl Cli {
             rate_limit,
             max_body_bytes: self.max_body_bytes,
             max_batch_bytes: self.max_batch_bytes,
+            max_buffered_bytes: self.max_buffered_bytes,
             idempotency_ttl: (!self.no_idempotency).then_some(self.idempotency_ttl),
             limits: Limits {
                 statement_timeout: self.statement_timeout,
@@ -235,6 +245,7 @@ impl Cli {
                 queue_depth: self.queue_depth,
                 read_connections: self.read_connections,
                 max_batch_statements: self.max_batch_statements,
+                max_engine_memory: self.max_engine_memory,
             },
             http: HttpLimits {
                 header_timeout: self.header_timeout,

@@ -13,6 +13,7 @@ use crate::config::{Config, Limits};
 use crate::engine::Backend;
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
+use crate::http::body::BodyBudget;
 use crate::http::metrics::Metrics;
 use crate::http::rate_limit::RateLimiter;
 
@@ -40,6 +41,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_batch_bytes: usize,
+    pub(crate) body_budget: BodyBudget,
     pub(crate) body_timeout: Duration,
     pub(crate) limits: Limits,
     pub(crate) allow_origins: Vec<String>,
@@ -65,6 +67,7 @@ impl AppState {
                 metrics: Metrics::new(),
                 max_body_bytes: config.max_body_bytes,
                 max_batch_bytes: config.max_batch_bytes,
+                body_budget: BodyBudget::new(config.max_buffered_bytes),
                 body_timeout: config.http.body_timeout,
                 limits: config.limits,
                 allow_origins: config.http.allow_origins.clone(),

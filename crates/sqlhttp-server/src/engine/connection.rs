@@ -24,6 +24,10 @@ use crate::engine::sandbox;
 /// own connections never wait for each other in WAL mode, but for checkpoints).
 pub(crate) const BUSY_LIMIT: Duration = Duration::from_millis(250);
 
+/// The write-ahead log's size past which the writer checkpoints and truncates it after a job:
+/// a large write that was rolled back (a statement timeout) leaves its pages in the log.
+pub(crate) const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
+
 /// SQLite virtual-machine steps between two checks of the job's deadline and cancellation.
 const PROGRESS_EVERY: i32 = 1_000;
 
@@ -86,6 +90,8 @@ pub(crate) struct Conn {
     pub(crate) limits: Limits,
     /// When expired idempotency keys were last purged (writer only).
     pub(crate) last_purge: Option<Instant>,
+    /// The writer's write-ahead log file, watched by [`Conn::bound_wal`]; `None` on readers.
+    wal: Option<PathBuf>,
     /// The schema version (SQLite's schema cookie) this connection's compiled schema is at
     /// least as new as; `None` before the first check.
     schema_seen: Cell<Option<i64>>,
@@ -111,6 +117,8 @@ impl Conn {
             Role::Writer => {
                 // Readers never block the writer nor each other.
                 conn.pragma_update(None, "journal_mode", "WAL")?;
+                // A checkpoint that resets the log truncates it to this (see `bound_wal`).
+                conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
             }
             Role::Reader => conn.execute_batch("PRAGMA query_only = ON")?,
         }
@@ -121,6 +129,9 @@ impl Conn {
         } else {
             "PRAGMA synchronous = OFF"
         })?;
+        // Sorts, DISTINCT and temporary tables stay in memory, under the engine's memory limit
+        // (`PRAGMA hard_heap_limit`, set at start), instead of spilling to files without bound.
+        conn.execute_batch("PRAGMA temp_store = MEMORY")?;
 
         let progress = Arc::clone(&hooks);
         conn.progress_handler(PROGRESS_EVERY, Some(move || progress.must_stop()))?;
@@ -155,6 +166,11 @@ impl Conn {
             hooks,
             limits,
             last_purge: None,
+            wal: (role == Role::Writer).then(|| {
+                let mut wal = path.clone().into_os_string();
+                wal.push("-wal");
+                PathBuf::from(wal)
+            }),
             schema_seen: Cell::new(None),
             _target: target.clone(),
         })
@@ -183,6 +199,28 @@ impl Conn {
             .exists([])?;
         self.schema_seen.set(Some(version));
         Ok(true)
+    }
+
+    /// After a job on the writer: when the write-ahead log has grown past [`WAL_SIZE_LIMIT`]
+    /// (pages of a large write, kept or rolled back), checkpoints it and truncates it, so the
+    /// file does not keep what one statement wrote for as long as the server runs. A checkpoint
+    /// that readers hold up is tried again after the next job.
+    pub(crate) fn bound_wal(&self) {
+        let Some(wal) = &self.wal else { return };
+        let size = std::fs::metadata(wal).map_or(0, |meta| meta.len());
+        if size <= WAL_SIZE_LIMIT.unsigned_abs() {
+            return;
+        }
+        let checkpoint = self
+            .conn
+            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                row.get::<_, i64>(0)
+            });
+        match checkpoint {
+            Ok(0) => tracing::debug!(bytes = size, "truncated the write-ahead log"),
+            Ok(_) => tracing::debug!(bytes = size, "readers held up the checkpoint; later"),
+            Err(e) => tracing::warn!(error = %e, "cannot checkpoint the write-ahead log"),
+        }
     }
 
     /// Ends a transaction a job left open (after a panic, or anything unforeseen), so no

@@ -46,6 +46,13 @@ fn map_failure(failure: rusqlite::ffi::Error, msg: Option<String>) -> ApiError {
             ApiError::unavailable(format!("the database is busy, retry later ({message})"))
         }
         Code::OperationInterrupted => ApiError::interrupted(),
+        // SQLite's connections together reached the engine's memory limit: this statement's
+        // sort, DISTINCT or value, or others running beside it. Its work was rolled back.
+        Code::OutOfMemory => ApiError::unavailable(
+            "the statement needs more memory than this server lets its engine use at once \
+             (--max-engine-memory), counting the statements beside it; nothing it wrote was \
+             kept. Retry later, or make it use less (a smaller sort, DISTINCT or value)",
+        ),
         // The sandbox's authorizer refused part of the statement; the engine replaces this
         // message with the sandbox's reason.
         Code::AuthorizationForStatementDenied => ApiError::not_allowed(message),

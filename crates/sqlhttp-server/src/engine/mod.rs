@@ -123,6 +123,15 @@ impl Engine {
         let target = Target::new(database).map_err(ServerError::EngineThread)?;
         let hooks = || Arc::new(Hooks::new(Arc::clone(&closing)));
         let mut writer = Conn::open(&target, Role::Writer, limits, hooks()).map_err(open_error)?;
+        // One limit for the whole process (SQLite's allocator is shared by every connection).
+        writer
+            .conn
+            .pragma_update(
+                None,
+                "hard_heap_limit",
+                i64::try_from(limits.max_engine_memory).unwrap_or(i64::MAX),
+            )
+            .map_err(open_error)?;
         writer
             .conn
             .execute_batch(exec::ROWID_PROBE_DDL)

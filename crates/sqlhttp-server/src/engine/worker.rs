@@ -146,6 +146,7 @@ impl Pool {
             conn.end_stray_transaction();
             // The requester may have gone away; the work is done either way.
             let _ = reply.send(outcome);
+            conn.bound_wal();
         });
         self.submit(task)?;
         Ok(async move { result.await.map_err(|_| shutting_down())? })

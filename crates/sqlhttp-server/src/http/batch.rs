@@ -30,10 +30,12 @@ async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiErr
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     let Admitted { credential, key } = admit(state, &parts)?;
-    let bytes = body::read_within(
+    // Held until the request is answered: the body's share of the server's budget.
+    let (bytes, _held) = body::read_within(
         body,
         &parts.headers,
         shared.max_batch_bytes,
+        &shared.body_budget,
         shared.body_timeout,
     )
     .await?;

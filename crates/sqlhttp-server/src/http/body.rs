@@ -3,10 +3,18 @@
 //! size is read to its end and discarded before the answer, so the client, still sending, is not
 //! reset before it can read the `413` (proxies make that race likely).
 //!
+//! Bodies count against one server-wide [`BodyBudget`] from their first byte (their declared
+//! length, when they have one) until their request is answered: past it a request is answered
+//! `503 UNAVAILABLE` with `Retry-After` before anything runs, so many slow or large uploads at
+//! once cannot hold more memory than `--max-buffered-bytes` together.
+//!
 //! Knows HTTP bodies and headers only.
 
 use std::future::poll_fn;
 use std::pin::Pin;
+use std::sync::Arc;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, header};
@@ -36,13 +44,60 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
-/// Collects `body`, refusing it as soon as it is known to exceed `limit` bytes (from
-/// `Content-Length` before reading anything, else while reading).
+/// The server-wide budget for request bodies, counted in KiB.
+#[derive(Debug, Clone)]
+pub(crate) struct BodyBudget {
+    kib: Arc<Semaphore>,
+    bytes: usize,
+}
+
+/// What one request holds of the [`BodyBudget`]; given back when dropped.
+#[derive(Debug, Default)]
+pub(crate) struct Held(Option<OwnedSemaphorePermit>);
+
+impl BodyBudget {
+    /// A budget of `bytes` (at least 1 KiB).
+    pub(crate) fn new(bytes: usize) -> BodyBudget {
+        BodyBudget {
+            kib: Arc::new(Semaphore::new(bytes.div_ceil(1024).max(1))),
+            bytes,
+        }
+    }
+
+    /// Grows `held` to cover `total` bytes of one body, or refuses with `503`.
+    fn cover(&self, held: &mut Held, total: usize) -> Result<(), ApiError> {
+        let have = held.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
+        let need = total.div_ceil(1024).saturating_sub(have);
+        if need == 0 {
+            return Ok(());
+        }
+        let more = u32::try_from(need)
+            .ok()
+            .and_then(|need| Arc::clone(&self.kib).try_acquire_many_owned(need).ok())
+            .ok_or_else(|| {
+                ApiError::unavailable(format!(
+                    "the server is holding as many request bodies as it allows at once \
+                     ({} bytes, --max-buffered-bytes); retry later",
+                    self.bytes
+                ))
+            })?;
+        match &mut held.0 {
+            Some(permit) => permit.merge(more),
+            None => held.0 = Some(more),
+        }
+        Ok(())
+    }
+}
+
+/// Collects `body` within `budget`, refusing it as soon as it is known to exceed `limit` bytes
+/// (from `Content-Length` before reading anything, else while reading). The body's share of the
+/// budget is held until the returned [`Held`] is dropped.
 pub(crate) async fn read_limited(
     mut body: Body,
     headers: &HeaderMap,
     limit: usize,
-) -> Result<Bytes, ApiError> {
+    budget: &BodyBudget,
+) -> Result<(Bytes, Held), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
@@ -55,7 +110,10 @@ pub(crate) async fn read_limited(
         }
         return Err(too_large(limit));
     }
-    let mut collected = Vec::with_capacity(declared.map_or(0, |d| d as usize));
+    let mut held = Held::default();
+    let declared = declared.map_or(0, |d| d as usize);
+    budget.cover(&mut held, declared)?;
+    let mut collected = Vec::with_capacity(declared);
     while let Some(frame) = poll_fn(|cx| Pin::new(&mut body).poll_frame(cx)).await {
         let frame =
             frame.map_err(|_| ApiError::bad_request("the request body could not be read"))?;
@@ -64,10 +122,11 @@ pub(crate) async fn read_limited(
                 drain(body, (collected.len() + data.len()) as u64).await;
                 return Err(too_large(limit));
             }
+            budget.cover(&mut held, collected.len() + data.len())?;
             collected.extend_from_slice(&data);
         }
     }
-    Ok(Bytes::from(collected))
+    Ok((Bytes::from(collected), held))
 }
 
 /// [`read_limited`] within `timeout` (`408 REQUEST_TIMEOUT` past it).
@@ -75,9 +134,10 @@ pub(crate) async fn read_within(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
+    budget: &BodyBudget,
     timeout: std::time::Duration,
-) -> Result<Bytes, ApiError> {
-    tokio::time::timeout(timeout, read_limited(body, headers, limit))
+) -> Result<(Bytes, Held), ApiError> {
+    tokio::time::timeout(timeout, read_limited(body, headers, limit, budget))
         .await
         .map_err(|_| {
             ApiError::new(
@@ -96,17 +156,45 @@ mod tests {
 
     #[tokio::test]
     async fn enforces_the_limit_with_and_without_content_length() {
-        let ok = read_limited(Body::from("12345"), &HeaderMap::new(), 5)
+        let budget = BodyBudget::new(1 << 20);
+        let (ok, _held) = read_limited(Body::from("12345"), &HeaderMap::new(), 5, &budget)
             .await
             .unwrap();
         assert_eq!(&ok[..], b"12345");
-        let err = read_limited(Body::from("123456"), &HeaderMap::new(), 5)
+        let err = read_limited(Body::from("123456"), &HeaderMap::new(), 5, &budget)
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::PayloadTooLarge);
         let mut headers = HeaderMap::new();
         headers.insert(header::CONTENT_LENGTH, "6".parse().unwrap());
-        let err = read_limited(Body::empty(), &headers, 5).await.unwrap_err();
+        let err = read_limited(Body::empty(), &headers, 5, &budget)
+            .await
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::PayloadTooLarge);
+    }
+
+    #[tokio::test]
+    async fn bodies_together_stay_within_the_budget_until_answered() {
+        let budget = BodyBudget::new(10 * 1024);
+        let body = || Body::from(vec![b'x'; 6 * 1024]);
+        let (_, first) = read_limited(body(), &HeaderMap::new(), 1 << 20, &budget)
+            .await
+            .unwrap();
+        let refused = read_limited(body(), &HeaderMap::new(), 1 << 20, &budget)
+            .await
+            .unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert!(
+            refused.message.contains("--max-buffered-bytes"),
+            "{}",
+            refused.message
+        );
+        // What the refused body had taken was given back, and the first one's share with it.
+        drop(first);
+        let (_, second) = read_limited(body(), &HeaderMap::new(), 1 << 20, &budget)
+            .await
+            .unwrap();
+        drop(second);
+        assert_eq!(budget.kib.available_permits(), 10);
     }
 }

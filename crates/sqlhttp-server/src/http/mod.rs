@@ -8,7 +8,7 @@
 
 pub(crate) mod auth;
 mod batch;
-mod body;
+pub(crate) mod body;
 mod browser;
 mod compression;
 pub(crate) mod credentials;
@@ -175,10 +175,12 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     let Admitted { credential, key } = admit(state, &parts)?;
-    let bytes = body::read_within(
+    // Held until the request is answered: the body's share of the server's budget.
+    let (bytes, _held) = body::read_within(
         body,
         &parts.headers,
         shared.max_body_bytes,
+        &shared.body_budget,
         shared.body_timeout,
     )
     .await?;

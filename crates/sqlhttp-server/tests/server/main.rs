@@ -4,6 +4,7 @@
 mod api;
 mod batch;
 mod binary;
+mod bounds;
 mod common;
 mod conformance;
 mod connections;

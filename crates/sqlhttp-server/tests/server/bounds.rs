@@ -1,0 +1,179 @@
+//! Memory and disk bounded as a whole, not only per request: request bodies held at once within
+//! `--max-buffered-bytes`, the write-ahead log truncated after a large write is rolled back,
+//! sorts and `DISTINCT` kept in memory under `--max-engine-memory` (no temp-file spill), and
+//! defaults that fit together (a value of `--max-value-bytes` can be sent).
+
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use sqlhttp_server::{Config, Limits, Server, ServerHandle};
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::TcpStream;
+
+use crate::common::{TempDb, http_client};
+
+async fn serve(config: Config) -> ServerHandle {
+    Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..config
+    })
+    .await
+    .unwrap()
+    .spawn()
+}
+
+async fn post(url: &str, body: &Value) -> (u16, Value) {
+    let response = http_client()
+        .post(format!("{url}/api/v1/sql"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// Starts a request whose declared body is `declared` bytes, and sends a little of it.
+async fn stalled_upload(handle: &ServerHandle, declared: usize) -> TcpStream {
+    let mut stream = TcpStream::connect(handle.local_addr()).await.unwrap();
+    let head = format!(
+        "POST /api/v1/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {declared}\r\n\r\n{{\"statements\": ["
+    );
+    stream.write_all(head.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_uploads_together_stay_within_the_buffered_budget() {
+    const MIB: usize = 1 << 20;
+    let handle = serve(Config {
+        max_buffered_bytes: 4 * MIB,
+        ..Config::default()
+    })
+    .await;
+    // Each declares 1.5 MiB: two fit the 4 MiB budget, the third does not.
+    let mut stalled = Vec::new();
+    for _ in 0..2 {
+        stalled.push(stalled_upload(&handle, 3 * MIB / 2).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let big = json!({"sql": "SELECT length(?)", "params": ["x".repeat(3 * MIB / 2)]});
+    let (status, body) = post(&handle.url(), &big).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "UNAVAILABLE");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-buffered-bytes"),
+        "{body}"
+    );
+    // Small requests still fit beside them, and the budget comes back when they go.
+    let (status, _) = post(&handle.url(), &json!({"sql": "SELECT 1"})).await;
+    assert_eq!(status, 200);
+    drop(stalled);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (status, _) = post(&handle.url(), &big).await;
+        if status == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the budget was not given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_value_of_the_largest_size_can_be_sent_with_the_defaults() {
+    let config = Config::default();
+    let largest = config.limits.max_value_bytes;
+    let handle = serve(config).await;
+    use base64::Engine as _;
+    let blob = base64::engine::general_purpose::STANDARD.encode(vec![7_u8; largest]);
+    let (status, body) = post(
+        &handle.url(),
+        &json!({"sql": "SELECT length(?) AS n", "params": [{"base64": blob}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rows"], json!([[largest]]));
+    handle.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_is_truncated_after_a_large_write_is_rolled_back() {
+    let file = TempDb::new("wal_bound");
+    let handle = serve(Config {
+        database: file.database(),
+        limits: Limits {
+            statement_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let url = handle.url();
+    let (status, _) = post(&url, &json!({"sql": "CREATE TABLE big (b BLOB)"})).await;
+    assert_eq!(status, 200);
+    // Far more than the statement timeout lets it write: it is interrupted and rolled back,
+    // after spilling hundreds of MiB of pages into the log.
+    let endless = "INSERT INTO big WITH RECURSIVE r(i) AS (SELECT 1 UNION ALL SELECT i + 1 \
+                   FROM r WHERE i < 100000) SELECT zeroblob(100000) FROM r";
+    let (status, body) = post(&url, &json!({ "sql": endless })).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (422, Some("STATEMENT_TIMEOUT"))
+    );
+    let mut wal = file.path().as_os_str().to_owned();
+    wal.push("-wal");
+    let size = || std::fs::metadata(&wal).map_or(0, |meta| meta.len());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while size() > 64 * 1024 * 1024 {
+        assert!(
+            Instant::now() < deadline,
+            "the log still holds {} bytes of a rolled-back write",
+            size()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let (status, body) = post(&url, &json!({"sql": "SELECT count(*) FROM big"})).await;
+    assert_eq!((status, &body["rows"]), (200, &json!([[0]])));
+    handle.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_distinct_larger_than_the_engine_memory_fails_clearly_instead_of_spilling() {
+    // SQLite's memory limit is one per process: this runs in a process of its own. Before the
+    // limit, the same query spilled its DISTINCT to temporary files and answered 200.
+    let temp = tempfile::tempdir().unwrap();
+    let mut command = crate::common::sqlhttpd();
+    command
+        .env("TMPDIR", temp.path())
+        .env("SQLITE_TMPDIR", temp.path());
+    command.args(["--listen", "127.0.0.1:0", "--max-engine-memory", "67108864"]);
+    let mut child = command.spawn().unwrap();
+    let url = crate::common::read_url(&mut child);
+    let spill = "SELECT count(*) FROM (SELECT DISTINCT randomblob(100000) FROM (WITH RECURSIVE \
+                 r(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM r WHERE i < 5000) SELECT i FROM r))";
+    let (status, body) = post(&url, &json!({ "sql": spill })).await;
+    assert_eq!(status, 503, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("--max-engine-memory"),
+        "{body}"
+    );
+    // The server serves on.
+    let (status, _) = post(&url, &json!({"sql": "SELECT 1"})).await;
+    assert_eq!(status, 200);
+    let _ = child.kill();
+    let _ = child.wait();
+}
