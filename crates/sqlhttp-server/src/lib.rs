@@ -23,6 +23,7 @@
 
 mod api_error;
 mod batch_request;
+mod budget;
 mod config;
 mod engine;
 mod error;

@@ -9,11 +9,11 @@ use std::collections::HashSet;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use crate::budget::Budget;
 use crate::config::{Config, Limits};
 use crate::engine::Backend;
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
-use crate::http::body::BodyBudget;
 use crate::http::metrics::Metrics;
 use crate::http::rate_limit::RateLimiter;
 
@@ -41,7 +41,7 @@ pub(crate) struct Shared {
     pub(crate) metrics: Metrics,
     pub(crate) max_body_bytes: usize,
     pub(crate) max_batch_bytes: usize,
-    pub(crate) body_budget: BodyBudget,
+    pub(crate) budget: Budget,
     pub(crate) body_timeout: Duration,
     pub(crate) limits: Limits,
     pub(crate) allow_origins: Vec<String>,
@@ -58,7 +58,13 @@ impl AppState {
             config.tokens.iter().map(String::as_str),
             config.read_tokens.iter().map(String::as_str),
         )?;
-        let engine = Backend::start(&config.database, config.idempotency_ttl, config.limits)?;
+        let budget = Budget::new(config.max_buffered_bytes);
+        let engine = Backend::start(
+            &config.database,
+            config.idempotency_ttl,
+            config.limits,
+            budget.clone(),
+        )?;
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,
@@ -67,7 +73,7 @@ impl AppState {
                 metrics: Metrics::new(),
                 max_body_bytes: config.max_body_bytes,
                 max_batch_bytes: config.max_batch_bytes,
-                body_budget: BodyBudget::new(config.max_buffered_bytes),
+                budget,
                 body_timeout: config.http.body_timeout,
                 limits: config.limits,
                 allow_origins: config.http.allow_origins.clone(),

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
+use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
 use crate::engine::postgres::PgEngine;
 use crate::engine::{Engine, Outcome, Reply};
@@ -29,12 +30,13 @@ impl Backend {
         database: &Database,
         idempotency_ttl: Option<Duration>,
         limits: Limits,
+        budget: Budget,
     ) -> Result<Backend, ServerError> {
         match database {
             Database::Postgres(url) => {
-                PgEngine::start(url, idempotency_ttl, limits).map(Backend::Postgres)
+                PgEngine::start(url, idempotency_ttl, limits, budget).map(Backend::Postgres)
             }
-            sqlite => Engine::start(sqlite, idempotency_ttl, limits)
+            sqlite => Engine::start(sqlite, idempotency_ttl, limits, budget)
                 .map(|engine| Backend::Sqlite(Box::new(engine))),
         }
     }
@@ -56,6 +58,8 @@ impl Backend {
     }
 
     /// Runs one keyed request exactly once; `guard` is held until the engine is done with it.
+    /// Like the batches below, its whole answer comes with its share of the server's budget,
+    /// to hold until the answer is sent.
     pub(crate) async fn execute_with_key<G: Send + 'static>(
         &self,
         ttl: Duration,
@@ -63,7 +67,7 @@ impl Backend {
         request_hash: [u8; 32],
         request: SqlRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
         match self {
             Backend::Sqlite(engine) => {
                 engine
@@ -79,7 +83,7 @@ impl Backend {
     }
 
     /// Runs a batch without an Idempotency-Key in one transaction.
-    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
         match self {
             Backend::Sqlite(engine) => engine.batch(batch).await,
             Backend::Postgres(engine) => engine.batch(batch).await,
@@ -94,7 +98,7 @@ impl Backend {
         request_hash: [u8; 32],
         batch: BatchRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
         match self {
             Backend::Sqlite(engine) => {
                 engine

@@ -13,30 +13,32 @@ use std::time::Duration;
 
 use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
+use crate::budget::Held;
 use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
 use crate::engine::connection::Conn;
 use crate::engine::exec::{self, Access, Ran};
 use crate::engine::transaction::{self, Mode};
-use crate::engine::{Engine, Outcome, idempotency};
+use crate::engine::{Buffering, Engine, Outcome, idempotency};
 use crate::request::SqlRequest;
 
 impl Engine {
     /// Runs a batch without an Idempotency-Key: a read-only one on a reader (on the writer when
     /// there are no readers), any other on the writer.
-    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
-        let body = if batch.read_only {
-            let pool = self.readers.as_ref().unwrap_or(&self.writer);
-            Self::run(pool, move |conn| {
-                in_transaction(conn, Mode::Read, &batch.statements)
-            })
-            .await?
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        let (pool, mode) = if batch.read_only {
+            (self.readers.as_ref().unwrap_or(&self.writer), Mode::Read)
         } else {
-            Self::run(&self.writer, move |conn| {
-                in_transaction(conn, Mode::Write, &batch.statements)
-            })
-            .await?
+            (&self.writer, Mode::Write)
         };
-        Ok(Outcome::fresh(body))
+        let buffering = self.buffering.clone();
+        let (body, held) = Self::run(pool, move |conn| {
+            let mut held = buffering.start()?;
+            let body = in_transaction(conn, mode, &batch.statements)?;
+            Buffering::keep(&mut held, body.len());
+            Ok((body, held))
+        })
+        .await?;
+        Ok((Outcome::fresh(body), held))
     }
 
     /// Runs a keyed write batch exactly once (see `idempotency::run_with_key`). `guard` is held
@@ -48,12 +50,16 @@ impl Engine {
         request_hash: [u8; 32],
         batch: BatchRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
         Self::run(&self.writer, move |writer| {
             let _guard = guard;
-            idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
+            let mut held = buffering.start()?;
+            let outcome = idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
                 run_statements(conn, &batch.statements, Access::ReadWrite)
-            })
+            })?;
+            Buffering::keep(&mut held, outcome.body.len());
+            Ok((outcome, held))
         })
         .await
     }
@@ -121,7 +127,13 @@ mod tests {
     use crate::request::Param;
 
     fn engine_with(limits: Limits) -> Engine {
-        Engine::start(&Database::Memory, Some(Duration::from_secs(60)), limits).unwrap()
+        Engine::start(
+            &Database::Memory,
+            Some(Duration::from_secs(60)),
+            limits,
+            crate::budget::Budget::new(1 << 30),
+        )
+        .unwrap()
     }
 
     fn statement(sql: &str, params: Vec<Param>) -> SqlRequest {
@@ -162,7 +174,8 @@ mod tests {
                 ],
             ))
             .await
-            .unwrap();
+            .unwrap()
+            .0;
         let value: serde_json::Value = serde_json::from_slice(&ok.body).unwrap();
         assert_eq!(value["results"].as_array().unwrap().len(), 3);
         assert_eq!(value["results"][1]["rows_affected"], 2);

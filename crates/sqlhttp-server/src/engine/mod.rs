@@ -31,6 +31,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::api_error::{ApiError, ErrorCode};
+use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
@@ -60,6 +61,35 @@ impl Outcome {
             body,
             replayed: false,
         }
+    }
+}
+
+/// How an engine job that builds a whole result (a keyed outcome, a batch's results) takes its
+/// share of the server's [`Budget`]: the most one result may be (`--max-result-bytes`) when the
+/// job starts on its connection, refused with `503` before anything runs when the budget is
+/// spent; what the result really takes once it is built, until its answer has been sent.
+#[derive(Debug, Clone)]
+pub(crate) struct Buffering {
+    budget: Budget,
+    reserve: usize,
+}
+
+impl Buffering {
+    pub(crate) fn new(budget: Budget, limits: &Limits) -> Buffering {
+        let reserve = limits.max_result_bytes.min(budget.bytes());
+        Buffering { budget, reserve }
+    }
+
+    /// The share for a job that starts now.
+    pub(crate) fn start(&self) -> Result<Held, ApiError> {
+        let mut held = Held::default();
+        self.budget.cover(&mut held, self.reserve)?;
+        Ok(held)
+    }
+
+    /// Keeps of `held` what a result of `bytes` needs.
+    pub(crate) fn keep(held: &mut Held, bytes: usize) {
+        Budget::shrink(held, bytes);
     }
 }
 
@@ -102,6 +132,7 @@ pub(crate) struct Engine {
     writer: Pool,
     readers: Option<Pool>,
     closing: Arc<AtomicBool>,
+    buffering: Buffering,
 }
 
 /// What one pool made of a streamed request.
@@ -117,6 +148,7 @@ impl Engine {
         database: &Database,
         idempotency_ttl: Option<Duration>,
         limits: Limits,
+        budget: Budget,
     ) -> Result<Engine, ServerError> {
         let open_error = |e| ServerError::open_database(database, e);
         let closing = Arc::new(AtomicBool::new(false));
@@ -161,6 +193,7 @@ impl Engine {
             writer,
             readers,
             closing,
+            buffering: Buffering::new(budget, &limits),
         })
     }
 
@@ -310,10 +343,15 @@ impl Engine {
         request_hash: [u8; 32],
         request: SqlRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
         Self::run(&self.writer, move |writer| {
             let _guard = guard;
-            idempotency::execute_with_key(writer, ttl, &key, &request_hash, &request)
+            let mut held = buffering.start()?;
+            let outcome =
+                idempotency::execute_with_key(writer, ttl, &key, &request_hash, &request)?;
+            Buffering::keep(&mut held, outcome.body.len());
+            Ok((outcome, held))
         })
         .await
     }
@@ -360,7 +398,7 @@ mod tests {
     use super::*;
 
     fn engine_with(limits: Limits) -> Engine {
-        Engine::start(&Database::Memory, None, limits).unwrap()
+        Engine::start(&Database::Memory, None, limits, Budget::new(1 << 30)).unwrap()
     }
 
     fn engine() -> Engine {

@@ -12,6 +12,7 @@ use sha2::{Digest, Sha256};
 
 use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
+use crate::budget::Held;
 use crate::engine::{Outcome, check_text};
 use crate::http::{Admitted, admit, body, claim, outcome_response};
 use crate::state::AppState;
@@ -21,12 +22,12 @@ pub(crate) const BATCH_PATH: &str = "/api/v1/batch";
 
 pub(crate) async fn batch(State(state): State<AppState>, request: Request) -> Response {
     match run_batch(&state, request).await {
-        Ok(outcome) => outcome_response(outcome),
+        Ok((outcome, held)) => outcome_response(outcome, held),
         Err(err) => err.into_response(),
     }
 }
 
-async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiError> {
+async fn run_batch(state: &AppState, request: Request) -> Result<(Outcome, Held), ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     let Admitted { credential, key } = admit(state, &parts)?;
@@ -35,7 +36,7 @@ async fn run_batch(state: &AppState, request: Request) -> Result<Outcome, ApiErr
         body,
         &parts.headers,
         shared.max_batch_bytes,
-        &shared.body_budget,
+        &shared.budget,
         shared.body_timeout,
     )
     .await?;

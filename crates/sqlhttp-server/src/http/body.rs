@@ -3,7 +3,7 @@
 //! size is read to its end and discarded before the answer, so the client, still sending, is not
 //! reset before it can read the `413` (proxies make that race likely).
 //!
-//! Bodies count against one server-wide [`BodyBudget`] from their first byte (their declared
+//! Bodies count against the server-wide [`Budget`] from their first byte (their declared
 //! length, when they have one) until their request is answered: past it a request is answered
 //! `503 UNAVAILABLE` with `Retry-After` before anything runs, so many slow or large uploads at
 //! once cannot hold more memory than `--max-buffered-bytes` together.
@@ -12,14 +12,12 @@
 
 use std::future::poll_fn;
 use std::pin::Pin;
-use std::sync::Arc;
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, header};
 
 use crate::api_error::{ApiError, ErrorCode};
+use crate::budget::{Budget, Held};
 
 /// Oversized bodies up to this size are drained before `413`; larger ones are cut at once.
 const DRAIN_AT_MOST: u64 = 16 * 1024 * 1024;
@@ -44,48 +42,51 @@ fn too_large(limit: usize) -> ApiError {
     )
 }
 
-/// The server-wide budget for request bodies, counted in KiB.
-#[derive(Debug, Clone)]
-pub(crate) struct BodyBudget {
-    kib: Arc<Semaphore>,
-    bytes: usize,
+/// A whole response body that holds its share of the server's budget until its last byte has
+/// been taken, handed out in pieces of [`PIECE`] bytes: hyper takes the next piece only when its
+/// write buffer has room, so a client that reads nothing keeps the body here, counted, and the
+/// budget is given back when the body is done or dropped (the client left, or the send timeout
+/// closed its connection).
+pub(crate) struct Holding {
+    rest: Bytes,
+    held: Option<Held>,
 }
 
-/// What one request holds of the [`BodyBudget`]; given back when dropped.
-#[derive(Debug, Default)]
-pub(crate) struct Held(Option<OwnedSemaphorePermit>);
+/// The size of the pieces a [`Holding`] body is handed out in.
+const PIECE: usize = 64 * 1024;
 
-impl BodyBudget {
-    /// A budget of `bytes` (at least 1 KiB).
-    pub(crate) fn new(bytes: usize) -> BodyBudget {
-        BodyBudget {
-            kib: Arc::new(Semaphore::new(bytes.div_ceil(1024).max(1))),
-            bytes,
+impl Holding {
+    pub(crate) fn new(body: Bytes, held: Held) -> Holding {
+        Holding {
+            rest: body,
+            held: Some(held),
         }
     }
+}
 
-    /// Grows `held` to cover `total` bytes of one body, or refuses with `503`.
-    fn cover(&self, held: &mut Held, total: usize) -> Result<(), ApiError> {
-        let have = held.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits);
-        let need = total.div_ceil(1024).saturating_sub(have);
-        if need == 0 {
-            return Ok(());
+impl HttpBody for Holding {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        if self.rest.is_empty() {
+            self.held = None;
+            return std::task::Poll::Ready(None);
         }
-        let more = u32::try_from(need)
-            .ok()
-            .and_then(|need| Arc::clone(&self.kib).try_acquire_many_owned(need).ok())
-            .ok_or_else(|| {
-                ApiError::unavailable(format!(
-                    "the server is holding as many request bodies as it allows at once \
-                     ({} bytes, --max-buffered-bytes); retry later",
-                    self.bytes
-                ))
-            })?;
-        match &mut held.0 {
-            Some(permit) => permit.merge(more),
-            None => held.0 = Some(more),
-        }
-        Ok(())
+        let take = self.rest.len().min(PIECE);
+        let piece = self.rest.split_to(take);
+        std::task::Poll::Ready(Some(Ok(hyper::body::Frame::data(piece))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.rest.is_empty()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        hyper::body::SizeHint::with_exact(self.rest.len() as u64)
     }
 }
 
@@ -96,7 +97,7 @@ pub(crate) async fn read_limited(
     mut body: Body,
     headers: &HeaderMap,
     limit: usize,
-    budget: &BodyBudget,
+    budget: &Budget,
 ) -> Result<(Bytes, Held), ApiError> {
     let declared = headers
         .get(header::CONTENT_LENGTH)
@@ -134,7 +135,7 @@ pub(crate) async fn read_within(
     body: Body,
     headers: &HeaderMap,
     limit: usize,
-    budget: &BodyBudget,
+    budget: &Budget,
     timeout: std::time::Duration,
 ) -> Result<(Bytes, Held), ApiError> {
     tokio::time::timeout(timeout, read_limited(body, headers, limit, budget))
@@ -156,7 +157,7 @@ mod tests {
 
     #[tokio::test]
     async fn enforces_the_limit_with_and_without_content_length() {
-        let budget = BodyBudget::new(1 << 20);
+        let budget = Budget::new(1 << 20);
         let (ok, _held) = read_limited(Body::from("12345"), &HeaderMap::new(), 5, &budget)
             .await
             .unwrap();
@@ -175,7 +176,7 @@ mod tests {
 
     #[tokio::test]
     async fn bodies_together_stay_within_the_budget_until_answered() {
-        let budget = BodyBudget::new(10 * 1024);
+        let budget = Budget::new(10 * 1024);
         let body = || Body::from(vec![b'x'; 6 * 1024]);
         let (_, first) = read_limited(body(), &HeaderMap::new(), 1 << 20, &budget)
             .await
@@ -195,6 +196,6 @@ mod tests {
             .await
             .unwrap();
         drop(second);
-        assert_eq!(budget.kib.available_permits(), 10);
+        assert_eq!(budget.available_kib(), 10);
     }
 }

@@ -8,7 +8,7 @@
 
 pub(crate) mod auth;
 mod batch;
-pub(crate) mod body;
+mod body;
 mod browser;
 mod compression;
 pub(crate) mod credentials;
@@ -28,6 +28,7 @@ use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::api_error::{ApiError, ErrorCode, json_response};
+use crate::budget::Held;
 use crate::engine::{Outcome, Reply, check_text};
 use crate::request::SqlRequest;
 use crate::state::AppState;
@@ -134,8 +135,8 @@ async fn probe_method_not_allowed() -> ApiError {
 
 async fn sql(State(state): State<AppState>, request: Request) -> Response {
     match run_sql(&state, request).await {
-        Ok(Reply::Whole(outcome)) => outcome_response(outcome),
-        Ok(Reply::Stream(body)) => streamed_response(body),
+        Ok((Reply::Whole(outcome), held)) => outcome_response(outcome, held),
+        Ok((Reply::Stream(body), _)) => streamed_response(body),
         Err(err) => err.into_response(),
     }
 }
@@ -171,7 +172,9 @@ pub(crate) fn claim(state: &AppState, key: &str) -> Result<crate::state::KeyGuar
     })
 }
 
-async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> {
+/// Runs one statement; a whole answer comes with its share of the server's budget (nothing
+/// for a small fresh result, whose job held none).
+async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), ApiError> {
     let shared = &state.inner;
     let (parts, body) = request.into_parts();
     let Admitted { credential, key } = admit(state, &parts)?;
@@ -180,7 +183,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
         body,
         &parts.headers,
         shared.max_body_bytes,
-        &shared.body_budget,
+        &shared.budget,
         shared.body_timeout,
     )
     .await?;
@@ -196,6 +199,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
             .engine
             .execute_read_only(request)
             .await
+            .map(|reply| (reply, Held::default()))
             .map_err(|err| {
                 if asked && err.code == ErrorCode::ReadOnly {
                     err.with_hint(READ_ONLY_HINT)
@@ -205,7 +209,8 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
             });
     }
     let Some((ttl, key)) = key else {
-        return shared.engine.execute_streamed(request).await;
+        let reply = shared.engine.execute_streamed(request).await?;
+        return Ok((reply, Held::default()));
     };
     let guard = claim(state, &key)?;
     let request_hash: [u8; 32] = Sha256::digest(&bytes).into();
@@ -213,7 +218,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<Reply, ApiError> 
         .engine
         .execute_with_key(ttl, key, request_hash, request, guard)
         .await
-        .map(Reply::Whole)
+        .map(|(outcome, held)| (Reply::Whole(outcome), held))
 }
 
 /// What a client that marked a write `read_only` is told to do instead.
@@ -273,12 +278,15 @@ fn streamed_response(body: crate::engine::ChunkReceiver) -> Response {
         .unwrap_or_else(|_| ApiError::internal().into_response())
 }
 
-fn outcome_response(outcome: Outcome) -> Response {
+/// The response for a whole outcome; `held` (its share of the server's budget) is given back
+/// once the body has been sent or dropped.
+fn outcome_response(outcome: Outcome, held: Held) -> Response {
     let status = StatusCode::from_u16(outcome.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let counted = (status == StatusCode::OK)
         .then(|| rows::count(&outcome.body))
         .flatten();
-    let mut response = json_response(status, outcome.body);
+    let mut response = json_response(status, Vec::new());
+    *response.body_mut() = axum::body::Body::new(body::Holding::new(outcome.body.into(), held));
     if let Some(count) = counted {
         response.extensions_mut().insert(rows::Rows(count));
     }

@@ -1,5 +1,5 @@
-//! Memory and disk bounded as a whole, not only per request: request bodies held at once within
-//! `--max-buffered-bytes`, the write-ahead log truncated after a large write is rolled back,
+//! Memory and disk bounded as a whole, not only per request: request bodies and whole results
+//! held at once within `--max-buffered-bytes`, the write-ahead log truncated after a large write is rolled back,
 //! sorts and `DISTINCT` kept in memory under `--max-engine-memory` (no temp-file spill), and
 //! defaults that fit together (a value of `--max-value-bytes` can be sent).
 
@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server, ServerHandle};
 use tokio::io::AsyncWriteExt as _;
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 
 use crate::common::{TempDb, http_client};
 
@@ -176,4 +176,80 @@ async fn a_distinct_larger_than_the_engine_memory_fails_clearly_instead_of_spill
     assert_eq!(status, 200);
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Sends `batch` on a connection with a tiny receive window and never reads the answer.
+async fn unread_batch(handle: &ServerHandle, batch: &Value) -> TcpStream {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(4096).unwrap();
+    let mut stream = socket.connect(handle.local_addr()).await.unwrap();
+    let body = batch.to_string();
+    let request = format!(
+        "POST /api/v1/batch HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    stream
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whole_results_nobody_reads_stay_within_the_buffered_budget() {
+    const MIB: usize = 1 << 20;
+    let handle = serve(Config {
+        max_buffered_bytes: 32 * MIB,
+        limits: Limits {
+            max_result_bytes: 8 * MIB,
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    // About 6.7 MB of results: five 1 MB blobs, as base64.
+    let statement = json!({"sql": "SELECT zeroblob(1000000) AS b"});
+    let batch = json!({"read_only": true, "statements": vec![statement; 5]});
+    let mut unread = Vec::new();
+    let mut refused = None;
+    for _ in 0..20 {
+        unread.push(unread_batch(&handle, &batch).await);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let answer = http_client()
+            .post(format!("{}/api/v1/batch", handle.url()))
+            .header("content-type", "application/json")
+            .body(batch.to_string())
+            .send()
+            .await
+            .unwrap();
+        if answer.status() == 503 {
+            refused = Some(answer.text().await.unwrap());
+            break;
+        }
+        assert_eq!(answer.status(), 200);
+        let _ = answer.bytes().await.unwrap();
+    }
+    let refused = refused.expect("results nobody reads exhausted the budget before 20 of them");
+    assert!(refused.contains("--max-buffered-bytes"), "{refused}");
+    assert!(
+        unread.len() <= 6,
+        "{} unread results fit a 32 MiB budget",
+        unread.len()
+    );
+    // Their clients leave: the budget comes back.
+    drop(unread);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let answer = http_client()
+            .post(format!("{}/api/v1/batch", handle.url()))
+            .header("content-type", "application/json")
+            .body(batch.to_string())
+            .send()
+            .await
+            .unwrap();
+        if answer.status() == 200 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the budget was not given back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    handle.shutdown().await;
 }

@@ -40,11 +40,12 @@ use tokio_postgres::{CancelToken, Client, NoTls};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
+use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl};
 use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::stream::{self, ChunkSender};
-use crate::engine::{Outcome, Reply, exec};
+use crate::engine::{Buffering, Outcome, Reply, exec};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
@@ -85,6 +86,7 @@ enum Mode {
 #[derive(Debug)]
 pub(crate) struct PgEngine {
     inner: Arc<Inner>,
+    buffering: Buffering,
 }
 
 /// What the tasks share.
@@ -195,6 +197,7 @@ impl PgEngine {
         url: &PostgresUrl,
         idempotency_ttl: Option<Duration>,
         limits: Limits,
+        budget: Budget,
     ) -> Result<PgEngine, ServerError> {
         let failed = |reason: String| ServerError::Postgres {
             database: url.to_string(),
@@ -248,6 +251,7 @@ impl PgEngine {
         }
         Ok(PgEngine {
             inner: Arc::new(engine),
+            buffering: Buffering::new(budget, &limits),
         })
     }
 
@@ -326,26 +330,36 @@ impl PgEngine {
         request_hash: [u8; 32],
         request: SqlRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
         self.spawn(|inner, job| async move {
             let _guard = guard;
+            let mut held = buffering.start()?;
             // Boxed: the keyed transaction's future is large.
-            Box::pin(inner.with_key(&job, ttl, &key, &request_hash, Work::Statement(&request)))
-                .await
+            let outcome =
+                Box::pin(inner.with_key(&job, ttl, &key, &request_hash, Work::Statement(&request)))
+                    .await?;
+            Buffering::keep(&mut held, outcome.body.len());
+            Ok((outcome, held))
         })
         .await
     }
 
     /// Runs a batch without an Idempotency-Key in one transaction.
-    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<Outcome, ApiError> {
+    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
         if batch.read_only {
             for (index, statement) in batch.statements.iter().enumerate() {
                 sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
             }
         }
-        self.spawn(|inner, job| async move { inner.batch(&job, &batch).await })
-            .await
-            .map(Outcome::fresh)
+        let buffering = self.buffering.clone();
+        self.spawn(|inner, job| async move {
+            let mut held = buffering.start()?;
+            let body = inner.batch(&job, &batch).await?;
+            Buffering::keep(&mut held, body.len());
+            Ok((Outcome::fresh(body), held))
+        })
+        .await
     }
 
     /// Runs a keyed write batch exactly once (see `store`). `guard` is held until the engine
@@ -357,17 +371,21 @@ impl PgEngine {
         request_hash: [u8; 32],
         batch: BatchRequest,
         guard: G,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
         self.spawn(|inner, job| async move {
             let _guard = guard;
-            Box::pin(inner.with_key(
+            let mut held = buffering.start()?;
+            let outcome = Box::pin(inner.with_key(
                 &job,
                 ttl,
                 &key,
                 &request_hash,
                 Work::Batch(&batch.statements),
             ))
-            .await
+            .await?;
+            Buffering::keep(&mut held, outcome.body.len());
+            Ok((outcome, held))
         })
         .await
     }
