@@ -8,15 +8,9 @@ use axum::Router;
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
-use crate::common::{Reply, app_with, http_client, memory_app, ok, send};
+use crate::common::{Reply, app_with, batch_with, http_client, memory_app, ok, send};
 
 const BATCH: &str = "/api/v1/batch";
-
-async fn batch_with(router: &Router, headers: &[(&str, &str)], body: &Value) -> Reply {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    send(router, "POST", BATCH, &all, body.to_string()).await
-}
 
 async fn batch(router: &Router, body: &Value) -> Reply {
     batch_with(router, &[], body).await

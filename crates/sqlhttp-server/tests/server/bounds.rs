@@ -6,21 +6,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlhttp_server::{Config, Limits, Server, ServerHandle};
+use sqlhttp_server::{Config, Limits, ServerHandle};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::common::{TempDb, http_client};
-
-async fn serve(config: Config) -> ServerHandle {
-    Server::bind(Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..config
-    })
-    .await
-    .unwrap()
-    .spawn()
-}
+use crate::common::{TempDb, http_client, serve};
 
 async fn post(url: &str, body: &Value) -> (u16, Value) {
     let response = http_client()

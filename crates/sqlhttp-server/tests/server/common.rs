@@ -10,7 +10,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Request};
 use serde_json::Value;
-use sqlhttp_server::{AppState, Config, Database, app};
+use sqlhttp_server::{AppState, Config, Database, Server, ServerHandle, app};
 use tower::ServiceExt as _;
 
 /// A response, fully read.
@@ -87,6 +87,24 @@ pub(crate) async fn post_with(router: &Router, headers: &[(&str, &str)], body: &
     let mut all = vec![("content-type", "application/json")];
     all.extend_from_slice(headers);
     send(router, "POST", "/api/v1/sql", &all, body.to_string()).await
+}
+
+/// POSTs a batch body (`/api/v1/batch`) with extra headers.
+pub(crate) async fn batch_with(router: &Router, headers: &[(&str, &str)], body: &Value) -> Reply {
+    let mut all = vec![("content-type", "application/json")];
+    all.extend_from_slice(headers);
+    send(router, "POST", "/api/v1/batch", &all, body.to_string()).await
+}
+
+/// A real server on a free loopback port, serving in a task.
+pub(crate) async fn serve(config: Config) -> ServerHandle {
+    Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        ..config
+    })
+    .await
+    .unwrap()
+    .spawn()
 }
 
 /// POSTs `{"sql": sql, "params": params}`.

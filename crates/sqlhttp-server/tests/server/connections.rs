@@ -7,21 +7,11 @@
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlhttp_server::{Config, HttpLimits, Server, ServerHandle};
+use sqlhttp_server::{Config, HttpLimits, ServerHandle};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::common::http_client;
-
-async fn start(config: Config) -> ServerHandle {
-    Server::bind(Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..config
-    })
-    .await
-    .unwrap()
-    .spawn()
-}
+use crate::common::{http_client, serve};
 
 async fn sql(handle: &ServerHandle, headers: &[(&str, &str)], sql: &str) -> reqwest::Response {
     let mut request = http_client()
@@ -52,7 +42,7 @@ async fn silent_reader(handle: &ServerHandle) -> TcpStream {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_that_never_read_lose_their_slots_after_the_send_timeout() {
     const SLOTS: usize = 20;
-    let handle = start(Config {
+    let handle = serve(Config {
         http: HttpLimits {
             max_connections: SLOTS,
             send_timeout: Duration::from_secs(1),
@@ -91,7 +81,7 @@ async fn clients_that_never_read_lose_their_slots_after_the_send_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_result_full_of_status_lines_is_passed_through_untouched() {
-    let handle = start(Config::default()).await;
+    let handle = serve(Config::default()).await;
     // 1.3 MB of `HTTP/1.1 400 `: once rescanned from every occurrence (13 s of server time).
     let reply = sql(
         &handle,
@@ -109,7 +99,7 @@ async fn a_result_full_of_status_lines_is_passed_through_untouched() {
 
 #[tokio::test]
 async fn a_request_id_shaped_like_a_status_line_is_replaced_not_spliced() {
-    let handle = start(Config::default()).await;
+    let handle = serve(Config::default()).await;
     for id in ["HTTP/1.1_400_x", "HTTP/1.1 400 Bad Request"] {
         let reply = sql(&handle, &[("x-request-id", id)], "SELECT 1 AS one").await;
         assert_eq!(reply.status(), 200, "{id}");
@@ -124,7 +114,7 @@ async fn a_request_id_shaped_like_a_status_line_is_replaced_not_spliced() {
 
 #[tokio::test]
 async fn http2_with_prior_knowledge_is_told_to_use_http1_with_the_json_error() {
-    let handle = start(Config::default()).await;
+    let handle = serve(Config::default()).await;
     let mut stream = TcpStream::connect(handle.local_addr()).await.unwrap();
     // The client preface and an empty SETTINGS frame.
     let mut hello = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();

@@ -7,22 +7,12 @@ use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
-use sqlhttp_server::{Config, HttpLimits, Limits, Server, ServerHandle};
+use sqlhttp_server::{Config, HttpLimits, Limits, ServerHandle};
 
-use crate::common::{http_client, start as start_binary};
+use crate::common::{http_client, serve, start as start_binary};
 
 const ENDLESS: &str =
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
-
-async fn serve(config: Config) -> ServerHandle {
-    Server::bind(Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..config
-    })
-    .await
-    .unwrap()
-    .spawn()
-}
 
 async fn post_to(
     url: &str,

@@ -8,9 +8,9 @@ use std::num::NonZeroU32;
 use std::process::Child;
 
 use serde_json::{Value, json};
-use sqlhttp_server::{Config, RateLimit, Server, ServerError, ServerHandle};
+use sqlhttp_server::{Config, RateLimit, Server, ServerError};
 
-use crate::common::{http_client, read_url, sqlhttpd, start};
+use crate::common::{http_client, read_url, serve, sqlhttpd, start};
 
 /// One exchange with the SQL endpoint: status, headers, JSON body.
 struct Answer {
@@ -69,16 +69,6 @@ fn stop(mut child: Child) -> String {
         .read_to_string(&mut stderr)
         .unwrap();
     stderr
-}
-
-async fn serve(config: Config) -> ServerHandle {
-    Server::bind(Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..config
-    })
-    .await
-    .unwrap()
-    .spawn()
 }
 
 fn per_second(per_second: u32, burst: u32) -> Option<RateLimit> {

@@ -15,7 +15,7 @@ use axum::Router;
 use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Config, Limits, app};
 
-use crate::common::{ok, post_with, send, sql};
+use crate::common::{batch_with as batch, ok, post_with, send, sql};
 
 /// The cluster's URL (its `postgres` database), started once per test process.
 fn cluster() -> Option<&'static str> {
@@ -156,12 +156,6 @@ macro_rules! postgres_app {
             None => return,
         }
     };
-}
-
-async fn batch(router: &Router, headers: &[(&str, &str)], body: &Value) -> crate::common::Reply {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    send(router, "POST", "/api/v1/batch", &all, body.to_string()).await
 }
 
 #[tokio::test]

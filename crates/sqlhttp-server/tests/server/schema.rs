@@ -11,7 +11,7 @@ use axum::Router;
 use serde_json::{Value, json};
 use sqlhttp_server::Config;
 
-use crate::common::{TempDb, app_with, ok, post_with, send, sql};
+use crate::common::{TempDb, app_with, batch_with as batch, ok, post_with, sql};
 use crate::postgres::app_on;
 
 /// Requests sent at once to warm every reader connection (more than the default four).
@@ -191,12 +191,6 @@ async fn batches_and_keyed_requests_see_a_changed_schema() {
             );
         }
     }
-}
-
-async fn batch(router: &Router, headers: &[(&str, &str)], body: &Value) -> crate::common::Reply {
-    let mut all = vec![("content-type", "application/json")];
-    all.extend_from_slice(headers);
-    send(router, "POST", "/api/v1/batch", &all, body.to_string()).await
 }
 
 /// The migrations one round of the churn test runs, with whether the table is missing for a

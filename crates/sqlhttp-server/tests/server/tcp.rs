@@ -7,17 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Database, Server, ServerHandle};
 
-use crate::common::{TempDb, http_client};
-
-async fn start(config: Config) -> ServerHandle {
-    Server::bind(Config {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        ..config
-    })
-    .await
-    .unwrap()
-    .spawn()
-}
+use crate::common::{TempDb, http_client, serve};
 
 async fn post(
     client: &reqwest::Client,
@@ -41,7 +31,7 @@ async fn post(
 
 #[tokio::test]
 async fn serves_over_tcp_with_auth_and_health() {
-    let handle = start(Config {
+    let handle = serve(Config {
         tokens: vec!["tok".into()],
         ..Config::default()
     })
@@ -78,7 +68,7 @@ async fn serves_over_tcp_with_auth_and_health() {
 async fn a_file_database_survives_shutdown_and_rebinding_the_same_port() {
     let db = TempDb::new("persist");
     let client = http_client();
-    let first = start(Config {
+    let first = serve(Config {
         database: db.database(),
         ..Config::default()
     })
@@ -148,7 +138,7 @@ async fn a_file_database_survives_shutdown_and_rebinding_the_same_port() {
 #[tokio::test]
 async fn a_locked_file_database_answers_503_with_retry_after() {
     let db = TempDb::new("locked");
-    let handle = start(Config {
+    let handle = serve(Config {
         database: db.database(),
         ..Config::default()
     })
@@ -186,7 +176,7 @@ async fn a_locked_file_database_answers_503_with_retry_after() {
 
 #[tokio::test]
 async fn a_key_still_running_is_409_and_shutdown_stays_bounded() {
-    let handle = start(Config::default()).await;
+    let handle = serve(Config::default()).await;
     let client = http_client();
     // Never finishes on its own: whichever request claims the key keeps it in flight.
     let endless = json!({
@@ -236,7 +226,7 @@ async fn a_key_still_running_is_409_and_shutdown_stays_bounded() {
 
 #[tokio::test]
 async fn bind_errors_are_typed() {
-    let taken = start(Config::default()).await;
+    let taken = serve(Config::default()).await;
     let err = Server::bind(Config {
         listen: taken.local_addr(),
         ..Config::default()
