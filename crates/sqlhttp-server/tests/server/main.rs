@@ -1,6 +1,7 @@
 //! Behavioural tests of `sqlhttpd` through its public API: the in-process app
 //! (`app(state)` driven with `oneshot`), real TCP servers, and the built binary.
 
+mod abandoned;
 mod api;
 mod batch;
 mod binary;

@@ -125,7 +125,7 @@ fn with_writer_and_reader(config: &mut Config) {
 }
 
 /// A server configuration for the test database at `url`.
-fn config(url: &str) -> Config {
+pub(crate) fn config(url: &str) -> Config {
     with_role(url, &client_role(url))
 }
 

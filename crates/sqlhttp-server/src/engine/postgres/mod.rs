@@ -124,6 +124,10 @@ struct Lease {
     cancel: CancelToken,
     in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
     clean: bool,
+    /// A cancel request was sent to the session. PostgreSQL may deliver it after the statement
+    /// it was meant for has ended, to the next one the session runs, so the connection never
+    /// serves another request (it is closed, not returned to the pool).
+    cancel_sent: AtomicBool,
     /// The session's backend process, once the transaction began (0 before).
     backend: AtomicI32,
     /// How to log in beside the pool, to end a session the server gave up on.
@@ -132,6 +136,12 @@ struct Lease {
 }
 
 impl Lease {
+    /// Cancels the statement the session runs now; the session is not reused after.
+    async fn cancel_statement(&self) {
+        self.cancel_sent.store(true, Ordering::Release);
+        let _ = self.cancel.cancel_query(NoTls).await;
+    }
+
     fn client(&self) -> &Client {
         // The object is taken only in drop.
         self.object
@@ -148,6 +158,13 @@ impl Drop for Lease {
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&self.id);
         if self.clean {
+            if self.cancel_sent.load(Ordering::Acquire)
+                && let Some(object) = self.object.take()
+            {
+                // Closing the connection ends its (idle) session; a late cancel then lands
+                // nowhere.
+                drop(Object::take(object));
+            }
             return;
         }
         if let Some(object) = self.object.take() {
@@ -493,6 +510,7 @@ impl Inner {
             cancel,
             in_flight: Arc::clone(&self.in_flight),
             clean: false,
+            cancel_sent: AtomicBool::new(false),
             backend: AtomicI32::new(0),
             reaper: Arc::clone(&self.reaper),
             _permit: permit,
@@ -534,7 +552,7 @@ impl Inner {
                 () = tokio::time::sleep(backstop) => overran = true,
             }
         }
-        let _ = lease.cancel.cancel_query(NoTls).await;
+        lease.cancel_statement().await;
         let overran_error = || {
             ApiError::new(
                 ErrorCode::StatementTimeout,
@@ -652,7 +670,7 @@ impl Inner {
                 job,
                 &lease,
                 1,
-                run::write_result(lease.client(), request, &mut out, &mut sink, &map),
+                run::write_result(&lease, request, &mut out, &mut sink, &map),
             )
             .await;
         let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
@@ -689,7 +707,7 @@ impl Inner {
                 job,
                 &lease,
                 batch.statements.len(),
-                self.run_statements(lease.client(), &batch.statements),
+                self.run_statements(&lease, &batch.statements),
             )
             .await;
         self.end(lease, ran).await
@@ -717,10 +735,10 @@ impl Inner {
                     let mut sink = Sink::Buffered {
                         limit: self.limits.max_result_bytes,
                     };
-                    run::write_result(client, request, &mut out, &mut sink, &map).await?;
+                    run::write_result(&lease, request, &mut out, &mut sink, &map).await?;
                     Ok(out)
                 }
-                Work::Batch(statements) => self.run_statements(client, statements).await,
+                Work::Batch(statements) => self.run_statements(&lease, statements).await,
             }
         };
         let outcome = self
@@ -750,7 +768,7 @@ impl Inner {
     /// `{"results": [...]}`; the first failure stops the batch and names its statement.
     async fn run_statements(
         &self,
-        client: &Client,
+        lease: &Lease,
         statements: &[SqlRequest],
     ) -> Result<Vec<u8>, ApiError> {
         let limit = self.limits.max_result_bytes;
@@ -759,7 +777,7 @@ impl Inner {
         for (index, statement) in statements.iter().enumerate() {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
-            run::write_result(client, statement, &mut body, &mut sink, &map)
+            run::write_result(lease, statement, &mut body, &mut sink, &map)
                 .await
                 .map_err(|err| match err.code {
                     ErrorCode::ReadOnly => writes_in_read_only_batch(index),

@@ -14,11 +14,10 @@ use std::time::Instant;
 use bytes::Bytes;
 use futures_core::Stream as _;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Client, NoTls};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::postgres::types::{self, Raw};
-use crate::engine::postgres::{placeholders, sandbox};
+use crate::engine::postgres::{Lease, placeholders, sandbox};
 use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
 use crate::request::{SqlRequest, may_change_rows};
 
@@ -99,23 +98,18 @@ impl<'a> Chunks<'a> {
     }
 }
 
-/// Cancels the statement still sending rows, so the caller's `ROLLBACK` does not wait behind the
-/// rest of its result.
-async fn stop(client: &Client) {
-    let _ = client.cancel_token().cancel_query(NoTls).await;
-}
-
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error.
 pub(crate) async fn write_result(
-    client: &Client,
+    lease: &Lease,
     request: &SqlRequest,
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
 ) -> Result<(), ApiError> {
     sandbox::check_text(&request.sql)?;
+    let client = lease.client();
     let rewritten = placeholders::rewrite(&request.sql);
     let statement = client.prepare(&rewritten.sql).await.map_err(map)?;
     let expected = statement.params().len();
@@ -173,14 +167,16 @@ pub(crate) async fn write_result(
             if let Err(why) = written {
                 out.truncate(row_start);
                 tracing::error!(column = column.name(), error = %why, "cannot write a cell");
-                stop(client).await;
+                // The rest of the result is not waited for: the caller's ROLLBACK would wait
+                // behind it.
+                lease.cancel_statement().await;
                 return Err(ApiError::internal());
             }
         }
         out.push(b']');
         count += 1;
         if let Err(err) = sink.after_row(out, count).await {
-            stop(client).await;
+            lease.cancel_statement().await;
             return Err(err);
         }
     }
