@@ -5,7 +5,9 @@
 //! Runs on the writer's engine thread. Knows SQLite and the protocol's error codes; knows
 //! nothing about HTTP headers, what the keyed work is (the caller passes it as a closure), or the
 //! in-memory in-flight registry (the caller guarantees one runner per key). The sandbox keeps
-//! client statements away from the table.
+//! client statements away from the table, and every statement here names it in full
+//! (`main._sqlhttp_idempotency`): an object of the same name elsewhere (a temp table, which
+//! unqualified names find first) is never the store.
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -23,14 +25,14 @@ use crate::request::SqlRequest;
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
 
 const TABLE_DDL: &str = "\
-CREATE TABLE IF NOT EXISTS _sqlhttp_idempotency (
+CREATE TABLE IF NOT EXISTS main._sqlhttp_idempotency (
     key TEXT PRIMARY KEY NOT NULL,
     request_hash BLOB NOT NULL,
     status INTEGER NOT NULL,
     body BLOB NOT NULL,
     created_at INTEGER NOT NULL
 ) WITHOUT ROWID;
-CREATE INDEX IF NOT EXISTS _sqlhttp_idempotency_created_at
+CREATE INDEX IF NOT EXISTS main._sqlhttp_idempotency_created_at
     ON _sqlhttp_idempotency (created_at);";
 
 /// Creates the outcome table (and its expiry index) when missing.
@@ -40,7 +42,7 @@ pub(crate) fn create_table(conn: &Connection) -> rusqlite::Result<()> {
 
 /// Deletes outcomes older than `ttl`; returns how many were deleted.
 pub(crate) fn purge_expired(conn: &Connection, ttl: Duration) -> rusqlite::Result<usize> {
-    conn.prepare_cached("DELETE FROM _sqlhttp_idempotency WHERE created_at <= ?1")?
+    conn.prepare_cached("DELETE FROM main._sqlhttp_idempotency WHERE created_at <= ?1")?
         .execute([now_millis().saturating_sub(millis(ttl))])
 }
 
@@ -65,7 +67,8 @@ const STATEMENT: &str = "_sqlhttp_statement";
 
 fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<Stored>> {
     conn.prepare_cached(
-        "SELECT request_hash, status, body, created_at FROM _sqlhttp_idempotency WHERE key = ?1",
+        "SELECT request_hash, status, body, created_at FROM main._sqlhttp_idempotency \
+         WHERE key = ?1",
     )?
     .query_row([key], |row| {
         Ok(Stored {
@@ -86,7 +89,8 @@ fn store(
     body: &[u8],
 ) -> rusqlite::Result<()> {
     conn.prepare_cached(
-        "INSERT OR REPLACE INTO _sqlhttp_idempotency (key, request_hash, status, body, created_at) \
+        "INSERT OR REPLACE INTO main._sqlhttp_idempotency \
+         (key, request_hash, status, body, created_at) \
          VALUES (?1, ?2, ?3, ?4, ?5)",
     )?
     .execute(params![key, hash, status, body, now_millis()])?;
@@ -163,7 +167,7 @@ pub(crate) fn run_with_key(
             };
         }
         Some(_expired) => within(conn, || {
-            conn.prepare_cached("DELETE FROM _sqlhttp_idempotency WHERE key = ?1")?
+            conn.prepare_cached("DELETE FROM main._sqlhttp_idempotency WHERE key = ?1")?
                 .execute([key])
         })
         .map(drop)?,
@@ -207,4 +211,71 @@ pub(crate) fn run_with_key(
         body,
         replayed: false,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::AtomicBool;
+
+    use super::*;
+    use crate::config::{Database, Limits};
+    use crate::engine::connection::{Role, Target};
+    use crate::engine::control::Hooks;
+
+    fn writer() -> Conn {
+        let hooks = Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))));
+        let target = Target::new(&Database::Memory).unwrap();
+        let conn = Conn::open(&target, Role::Writer, Limits::default(), hooks).unwrap();
+        conn.conn.execute_batch(exec::ROWID_PROBE_DDL).unwrap();
+        create_table(&conn.conn).unwrap();
+        conn.conn.execute_batch("CREATE TABLE t (v)").unwrap();
+        conn
+    }
+
+    /// Whatever shadows the store's name (here a temp table, planted past the sandbox), the
+    /// server's statements reach the store itself: a retry replays, a forged outcome is not one.
+    #[test]
+    fn the_store_is_named_in_full_so_nothing_can_shadow_it() {
+        let mut writer = writer();
+        let insert = SqlRequest {
+            sql: "INSERT INTO t VALUES (1)".into(),
+            params: vec![],
+            read_only: false,
+        };
+        let ttl = Duration::from_secs(60);
+        let first = execute_with_key(&mut writer, ttl, "k", b"hash", &insert).unwrap();
+        assert!(!first.replayed);
+        writer
+            .conn
+            .execute_batch(&format!(
+                "CREATE TABLE temp._sqlhttp_idempotency (key, request_hash, status, body, \
+                 created_at); INSERT INTO temp._sqlhttp_idempotency VALUES \
+                 ('forged', CAST('hash' AS BLOB), 200, CAST('{{}}' AS BLOB), {})",
+                now_millis()
+            ))
+            .unwrap();
+        let retry = execute_with_key(&mut writer, ttl, "k", b"hash", &insert).unwrap();
+        assert!(
+            retry.replayed,
+            "the applied write is replayed, not run again"
+        );
+        let forged = execute_with_key(&mut writer, ttl, "forged", b"hash", &insert).unwrap();
+        assert!(!forged.replayed, "an outcome nobody stored is not replayed");
+        let rows: i64 = writer
+            .conn
+            .query_row("SELECT count(*) FROM main.t", [], |row| row.get(0))
+            .unwrap();
+        assert_eq!(rows, 2);
+        purge_expired(&writer.conn, Duration::ZERO).unwrap();
+        let shadow: i64 = writer
+            .conn
+            .query_row(
+                "SELECT count(*) FROM temp._sqlhttp_idempotency",
+                [],
+                |row| row.get(0),
+            )
+            .unwrap();
+        assert_eq!(shadow, 1, "the purge reached the store, not the shadow");
+    }
 }

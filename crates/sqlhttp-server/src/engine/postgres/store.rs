@@ -200,10 +200,12 @@ where
     // this one's in-flight registry does (409, retry later), then replays.
     // Seeded with the store key, so a client cannot compute the lock of another's key (and
     // hold it to keep that key's requests out).
+    // Every name schema-qualified, types too: the temp schema comes first for types, and a
+    // client's function may have moved the search path (ADR 0023).
     let locked: bool = client
         .query_one(
             "SELECT pg_catalog.pg_try_advisory_xact_lock(\
-             pg_catalog.hashtextextended($1::text, $2::bigint))",
+             pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))",
             &[&key, &lock_seed(store_key)],
         )
         .await
