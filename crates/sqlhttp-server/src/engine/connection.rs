@@ -153,7 +153,7 @@ impl Conn {
             if !authorizer.is_sandboxed() {
                 return Authorization::Allow;
             }
-            match sandbox::authorize(&context.action) {
+            match sandbox::authorize(&context) {
                 Ok(()) => Authorization::Allow,
                 Err(reason) => {
                     authorizer.record_denial(reason);

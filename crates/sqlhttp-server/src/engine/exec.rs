@@ -98,6 +98,7 @@ fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
 /// Compiles exactly one statement: a text with none or with several is refused. The check is
 /// iterative (at most two statements are compiled, whatever the text holds).
 fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError> {
+    sandbox::begin_statement();
     let mut batch = Batch::new(&conn.conn, sql);
     let Some(statement) = batch.next().map_err(|e| client_error(conn, e))? else {
         return Err(map_engine_error(rusqlite::Error::Empty));

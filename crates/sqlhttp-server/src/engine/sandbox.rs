@@ -1,20 +1,25 @@
-//! The statement sandbox: every rule a client's statement must pass, in one place.
+//! The statement sandbox: every rule a client's statement must pass, in one place. It decides
+//! on what a statement does, not on how it is spelled (ADR 0023).
 //!
 //! - [`check_text`] looks at the SQL text before the engine sees it: size, NUL characters,
 //!   transaction control (refused: each request is its own transaction) and `VACUUM`
 //!   (`VACUUM INTO` writes a copy of the database to a path of the client's choosing).
 //! - [`authorize`] is the engine's authorizer for client statements, consulted for every table,
-//!   pragma and function a statement touches while it is compiled: no `ATTACH`/`DETACH`, no
-//!   extension loading, `PRAGMA` limited to read-only introspection, no temporary objects (they
-//!   would live on one pooled connection), no transaction control, and the server's own tables
-//!   (`_sqlhttp_*`) out of reach.
+//!   pragma and function a statement touches while it is compiled, with the database each
+//!   action is in: nothing in the `temp` database (SQLite names it so whatever the statement
+//!   wrote: `temp.`, `"TEMP".`, `CREATE TEMP ...`), no `ATTACH`/`DETACH`, no extension loading,
+//!   `PRAGMA` limited to read-only introspection of the client's objects, `dbstat` refused, no
+//!   transaction control, and no name in the server's namespace (`_sqlhttp*`, any case), in
+//!   any role a statement gives it.
 //! - [`configure`] applies the connection settings no client can change: size limits, defensive
 //!   mode, untrusted schemas, foreign keys.
 //!
-//! See `docs/adr/0012-statement-sandbox.md`. Knows SQLite and the protocol's error codes;
-//! nothing about HTTP or how connections are pooled.
+//! See `docs/adr/0012-statement-sandbox.md` and `docs/adr/0023-sandbox-decides-on-effects.md`.
+//! Knows SQLite and the protocol's error codes; nothing about HTTP or how connections are pooled.
 
-use rusqlite::hooks::AuthAction;
+use std::cell::Cell;
+
+use rusqlite::hooks::{AuthAction, AuthContext};
 use rusqlite::limits::Limit;
 use rusqlite::{Connection, config::DbConfig};
 
@@ -22,8 +27,18 @@ use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
 use crate::request::{is_transaction_control, leading_keywords};
 
-/// Prefix of every table, index and trigger the server owns.
-pub(crate) const SERVER_PREFIX: &str = "_sqlhttp_";
+/// Prefix of every name the server owns (tables, indexes, triggers, savepoints); compared
+/// without regard to ASCII case, as SQLite compares names.
+pub(crate) const SERVER_PREFIX: &str = "_sqlhttp";
+
+/// The database SQLite names `temp`, however a statement spelled it.
+const TEMP_DATABASE: &str = "temp";
+
+/// The schema table of the `temp` database, as SQLite names it to the authorizer.
+const TEMP_SCHEMA_TABLE: &str = "sqlite_temp_master";
+
+/// Virtual-table modules no client may use: `dbstat` shows every table's pages and sizes.
+const DENIED_MODULES: &[&str] = &["dbstat"];
 
 /// Pragmas a client may run with an argument: read-only introspection of the schema.
 const INTROSPECTION_PRAGMAS: &[&str] = &[
@@ -69,6 +84,12 @@ ROLLBACK, SAVEPOINT, RELEASE) are not accepted: every request runs as its own tr
 For several statements that must apply together, send them as one atomic batch \
 (POST /api/v1/batch)";
 
+/// Why nothing in the `temp` database is the client's.
+const TEMP_REFUSED: &str = "temporary tables, indexes, views, triggers and virtual tables are \
+not allowed, however they are named (TEMP, temp.name): requests may run on different \
+connections, so they would appear and vanish at random, and would hide the tables of the \
+same name from every later request on their connection";
+
 /// Checks a client's SQL text before it reaches the engine.
 pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
     if sql.len() > limits.max_sql_bytes {
@@ -100,6 +121,14 @@ pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
     Ok(())
 }
 
+fn reserved(name: &str) -> String {
+    format!(
+        "`{name}` is in the server's namespace: objects whose names start with {SERVER_PREFIX} \
+         (in any case) are the server's, and cannot be read, changed, created, renamed, \
+         indexed or dropped"
+    )
+}
+
 fn is_server_object(name: &str) -> bool {
     name.len() >= SERVER_PREFIX.len()
         && name.as_bytes()[..SERVER_PREFIX.len()].eq_ignore_ascii_case(SERVER_PREFIX.as_bytes())
@@ -109,16 +138,65 @@ fn is_listed(list: &[&str], name: &str) -> bool {
     list.iter().any(|entry| entry.eq_ignore_ascii_case(name))
 }
 
-/// The sandbox's verdict on one thing a client statement touches: `Err` carries the reason
-/// the client is told.
-pub(crate) fn authorize(action: &AuthAction<'_>) -> Result<(), String> {
+/// What the authorizer saw of the statement being compiled on this thread. The engine
+/// compiles and runs each client statement on the thread that owns its connection, and SQLite
+/// calls the authorizer on that thread, while the statement is compiled.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    /// It is an `ALTER TABLE`, whose own nested statements rewrite the temp schema's views and
+    /// triggers that name the table (there are none: clients cannot create any).
+    alters_table: bool,
+}
+
+thread_local! {
+    static SEEN: Cell<Seen> = const {
+        Cell::new(Seen {
+            alters_table: false,
+        })
+    };
+}
+
+/// Forgets what the authorizer saw: call it before compiling a client statement.
+pub(crate) fn begin_statement() {
+    SEEN.set(Seen::default());
+}
+
+fn note(action: &AuthAction<'_>) {
+    if matches!(action, AuthAction::AlterTable { .. }) {
+        SEEN.set(Seen { alters_table: true });
+    }
+}
+
+/// The sandbox's verdict on one thing a client statement touches, with the database SQLite
+/// says it is in: `Err` carries the reason the client is told.
+pub(crate) fn authorize(context: &AuthContext<'_>) -> Result<(), String> {
     use AuthAction as A;
-    let server_table = |name: &str| {
+    let action = &context.action;
+    note(action);
+    let database = match *action {
+        A::AlterTable { database_name, .. } => Some(database_name),
+        _ => context.database_name,
+    };
+    let temp_schema_table = matches!(
+        *action,
+        A::Read { table_name, .. } | A::Update { table_name, .. }
+            if table_name.eq_ignore_ascii_case(TEMP_SCHEMA_TABLE)
+    );
+    // `SELECT count(*) FROM sqlite_temp_schema` names no database: the table says it.
+    if temp_schema_table || database.is_some_and(|name| name.eq_ignore_ascii_case(TEMP_DATABASE)) {
+        // SQLite's own ALTER TABLE reads and rewrites the temp schema's views and triggers that
+        // name the table it alters; a client may neither (defensive mode refuses writes to a
+        // schema table anyway).
+        let own_rewrite = temp_schema_table && SEEN.get().alters_table;
+        return if own_rewrite {
+            Ok(())
+        } else {
+            Err(TEMP_REFUSED.to_owned())
+        };
+    }
+    let server_name = |name: &str| {
         if is_server_object(name) {
-            Err(format!(
-                "`{name}` belongs to the server: objects whose names start with \
-                 {SERVER_PREFIX} cannot be read, changed, created or dropped"
-            ))
+            Err(reserved(name))
         } else {
             Ok(())
         }
@@ -136,21 +214,15 @@ pub(crate) fn authorize(action: &AuthAction<'_>) -> Result<(), String> {
         | A::DropTempTable { .. }
         | A::DropTempIndex { .. }
         | A::DropTempTrigger { .. }
-        | A::DropTempView { .. } => Err(
-            "temporary tables, indexes, views and triggers are not allowed: requests may run \
-             on different connections, so they would appear and vanish at random"
-                .to_owned(),
-        ),
+        | A::DropTempView { .. } => Err(TEMP_REFUSED.to_owned()),
         A::Pragma {
             pragma_name,
             pragma_value,
         } => {
             let allowed = is_listed(INTROSPECTION_PRAGMAS, pragma_name)
                 || (pragma_value.is_none() && is_listed(READABLE_PRAGMAS, pragma_name));
-            if allowed {
-                Ok(())
-            } else {
-                Err(format!(
+            if !allowed {
+                return Err(format!(
                     "PRAGMA {pragma_name}{} is not allowed: connection settings are the \
                      server's; allowed are the read-only pragmas {} and reading {}",
                     if pragma_value.is_some() {
@@ -160,8 +232,11 @@ pub(crate) fn authorize(action: &AuthAction<'_>) -> Result<(), String> {
                     },
                     INTROSPECTION_PRAGMAS.join(", "),
                     READABLE_PRAGMAS.join(", ")
-                ))
+                ));
             }
+            // `PRAGMA table_info(_sqlhttp_idempotency)`, and the table-valued forms, which
+            // SQLite runs as this pragma.
+            pragma_value.map_or(Ok(()), server_name)
         }
         A::Function { function_name } if is_listed(DENIED_FUNCTIONS, function_name) => {
             Err(format!("the function {function_name}() is not allowed"))
@@ -169,22 +244,43 @@ pub(crate) fn authorize(action: &AuthAction<'_>) -> Result<(), String> {
         A::Read { table_name, .. } if is_listed(HIDDEN_PRAGMA_TABLES, table_name) => Err(format!(
             "{table_name} is not allowed: it reveals the server's files"
         )),
-        A::CreateIndex { table_name, .. }
-        | A::CreateTable { table_name }
-        | A::CreateTrigger { table_name, .. }
+        A::Read { table_name, .. } if is_listed(DENIED_MODULES, table_name) => Err(format!(
+            "{table_name} is not allowed: it reveals the size and layout of the server's tables"
+        )),
+        A::CreateVtable { module_name, .. } if is_listed(DENIED_MODULES, module_name) => {
+            Err(format!(
+                "virtual tables USING {module_name} are not allowed: it reveals the size and \
+                 layout of the server's tables"
+            ))
+        }
+        A::CreateIndex {
+            index_name: object,
+            table_name,
+        }
+        | A::DropIndex {
+            index_name: object,
+            table_name,
+        }
+        | A::CreateTrigger {
+            trigger_name: object,
+            table_name,
+        }
+        | A::DropTrigger {
+            trigger_name: object,
+            table_name,
+        } => server_name(object).and_then(|()| server_name(table_name)),
+        A::CreateTable { table_name }
         | A::Delete { table_name }
-        | A::DropIndex { table_name, .. }
         | A::DropTable { table_name }
-        | A::DropTrigger { table_name, .. }
         | A::Insert { table_name }
         | A::Read { table_name, .. }
         | A::Update { table_name, .. }
         | A::AlterTable { table_name, .. }
         | A::Analyze { table_name }
         | A::CreateVtable { table_name, .. }
-        | A::DropVtable { table_name, .. } => server_table(table_name),
-        A::CreateView { view_name } | A::DropView { view_name } => server_table(view_name),
-        A::Reindex { index_name } => server_table(index_name),
+        | A::DropVtable { table_name, .. } => server_name(table_name),
+        A::CreateView { view_name } | A::DropView { view_name } => server_name(view_name),
+        A::Reindex { index_name } => server_name(index_name),
         _ => Ok(()),
     }
 }
@@ -271,7 +367,7 @@ mod tests {
             },
         ];
         for action in &allowed {
-            assert_eq!(authorize(action), Ok(()), "{action:?}");
+            assert_eq!(authorize(&in_main(*action)), Ok(()), "{action:?}");
         }
         let denied = [
             A::Attach {
@@ -350,7 +446,141 @@ mod tests {
             },
         ];
         for action in &denied {
-            assert!(authorize(action).is_err(), "{action:?}");
+            assert!(authorize(&in_main(*action)).is_err(), "{action:?}");
+        }
+    }
+
+    fn in_database<'c>(action: AuthAction<'c>, database: &'c str) -> AuthContext<'c> {
+        AuthContext {
+            action,
+            database_name: Some(database),
+            accessor: None,
+        }
+    }
+
+    fn in_main(action: AuthAction<'_>) -> AuthContext<'_> {
+        in_database(action, "main")
+    }
+
+    #[test]
+    fn nothing_in_the_temp_database_whatever_the_action() {
+        use AuthAction as A;
+        let actions = [
+            A::CreateTable { table_name: "x" },
+            A::CreateView { view_name: "v" },
+            A::CreateIndex {
+                index_name: "i",
+                table_name: "x",
+            },
+            A::CreateTrigger {
+                trigger_name: "t",
+                table_name: "orders",
+            },
+            A::CreateVtable {
+                table_name: "r",
+                module_name: "rtree",
+            },
+            A::Insert {
+                table_name: "sqlite_temp_master",
+            },
+            A::Insert { table_name: "x" },
+            A::Read {
+                table_name: "x",
+                column_name: "a",
+            },
+            A::Read {
+                table_name: "sqlite_temp_master",
+                column_name: "sql",
+            },
+            A::Pragma {
+                pragma_name: "table_info",
+                pragma_value: Some("x"),
+            },
+        ];
+        for spelling in ["temp", "TEMP", "TeMp"] {
+            for action in actions {
+                begin_statement();
+                assert!(
+                    authorize(&in_database(action, spelling)).is_err(),
+                    "{action:?} in {spelling}"
+                );
+            }
+        }
+        // ALTER TABLE names its database in the action.
+        let alter = A::AlterTable {
+            database_name: "temp",
+            table_name: "x",
+        };
+        assert!(
+            authorize(&AuthContext {
+                action: alter,
+                database_name: None,
+                accessor: None,
+            })
+            .is_err()
+        );
+        // SQLite's own ALTER TABLE of a main table rewrites temp's schema table; a client may not.
+        begin_statement();
+        let rewrite = A::Update {
+            table_name: "sqlite_temp_master",
+            column_name: "sql",
+        };
+        assert!(authorize(&in_database(rewrite, "temp")).is_err());
+        let alter = A::AlterTable {
+            database_name: "main",
+            table_name: "t",
+        };
+        assert_eq!(authorize(&in_main(alter)), Ok(()));
+        assert_eq!(authorize(&in_database(rewrite, "temp")), Ok(()));
+        begin_statement();
+        assert!(authorize(&in_database(rewrite, "temp")).is_err());
+    }
+
+    #[test]
+    fn every_name_a_statement_gives_is_checked() {
+        use AuthAction as A;
+        for action in [
+            A::CreateTrigger {
+                trigger_name: "_sqlhttp_x",
+                table_name: "t",
+            },
+            A::CreateIndex {
+                index_name: "_SQLHTTP_i",
+                table_name: "t",
+            },
+            A::DropTrigger {
+                trigger_name: "_sqlhttpx",
+                table_name: "t",
+            },
+            A::CreateTable {
+                table_name: "_sqlhttpfoo",
+            },
+            A::Pragma {
+                pragma_name: "table_info",
+                pragma_value: Some("_SqlHttp_idempotency"),
+            },
+            A::Read {
+                table_name: "dbstat",
+                column_name: "pgsize",
+            },
+            A::CreateVtable {
+                table_name: "stats",
+                module_name: "DBSTAT",
+            },
+        ] {
+            assert!(authorize(&in_main(action)).is_err(), "{action:?}");
+        }
+        for action in [
+            A::CreateTrigger {
+                trigger_name: "audit",
+                table_name: "sqlhttp_t",
+            },
+            A::CreateVtable {
+                table_name: "r",
+                module_name: "rtree",
+            },
+        ] {
+            assert_eq!(authorize(&in_main(action)), Ok(()), "{action:?}");
         }
     }
 }
