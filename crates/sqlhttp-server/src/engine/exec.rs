@@ -78,6 +78,93 @@ impl Drop for Sandboxed<'_> {
     }
 }
 
+/// A client statement that changes a schema runs inside a savepoint of the server's, and is kept
+/// only if what it did to the schema passes the sandbox (`sandbox::SchemaRows`): no temporary
+/// object, nothing new or changed in the server's namespace, however the statement was spelled.
+/// Dropped before [`SchemaChange::finish`] (the statement failed), it undoes the statement.
+/// Runs its own statements outside the sandbox.
+struct SchemaChange<'a> {
+    conn: &'a Conn,
+    before: sandbox::SchemaRows,
+    /// The savepoint opened the transaction (the statement runs on its own, not in a batch or a
+    /// keyed request): releasing it commits.
+    outermost: bool,
+    open: bool,
+}
+
+const SCHEMA_SAVEPOINT: &str = "_sqlhttp_schema_change";
+
+impl<'a> SchemaChange<'a> {
+    fn begin(conn: &'a Conn) -> Result<SchemaChange<'a>, ApiError> {
+        let outermost = conn.conn.is_autocommit();
+        conn.conn
+            .execute_batch(&format!("SAVEPOINT {SCHEMA_SAVEPOINT}"))
+            .map_err(map_engine_error)?;
+        let mut change = SchemaChange {
+            conn,
+            before: sandbox::SchemaRows::default(),
+            outermost,
+            open: true,
+        };
+        change.before = sandbox::SchemaRows::read(&conn.conn).map_err(map_engine_error)?;
+        Ok(change)
+    }
+
+    /// Keeps the statement's effects, or undoes them and says why they were refused.
+    fn finish(mut self) -> Result<(), ApiError> {
+        self.open = false;
+        let db = &self.conn.conn;
+        if db.is_autocommit() {
+            // Only a rollback ends the transaction under the savepoint: nothing was kept, and
+            // the statement did not do what it said.
+            tracing::error!("a statement that changes the schema ended its transaction");
+            return Err(ApiError::internal());
+        }
+        let refusal = match sandbox::SchemaRows::read(db) {
+            Ok(after) => self.before.refusal(&after),
+            Err(e) => {
+                self.undo();
+                return Err(map_engine_error(e));
+            }
+        };
+        if let Some(reason) = refusal {
+            self.undo();
+            return Err(ApiError::not_allowed(reason));
+        }
+        db.execute_batch(&format!("RELEASE {SCHEMA_SAVEPOINT}"))
+            .map_err(|e| {
+                // The outermost release commits, and a commit may fail (a lock held by another
+                // process): the transaction is still open.
+                self.undo();
+                map_engine_error(e)
+            })
+    }
+
+    fn undo(&self) {
+        let db = &self.conn.conn;
+        if db.is_autocommit() {
+            return;
+        }
+        let undo = if self.outermost {
+            "ROLLBACK".to_owned()
+        } else {
+            format!("ROLLBACK TO {SCHEMA_SAVEPOINT}; RELEASE {SCHEMA_SAVEPOINT}")
+        };
+        if let Err(e) = db.execute_batch(&undo) {
+            tracing::error!(error = %e, "cannot undo a statement that changed the schema");
+        }
+    }
+}
+
+impl Drop for SchemaChange<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.hooks.set_sandboxed(false);
+            self.undo();
+        }
+    }
+}
+
 /// The protocol error for an engine failure on a client statement, with the sandbox's reason
 /// when the sandbox refused it.
 fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
@@ -171,7 +258,11 @@ pub(crate) fn write_result(
     sink: &mut dyn Sink,
 ) -> Result<Written, ApiError> {
     sandbox::check_text(&request.sql, &conn.limits)?;
+    sandbox::check_new_names(&request.sql)?;
     conn.refresh_schema().map_err(map_engine_error)?;
+    // Declared before the statement: on an early return it is undone after the statement is
+    // finalized and the sandbox is off.
+    let mut schema_change = None;
     let sandboxed = Sandboxed::on(conn);
     let mut stmt = match prepare_one(conn, &request.sql) {
         // DDL committed since the refresh above: compile again against the new schema, so the
@@ -193,6 +284,12 @@ pub(crate) fn write_result(
     for (index, param) in request.params.iter().enumerate() {
         stmt.raw_bind_parameter(index + 1, param)
             .map_err(|e| client_error(conn, e))?;
+    }
+    if writes && sandbox::changes_schema() {
+        conn.hooks.set_sandboxed(false);
+        let began = SchemaChange::begin(conn);
+        conn.hooks.set_sandboxed(true);
+        schema_change = Some(began?);
     }
     let tracks_rowid = writes && may_insert(&request.sql);
     if tracks_rowid {
@@ -238,6 +335,9 @@ pub(crate) fn write_result(
     }
     drop(stmt);
     drop(sandboxed);
+    if let Some(change) = schema_change.take() {
+        change.finish()?;
+    }
 
     let db = &conn.conn;
     let rows_affected =

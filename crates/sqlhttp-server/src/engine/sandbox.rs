@@ -4,6 +4,8 @@
 //! - [`check_text`] looks at the SQL text before the engine sees it: size, NUL characters,
 //!   transaction control (refused: each request is its own transaction) and `VACUUM`
 //!   (`VACUUM INTO` writes a copy of the database to a path of the client's choosing).
+//!   [`check_new_names`] adds, on SQLite, the one name SQLite's authorizer is not told: the new
+//!   name of `ALTER TABLE ... RENAME TO`.
 //! - [`authorize`] is the engine's authorizer for client statements, consulted for every table,
 //!   pragma and function a statement touches while it is compiled, with the database each
 //!   action is in: nothing in the `temp` database (SQLite names it so whatever the statement
@@ -11,6 +13,9 @@
 //!   `PRAGMA` limited to read-only introspection of the client's objects, `dbstat` refused, no
 //!   transaction control, and no name in the server's namespace (`_sqlhttp*`, any case), in
 //!   any role a statement gives it.
+//! - [`SchemaRows`] is what a statement that changes a schema is checked against before its
+//!   effects are kept ([`SchemaRows::refusal`]): no temporary object, no new or changed object in
+//!   the server's namespace, as the schema tables list them.
 //! - [`configure`] applies the connection settings no client can change: size limits, defensive
 //!   mode, untrusted schemas, foreign keys.
 //!
@@ -36,6 +41,9 @@ const TEMP_DATABASE: &str = "temp";
 
 /// The schema table of the `temp` database, as SQLite names it to the authorizer.
 const TEMP_SCHEMA_TABLE: &str = "sqlite_temp_master";
+
+/// The schema table of every other database, as SQLite names it to the authorizer.
+const SCHEMA_TABLE: &str = "sqlite_master";
 
 /// Virtual-table modules no client may use: `dbstat` shows every table's pages and sizes.
 const DENIED_MODULES: &[&str] = &["dbstat"];
@@ -121,6 +129,16 @@ pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// Refuses, on SQLite, an `ALTER TABLE ... RENAME TO` whose new name is in the server's
+/// namespace: SQLite's authorizer is told the old name only. An early, clear answer; what the
+/// statement does to the schema is checked after it ran ([`SchemaRows`]) whatever its text.
+pub(crate) fn check_new_names(sql: &str) -> Result<(), ApiError> {
+    match renamed_to(sql) {
+        Some(name) if is_server_object(&name) => Err(ApiError::not_allowed(reserved(&name))),
+        _ => Ok(()),
+    }
+}
+
 fn reserved(name: &str) -> String {
     format!(
         "`{name}` is in the server's namespace: objects whose names start with {SERVER_PREFIX} \
@@ -143,6 +161,8 @@ fn is_listed(list: &[&str], name: &str) -> bool {
 /// calls the authorizer on that thread, while the statement is compiled.
 #[derive(Debug, Clone, Copy, Default)]
 struct Seen {
+    /// It creates, drops or alters an object (or writes a schema table, as DDL does).
+    changes_schema: bool,
     /// It is an `ALTER TABLE`, whose own nested statements rewrite the temp schema's views and
     /// triggers that name the table (there are none: clients cannot create any).
     alters_table: bool,
@@ -151,6 +171,7 @@ struct Seen {
 thread_local! {
     static SEEN: Cell<Seen> = const {
         Cell::new(Seen {
+            changes_schema: false,
             alters_table: false,
         })
     };
@@ -161,10 +182,49 @@ pub(crate) fn begin_statement() {
     SEEN.set(Seen::default());
 }
 
+/// Whether the statement compiled since [`begin_statement`] changes a schema: it must then run
+/// under [`SchemaRows`]' check.
+pub(crate) fn changes_schema() -> bool {
+    SEEN.get().changes_schema
+}
+
 fn note(action: &AuthAction<'_>) {
-    if matches!(action, AuthAction::AlterTable { .. }) {
-        SEEN.set(Seen { alters_table: true });
+    use AuthAction as A;
+    let schema_table = |name: &str| {
+        name.eq_ignore_ascii_case(SCHEMA_TABLE) || name.eq_ignore_ascii_case(TEMP_SCHEMA_TABLE)
+    };
+    let mut seen = SEEN.get();
+    match *action {
+        A::AlterTable { .. } => {
+            seen.changes_schema = true;
+            seen.alters_table = true;
+        }
+        A::CreateIndex { .. }
+        | A::CreateTable { .. }
+        | A::CreateTempIndex { .. }
+        | A::CreateTempTable { .. }
+        | A::CreateTempTrigger { .. }
+        | A::CreateTempView { .. }
+        | A::CreateTrigger { .. }
+        | A::CreateView { .. }
+        | A::CreateVtable { .. }
+        | A::DropIndex { .. }
+        | A::DropTable { .. }
+        | A::DropTempIndex { .. }
+        | A::DropTempTable { .. }
+        | A::DropTempTrigger { .. }
+        | A::DropTempView { .. }
+        | A::DropTrigger { .. }
+        | A::DropView { .. }
+        | A::DropVtable { .. } => seen.changes_schema = true,
+        A::Insert { table_name } | A::Delete { table_name } | A::Update { table_name, .. }
+            if schema_table(table_name) =>
+        {
+            seen.changes_schema = true;
+        }
+        _ => return,
     }
+    SEEN.set(seen);
 }
 
 /// The sandbox's verdict on one thing a client statement touches, with the database SQLite
@@ -283,6 +343,159 @@ pub(crate) fn authorize(context: &AuthContext<'_>) -> Result<(), String> {
         A::Reindex { index_name } => server_name(index_name),
         _ => Ok(()),
     }
+}
+
+/// The schema rows a client statement may not create or change, read before and after a
+/// statement that changes a schema: every object of the `temp` database but the server's
+/// `_sqlhttp_rowid_probe` (see `exec`), and every object of `main` whose name, or whose table's
+/// name, is in the server's namespace. Read outside the sandbox.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub(crate) struct SchemaRows {
+    temp: Vec<(String, String)>,
+    reserved: Vec<(String, String, String)>,
+}
+
+/// Objects of `temp` other than the server's probe table.
+const TEMP_ROWS: &str = "SELECT type, name FROM temp.sqlite_schema \
+WHERE NOT (type = 'table' AND name = '_sqlhttp_rowid_probe') ORDER BY type, name";
+
+/// Objects of `main` in the server's namespace, or on a table in it.
+const RESERVED_ROWS: &str = "SELECT type, name, tbl_name FROM main.sqlite_schema \
+WHERE substr(name, 1, 8) = '_sqlhttp' COLLATE NOCASE \
+OR substr(tbl_name, 1, 8) = '_sqlhttp' COLLATE NOCASE ORDER BY type, name, tbl_name";
+
+impl SchemaRows {
+    /// Reads the rows from the schema tables.
+    pub(crate) fn read(conn: &Connection) -> rusqlite::Result<SchemaRows> {
+        let temp = conn
+            .prepare_cached(TEMP_ROWS)?
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        let reserved = conn
+            .prepare_cached(RESERVED_ROWS)?
+            .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?;
+        Ok(SchemaRows { temp, reserved })
+    }
+
+    /// Why a statement that took the schema from `self` to `after` must not be kept: it left a
+    /// temporary object, or it created, renamed or changed an object in the server's namespace.
+    pub(crate) fn refusal(&self, after: &SchemaRows) -> Option<String> {
+        if let Some((kind, name)) = after.temp.first() {
+            return Some(format!(
+                "the statement would create the temporary {kind} `{name}`: {TEMP_REFUSED}"
+            ));
+        }
+        if after.reserved != self.reserved {
+            let name = after
+                .reserved
+                .iter()
+                .find(|row| !self.reserved.contains(row))
+                .or_else(|| {
+                    self.reserved
+                        .iter()
+                        .find(|row| !after.reserved.contains(row))
+                })
+                .map_or(SERVER_PREFIX, |(_, name, _)| name.as_str());
+            return Some(format!(
+                "the statement would change the server's namespace: {}",
+                reserved(name)
+            ));
+        }
+        None
+    }
+}
+
+/// The new name of an `ALTER TABLE [schema.]table RENAME TO name` (dequoted), read as SQLite
+/// reads the text; `None` for any other statement (`RENAME [COLUMN] a TO b` included).
+fn renamed_to(sql: &str) -> Option<String> {
+    let mut tokens = Tokens(sql);
+    let word = |token: Option<Token>, keyword: &str| match token {
+        Some(Token::Word(word)) if word.eq_ignore_ascii_case(keyword) => Some(()),
+        _ => None,
+    };
+    let name = |token: Option<Token>| match token {
+        Some(Token::Word(name) | Token::Quoted(name)) => Some(name),
+        _ => None,
+    };
+    word(tokens.next(), "ALTER")?;
+    word(tokens.next(), "TABLE")?;
+    name(tokens.next())?;
+    let mut next = tokens.next();
+    if next == Some(Token::Dot) {
+        name(tokens.next())?;
+        next = tokens.next();
+    }
+    word(next, "RENAME")?;
+    word(tokens.next(), "TO")?;
+    name(tokens.next())
+}
+
+/// A token of SQLite's text, as far as [`renamed_to`] needs one.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Token {
+    /// A bare word: a keyword or a name.
+    Word(String),
+    /// A quoted name or string, without its quotes (`"x"`, `` `x` ``, `[x]`, `'x'`).
+    Quoted(String),
+    Dot,
+    /// Anything else (one character).
+    Other,
+}
+
+/// SQLite's tokens, comments and white space skipped (block comments do not nest in SQLite).
+struct Tokens<'a>(&'a str);
+
+impl Iterator for Tokens<'_> {
+    type Item = Token;
+
+    fn next(&mut self) -> Option<Token> {
+        loop {
+            let rest = self.0.trim_start_matches(|c: char| c.is_ascii_whitespace());
+            if let Some(comment) = rest.strip_prefix("--") {
+                self.0 = comment.find('\n').map_or("", |end| &comment[end..]);
+            } else if let Some(comment) = rest.strip_prefix("/*") {
+                self.0 = comment.find("*/").map_or("", |end| &comment[end + 2..]);
+            } else {
+                self.0 = rest;
+                break;
+            }
+        }
+        let first = self.0.chars().next()?;
+        let is_word = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '$' || !c.is_ascii();
+        let (token, len) = match first {
+            '"' | '`' | '\'' => quoted(self.0, first, first),
+            '[' => quoted(self.0, '[', ']'),
+            '.' => (Token::Dot, 1),
+            c if is_word(c) => {
+                let end = self.0.find(|c: char| !is_word(c)).unwrap_or(self.0.len());
+                (Token::Word(self.0[..end].to_owned()), end)
+            }
+            c => (Token::Other, c.len_utf8()),
+        };
+        self.0 = &self.0[len..];
+        Some(token)
+    }
+}
+
+/// The quoted token at the start of `text` (opened by `open`, closed by `close`, which is
+/// doubled to stand for itself, except in `[...]`) and its length in bytes.
+fn quoted(text: &str, open: char, close: char) -> (Token, usize) {
+    let mut name = String::new();
+    let mut chars = text.char_indices().skip(1).peekable();
+    while let Some((at, c)) = chars.next() {
+        if c == close {
+            if open != '[' && chars.peek().is_some_and(|(_, next)| *next == close) {
+                chars.next();
+                name.push(close);
+                continue;
+            }
+            return (Token::Quoted(name), at + c.len_utf8());
+        }
+        name.push(c);
+    }
+    // Unterminated: SQLite refuses the text.
+    (Token::Other, text.len())
 }
 
 /// Applies the settings every connection has, whatever its role: size limits, no attached
@@ -532,8 +745,9 @@ mod tests {
         };
         assert_eq!(authorize(&in_main(alter)), Ok(()));
         assert_eq!(authorize(&in_database(rewrite, "temp")), Ok(()));
+        assert!(changes_schema());
         begin_statement();
-        assert!(authorize(&in_database(rewrite, "temp")).is_err());
+        assert!(!changes_schema());
     }
 
     #[test]
@@ -581,6 +795,293 @@ mod tests {
             },
         ] {
             assert_eq!(authorize(&in_main(action)), Ok(()), "{action:?}");
+        }
+    }
+
+    #[test]
+    fn the_new_name_of_a_rename_is_read_as_sqlite_reads_it() {
+        for (sql, name) in [
+            ("ALTER TABLE t RENAME TO u", Some("u")),
+            ("alter table main.t rename to \"_sq\"\"x\"", Some("_sq\"x")),
+            (
+                "ALTER TABLE [a b] RENAME TO [_sqlhttp_x]",
+                Some("_sqlhttp_x"),
+            ),
+            ("ALTER TABLE t RENAME TO `x``y`", Some("x`y")),
+            ("ALTER TABLE t RENAME TO 'lit'", Some("lit")),
+            (
+                "/* a */ ALTER -- b\n TABLE \"main\" . t /**/ RENAME\tTO _sqlhttp",
+                Some("_sqlhttp"),
+            ),
+            ("ALTER TABLE t RENAME a TO _sqlhttp_x", None),
+            ("ALTER TABLE t RENAME COLUMN a TO _sqlhttp_x", None),
+            ("ALTER TABLE rename RENAME TO x", Some("x")),
+            ("ALTER TABLE t ADD COLUMN _sqlhttp_x", None),
+            ("SELECT 'ALTER TABLE t RENAME TO _sqlhttp_x'", None),
+            ("ALTER TABLE t RENAME TO \"unterminated", None),
+        ] {
+            assert_eq!(renamed_to(sql).as_deref(), name, "{sql}");
+        }
+        assert!(check_new_names("ALTER TABLE t RENAME TO \"_SQLHTTP_x\"").is_err());
+        assert!(check_new_names("ALTER TABLE _sqlhttp_t RENAME a TO b").is_ok());
+    }
+
+    /// What the authorizer is not told (a rename's new name; which database a trigger goes
+    /// into), the check of the schema after the statement sees.
+    #[test]
+    fn the_schema_check_sees_what_a_statement_did() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch(
+            "CREATE TEMP TABLE _sqlhttp_rowid_probe (x INTEGER);
+             CREATE TABLE _sqlhttp_idempotency (key);
+             CREATE TABLE t (v); CREATE TABLE u (v);",
+        )
+        .unwrap();
+        let before = SchemaRows::read(&conn).unwrap();
+        assert_eq!(before.refusal(&before), None);
+        for (statement, refused) in [
+            ("ALTER TABLE t RENAME TO _SQLHTTP_mine", true),
+            (
+                "CREATE TRIGGER temp.x AFTER INSERT ON main.t BEGIN SELECT 1; END",
+                true,
+            ),
+            ("CREATE TABLE temp.x (a)", true),
+            ("CREATE INDEX i ON _sqlhttp_idempotency (key)", true),
+            ("DROP TABLE _sqlhttp_idempotency", true),
+            ("ALTER TABLE t RENAME TO renamed", false),
+            (
+                "CREATE TRIGGER x AFTER INSERT ON t BEGIN SELECT 1; END",
+                false,
+            ),
+        ] {
+            conn.execute_batch("SAVEPOINT s").unwrap();
+            conn.execute_batch(statement).unwrap();
+            let after = SchemaRows::read(&conn).unwrap();
+            assert_eq!(before.refusal(&after).is_some(), refused, "{statement}");
+            conn.execute_batch("ROLLBACK TO s; RELEASE s").unwrap();
+        }
+    }
+
+    mod effects {
+        //! The sandbox's verdict on schema-qualified DDL against what SQLite would create.
+
+        use std::sync::Arc;
+        use std::sync::atomic::AtomicBool;
+
+        use proptest::prelude::*;
+
+        use crate::api_error::ErrorCode;
+        use crate::config::{Database, Limits};
+        use crate::engine::connection::{Conn, Role, Target};
+        use crate::engine::control::Hooks;
+        use crate::engine::{exec, idempotency};
+        use crate::request::SqlRequest;
+
+        /// The server's writer as it starts, with a client's table `base`.
+        const CLIENT_SCHEMA: &str = "CREATE TABLE base (id INTEGER PRIMARY KEY, v)";
+
+        fn writer() -> Conn {
+            let hooks = Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))));
+            let target = Target::new(&Database::Memory).unwrap();
+            let conn = Conn::open(&target, Role::Writer, Limits::default(), hooks).unwrap();
+            conn.conn.execute_batch(exec::ROWID_PROBE_DDL).unwrap();
+            idempotency::create_table(&conn.conn).unwrap();
+            conn.conn.execute_batch(CLIENT_SCHEMA).unwrap();
+            conn
+        }
+
+        /// The same schema on a plain connection, no sandbox at all.
+        fn scratch() -> rusqlite::Connection {
+            let conn = rusqlite::Connection::open_in_memory().unwrap();
+            conn.execute_batch(exec::ROWID_PROBE_DDL).unwrap();
+            idempotency::create_table(&conn).unwrap();
+            conn.execute_batch(CLIENT_SCHEMA).unwrap();
+            conn
+        }
+
+        /// Every row of both schema tables: (database, type, name, table).
+        fn schema(conn: &rusqlite::Connection) -> Vec<(String, String, String, String)> {
+            let mut rows = Vec::new();
+            for database in ["main", "temp"] {
+                let mut stmt = conn
+                    .prepare(&format!(
+                        "SELECT type, name, tbl_name FROM {database}.sqlite_schema"
+                    ))
+                    .unwrap();
+                let found = stmt
+                    .query_map([], |row| {
+                        Ok((database.to_owned(), row.get(0)?, row.get(1)?, row.get(2)?))
+                    })
+                    .unwrap();
+                rows.extend(found.map(Result::unwrap));
+            }
+            rows.sort();
+            rows
+        }
+
+        fn is_reserved(name: &str) -> bool {
+            super::is_server_object(name)
+        }
+
+        fn schema_spelling() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                6 => Just(""),
+                3 => Just("main."),
+                1 => Just("\"main\"."),
+                1 => Just("MAIN."),
+                1 => Just("temp."),
+                1 => Just("TEMP."),
+                1 => Just("\"TEMP\"."),
+                1 => Just("\"TeMp\"."),
+                1 => Just("[temp]."),
+                1 => Just("`tEmP`."),
+                1 => Just("temp /* */ . "),
+            ]
+        }
+
+        fn temp_keyword() -> impl Strategy<Value = &'static str> {
+            prop_oneof![4 => Just(""), 1 => Just("TEMP "), 1 => Just("temporary ")]
+        }
+
+        /// A name as a statement spells it, quoted or not: `(spelled, spelled with a suffix)`.
+        fn object_name() -> impl Strategy<Value = (String, String)> {
+            let base = prop_oneof![
+                6 => Just("obj"),
+                1 => Just("base"),
+                3 => Just("sqlhttp_fine"),
+                1 => Just("_sqlhttp_x"),
+                1 => Just("_SQLHTTP_idempotency"),
+                1 => Just("_SqlHttpy"),
+                1 => Just("_sqlhttp"),
+                1 => Just("_sqlhttp_rowid_probe"),
+            ];
+            (base, 0..4_u8).prop_map(|(name, quote)| {
+                let spell = |name: &str| match quote {
+                    0 => name.to_owned(),
+                    1 => format!("\"{name}\""),
+                    2 => format!("[{name}]"),
+                    _ => format!("`{name}`"),
+                };
+                (spell(name), spell(&format!("{name}_2")))
+            })
+        }
+
+        /// The table an index or trigger is on (or a rename renames), and one of its columns.
+        fn target_table() -> impl Strategy<Value = (&'static str, &'static str)> {
+            prop_oneof![
+                4 => Just(("base", "v")),
+                2 => Just(("main.base", "v")),
+                1 => Just(("_sqlhttp_idempotency", "status")),
+                1 => Just(("_sqlhttp_rowid_probe", "x")),
+                1 => Just(("temp._sqlhttp_rowid_probe", "x")),
+            ]
+        }
+
+        fn trigger_body() -> impl Strategy<Value = &'static str> {
+            prop_oneof![
+                Just("SELECT 1;"),
+                Just("DELETE FROM base;"),
+                Just("INSERT INTO temp._sqlhttp_rowid_probe VALUES (1);"),
+                Just("UPDATE _sqlhttp_rowid_probe SET x = 1;"),
+            ]
+        }
+
+        /// Schema-qualified DDL: tables, views, indexes, triggers, virtual tables and renames,
+        /// with every spelling of the schema and the TEMP keyword, reserved names among the
+        /// others, quoted and cased. With the same statement for a name no object has yet (and
+        /// no `IF NOT EXISTS`), which tells what a statement that found its object would have
+        /// created.
+        fn ddl() -> impl Strategy<Value = (String, String)> {
+            (
+                0..7_u8,
+                schema_spelling(),
+                temp_keyword(),
+                object_name(),
+                target_table(),
+                trigger_body(),
+                any::<bool>(),
+            )
+                .prop_map(
+                    |(kind, schema, temp, (name, fresh), (on, column), body, if_not_exists)| {
+                        // An index's table, and the table ALTER TABLE renames, go unqualified
+                        // after the schema spelling.
+                        let table = on.rsplit('.').next().unwrap_or(on);
+                        let statement = |ine: &str, name: &str| match kind {
+                            0 => format!("CREATE {temp}TABLE {ine}{schema}{name} (a, b)"),
+                            1 => format!(
+                                "CREATE {temp}TABLE {ine}{schema}{name} AS SELECT * FROM base"
+                            ),
+                            2 => format!(
+                                "CREATE {temp}VIEW {ine}{schema}{name} AS SELECT v FROM base"
+                            ),
+                            3 => format!("CREATE INDEX {ine}{schema}{name} ON {table} ({column})"),
+                            4 => format!(
+                                "CREATE {temp}TRIGGER {ine}{schema}{name} AFTER INSERT ON {on} \
+                                 BEGIN {body} END"
+                            ),
+                            5 => format!(
+                                "CREATE VIRTUAL TABLE {ine}{schema}{name} USING rtree(id, a, b)"
+                            ),
+                            _ => format!("ALTER TABLE {schema}{table} RENAME TO {name}"),
+                        };
+                        let ine = if if_not_exists { "IF NOT EXISTS " } else { "" };
+                        (statement(ine, &name), statement("", &fresh))
+                    },
+                )
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(256))]
+
+            /// The sandbox refuses a statement exactly when, run without it, the statement
+            /// would create a temporary object or change the server's namespace; otherwise the
+            /// statement does in the sandbox what it does without it.
+            #[test]
+            fn the_verdict_is_what_sqlite_would_create((sql, fresh) in ddl()) {
+                let forbidden_effect = |sql: &str| {
+                    let plain = scratch();
+                    let before = schema(&plain);
+                    let ran = plain.execute_batch(sql);
+                    let after = schema(&plain);
+                    let touched = |row: &(String, String, String, String)| {
+                        row.0 == "temp" || is_reserved(&row.2) || is_reserved(&row.3)
+                    };
+                    let forbidden = after.iter().any(|row| !before.contains(row) && touched(row))
+                        || before.iter().any(|row| !after.contains(row) && touched(row));
+                    (ran, before, after, forbidden)
+                };
+                let (ran, before, after, forbidden) = forbidden_effect(&sql);
+                // `IF NOT EXISTS` that found its object does nothing. SQLite authorizes most
+                // creations before it looks (a virtual table's after): one that would be refused
+                // on a free name may be refused or do nothing; any other does nothing.
+                let found = ran.is_ok() && before == after && sql.contains("IF NOT EXISTS");
+                let may_be_refused = found && forbidden_effect(&fresh).3;
+
+                let writer = writer();
+                let request = SqlRequest { sql: sql.clone(), params: vec![], read_only: false };
+                let verdict = exec::execute(&writer, &request, exec::Access::ReadWrite)
+                    .map(drop)
+                    .map_err(|e| e.code);
+                let kept = schema(&writer.conn);
+                prop_assert!(writer.conn.is_autocommit());
+                if forbidden {
+                    prop_assert_eq!(verdict, Err(ErrorCode::StatementNotAllowed), "{}", sql);
+                    prop_assert_eq!(kept, before, "a refused statement leaves nothing: {}", sql);
+                } else if may_be_refused {
+                    prop_assert!(
+                        matches!(verdict, Ok(()) | Err(ErrorCode::StatementNotAllowed)),
+                        "{}",
+                        sql
+                    );
+                    prop_assert_eq!(kept, before, "{}", sql);
+                } else if ran.is_ok() {
+                    prop_assert_eq!(verdict, Ok(()), "{}", sql);
+                    prop_assert_eq!(kept, after, "{}", sql);
+                } else {
+                    prop_assert!(verdict.is_err(), "{}", sql);
+                    prop_assert_eq!(kept, before, "{}", sql);
+                }
+            }
         }
     }
 }
