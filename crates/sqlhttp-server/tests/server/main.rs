@@ -15,6 +15,7 @@ mod operations;
 mod postgres;
 mod reads;
 mod replicas;
+mod sandbox_effects;
 mod schema;
 mod streaming;
 mod tcp;
