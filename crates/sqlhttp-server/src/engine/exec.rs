@@ -165,6 +165,65 @@ impl Drop for SchemaChange<'_> {
     }
 }
 
+/// A write that runs on its own (not inside the server's transaction of a batch or a keyed
+/// request) runs inside a savepoint that opens the transaction, released (committed) only once
+/// its whole result is written. Without it SQLite commits an autocommit statement when it is
+/// reset, so a write stopped after its first step (its client left mid-stream, or the statement
+/// timeout struck while a streamed body waited for the client) was kept behind an error that said
+/// it was not. Dropped before [`OwnTransaction::commit`], it rolls the statement back.
+struct OwnTransaction<'a> {
+    conn: &'a Conn,
+    open: bool,
+}
+
+const STATEMENT_SAVEPOINT: &str = "_sqlhttp_statement";
+
+impl<'a> OwnTransaction<'a> {
+    /// Opens the transaction when the connection is in none; `None` inside the server's own.
+    fn begin(conn: &'a Conn) -> Result<Option<OwnTransaction<'a>>, ApiError> {
+        if !conn.conn.is_autocommit() {
+            return Ok(None);
+        }
+        conn.conn
+            .prepare_cached(&format!("SAVEPOINT {STATEMENT_SAVEPOINT}"))
+            .and_then(|mut begin| begin.execute([]))
+            .map_err(map_engine_error)?;
+        Ok(Some(OwnTransaction { conn, open: true }))
+    }
+
+    /// Commits what the statement did.
+    fn commit(mut self) -> Result<(), ApiError> {
+        self.open = false;
+        let released = self
+            .conn
+            .conn
+            .prepare_cached(&format!("RELEASE {STATEMENT_SAVEPOINT}"))
+            .and_then(|mut release| release.execute([]));
+        released.map(drop).map_err(|e| {
+            // A commit that fails leaves the transaction open: nothing was kept.
+            self.rollback();
+            map_engine_error(e)
+        })
+    }
+
+    fn rollback(&self) {
+        if !self.conn.conn.is_autocommit()
+            && let Err(e) = self.conn.conn.execute_batch("ROLLBACK")
+        {
+            tracing::error!(error = %e, "cannot roll back a statement's own transaction");
+        }
+    }
+}
+
+impl Drop for OwnTransaction<'_> {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.hooks.set_sandboxed(false);
+            self.rollback();
+        }
+    }
+}
+
 /// The protocol error for an engine failure on a client statement, with the sandbox's reason
 /// when the sandbox refused it.
 fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
@@ -263,6 +322,7 @@ pub(crate) fn write_result(
     // Declared before the statement: on an early return it is undone after the statement is
     // finalized and the sandbox is off.
     let mut schema_change = None;
+    let mut own_transaction = None;
     let sandboxed = Sandboxed::on(conn);
     let mut stmt = match prepare_one(conn, &request.sql) {
         // DDL committed since the refresh above: compile again against the new schema, so the
@@ -290,6 +350,11 @@ pub(crate) fn write_result(
         let began = SchemaChange::begin(conn);
         conn.hooks.set_sandboxed(true);
         schema_change = Some(began?);
+    } else if writes {
+        conn.hooks.set_sandboxed(false);
+        let began = OwnTransaction::begin(conn);
+        conn.hooks.set_sandboxed(true);
+        own_transaction = began?;
     }
     let tracks_rowid = writes && may_insert(&request.sql);
     if tracks_rowid {
@@ -324,6 +389,11 @@ pub(crate) fn write_result(
                     return Err(map_engine_error(e));
                 }
             }
+            // One row is bounded too: its cells are written whole before any sink looks.
+            if out.len() - row_start > conn.limits.max_result_bytes {
+                out.truncate(row_start);
+                return Err(row_too_large(conn.limits.max_result_bytes, count + 1));
+            }
         }
         out.push(b']');
         count += 1;
@@ -337,6 +407,11 @@ pub(crate) fn write_result(
     drop(sandboxed);
     if let Some(change) = schema_change.take() {
         change.finish()?;
+    }
+    if let Some(own) = own_transaction.take() {
+        // Committed before the body's end is written: a success is never sent for a write that
+        // was not kept.
+        own.commit()?;
     }
 
     let db = &conn.conn;
@@ -363,6 +438,17 @@ pub(crate) fn write_result(
     }
     out.push(b'}');
     Ok(Written::Done)
+}
+
+/// The error for a row whose JSON alone is larger than `limit`.
+fn row_too_large(limit: usize, row: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::ResultTooLarge,
+        format!(
+            "row {row} is larger than this server's limit of {limit} bytes for one row \
+             (--max-result-bytes); select fewer or smaller columns"
+        ),
+    )
 }
 
 /// Whether the schema moved under a statement that failed to compile (the check runs outside

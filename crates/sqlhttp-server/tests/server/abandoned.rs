@@ -99,3 +99,61 @@ async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone() {
     }
     handle.shutdown().await;
 }
+
+/// A `RETURNING` write whose streamed answer is stopped half-way (its client reads too slowly
+/// for the statement timeout, or leaves) is rolled back, as the error in its body says.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_stopped_mid_stream_is_not_kept() {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    let file = crate::common::TempDb::new("stopped_write");
+    let handle = serve(Config {
+        database: file.database(),
+        limits: Limits {
+            statement_timeout: std::time::Duration::from_secs(2),
+            ..Limits::default()
+        },
+        ..Config::default()
+    })
+    .await;
+    let made = post(&handle, "CREATE TABLE t (x INTEGER)", json!([])).await;
+    assert_eq!(made.status(), 200);
+    let write = "INSERT INTO t WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
+                 WHERE x < 100000) SELECT x FROM c RETURNING x, printf('%1000d', x) AS pad";
+    let body = json!({ "sql": write }).to_string();
+    let request = format!(
+        "POST /api/v1/sql HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    for leave in [false, true] {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.set_recv_buffer_size(4096).unwrap();
+        let mut stream = socket.connect(handle.local_addr()).await.unwrap();
+        stream.write_all(request.as_bytes()).await.unwrap();
+        let mut first = vec![0_u8; 4096];
+        let n = stream.read(&mut first).await.unwrap();
+        let head = String::from_utf8_lossy(&first[..n]).into_owned();
+        assert!(head.starts_with("HTTP/1.1 200"), "{leave}: {head}");
+        // Past the statement timeout, while the statement waits for this client to read.
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+        if leave {
+            drop(stream);
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+        } else {
+            let mut rest = Vec::new();
+            stream.read_to_end(&mut rest).await.unwrap();
+            let tail =
+                String::from_utf8_lossy(&rest[rest.len().saturating_sub(400)..]).into_owned();
+            assert!(tail.contains("STATEMENT_TIMEOUT"), "{tail}");
+        }
+        let count = post(&handle, "SELECT count(*) FROM t", json!([])).await;
+        let count: Value = serde_json::from_slice(&count.bytes().await.unwrap()).unwrap();
+        assert_eq!(
+            count["rows"],
+            json!([[0]]),
+            "left: {leave}: the stopped write was kept"
+        );
+    }
+    handle.shutdown().await;
+}
