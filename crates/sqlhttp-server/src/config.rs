@@ -56,8 +56,9 @@ pub struct Limits {
     /// Memory all of SQLite's connections in the process may use at once: page caches, sorts,
     /// `DISTINCT` and temporary tables (held in memory, never spilled to files), values being
     /// computed. Past it a statement fails with `503 UNAVAILABLE` and its work is rolled back.
-    /// SQLite's limit is one per process: the last engine started in a process sets it.
-    /// Default 512 MiB. Not used on PostgreSQL.
+    /// SQLite's limit is one per process and only ever goes down: the lowest value any engine
+    /// in the process started with holds for all of them (and for the embedding application's
+    /// own SQLite connections). Default 512 MiB. Not used on PostgreSQL.
     pub max_engine_memory: usize,
 }
 
@@ -87,6 +88,7 @@ pub struct HttpLimits {
     pub body_timeout: Duration,
     /// Longest a response may make no progress (the client reads nothing of it, so the socket
     /// takes no byte); past it the connection is closed and a statement still streaming stops.
+    /// While the server waits on it, a client must also take at least 64 KiB per send timeout.
     /// Default 30 s.
     pub send_timeout: Duration,
     /// Open connections at most; past it new connections get `503 UNAVAILABLE` and are closed.

@@ -82,6 +82,19 @@ pub enum ServerError {
         /// The listen address.
         addr: SocketAddr,
     },
+    /// `--max-buffered-bytes` cannot hold one request's body together with its whole result,
+    /// so every keyed request and batch would be refused.
+    #[error(
+        "--max-buffered-bytes ({budget} bytes) must hold one request's body and its whole result \
+         together: at least {needs} bytes (--max-result-bytes plus the larger of \
+         --max-body-bytes and --max-batch-bytes)"
+    )]
+    BufferBudgetTooSmall {
+        /// The configured budget.
+        budget: usize,
+        /// The least budget the other limits need.
+        needs: usize,
+    },
     /// The listen address could not be bound.
     #[error("cannot listen on {addr}: {source}")]
     Bind {

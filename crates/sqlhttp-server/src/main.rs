@@ -154,8 +154,9 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_BODY_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     body_timeout: Duration,
 
-    /// Longest a response may make no progress (its client reads nothing); then the
-    /// connection is closed and its statement stops.
+    /// Longest a response may make no progress (its client reads nothing), and the time in
+    /// which a client the server waits on must take at least 64 KiB; then the connection is
+    /// closed and its statement stops.
     #[arg(long, env = "SQLHTTPD_SEND_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     send_timeout: Duration,
 

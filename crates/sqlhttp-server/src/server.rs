@@ -161,7 +161,12 @@ impl Server {
             let (header_timeout, send_timeout) = (http.header_timeout, http.send_timeout);
             connections.spawn(async move {
                 let _slot = slot;
-                match opening(&stream, header_timeout).await {
+                let opened = tokio::select! {
+                    opened = opening(&stream, header_timeout) => opened,
+                    // Shutting down: a connection that has not sent its first bytes is closed.
+                    () = stop.cancelled() => Opening::Nothing,
+                };
+                match opened {
                     Opening::Http1 => {}
                     Opening::Http2 => return refuse_http2(stream).await,
                     Opening::Nothing => return,
@@ -172,6 +177,7 @@ impl Server {
                     is_cut: false,
                     send_timeout,
                     stalled: None,
+                    slow_since: None,
                 }));
                 let service = AddExtension::new(router, ConnectInfo(peer));
                 let connection = builder.serve_connection(io, TowerToHyperService::new(service));
@@ -296,6 +302,7 @@ const HTTP2_PREFACE_START: &[u8] = b"PRI ";
 async fn opening(stream: &TcpStream, header_timeout: Duration) -> Opening {
     let peek = async {
         let mut first = [0_u8; HTTP2_PREFACE_START.len()];
+        let mut pause = Duration::from_millis(5);
         loop {
             let n = stream.peek(&mut first).await.unwrap_or(0);
             if n == 0 {
@@ -307,8 +314,10 @@ async fn opening(stream: &TcpStream, header_timeout: Duration) -> Opening {
             if n == first.len() {
                 return Opening::Http2;
             }
-            // A prefix of the preface so far: wait for more (peek answers at once again).
-            tokio::time::sleep(Duration::from_millis(5)).await;
+            // A prefix of the preface so far: wait for more (peek answers at once again), less
+            // often the longer it takes, so a client sending a byte at a time costs little.
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(Duration::from_millis(200));
         }
     };
     tokio::time::timeout(header_timeout, peek)
@@ -371,7 +380,15 @@ struct CuttableStream {
     send_timeout: Duration,
     /// Running while a write waits for the client to take bytes.
     stalled: Option<Pin<Box<Sleep>>>,
+    /// Since when writes have been waiting on the client, with what it took meanwhile: a
+    /// client that takes less than [`MIN_SEND_BYTES`] per send timeout while the server waits
+    /// on it is cut too (a trickle would otherwise hold its answer, and its share of the
+    /// server's budget, for hours).
+    slow_since: Option<(tokio::time::Instant, usize)>,
 }
+
+/// What a client must take per send timeout while the server's writes wait on it.
+const MIN_SEND_BYTES: usize = 64 * 1024;
 
 impl CuttableStream {
     /// Passes a write's poll through, timing how long it makes no progress.
@@ -387,6 +404,18 @@ impl CuttableStream {
             }
             Poll::Pending => {
                 let timeout = self.send_timeout;
+                let now = tokio::time::Instant::now();
+                let (since, taken) = *self.slow_since.get_or_insert((now, 0));
+                if now.duration_since(since) >= timeout {
+                    if taken < MIN_SEND_BYTES {
+                        tracing::debug!(taken, "the client takes too little; closing");
+                        return Poll::Ready(Err(io::Error::new(
+                            io::ErrorKind::TimedOut,
+                            "the client read too little for the send timeout",
+                        )));
+                    }
+                    self.slow_since = Some((now, 0));
+                }
                 let stalled = self
                     .stalled
                     .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
@@ -399,6 +428,13 @@ impl CuttableStream {
                 }
                 Poll::Pending
             }
+        }
+    }
+
+    /// Counts what the client took while the server waits on it.
+    fn took(&mut self, written: &Poll<io::Result<usize>>) {
+        if let (Poll::Ready(Ok(n)), Some((_, taken))) = (written, &mut self.slow_since) {
+            *taken += n;
         }
     }
 
@@ -435,12 +471,19 @@ impl AsyncWrite for CuttableStream {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         self.check_cut(cx)?;
-        self.timed(cx, |inner, cx| inner.poll_write(cx, buf))
+        let written = self.timed(cx, |inner, cx| inner.poll_write(cx, buf));
+        self.took(&written);
+        written
     }
 
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         self.check_cut(cx)?;
-        self.timed(cx, |inner, cx| inner.poll_flush(cx))
+        let flushed = self.timed(cx, |inner, cx| inner.poll_flush(cx));
+        if let Poll::Ready(Ok(())) = flushed {
+            // Everything is written: the server no longer waits on the client.
+            self.slow_since = None;
+        }
+        flushed
     }
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -453,7 +496,9 @@ impl AsyncWrite for CuttableStream {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         self.check_cut(cx)?;
-        self.timed(cx, |inner, cx| inner.poll_write_vectored(cx, bufs))
+        let written = self.timed(cx, |inner, cx| inner.poll_write_vectored(cx, bufs));
+        self.took(&written);
+        written
     }
 
     fn is_write_vectored(&self) -> bool {

@@ -58,6 +58,16 @@ impl AppState {
             config.tokens.iter().map(String::as_str),
             config.read_tokens.iter().map(String::as_str),
         )?;
+        let needs = config
+            .limits
+            .max_result_bytes
+            .saturating_add(config.max_body_bytes.max(config.max_batch_bytes));
+        if config.max_buffered_bytes < needs {
+            return Err(ServerError::BufferBudgetTooSmall {
+                budget: config.max_buffered_bytes,
+                needs,
+            });
+        }
         let budget = Budget::new(config.max_buffered_bytes);
         let engine = Backend::start(
             &config.database,

@@ -28,6 +28,9 @@ pub(crate) const BUSY_LIMIT: Duration = Duration::from_millis(250);
 /// a large write that was rolled back (a statement timeout) leaves its pages in the log.
 pub(crate) const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
+/// The least time between two checkpoints [`Conn::bound_wal`] tries.
+const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+
 /// SQLite virtual-machine steps between two checks of the job's deadline and cancellation.
 const PROGRESS_EVERY: i32 = 1_000;
 
@@ -92,6 +95,8 @@ pub(crate) struct Conn {
     pub(crate) last_purge: Option<Instant>,
     /// The writer's write-ahead log file, watched by [`Conn::bound_wal`]; `None` on readers.
     wal: Option<PathBuf>,
+    /// When [`Conn::bound_wal`] last tried a checkpoint.
+    last_checkpoint: Cell<Option<Instant>>,
     /// The schema version (SQLite's schema cookie) this connection's compiled schema is at
     /// least as new as; `None` before the first check.
     schema_seen: Cell<Option<i64>>,
@@ -171,6 +176,7 @@ impl Conn {
                 wal.push("-wal");
                 PathBuf::from(wal)
             }),
+            last_checkpoint: Cell::new(None),
             schema_seen: Cell::new(None),
             _target: target.clone(),
         })
@@ -211,6 +217,16 @@ impl Conn {
         if size <= WAL_SIZE_LIMIT.unsigned_abs() {
             return;
         }
+        // A checkpoint waits for readers (the busy handler, up to `BUSY_LIMIT`): while long reads
+        // hold it up, try at most once every `CHECKPOINT_EVERY`, not after every write.
+        if self
+            .last_checkpoint
+            .get()
+            .is_some_and(|at| at.elapsed() < CHECKPOINT_EVERY)
+        {
+            return;
+        }
+        self.last_checkpoint.set(Some(Instant::now()));
         let checkpoint = self
             .conn
             .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {

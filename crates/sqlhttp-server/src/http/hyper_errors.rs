@@ -67,25 +67,38 @@ fn error_for(status: &[u8]) -> Option<ApiError> {
 /// linear in what is written, whatever the bodies hold.
 const MAX_AUTOMATIC_HEAD: usize = 256;
 
-/// Finds hyper's automatic error head in `buf`: its start, its end (after the blank line) and
-/// the replacement response. Only a head of exactly hyper's shape matches: `HTTP/1.1 NNN
+/// Finds hyper's automatic error head at the end of `buf`: its start, its end (after the blank
+/// line) and the replacement response. Only a head of exactly hyper's shape matches: `HTTP/1.x NNN
 /// <canonical reason>` with a status hyper answers by itself, then only `content-length: 0`,
 /// `date` and `connection` lines, each ended by CRLF. Bodies are JSON or fixed text, in which a
 /// raw CR LF never appears, and client-supplied head values (request ids) hold neither spaces nor
 /// slashes, so nothing a client sends can take that shape.
 fn find_automatic_error(buf: &[u8]) -> Option<(usize, usize, Vec<u8>)> {
-    const PREFIX: &[u8] = b"HTTP/1.1 ";
+    // Hyper writes its own error answer last, then closes: only the tail of a write can be one,
+    // so each write costs a look at its last few hundred bytes, whatever came before.
+    if !buf.ends_with(b"\r\n\r\n") {
+        return None;
+    }
+    let tail_start = buf.len().saturating_sub(MAX_AUTOMATIC_HEAD);
+    let tail = &buf[tail_start..];
     let mut from = 0;
-    while let Some(offset) = find(&buf[from..], PREFIX) {
+    while let Some(offset) = tail[from..]
+        .windows(PREFIX_LEN)
+        .position(|window| window == b"HTTP/1.1 " || window == b"HTTP/1.0 ")
+    {
         let start = from + offset;
         from = start + 1;
-        let window = &buf[start..buf.len().min(start + MAX_AUTOMATIC_HEAD)];
-        if let Some((head_len, error)) = automatic_head(window) {
-            return Some((start, start + head_len, raw_response(&error)));
+        if let Some((head_len, error)) = automatic_head(&tail[start..])
+            && start + head_len == tail.len()
+        {
+            return Some((tail_start + start, buf.len(), raw_response(&error)));
         }
     }
     None
 }
+
+/// The length of `HTTP/1.x `.
+const PREFIX_LEN: usize = 9;
 
 /// The length of the automatic error head `window` starts with, and the error it stands for.
 fn automatic_head(window: &[u8]) -> Option<(usize, ApiError)> {
@@ -117,13 +130,6 @@ fn automatic_head(window: &[u8]) -> Option<(usize, ApiError)> {
     }
     // The window ended before the blank line: not a head of hyper's.
     None
-}
-
-/// The first position of `needle` in `haystack` (linear: the needle is a few bytes).
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
-    haystack
-        .windows(needle.len())
-        .position(|window| window == needle)
 }
 
 /// How long a closing connection keeps reading what the client still sends.
@@ -292,6 +298,13 @@ mod tests {
         assert!(find_automatic_error(extra_header).is_none());
         let with_connection = b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\nconnection: close\r\ndate: Sun, 29 Nov 2026 16:00:00 GMT\r\n\r\n";
         assert!(find_automatic_error(with_connection).is_some());
+        // Hyper answers an HTTP/1.0 keep-alive connection in its version.
+        let http10 = b"HTTP/1.0 400 Bad Request\r\ncontent-length: 0\r\n\r\n";
+        assert!(find_automatic_error(http10).is_some());
+        // Only the end of a write is looked at: a head followed by more is not hyper's own.
+        let mut followed = with_connection.to_vec();
+        followed.extend_from_slice(b"{}");
+        assert!(find_automatic_error(&followed).is_none());
     }
 
     #[test]

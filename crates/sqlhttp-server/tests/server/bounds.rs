@@ -44,6 +44,13 @@ async fn stalled_uploads_together_stay_within_the_buffered_budget() {
     const MIB: usize = 1 << 20;
     let handle = serve(Config {
         max_buffered_bytes: 4 * MIB,
+        // The budget must hold one body with one whole result (the server checks at start).
+        max_body_bytes: 2 * MIB,
+        max_batch_bytes: 2 * MIB,
+        limits: Limits {
+            max_result_bytes: MIB,
+            ..Limits::default()
+        },
         ..Config::default()
     })
     .await;
@@ -78,6 +85,23 @@ async fn stalled_uploads_together_stay_within_the_buffered_budget() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     handle.shutdown().await;
+}
+
+#[test]
+fn a_budget_that_cannot_hold_a_body_and_its_result_is_refused_at_start() {
+    let config = Config {
+        max_buffered_bytes: 16 * 1024 * 1024,
+        ..Config::default()
+    };
+    let err = sqlhttp_server::AppState::new(&config).unwrap_err();
+    assert!(
+        matches!(
+            err,
+            sqlhttp_server::ServerError::BufferBudgetTooSmall { .. }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("--max-buffered-bytes"), "{err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
