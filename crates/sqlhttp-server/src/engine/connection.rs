@@ -118,6 +118,7 @@ impl Conn {
         let path = target.path();
         let mut conn = Connection::open_with_flags(path_str(&path)?, flags)?;
         sandbox::configure(&conn, &limits)?;
+        crate::engine::functions::register(&conn, &hooks)?;
         match role {
             Role::Writer => {
                 // Readers never block the writer nor each other.

@@ -18,6 +18,7 @@ mod connection;
 mod control;
 mod errors;
 mod exec;
+mod functions;
 mod idempotency;
 mod job;
 mod postgres;
