@@ -6,6 +6,7 @@ mod api;
 mod batch;
 mod binary;
 mod bounds;
+mod builtins;
 mod common;
 mod conformance;
 mod connections;
