@@ -100,12 +100,18 @@ impl<'a> Budget<'a> {
     }
 
     /// Counts `units` of work; fails with `SQLITE_INTERRUPT` once the job must stop.
+    #[inline]
     fn spend(&mut self, units: usize) -> rusqlite::Result<()> {
         let units = u64::try_from(units).unwrap_or(u64::MAX);
         if units < self.left {
             self.left -= units;
             return Ok(());
         }
+        self.look()
+    }
+
+    #[cold]
+    fn look(&mut self) -> rusqlite::Result<()> {
         self.left = CHECK_EVERY;
         if self.hooks.must_stop() {
             Err(failure(ffi::SQLITE_INTERRUPT, None))
@@ -176,6 +182,7 @@ fn is_continuation(byte: u8) -> bool {
 }
 
 /// The byte at `at`, or the terminating NUL past the end.
+#[inline]
 fn byte_at(bytes: &[u8], at: usize) -> u8 {
     bytes.get(at).copied().unwrap_or(0)
 }
@@ -192,18 +199,25 @@ const UTF8_TRANS1: [u8; 64] = [
 /// every continuation byte after it; overlong forms and surrogates read as U+FFFD; a stray
 /// continuation byte is a character of its own), moving `*at` past it. At the end it reads the
 /// terminating 0 and moves one past it, as SQLite's pointer does.
+#[inline]
 fn utf8_read(bytes: &[u8], at: &mut usize) -> u32 {
     let mut c = u32::from(byte_at(bytes, *at));
     *at += 1;
     if c >= 0xc0 {
-        c = u32::from(UTF8_TRANS1[(c - 0xc0) as usize]);
-        while is_continuation(byte_at(bytes, *at)) {
-            c = (c << 6) + u32::from(byte_at(bytes, *at) & 0x3f);
-            *at += 1;
-        }
-        if c < 0x80 || (c & 0xffff_f800) == 0xd800 {
-            c = 0xfffd;
-        }
+        c = utf8_rest(bytes, at, c);
+    }
+    c
+}
+
+/// [`utf8_read`] past a lead byte `c` (0xc0 and above).
+fn utf8_rest(bytes: &[u8], at: &mut usize, lead: u32) -> u32 {
+    let mut c = u32::from(UTF8_TRANS1[(lead - 0xc0) as usize]);
+    while is_continuation(byte_at(bytes, *at)) {
+        c = (c << 6) + u32::from(byte_at(bytes, *at) & 0x3f);
+        *at += 1;
+    }
+    if c < 0x80 || (c & 0xffff_f800) == 0xd800 {
+        c = 0xfffd;
     }
     c
 }
