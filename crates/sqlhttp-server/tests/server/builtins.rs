@@ -185,3 +185,26 @@ async fn shutdown_is_not_held_up_by_a_long_call() {
         request.abort();
     }
 }
+
+/// SQLite's LIKE/GLOB matcher recurses once per wildcard; the replacement must answer a pattern
+/// of as many wildcards as the pattern limit allows (a first port overflowed its stack).
+#[tokio::test]
+async fn a_pattern_of_many_wildcards_answers() {
+    let app = app_with(Config::default());
+    for (operator, wildcard) in [("LIKE", "%a"), ("GLOB", "*a")] {
+        let text = format!(
+            "SELECT printf('%.*c', 60000, 'a') {operator} \
+             replace(printf('%.*c', 24999, 'x'), 'x', '{wildcard}') || 'b'"
+        );
+        let reply = tokio::time::timeout(BOUND, sql(&app, &text, json!([])))
+            .await
+            .unwrap_or_else(|_| panic!("no answer within {BOUND:?}: {text}"));
+        assert_eq!(
+            reply.status,
+            200,
+            "{operator}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.json()["rows"], json!([[0]]), "{operator}");
+    }
+}
