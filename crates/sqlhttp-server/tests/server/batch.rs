@@ -8,7 +8,7 @@ use axum::Router;
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
-use crate::common::{Reply, app_with, batch_with, http_client, memory_app, ok, send};
+use crate::common::{Reply, app_with, batch_with, memory_app, ok, post_json, send};
 
 const BATCH: &str = "/api/v1/batch";
 
@@ -322,18 +322,7 @@ async fn a_client_that_goes_away_rolls_its_batch_back() {
     let url = handle.url();
     let post = |path: &'static str, body: Value| {
         let url = url.clone();
-        async move {
-            let response = http_client()
-                .post(format!("{url}{path}"))
-                .header("content-type", "application/json")
-                .body(body.to_string())
-                .send()
-                .await
-                .unwrap();
-            let status = response.status().as_u16();
-            let bytes = response.bytes().await.unwrap();
-            (status, serde_json::from_slice::<Value>(&bytes).unwrap())
-        }
+        async move { post_json(&url, path, &body).await }
     };
     assert_eq!(
         post("/api/v1/sql", json!({ "sql": "CREATE TABLE t (x)" }))

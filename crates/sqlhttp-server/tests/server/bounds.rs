@@ -10,22 +10,10 @@ use sqlhttp_server::{Config, Limits, ServerHandle};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpSocket, TcpStream};
 
-use crate::common::{TempDb, http_client, serve};
+use crate::common::{TempDb, post_json, serve};
 
 async fn post(url: &str, body: &Value) -> (u16, Value) {
-    let response = http_client()
-        .post(format!("{url}/api/v1/sql"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.unwrap();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    post_json(url, "/api/v1/sql", body).await
 }
 
 /// Starts a request whose declared body is `declared` bytes, and sends a little of it.
@@ -227,19 +215,12 @@ async fn whole_results_nobody_reads_stay_within_the_buffered_budget() {
     for _ in 0..20 {
         unread.push(unread_batch(&handle, &batch).await);
         tokio::time::sleep(Duration::from_millis(100)).await;
-        let answer = http_client()
-            .post(format!("{}/api/v1/batch", handle.url()))
-            .header("content-type", "application/json")
-            .body(batch.to_string())
-            .send()
-            .await
-            .unwrap();
-        if answer.status() == 503 {
-            refused = Some(answer.text().await.unwrap());
+        let (status, answer) = post_json(&handle.url(), "/api/v1/batch", &batch).await;
+        if status == 503 {
+            refused = Some(answer.to_string());
             break;
         }
-        assert_eq!(answer.status(), 200);
-        let _ = answer.bytes().await.unwrap();
+        assert_eq!(status, 200);
     }
     let refused = refused.expect("results nobody reads exhausted the budget before 20 of them");
     assert!(refused.contains("--max-buffered-bytes"), "{refused}");
@@ -252,14 +233,7 @@ async fn whole_results_nobody_reads_stay_within_the_buffered_budget() {
     drop(unread);
     let deadline = Instant::now() + Duration::from_secs(5);
     loop {
-        let answer = http_client()
-            .post(format!("{}/api/v1/batch", handle.url()))
-            .header("content-type", "application/json")
-            .body(batch.to_string())
-            .send()
-            .await
-            .unwrap();
-        if answer.status() == 200 {
+        if post_json(&handle.url(), "/api/v1/batch", &batch).await.0 == 200 {
             break;
         }
         assert!(Instant::now() < deadline, "the budget was not given back");

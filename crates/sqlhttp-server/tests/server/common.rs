@@ -107,6 +107,24 @@ pub(crate) async fn serve(config: Config) -> ServerHandle {
     .spawn()
 }
 
+/// POSTs a JSON `body` to `path` on the real server at `url`: the status and the JSON answer
+/// (`null` when the answer is not JSON).
+pub(crate) async fn post_json(url: &str, path: &str, body: &Value) -> (u16, Value) {
+    let response = http_client()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let bytes = response.bytes().await.unwrap();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
 /// POSTs `{"sql": sql, "params": params}`.
 pub(crate) async fn sql(router: &Router, sql: &str, params: Value) -> Reply {
     post_with(
