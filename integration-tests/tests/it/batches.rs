@@ -187,7 +187,14 @@ async fn twenty_concurrent_transfers_keep_the_total_and_apply_each_once() {
         Fault::ResetBeforeForward,
         Fault::status(502),
     ]);
-    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    // Attempts to spare: a retry may meet one of the other transfers' faults, or `409` while
+    // its first attempt is still queued behind the others on a slow machine.
+    let client = live
+        .via(&proxy)
+        .retry_writes(true)
+        .retry(fast().with_max_attempts(5))
+        .build()
+        .unwrap();
     let plan: Vec<(i64, i64, i64)> = (0..20).map(|i| (i % 5, (i * 3 + 1) % 5, 10 + i)).collect();
     let tasks: Vec<_> = plan
         .iter()
@@ -196,8 +203,10 @@ async fn twenty_concurrent_transfers_keep_the_total_and_apply_each_once() {
             tokio::spawn(async move { transfer.await })
         })
         .collect();
-    for task in tasks {
-        task.await.unwrap().unwrap();
+    for (task, transfer) in tasks.into_iter().zip(&plan) {
+        task.await
+            .unwrap()
+            .unwrap_or_else(|err| panic!("transfer {transfer:?}: {err:?}"));
     }
     let mut expected = vec![1_000i64; 5];
     for (from, to, amount) in plan {
@@ -214,11 +223,14 @@ async fn a_write_batch_through_every_fault_of_the_matrix_applies_once() {
     let live = Live::start().await;
     let table = accounts(&live.client(), 2, 1_000).await;
     let proxy = live.proxy().await;
+    // The timeout cuts the stalls; it is long enough that a slow moment of the machine (the
+    // first requests of a cold test binary) is not a stall. An attempt that timed out holds its
+    // key until the server is done with it, so the next one may meet `409` and wait it out.
     let client = live
         .via(&proxy)
         .retry_writes(true)
-        .retry(fast().with_max_attempts(4))
-        .timeout(Duration::from_millis(500))
+        .retry(fast().with_max_attempts(6))
+        .timeout(Duration::from_secs(2))
         .build()
         .unwrap();
     let matrix = [
