@@ -1,11 +1,13 @@
 //! The whole path in one file: a typed `Client` talking to a live `sqlhttpd` over real HTTP.
 //!
-//! It pings, creates a table, inserts typed rows, queries them back typed, prints a `query_table`
-//! result as an aligned table, runs an `execute` and prints the rows it affected.
+//! It pings, creates a table of its own, inserts typed rows, queries them back typed, prints a
+//! `query_table` result as an aligned table, runs an `execute` and prints the rows it affected,
+//! then drops the table it created. It touches nothing else: pointed at a server with data, it
+//! leaves that data as it was.
 //!
 //! ```text
-//! cargo run --example quickstart                                  # embedded server, in-memory SQLite
-//! SQLHTTP_URL=http://127.0.0.1:8080 cargo run --example quickstart   # a server you run
+//! cargo run --example quickstart                       # embedded server, in-memory SQLite
+//! SQLHTTP_URL=http://127.0.0.1:8080 SQLHTTP_TOKEN=secret cargo run --example quickstart
 //! ```
 //! With `SQLHTTP_TOKEN` set, the client sends it as a bearer token.
 
@@ -22,7 +24,18 @@ struct Book {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(err) => {
+            // `Display`, which says what went wrong and what to try; `Debug` is for bug reports.
+            eprintln!("quickstart failed: {err}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Box<dyn std::error::Error>> {
     // An embedded server unless the caller points us at one.
     let (url, _server): (String, Option<ServerHandle>) = match std::env::var("SQLHTTP_URL") {
         Ok(url) => (url, None),
@@ -48,14 +61,28 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     client.ping().await?;
     println!("ping: ok");
 
+    // A table of this run's own: a name no earlier run (or user) took, dropped at the end.
+    let table = format!(
+        "quickstart_books_{}",
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)?
+            .as_millis()
+    );
     client
-        .execute(
-            "CREATE TABLE IF NOT EXISTS books (
-                id INTEGER PRIMARY KEY, title TEXT NOT NULL, author TEXT NOT NULL, year INTEGER)",
-        )
+        .execute(format!(
+            "CREATE TABLE {table} (
+                id INTEGER PRIMARY KEY, title TEXT NOT NULL, author TEXT NOT NULL, year INTEGER)"
+        ))
         .await?;
-    client.execute("DELETE FROM books").await?;
+    println!("created {table}");
+    let outcome = tour(&client, &table).await;
+    client.execute(format!("DROP TABLE {table}")).await?;
+    println!("dropped {table}");
+    outcome
+}
 
+/// Everything the quickstart shows, on its own `table`.
+async fn tour(client: &Client, table: &str) -> Result<(), Box<dyn std::error::Error>> {
     let books = [
         Book {
             id: 1,
@@ -82,11 +109,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             year: None,
         },
     ];
-    let inserted = client.insert("books", &books).await?;
+    let inserted = client.insert(table, &books).await?;
     println!("inserted {inserted} books");
 
     let classics: Vec<Book> = client
-        .query("SELECT id, title, author, year FROM books WHERE year < ? ORDER BY year")
+        .query(format!(
+            "SELECT id, title, author, year FROM {table} WHERE year < ? ORDER BY year"
+        ))
         .bind(1980)
         .fetch_all()
         .await?;
@@ -95,19 +124,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("  {book:?}");
     }
     let count: i64 = client
-        .query("SELECT count(*) FROM books")
+        .query(format!("SELECT count(*) FROM {table}"))
         .fetch_one()
         .await?;
     println!("count(*) = {count}");
 
-    let table = client
-        .query_table("SELECT id, title, year, length(title) AS title_length FROM books ORDER BY id")
+    let shown = client
+        .query_table(format!(
+            "SELECT id, title, year, length(title) AS title_length FROM {table} ORDER BY id"
+        ))
         .await?;
     println!("query_table:");
-    print!("{}", render(&table));
+    print!("{}", render(&shown));
 
     let effect = client
-        .execute("UPDATE books SET year = ? WHERE year IS NULL")
+        .execute(format!("UPDATE {table} SET year = ? WHERE year IS NULL"))
         .bind(2026)
         .await?;
     println!("execute: {} row(s) affected", effect.rows_affected);
