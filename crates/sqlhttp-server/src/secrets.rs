@@ -17,9 +17,41 @@ pub fn read_token_file(path: &Path) -> Result<Vec<String>, ServerError> {
         path: path.to_owned(),
         reason,
     };
-    let bytes = std::fs::read(path).map_err(|e| error(e.to_string()))?;
+    let bytes = std::fs::read(path).map_err(|e| error(unreadable(path, &e)))?;
     let text = String::from_utf8(bytes).map_err(|_| error("it is not UTF-8 text".to_owned()))?;
     parse_token_file(&text).map_err(error)
+}
+
+/// Why `path` could not be read, with what an operator needs to fix a permission: who this
+/// process is and who owns the file (a secret written under `umask 077` and mounted into the
+/// container image, which runs as uid 10001, is the usual case).
+fn unreadable(path: &Path, err: &std::io::Error) -> String {
+    if err.kind() != std::io::ErrorKind::PermissionDenied {
+        return err.to_string();
+    }
+    let me = own_uid().map_or_else(|| "this process".to_owned(), |uid| format!("uid {uid}"));
+    let file = std::fs::metadata(path).map_or_else(
+        |_| String::new(),
+        |meta| {
+            use std::os::unix::fs::MetadataExt;
+            format!(
+                "; the file belongs to uid {} with mode {:o}",
+                meta.uid(),
+                meta.mode() & 0o777
+            )
+        },
+    );
+    format!(
+        "{err}: sqlhttpd runs as {me}{file} (the container image runs as uid 10001: \
+         `chown 10001` the file, or make it readable by a group the server is in)"
+    )
+}
+
+/// This process's real user id, from `/proc` (Linux); `None` elsewhere.
+fn own_uid() -> Option<u32> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|line| line.starts_with("Uid:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
 }
 
 /// Parses the text of a token file (see [`read_token_file`]).
@@ -82,6 +114,22 @@ mod tests {
                 .unwrap_err()
                 .contains("line 2")
         );
+    }
+
+    #[test]
+    fn a_permission_refused_names_both_users_and_the_mode() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tokens");
+        std::fs::write(&path, "secret-token\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Root reads any file, so the refusal is the kernel's answer, given directly.
+        let refused = std::io::Error::from(std::io::ErrorKind::PermissionDenied);
+        let reason = unreadable(&path, &refused);
+        assert!(reason.contains("mode 600"), "{reason}");
+        assert!(reason.contains("uid 10001"), "{reason}");
+        assert!(reason.contains("sqlhttpd runs as uid "), "{reason}");
+        assert!(!reason.contains("secret-token"), "{reason}");
     }
 
     #[test]
