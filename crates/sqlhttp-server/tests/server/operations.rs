@@ -245,10 +245,16 @@ async fn tokens_from_files_never_reach_the_log() {
         "attempt=\"2/3\"",
         "rows=1",
         "bytes=",
-        "duration_ms=",
+        "duration_us=",
     ] {
         assert!(line.contains(field), "{field} missing: {line}");
     }
+    let duration = line.split("duration_us=").nth(1).unwrap_or_default();
+    let digits = duration.split(' ').next().unwrap_or_default();
+    assert!(
+        !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()),
+        "a duration in whole microseconds: {line}"
+    );
     assert!(log.contains("credential=read#1"), "{log}");
     let refused_line = log
         .lines()
