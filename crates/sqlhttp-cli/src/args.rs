@@ -62,8 +62,10 @@ pub(crate) enum Format {
     /// An aligned table with a row count and the time taken (the default on a terminal).
     Table,
     /// A header line, then one line per row; NULL is an empty field, an empty string is `""`
-    /// (the default when stdout is not a terminal).
+    /// (the default when stdout is not a terminal). Lines end in LF, as shell tools expect.
     Csv,
+    /// CSV with RFC 4180's CRLF line ends.
+    CsvCrlf,
     /// A JSON array of objects.
     Json,
     /// One JSON object per line.

@@ -25,7 +25,14 @@ pub(crate) fn writer<'a, W: Write + 'a>(format: Format, out: W) -> Box<dyn RowWr
             out,
             table: Table::new(),
         }),
-        Format::Csv => Box::new(CsvWriter { out }),
+        Format::Csv => Box::new(CsvWriter {
+            out,
+            line_end: b"\n",
+        }),
+        Format::CsvCrlf => Box::new(CsvWriter {
+            out,
+            line_end: b"\r\n",
+        }),
         Format::Json => Box::new(JsonWriter {
             out,
             columns: Vec::new(),
@@ -129,6 +136,8 @@ fn csv_text(value: &Value) -> Option<String> {
 
 struct CsvWriter<W> {
     out: W,
+    /// LF by default (what `tail`, `read` and `$(...)` expect); CRLF for RFC 4180 readers.
+    line_end: &'static [u8],
 }
 
 impl<W: Write> CsvWriter<W> {
@@ -139,7 +148,7 @@ impl<W: Write> CsvWriter<W> {
             }
             write_csv_field(&mut self.out, field.as_deref())?;
         }
-        self.out.write_all(b"\r\n")
+        self.out.write_all(self.line_end)
     }
 }
 
@@ -245,6 +254,10 @@ mod tests {
     fn csv_quotes_what_it_must_and_tells_null_from_empty() {
         assert_eq!(
             render(Format::Csv),
+            "id,name\n1,\"a, \"\"b\"\"\nc\"\n2,\n3,\"\"\n"
+        );
+        assert_eq!(
+            render(Format::CsvCrlf),
             "id,name\r\n1,\"a, \"\"b\"\"\nc\"\r\n2,\r\n3,\"\"\r\n"
         );
     }

@@ -91,7 +91,7 @@ async fn ping_exec_and_query_in_every_format() {
     let select = "SELECT id, title, year FROM books ORDER BY id";
     assert_eq!(
         ok(&url, &["query", select, "--format", "csv"]).await,
-        "id,title,year\r\n1,a,1965\r\n2,b,\r\n"
+        "id,title,year\n1,a,1965\n2,b,\n"
     );
     let json: Value =
         serde_json::from_str(&ok(&url, &["query", select, "--format", "json"]).await).unwrap();
@@ -118,7 +118,7 @@ async fn ping_exec_and_query_in_every_format() {
     )
     .await;
     assert_exit(&from_stdin, 0);
-    assert_eq!(stdout(&from_stdin), "id\r\n1\r\n");
+    assert_eq!(stdout(&from_stdin), "id\n1\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -142,13 +142,28 @@ async fn csv_round_trips_exactly_through_export_and_import() {
             "query",
             "SELECT * FROM books ORDER BY id",
             "--format",
-            "csv",
+            "csv-crlf",
         ],
     )
     .await;
     assert_eq!(
         exported, AWKWARD_CSV,
-        "the export is the input, byte for byte"
+        "the RFC 4180 export is the input, byte for byte"
+    );
+    let with_lf = ok(
+        &url,
+        &[
+            "query",
+            "SELECT * FROM books ORDER BY id",
+            "--format",
+            "csv",
+        ],
+    )
+    .await;
+    assert_eq!(
+        with_lf,
+        AWKWARD_CSV.replace("\r\n", "\n"),
+        "the default export ends lines in LF (a line break inside a quoted field stays as it is)"
     );
     let output = dir.path().join("export.csv");
     std::fs::write(&output, &exported).unwrap();
@@ -158,16 +173,13 @@ async fn csv_round_trips_exactly_through_export_and_import() {
         &["query", "SELECT count(*) FROM (SELECT * FROM books EXCEPT SELECT * FROM copy UNION ALL SELECT * FROM copy EXCEPT SELECT * FROM books)", "--format", "csv"],
     )
     .await;
-    assert_eq!(differences, "count(*)\r\n0\r\n");
+    assert_eq!(differences, "count(*)\n0\n");
     let nulls = ok(
         &url,
         &["query", "SELECT id FROM copy WHERE title IS NULL UNION ALL SELECT -id FROM copy WHERE title = ''", "--format", "csv"],
     )
     .await;
-    assert_eq!(
-        nulls, "id\r\n5\r\n-4\r\n",
-        "NULL and the empty string stay apart"
-    );
+    assert_eq!(nulls, "id\n5\n-4\n", "NULL and the empty string stay apart");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,10 +205,7 @@ async fn ndjson_import_converts_to_declared_types() {
         ],
     )
     .await;
-    assert_eq!(
-        rows,
-        "id,typeof(year),year\r\n1,integer,1999\r\n2,null,\r\n"
-    );
+    assert_eq!(rows, "id,typeof(year),year\n1,integer,1999\n2,null,\n");
     let bad = dir.path().join("bad.csv");
     std::fs::write(&bad, "id,year\n1,not a year\n").unwrap();
     let refused = sqlhttp(&url, &["import", "books", bad.to_str().unwrap()], None).await;
@@ -241,7 +250,7 @@ async fn an_interrupted_import_resumes_without_duplicates() {
             &["query", "SELECT count(*) FROM books", "--format", "csv"]
         )
         .await,
-        "count(*)\r\n4\r\n"
+        "count(*)\n4\n"
     );
 
     // The same import again: the chunks already written are replayed, the rest inserted.
@@ -258,7 +267,7 @@ async fn an_interrupted_import_resumes_without_duplicates() {
             ]
         )
         .await,
-        "count(*),count(DISTINCT id)\r\n6,6\r\n"
+        "count(*),count(DISTINCT id)\n6,6\n"
     );
 }
 
@@ -271,7 +280,7 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
     assert_exit(&output, 1);
     assert_eq!(
         stdout(&output),
-        "0 rows affected\n2 rows affected\nTiming is off.\ntotal\r\n3\r\n"
+        "0 rows affected\n2 rows affected\nTiming is off.\ntotal\n3\n"
     );
     assert!(
         stderr(&output).contains("no such table: nowhere"),
@@ -284,14 +293,14 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
             &["query", "SELECT count(*) FROM t", "--format", "csv"]
         )
         .await,
-        "count(*)\r\n2\r\n",
+        "count(*)\n2\n",
         "nothing after the error ran"
     );
     let tables = sqlhttp(&url, &["shell", "--format", "csv"], Some("\\d\n\\d t\n")).await;
     assert_exit(&tables, 0);
     assert_eq!(
         stdout(&tables),
-        "name,type\r\nt,table\r\nname,type,not_null,default,pk\r\nx,INTEGER,0,,0\r\n"
+        "name,type\nt,table\nname,type,not_null,default,pk\nx,INTEGER,0,,0\n"
     );
 }
 
