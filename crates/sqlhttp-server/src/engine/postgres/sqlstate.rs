@@ -2,6 +2,12 @@
 //! ([`TABLE`]): an exact code wins over its two-character class, and a code in neither is an
 //! `INTERNAL` error whose details go to the log only.
 //!
+//! A code the client's own code raised (PL/pgSQL `RAISE ... USING ERRCODE`, which PostgreSQL
+//! reports from its `exec_stmt_raise` routine, a field `RAISE` cannot set) is the client's
+//! error whatever its class: a verdict that would blame the server or promise a retry
+//! (`503`, `500`, `422 STATEMENT_TIMEOUT`) becomes `400 SQL_ERROR` (see [`raised_verdict`] and
+//! `docs/adr/0028-postgresql-answers-and-bounded-cells.md`).
+//!
 //! Knows SQLSTATE codes, tokio-postgres's error type and the protocol's codes; nothing about
 //! connections, transactions or HTTP. The engine adds what only it knows (the statement
 //! timeout's length, the batch statement's index).
@@ -47,6 +53,9 @@ pub(crate) const TABLE: &[(&str, Verdict)] = &[
     ("40P01", Verdict::Retry), // deadlock_detected
     ("55P03", Verdict::Retry), // lock_not_available (lock_timeout)
     ("53300", Verdict::Retry), // too_many_connections
+    // configuration_limit_exceeded: "temporary file size exceeds temp_file_limit", the
+    // statement's own size (ADR 0029); sending it again fails the same way.
+    ("53400", Verdict::Sql),
     // Class 57: operator intervention.
     ("57014", Verdict::Timeout),     // query_canceled (statement_timeout)
     ("57P01", Verdict::Unavailable), // admin_shutdown
@@ -114,6 +123,30 @@ pub(crate) fn verdict(code: &str) -> Verdict {
     exact.or_else(class).map_or(Verdict::Internal, |(_, v)| *v)
 }
 
+/// The verdict for a code the client's own code raised: constraint, SQL and privilege
+/// verdicts stand (they already blame the statement); any other is the statement's
+/// `SQL_ERROR`. A raised `40001` is not a serialization failure the server may retry, nor is a
+/// raised `XX000` the server's fault.
+pub(crate) fn raised_verdict(code: &str) -> Verdict {
+    match verdict(code) {
+        verdict @ (Verdict::Constraint(_) | Verdict::Sql | Verdict::NotAllowed) => verdict,
+        Verdict::Retry
+        | Verdict::Timeout
+        | Verdict::Unavailable
+        | Verdict::ReadOnly
+        | Verdict::Internal => Verdict::Sql,
+    }
+}
+
+/// PostgreSQL's routine that reports PL/pgSQL's `RAISE`. `RAISE;` in a handler re-throws the
+/// caught error with its own routine, so a real serialization failure passed on stays one.
+const RAISE_ROUTINE: &str = "exec_stmt_raise";
+
+/// Whether the client's own code raised `db` (see the module documentation).
+pub(crate) fn is_raised(db: &DbError) -> bool {
+    db.routine() == Some(RAISE_ROUTINE)
+}
+
 /// The protocol error for a failed PostgreSQL call. `timeout_ms` is the statement timeout in
 /// force, named in a `STATEMENT_TIMEOUT` message.
 pub(crate) fn map_error(err: &tokio_postgres::Error, timeout_ms: u128) -> ApiError {
@@ -151,8 +184,18 @@ pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
     let code = db.code().code();
     // PostgreSQL's detail quotes values (`Key (email)=(a@example.com) already exists`), and no
     // error body carries a bound value or a cell: the message alone goes to the client.
-    let message = bounded(db.message());
-    match verdict(code) {
+    let mut message = bounded(db.message());
+    let verdict = if is_raised(db) {
+        let raised = raised_verdict(code);
+        if raised != verdict(code) {
+            // The code is the client's to read: it says what its own code meant.
+            message = format!("{message} (SQLSTATE {code}, raised by the statement's own code)");
+        }
+        raised
+    } else {
+        verdict(code)
+    };
+    match verdict {
         Verdict::Constraint(kind) => {
             // PostgreSQL names a primary key's index `<table>_pkey` unless told otherwise.
             let kind = match (kind, db.constraint()) {
@@ -215,6 +258,7 @@ mod tests {
             ("57P02", ErrorCode::Unavailable, None),
             ("57P03", ErrorCode::Unavailable, None),
             ("53100", ErrorCode::Unavailable, None),
+            ("53400", ErrorCode::SqlError, None),
             ("42601", ErrorCode::SqlError, None),
             ("42P01", ErrorCode::SqlError, None),
             ("42703", ErrorCode::SqlError, None),
@@ -244,6 +288,23 @@ mod tests {
             assert_eq!(err.code, expected, "{code}");
             assert_eq!(err.constraint.map(ConstraintKind::as_str), kind, "{code}");
         }
+    }
+
+    #[test]
+    fn raised_codes_are_the_clients_errors() {
+        for code in [
+            "40001", "40P01", "08006", "57000", "57014", "57P01", "XX000", "53100", "25006",
+            "58030", "ZZ999",
+        ] {
+            assert_eq!(raised_verdict(code), Verdict::Sql, "{code}");
+        }
+        assert_eq!(raised_verdict("P0001"), Verdict::Sql);
+        assert_eq!(raised_verdict("22012"), Verdict::Sql);
+        assert_eq!(raised_verdict("42501"), Verdict::NotAllowed);
+        assert_eq!(
+            raised_verdict("23505"),
+            Verdict::Constraint(ConstraintKind::Unique)
+        );
     }
 
     #[test]
