@@ -22,6 +22,7 @@ mod session;
 mod setup;
 mod sqlstate;
 mod store;
+mod tag;
 mod types;
 
 use std::collections::HashMap;
@@ -670,7 +671,14 @@ impl Inner {
                 job,
                 &lease,
                 1,
-                run::write_result(&lease, request, &mut out, &mut sink, &map),
+                run::write_result(
+                    &lease,
+                    request,
+                    self.limits.max_value_bytes,
+                    &mut out,
+                    &mut sink,
+                    &map,
+                ),
             )
             .await;
         let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
@@ -735,7 +743,9 @@ impl Inner {
                     let mut sink = Sink::Buffered {
                         limit: self.limits.max_result_bytes,
                     };
-                    run::write_result(&lease, request, &mut out, &mut sink, &map).await?;
+                    let max_value = self.limits.max_value_bytes;
+                    run::write_result(&lease, request, max_value, &mut out, &mut sink, &map)
+                        .await?;
                     Ok(out)
                 }
                 Work::Batch(statements) => self.run_statements(&lease, statements).await,
@@ -777,7 +787,8 @@ impl Inner {
         for (index, statement) in statements.iter().enumerate() {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
-            run::write_result(lease, statement, &mut body, &mut sink, &map)
+            let max_value = self.limits.max_value_bytes;
+            run::write_result(lease, statement, max_value, &mut body, &mut sink, &map)
                 .await
                 .map_err(|err| match err.code {
                     ErrorCode::ReadOnly => writes_in_read_only_batch(index),

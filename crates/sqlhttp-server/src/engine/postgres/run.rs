@@ -2,6 +2,12 @@
 //! row stream into JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that
 //! order), the same shape the SQLite engine writes.
 //!
+//! Every cell is refused past `--max-value-bytes` (as PostgreSQL sends it, before it is written
+//! as JSON), with the SQLite engine's `400 SQL_ERROR`. A row is whole in memory twice at most:
+//! as tokio-postgres received it, and as JSON until the sink takes it (see `docs/protocol.md`,
+//! "Limits", and ADR 0028). `rows_affected` is the command tag's count for `INSERT`, `UPDATE`,
+//! `DELETE` and `MERGE` only (see `tag`).
+//!
 //! Runs inside a transaction the caller opened, as the client role. Knows tokio-postgres and the
 //! row writer's output; nothing about HTTP, pooling, transactions or idempotency.
 
@@ -17,9 +23,9 @@ use tokio_postgres::types::ToSql;
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::postgres::types::{self, Raw};
-use crate::engine::postgres::{Lease, placeholders, sandbox};
+use crate::engine::postgres::{Lease, placeholders, sandbox, tag};
 use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
-use crate::request::{SqlRequest, may_change_rows};
+use crate::request::SqlRequest;
 
 /// Where the row writer hands its output after each row.
 pub(crate) enum Sink<'a> {
@@ -98,12 +104,24 @@ impl<'a> Chunks<'a> {
     }
 }
 
+/// The refusal of a cell larger than `--max-value-bytes`, worded as the SQLite engine words
+/// its own (`string or blob too big`).
+fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError {
+    ApiError::sql(format!(
+        "string or blob too big: column `{column}` of row {row} is {bytes} bytes: this server \
+         holds strings and blobs of at most {limit} bytes (--max-value-bytes); select a part \
+         of it (`substring({column} from 1 for {limit})`) or its length"
+    ))
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
-/// caller that streamed part of it can close the body with the error.
+/// caller that streamed part of it can close the body with the error. A cell larger than
+/// `max_value_bytes` is refused before any of it is written.
 pub(crate) async fn write_result(
     lease: &Lease,
     request: &SqlRequest,
+    max_value_bytes: usize,
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
@@ -149,6 +167,21 @@ pub(crate) async fn write_result(
     let mut count: u64 = 0;
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
         let row = row.map_err(map)?;
+        if let Some((index, bytes)) = (0..row.len())
+            .map(|index| {
+                (
+                    index,
+                    row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()),
+                )
+            })
+            .find(|&(_, bytes)| bytes > max_value_bytes)
+        {
+            // The rest of the result is not waited for, and the session that holds a row this
+            // large in its read buffer is closed, not pooled (see `Lease::cancel_statement`).
+            lease.cancel_statement().await;
+            let name = row.columns()[index].name();
+            return Err(value_too_big(name, count + 1, bytes, max_value_bytes));
+        }
         let row_start = out.len();
         if count > 0 {
             out.push(b',');
@@ -180,7 +213,9 @@ pub(crate) async fn write_result(
             return Err(err);
         }
     }
-    let rows_affected = if may_change_rows(&request.sql) {
+    // The tag's count is rows returned for a SELECT (`WITH ... SELECT` included): only a
+    // change's tag counts changes.
+    let rows_affected = if tag::counts_changed_rows(&request.sql) {
         rows.rows_affected().unwrap_or(0)
     } else {
         0

@@ -8,13 +8,13 @@
 //! |---|---|
 //! | `bool` | `true` / `false` |
 //! | `int2`, `int4`, `int8`, `oid` | number |
-//! | `float4`, `float8` | number; `NaN` and infinities as `null` (as on SQLite) |
+//! | `float4`, `float8` | number, the shortest decimal that reads back as the same `float4` or `float8` (`0.1::float4` is `0.1`); `NaN` and infinities as `null` (as on SQLite) |
 //! | `numeric` | string with every digit (`"12.50"`, `"NaN"`, `"Infinity"`) |
 //! | `text`, `varchar`, `bpchar`, `name`, `"char"`, enums | string |
-//! | `date`, `time`, `timetz`, `timestamp`, `timestamptz` | ISO-8601 string; `timestamptz` in UTC with `Z` |
+//! | `date`, `time`, `timetz`, `timestamp`, `timestamptz` | ISO-8601 string; `timestamptz` in UTC with `Z`; years past 9999 with ISO 8601's `+` (`+10000-01-01`), years before 1 in its astronomical numbering (`1 BC` is `0000`, `2 BC` is `-0001`) |
 //! | `interval` | ISO-8601 duration string (`P1Y2M3DT4H5M6.5S`) |
 //! | `uuid` | string, hyphenated lower case |
-//! | `json`, `jsonb` | the JSON value itself |
+//! | `json`, `jsonb` | the JSON value itself; a value a JSON reader such as the SDK's cannot take back (a number beyond `f64`, `1e400`, or more than [`MAX_JSON_DEPTH`] levels of nesting) as a string holding its JSON text |
 //! | `bytea` | blob, `{"base64": "..."}` |
 //! | `inet`, `cidr` | string (`10.0.0.1`, `10.0.0.0/8`) |
 //! | arrays of any of these | JSON arrays (nested for several dimensions) |
@@ -45,6 +45,13 @@ type BoxError = Box<dyn Error + Sync + Send>;
 /// A column's value as PostgreSQL sent it (binary format), or NULL.
 #[derive(Debug)]
 pub(crate) struct Raw<'a>(pub(crate) Option<&'a [u8]>);
+
+impl Raw<'_> {
+    /// The value's size as PostgreSQL sent it (0 for NULL).
+    pub(crate) fn len(&self) -> usize {
+        self.0.map_or(0, <[u8]>::len)
+    }
+}
 
 impl<'a> FromSql<'a> for Raw<'a> {
     fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, BoxError> {
@@ -140,7 +147,8 @@ pub(crate) fn write_cell(out: &mut Vec<u8>, ty: &Type, raw: Option<&[u8]>) -> Re
         Type::INT4 => write_display(out, i32::from_be_bytes(be(raw, ty)?)),
         Type::INT8 => write_display(out, i64::from_be_bytes(be(raw, ty)?)),
         Type::OID => write_display(out, u32::from_be_bytes(be(raw, ty)?)),
-        Type::FLOAT4 => write_float(out, f64::from(f32::from_be_bytes(be(raw, ty)?))),
+        // Widening to f64 first would write `0.1::float4` as `0.10000000149011612`.
+        Type::FLOAT4 => write_float32(out, f32::from_be_bytes(be(raw, ty)?)),
         Type::FLOAT8 => write_float(out, f64::from_be_bytes(be(raw, ty)?)),
         Type::NUMERIC => write_string(out, &numeric(raw).ok_or_else(|| malformed(ty))?),
         Type::TEXT | Type::VARCHAR | Type::BPCHAR | Type::NAME | Type::UNKNOWN => {
@@ -171,10 +179,10 @@ pub(crate) fn write_cell(out: &mut Vec<u8>, ty: &Type, raw: Option<&[u8]>) -> Re
         }
         Type::UUID => write_string(out, &uuid(&be::<16>(raw, ty)?)),
         // PostgreSQL checked the JSON text; an empty one would break the body.
-        Type::JSON if !raw.is_empty() => out.extend_from_slice(raw),
+        Type::JSON if !raw.is_empty() => write_json(out, raw)?,
         // jsonb's binary form is a version byte (1) and the JSON text.
         Type::JSONB => match raw.split_first() {
-            Some((1, json)) if !json.is_empty() => out.extend_from_slice(json),
+            Some((1, json)) if !json.is_empty() => write_json(out, json)?,
             _ => return Err(malformed(ty)),
         },
         Type::BYTEA => write_blob(out, raw),
@@ -195,6 +203,111 @@ fn write_float(out: &mut Vec<u8>, value: f64) {
     } else {
         out.extend_from_slice(b"null");
     }
+}
+
+fn write_float32(out: &mut Vec<u8>, value: f32) {
+    if value.is_finite() {
+        let _ = serde_json::to_writer(&mut *out, &value);
+    } else {
+        out.extend_from_slice(b"null");
+    }
+}
+
+/// Deepest nesting of a `json` or `jsonb` cell sent as the value itself: serde_json (the
+/// SDK's reader) refuses a document nested 128 levels deep, and a cell sits inside the body's
+/// object, its `rows` array and its row.
+pub(crate) const MAX_JSON_DEPTH: usize = 120;
+
+/// A `json`/`jsonb` cell: PostgreSQL's JSON text as it is when a JSON reader can take it back,
+/// else as a string holding that text (see the module documentation).
+fn write_json(out: &mut Vec<u8>, text: &[u8]) -> Result<(), BoxError> {
+    if json_depth(text) <= MAX_JSON_DEPTH && serde_json::from_slice::<Readable>(text).is_ok() {
+        out.extend_from_slice(text);
+        Ok(())
+    } else {
+        write_text(out, text)
+    }
+}
+
+/// A JSON value read as a reader reads it (numbers converted, strings unescaped) and kept
+/// nowhere: `IgnoredAny` skips numbers unread, so `1e400` would pass it.
+struct Readable;
+
+impl<'de> serde::Deserialize<'de> for Readable {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Readable)
+    }
+}
+
+impl<'de> serde::de::Visitor<'de> for Readable {
+    type Value = Readable;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_unit<E>(self) -> Result<Readable, E> {
+        Ok(Readable)
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Readable, A::Error> {
+        while seq.next_element::<Readable>()?.is_some() {}
+        Ok(Readable)
+    }
+
+    fn visit_map<A: serde::de::MapAccess<'de>>(self, mut map: A) -> Result<Readable, A::Error> {
+        while map
+            .next_entry::<serde::de::IgnoredAny, Readable>()?
+            .is_some()
+        {}
+        Ok(Readable)
+    }
+}
+
+/// The deepest nesting of arrays and objects in JSON `text` (strings skipped).
+fn json_depth(text: &[u8]) -> usize {
+    let (mut depth, mut deepest, mut in_string, mut escaped) = (0_usize, 0, false, false);
+    for &byte in text {
+        if in_string {
+            match byte {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        match byte {
+            b'"' => in_string = true,
+            b'[' | b'{' => {
+                depth += 1;
+                deepest = deepest.max(depth);
+            }
+            b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    deepest
 }
 
 fn write_string(out: &mut Vec<u8>, value: &str) {
@@ -349,8 +462,12 @@ const MICROS_PER_DAY: i64 = 86_400_000_000;
 
 fn format_date(days_since_pg_epoch: i64) -> String {
     let (year, month, day) = civil(days_since_pg_epoch + PG_EPOCH_DAYS);
+    // ISO 8601 numbers years astronomically (1 BC is 0000) and writes one outside 0000..=9999
+    // with its sign (an expanded year).
     if year < 0 {
         format!("-{:04}-{month:02}-{day:02}", -year)
+    } else if year > 9999 {
+        format!("+{year}-{month:02}-{day:02}")
     } else {
         format!("{year:04}-{month:02}-{day:02}")
     }
@@ -580,6 +697,8 @@ mod tests {
         );
         assert_eq!(cell(&Type::FLOAT8, &0.25f64.to_be_bytes()), "0.25");
         assert_eq!(cell(&Type::FLOAT4, &1.5f32.to_be_bytes()), "1.5");
+        assert_eq!(cell(&Type::FLOAT4, &0.1f32.to_be_bytes()), "0.1");
+        assert_eq!(cell(&Type::FLOAT4, &f32::NAN.to_be_bytes()), "null");
         assert_eq!(cell(&Type::FLOAT8, &f64::NAN.to_be_bytes()), "null");
         assert_eq!(cell(&Type::FLOAT8, &f64::INFINITY.to_be_bytes()), "null");
         assert_eq!(cell(&Type::TEXT, "a\"é".as_bytes()), r#""a\"é""#);
@@ -668,6 +787,19 @@ mod tests {
         );
         assert_eq!(cell(&Type::DATE, &60i32.to_be_bytes()), r#""2000-03-01""#);
         assert_eq!(cell(&Type::DATE, &i32::MAX.to_be_bytes()), r#""infinity""#);
+        // 10000-01-01 is 2,921,940 days after 2000-01-01; 0001-01-01 BC is year 0000.
+        assert_eq!(
+            cell(&Type::DATE, &2_921_940i32.to_be_bytes()),
+            r#""+10000-01-01""#
+        );
+        assert_eq!(
+            cell(&Type::DATE, &(-730_485i32).to_be_bytes()),
+            r#""0000-01-01""#
+        );
+        assert_eq!(
+            cell(&Type::DATE, &(-730_850i32).to_be_bytes()),
+            r#""-0001-01-01""#
+        );
         let noon = 12 * 3_600_000_000i64 + 500_000;
         assert_eq!(cell(&Type::TIME, &noon.to_be_bytes()), r#""12:00:00.5""#);
         assert_eq!(
@@ -768,6 +900,27 @@ mod tests {
             assert!(write_cell(&mut out, &ty, Some(&[1])).is_err(), "{ty}");
         }
         assert!(write_cell(&mut Vec::new(), &Type::JSON, Some(&[])).is_err());
+    }
+
+    #[test]
+    fn json_a_reader_cannot_take_back_is_sent_as_its_text() {
+        assert_eq!(cell(&Type::JSON, b"1e400"), r#""1e400""#);
+        assert_eq!(cell(&Type::JSONB, b"\x011e400"), r#""1e400""#);
+        assert_eq!(cell(&Type::JSON, b"1e300"), "1e300");
+        let nested = |levels: usize| format!("{}{}", "[".repeat(levels), "]".repeat(levels));
+        let deepest = nested(MAX_JSON_DEPTH);
+        assert_eq!(cell(&Type::JSON, deepest.as_bytes()), deepest);
+        let deeper = nested(MAX_JSON_DEPTH + 1);
+        assert_eq!(
+            cell(&Type::JSON, deeper.as_bytes()),
+            serde_json::to_string(&deeper).unwrap()
+        );
+        // Brackets inside strings are not nesting.
+        let text = format!(r#"["{}\"]"]"#, "[".repeat(500));
+        assert_eq!(cell(&Type::JSON, text.as_bytes()), text);
+        // Whatever is sent, the body's reader takes it back inside a row.
+        let row = format!("[{}]", cell(&Type::JSON, nested(5000).as_bytes()));
+        assert!(serde_json::from_str::<serde_json::Value>(&row).is_ok());
     }
 
     #[test]
