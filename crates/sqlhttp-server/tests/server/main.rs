@@ -13,6 +13,7 @@ mod connections;
 mod hardening;
 mod idempotency;
 mod operations;
+mod pg_answers;
 mod postgres;
 mod reads;
 mod replicas;
