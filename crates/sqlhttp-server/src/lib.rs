@@ -29,6 +29,7 @@ mod engine;
 mod error;
 mod http;
 mod request;
+mod sql_text;
 mod secrets;
 mod server;
 mod state;

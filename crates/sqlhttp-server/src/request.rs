@@ -1,5 +1,5 @@
-//! Decoding a `POST /api/v1/sql` body into a [`SqlRequest`], and the small lexical look at SQL
-//! text the server needs (its leading keyword).
+//! Decoding a `POST /api/v1/sql` body into a [`SqlRequest`]. How the SQL text is read (its
+//! statements and their keywords) is `sql_text`'s.
 //!
 //! Pure functions over bytes and strings: no HTTP types, no engine. The SQL text is never
 //! rewritten and parameters are never spliced into it.
@@ -142,107 +142,6 @@ fn parse_blob(
         .map_err(|e| refused(&format!("`base64` is not standard padded base64: {e}")))
 }
 
-/// The statement's first keyword, uppercased, after whitespace and comments ("" when there
-/// is none). Block comments end at the first `*/`, as SQLite reads them; see
-/// [`leading_keywords`] for checks that must hold on PostgreSQL too.
-pub(crate) fn leading_keyword(sql: &str) -> String {
-    first_keyword(sql, false)
-}
-
-/// The first keyword as SQLite reads the text and as PostgreSQL does (its block comments nest:
-/// `/* /* */ x */ COMMIT` is a COMMIT there). A check that refuses a keyword refuses it when
-/// either reading finds it.
-pub(crate) fn leading_keywords(sql: &str) -> [String; 2] {
-    [first_keyword(sql, false), first_keyword(sql, true)]
-}
-
-fn first_keyword(sql: &str, nested_comments: bool) -> String {
-    let (keyword, _) = next_word(sql, nested_comments);
-    keyword
-}
-
-/// The first two keywords (`ALTER ROLE`, `ALTER TABLE`) under either reading of the comments,
-/// as in [`leading_keywords`].
-pub(crate) fn leading_keyword_pairs(sql: &str) -> [(String, String); 2] {
-    [false, true].map(|nested| {
-        let (first, rest) = next_word(sql, nested);
-        let (second, _) = next_word(rest, nested);
-        (first, second)
-    })
-}
-
-/// The next word, uppercased, after whitespace and comments, and the text after it.
-fn next_word(sql: &str, nested_comments: bool) -> (String, &str) {
-    let mut rest = sql;
-    loop {
-        rest = rest.trim_start();
-        if let Some(comment) = rest.strip_prefix("--") {
-            // Both engines end a line comment at a carriage return as well.
-            rest = comment.find(['\n', '\r']).map_or("", |end| &comment[end..]);
-        } else if let Some(comment) = rest.strip_prefix("/*") {
-            rest = after_block_comment(comment, nested_comments);
-        } else {
-            break;
-        }
-    }
-    let end = rest
-        .find(|c: char| !(c.is_ascii_alphabetic() || c == '_'))
-        .unwrap_or(rest.len());
-    (rest[..end].to_ascii_uppercase(), &rest[end..])
-}
-
-/// The text after the block comment whose opening `/*` came just before `comment`; "" when it
-/// is not closed.
-fn after_block_comment(comment: &str, nested: bool) -> &str {
-    let bytes = comment.as_bytes();
-    let mut depth = 1_usize;
-    let mut at = 0;
-    while at + 1 < bytes.len() {
-        match (bytes[at], bytes[at + 1]) {
-            (b'/', b'*') if nested => {
-                depth += 1;
-                at += 2;
-            }
-            (b'*', b'/') => {
-                depth -= 1;
-                at += 2;
-                if depth == 0 {
-                    return &comment[at..];
-                }
-            }
-            _ => at += 1,
-        }
-    }
-    ""
-}
-
-/// Whether the statement controls a transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT,
-/// RELEASE) under either reading of its comments: every request is its own transaction, so
-/// the sandbox refuses these.
-pub(crate) fn is_transaction_control(sql: &str) -> bool {
-    leading_keywords(sql).iter().any(|keyword| {
-        matches!(
-            keyword.as_str(),
-            "BEGIN" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE"
-        )
-    })
-}
-
-/// Whether the statement is an INSERT, REPLACE, UPDATE or DELETE (or a WITH prefix before
-/// one): the only statements whose `rows_affected` is the engine's change count. DDL that
-/// changes rows as a side effect (`DROP TABLE` under `ON DELETE CASCADE`) reports 0.
-pub(crate) fn may_change_rows(sql: &str) -> bool {
-    matches!(
-        leading_keyword(sql).as_str(),
-        "INSERT" | "REPLACE" | "UPDATE" | "DELETE" | "MERGE" | "WITH"
-    )
-}
-
-/// Whether the statement may insert rows itself (INSERT, REPLACE, or a WITH prefix before one).
-pub(crate) fn may_insert(sql: &str) -> bool {
-    matches!(leading_keyword(sql).as_str(), "INSERT" | "REPLACE" | "WITH")
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -334,40 +233,6 @@ mod tests {
         bad(r#"{"sql":"SELECT ?","params":[100000000000000000000000]}"#);
     }
 
-    #[test]
-    fn keywords_skip_whitespace_and_comments() {
-        assert_eq!(leading_keyword("  select 1"), "SELECT");
-        assert_eq!(leading_keyword("-- hi\n/* there */ Begin;"), "BEGIN");
-        assert_eq!(leading_keyword("/* unterminated"), "");
-        // PostgreSQL's comments nest; SQLite's do not. Both readings are checked.
-        assert_eq!(
-            leading_keywords("/* /* */ x */ COMMIT"),
-            ["X".to_owned(), "COMMIT".to_owned()]
-        );
-        assert_eq!(
-            leading_keywords("/* /* */ COMMIT"),
-            ["COMMIT".to_owned(), String::new()]
-        );
-        assert!(is_transaction_control("/* /* */ x */ COMMIT"));
-        assert!(is_transaction_control("/* /* */ COMMIT"));
-        assert!(is_transaction_control("/* a /* b /* c */ */ */ rollback"));
-        assert!(is_transaction_control("-- x\rCOMMIT"));
-        assert!(is_transaction_control("--\r\nEND"));
-        assert!(is_transaction_control("commit"));
-        assert!(is_transaction_control("END TRANSACTION"));
-        assert!(is_transaction_control("savepoint a"));
-        assert!(!is_transaction_control("SELECT 'BEGIN'"));
-        assert!(may_insert("replace into t values (1)"));
-        assert!(may_insert(
-            "WITH x AS (SELECT 1) INSERT INTO t SELECT * FROM x"
-        ));
-        assert!(!may_insert("UPDATE t SET a = 1"));
-        assert!(may_change_rows("delete from t"));
-        assert!(may_change_rows("UPDATE t SET a = 1"));
-        assert!(!may_change_rows("DROP TABLE t"));
-        assert!(!may_change_rows("SELECT 1"));
-    }
-
     proptest::proptest! {
         /// The decoder answers every body, however malformed, deep or large, without panicking.
         #[test]
@@ -383,12 +248,6 @@ mod tests {
                 "]".repeat(depth)
             );
             proptest::prop_assert!(SqlRequest::parse(body.as_bytes()).is_err());
-        }
-
-        #[test]
-        fn keywords_never_panic(sql in "\\PC{0,200}") {
-            let _ = leading_keyword(&sql);
-            let _ = is_transaction_control(&sql);
         }
     }
 }

@@ -20,7 +20,8 @@ use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::connection::Conn;
 use crate::engine::errors::map_engine_error;
 use crate::engine::sandbox;
-use crate::request::{Param, SqlRequest, may_change_rows, may_insert};
+use crate::request::{Param, SqlRequest};
+use crate::sql_text::{may_change_rows, may_insert};
 
 /// `last_insert_rowid()` is set to this before a statement that may insert, so "inserted
 /// nothing" can be told apart from "inserted a row whose rowid equals the previous one".

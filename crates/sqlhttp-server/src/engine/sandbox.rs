@@ -3,7 +3,9 @@
 //!
 //! - [`check_text`] looks at the SQL text before the engine sees it: size, NUL characters,
 //!   transaction control (refused: each request is its own transaction) and `VACUUM`
-//!   (`VACUUM INTO` writes a copy of the database to a path of the client's choosing).
+//!   (`VACUUM INTO` writes a copy of the database to a path of the client's choosing), each
+//!   statement's keywords read by `sql_text` as both engines read them (ADR 0027: `;COMMIT`
+//!   is a COMMIT to both).
 //!   [`check_new_names`] adds, on SQLite, the one name SQLite's authorizer is not told: the new
 //!   name of `ALTER TABLE ... RENAME TO`.
 //! - [`authorize`] is the engine's authorizer for client statements, consulted for every table,
@@ -30,7 +32,7 @@ use rusqlite::{Connection, config::DbConfig};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
-use crate::request::{is_transaction_control, leading_keywords};
+use crate::sql_text::{is_transaction_control, leading};
 
 /// Prefix of every name the server owns (tables, indexes, triggers, savepoints); compared
 /// without regard to ASCII case, as SQLite compares names.
@@ -117,10 +119,7 @@ pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
     if is_transaction_control(sql) {
         return Err(ApiError::bad_request(TRANSACTION_HINT));
     }
-    if leading_keywords(sql)
-        .iter()
-        .any(|keyword| keyword == "VACUUM")
-    {
+    if leading(sql, &["VACUUM"]).is_some() {
         return Err(ApiError::not_allowed(
             "VACUUM is not allowed: the database file is the server's to maintain, \
              and VACUUM INTO would write a copy of it outside the served database",

@@ -11,7 +11,7 @@
 //! about connections.
 
 use crate::api_error::ApiError;
-use crate::request::{leading_keyword_pairs, leading_keywords};
+use crate::sql_text::{self, leading};
 
 /// Why cursors are refused.
 const CURSOR_HINT: &str =
@@ -61,7 +61,17 @@ const REFUSED: &[(&str, &str)] = &[
         "DEALLOCATE",
         "DEALLOCATE is not allowed: every request is prepared by the server",
     ),
+    ("COPY", COPY_HINT),
 ];
+
+/// Why `COPY` is refused, and how to bulk load instead. `COPY ... TO STDOUT` / `FROM STDIN`
+/// would switch the connection into the copy protocol, which an HTTP request cannot drive; to or
+/// from a file or a program it needs rights the client role does not have. A client's function
+/// cannot reach the client's copy either: PL/pgSQL and SQL functions refuse `COPY` to or from
+/// the client (`0A000`).
+pub(crate) const COPY_HINT: &str = "COPY to or from the client is not available over HTTP: \
+to bulk load rows, use the SDK's Client::insert (atomic batches of INSERTs) or the CLI's \
+`sqlhttp import` (CSV or NDJSON); to read rows out, SELECT them (large results stream)";
 
 /// Objects `ALTER` may not change: the client role's own password and settings (a role may
 /// alter itself) are the server's.
@@ -72,16 +82,17 @@ const REFUSED_FUNCTIONS: &[&str] = &["set_config"];
 
 /// Checks a client's SQL text for PostgreSQL, after `engine::sandbox::check_text`.
 pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
-    for keyword in leading_keywords(sql) {
-        if let Some((_, why)) = REFUSED.iter().find(|(refused, _)| *refused == keyword) {
+    for statement in sql_text::readings(sql) {
+        if let Some((_, why)) = REFUSED
+            .iter()
+            .find(|(refused, _)| *refused == statement.first)
+        {
             return Err(ApiError::not_allowed(*why));
         }
-    }
-    for (first, second) in leading_keyword_pairs(sql) {
-        if first == "ALTER" && REFUSED_ALTER.contains(&second.as_str()) {
+        if statement.first == "ALTER" && REFUSED_ALTER.contains(&statement.second.as_str()) {
             return Err(ApiError::not_allowed(format!(
-                "ALTER {second} is not allowed: roles and the database's settings are the \
-                 server's"
+                "ALTER {} is not allowed: roles and the database's settings are the server's",
+                statement.second
             )));
         }
     }
@@ -165,10 +176,8 @@ pub(crate) fn check_read_only_text(sql: &str) -> Result<(), ApiError> {
             format!("{what} is not available to a request that may only read; nothing was written"),
         ))
     };
-    for keyword in leading_keywords(sql) {
-        if WRITES_DESPITE_READ_ONLY.contains(&keyword.as_str()) {
-            return refused(&keyword);
-        }
+    if let Some(keyword) = leading(sql, WRITES_DESPITE_READ_ONLY) {
+        return refused(keyword);
     }
     let lower = sql.to_ascii_lowercase();
     let words = lower.split(|c: char| !(c.is_ascii_alphanumeric() || c == '_' || c == '$'));
@@ -209,6 +218,16 @@ mod tests {
             "SELECT U&\"set\\005fconfig\"('role', 'x', true)",
             "-- x\rSET search_path = evil",
             "DECLARE c CURSOR WITH HOLD FOR SELECT pg_sleep(8)",
+            // Empty statements before the keyword: PostgreSQL drops them (ADR 0027).
+            ";SET statement_timeout = 0",
+            "; ;RESET ALL",
+            ";DO $$ BEGIN END $$",
+            ";LISTEN x",
+            ";PREPARE p AS SELECT 1",
+            ";DECLARE c CURSOR FOR SELECT 1",
+            ";ALTER ROLE CURRENT_USER SET work_mem = '1GB'",
+            "/* x */;-- y\r;COPY t TO STDOUT",
+            "copy t from stdin",
         ] {
             let err = check_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");
@@ -229,6 +248,9 @@ mod tests {
             "SELECT pg_terminate_backend(1)",
             "SELECT pg_advisory_lock(1), pg_sleep(1)",
             "SELECT query_to_xml('select 1', true, false, '')",
+            ";LOCK TABLE t",
+            ";NOTIFY c",
+            ";;ANALYZE t",
         ] {
             let err = check_read_only_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::ReadOnly, "{sql}");
