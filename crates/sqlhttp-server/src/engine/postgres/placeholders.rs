@@ -7,24 +7,49 @@
 //! becomes `$NNN`; a bare `?` takes the number after the largest so far, as in SQLite. `??` is an
 //! escaped `?`, for PostgreSQL's operators that contain one (`jsonb ?? 'key'` sends `jsonb ? 'key'`).
 //!
-//! Pure text in, text out: knows PostgreSQL's lexical rules, nothing about connections or HTTP.
+//! It also finds the largest parameter number the text uses, `$N` written by the client
+//! included, so a number past the request's parameters (or PostgreSQL's protocol limit of 65535)
+//! is refused before PostgreSQL sees it ([`Rewritten::check_bound`]): PostgreSQL would size its
+//! parameter array by the number first (`$268435455` allocates 1 GiB).
+//!
+//! The literal and comment skippers are `sql_text`'s, the lexer every text check uses. Pure text
+//! in, text out: knows PostgreSQL's lexical rules, nothing about connections or HTTP.
 //! Unterminated literals and comments are copied as they are; PostgreSQL reports them.
+
+use crate::api_error::ApiError;
+use crate::sql_text::{is_ident_char, skip_block_comment, skip_dollar_quoted, skip_quoted};
+
+/// The most parameters PostgreSQL's protocol can bind (a Bind message counts them in 16 bits).
+pub(crate) const MAX_PARAMS: usize = 65535;
 
 /// The SQL text with `$n` placeholders, and how many parameters it takes.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Rewritten {
     /// The text for PostgreSQL.
     pub(crate) sql: String,
-    /// The largest placeholder number used (0 when there is none).
+    /// The largest placeholder number used, `$N` included (0 when there is none; `usize::MAX`
+    /// for a number too large to read).
     pub(crate) params: usize,
 }
 
-fn is_ident_start(c: u8) -> bool {
-    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
-}
-
-fn is_ident_char(c: u8) -> bool {
-    is_ident_start(c) || c.is_ascii_digit() || c == b'$'
+impl Rewritten {
+    /// Refuses (`400 SQL_ERROR`, naming it) a placeholder numbered past the `given` parameters
+    /// or past [`MAX_PARAMS`], as SQLite refuses `?NNN` past its variable limit.
+    pub(crate) fn check_bound(&self, given: usize) -> Result<(), ApiError> {
+        if self.params <= given.min(MAX_PARAMS) {
+            return Ok(());
+        }
+        let number = if self.params == usize::MAX {
+            "a number too large to read".to_owned()
+        } else {
+            format!("${}", self.params)
+        };
+        Err(ApiError::sql(format!(
+            "the statement uses parameter {number}, but the request gave {given} parameter(s); \
+             a statement may use $1 to ${MAX_PARAMS} (or ?1 to ?{MAX_PARAMS}), and no more than \
+             the request gives"
+        )))
+    }
 }
 
 /// Rewrites `sql`'s placeholders (see the module documentation).
@@ -32,6 +57,9 @@ pub(crate) fn rewrite(sql: &str) -> Rewritten {
     let bytes = sql.as_bytes();
     let mut out = String::with_capacity(sql.len() + 16);
     let mut params = 0usize;
+    // The largest `$N` the client wrote (a bare `?` still takes the number after the largest
+    // `?`, as before: `$1, ?` is `$1, $1`).
+    let mut written = 0usize;
     // Start of the text not yet copied to `out`.
     let mut copied = 0;
     let mut i = 0;
@@ -53,6 +81,18 @@ pub(crate) fn rewrite(sql: &str) -> Rewritten {
                     .map_or(bytes.len(), |end| i + end + 1);
             }
             b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_block_comment(bytes, i),
+            b'$' if !previous_is_ident && bytes.get(i + 1).is_some_and(u8::is_ascii_digit) => {
+                // A parameter the client numbered itself: PostgreSQL reads `$` and its digits.
+                let digits = bytes[i + 1..]
+                    .iter()
+                    .take_while(|b| b.is_ascii_digit())
+                    .count();
+                let number = sql[i + 1..i + 1 + digits]
+                    .parse::<usize>()
+                    .unwrap_or(usize::MAX);
+                written = written.max(number);
+                i += 1 + digits;
+            }
             b'$' if !previous_is_ident => i = skip_dollar_quoted(bytes, i),
             b'?' if bytes.get(i + 1) == Some(&b'?') => {
                 out.push_str(&sql[copied..=i]);
@@ -67,13 +107,14 @@ pub(crate) fn rewrite(sql: &str) -> Rewritten {
                     .count();
                 let number = if digits > 0 {
                     // Digits are ASCII; a number too large for usize is passed on as it is
-                    // written, and PostgreSQL refuses it.
+                    // written, and `check_bound` refuses it.
                     let text = &sql[i + 1..i + 1 + digits];
                     match text.parse::<usize>() {
                         Ok(n) => n,
                         Err(_) => {
                             out.push('$');
                             out.push_str(text);
+                            written = usize::MAX;
                             i += 1 + digits;
                             copied = i;
                             continue;
@@ -92,71 +133,10 @@ pub(crate) fn rewrite(sql: &str) -> Rewritten {
         }
     }
     out.push_str(&sql[copied..]);
-    Rewritten { sql: out, params }
-}
-
-/// The index after the closing `quote` of a literal whose body starts at `i`; a doubled quote
-/// is part of the body, and so is a backslash-escaped character when `escapes`.
-fn skip_quoted(bytes: &[u8], mut i: usize, quote: u8, escapes: bool) -> usize {
-    while i < bytes.len() {
-        match bytes[i] {
-            b'\\' if escapes => i += 2,
-            c if c == quote => {
-                if bytes.get(i + 1) == Some(&quote) {
-                    i += 2;
-                } else {
-                    return i + 1;
-                }
-            }
-            _ => i += 1,
-        }
+    Rewritten {
+        sql: out,
+        params: params.max(written),
     }
-    bytes.len()
-}
-
-/// The index after a block comment starting at `i` (`/*`), nested comments included.
-fn skip_block_comment(bytes: &[u8], mut i: usize) -> usize {
-    let mut depth = 0usize;
-    while i < bytes.len() {
-        if bytes[i] == b'/' && bytes.get(i + 1) == Some(&b'*') {
-            depth += 1;
-            i += 2;
-        } else if bytes[i] == b'*' && bytes.get(i + 1) == Some(&b'/') {
-            depth -= 1;
-            i += 2;
-            if depth == 0 {
-                return i;
-            }
-        } else {
-            i += 1;
-        }
-    }
-    bytes.len()
-}
-
-/// At a `$` not inside an identifier: the index after a dollar-quoted body (`$tag$..$tag$`)
-/// when one starts here, else just past the `$` (a `$1` parameter or an operator).
-fn skip_dollar_quoted(bytes: &[u8], i: usize) -> usize {
-    let tag_len = match bytes.get(i + 1) {
-        Some(b'$') => 0,
-        Some(&c) if is_ident_start(c) => {
-            let len = bytes[i + 1..]
-                .iter()
-                .take_while(|&&b| is_ident_char(b) && b != b'$')
-                .count();
-            if bytes.get(i + 1 + len) != Some(&b'$') {
-                return i + 1;
-            }
-            len
-        }
-        _ => return i + 1,
-    };
-    let delimiter = &bytes[i..i + tag_len + 2];
-    let body = i + tag_len + 2;
-    bytes[body..]
-        .windows(delimiter.len())
-        .position(|window| window == delimiter)
-        .map_or(bytes.len(), |at| body + at + delimiter.len())
 }
 
 #[cfg(test)]
@@ -235,6 +215,31 @@ mod tests {
         assert_eq!(sql("SELECT a$b$, ?"), "SELECT a$b$, $1");
         assert_eq!(sql("SELECT $1, ?"), "SELECT $1, $1");
         assert_eq!(sql("SELECT $x, ?"), "SELECT $x, $1");
+    }
+
+    #[test]
+    fn numbers_past_the_bound_are_refused() {
+        assert_eq!(rewrite("SELECT $536870911::int").params, 536_870_911);
+        assert_eq!(rewrite("SELECT ?268435455").params, 268_435_455);
+        assert_eq!(
+            rewrite("SELECT $99999999999999999999999").params,
+            usize::MAX
+        );
+        assert_eq!(
+            rewrite("SELECT ?99999999999999999999999").params,
+            usize::MAX
+        );
+        assert_eq!(rewrite("SELECT '$9', $$ $9 $$, a$9").params, 0);
+        assert!(rewrite("SELECT $2").check_bound(2).is_ok());
+        assert!(rewrite("SELECT $1, ?").check_bound(1).is_ok());
+        let err = rewrite("SELECT $3").check_bound(2).unwrap_err();
+        assert!(err.message.contains("$3"), "{}", err.message);
+        assert!(rewrite("SELECT $65536").check_bound(70_000).is_err());
+        assert!(
+            rewrite("SELECT $99999999999999999999999")
+                .check_bound(3)
+                .is_err()
+        );
     }
 
     #[test]

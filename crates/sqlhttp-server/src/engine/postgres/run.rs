@@ -129,6 +129,7 @@ pub(crate) async fn write_result(
     sandbox::check_text(&request.sql)?;
     let client = lease.client();
     let rewritten = placeholders::rewrite(&request.sql);
+    rewritten.check_bound(request.params.len())?;
     let statement = client.prepare(&rewritten.sql).await.map_err(map)?;
     let expected = statement.params().len();
     if expected != request.params.len() {
