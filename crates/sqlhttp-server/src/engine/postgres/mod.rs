@@ -9,6 +9,10 @@
 //!   statements see one snapshot), `ready` and `close`.
 //! - Each transaction sets `statement_timeout` to `--statement-timeout`; a request whose
 //!   requester goes away has its statement cancelled and its connection discarded.
+//! - The transaction that commits is checked to be the one the server opened, in the mode it
+//!   opened it (`transaction_timestamp()` taken at BEGIN and again before COMMIT, and
+//!   `transaction_read_only` for readers), whatever the text checks saw; the guard savepoint
+//!   carries a random name per request (ADR 0027).
 //! - `placeholders` rewrites `?` into `$n`, `sqlstate` maps PostgreSQL's errors onto the
 //!   protocol's table, `types` maps values both ways, `sandbox` adds PostgreSQL's text rules to
 //!   the common ones, `setup` prepares the database at start, `run` writes a statement's body.
@@ -59,8 +63,18 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// rolled back by its owner, or discarded).
 const STOP_WITHIN: Duration = Duration::from_secs(1);
 
-/// The savepoint every request's transaction opens first and releases last.
-const GUARD: &str = "_sqlhttp_guard";
+/// The savepoint every request's transaction opens first and releases last is named this and
+/// a random suffix drawn for each request, so a client cannot re-create it (ADR 0027).
+const GUARD_PREFIX: &str = "_sqlhttp_guard_";
+
+/// What [`Inner::begin`] saw of the transaction it opened, checked again before COMMIT.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Opened {
+    /// `transaction_timestamp()`: a transaction a client's statements began after ending the
+    /// server's has another.
+    at: std::time::SystemTime,
+    mode: Mode,
+}
 
 /// Expired idempotency keys are purged at most this often.
 const PURGE_INTERVAL: Duration = Duration::from_secs(60);
@@ -131,6 +145,10 @@ struct Lease {
     cancel_sent: AtomicBool,
     /// The session's backend process, once the transaction began (0 before).
     backend: AtomicI32,
+    /// This request's guard savepoint (see [`GUARD_PREFIX`]).
+    guard: String,
+    /// The transaction the server opened, once it did.
+    opened: std::sync::OnceLock<Opened>,
     /// How to log in beside the pool, to end a session the server gave up on.
     reaper: Arc<tokio_postgres::Config>,
     _permit: OwnedSemaphorePermit,
@@ -513,6 +531,8 @@ impl Inner {
             clean: false,
             cancel_sent: AtomicBool::new(false),
             backend: AtomicI32::new(0),
+            guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
+            opened: std::sync::OnceLock::new(),
             reaper: Arc::clone(&self.reaper),
             _permit: permit,
         })
@@ -576,6 +596,7 @@ impl Inner {
     /// Opens the server's transaction on `lease`, in a session reset to its defaults (see
     /// [`session::RESET`]): its mode and statement timeout.
     async fn begin(&self, lease: &Lease, mode: Mode) -> Result<(), ApiError> {
+        let opened_mode = mode;
         let mode = match mode {
             Mode::Write => "READ WRITE, ISOLATION LEVEL READ COMMITTED",
             Mode::Read => "READ ONLY, ISOLATION LEVEL REPEATABLE READ",
@@ -584,18 +605,59 @@ impl Inner {
         // The guard savepoint is released just before COMMIT: had anything ended the server's
         // transaction on the way, the release fails and the request with it.
         let begin = format!(
-            "BEGIN {mode}; SET LOCAL statement_timeout = {}; SAVEPOINT {GUARD}",
-            self.timeout_ms()
+            "BEGIN {mode}; SET LOCAL statement_timeout = {}; SAVEPOINT {}",
+            self.timeout_ms(),
+            lease.guard
         );
         // The reset is a transaction of its own, so BEGIN may still set the isolation level;
-        // the three queries (the last names the session's backend) go together, one round trip.
-        let (_, _, backend) = tokio::try_join!(
+        // the three queries (the last names the session's backend and the transaction's start)
+        // go together, one round trip.
+        let (_, _, opened) = tokio::try_join!(
             client.batch_execute(session::RESET),
             client.batch_execute(&begin),
-            client.query_one("SELECT pg_catalog.pg_backend_pid()", &[])
+            client.query_one(
+                "SELECT pg_catalog.pg_backend_pid(), pg_catalog.transaction_timestamp()",
+                &[]
+            )
         )
         .map_err(|e| self.map(e))?;
-        lease.backend.store(backend.get(0), Ordering::Release);
+        lease.backend.store(opened.get(0), Ordering::Release);
+        let _ = lease.opened.set(Opened {
+            at: opened.get(1),
+            mode: opened_mode,
+        });
+        Ok(())
+    }
+
+    /// Whether the transaction about to commit is the one [`Inner::begin`] opened, in the mode
+    /// it opened it: a client's statements may have ended it and begun another (`;COMMIT;
+    /// BEGIN`, had the text checks missed them), which must not commit in its place (ADR 0027).
+    async fn verify_transaction(&self, lease: &Lease) -> Result<(), Ending> {
+        let refused = || {
+            tracing::warn!("a request ended or changed the server's transaction; rolled back");
+            Ending::Tampered(ApiError::bad_request(format!(
+                "the request's statements ended or replaced the server's transaction: it was \
+                 rolled back and nothing was kept. {}",
+                crate::engine::sandbox::TRANSACTION_HINT
+            )))
+        };
+        let Some(opened) = lease.opened.get() else {
+            return Err(refused());
+        };
+        let now = lease
+            .client()
+            .query_one(
+                "SELECT pg_catalog.transaction_timestamp(), \
+                 pg_catalog.current_setting('transaction_read_only')",
+                &[],
+            )
+            .await
+            .map_err(Ending::Postgres)?;
+        let at: std::time::SystemTime = now.get(0);
+        let read_only = now.get::<_, &str>(1) == "on";
+        if at != opened.at || (opened.mode == Mode::Read && !read_only) {
+            return Err(refused());
+        }
         Ok(())
     }
 
@@ -608,14 +670,34 @@ impl Inner {
         let client = lease.client();
         // Deferred constraints and triggers run here, under the timeout, not in COMMIT; session
         // advisory locks a client took end with its request.
-        let commit = format!(
+        let settle = format!(
             "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
-             RELEASE SAVEPOINT {GUARD}; SELECT pg_catalog.pg_advisory_unlock_all(); COMMIT",
-            self.timeout_ms()
+             RELEASE SAVEPOINT {}",
+            self.timeout_ms(),
+            lease.guard
         );
-        let ending = match &result {
-            Ok(_) => client.batch_execute(&commit),
-            Err(_) => client.batch_execute("ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()"),
+        let rollback = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()";
+        let commits = result.is_ok();
+        let ending = async {
+            if !commits {
+                return client
+                    .batch_execute(rollback)
+                    .await
+                    .map_err(Ending::Postgres);
+            }
+            client
+                .batch_execute(&settle)
+                .await
+                .map_err(Ending::Postgres)?;
+            if let Err(tampered) = self.verify_transaction(&lease).await {
+                // Whatever transaction the session is in now is not the server's: it ends here.
+                let _ = client.batch_execute(rollback).await;
+                return Err(tampered);
+            }
+            client
+                .batch_execute("SELECT pg_catalog.pg_advisory_unlock_all(); COMMIT")
+                .await
+                .map_err(Ending::Postgres)
         };
         // A rollback is quick unless the session is stuck in work that ignores cancels: then
         // it is not waited for (the session is ended, which rolls back).
@@ -644,7 +726,9 @@ impl Inner {
             }
             // The statement's own error explains more than the failed rollback.
             Err(_) if result.is_err() => result,
-            Err(e) => Err(self.map(e)),
+            // The session is not reused (the lease is unclean): its state is the client's.
+            Err(Ending::Tampered(err)) => Err(err),
+            Err(Ending::Postgres(e)) => Err(self.map(e)),
         }
     }
 
@@ -862,6 +946,14 @@ impl Inner {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
     }
+}
+
+/// Why a transaction did not end as asked.
+#[derive(Debug)]
+enum Ending {
+    Postgres(tokio_postgres::Error),
+    /// It was not the server's transaction any more ([`Inner::verify_transaction`]).
+    Tampered(ApiError),
 }
 
 fn shutting_down() -> ApiError {

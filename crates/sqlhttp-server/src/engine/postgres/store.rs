@@ -93,7 +93,9 @@ REVOKE ALL ON FUNCTION _sqlhttp.authorize(text), _sqlhttp.lookup(text, text),
 const CLIENT_FUNCTIONS: &str = "_sqlhttp.lookup(text, text), \
 _sqlhttp.record(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)";
 
-const SAVEPOINT: &str = "_sqlhttp_work";
+/// The keyed work's savepoint is named this and a random suffix drawn for each request, so a
+/// client cannot re-create it (ADR 0027).
+const SAVEPOINT_PREFIX: &str = "_sqlhttp_work_";
 
 /// Creates the schema, or brings its functions up to date; refuses a schema `_sqlhttp` that
 /// another role owns (its objects would not be the server's).
@@ -183,7 +185,9 @@ pub(crate) async fn purge_expired(
 /// Runs keyed work exactly once inside the transaction the caller opened (with its statement
 /// timeout set): replays a stored outcome for the same request, refuses a
 /// different request with 422, or runs `work` and stores its 2xx / final 4xx outcome with its
-/// effects. 5xx outcomes are not stored; the caller rolls back on `Err` and commits on `Ok`.
+/// effects. 5xx outcomes are not stored; the caller rolls back on `Err` and commits on `Ok`,
+/// once it checked that the transaction is still its own: a recorded outcome commits only with
+/// the transaction the caller opened, so a request that ended it stores nothing.
 pub(crate) async fn run_with_key<F>(
     client: &Client,
     store_key: &str,
@@ -244,8 +248,9 @@ where
         }
     }
 
+    let savepoint = format!("{SAVEPOINT_PREFIX}{:016x}", rand::random::<u64>());
     client
-        .batch_execute(&format!("SAVEPOINT {SAVEPOINT}"))
+        .batch_execute(&format!("SAVEPOINT {savepoint}"))
         .await
         .map_err(map)?;
     // Deferred constraints and triggers are part of the work: their failure is its outcome,
@@ -264,7 +269,7 @@ where
             // Undo whatever part of the work ran (the statements of a batch before the one
             // that failed); the savepoint also ends the failed statement's aborted state.
             client
-                .batch_execute(&format!("ROLLBACK TO SAVEPOINT {SAVEPOINT}"))
+                .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
                 .await
                 .map_err(map)?;
             (err.code.status().as_u16(), err.body())
