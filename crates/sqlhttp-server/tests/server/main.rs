@@ -14,6 +14,7 @@ mod hardening;
 mod idempotency;
 mod operations;
 mod pg_answers;
+mod pg_text;
 mod postgres;
 mod reads;
 mod replicas;
