@@ -117,9 +117,19 @@ pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>) -> Result<ExecResult, Error
     })
 }
 
-pub(crate) fn positioned(err: serde_json::Error, position: &Position, columns: &[Column]) -> Error {
+/// A row's decode failure as the caller needs it: the row, the column that failed (none for a
+/// field the result lacks: the column the parser was on is not the culprit), what was expected,
+/// and the Rust type decoded into. No source is kept: the JSON parser's error quotes the cell, and
+/// a caller who logs the whole `source()` chain must not log user data.
+pub(crate) fn positioned<T>(
+    err: &serde_json::Error,
+    position: &Position,
+    columns: &[Column],
+) -> Error {
+    let message = redact(&without_position(err));
+    let missing = message.starts_with("missing field `");
     let (row, column) = if position.in_rows.get() {
-        let column = position.column.get().map(|i| {
+        let column = position.column.get().filter(|_| !missing).map(|i| {
             columns
                 .get(i)
                 .map_or_else(|| format!("#{i}"), |c| c.name.clone())
@@ -128,12 +138,30 @@ pub(crate) fn positioned(err: serde_json::Error, position: &Position, columns: &
     } else {
         (None, None)
     };
+    let mut message = format!("{message} (decoding into `{}`)", std::any::type_name::<T>());
+    if missing {
+        let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
+        message.push_str(&format!(
+            "; the result has no column of that name (its columns: {})",
+            names.join(", ")
+        ));
+    }
     Error::new(ErrorKind::Decode {
         row,
         column,
-        message: redact(&err.to_string()),
+        message,
     })
-    .with_source(err)
+}
+
+/// The parser's message without its ` at line L column C`: a position in the response's JSON
+/// says nothing to a caller, who has the row and the column instead.
+pub(crate) fn without_position(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    let suffix = format!(" at line {} column {}", err.line(), err.column());
+    match text.strip_suffix(&suffix) {
+        Some(message) => message.to_owned(),
+        None => text,
+    }
 }
 
 /// A decode error's message without the value it quotes: serde's `invalid type: string "alice",
@@ -591,6 +619,57 @@ mod tests {
                 assert_eq!(*row, Some(0));
                 assert_eq!(column.as_deref(), Some("name"));
                 assert!(message.contains("expected i64"), "{message}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn decode_errors_keep_no_cell_anywhere_in_their_chain() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Book {
+            id: i64,
+            year: i64,
+        }
+        let body = br#"{"columns":[{"name":"id","type":""},{"name":"year","type":""}],"rows":[[1,"Dune, the novel"]]}"#;
+        let err = rows::<Book>(body).unwrap_err();
+        let mut chain = format!("{err} {err:?}");
+        let mut source = std::error::Error::source(&err);
+        while let Some(cause) = source {
+            chain.push_str(&format!(" {cause} {cause:?}"));
+            source = cause.source();
+        }
+        assert!(!chain.contains("Dune"), "{chain}");
+        assert!(!chain.contains("at line"), "no JSON positions: {chain}");
+        assert!(chain.contains("Book"), "the Rust type is named: {chain}");
+        assert!(
+            matches!(err.kind(), ErrorKind::Decode { row: Some(0), column: Some(c), .. } if c == "year"),
+            "{err:?}"
+        );
+    }
+
+    #[test]
+    fn a_missing_field_names_itself_not_the_column_the_parser_was_on() {
+        #[derive(Debug, Deserialize)]
+        #[allow(dead_code)]
+        struct Book {
+            id: i64,
+            author: String,
+        }
+        let err = rows::<Book>(BODY.as_bytes()).unwrap_err();
+        match err.kind() {
+            ErrorKind::Decode {
+                row,
+                column,
+                message,
+            } => {
+                assert_eq!((*row, column.as_deref()), (Some(0), None));
+                assert!(message.contains("missing field `author`"), "{message}");
+                assert!(
+                    message.contains("its columns: id, name, score, note"),
+                    "{message}"
+                );
             }
             other => panic!("{other:?}"),
         }

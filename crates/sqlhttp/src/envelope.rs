@@ -417,7 +417,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             let seed = RowsSeed::<T>::new(&self.position, columns);
             let rows = seed
                 .deserialize(&mut de)
-                .map_err(|err| positioned(err, &self.position, columns))?;
+                .map_err(|err| positioned::<T>(&err, &self.position, columns))?;
             self.ready.extend(rows);
             return Ok(());
         }
@@ -474,8 +474,8 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
     }
 
     fn row_error(&self, err: serde_json::Error) -> Error {
-        positioned(
-            err,
+        positioned::<T>(
+            &err,
             &self.position,
             self.columns.as_deref().unwrap_or_default(),
         )

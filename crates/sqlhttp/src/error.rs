@@ -314,9 +314,9 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// ```
 ///
 /// [`std::error::Error::source`] returns the underlying cause when there is one: the
-/// [`reqwest::Error`] of a failed exchange, the [`serde_json::Error`] of a failed decode. Neither
-/// `Display` nor `Debug` of this type prints a bound value or a cell; the JSON parser's own error (the
-/// source of a decode failure) may quote the offending cell.
+/// [`reqwest::Error`] of a failed exchange. A decode failure has no source: the JSON parser's own
+/// error quotes the offending cell. Neither `Display` nor `Debug` of this type, nor anything in its
+/// `source()` chain, prints a bound value or a cell.
 pub struct Error {
     inner: Box<Inner>,
 }
@@ -360,14 +360,14 @@ impl Error {
         })
     }
 
-    /// A decode failure of the JSON parser, kept as the source; its message is stripped of values.
+    /// A decode failure of the JSON parser, its message stripped of values and of the position in
+    /// the body. The parser's error is not kept as the source: it quotes what it read.
     pub(crate) fn decode(err: serde_json::Error) -> Self {
         Self::new(ErrorKind::Decode {
             row: None,
             column: None,
-            message: crate::decode::redact(&err.to_string()),
+            message: crate::decode::redact(&crate::decode::without_position(&err)),
         })
-        .with_source(err)
     }
 
     pub(crate) fn with_source(mut self, source: impl Into<BoxError>) -> Self {

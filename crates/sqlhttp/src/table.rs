@@ -243,9 +243,11 @@ impl<'a> Row<'a> {
         let cell = self.cells.get(index).ok_or_else(|| {
             self.decode_error(name.clone(), format!("no column at position {index}"))
         })?;
+        // The parser's error quotes the cell: only its redacted message is kept, no source.
         T::deserialize(cell).map_err(|err| {
-            self.decode_error(name, crate::decode::redact(&err.to_string()))
-                .with_source(err)
+            let message = crate::decode::redact(&crate::decode::without_position(&err));
+            let into = std::any::type_name::<T>();
+            self.decode_error(name, format!("{message} (decoding into `{into}`)"))
         })
     }
 
