@@ -65,17 +65,30 @@ pub(crate) fn report(error: &anyhow::Error) -> ExitCode {
         if let Some(code) = sdk.code() {
             details.push(format!("code {code}"));
         }
-        let attempts = sdk.attempts();
-        if attempts > 0 {
-            details.push(format!(
-                "{attempts} attempt{}",
-                if attempts == 1 { "" } else { "s" }
-            ));
+        // The SDK's message says "(after N attempts)" already when there were several.
+        if sdk.attempts() == 1 {
+            details.push("1 attempt".to_owned());
         }
         if !details.is_empty() {
             message.push_str(&format!(" [{}]", details.join(", ")));
         }
+        if let Some(hint) = credential_hint(sdk) {
+            message.push_str(&format!("\n{hint}"));
+        }
     }
     eprintln!("{message}");
     ExitCode::from(code_of(error))
+}
+
+/// What to do about a refused credential: how this CLI passes a token.
+fn credential_hint(error: &sqlhttp::Error) -> Option<&'static str> {
+    match error.kind() {
+        sqlhttp::ErrorKind::Unauthorized { .. } => Some(
+            "hint: pass the server's token with --token TOKEN or the SQLHTTP_TOKEN environment variable",
+        ),
+        sqlhttp::ErrorKind::ReadOnly { .. } => Some(
+            "hint: this token may only read; writes need a full-access token (--token or SQLHTTP_TOKEN)",
+        ),
+        _ => None,
+    }
 }

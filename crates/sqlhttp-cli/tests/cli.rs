@@ -335,8 +335,18 @@ async fn exit_codes() {
         2,
     );
     // 3: no server, or no answer in time.
-    let refused = sqlhttp("http://127.0.0.1:1", &["ping", "--retries", "1"], None).await;
+    let refused = sqlhttp("http://127.0.0.1:1", &["ping", "--retries", "2"], None).await;
     assert_exit(&refused, 3);
+    let said = stderr(&refused);
+    assert!(
+        said.contains("http://127.0.0.1:1"),
+        "names the server: {said}"
+    );
+    assert_eq!(
+        said.matches("attempts").count(),
+        1,
+        "the count once: {said}"
+    );
     let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let silent_url = format!("http://{}", silent.local_addr().unwrap());
     let timed_out = sqlhttp(
@@ -360,7 +370,13 @@ async fn a_token_from_a_file() {
     let token_file = dir.path().join("token");
     std::fs::write(&token_file, "# the service's token\n\ns3cret\n").unwrap();
     let url = server.url();
-    assert_exit(&sqlhttp(&url, &["ping"], None).await, 1);
+    let refused = sqlhttp(&url, &["ping"], None).await;
+    assert_exit(&refused, 1);
+    assert!(
+        stderr(&refused).contains("--token TOKEN or the SQLHTTP_TOKEN"),
+        "says how to pass a token: {}",
+        stderr(&refused)
+    );
     ok(
         &url,
         &["--token-file", token_file.to_str().unwrap(), "ping"],

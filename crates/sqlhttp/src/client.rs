@@ -302,6 +302,40 @@ const DEFAULT_TCP_KEEPALIVE: Duration = Duration::from_secs(30);
 /// Whether this build of the crate can speak TLS.
 const TLS_AVAILABLE: bool = cfg!(any(feature = "rustls", feature = "native-tls"));
 
+/// Parses the base URL, with the fix for the usual slips: no scheme (`127.0.0.1:8080`,
+/// `localhost:8080`, which parses with `localhost` as its scheme) and an endpoint's path
+/// (`http://host/api/v1/sql`, which the client would double).
+fn parse_base_url(input: &str) -> Result<reqwest::Url> {
+    let without_scheme = !input.contains("://");
+    let suggest_http = || {
+        Error::config(format!(
+            "invalid base URL {:?}: it has no scheme; did you mean \"http://{input}\"?",
+            input
+        ))
+    };
+    let base = match reqwest::Url::parse(input) {
+        Ok(url) if without_scheme && !matches!(url.scheme(), "http" | "https") => {
+            return Err(suggest_http());
+        }
+        Ok(url) => url,
+        Err(_) if without_scheme => return Err(suggest_http()),
+        Err(err) => return Err(Error::config(format!("invalid base URL: {err}"))),
+    };
+    let path = base.path().trim_end_matches('/');
+    for endpoint in ["/api/v1/sql", "/api/v1/batch", "/api/v1"] {
+        if let Some(prefix) = path.strip_suffix(endpoint) {
+            let mut fixed = base.clone();
+            fixed.set_path(if prefix.is_empty() { "/" } else { prefix });
+            return Err(Error::config(format!(
+                "the base URL names the API path {endpoint:?}, which the client adds itself; \
+                 use \"{}\"",
+                redacted(fixed.as_str()).trim_end_matches('/')
+            )));
+        }
+    }
+    Ok(base)
+}
+
 /// Refuses an `https` URL when the SDK's own client could not speak TLS.
 fn check_scheme(scheme: &str, tls_available: bool) -> Result<()> {
     match scheme {
@@ -525,8 +559,7 @@ impl ClientBuilder {
     /// - an insert or batch limit is zero;
     /// - the HTTP client cannot be built.
     pub fn build(self) -> Result<Client> {
-        let mut base = reqwest::Url::parse(&self.base_url)
-            .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
+        let mut base = parse_base_url(&self.base_url)?;
         if !base.username().is_empty() || base.password().is_some() {
             // reqwest would send them as Basic credentials beside the bearer token, and they would
             // show wherever the URL is printed.
@@ -682,6 +715,35 @@ mod tests {
         assert!(check_scheme("https", true).is_ok());
         assert!(check_scheme("http", false).is_ok());
         assert!(check_scheme("ftp", true).is_err());
+    }
+
+    #[test]
+    fn base_urls_without_a_scheme_or_with_the_api_path_suggest_the_fix() {
+        let message = |url: &str| Client::builder(url).build().unwrap_err().to_string();
+        for url in ["127.0.0.1:8080", "localhost:8080", "db.internal"] {
+            let text = message(url);
+            assert!(text.contains(&format!("\"http://{url}\"")), "{text}");
+        }
+        for (url, fixed) in [
+            (
+                "http://127.0.0.1:8080/api/v1/sql",
+                "\"http://127.0.0.1:8080\"",
+            ),
+            (
+                "http://127.0.0.1:8080/api/v1/sql/",
+                "\"http://127.0.0.1:8080\"",
+            ),
+            (
+                "https://db.example/tenant/api/v1/batch",
+                "\"https://db.example/tenant\"",
+            ),
+            ("http://host:1/api/v1", "\"http://host:1\""),
+        ] {
+            let text = message(url);
+            assert!(text.contains(fixed), "{url}: {text}");
+        }
+        assert!(Client::builder("http://host:1/tenant/").build().is_ok());
+        assert!(message("ftp://host").contains("http or https"));
     }
 
     /// Only in a build without TLS features: `cargo test -p sqlhttp --no-default-features --lib`.

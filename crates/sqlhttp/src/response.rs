@@ -133,11 +133,22 @@ fn reason(status: u16) -> String {
 /// Maps a failure of the HTTP stack (no usable response) to a failure that keeps the error as its
 /// source. A failure to connect (refused, DNS, TLS handshake, the connect timeout) sent nothing.
 pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
+    // The server's origin names where the failure was (never the path, nor a query).
+    let origin = err.url().map(|url| url.origin().ascii_serialization());
     let err = err.without_url();
     let message = describe(&err);
     let sent = !err.is_connect();
     let kind = if is_certificate_failure(&err) {
         ErrorKind::Tls { message }
+    } else if is_plain_http_answer(&err) {
+        // A TLS handshake answered in plain HTTP: the same URL fails the same way every time.
+        ErrorKind::Tls {
+            message: format!(
+                "{message}; is the server at {} speaking HTTPS? (a plain-HTTP server needs an \
+                 http:// URL)",
+                origin.as_deref().unwrap_or("the base URL")
+            ),
+        }
     } else if err.is_timeout() {
         // The connect timeout, or a timeout configured on a caller-supplied reqwest client; the
         // attempt's own is applied around the exchange. The loop fills in how long it took.
@@ -148,7 +159,12 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
         // A redirect policy on a caller-supplied client gave up: the same request will again.
         ErrorKind::Config { message }
     } else {
-        ErrorKind::Connection { message }
+        ErrorKind::Connection {
+            message: match origin {
+                Some(origin) => format!("{origin}: {message}"),
+                None => message,
+            },
+        }
     };
     Failure {
         kind,
@@ -206,6 +222,20 @@ fn describe(err: &reqwest::Error) -> String {
 
 /// A TLS certificate problem will not go away on retry. reqwest does not expose the TLS stack's error
 /// types unless we depend on that stack directly, so the cause chain is inspected by its text.
+/// Whether the TLS stack read a plain-HTTP answer where a handshake record belongs (rustls:
+/// "received corrupt message of type InvalidContentType"; OpenSSL: "wrong version number").
+fn is_plain_http_answer(err: &reqwest::Error) -> bool {
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let text = cause.to_string();
+        if text.contains("InvalidContentType") || text.contains("wrong version number") {
+            return true;
+        }
+        source = cause.source();
+    }
+    false
+}
+
 fn is_certificate_failure(err: &reqwest::Error) -> bool {
     let mut source = err.source();
     while let Some(cause) = source {

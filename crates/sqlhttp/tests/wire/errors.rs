@@ -262,4 +262,32 @@ async fn a_refused_connection_is_a_retryable_connection_error() {
     assert!(err.is_connection() && err.is_retryable(), "{err:?}");
     assert_eq!(err.attempts(), 2);
     assert_eq!(err.status(), None);
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!("http://{addr}")),
+        "names the server: {text}"
+    );
+    assert_eq!(text.matches("2 attempts").count(), 1, "{text}");
+}
+
+#[tokio::test]
+async fn https_to_a_plain_http_server_is_final_and_says_so() {
+    let server = server().await;
+    respond_always(&server, ResponseTemplate::new(200)).await;
+    let url = server.uri().replacen("http://", "https://", 1);
+    let client = sqlhttp::Client::builder(&url)
+        .retry(quick(3))
+        .build()
+        .unwrap();
+    let err = client.ping().await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Tls { .. }), "{err:?}");
+    assert_eq!(
+        err.attempts(),
+        1,
+        "a handshake that cannot work is not retried"
+    );
+    assert!(!err.is_sent(), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains("speaking HTTPS"), "{text}");
+    assert!(text.contains(&url.replacen("https://", "", 1)), "{text}");
 }
