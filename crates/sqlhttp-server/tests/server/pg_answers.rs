@@ -1,5 +1,5 @@
 //! The right answers on PostgreSQL (issue 27, findings 4 and 6): cells past `--max-value-bytes`
-//! refused as on SQLite, SQLSTATEs a client's function raises answered as its own errors and
+//! and rows past `--max-result-bytes` refused as on SQLite, SQLSTATEs a client's function raises answered as its own errors and
 //! never retried by the SDK, `rows_affected` counting changes only, `float4` at its own
 //! precision, `json` cells the SDK can read back, and years past 9999 with ISO 8601's `+`.
 //!
@@ -74,6 +74,39 @@ async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
     let body = ok(&router, "SELECT repeat('x', 1000) AS v", json!([])).await;
     assert_eq!(body["rows"][0][0].as_str().unwrap().len(), 1000);
     ok(&router, "SELECT 1", json!([])).await;
+}
+
+#[tokio::test]
+async fn a_row_past_the_result_limit_is_refused_as_on_sqlite() {
+    let router = app_or_skip!(
+        "a_row_past_the_result_limit_is_refused_as_on_sqlite",
+        |config| config.limits.max_result_bytes = 4000
+    );
+    let reply = sql(
+        &router,
+        "SELECT repeat('a', 900) a, repeat('b', 900) b, repeat('c', 900) c, \
+         repeat('d', 900) d, repeat('e', 900) e",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (422, "RESULT_TOO_LARGE")
+    );
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("row 1") && message.contains("--max-result-bytes"),
+        "{message}"
+    );
+    ok(
+        &router,
+        "SELECT repeat('a', 900) a, repeat('b', 900) b",
+        json!([]),
+    )
+    .await;
 }
 
 /// A function of the client's that raises `code` with PL/pgSQL's `RAISE`.

@@ -755,14 +755,7 @@ impl Inner {
                 job,
                 &lease,
                 1,
-                run::write_result(
-                    &lease,
-                    request,
-                    self.limits.max_value_bytes,
-                    &mut out,
-                    &mut sink,
-                    &map,
-                ),
+                run::write_result(&lease, request, &self.limits, &mut out, &mut sink, &map),
             )
             .await;
         let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
@@ -827,9 +820,8 @@ impl Inner {
                     let mut sink = Sink::Buffered {
                         limit: self.limits.max_result_bytes,
                     };
-                    let max_value = self.limits.max_value_bytes;
-                    run::write_result(&lease, request, max_value, &mut out, &mut sink, &map)
-                        .await?;
+                    let limits = &self.limits;
+                    run::write_result(&lease, request, limits, &mut out, &mut sink, &map).await?;
                     Ok(out)
                 }
                 Work::Batch(statements) => self.run_statements(&lease, statements).await,
@@ -871,8 +863,8 @@ impl Inner {
         for (index, statement) in statements.iter().enumerate() {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
-            let max_value = self.limits.max_value_bytes;
-            run::write_result(lease, statement, max_value, &mut body, &mut sink, &map)
+            let limits = &self.limits;
+            run::write_result(lease, statement, limits, &mut body, &mut sink, &map)
                 .await
                 .map_err(|err| match err.code {
                     ErrorCode::ReadOnly => writes_in_read_only_batch(index),

@@ -3,7 +3,8 @@
 //! order), the same shape the SQLite engine writes.
 //!
 //! Every cell is refused past `--max-value-bytes` (as PostgreSQL sends it, before it is written
-//! as JSON), with the SQLite engine's `400 SQL_ERROR`. A row is whole in memory twice at most:
+//! as JSON), with the SQLite engine's `400 SQL_ERROR`, and a row whose JSON passes
+//! `--max-result-bytes` with its `422 RESULT_TOO_LARGE`. A row is whole in memory twice at most:
 //! as tokio-postgres received it, and as JSON until the sink takes it (see `docs/protocol.md`,
 //! "Limits", and ADR 0028). `rows_affected` is the command tag's count for `INSERT`, `UPDATE`,
 //! `DELETE` and `MERGE` only (see `tag`).
@@ -22,6 +23,7 @@ use futures_core::Stream as _;
 use tokio_postgres::types::ToSql;
 
 use crate::api_error::{ApiError, ErrorCode};
+use crate::config::Limits;
 use crate::engine::postgres::types::{self, Raw};
 use crate::engine::postgres::{Lease, placeholders, sandbox, tag};
 use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
@@ -114,14 +116,27 @@ fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError
     ))
 }
 
+/// The refusal of a row whose JSON alone is larger than `--max-result-bytes`, worded as the
+/// SQLite engine words it.
+fn row_too_large(limit: usize, row: u64) -> ApiError {
+    ApiError::new(
+        ErrorCode::ResultTooLarge,
+        format!(
+            "row {row} is larger than this server's limit of {limit} bytes for one row \
+             (--max-result-bytes); select fewer or smaller columns"
+        ),
+    )
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error. A cell larger than
-/// `max_value_bytes` is refused before any of it is written.
+/// `--max-value-bytes` is refused before any of it is written, and a row whose JSON is larger
+/// than `--max-result-bytes` once it is, as on SQLite.
 pub(crate) async fn write_result(
     lease: &Lease,
     request: &SqlRequest,
-    max_value_bytes: usize,
+    limits: &Limits,
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
@@ -165,6 +180,7 @@ pub(crate) async fn write_result(
         .await
         .map_err(map)?;
     let mut rows = pin!(rows);
+    let (max_value_bytes, max_row_bytes) = (limits.max_value_bytes, limits.max_result_bytes);
     let mut count: u64 = 0;
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
         let row = row.map_err(map)?;
@@ -205,6 +221,12 @@ pub(crate) async fn write_result(
                 // behind it.
                 lease.cancel_statement().await;
                 return Err(ApiError::internal());
+            }
+            // One row is bounded too: its cells are written whole before any sink looks.
+            if out.len() - row_start > max_row_bytes {
+                out.truncate(row_start);
+                lease.cancel_statement().await;
+                return Err(row_too_large(max_row_bytes, count + 1));
             }
         }
         out.push(b']');
