@@ -176,12 +176,62 @@ pub(crate) fn chunk_key(key: &str, index: usize, count: usize) -> String {
     }
 }
 
+/// What an insert did, from [`Insert::report`]: the rows the server reported, and how many of
+/// the statements were answered from the server's store of keyed outcomes rather than run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct InsertReport {
+    /// Rows inserted, as the server reported them; a replayed statement reports the rows it
+    /// inserted when it first ran.
+    pub rows: u64,
+    /// Statements the rows were sent in (one batch counts as one).
+    pub statements: usize,
+    /// Statements the server answered with a stored outcome (`Idempotent-Replayed: true`):
+    /// their key had been applied before, so nothing of them was written by this call.
+    pub replayed: usize,
+}
+
+impl InsertReport {
+    /// Whether every statement was a replay: this call wrote nothing (an earlier call with the
+    /// same key did).
+    pub fn is_replay(&self) -> bool {
+        self.statements > 0 && self.replayed == self.statements
+    }
+}
+
+impl<'r, T: Serialize + Sync> Insert<'r, T> {
+    /// Runs the insert and reports what it did, replays included. Awaiting the insert itself
+    /// gives [`InsertReport::rows`].
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client, rows: Vec<std::collections::BTreeMap<String, i64>>) -> sqlhttp::Result<()> {
+    /// let report = client.insert("readings", &rows).idempotency_key("import-7").report().await?;
+    /// if report.is_replay() {
+    ///     println!("already imported under import-7: nothing written");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn report(self) -> ResponseFuture<'r, InsertReport> {
+        ResponseFuture::new(self.run())
+    }
+}
+
 impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
     type Output = Result<u64>;
     type IntoFuture = ResponseFuture<'r, u64>;
 
     fn into_future(self) -> Self::IntoFuture {
-        ResponseFuture::new(async move {
+        ResponseFuture::new(async move { self.run().await.map(|report| report.rows) })
+    }
+}
+
+impl<'r, T: Serialize + Sync> Insert<'r, T> {
+    fn run(self) -> impl std::future::Future<Output = Result<InsertReport>> + Send + 'r
+    where
+        T: 'r,
+    {
+        async move {
             self.options.validate()?;
             let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
             let count = chunks.len();
@@ -201,6 +251,7 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                 return self.send_atomic(chunks, call_key, &sql_for_log).await;
             }
             let mut inserted = 0u64;
+            let mut replayed = 0usize;
             // One `max_elapsed` for the whole insert, however many statements it takes.
             let started = tokio::time::Instant::now();
             for (index, chunk) in chunks.into_iter().enumerate() {
@@ -220,11 +271,14 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                     )
                     .await
                     .and_then(|delivered| {
-                        decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
+                        let effect = decode::effect_of(&effect.decoder)
+                            .map_err(|err| delivered.attach(err))?;
+                        Ok((effect, delivered.body.replayed()))
                     });
                 let err = match sent {
-                    Ok(effect) => {
+                    Ok((effect, was_replayed)) => {
                         inserted += effect.rows_affected;
+                        replayed += usize::from(was_replayed);
                         tracing::debug!(rows = chunk.rows, "insert chunk committed");
                         continue;
                     }
@@ -241,14 +295,23 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
                     err
                 });
             }
-            Ok(inserted)
-        })
+            Ok(InsertReport {
+                rows: inserted,
+                statements: count,
+                replayed,
+            })
+        }
     }
 }
 
 impl<T> Insert<'_, T> {
     /// Sends every chunk in one batch under the call's key; all rows or none.
-    async fn send_atomic(&self, chunks: Vec<Chunk>, call_key: String, sql: &str) -> Result<u64> {
+    async fn send_atomic(
+        &self,
+        chunks: Vec<Chunk>,
+        call_key: String,
+        sql: &str,
+    ) -> Result<InsertReport> {
         let count = chunks.len();
         let rows: usize = chunks.iter().map(|chunk| chunk.rows).sum();
         let bodies: Vec<Bytes> = chunks.into_iter().map(|chunk| chunk.body).collect();
@@ -283,7 +346,11 @@ impl<T> Insert<'_, T> {
             .await?;
         let tables =
             crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
-        Ok(tables.iter().map(Table::rows_affected).sum())
+        Ok(InsertReport {
+            rows: tables.iter().map(Table::rows_affected).sum(),
+            statements: 1,
+            replayed: usize::from(delivered.body.replayed()),
+        })
     }
 }
 

@@ -55,7 +55,7 @@ pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
-pub use insert::Insert;
+pub use insert::{Insert, InsertReport};
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type).
 pub use reqwest::Proxy;
 /// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and

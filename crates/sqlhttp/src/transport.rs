@@ -106,6 +106,18 @@ impl std::fmt::Debug for Body {
 }
 
 impl Body {
+    /// Whether the server answered with a stored outcome (`Idempotent-Replayed: true`): the
+    /// request's key had been applied before, and nothing ran this time.
+    pub(crate) fn replayed(&self) -> bool {
+        match &self.0 {
+            BodyInner::Http(response) => response
+                .headers()
+                .get("idempotent-replayed")
+                .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true")),
+            _ => false,
+        }
+    }
+
     /// A body whose pieces arrive each after its pause.
     #[cfg(test)]
     pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {

@@ -196,17 +196,29 @@ async fn a_chunked_insert_re_sent_with_its_key_runs_only_the_missing_statements(
     assert_eq!(err.idempotency_key(), Some(key.as_str()));
     assert_eq!(proxy.forwarded(), 2, "the later statements were never sent");
     // Through a clean path now: statements 0 and 1 replay, 2 and 3 run.
-    let inserted = live
-        .builder()
-        .insert_max_params(100)
-        .build()
-        .unwrap()
+    let clean = live.builder().insert_max_params(100).build().unwrap();
+    let report = clean
         .insert(&table, &rows)
-        .idempotency_key(key)
+        .idempotency_key(key.clone())
+        .report()
         .await
         .unwrap();
-    assert_eq!(inserted, 100);
+    assert_eq!(
+        (report.rows, report.statements, report.replayed),
+        (100, 4, 2),
+        "{report:?}"
+    );
+    assert!(!report.is_replay());
     assert_eq!(count(&live.client(), &table).await, 100, "every row once");
+    // Once more: every statement replays, and the report says nothing was written.
+    let again = clean
+        .insert(&table, &rows)
+        .idempotency_key(key)
+        .report()
+        .await
+        .unwrap();
+    assert!(again.is_replay(), "{again:?}");
+    assert_eq!(count(&live.client(), &table).await, 100);
 }
 
 #[tokio::test]
