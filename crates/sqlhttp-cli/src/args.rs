@@ -114,10 +114,15 @@ pub(crate) enum Command {
         /// Rows per chunk.
         #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u64).range(1..))]
         chunk_rows: u64,
-        /// The idempotency key prefix of this import (by default derived from the table and the
-        /// file's contents, so the same import is applied once).
-        #[arg(long, value_name = "KEY")]
+        /// The idempotency key prefix of this import. By default it is derived from the table's
+        /// name, the chunk size and the file's bytes: "this import" is this file into this table,
+        /// applied once while the server remembers the key (its idempotency TTL), even after the
+        /// table was dropped and created again.
+        #[arg(long, value_name = "KEY", conflicts_with = "again")]
         key: Option<String>,
+        /// Import the file anew under a fresh key, even if it was imported before.
+        #[arg(long)]
+        again: bool,
     },
     /// An interactive shell on a terminal; with stdin not a terminal, run the script statement by
     /// statement and stop at the first error.

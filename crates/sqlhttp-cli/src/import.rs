@@ -25,9 +25,45 @@ use crate::progress::Progress;
 /// What an import did.
 #[derive(Debug)]
 pub(crate) struct Imported {
+    /// Rows the chunks hold, written now or by the earlier run a replayed chunk stands for.
     pub(crate) rows: u64,
     pub(crate) chunks: u64,
+    /// Chunks the server answered from its store of keyed outcomes: an earlier import under the
+    /// same key wrote them, and this one wrote nothing of them.
+    pub(crate) replayed_chunks: u64,
+    /// The rows of the replayed chunks.
+    pub(crate) replayed_rows: u64,
     pub(crate) key: String,
+}
+
+impl Imported {
+    /// What the import did, in one line for people.
+    pub(crate) fn summary(&self, table: &str, elapsed: &str) -> String {
+        let plural = |n: u64, word: &str| format!("{n} {word}{}", if n == 1 { "" } else { "s" });
+        if self.chunks > 0 && self.replayed_chunks == self.chunks {
+            return format!(
+                "already imported into {table} under key {}: nothing written ({} the earlier \
+                 import wrote; the server remembers keyed writes for its idempotency TTL). Run \
+                 with --again to import the file anew",
+                self.key,
+                plural(self.rows, "row")
+            );
+        }
+        let mut line = format!(
+            "imported {} into {table} in {} ({elapsed}; key {})",
+            plural(self.rows - self.replayed_rows, "row"),
+            plural(self.chunks - self.replayed_chunks, "chunk"),
+            self.key
+        );
+        if self.replayed_chunks > 0 {
+            line.push_str(&format!(
+                "; resumed: {} ({}) written by an earlier run under this key were skipped",
+                plural(self.replayed_chunks, "chunk"),
+                plural(self.replayed_rows, "row")
+            ));
+        }
+        line
+    }
 }
 
 /// How a text field becomes a value, from SQLite's type-affinity rules on the declared type.
@@ -248,10 +284,11 @@ async fn insert_chunk(
 ) -> anyhow::Result<()> {
     let first = imported.rows + 1;
     let last = imported.rows + chunk.len() as u64;
-    client
+    let report = client
         .insert(table, chunk)
         .retry_writes(true)
         .idempotency_key(format!("{key}-{}", imported.chunks))
+        .report()
         .await
         .map_err(|e| {
             let context = if e.is_retryable() || e.is_outcome_unknown() || !e.is_sent() {
@@ -268,6 +305,10 @@ async fn insert_chunk(
             };
             anyhow::Error::new(e).context(context)
         })?;
+    if report.is_replay() {
+        imported.replayed_chunks += 1;
+        imported.replayed_rows += chunk.len() as u64;
+    }
     imported.rows = last;
     imported.chunks += 1;
     Ok(())
@@ -281,11 +322,12 @@ pub(crate) async fn run(
     format: Option<ImportFormat>,
     chunk_rows: u64,
     key: Option<String>,
+    again: bool,
 ) -> anyhow::Result<Imported> {
     let from_stdin = path == Path::new("-");
     let key = match key {
         Some(key) => key,
-        None if from_stdin => random_key(),
+        None if from_stdin || again => random_key(),
         None => derived_key(table, path, chunk_rows)?,
     };
     let read = Arc::new(AtomicU64::new(0));
@@ -338,6 +380,8 @@ pub(crate) async fn run(
     let mut imported = Imported {
         rows: 0,
         chunks: 0,
+        replayed_chunks: 0,
+        replayed_rows: 0,
         key: key.clone(),
     };
     let chunk_size = usize::try_from(chunk_rows).unwrap_or(usize::MAX);

@@ -109,18 +109,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             format,
             chunk_rows,
             key,
+            again,
         } => {
             let started = std::time::Instant::now();
-            let imported = import::run(&client, &table, &file, format, chunk_rows, key).await?;
-            println!(
-                "imported {} row{} into {table} in {} chunk{} ({}; key {})",
-                imported.rows,
-                if imported.rows == 1 { "" } else { "s" },
-                imported.chunks,
-                if imported.chunks == 1 { "" } else { "s" },
-                output::format_elapsed(started.elapsed()),
-                imported.key
-            );
+            let imported =
+                import::run(&client, &table, &file, format, chunk_rows, key, again).await?;
+            let elapsed = output::format_elapsed(started.elapsed());
+            println!("{}", imported.summary(&table, &elapsed));
         }
         Command::Shell { format } => shell::run(&client, &cli.connection.url, format).await?,
     }

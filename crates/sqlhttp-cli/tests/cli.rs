@@ -255,7 +255,11 @@ async fn an_interrupted_import_resumes_without_duplicates() {
 
     // The same import again: the chunks already written are replayed, the rest inserted.
     let resumed = ok(&url, &["import", "books", path, "--chunk-rows", "2"]).await;
-    assert!(resumed.starts_with("imported 6 rows"), "{resumed}");
+    assert!(resumed.starts_with("imported 2 rows"), "{resumed}");
+    assert!(
+        resumed.contains("resumed: 2 chunks (4 rows) written by an earlier run"),
+        "{resumed}"
+    );
     assert_eq!(
         ok(
             &url,
@@ -269,6 +273,39 @@ async fn an_interrupted_import_resumes_without_duplicates() {
         .await,
         "count(*),count(DISTINCT id)\n6,6\n"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_re_import_says_it_wrote_nothing_and_again_writes_anew() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    ok(&url, &["exec", BOOKS]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let input = dir.path().join("books.csv");
+    std::fs::write(&input, AWKWARD_CSV).unwrap();
+    let path = input.to_str().unwrap();
+    let first = ok(&url, &["import", "books", path]).await;
+    assert!(first.starts_with("imported 6 rows"), "{first}");
+    // The user starts over: the same file into a table made anew.
+    ok(&url, &["exec", "DROP TABLE books"]).await;
+    ok(&url, &["exec", BOOKS]).await;
+    let replayed = ok(&url, &["import", "books", path]).await;
+    assert!(
+        replayed.starts_with("already imported into books under key sqlhttp-import-"),
+        "{replayed}"
+    );
+    assert!(replayed.contains("nothing written"), "{replayed}");
+    assert!(replayed.contains("--again"), "{replayed}");
+    let count = || {
+        ok(
+            &url,
+            &["query", "SELECT count(*) FROM books", "--format", "csv"],
+        )
+    };
+    assert_eq!(count().await, "count(*)\n0\n", "the replay wrote nothing");
+    let again = ok(&url, &["import", "books", path, "--again"]).await;
+    assert!(again.starts_with("imported 6 rows"), "{again}");
+    assert_eq!(count().await, "count(*)\n6\n");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
