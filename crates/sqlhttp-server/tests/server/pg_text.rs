@@ -350,6 +350,13 @@ async fn sqlite_refuses_semicolon_prefixed_statements_as_postgresql_does() {
     let reply = run(&router, &WRITER, ";VACUUM").await;
     assert_eq!(reply.status, 403, "{}", body(&reply));
     assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED");
+    // SQLite refuses `?NNN` past its variable limit (32766) as PostgreSQL's `$N` past the
+    // parameters is refused: 400 SQL_ERROR.
+    for text in ["SELECT ?40000", "SELECT ?2"] {
+        let reply = post_with(&router, &WRITER, &json!({"sql": text, "params": [1]})).await;
+        assert_eq!(reply.status, 400, "{text}: {}", body(&reply));
+        assert_eq!(reply.code(), "SQL_ERROR", "{text}");
+    }
     // Ordinary statements after empty ones still run.
     let reply = run(&router, &WRITER, ";INSERT INTO t VALUES (1)").await;
     assert_eq!(reply.status, 200, "{}", body(&reply));
