@@ -35,6 +35,8 @@ use rusqlite::{Connection, ToSql, ffi};
 
 use crate::engine::control::Hooks;
 
+mod json_patch;
+
 /// Units of work (about a byte compared or a character read each) between two looks at the
 /// job's clock: well under a millisecond of work.
 const CHECK_EVERY: u64 = 1 << 18;
@@ -81,6 +83,18 @@ pub(crate) fn register(conn: &Connection, hooks: &Arc<Hooks>) -> rusqlite::Resul
         conn.create_scalar_function(name, args, flags, move |ctx| {
             like(ctx, info, pattern_limit, &hooks)
         })?;
+    }
+    for (name, output) in [
+        ("json_patch", json_patch::Output::Text),
+        ("jsonb_patch", json_patch::Output::Jsonb),
+    ] {
+        let hooks = Arc::clone(hooks);
+        conn.create_scalar_function(
+            name,
+            2,
+            flags | FunctionFlags::SQLITE_RESULT_SUBTYPE,
+            move |ctx| json_patch::json_patch(ctx, output, max_length, &hooks),
+        )?;
     }
     Ok(())
 }
@@ -141,8 +155,9 @@ thread_local! {
     static RENDERER: RefCell<Option<Connection>> = const { RefCell::new(None) };
 }
 
-/// SQLite's text for a real (`%!.17g`), from SQLite itself.
-fn real_text(value: f64) -> rusqlite::Result<Vec<u8>> {
+/// Runs `work` on the engine thread's private plain connection (SQLite's own built-ins, no
+/// limits but SQLite's), opened on first use.
+fn with_renderer<T>(work: impl FnOnce(&Connection) -> rusqlite::Result<T>) -> rusqlite::Result<T> {
     RENDERER.with(|slot| {
         let mut slot = slot.borrow_mut();
         if slot.is_none() {
@@ -151,6 +166,13 @@ fn real_text(value: f64) -> rusqlite::Result<Vec<u8>> {
         let Some(conn) = slot.as_ref() else {
             return Err(rusqlite::Error::InvalidQuery);
         };
+        work(conn)
+    })
+}
+
+/// SQLite's text for a real (`%!.17g`), from SQLite itself.
+fn real_text(value: f64) -> rusqlite::Result<Vec<u8>> {
+    with_renderer(|conn| {
         let text: Option<String> = conn
             .prepare_cached("SELECT CAST(?1 AS TEXT)")?
             .query_row([value], |row| row.get(0))?;
