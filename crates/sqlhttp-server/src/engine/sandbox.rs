@@ -88,6 +88,17 @@ const HIDDEN_PRAGMA_TABLES: &[&str] = &["pragma_database_list"];
 /// Functions no client may call.
 const DENIED_FUNCTIONS: &[&str] = &["load_extension", "fts3_tokenizer"];
 
+/// Full-text auxiliary functions whose one call is quadratic in a row's phrase matches (FTS5's
+/// `snippet` and `highlight`: 40 000 matches took 10.7 s in one step, past every clock; FTS3's
+/// `snippet` shares the name, and the authorizer is told the name only). ADR 0026.
+const UNBOUNDED_FUNCTIONS: &[&str] = &["snippet", "highlight"];
+
+/// Why [`UNBOUNDED_FUNCTIONS`] are refused, and what to do instead.
+const UNBOUNDED_REFUSED: &str = "is not allowed: one call takes time quadratic in the row's \
+matches, and nothing can stop it (not the statement timeout, a client that leaves, or a \
+shutdown). Select the matching rows (MATCH, bm25() or rank to order them) and the column, \
+and mark the matches on the client";
+
 /// How to do atomic multi-statement work, for every refusal of transaction control.
 pub(crate) const TRANSACTION_HINT: &str = "transaction-control statements (BEGIN, COMMIT, END, \
 ROLLBACK, SAVEPOINT, RELEASE) are not accepted: every request runs as its own transaction. \
@@ -299,6 +310,9 @@ pub(crate) fn authorize(context: &AuthContext<'_>) -> Result<(), String> {
         }
         A::Function { function_name } if is_listed(DENIED_FUNCTIONS, function_name) => {
             Err(format!("the function {function_name}() is not allowed"))
+        }
+        A::Function { function_name } if is_listed(UNBOUNDED_FUNCTIONS, function_name) => {
+            Err(format!("the function {function_name}() {UNBOUNDED_REFUSED}"))
         }
         A::Read { table_name, .. } if is_listed(HIDDEN_PRAGMA_TABLES, table_name) => Err(format!(
             "{table_name} is not allowed: it reveals the server's files"
