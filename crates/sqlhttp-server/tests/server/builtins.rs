@@ -208,3 +208,141 @@ async fn a_pattern_of_many_wildcards_answers() {
         assert_eq!(reply.json()["rows"], json!([[0]]), "{operator}");
     }
 }
+
+/// `json_patch(T, P)` of two objects of this many distinct keys: SQLite's merge scans the
+/// target for every key of the patch (60 000 keys: about 9 s in one step in a release build).
+const PATCH_KEYS: usize = 60_000;
+
+/// An object of [`PATCH_KEYS`] keys named `prefix` and a number.
+fn many_keys(prefix: &str) -> String {
+    let members: Vec<String> = (0..PATCH_KEYS)
+        .map(|i| format!(r#""{prefix}{i}":{i}"#))
+        .collect();
+    format!("{{{}}}", members.join(","))
+}
+
+#[tokio::test]
+async fn json_patch_of_many_keys_answers_at_once() {
+    let (target, patch) = (many_keys("t"), many_keys("p"));
+    // The patch's members follow the target's: `{t...,p...}`.
+    let merged = target.len() + patch.len() - 1;
+    for call in ["json_patch(?1, ?2)", "json(jsonb_patch(?1, ?2))"] {
+        let text = format!("SELECT length({call})");
+        let reply = answer(&text, json!([target, patch])).await.unwrap();
+        // At once, or (a debug build on a busy machine) stopped at the timeout.
+        let stopped = reply.status == 422 && reply.code() == "STATEMENT_TIMEOUT";
+        assert!(
+            stopped || (reply.status == 200 && reply.json()["rows"] == json!([[merged]])),
+            "{call}: {} {}",
+            reply.status,
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+}
+
+#[tokio::test]
+async fn json_patch_keeps_sqlite_results() {
+    let app = app_with(Config::default());
+    for (call, expected) in [
+        (
+            r#"json_patch('{"a":1,"b":{"c":2}}', '{"b":{"c":null,"d":[1]},"e":"x","a":null}')"#,
+            json!(r#"{"b":{"d":[1]},"e":"x"}"#),
+        ),
+        // The result is JSON, not a string, for the functions that embed it.
+        (
+            r#"json_object('k', json_patch('{}', '{"a":1.50}'))"#,
+            json!(r#"{"k":{"a":1.50}}"#),
+        ),
+        // JSON5 is taken, as SQLite takes it.
+        (
+            r#"json_patch('{a:1}', '{b:0x10,}')"#,
+            json!(r#"{"a":1,"b":16}"#),
+        ),
+    ] {
+        let reply = sql(&app, &format!("SELECT {call}"), json!([])).await;
+        assert_eq!(reply.json()["rows"], json!([[expected]]), "{call}");
+    }
+    let reply = sql(&app, "SELECT json_patch('{', '{}')", json!([])).await;
+    assert_eq!(reply.status, 400);
+    assert!(
+        String::from_utf8_lossy(&reply.body).contains("malformed JSON"),
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+}
+
+#[tokio::test]
+async fn fts_snippet_and_highlight_are_refused_with_the_reason() {
+    let app = app_with(Config::default());
+    for setup in [
+        "CREATE VIRTUAL TABLE f5 USING fts5(body)",
+        "CREATE VIRTUAL TABLE f4 USING fts4(body)",
+        "INSERT INTO f5 VALUES ('a b a')",
+        "INSERT INTO f4 VALUES ('a b a')",
+    ] {
+        let reply = sql(&app, setup, json!([])).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{setup}: {}",
+            String::from_utf8_lossy(&reply.body)
+        );
+    }
+    for call in [
+        "SELECT snippet(f5, 0, '[', ']', '...', 8) FROM f5 WHERE f5 MATCH 'a'",
+        "SELECT highlight(f5, 0, '[', ']') FROM f5 WHERE f5 MATCH 'a'",
+        "SELECT SNIPPET(f4) FROM f4 WHERE f4 MATCH 'a'",
+    ] {
+        let reply = sql(&app, call, json!([])).await;
+        assert_eq!(reply.status, 403, "{call}");
+        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{call}");
+        let message = reply.json()["error"]["message"].to_string();
+        assert!(message.contains("quadratic"), "{call}: {message}");
+    }
+    // What the refusal points to still works.
+    let reply = sql(
+        &app,
+        "SELECT body, bm25(f5) FROM f5 WHERE f5 MATCH 'a' ORDER BY rank",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    let reply = sql(
+        &app,
+        "SELECT offsets(f4) FROM f4 WHERE f4 MATCH 'a'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+}
+
+#[tokio::test]
+async fn a_call_with_too_many_arguments_is_a_clear_400() {
+    let app = app_with(Config::default());
+    let paths = vec!["'$'"; 1000].join(", ");
+    let reply = sql(
+        &app,
+        &format!("SELECT json_extract('[]', {paths})"),
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        400,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    assert_eq!(reply.code(), "SQL_ERROR");
+    let message = reply.json()["error"]["message"].to_string();
+    assert!(message.contains("too many arguments"), "{message}");
+}
