@@ -16,6 +16,7 @@ mod operations;
 mod pg_answers;
 mod pg_text;
 mod postgres;
+mod pg_session;
 mod reads;
 mod replicas;
 mod sandbox_effects;

@@ -32,7 +32,7 @@ fn cluster() -> Option<&'static str> {
 
 /// Starts a throwaway cluster with `scripts/start-postgres` (`auth` for roles other than
 /// `postgres`), stopped when this process exits; `None` when there is no PostgreSQL here.
-fn start_cluster(auth: &str) -> Option<String> {
+pub(crate) fn start_cluster(auth: &str) -> Option<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
     // Tests never install system packages; .ci/run's own start-postgres may.
     let output = Command::new(script)
@@ -85,7 +85,7 @@ pub(crate) async fn database(test: &str) -> Option<String> {
 }
 
 /// A fresh database on the cluster at `url`.
-async fn database_on(url: &str) -> String {
+pub(crate) async fn database_on(url: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let name = format!(
         "sqlhttp_{}_{}",
@@ -767,10 +767,12 @@ async fn defaults_a_client_plants_on_its_role_are_removed() {
         }
     }
     assert_eq!(seen, Some(json!([["", "\"$user\", public"]])));
+    // The server's own temp_file_limit stays (ADR 0029).
     let planted = ok(
         &router,
-        "SELECT count(*) FROM pg_db_role_setting WHERE setrole = \
-         (SELECT oid FROM pg_roles WHERE rolname = session_user)",
+        "SELECT count(*) FROM pg_db_role_setting AS s, unnest(s.setconfig) AS c \
+         WHERE s.setrole = (SELECT oid FROM pg_roles WHERE rolname = session_user) \
+         AND c NOT LIKE 'temp\\_file\\_limit=%'",
         json!([]),
     )
     .await;
@@ -1300,7 +1302,11 @@ async fn a_client_that_leaves_mid_stream_frees_its_connection() {
             axum::http::Request::post("/api/v1/sql")
                 .header("content-type", "application/json")
                 .body(axum::body::Body::from(
-                    json!({"sql": "SELECT x FROM generate_series(1, 100000000) AS x"}).to_string(),
+                    // Rows that stream: one generate_series of 10^8 rows is materialized first
+                    // (in temporary files past work_mem, beyond the server's temp_file_limit).
+                    json!({"sql": "SELECT a * 10000 + b AS x FROM generate_series(0, 9999) AS a, \
+                                   generate_series(1, 10000) AS b"})
+                    .to_string(),
                 ))
                 .unwrap(),
         )

@@ -120,6 +120,8 @@ struct Inner {
     store_key: String,
     /// How to log in beside the pool (see [`terminate`]).
     reaper: Arc<tokio_postgres::Config>,
+    /// The owner's side of the client role: puts its password and defaults back.
+    keeper: Arc<setup::RoleKeeper>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -241,6 +243,7 @@ impl PgEngine {
         };
         let prepared = setup::prepare(url)?;
         let reaper = Arc::new(prepared.client.clone());
+        let keeper = Arc::clone(&prepared.keeper);
         let manager = Manager::from_config(
             prepared.client,
             NoTls,
@@ -257,9 +260,10 @@ impl PgEngine {
             .wait_timeout(Some(limits.statement_timeout))
             .create_timeout(Some(CONNECT_WITHIN))
             .recycle_timeout(Some(CONNECT_WITHIN))
-            .post_create(Hook::async_fn(|client, _| {
+            .post_create(Hook::async_fn(move |client, _| {
+                let keeper = Arc::clone(&keeper);
                 Box::pin(async move {
-                    session::check_new(client)
+                    session::check_new(client, &keeper)
                         .await
                         .map_err(|why| HookError::Message(why.into()))
                 })
@@ -278,6 +282,7 @@ impl PgEngine {
             last_purge: Mutex::new(None),
             store_key: prepared.store_key,
             reaper,
+            keeper: prepared.keeper,
         };
         if idempotency_ttl.is_none() {
             *engine
@@ -504,7 +509,13 @@ impl Inner {
                     "the database is busy: too many statements are waiting; retry later",
                 )
             })?;
-        let object = self.pool.get().await.map_err(|e| {
+        // A client's function may have changed the client role (its defaults, its password):
+        // once the owner has put it back, one more login is clean (see `session`).
+        let object = match self.pool.get().await {
+            Err(e) if session::worth_retrying(&self.keeper, &e).await => self.pool.get().await,
+            got => got,
+        };
+        let object = object.map_err(|e| {
             use deadpool_postgres::PoolError as E;
             match e {
                 E::Timeout(_) => ApiError::unavailable(

@@ -1,41 +1,44 @@
 //! What a pooled session must be before it serves a request. A client's function may change
 //! its session for good, and (as the client role may alter itself) the defaults of every
-//! session to come: [`RESET`] undoes the first before each request, [`check_new`] refuses a
-//! fresh connection that logged in with defaults a client planted, after removing them.
+//! session to come, and its password: [`RESET`] undoes the first before each request;
+//! [`check_new`] has the owner remove defaults a client planted (anything the role did not
+//! start with, but `temp_file_limit`) and refuses the fresh connection that logged in with
+//! them; [`worth_retrying`] tells the engine when a failed connection is worth one more try
+//! (after that refusal, or after the password was put back: see `setup::RoleKeeper`).
 //!
 //! Every name here is schema-qualified: a planted `search_path` must not choose what runs.
-//! Knows SQL and tokio-postgres; nothing about requests or HTTP.
+//! Knows SQL, tokio-postgres and the pool's errors; nothing about requests or HTTP.
 
+use deadpool_postgres::{HookError, PoolError};
 use tokio_postgres::Client;
+use tokio_postgres::error::SqlState;
+
+use super::setup::{self, RoleKeeper};
 
 /// Sent before every transaction: undoes whatever a client's function changed in the session
 /// for good (settings, the search path, temporary tables that would shadow the next client's,
 /// `currval`, prepared statements squatting the driver's statement names, advisory locks, held
-/// cursors, listens, a role set with `SET ROLE`), so no request sees what another left behind. The server's own statements
-/// never outlive a request, so `DEALLOCATE ALL` takes none of them. It is pipelined with
-/// `BEGIN`, in the same round trip: resetting costs no measurable throughput (the load bench),
-/// where deadpool's `Clean` recycling, a round trip of its own, cost 15 %.
+/// cursors, listens, a role set with `SET ROLE`, the random seed), so no request sees what
+/// another left behind. Not `DEALLOCATE ALL`: tokio-postgres keeps the statements that look
+/// user-defined types up for the connection's life, so `_sqlhttp.reset_session()` drops only
+/// the statements prepared from SQL text, and reseeds `random()` (see `setup`). It is
+/// pipelined with `BEGIN`, in the same round trip: resetting costs no measurable throughput
+/// (the load bench), where deadpool's `Clean` recycling, a round trip of its own, cost 15 %.
 pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
-DISCARD TEMP; DISCARD SEQUENCES; DEALLOCATE ALL; SELECT pg_catalog.pg_advisory_unlock_all(); \
-CLOSE ALL; UNLISTEN *;";
+DISCARD TEMP; DISCARD SEQUENCES; SELECT _sqlhttp.reset_session(); \
+SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;";
 
-/// Role defaults that apply to this session's login (`ALTER ROLE ... SET`, for every database
-/// or this one).
-const PLANTED: &str = "SELECT pg_catalog.count(*) FROM pg_catalog.pg_db_role_setting AS s \
-WHERE s.setrole = (SELECT r.oid FROM pg_catalog.pg_roles AS r WHERE r.rolname = SESSION_USER) \
-AND s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database AS d \
-WHERE d.datname = pg_catalog.current_database()))";
+/// Why [`check_new`] refused a connection whose planted defaults it had removed: the next one
+/// logs in without them.
+const PLANTED_REMOVED: &str = "the client role's session defaults had been changed; removed";
 
-/// Removes the client role's defaults (a role may alter itself).
-const REMOVE_PLANTED: &str = "DO $$ BEGIN \
-EXECUTE pg_catalog.format('ALTER ROLE %I RESET ALL', SESSION_USER); \
-EXECUTE pg_catalog.format('ALTER ROLE %I IN DATABASE %I RESET ALL', SESSION_USER, \
-pg_catalog.current_database()); END $$";
-
-/// Checks a connection that just logged in as the client role. With role defaults present
-/// (a client ran `ALTER ROLE ... SET`), they are removed and the connection is refused: it
-/// already runs with them, while the next one will not. Returns why it was refused.
-pub(crate) async fn check_new(client: &Client) -> Result<(), String> {
+/// Checks a connection that just logged in as the client role. With defaults the role did not
+/// start with (a client's function ran `ALTER ROLE CURRENT_USER SET ...`, say a setting of a
+/// library it loaded), the owner removes them and the connection is refused: it already runs
+/// with them (`RESET ALL` returns to them), while the next one will not. When the owner cannot
+/// remove them, the connection is kept: refusing every connection would stop the server, and
+/// a client can plant only settings it may set in its own session. Returns why it was refused.
+pub(crate) async fn check_new(client: &Client, keeper: &RoleKeeper) -> Result<(), String> {
     // Planted defaults apply to this very session: make sure they cannot stop the check
     // (`default_transaction_read_only`, a tiny `statement_timeout`, a search path). Requests
     // start with RESET ALL, which returns to the login's values.
@@ -47,21 +50,47 @@ pub(crate) async fn check_new(client: &Client) -> Result<(), String> {
         )
         .await
         .map_err(|e| format!("cannot prepare a new connection: {e}"))?;
-    let planted: i64 = client
-        .query_one(PLANTED, &[])
+    let now = setup::role_settings(client, keeper.role())
         .await
-        .map_err(|e| format!("cannot read the client role's defaults: {e}"))?
-        .get(0);
-    if planted == 0 {
+        .map_err(|e| format!("cannot read the client role's defaults: {e}"))?;
+    let planted = keeper.planted(&now);
+    if planted.is_empty() {
         return Ok(());
     }
-    tracing::warn!(
-        "the client role's session defaults were changed (ALTER ROLE ... SET, by a client's \
-         function): removed them, and refused the connection that logged in with them"
-    );
-    client
-        .batch_execute(REMOVE_PLANTED)
-        .await
-        .map_err(|e| format!("cannot remove the client role's planted defaults: {e}"))?;
-    Err("the client role's session defaults had been changed; removed".to_owned())
+    let names: Vec<&str> = planted.iter().map(setup::RoleSetting::name).collect();
+    let names = names.join(", ");
+    match keeper.remove(&planted).await {
+        Ok(()) => {
+            tracing::warn!(
+                defaults = %names,
+                "the client role's session defaults were changed (ALTER ROLE ... SET, by a \
+                 client's function or an operator): removed them from the --database role's \
+                 connection, and refused the connection that logged in with them"
+            );
+            Err(PLANTED_REMOVED.to_owned())
+        }
+        Err(why) => {
+            tracing::error!(
+                defaults = %names,
+                error = %why,
+                "the client role has session defaults it did not start with, and the \
+                 --database role cannot remove them: sessions run with them (a superuser can \
+                 remove them: ALTER ROLE ... RESET ...)"
+            );
+            Ok(())
+        }
+    }
+}
+
+/// Whether getting a connection that failed with `err` is worth one more try: [`check_new`]
+/// removed planted defaults (the next login is clean), or the login was refused for its
+/// password and the owner put the server's back.
+pub(crate) async fn worth_retrying(keeper: &RoleKeeper, err: &PoolError) -> bool {
+    match err {
+        PoolError::PostCreateHook(HookError::Message(why)) => why == PLANTED_REMOVED,
+        PoolError::Backend(e) if e.code() == Some(&SqlState::INVALID_PASSWORD) => {
+            keeper.restore_password().await
+        }
+        _ => false,
+    }
 }

@@ -7,10 +7,18 @@
 //! function of its own) can reach the owner's rights. Several replicas may start at once: the
 //! work runs under an advisory lock.
 //!
+//! A client's function can alter the client role itself (PostgreSQL 15 lets any role change its
+//! own password and session defaults, and offers no way to refuse it: ADR 0029). So the server
+//! keeps the owner's side at hand, [`RoleKeeper`]: the role's defaults recorded at start (the
+//! baseline), the removal of any other default (from an owner connection, the only side that
+//! may remove settings the client role cannot reset), and the password put back after a
+//! refused login. `temp_file_limit` is the one default an operator may change at any time; the
+//! server gives the role it created [`TEMP_FILE_LIMIT`] when nothing limits temporary files.
+//!
 //! Runs on a thread of its own with a runtime of its own, so the server can be built from sync
 //! and async code alike. Knows SQL and tokio-postgres; nothing about requests or HTTP.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config, NoTls};
@@ -32,6 +40,240 @@ const SERVER_FILE_ROLES: &[&str] = &[
     "pg_execute_server_program",
 ];
 
+/// What temporary files a client statement may write, given to the client role the server
+/// created when nothing else limits them (`ALTER ROLE ... SET`): a sort or hash past `work_mem`
+/// spills to disk, and one read wrote 3.4 GiB within a 10 s timeout.
+pub(crate) const TEMP_FILE_LIMIT: &str = "1GB";
+
+/// The role defaults an operator may set, or change, while the server runs (any value, for
+/// every database or this one); every other default must be the baseline's.
+const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
+
+/// What the server runs in every new session before it serves a request: forgets what a
+/// client left in the session that `RESET ALL` and `DISCARD` do not (see `session::RESET`),
+/// as the client role, in its own session. `DEALLOCATE ALL` would drop the statements
+/// tokio-postgres prepared to look types up (it keeps them for the connection's life), so only
+/// statements prepared from SQL text go (`PREPARE`, which a client's function can run; the
+/// driver's come from the protocol). `setseed()` lasts for the session and nothing resets it:
+/// the seed is drawn again from PostgreSQL's strong random source (`gen_random_uuid`).
+const SESSION_DDL: &str = "CREATE OR REPLACE FUNCTION _sqlhttp.reset_session() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    statement text;
+BEGIN
+    FOR statement IN SELECT p.name FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql
+    LOOP
+        EXECUTE pg_catalog.format('DEALLOCATE %I', statement);
+    END LOOP;
+    PERFORM pg_catalog.setseed(pg_catalog.float8div(
+        pg_catalog.hashtextextended(pg_catalog.gen_random_uuid()::pg_catalog.text, 0)
+            ::pg_catalog.float8,
+        9223372036854775807::pg_catalog.float8));
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.reset_session() FROM PUBLIC;";
+
+/// The client role's defaults that apply to a session of this database (`$1` the role).
+const ROLE_SETTINGS: &str = "SELECT s.setdatabase <> 0, c.entry \
+FROM pg_catalog.pg_db_role_setting AS s \
+CROSS JOIN LATERAL pg_catalog.unnest(s.setconfig) AS c(entry) \
+WHERE s.setrole = (SELECT r.oid FROM pg_catalog.pg_roles AS r \
+WHERE r.rolname = $1::pg_catalog.name) \
+AND s.setdatabase IN (0, (SELECT d.oid FROM pg_catalog.pg_database AS d \
+WHERE d.datname = pg_catalog.current_database())) ORDER BY 1, 2";
+
+/// One of the client role's defaults (`ALTER ROLE ... [IN DATABASE ...] SET`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct RoleSetting {
+    /// For this database only (else for every database).
+    in_database: bool,
+    /// `name=value`, as PostgreSQL keeps it.
+    entry: String,
+}
+
+impl RoleSetting {
+    /// The setting's name.
+    pub(crate) fn name(&self) -> &str {
+        self.entry
+            .split_once('=')
+            .map_or(&self.entry, |(name, _)| name)
+    }
+
+    fn accepted(&self) -> bool {
+        ACCEPTED_SETTINGS
+            .iter()
+            .any(|name| self.name().eq_ignore_ascii_case(name))
+    }
+}
+
+/// The client role's defaults that apply in this database; `client` may be any role's session
+/// with `search_path` pinned to `pg_catalog`.
+pub(crate) async fn role_settings(
+    client: &Client,
+    role: &str,
+) -> Result<Vec<RoleSetting>, tokio_postgres::Error> {
+    Ok(client
+        .query(ROLE_SETTINGS, &[&role])
+        .await?
+        .iter()
+        .map(|row| RoleSetting {
+            in_database: row.get(0),
+            entry: row.get(1),
+        })
+        .collect())
+}
+
+/// `name` as an SQL identifier, always quoted.
+fn quoted(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Resets `settings` of `role` from `owner`'s session; returns what could not be reset, with
+/// PostgreSQL's reason. A setting of a library the owner's session has not loaded (a
+/// placeholder such as `pg_trgm.similarity_threshold`) or one only superusers may set
+/// (`temp_file_limit`) can only be reset by a superuser.
+async fn reset_settings(owner: &Client, role: &str, settings: &[RoleSetting]) -> Vec<String> {
+    let mut failed = Vec::new();
+    let database = match owner
+        .query_one("SELECT pg_catalog.current_database()::pg_catalog.text", &[])
+        .await
+    {
+        Ok(row) => row.get::<_, String>(0),
+        Err(e) => return vec![format!("cannot read the database's name: {}", detail(&e))],
+    };
+    for setting in settings {
+        // `a.b` is two identifiers; quoting each keeps any name one setting's name.
+        let name = setting
+            .name()
+            .split('.')
+            .map(quoted)
+            .collect::<Vec<_>>()
+            .join(".");
+        let scope = if setting.in_database {
+            format!(" IN DATABASE {}", quoted(&database))
+        } else {
+            String::new()
+        };
+        let reset = format!("ALTER ROLE {}{scope} RESET {name}", quoted(role));
+        if let Err(e) = owner.batch_execute(&reset).await {
+            failed.push(format!("{}: {}", setting.name(), detail(&e)));
+        }
+    }
+    failed
+}
+
+/// The owner's side of the client role, kept while the server runs: what the role's defaults
+/// were at start, and how to put the role back when a client changed it.
+pub(crate) struct RoleKeeper {
+    /// How to log in as the owner (the `--database` URL).
+    owner: Config,
+    role: String,
+    /// The client role's password (this database's secret).
+    password: String,
+    /// The role's defaults once the start was done with them.
+    baseline: Vec<RoleSetting>,
+    /// When the password was last put back: at most once a [`RESTORE_EVERY`].
+    restored_at: tokio::sync::Mutex<Option<Instant>>,
+}
+
+/// The least time between two restores of the password: a login that still fails after one
+/// (`pg_hba.conf`, say) must not cost an owner connection per request.
+const RESTORE_EVERY: Duration = Duration::from_secs(1);
+
+impl std::fmt::Debug for RoleKeeper {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RoleKeeper")
+            .field("role", &self.role)
+            .field("baseline", &self.baseline.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RoleKeeper {
+    /// The client role's name.
+    pub(crate) fn role(&self) -> &str {
+        &self.role
+    }
+
+    /// Of the role's defaults `now`, those the server did not start with and does not accept.
+    pub(crate) fn planted(&self, now: &[RoleSetting]) -> Vec<RoleSetting> {
+        now.iter()
+            .filter(|setting| !setting.accepted() && !self.baseline.contains(setting))
+            .cloned()
+            .collect()
+    }
+
+    /// An owner session with the search path pinned (see [`prepare_on`]), whose statements
+    /// cannot wait long (an `ALTER ROLE` waits for a client's transaction that altered the role).
+    async fn owner(&self) -> Result<Client, String> {
+        let owner = connect(&self.owner).await?;
+        owner
+            .batch_execute("SET search_path = pg_catalog, pg_temp; SET statement_timeout = '10s'")
+            .await
+            .map_err(|e| detail(&e))?;
+        Ok(owner)
+    }
+
+    /// Removes `planted` from the role, from an owner connection. On `Err`, what could not be
+    /// removed and why.
+    pub(crate) async fn remove(&self, planted: &[RoleSetting]) -> Result<(), String> {
+        let owner = self
+            .owner()
+            .await
+            .map_err(|e| format!("cannot connect as the --database role: {e}"))?;
+        let failed = reset_settings(&owner, &self.role, planted).await;
+        if failed.is_empty() {
+            Ok(())
+        } else {
+            Err(failed.join("; "))
+        }
+    }
+
+    /// Puts the role's password back after a login refused for its password (a client's
+    /// function ran `ALTER ROLE CURRENT_USER PASSWORD ...`): the client's password no longer
+    /// logs in, the server's does again. Only for a role this database's server created
+    /// (another database's is that server's to keep). Whether a login is worth retrying.
+    pub(crate) async fn restore_password(&self) -> bool {
+        let mut restored_at = self.restored_at.lock().await;
+        if restored_at.is_some_and(|at| at.elapsed() < RESTORE_EVERY) {
+            // Another request has just put it back.
+            return true;
+        }
+        *restored_at = Some(Instant::now());
+        let restored = async {
+            let owner = self.owner().await?;
+            if !is_ours(&owner, &self.role).await.map_err(|e| detail(&e))? {
+                return Err(format!(
+                    "{} was not created by this database's server; give it its password \
+                     again (docs/deploy.md, \"PostgreSQL\")",
+                    self.role
+                ));
+            }
+            set_password(&owner, &self.role, &self.password)
+                .await
+                .map_err(|e| detail(&e))
+        };
+        match restored.await {
+            Ok(()) => {
+                tracing::warn!(
+                    role = %self.role,
+                    "the client role's password was changed (ALTER ROLE ... PASSWORD, by a \
+                     client's function): the server refused to log in, so it put its own \
+                     password back from the --database role's connection"
+                );
+                true
+            }
+            Err(why) => {
+                tracing::error!(
+                    role = %self.role,
+                    error = %why,
+                    "the client role's password is not the server's, and it cannot be put back"
+                );
+                false
+            }
+        }
+    }
+}
+
 /// What the server needs to serve clients, once the database is prepared.
 pub(crate) struct Prepared {
     /// How to log in as the client role: the `--database` URL's host, port and database, the
@@ -39,6 +281,8 @@ pub(crate) struct Prepared {
     pub(crate) client: Config,
     /// The key the store's functions ask for (see `store`).
     pub(crate) store_key: String,
+    /// The owner's side of the client role.
+    pub(crate) keeper: std::sync::Arc<RoleKeeper>,
 }
 
 /// Prepares the database and checks that the client role can log in.
@@ -141,17 +385,87 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     store::grant(&owner, role)
         .await
         .map_err(|e| fail(&format!("cannot let {role} call the store"), e))?;
+    owner
+        .batch_execute(&format!(
+            "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}"
+        ))
+        .await
+        .map_err(|e| fail("cannot create the server's session reset", e))?;
     grant_public_schema(&owner, url).await?;
+    let mut client = owner_config.clone();
+    client.user(role).password(password.clone());
+    let temp_file_limit = check_client_login(&client, url).await?;
+    if temp_file_limit == "-1" {
+        limit_temp_files(&owner, role).await;
+    }
+    let baseline = role_settings(&owner, role)
+        .await
+        .map_err(|e| fail("cannot read the client role's defaults", e))?;
     owner
         .query_one("SELECT pg_advisory_unlock($1)", &[&SETUP_LOCK])
         .await
         .map_err(|e| fail("cannot release the set-up lock", e))?;
     drop(owner);
+    if !baseline.is_empty() {
+        let names: Vec<&str> = baseline.iter().map(RoleSetting::name).collect();
+        tracing::info!(
+            role,
+            defaults = %names.join(", "),
+            "the client role's defaults at start: the server keeps them (and removes any other)"
+        );
+    }
+    let keeper = RoleKeeper {
+        owner: owner_config,
+        role: role.to_owned(),
+        password,
+        baseline,
+        restored_at: tokio::sync::Mutex::new(None),
+    };
+    Ok(Prepared {
+        client,
+        store_key,
+        keeper: std::sync::Arc::new(keeper),
+    })
+}
 
-    let mut client = owner_config;
-    client.user(role).password(password);
-    check_client_login(&client, url).await?;
-    Ok(Prepared { client, store_key })
+/// Gives the client role the server created [`TEMP_FILE_LIMIT`] (`ALTER ROLE ... SET`: an
+/// operator's `ALTER ROLE ... SET` replaces it, and `... IN DATABASE ... SET` wins over it); says
+/// what to do when it cannot (another's role, an owner that is not a superuser:
+/// `temp_file_limit` is a superuser's setting).
+async fn limit_temp_files(owner: &Client, role: &str) {
+    let limited = async {
+        if !is_ours(owner, role).await? {
+            return Ok(false);
+        }
+        owner
+            .batch_execute(&format!(
+                "ALTER ROLE {} SET temp_file_limit = '{TEMP_FILE_LIMIT}'",
+                quoted(role)
+            ))
+            .await
+            .map(|()| true)
+    };
+    let fix = format!(
+        "as a superuser, run ALTER ROLE {role} SET temp_file_limit = '{TEMP_FILE_LIMIT}' \
+         (docs/deploy.md)"
+    );
+    match limited.await {
+        Ok(true) => tracing::info!(
+            role,
+            limit = TEMP_FILE_LIMIT,
+            "temporary files of client statements limited (temp_file_limit)"
+        ),
+        Ok(false) => tracing::warn!(
+            role,
+            "temporary files of client statements are unlimited: {fix}"
+        ),
+        Err(e) => tracing::warn!(
+            role,
+            error = %detail(&e),
+            "temporary files of client statements are unlimited, and the --database role cannot \
+             limit them: {fix}"
+        ),
+    }
 }
 
 /// Creates the client role when missing (with this database's password), and refuses one that
@@ -257,42 +571,61 @@ async fn mark_as_ours(owner: &Client, role: &str) -> Result<(), tokio_postgres::
     owner.batch_execute(&comment).await
 }
 
+/// Whether `role` is the one this database's server created (marked by its comment).
+async fn is_ours(owner: &Client, role: &str) -> Result<bool, tokio_postgres::Error> {
+    let marker = marker(owner).await?;
+    Ok(owner
+        .query_one(
+            "SELECT pg_catalog.shobj_description(r.oid, 'pg_authid') IS NOT DISTINCT FROM $2 \
+             FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1::name",
+            &[&role, &marker],
+        )
+        .await?
+        .get(0))
+}
+
+/// Gives `role` `password` (only its SCRAM verifier is sent).
+async fn set_password(
+    owner: &Client,
+    role: &str,
+    password: &str,
+) -> Result<(), tokio_postgres::Error> {
+    let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
+    owner
+        .batch_execute(&format!(
+            "ALTER ROLE {} PASSWORD '{verifier}'",
+            quoted(role)
+        ))
+        .await
+}
+
 /// A client may change its own role: its password (then it could log in without the server,
 /// and the server could not) and its session defaults (then every new session of every client
 /// starts with them, `search_path` included). At each start, a role this database's server
-/// created gets its password and defaults back; another database's role is left alone.
+/// created gets its password back, and loses every default but `temp_file_limit` (an
+/// operator's); another database's role is left alone, and its defaults are the baseline.
 async fn restore_if_ours(owner: &Client, role: &str, password: &str) {
     let restore = async {
-        let marker = marker(owner).await?;
-        let ours: bool = owner
-            .query_one(
-                "SELECT pg_catalog.shobj_description(r.oid, 'pg_authid') IS NOT DISTINCT FROM $2 \
-                 FROM pg_catalog.pg_roles AS r WHERE r.rolname = $1::name",
-                &[&role, &marker],
-            )
-            .await?
-            .get(0);
-        if !ours {
-            return Ok(false);
+        if !is_ours(owner, role).await? {
+            return Ok(Vec::new());
         }
-        let verifier = postgres_protocol::password::scram_sha_256(password.as_bytes());
-        let in_database: String = owner
-            .query_one(
-                "SELECT pg_catalog.format('ALTER ROLE %I IN DATABASE %I RESET ALL', $1::text, \
-                 pg_catalog.current_database())",
-                &[&role],
-            )
+        let planted: Vec<RoleSetting> = role_settings(owner, role)
             .await?
-            .get(0);
-        owner
-            .batch_execute(&format!(
-                "ALTER ROLE {role} RESET ALL; {in_database}; ALTER ROLE {role} PASSWORD '{verifier}'"
-            ))
-            .await
-            .map(|()| true)
+            .into_iter()
+            .filter(|setting| !setting.accepted())
+            .collect();
+        let failed = reset_settings(owner, role, &planted).await;
+        set_password(owner, role, password).await?;
+        Ok(failed)
     };
     match restore.await {
-        Ok(_) => {}
+        Ok(failed) if failed.is_empty() => {}
+        Ok(failed) => tracing::warn!(
+            role,
+            failed = %failed.join("; "),
+            "cannot remove some of the client role's defaults (a superuser can: ALTER ROLE ... \
+             RESET ...); the server keeps them"
+        ),
         Err(e) => tracing::warn!(
             role,
             error = %detail(&e),
@@ -337,7 +670,8 @@ async fn grant_public_schema(owner: &Client, url: &PostgresUrl) -> Result<(), Se
 }
 
 /// Logs in as the client role once, so a refused login fails the start, not every request.
-async fn check_client_login(client: &Config, url: &PostgresUrl) -> Result<(), ServerError> {
+/// Returns the `temp_file_limit` its sessions start with (`-1`: unlimited).
+async fn check_client_login(client: &Config, url: &PostgresUrl) -> Result<String, ServerError> {
     let role = url.client_role();
     let session = connect(client).await.map_err(|e| {
         failed(
@@ -350,11 +684,17 @@ async fn check_client_login(client: &Config, url: &PostgresUrl) -> Result<(), Se
             ),
         )
     })?;
-    session.query_one("SELECT 1", &[]).await.map_err(|e| {
-        failed(
-            url,
-            format!("the client role cannot run a statement: {}", detail(&e)),
+    let limit = session
+        .query_one(
+            "SELECT pg_catalog.current_setting('temp_file_limit')::pg_catalog.text",
+            &[],
         )
-    })?;
-    Ok(())
+        .await
+        .map_err(|e| {
+            failed(
+                url,
+                format!("the client role cannot run a statement: {}", detail(&e)),
+            )
+        })?;
+    Ok(limit.get(0))
 }
