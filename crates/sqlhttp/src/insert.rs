@@ -227,80 +227,75 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
 }
 
 impl<'r, T: Serialize + Sync> Insert<'r, T> {
-    fn run(self) -> impl std::future::Future<Output = Result<InsertReport>> + Send + 'r
-    where
-        T: 'r,
-    {
-        async move {
-            self.options.validate()?;
-            let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
-            let count = chunks.len();
-            let call_key = match &self.options.idempotency_key {
-                Some(key) => key.clone(),
-                None => crate::transport::new_idempotency_key(),
-            };
-            if count > 1 {
-                check_key(&chunk_key(&call_key, count - 1, count)).map_err(|message| {
-                    Error::config(format!(
-                        "the insert takes {count} statements, keyed `{{key}}/{{index}}`: {message}"
-                    ))
-                })?;
-            }
-            let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
-            if self.atomic && count > 1 {
-                return self.send_atomic(chunks, call_key, &sql_for_log).await;
-            }
-            let mut inserted = 0u64;
-            let mut replayed = 0usize;
-            // One `max_elapsed` for the whole insert, however many statements it takes.
-            let started = tokio::time::Instant::now();
-            for (index, chunk) in chunks.into_iter().enumerate() {
-                let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
-                    .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
-                let mut effect = Collect::<IgnoredAny>::new();
-                let sent = self
-                    .client
-                    .send(
-                        OpClass::Write,
-                        chunk.body,
-                        &sql_for_log,
-                        &self.options,
-                        Some(key),
-                        Some(started),
-                        &mut effect,
-                    )
-                    .await
-                    .and_then(|delivered| {
-                        let effect = decode::effect_of(&effect.decoder)
-                            .map_err(|err| delivered.attach(err))?;
-                        Ok((effect, delivered.body.replayed()))
-                    });
-                let err = match sent {
-                    Ok((effect, was_replayed)) => {
-                        inserted += effect.rows_affected;
-                        replayed += usize::from(was_replayed);
-                        tracing::debug!(rows = chunk.rows, "insert chunk committed");
-                        continue;
-                    }
-                    Err(err) => err,
-                };
-                // The key to re-send with is the call's: it covers every statement.
-                let err = match err.idempotency_key() {
-                    Some(_) => err.with_idempotency_key(Some(call_key)),
-                    None => err,
-                };
-                return Err(if inserted > 0 {
-                    err.with_rows_inserted(inserted)
-                } else {
-                    err
-                });
-            }
-            Ok(InsertReport {
-                rows: inserted,
-                statements: count,
-                replayed,
-            })
+    async fn run(self) -> Result<InsertReport> {
+        self.options.validate()?;
+        let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
+        let count = chunks.len();
+        let call_key = match &self.options.idempotency_key {
+            Some(key) => key.clone(),
+            None => crate::transport::new_idempotency_key(),
+        };
+        if count > 1 {
+            check_key(&chunk_key(&call_key, count - 1, count)).map_err(|message| {
+                Error::config(format!(
+                    "the insert takes {count} statements, keyed `{{key}}/{{index}}`: {message}"
+                ))
+            })?;
         }
+        let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
+        if self.atomic && count > 1 {
+            return self.send_atomic(chunks, call_key, &sql_for_log).await;
+        }
+        let mut inserted = 0u64;
+        let mut replayed = 0usize;
+        // One `max_elapsed` for the whole insert, however many statements it takes.
+        let started = tokio::time::Instant::now();
+        for (index, chunk) in chunks.into_iter().enumerate() {
+            let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
+                .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
+            let mut effect = Collect::<IgnoredAny>::new();
+            let sent = self
+                .client
+                .send(
+                    OpClass::Write,
+                    chunk.body,
+                    &sql_for_log,
+                    &self.options,
+                    Some(key),
+                    Some(started),
+                    &mut effect,
+                )
+                .await
+                .and_then(|delivered| {
+                    let effect =
+                        decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))?;
+                    Ok((effect, delivered.body.replayed()))
+                });
+            let err = match sent {
+                Ok((effect, was_replayed)) => {
+                    inserted += effect.rows_affected;
+                    replayed += usize::from(was_replayed);
+                    tracing::debug!(rows = chunk.rows, "insert chunk committed");
+                    continue;
+                }
+                Err(err) => err,
+            };
+            // The key to re-send with is the call's: it covers every statement.
+            let err = match err.idempotency_key() {
+                Some(_) => err.with_idempotency_key(Some(call_key)),
+                None => err,
+            };
+            return Err(if inserted > 0 {
+                err.with_rows_inserted(inserted)
+            } else {
+                err
+            });
+        }
+        Ok(InsertReport {
+            rows: inserted,
+            statements: count,
+            replayed,
+        })
     }
 }
 
