@@ -15,6 +15,14 @@ use crate::engine::{Engine, Outcome, Reply};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
+/// An engine's catalog queries: its tables and views, and one table's columns (the name bound
+/// as the one parameter), in the protocol's engine-neutral shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Catalog {
+    pub(crate) tables: &'static str,
+    pub(crate) columns: &'static str,
+}
+
 /// The engine serving the configured database.
 #[derive(Debug)]
 pub(crate) enum Backend {
@@ -38,6 +46,20 @@ impl Backend {
             }
             sqlite => Engine::start(sqlite, idempotency_ttl, limits, budget)
                 .map(|engine| Backend::Sqlite(Box::new(engine))),
+        }
+    }
+
+    /// The engine's catalog queries, tables then columns (see `engine::catalog`).
+    pub(crate) fn catalog(&self) -> Catalog {
+        match self {
+            Backend::Sqlite(_) => Catalog {
+                tables: crate::engine::catalog::TABLES,
+                columns: crate::engine::catalog::COLUMNS,
+            },
+            Backend::Postgres(_) => Catalog {
+                tables: crate::engine::postgres::catalog::TABLES,
+                columns: crate::engine::postgres::catalog::COLUMNS,
+            },
         }
     }
 

@@ -14,6 +14,7 @@
 mod backend;
 mod batch;
 mod batch_body;
+pub(crate) mod catalog;
 mod connection;
 mod control;
 mod errors;

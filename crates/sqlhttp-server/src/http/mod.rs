@@ -12,6 +12,7 @@ mod body;
 mod browser;
 mod compression;
 pub(crate) mod credentials;
+mod describe;
 pub(crate) mod hyper_errors;
 pub(crate) mod metrics;
 mod middleware;
@@ -79,6 +80,10 @@ pub fn app(state: AppState) -> Router {
             batch::BATCH_PATH,
             post(batch::batch).fallback(sql_method_not_allowed),
         )
+        .route(
+            describe::DESCRIBE_PATH,
+            post(describe::describe).fallback(sql_method_not_allowed),
+        )
         .route("/healthz", get(healthz).fallback(probe_method_not_allowed))
         .route("/readyz", get(readyz).fallback(probe_method_not_allowed))
         .route(
@@ -135,9 +140,17 @@ async fn probe_method_not_allowed() -> ApiError {
 
 async fn sql(State(state): State<AppState>, request: Request) -> Response {
     match run_sql(&state, request).await {
-        Ok((Reply::Whole(outcome), held)) => outcome_response(outcome, held),
-        Ok((Reply::Stream(body), _)) => streamed_response(body),
+        Ok((reply, held)) => reply_response(reply, held),
         Err(err) => err.into_response(),
+    }
+}
+
+/// The response for an engine's reply: a whole outcome with its share of the budget, or a
+/// stream.
+pub(crate) fn reply_response(reply: Reply, held: Held) -> Response {
+    match reply {
+        Reply::Whole(outcome) => outcome_response(outcome, held),
+        Reply::Stream(body) => streamed_response(body),
     }
 }
 

@@ -19,6 +19,7 @@
 //!
 //! Knows nothing about HTTP. See `docs/adr/0018-postgresql-engine.md`.
 
+pub(crate) mod catalog;
 mod placeholders;
 mod run;
 mod sandbox;

@@ -1,0 +1,76 @@
+//! `POST /api/v1/describe`: what a client can see of the schema, the same on every engine.
+//! `{}` lists the tables and views (`name`, `type`); `{"table": "books"}` gives that table's
+//! columns (`name`, `type`, `nullable`, `default`, `primary_key`; no rows when there is no such
+//! table). Each answers as a query does (`columns` and `rows`), from the engine's catalog query
+//! run as a verified read: a read token may describe, and the sandbox reads the catalog query
+//! as it reads a client's.
+//!
+//! Knows the route, its body and how a describe becomes a read; the SQL is each engine's own
+//! (`engine::catalog`, `engine::postgres::catalog`).
+
+use axum::extract::{Request, State};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use crate::api_error::ApiError;
+use crate::http::{Admitted, admit, body};
+use crate::request::{Param, SqlRequest};
+use crate::state::AppState;
+
+/// The path of the describe call.
+pub(crate) const DESCRIBE_PATH: &str = "/api/v1/describe";
+
+/// Table names longer than this are refused before the engine is asked.
+const MAX_NAME_BYTES: usize = 1024;
+
+/// The body: which table, or none for the list.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Describe {
+    table: Option<String>,
+}
+
+/// Answers a describe call.
+pub(crate) async fn describe(State(state): State<AppState>, request: Request) -> Response {
+    match run(&state, request).await {
+        Ok(response) => response,
+        Err(err) => err.into_response(),
+    }
+}
+
+async fn run(state: &AppState, request: Request) -> Result<Response, ApiError> {
+    let shared = &state.inner;
+    let (parts, body) = request.into_parts();
+    // Any credential may describe: it is a read. The key, if any, has nothing to apply once.
+    let Admitted { .. } = admit(state, &parts)?;
+    let (bytes, _held) = body::read_within(
+        body,
+        &parts.headers,
+        shared.max_body_bytes,
+        &shared.budget,
+        shared.body_timeout,
+    )
+    .await?;
+    let asked: Describe = serde_json::from_slice(&bytes).map_err(|err| {
+        ApiError::bad_request(format!(
+            "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"
+        ))
+    })?;
+    let catalog = shared.engine.catalog();
+    let (sql, params) = match asked.table {
+        None => (catalog.tables, Vec::new()),
+        Some(name) if name.is_empty() || name.len() > MAX_NAME_BYTES || name.contains('\0') => {
+            return Err(ApiError::bad_request(format!(
+                "a table name is 1 to {MAX_NAME_BYTES} bytes, without NUL"
+            )));
+        }
+        Some(name) => (catalog.columns, vec![Param::Text(name)]),
+    };
+    let request = SqlRequest {
+        sql: sql.to_owned(),
+        params,
+        read_only: true,
+    };
+    let reply = shared.engine.execute_read_only(request).await?;
+    Ok(super::reply_response(reply, crate::budget::Held::default()))
+}
