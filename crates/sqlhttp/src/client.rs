@@ -26,6 +26,8 @@ use crate::transport::{Call, Delivered, Endpoint, Exchange, HttpExchange, Receiv
 const ENDPOINT: &str = "api/v1/sql";
 /// The path of the protocol's batch endpoint, relative to the server's base URL.
 const BATCH_ENDPOINT: &str = "api/v1/batch";
+/// The describe endpoint, relative to the base URL.
+const DESCRIBE_ENDPOINT: &str = "api/v1/describe";
 
 /// A client for a server speaking the sqlhttp protocol.
 ///
@@ -322,7 +324,12 @@ fn parse_base_url(input: &str) -> Result<reqwest::Url> {
         Err(err) => return Err(Error::config(format!("invalid base URL: {err}"))),
     };
     let path = base.path().trim_end_matches('/');
-    for endpoint in ["/api/v1/sql", "/api/v1/batch", "/api/v1"] {
+    for endpoint in [
+        "/api/v1/sql",
+        "/api/v1/batch",
+        "/api/v1/describe",
+        "/api/v1",
+    ] {
         if let Some(prefix) = path.strip_suffix(endpoint) {
             let mut fixed = base.clone();
             fixed.set_path(if prefix.is_empty() { "/" } else { prefix });
@@ -602,6 +609,9 @@ impl ClientBuilder {
         let batch_endpoint = base
             .join(BATCH_ENDPOINT)
             .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
+        let describe_endpoint = base
+            .join(DESCRIBE_ENDPOINT)
+            .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
         #[cfg(feature = "simulation")]
         let simulated = self.simulated;
         #[cfg(not(feature = "simulation"))]
@@ -622,6 +632,7 @@ impl ClientBuilder {
                 http,
                 endpoint: endpoint.clone(),
                 batch_endpoint,
+                describe_endpoint,
                 authorization,
                 user_agent,
             }),
@@ -630,6 +641,7 @@ impl ClientBuilder {
                 server,
                 endpoint: endpoint.clone(),
                 batch_endpoint,
+                describe_endpoint,
                 authorization,
                 user_agent,
             }),

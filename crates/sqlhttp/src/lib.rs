@@ -37,6 +37,7 @@ mod blob;
 mod client;
 mod cursor;
 pub mod decode;
+mod describe;
 mod envelope;
 mod error;
 mod insert;
@@ -54,6 +55,7 @@ pub use batch::Batch;
 pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
+pub use describe::{ColumnInfo, TableInfo};
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::{Insert, InsertReport};
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type).

@@ -81,6 +81,7 @@ pub(crate) struct SimulatedExchange {
     pub(crate) server: SimulatedServer,
     pub(crate) endpoint: reqwest::Url,
     pub(crate) batch_endpoint: reqwest::Url,
+    pub(crate) describe_endpoint: reqwest::Url,
     pub(crate) authorization: Option<HeaderValue>,
     pub(crate) user_agent: HeaderValue,
 }
@@ -90,6 +91,7 @@ impl Exchange for SimulatedExchange {
         let url = match request.endpoint {
             Endpoint::Sql => &self.endpoint,
             Endpoint::Batch => &self.batch_endpoint,
+            Endpoint::Describe => &self.describe_endpoint,
         };
         let mut builder = http::Request::post(url.as_str())
             .header(CONTENT_TYPE, "application/json")

@@ -38,6 +38,8 @@ pub(crate) enum Endpoint {
     Sql,
     /// `POST /api/v1/batch`: several statements in one transaction.
     Batch,
+    /// `POST /api/v1/describe`: the tables, or one table's columns.
+    Describe,
 }
 
 /// One attempt's request, as the exchange sends it.
@@ -178,6 +180,7 @@ pub(crate) struct HttpExchange {
     pub(crate) http: reqwest::Client,
     pub(crate) endpoint: reqwest::Url,
     pub(crate) batch_endpoint: reqwest::Url,
+    pub(crate) describe_endpoint: reqwest::Url,
     pub(crate) authorization: Option<HeaderValue>,
     pub(crate) user_agent: HeaderValue,
 }
@@ -523,6 +526,7 @@ impl HttpExchange {
             .post(match endpoint {
                 Endpoint::Sql => self.endpoint.clone(),
                 Endpoint::Batch => self.batch_endpoint.clone(),
+                Endpoint::Describe => self.describe_endpoint.clone(),
             })
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")

@@ -210,3 +210,72 @@ async fn a_bad_row_writes_nothing() {
     );
     assert_eq!(count(&client, &table).await, 0);
 }
+
+#[tokio::test]
+async fn tables_and_describe_say_the_same_on_every_engine() {
+    let live = Live::start().await;
+    let client = live.client();
+    let table = unique_table("described");
+    let view = format!("{table}_v");
+    client
+        .execute(format!(
+            "CREATE TABLE \"{table}\" (id INTEGER PRIMARY KEY, title TEXT NOT NULL, \
+             year INTEGER DEFAULT 2000, note TEXT)"
+        ))
+        .await
+        .unwrap();
+    client
+        .execute(format!(
+            "CREATE VIEW \"{view}\" AS SELECT id, title FROM \"{table}\""
+        ))
+        .await
+        .unwrap();
+    let tables = client.tables().await.unwrap();
+    let find = |name: &str| tables.iter().find(|t| t.name == name).cloned();
+    assert!(!find(&table).unwrap().is_view, "{tables:?}");
+    assert!(find(&view).unwrap().is_view, "{tables:?}");
+    assert!(
+        tables.iter().all(|t| !t.name.starts_with("_sqlhttp")),
+        "the server's own tables are not the client's: {tables:?}"
+    );
+
+    let columns = client.describe(&table).await.unwrap().unwrap();
+    let shape: Vec<_> = columns
+        .iter()
+        .map(|c| {
+            (
+                c.name.as_str(),
+                c.declared_type.to_ascii_lowercase(),
+                c.nullable,
+                c.default.as_deref(),
+                c.primary_key,
+            )
+        })
+        .collect();
+    assert_eq!(
+        shape,
+        [
+            ("id", "integer".to_owned(), false, None, true),
+            ("title", "text".to_owned(), false, None, false),
+            ("year", "integer".to_owned(), true, Some("2000"), false),
+            ("note", "text".to_owned(), true, None, false),
+        ]
+    );
+    let view_columns = client.describe(&view).await.unwrap().unwrap();
+    assert_eq!(
+        view_columns
+            .iter()
+            .map(|c| c.name.as_str())
+            .collect::<Vec<_>>(),
+        ["id", "title"]
+    );
+    assert_eq!(
+        client.describe("no_such_table_anywhere").await.unwrap(),
+        None
+    );
+    assert_eq!(
+        client.describe("_sqlhttp_idempotency").await.unwrap(),
+        None,
+        "the server's store is not described"
+    );
+}
