@@ -130,6 +130,10 @@ pub(crate) enum Command {
         /// Output format of rows.
         #[arg(long, short)]
         format: Option<Format>,
+        /// Run the statements (and meta commands) of this file, stopping at the first error,
+        /// instead of reading stdin.
+        #[arg(long, value_name = "FILE")]
+        file: Option<PathBuf>,
     },
     /// Check that the server answers (and that the token is accepted).
     Ping,

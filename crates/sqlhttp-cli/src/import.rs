@@ -115,22 +115,20 @@ impl Affinity {
 }
 
 /// The declared columns of `table`, by lower-cased name.
+/// The server's describe call answers on every engine; the type names are the engine's own
+/// (`INTEGER` on SQLite, `integer` or `double precision` on PostgreSQL), which the affinity
+/// rules read alike.
 async fn declared_columns(client: &Client, table: &str) -> anyhow::Result<Vec<(String, Affinity)>> {
-    let info = client
-        .query_table("SELECT name, type FROM pragma_table_info(?)")
-        .bind(table)
-        .await?;
-    if info.is_empty() {
+    let Some(columns) = client.describe(table).await? else {
         bail!("no such table: {table}");
-    }
-    info.rows()
-        .map(|row| {
-            let name: String = row.get("name")?;
-            let declared: String = row.get("type")?;
-            Ok((name, Affinity::of(&declared)))
+    };
+    Ok(columns
+        .into_iter()
+        .map(|column| {
+            let affinity = Affinity::of(&column.declared_type);
+            (column.name, affinity)
         })
-        .collect::<Result<_, sqlhttp::Error>>()
-        .map_err(Into::into)
+        .collect())
 }
 
 fn affinity_of(columns: &[(String, Affinity)], name: &str) -> anyhow::Result<Affinity> {

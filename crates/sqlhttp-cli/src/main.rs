@@ -117,7 +117,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let elapsed = output::format_elapsed(started.elapsed());
             println!("{}", imported.summary(&table, &elapsed));
         }
-        Command::Shell { format } => shell::run(&client, &cli.connection.url, format).await?,
+        Command::Shell { format, file } => {
+            shell::run(&client, &cli.connection.url, format, file.as_deref()).await?;
+        }
     }
     Ok(())
 }

@@ -3,20 +3,21 @@
 //! stops at the first error.
 //!
 //! Meta commands: `\d` or `.tables` (tables and views), `\d NAME` or `.schema NAME` (a table's
-//! columns), `\timing`, `\format FORMAT`, `\q` or `.quit`, `\?` or `.help`. Knows the terminal
-//! and the script format; statements run through `run`.
+//! columns, from the server's describe call: the same on every engine), `\i FILE` or `.read FILE`
+//! (run a script), `\timing`, `\format FORMAT`, `\q` or `.quit`, `\?` or `.help`. Knows the
+//! terminal and the script format; statements run through `run`.
 
 use std::io::{self, IsTerminal as _, Read as _, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use anyhow::Context as _;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use sqlhttp::Client;
+use sqlhttp::{Client, Value};
 
 use crate::args::Format;
-use crate::output::format_elapsed;
+use crate::output::{self, format_elapsed};
 use crate::run::{self, Ran};
 use crate::script;
 
@@ -24,15 +25,10 @@ const HELP: &str = "\
 Statements end with `;` and may span lines. Meta commands:
   \\d, .tables           list tables and views
   \\d NAME, .schema NAME  describe a table's columns
+  \\i FILE, .read FILE   run the statements of a file (stops at its first error)
   \\timing               show the time each statement takes (on/off)
   \\format FORMAT        table, csv, json or ndjson
   \\q, .quit             leave (or Ctrl-D)";
-
-const TABLES_SQL: &str = "SELECT name, type FROM sqlite_schema \
-WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite\\_%' ESCAPE '\\' \
-AND name NOT LIKE '\\_sqlhttp\\_%' ESCAPE '\\' ORDER BY name";
-
-const COLUMNS_SQL: &str = "SELECT name, type, \"notnull\" AS not_null, dflt_value AS \"default\", pk FROM pragma_table_info(?)";
 
 /// The shell's state between statements.
 struct Session<'c> {
@@ -45,6 +41,8 @@ struct Session<'c> {
 enum Meta {
     Quit,
     Continue,
+    /// Run the script in this file.
+    Include(PathBuf),
 }
 
 impl Session<'_> {
@@ -63,6 +61,20 @@ impl Session<'_> {
         Ok(())
     }
 
+    /// Writes a result the shell made itself, in the session's format.
+    fn print(&self, columns: &[&str], rows: Vec<Vec<Value>>) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let mut stdout = io::stdout().lock();
+        let names: Vec<String> = columns.iter().map(|c| (*c).to_owned()).collect();
+        let mut writer = output::writer(self.format, &mut stdout);
+        writer.start(&names)?;
+        for row in &rows {
+            writer.row(row)?;
+        }
+        writer.finish(rows.len() as u64, started.elapsed())?;
+        Ok(())
+    }
+
     /// Runs a meta command line (starting with `\` or `.`).
     async fn meta(&mut self, line: &str) -> anyhow::Result<Meta> {
         let mut words = line.split_whitespace();
@@ -70,10 +82,44 @@ impl Session<'_> {
         let argument = words.next();
         match (command, argument) {
             ("\\q" | ".quit" | ".exit", _) => return Ok(Meta::Quit),
-            ("\\d" | ".tables", None) => self.statement(TABLES_SQL, &[]).await?,
+            ("\\d" | ".tables", None) => {
+                let rows = self
+                    .client
+                    .tables()
+                    .await?
+                    .into_iter()
+                    .map(|table| {
+                        let kind = if table.is_view { "view" } else { "table" };
+                        vec![Value::Text(table.name), Value::Text(kind.to_owned())]
+                    })
+                    .collect();
+                self.print(&["name", "type"], rows)?;
+            }
             ("\\d" | ".schema", Some(table)) => {
                 let table = table.trim_end_matches(';');
-                self.statement(COLUMNS_SQL, &[table.into()]).await?;
+                let Some(columns) = self.client.describe(table).await? else {
+                    anyhow::bail!("no such table or view: {table}");
+                };
+                let yes_no = |flag: bool| Value::Text(if flag { "yes" } else { "no" }.to_owned());
+                let rows = columns
+                    .into_iter()
+                    .map(|column| {
+                        vec![
+                            Value::Text(column.name),
+                            Value::Text(column.declared_type),
+                            yes_no(column.nullable),
+                            column.default.map_or(Value::Null, Value::Text),
+                            yes_no(column.primary_key),
+                        ]
+                    })
+                    .collect();
+                self.print(
+                    &["column", "type", "nullable", "default", "primary key"],
+                    rows,
+                )?;
+            }
+            ("\\i" | ".read", Some(file)) => {
+                return Ok(Meta::Include(PathBuf::from(file.trim_end_matches(';'))));
             }
             ("\\timing" | ".timer", _) => {
                 self.timing = match argument {
@@ -113,9 +159,15 @@ fn history_path() -> Option<PathBuf> {
     directories::ProjectDirs::from("", "", "sqlhttp").map(|dirs| dirs.data_dir().join("history"))
 }
 
-/// Runs the shell: interactive on a terminal, a script otherwise.
-pub(crate) async fn run(client: &Client, url: &str, format: Option<Format>) -> anyhow::Result<()> {
-    let interactive = io::stdin().is_terminal();
+/// Runs the shell: the script in `file` when one is given; else interactive on a terminal, a
+/// script from stdin otherwise.
+pub(crate) async fn run(
+    client: &Client,
+    url: &str,
+    format: Option<Format>,
+    file: Option<&Path>,
+) -> anyhow::Result<()> {
+    let interactive = file.is_none() && io::stdin().is_terminal();
     let default = if io::stdout().is_terminal() {
         Format::Table
     } else {
@@ -126,6 +178,9 @@ pub(crate) async fn run(client: &Client, url: &str, format: Option<Format>) -> a
         format: format.unwrap_or(default),
         timing: false,
     };
+    if let Some(file) = file {
+        return include(&mut session, file).await;
+    }
     if interactive {
         interactive_loop(&mut session, url).await
     } else {
@@ -137,30 +192,80 @@ pub(crate) async fn run(client: &Client, url: &str, format: Option<Format>) -> a
     }
 }
 
-/// Runs `script` line by line (meta commands on their own lines), stopping at the first error.
+/// Runs the script in `file`, naming the file in its errors.
+async fn include(session: &mut Session<'_>, file: &Path) -> anyhow::Result<()> {
+    let script = std::fs::read_to_string(file)
+        .with_context(|| format!("cannot read the script {}", file.display()))?;
+    Box::pin(run_script(session, &script))
+        .await
+        .with_context(|| format!("in {}", file.display()))
+}
+
+/// Runs `script` line by line (meta commands on their own lines), stopping at the first error,
+/// which names the statement's line and its beginning.
 async fn run_script(session: &mut Session<'_>, script: &str) -> anyhow::Result<()> {
     let mut buffer = String::new();
-    for line in script.lines() {
+    let mut buffer_line = 1;
+    let mut last_line = 0;
+    for (index, line) in script.lines().enumerate() {
+        let number = index + 1;
+        last_line = number;
         if buffer.trim().is_empty() && is_meta(line) {
             buffer.clear();
-            if let Meta::Quit = session.meta(line.trim()).await? {
-                return Ok(());
+            let meta = session
+                .meta(line.trim())
+                .await
+                .with_context(|| at_line(number, line))?;
+            match meta {
+                Meta::Quit => return Ok(()),
+                Meta::Continue => {}
+                Meta::Include(file) => include(session, &file)
+                    .await
+                    .with_context(|| at_line(number, line))?,
             }
             continue;
+        }
+        if buffer.trim().is_empty() {
+            buffer_line = number;
         }
         buffer.push_str(line);
         buffer.push('\n');
         let (statements, rest) = script::split(&buffer);
         for statement in statements {
-            session.statement(&statement, &[]).await?;
+            session
+                .statement(&statement, &[])
+                .await
+                .with_context(|| at_line(first_line(buffer_line, &statement), &statement))?;
+            buffer_line = number;
         }
         buffer = rest;
     }
     let rest = buffer.trim();
     if !rest.is_empty() {
-        session.statement(rest, &[]).await?;
+        session
+            .statement(rest, &[])
+            .await
+            .with_context(|| at_line(first_line(buffer_line, rest).min(last_line), rest))?;
     }
     Ok(())
+}
+
+/// The line a statement's text starts on, given the line its buffer started on (the line breaks
+/// before its first word count).
+fn first_line(buffer_line: usize, statement: &str) -> usize {
+    let leading = &statement[..statement.len() - statement.trim_start().len()];
+    buffer_line + leading.matches('\n').count()
+}
+
+/// `statement at line N: BEGINNING...`, for a script's error.
+fn at_line(line: usize, text: &str) -> String {
+    const SHOWN: usize = 60;
+    let first = text.trim().lines().next().unwrap_or_default();
+    let mut shown: String = first.chars().take(SHOWN).collect();
+    if shown.len() < first.len() || text.trim().lines().nth(1).is_some() {
+        shown.push_str(" ...");
+    }
+    format!("statement at line {line}: {shown}")
 }
 
 async fn interactive_loop(session: &mut Session<'_>, url: &str) -> anyhow::Result<()> {
@@ -195,6 +300,11 @@ async fn interactive_loop(session: &mut Session<'_>, url: &str) -> anyhow::Resul
             match session.meta(line.trim()).await {
                 Ok(Meta::Quit) => break,
                 Ok(Meta::Continue) => {}
+                Ok(Meta::Include(file)) => {
+                    if let Err(e) = include(session, &file).await {
+                        report(&e);
+                    }
+                }
                 Err(e) => report(&e),
             }
             continue;

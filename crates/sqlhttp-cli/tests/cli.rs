@@ -324,6 +324,11 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
         "{}",
         stderr(&output)
     );
+    assert!(
+        stderr(&output).contains("statement at line 6: INSERT INTO nowhere VALUES (1)"),
+        "the error names the statement's line and text: {}",
+        stderr(&output)
+    );
     assert_eq!(
         ok(
             &url,
@@ -337,7 +342,60 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
     assert_exit(&tables, 0);
     assert_eq!(
         stdout(&tables),
-        "name,type\nt,table\nname,type,not_null,default,pk\nx,INTEGER,0,,0\n"
+        "name,type\nt,table\ncolumn,type,nullable,default,primary key\nx,INTEGER,yes,,no\n"
+    );
+    let missing = sqlhttp(&url, &["shell", "--format", "csv"], Some("\\d nowhere\n")).await;
+    assert_exit(&missing, 1);
+    assert!(
+        stderr(&missing).contains("no such table or view: nowhere"),
+        "{}",
+        stderr(&missing)
+    );
+
+    // The same script from a file, and from a file included by another.
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("more.sql");
+    std::fs::write(
+        &file,
+        "INSERT INTO t VALUES (10);\n\n  SELECT x FROM t WHERE x > 5;\n",
+    )
+    .unwrap();
+    assert_eq!(
+        ok(
+            &url,
+            &["shell", "--format", "csv", "--file", file.to_str().unwrap()]
+        )
+        .await,
+        "1 row affected\nx\n10\n"
+    );
+    let include = format!("\\i {}\nSELECT count(*) AS n FROM t;\n", file.display());
+    let included = sqlhttp(&url, &["shell", "--format", "csv"], Some(&include)).await;
+    assert_exit(&included, 0);
+    assert_eq!(stdout(&included), "1 row affected\nx\n10\n10\nn\n4\n");
+    let broken = dir.path().join("broken.sql");
+    std::fs::write(&broken, "SELECT 1;\n\nSELEC 2;\n").unwrap();
+    let failed = sqlhttp(
+        &url,
+        &[
+            "shell",
+            "--format",
+            "csv",
+            "--file",
+            broken.to_str().unwrap(),
+        ],
+        None,
+    )
+    .await;
+    assert_exit(&failed, 1);
+    assert!(
+        stderr(&failed).contains("statement at line 3: SELEC 2"),
+        "{}",
+        stderr(&failed)
+    );
+    assert!(
+        stderr(&failed).contains("broken.sql"),
+        "{}",
+        stderr(&failed)
     );
 }
 
