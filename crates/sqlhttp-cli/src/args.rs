@@ -101,6 +101,19 @@ pub(crate) enum Command {
         #[command(flatten)]
         params: Params,
     },
+    /// Run the statements of a file (or stdin) as one atomic batch: all of them commit, or none.
+    /// Sent once; with --key, applied at most once under that key and retried.
+    Batch {
+        /// The file of statements, each ended by `;` (`-` for stdin).
+        file: PathBuf,
+        /// An idempotency key for the batch: re-running the same file with the same key applies
+        /// it at most once (while the server remembers the key).
+        #[arg(long, value_name = "KEY")]
+        key: Option<String>,
+        /// Output format of the rows statements return.
+        #[arg(long, short)]
+        format: Option<Format>,
+    },
     /// Insert the rows of a CSV (with a header) or NDJSON file into a table, in chunks, exactly
     /// once: an interrupted import run again skips the chunks already written.
     Import {

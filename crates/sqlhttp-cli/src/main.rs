@@ -6,6 +6,7 @@
 //! into an exit code (see `exit`); each command lives in its own module.
 
 mod args;
+mod batch;
 mod connect;
 mod csv_input;
 mod exit;
@@ -102,6 +103,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 result.rows_affected,
                 if result.rows_affected == 1 { "" } else { "s" }
             );
+        }
+        Command::Batch { file, key, format } => {
+            batch::run(&client, &file, key, format.unwrap_or_else(default_format)).await?;
         }
         Command::Import {
             table,

@@ -567,3 +567,95 @@ async fn any_statement_is_a_verified_read_first_and_a_write_runs_once() {
     let out = ok(&url, &["query", "UPDATE n SET i = i + 1"]).await;
     assert!(out.starts_with("10 rows affected"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_from_a_file_commits_whole_or_not_at_all() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    ok(
+        &url,
+        &[
+            "exec",
+            "CREATE TABLE acct (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL)",
+        ],
+    )
+    .await;
+    ok(
+        &url,
+        &["exec", "INSERT INTO acct VALUES (1, 100), (2, 100)"],
+    )
+    .await;
+    let dir = tempfile::tempdir().unwrap();
+    let transfer = dir.path().join("transfer.sql");
+    std::fs::write(
+        &transfer,
+        "UPDATE acct SET balance = balance - 30 WHERE id = 1;\n\
+         UPDATE acct SET balance = balance + 30 WHERE id = 2;\n\
+         SELECT id, balance FROM acct ORDER BY id\n",
+    )
+    .unwrap();
+    let path = transfer.to_str().unwrap();
+    let done = ok(
+        &url,
+        &["batch", path, "--format", "csv", "--key", "transfer-1"],
+    )
+    .await;
+    assert_eq!(
+        done.lines().take(5).collect::<Vec<_>>(),
+        [
+            "1 row affected",
+            "1 row affected",
+            "id,balance",
+            "1,70",
+            "2,130"
+        ],
+        "{done}"
+    );
+    assert!(
+        done.contains("committed 3 statements in one batch"),
+        "{done}"
+    );
+    // The same file under the same key: replayed, not applied again.
+    ok(
+        &url,
+        &["batch", path, "--format", "csv", "--key", "transfer-1"],
+    )
+    .await;
+    let balances = || {
+        ok(
+            &url,
+            &[
+                "query",
+                "SELECT balance FROM acct ORDER BY id",
+                "--format",
+                "csv",
+            ],
+        )
+    };
+    assert_eq!(balances().await, "balance\n70\n130\n");
+
+    // A failing statement: nothing of the batch is applied, and the error names it.
+    let broken = dir.path().join("broken.sql");
+    std::fs::write(
+        &broken,
+        "UPDATE acct SET balance = 0 WHERE id = 1;\nUPDATE acct SET balance = NULL WHERE id = 2;\n",
+    )
+    .unwrap();
+    let failed = sqlhttp(&url, &["batch", broken.to_str().unwrap()], None).await;
+    assert_exit(&failed, 1);
+    assert!(
+        stderr(&failed).contains("statement 2 of the batch (UPDATE acct SET balance = NULL"),
+        "{}",
+        stderr(&failed)
+    );
+    assert_eq!(balances().await, "balance\n70\n130\n", "nothing applied");
+    // From stdin too.
+    let from_stdin = sqlhttp(
+        &url,
+        &["batch", "-", "--format", "csv"],
+        Some("UPDATE acct SET balance = balance + 1;"),
+    )
+    .await;
+    assert_exit(&from_stdin, 0);
+    assert!(stdout(&from_stdin).starts_with("2 rows affected\n"));
+}

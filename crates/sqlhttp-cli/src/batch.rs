@@ -1,0 +1,141 @@
+//! `sqlhttp batch`: the statements of a file (or stdin) sent as one atomic batch, committed
+//! together or not at all, and each statement's result printed in order.
+//!
+//! Knows how a script becomes a batch and how its results are shown; splitting statements is
+//! `script`'s, sending them the SDK's.
+
+use std::io::{self, Read as _, Write};
+use std::path::Path;
+use std::time::Instant;
+
+use anyhow::{Context as _, bail};
+use sqlhttp::Client;
+
+use crate::args::Format;
+use crate::output;
+use crate::script;
+
+/// Reads the statements of `file` (`-` for stdin) and runs them as one batch. With `key`, the
+/// batch is a write applied at most once under it and retried; without one it is sent once.
+pub(crate) async fn run(
+    client: &Client,
+    file: &Path,
+    key: Option<String>,
+    format: Format,
+) -> anyhow::Result<()> {
+    let text = if file == Path::new("-") {
+        let mut text = String::new();
+        io::stdin()
+            .read_to_string(&mut text)
+            .context("cannot read the statements from stdin")?;
+        text
+    } else {
+        std::fs::read_to_string(file)
+            .with_context(|| format!("cannot read the statements of {}", file.display()))?
+    };
+    let statements = statements_of(&text);
+    if statements.is_empty() {
+        bail!(crate::exit::UsageError(format!(
+            "no statements in {}",
+            file.display()
+        )));
+    }
+    let mut batch = client.batch();
+    for statement in &statements {
+        batch = batch.statement(statement.clone());
+    }
+    if let Some(key) = key {
+        batch = batch.idempotency_key(key).retry_writes(true);
+    }
+    let started = Instant::now();
+    let results = batch.await.map_err(|err| {
+        let context = match err.statement_index().and_then(|i| statements.get(i)) {
+            Some(statement) => format!(
+                "statement {} of the batch ({}); nothing of the batch was applied",
+                err.statement_index().unwrap_or_default() + 1,
+                first_words(statement)
+            ),
+            None => "the batch".to_owned(),
+        };
+        anyhow::Error::new(err).context(context)
+    })?;
+    let elapsed = started.elapsed();
+    let mut stdout = io::stdout().lock();
+    for table in &results {
+        if table.columns().is_empty() {
+            let rows = table.rows_affected();
+            writeln!(
+                stdout,
+                "{rows} row{} affected",
+                if rows == 1 { "" } else { "s" }
+            )?;
+            continue;
+        }
+        let names: Vec<String> = table
+            .columns()
+            .iter()
+            .map(|c| c.name().to_owned())
+            .collect();
+        let mut writer = output::writer(format, &mut stdout);
+        writer.start(&names)?;
+        for row in table.rows() {
+            writer.row(row.values())?;
+        }
+        writer.finish(table.len() as u64, elapsed)?;
+    }
+    writeln!(
+        stdout,
+        "committed {} statement{} in one batch ({})",
+        results.len(),
+        if results.len() == 1 { "" } else { "s" },
+        output::format_elapsed(elapsed)
+    )?;
+    stdout.flush()?;
+    Ok(())
+}
+
+/// The complete statements of `text`, and a last one without its `;`.
+fn statements_of(text: &str) -> Vec<String> {
+    let (mut statements, rest) = script::split(text);
+    if !rest.trim().is_empty() {
+        statements.push(rest.trim().to_owned());
+    }
+    statements
+        .into_iter()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| {
+            // A comment alone is no statement.
+            s.lines()
+                .any(|line| !line.trim().is_empty() && !line.trim_start().starts_with("--"))
+        })
+        .collect()
+}
+
+/// A statement's first line, shortened, for an error message.
+fn first_words(statement: &str) -> String {
+    let first = statement.lines().next().unwrap_or_default();
+    let shown: String = first.chars().take(60).collect();
+    if shown.len() < statement.len() {
+        format!("{shown} ...")
+    } else {
+        shown
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_with_and_without_a_last_semicolon() {
+        assert_eq!(
+            statements_of("INSERT INTO t VALUES (1);\n\nUPDATE t SET x = 2;  \nDELETE FROM t"),
+            [
+                "INSERT INTO t VALUES (1)",
+                "UPDATE t SET x = 2",
+                "DELETE FROM t"
+            ]
+        );
+        assert!(statements_of("  \n-- nothing\n").is_empty());
+    }
+}
