@@ -10,7 +10,8 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 /// sqlhttp: a command-line client for databases that speak SQL over HTTP.
 ///
-/// Reads (`query`, the shell's SELECTs) are retried on transient failures; `exec` never is.
+/// Reads (`query`, the shell's statements) go first as reads the server verifies and are retried
+/// on transient failures; one the server says may write is sent once. `exec` is never retried.
 #[derive(Debug, Parser)]
 #[command(name = "sqlhttp", version, about, propagate_version = true)]
 pub(crate) struct Cli {
@@ -83,8 +84,9 @@ pub(crate) enum ImportFormat {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Run a query and print its rows. Reads are retried on transient failures; a statement that
-    /// may write (not SELECT, VALUES, EXPLAIN or PRAGMA) is sent once, like `exec`.
+    /// Run a statement and print its rows. It goes as a read the server verifies, retried on
+    /// transient failures; one the server says may write (refused before it ran) is then sent
+    /// once, like `exec`.
     Query {
         /// The SQL; read from stdin when absent.
         sql: Option<String>,

@@ -1,6 +1,6 @@
 //! SQL text as the shell sees it: splitting a script into complete statements (each ended by
-//! `;` outside quotes, comments and trigger bodies) and telling a statement that only reads
-//! from one that may write, so that only reads are ever retried.
+//! `;` outside quotes, comments and trigger bodies). Whether a statement writes is the server's
+//! to say (see `run`), never guessed from the text here.
 //!
 //! Pure text handling; knows nothing about servers.
 
