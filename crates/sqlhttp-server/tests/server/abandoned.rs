@@ -56,6 +56,10 @@ async fn abandon_streams_then_read(engine: &str, handle: &ServerHandle) {
     assert!(failures.is_empty(), "{engine}: {failures:#?}");
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone() {
     let one_connection = Limits {
@@ -102,6 +106,10 @@ async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone() {
 
 /// A `RETURNING` write whose streamed answer is stopped half-way (its client reads too slowly
 /// for the statement timeout, or leaves) is rolled back, as the error in its body says.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stopped_mid_stream_is_not_kept() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

@@ -90,6 +90,10 @@ async fn role_defaults(owner: &Client, role: &str) -> Vec<String> {
         .collect()
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_default_a_client_plants_is_removed_and_requests_go_on() {
     let Some(url) = database("a_default_a_client_plants_is_removed_and_requests_go_on").await
@@ -139,6 +143,10 @@ async fn a_default_a_client_plants_is_removed_and_requests_go_on() {
     assert_eq!(threshold["rows"], json!([[true, "0.3"]]));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400() {
     let Some(url) =
@@ -192,6 +200,10 @@ async fn an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn temporary_files_are_limited_by_default() {
     let Some(url) = database("temporary_files_are_limited_by_default").await else {
@@ -207,6 +219,10 @@ async fn temporary_files_are_limited_by_default() {
     assert_eq!(limit["rows"], json!([["1GB"]]));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_password_a_client_sets_is_replaced_by_the_servers() {
     let Some(cluster) = start_cluster("scram-sha-256") else {
@@ -254,6 +270,10 @@ async fn a_password_a_client_sets_is_replaced_by_the_servers() {
     let _ = Command::new(stop).arg(&cluster).status();
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn user_defined_types_keep_working_on_a_reused_connection() {
     let Some(url) = database("user_defined_types_keep_working_on_a_reused_connection").await else {
@@ -295,6 +315,10 @@ async fn user_defined_types_keep_working_on_a_reused_connection() {
     assert_eq!(bound["rows"], json!([["sad"]]));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_seed_a_request_sets_does_not_reach_the_next() {
     let Some(url) = database("a_seed_a_request_sets_does_not_reach_the_next").await else {

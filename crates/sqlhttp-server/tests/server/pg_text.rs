@@ -66,6 +66,10 @@ async fn run(router: &Router, token: &[(&str, &str)], sql: &str) -> crate::commo
 /// The batch: a read token ends the server's transaction with `;COMMIT`, begins a
 /// read-write one, writes, drops another client's table, plants a function and re-creates the
 /// guard savepoint so the server's own RELEASE and COMMIT succeed. On main: 200, all kept.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_read_tokens_semicolon_batch_is_refused_and_keeps_nothing() {
     let (router, url) = pg!("a_read_tokens_semicolon_batch_is_refused_and_keeps_nothing");
@@ -123,6 +127,10 @@ async fn a_read_tokens_semicolon_batch_is_refused_and_keeps_nothing() {
 
 /// Every statement the sandbox refuses is refused with empty statements before it, for the
 /// token the check is for.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn semicolon_prefixed_statements_are_refused_for_the_right_token() {
     let (router, _url) = pg!("semicolon_prefixed_statements_are_refused_for_the_right_token");
@@ -165,6 +173,10 @@ async fn semicolon_prefixed_statements_are_refused_for_the_right_token() {
 
 /// A keyed batch that ends the server's transaction, writes, re-creates the savepoints the
 /// server rolls back to and releases, then fails: on main a 4xx was stored with the write kept.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_keyed_batch_that_recreates_the_savepoints_stores_and_keeps_nothing() {
     let (router, url) = pg!("a_keyed_batch_that_recreates_the_savepoints_stores_and_keeps_nothing");
@@ -208,6 +220,10 @@ async fn a_keyed_batch_that_recreates_the_savepoints_stores_and_keeps_nothing() 
 
 /// `$N` is bounded before the text reaches PostgreSQL, which would otherwise size its
 /// parameter array by N (`$268435455` allocates 1 GiB; `$536870911` answered 500).
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn placeholders_past_the_parameters_are_refused_before_postgresql() {
     let (router, _url) = pg!("placeholders_past_the_parameters_are_refused_before_postgresql");
@@ -241,6 +257,10 @@ async fn placeholders_past_the_parameters_are_refused_before_postgresql() {
 /// `COPY` to or from the client would switch the connection into the copy protocol: refused
 /// with 403 and how to bulk load instead; a function cannot reach it either; the server goes on
 /// answering (on main: a retryable 503 and a dead pooled connection).
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn copy_to_or_from_the_client_is_refused_and_the_server_goes_on() {
     let url = match database("copy_to_or_from_the_client_is_refused_and_the_server_goes_on").await {
@@ -368,6 +388,10 @@ async fn sqlite_refuses_semicolon_prefixed_statements_as_postgresql_does() {
 /// PostgreSQL itself parses the text as the statement (its Parse succeeds), the server must
 /// answer as for that statement: refused for `LISTEN` / `SET` / `COMMIT`, the row for
 /// `SELECT`. What PostgreSQL does not parse, the server may refuse or pass on.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_lexer_reads_what_postgresql_runs() {
     use proptest::prelude::*;

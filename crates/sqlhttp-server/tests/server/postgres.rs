@@ -3,8 +3,10 @@
 //!
 //! The cluster is `SQLHTTPD_TEST_POSTGRES_URL` when set (CI starts one), else a throwaway one
 //! from `scripts/start-postgres` (never installing the package), stopped when the test process
-//! exits. When neither works (no PostgreSQL on the machine) the tests say so and pass without
-//! running: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
+//! exits. On a machine with neither (no URL, no PostgreSQL binaries), the crate's build script
+//! sets `cfg(sqlhttpd_no_postgres)` and every test that needs PostgreSQL is reported as ignored,
+//! with the reason. If a cluster cannot be started all the same, the test says so on stderr and
+//! returns: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -158,6 +160,10 @@ macro_rules! postgres_app {
     };
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn statements_answer_the_v1_body() {
     let router = postgres_app!("statements_answer_the_v1_body");
@@ -210,6 +216,10 @@ async fn statements_answer_the_v1_body() {
     assert_eq!(ready.status, 200);
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn values_map_to_json_cells() {
     let router = postgres_app!("values_map_to_json_cells");
@@ -253,6 +263,10 @@ async fn values_map_to_json_cells() {
     );
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn parameters_take_the_types_postgresql_infers() {
     let router = postgres_app!("parameters_take_the_types_postgresql_infers");
@@ -308,6 +322,10 @@ async fn parameters_take_the_types_postgresql_infers() {
     assert_eq!(blob.code(), "SQL_ERROR");
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn errors_follow_the_sqlstate_table() {
     let router = postgres_app!("errors_follow_the_sqlstate_table", |config| {
@@ -360,6 +378,10 @@ async fn errors_follow_the_sqlstate_table() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_sandbox_holds() {
     let router = postgres_app!("the_sandbox_holds");
@@ -405,6 +427,10 @@ async fn the_sandbox_holds() {
 /// A client may create functions, and a function may run `RESET ROLE` or `set_config('role')`,
 /// which return to the session's login role: that login is the client role itself, so nothing
 /// is gained: no server file, no program, no store.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_function_of_the_clients_cannot_leave_the_client_role() {
     let router = postgres_app!("a_function_of_the_clients_cannot_leave_the_client_role");
@@ -456,6 +482,10 @@ fn refused(reply: &crate::common::Reply, what: &str) {
 
 /// Functions a client puts in `public` that shadow built-ins the server's set-up calls: the
 /// set-up runs as the `--database` role (a superuser here), so it must never call them.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_set_up_never_runs_a_clients_function() {
     let Some(url) = database("the_set_up_never_runs_a_clients_function").await else {
@@ -500,6 +530,10 @@ async fn the_set_up_never_runs_a_clients_function() {
 }
 
 /// PostgreSQL's block comments nest: `/* /* */ x */ COMMIT` is a COMMIT there.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn transaction_control_hidden_in_nested_comments_is_refused() {
     let router = postgres_app!(
@@ -550,6 +584,10 @@ async fn transaction_control_hidden_in_nested_comments_is_refused() {
 
 /// A client's function can lower PostgreSQL's statement_timeout for its own transaction; the
 /// server's own clock still ends the request and frees the connection.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_statement_timeout_holds_when_a_client_lowers_its_guard() {
     let router = postgres_app!(
@@ -572,6 +610,10 @@ async fn the_statement_timeout_holds_when_a_client_lowers_its_guard() {
 
 /// Work PostgreSQL does at COMMIT (a deferred trigger) is bounded too, even after a client's
 /// function lowered the statement timeout.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_statement_timeout_holds_at_commit() {
     let router = postgres_app!("the_statement_timeout_holds_at_commit", |config| {
@@ -609,6 +651,10 @@ async fn the_statement_timeout_holds_at_commit() {
 
 /// A function can catch the cancel PostgreSQL's timeout and the server send, and go on: the
 /// server ends that session, so it does not keep its locks and a connection slot.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_session_that_ignores_cancels_is_ended() {
     let Some(url) = database("a_session_that_ignores_cancels_is_ended").await else {
@@ -662,6 +708,10 @@ async fn a_session_that_ignores_cancels_is_ended() {
 
 /// A deferred constraint fails at the end of the work, not in a COMMIT after the outcome was
 /// stored: a keyed request's 409 is replayed like any other final answer. Errors stay small.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn deferred_failures_are_stored_outcomes_and_messages_stay_small() {
     let router = postgres_app!("deferred_failures_are_stored_outcomes_and_messages_stay_small");
@@ -727,6 +777,10 @@ fn timed_out(reply: &crate::common::Reply, started: std::time::Instant) {
 /// A role may alter itself: a client's function can plant session defaults for every session
 /// to come. The connection that logs in with them is refused, they are removed, and the next
 /// one is clean.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn defaults_a_client_plants_on_its_role_are_removed() {
     let router = postgres_app!(
@@ -781,6 +835,10 @@ async fn defaults_a_client_plants_on_its_role_are_removed() {
 
 /// Prepared statements a client's function leaves behind (even under the driver's own statement
 /// names) are gone before the next request.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
     let router = postgres_app!(
@@ -810,6 +868,10 @@ async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
 
 /// A read-only transaction lets large objects, locks and notifications through; a reader may
 /// not use them.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn readers_cannot_write_large_objects_or_lock_tables() {
     let router = postgres_app!(
@@ -842,6 +904,10 @@ async fn readers_cannot_write_large_objects_or_lock_tables() {
 
 /// A client's function may change its session (a setting, a temporary table shadowing a real
 /// one); the next request on that connection starts from a clean session.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_session_changed_by_one_request_is_reset_for_the_next() {
     // One pooled connection, so the next request gets the same session.
@@ -872,6 +938,10 @@ async fn a_session_changed_by_one_request_is_reset_for_the_next() {
     assert_eq!(seen["rows"], json!([["real", "", "none"]]));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn read_only_credentials_run_read_only_transactions() {
     let router = postgres_app!(
@@ -912,6 +982,10 @@ async fn read_only_credentials_run_read_only_transactions() {
     assert_eq!(read_batch.json()["error"]["statement"], 1);
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_keyed_write_applies_once_and_replays() {
     let router = postgres_app!("a_keyed_write_applies_once_and_replays");
@@ -940,6 +1014,10 @@ async fn a_keyed_write_applies_once_and_replays() {
     assert_eq!(again.body, first.body);
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn an_expired_key_runs_again_and_is_purged() {
     let Some(url) = database("an_expired_key_runs_again_and_is_purged").await else {
@@ -988,6 +1066,10 @@ async fn an_expired_key_runs_again_and_is_purged() {
     let _ = driver.await;
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn replicas_on_one_database_share_the_idempotency_store() {
     let Some(url) = database("replicas_on_one_database_share_the_idempotency_store").await else {
@@ -1020,6 +1102,10 @@ async fn replicas_on_one_database_share_the_idempotency_store() {
     assert_eq!(count["rows"], json!([[1]]));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn batches_are_one_transaction() {
     let router = postgres_app!("batches_are_one_transaction");
@@ -1086,6 +1172,10 @@ async fn as_owner(url: &str, sql: &str) {
 /// its SCRAM password, the server logs in as the client role it created, with the password
 /// kept in the database, again after a restart; a second database cannot share that role, and
 /// says so at start.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn passwords_are_checked_as_in_production() {
     let Some(cluster) = start_cluster("scram-sha-256") else {
@@ -1137,6 +1227,10 @@ async fn passwords_are_checked_as_in_production() {
     let _ = Command::new(stop).arg(&cluster).status();
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn client_roles_are_created_checked_and_logged_in_as() {
     let Some(url) = database("client_roles_are_created_checked_and_logged_in_as").await else {
@@ -1189,6 +1283,10 @@ async fn client_roles_are_created_checked_and_logged_in_as() {
     assert!(err.contains("logs in as the client role"), "{err}");
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_requester_that_goes_away_cancels_its_statement() {
     let Some(url) = database("a_requester_that_goes_away_cancels_its_statement").await else {
@@ -1227,6 +1325,10 @@ async fn a_requester_that_goes_away_cancels_its_statement() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_large_result_streams_and_an_error_after_the_head_ends_the_body() {
     use axum::body::HttpBody as _;
@@ -1287,6 +1389,10 @@ async fn a_large_result_streams_and_an_error_after_the_head_ends_the_body() {
     assert!(!rows.is_empty() && rows.len() < 20_000, "{}", rows.len());
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_client_that_leaves_mid_stream_frees_its_connection() {
     let router = postgres_app!(
@@ -1321,6 +1427,10 @@ async fn a_client_that_leaves_mid_stream_frees_its_connection() {
     assert_eq!(next.status, 200);
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn shutdown_stops_running_statements_and_ends() {
     let Some(url) = database("shutdown_stops_running_statements_and_ends").await else {

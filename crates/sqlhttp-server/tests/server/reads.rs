@@ -174,6 +174,10 @@ const POSTGRES_READS: &[&str] = &[
     "SELECT last_value FROM s",
 ];
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn on_postgres_every_write_form_is_refused_and_every_read_form_passes() {
     let Some(router) = app_on("verified_reads", |_| {}).await else {

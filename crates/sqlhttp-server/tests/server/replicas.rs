@@ -66,6 +66,10 @@ struct Order {
     item: String,
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_write_whose_response_was_lost_on_one_replica_is_replayed_by_the_other() {
     let Some(url) =
@@ -148,6 +152,10 @@ struct Write {
     acknowledged: bool,
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_replica_under_load_loses_no_acknowledged_write() {
     const WRITERS: i64 = 8;

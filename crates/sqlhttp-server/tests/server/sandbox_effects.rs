@@ -385,6 +385,10 @@ mod postgres {
     use crate::common::ok;
     use crate::postgres::app_on;
 
+    #[cfg_attr(
+        sqlhttpd_no_postgres,
+        ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+    )]
     #[tokio::test]
     async fn temp_objects_and_search_paths_never_reach_another_request_or_the_store() {
         // One pooled connection, so every request gets the same session.
@@ -464,6 +468,10 @@ mod postgres {
         );
     }
 
+    #[cfg_attr(
+        sqlhttpd_no_postgres,
+        ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+    )]
     #[tokio::test]
     async fn nothing_can_be_created_in_or_moved_into_the_servers_schema() {
         let Some(router) = app_on(
