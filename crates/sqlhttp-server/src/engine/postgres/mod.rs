@@ -164,6 +164,12 @@ impl Lease {
         let _ = self.cancel.cancel_query(NoTls).await;
     }
 
+    /// Closes the session when the lease ends instead of pooling it: its driver's read buffer
+    /// grew to hold a large row, and would keep that size for the connection's life.
+    fn retire(&self) {
+        self.cancel_sent.store(true, Ordering::Release);
+    }
+
     fn client(&self) -> &Client {
         // The object is taken only in drop.
         self.object

@@ -106,6 +106,12 @@ impl<'a> Chunks<'a> {
     }
 }
 
+/// A session that received a row larger than this is closed after its request, not pooled:
+/// tokio-postgres's read buffer keeps the size of the largest message it held (after one
+/// 200 MB cell was sent the server stayed 382 MiB above idle with the session pooled, 191 MiB
+/// with it closed: `benches/cells.rs`).
+const RETIRE_AFTER_ROW_BYTES: usize = 1024 * 1024;
+
 /// The refusal of a cell larger than `--max-value-bytes`, worded as the SQLite engine words
 /// its own (`string or blob too big`).
 fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError {
@@ -184,13 +190,13 @@ pub(crate) async fn write_result(
     let mut count: u64 = 0;
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
         let row = row.map_err(map)?;
-        if let Some((index, bytes)) = (0..row.len())
-            .map(|index| {
-                (
-                    index,
-                    row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()),
-                )
-            })
+        let sizes =
+            (0..row.len()).map(|index| row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()));
+        if sizes.clone().sum::<usize>() > RETIRE_AFTER_ROW_BYTES {
+            lease.retire();
+        }
+        if let Some((index, bytes)) = sizes
+            .enumerate()
             .find(|&(_, bytes)| bytes > max_value_bytes)
         {
             // The rest of the result is not waited for, and the session that holds a row this
