@@ -14,7 +14,7 @@ use crate::api_error::ApiError;
 use crate::batch_request::BatchRequest;
 use crate::budget::Held;
 use crate::engine::{Outcome, check_text};
-use crate::http::{Admitted, admit, body, claim, outcome_response};
+use crate::http::{Admitted, admitted_body, claim, outcome_response};
 use crate::state::AppState;
 
 /// The batch endpoint's path.
@@ -29,17 +29,9 @@ pub(crate) async fn batch(State(state): State<AppState>, request: Request) -> Re
 
 async fn run_batch(state: &AppState, request: Request) -> Result<(Outcome, Held), ApiError> {
     let shared = &state.inner;
-    let (parts, body) = request.into_parts();
-    let Admitted { credential, key } = admit(state, &parts)?;
-    // Held until the request is answered: the body's share of the server's budget.
-    let (bytes, _held) = body::read_within(
-        body,
-        &parts.headers,
-        shared.max_batch_bytes,
-        &shared.budget,
-        shared.body_timeout,
-    )
-    .await?;
+    // `_held`: the body's share of the server's budget, until the request is answered.
+    let (Admitted { credential, key }, bytes, _held) =
+        admitted_body(state, request, shared.max_batch_bytes).await?;
     let mut batch = BatchRequest::parse(&bytes, shared.limits.max_batch_statements)?;
     if !credential.may_write() {
         // A read credential's batch runs as a read-only one: its reads see one snapshot, and a

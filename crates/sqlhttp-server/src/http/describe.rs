@@ -13,7 +13,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
 use crate::api_error::ApiError;
-use crate::http::{Admitted, admit, body};
+use crate::http::admitted_body;
 use crate::request::{Param, SqlRequest};
 use crate::state::AppState;
 
@@ -40,17 +40,8 @@ pub(crate) async fn describe(State(state): State<AppState>, request: Request) ->
 
 async fn run(state: &AppState, request: Request) -> Result<Response, ApiError> {
     let shared = &state.inner;
-    let (parts, body) = request.into_parts();
-    // Any credential may describe: it is a read. The key, if any, has nothing to apply once.
-    let Admitted { .. } = admit(state, &parts)?;
-    let (bytes, _held) = body::read_within(
-        body,
-        &parts.headers,
-        shared.max_body_bytes,
-        &shared.budget,
-        shared.body_timeout,
-    )
-    .await?;
+    // Any credential may describe: it is a read. A key, if any, has nothing to apply once.
+    let (_admitted, bytes, _held) = admitted_body(state, request, shared.max_body_bytes).await?;
     let asked: Describe = serde_json::from_slice(&bytes).map_err(|err| {
         ApiError::bad_request(format!(
             "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"

@@ -174,6 +174,27 @@ pub(crate) fn admit(
     Ok(Admitted { credential, key })
 }
 
+/// Admits `request` and reads its body within `limit` bytes (and the body timeout): what the
+/// request may do, its bytes, and their share of the server's budget, held until it is answered.
+pub(crate) async fn admitted_body(
+    state: &AppState,
+    request: Request,
+    limit: usize,
+) -> Result<(Admitted, axum::body::Bytes, Held), ApiError> {
+    let shared = &state.inner;
+    let (parts, body) = request.into_parts();
+    let admitted = admit(state, &parts)?;
+    let (bytes, held) = body::read_within(
+        body,
+        &parts.headers,
+        limit,
+        &shared.budget,
+        shared.body_timeout,
+    )
+    .await?;
+    Ok((admitted, bytes, held))
+}
+
 /// Marks `key` as running until the returned guard drops, or answers `409
 /// IDEMPOTENCY_KEY_IN_USE` when a request with it is running already.
 pub(crate) fn claim(state: &AppState, key: &str) -> Result<crate::state::KeyGuard, ApiError> {
@@ -189,17 +210,9 @@ pub(crate) fn claim(state: &AppState, key: &str) -> Result<crate::state::KeyGuar
 /// for a small fresh result, whose job held none).
 async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), ApiError> {
     let shared = &state.inner;
-    let (parts, body) = request.into_parts();
-    let Admitted { credential, key } = admit(state, &parts)?;
-    // Held until the request is answered: the body's share of the server's budget.
-    let (bytes, _held) = body::read_within(
-        body,
-        &parts.headers,
-        shared.max_body_bytes,
-        &shared.budget,
-        shared.body_timeout,
-    )
-    .await?;
+    // `_held`: the body's share of the server's budget, until the request is answered.
+    let (Admitted { credential, key }, bytes, _held) =
+        admitted_body(state, request, shared.max_body_bytes).await?;
     let request = SqlRequest::parse(&bytes)?;
     check_text(&request.sql, &shared.limits)?;
     tracing::debug!(sql = %request.sql, "statement");
