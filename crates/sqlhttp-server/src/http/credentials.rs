@@ -18,8 +18,8 @@ use axum::response::{IntoResponse, Response};
 use crate::http::rate_limit::Key;
 use crate::state::AppState;
 
-/// Paths under this prefix are the API: authenticated and rate-limited. Probes and metrics are
-/// not.
+/// Paths under this prefix are the API: authenticated and rate-limited. Probes, metrics and the
+/// OpenAPI document are not.
 const API_PREFIX: &str = "/api/";
 
 /// What a credential may do.
@@ -104,7 +104,9 @@ pub(crate) async fn authenticate(
     mut request: Request,
     next: Next,
 ) -> Response {
-    if !request.uri().path().starts_with(API_PREFIX) {
+    let path = request.uri().path();
+    // The protocol's document is public: it holds nothing of this server's.
+    if !path.starts_with(API_PREFIX) || path == super::openapi::OPENAPI_PATH {
         return next.run(request).await;
     }
     let shared = &state.inner;

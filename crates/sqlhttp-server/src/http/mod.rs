@@ -16,6 +16,7 @@ mod describe;
 pub(crate) mod hyper_errors;
 pub(crate) mod metrics;
 mod middleware;
+mod openapi;
 pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 mod rows;
@@ -46,9 +47,10 @@ const MAX_KEY_LEN: usize = 255;
 /// How long `/readyz` waits for the engine to answer a trivial statement.
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Builds the HTTP app over `state`: `POST /api/v1/sql`, `GET /healthz` (liveness), `GET
-/// /readyz` (the engine answers), `GET /metrics` (Prometheus), JSON 404/405 bodies,
-/// authentication and rate limiting of `/api/` paths, the browser policy (origins, CORS),
+/// Builds the HTTP app over `state`: `POST /api/v1/sql`, `/api/v1/batch` and
+/// `/api/v1/describe`, `GET /api/v1/openapi.json` (the protocol's document), `GET /healthz`
+/// (liveness), `GET /readyz` (the engine answers), `GET /metrics` (Prometheus), JSON 404/405
+/// bodies, authentication and rate limiting of `/api/` paths, the browser policy (origins, CORS),
 /// panic-to-500 conversion, and a request id and one log line per request.
 ///
 /// ```
@@ -83,6 +85,10 @@ pub fn app(state: AppState) -> Router {
         .route(
             describe::DESCRIBE_PATH,
             post(describe::describe).fallback(sql_method_not_allowed),
+        )
+        .route(
+            openapi::OPENAPI_PATH,
+            get(openapi::openapi).fallback(probe_method_not_allowed),
         )
         .route("/healthz", get(healthz).fallback(probe_method_not_allowed))
         .route("/readyz", get(readyz).fallback(probe_method_not_allowed))

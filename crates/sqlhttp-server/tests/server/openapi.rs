@@ -1,0 +1,578 @@
+//! The OpenAPI document (`docs/openapi.yaml`, served at `GET /api/v1/openapi.json`) against the
+//! server: the error codes and the routes of the source are the document's, and real answers
+//! (success, errors, streamed, batch, describe, probes) validate against its schemas, checked by a
+//! small validator of the JSON Schema subset the document uses (ADR 0030).
+//!
+//! Knows the document, the public HTTP API, and where the source keeps its error table and its
+//! routes (`src/api_error.rs`, `src/http/*.rs`); nothing about the engines.
+
+use std::collections::BTreeSet;
+
+use serde_json::{Value, json};
+use sqlhttp_server::Config;
+
+use crate::common::{Reply, app_with, send};
+
+/// The crate's directory.
+const CRATE: &str = env!("CARGO_MANIFEST_DIR");
+
+/// The document as parsed from the file (its JSON part, after the leading comments).
+fn document() -> Value {
+    let text = std::fs::read_to_string(format!("{CRATE}/../../docs/openapi.yaml")).unwrap();
+    let start = text.find('{').unwrap();
+    serde_json::from_str(&text[start..]).unwrap()
+}
+
+/// The document's value at a local `$ref` (`#/components/...`).
+fn resolve<'a>(doc: &'a Value, reference: &str) -> &'a Value {
+    let pointer = reference
+        .strip_prefix('#')
+        .unwrap_or_else(|| panic!("not a local $ref: {reference}"));
+    doc.pointer(pointer)
+        .unwrap_or_else(|| panic!("dangling $ref: {reference}"))
+}
+
+/// Follows `value`'s `$ref`, if any.
+fn deref<'a>(doc: &'a Value, value: &'a Value) -> &'a Value {
+    match value.get("$ref").and_then(Value::as_str) {
+        Some(reference) => deref(doc, resolve(doc, reference)),
+        None => value,
+    }
+}
+
+/// Whether `value` has the JSON Schema type `name` (an integer is also a number).
+fn has_type(value: &Value, name: &str) -> bool {
+    match name {
+        "null" => value.is_null(),
+        "boolean" => value.is_boolean(),
+        "integer" => value.is_i64() || value.is_u64(),
+        "number" => value.is_number(),
+        "string" => value.is_string(),
+        "array" => value.is_array(),
+        "object" => value.is_object(),
+        other => panic!("unknown type {other}"),
+    }
+}
+
+/// The keywords [`validate`] checks; any other keyword in a schema fails the test, so the
+/// document cannot use one this checker would silently ignore.
+const KEYWORDS: &[&str] = &[
+    "$ref",
+    "type",
+    "enum",
+    "const",
+    "properties",
+    "required",
+    "additionalProperties",
+    "items",
+    "minItems",
+    "minimum",
+    "maximum",
+    "minLength",
+    "maxLength",
+    "anyOf",
+    "oneOf",
+    "allOf",
+    // Checked by the fuzzer, not here: the validator has no regular expressions.
+    "pattern",
+    "contentEncoding",
+    // Annotations.
+    "description",
+    "example",
+];
+
+/// Checks `value` against `schema`; the error names where and why.
+fn validate(doc: &Value, schema: &Value, value: &Value, at: &str) -> Result<(), String> {
+    let fail = |why: String| Err(format!("{at}: {why}; value {value}"));
+    let object = schema
+        .as_object()
+        .unwrap_or_else(|| panic!("a schema is an object: {schema}"));
+    for keyword in object.keys() {
+        assert!(
+            KEYWORDS.contains(&keyword.as_str()),
+            "unchecked keyword {keyword} at {at}"
+        );
+    }
+    if let Some(reference) = object.get("$ref").and_then(Value::as_str) {
+        validate(doc, resolve(doc, reference), value, at)?;
+    }
+    if let Some(types) = object.get("type") {
+        let names: Vec<&str> = match types {
+            Value::String(one) => vec![one.as_str()],
+            Value::Array(many) => many.iter().map(|t| t.as_str().unwrap()).collect(),
+            other => panic!("bad type {other}"),
+        };
+        if !names.iter().any(|name| has_type(value, name)) {
+            return fail(format!("not of type {types}"));
+        }
+    }
+    if let Some(allowed) = object.get("enum").and_then(Value::as_array)
+        && !allowed.contains(value)
+    {
+        return fail(format!("not one of {allowed:?}"));
+    }
+    if let Some(constant) = object.get("const")
+        && constant != value
+    {
+        return fail(format!("not {constant}"));
+    }
+    if let Some(map) = value.as_object() {
+        let properties = object.get("properties").and_then(Value::as_object);
+        for name in object
+            .get("required")
+            .and_then(Value::as_array)
+            .into_iter()
+            .flatten()
+        {
+            if !map.contains_key(name.as_str().unwrap()) {
+                return fail(format!("missing {name}"));
+            }
+        }
+        for (name, member) in map {
+            let inner = format!("{at}.{name}");
+            match properties.and_then(|p| p.get(name)) {
+                Some(sub) => validate(doc, sub, member, &inner)?,
+                None => match object.get("additionalProperties") {
+                    Some(Value::Bool(false)) => return fail(format!("unexpected member {name}")),
+                    Some(sub @ Value::Object(_)) => validate(doc, sub, member, &inner)?,
+                    _ => {}
+                },
+            }
+        }
+    }
+    if let Some(items) = value.as_array() {
+        if let Some(sub) = object.get("items") {
+            for (index, item) in items.iter().enumerate() {
+                validate(doc, sub, item, &format!("{at}[{index}]"))?;
+            }
+        }
+        if let Some(min) = object.get("minItems").and_then(Value::as_u64)
+            && (items.len() as u64) < min
+        {
+            return fail(format!("fewer than {min} items"));
+        }
+    }
+    if let Some(text) = value.as_str() {
+        let chars = text.chars().count() as u64;
+        if object
+            .get("minLength")
+            .and_then(Value::as_u64)
+            .is_some_and(|min| chars < min)
+            || object
+                .get("maxLength")
+                .and_then(Value::as_u64)
+                .is_some_and(|max| chars > max)
+        {
+            return fail("length out of bounds".into());
+        }
+    }
+    if let Some(number) = value.as_f64()
+        && (object
+            .get("minimum")
+            .and_then(Value::as_f64)
+            .is_some_and(|min| number < min)
+            || object
+                .get("maximum")
+                .and_then(Value::as_f64)
+                .is_some_and(|max| number > max))
+    {
+        return fail("out of range".into());
+    }
+    for sub in object
+        .get("allOf")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+    {
+        validate(doc, sub, value, at)?;
+    }
+    if let Some(any) = object.get("anyOf").and_then(Value::as_array)
+        && !any.iter().any(|sub| validate(doc, sub, value, at).is_ok())
+    {
+        return fail("matches none of anyOf".into());
+    }
+    if let Some(one) = object.get("oneOf").and_then(Value::as_array) {
+        let matching = one
+            .iter()
+            .filter(|sub| validate(doc, sub, value, at).is_ok())
+            .count();
+        if matching != 1 {
+            return fail(format!("matches {matching} of oneOf, not exactly one"));
+        }
+    }
+    Ok(())
+}
+
+/// Asserts that `reply`, the answer to `method path`, is documented: its status, its content
+/// type, its body against the schema, and the `X-Request-Id` every answer carries.
+fn conforms(doc: &Value, method: &str, path: &str, reply: &Reply) {
+    let operation = &doc["paths"][path][method.to_ascii_lowercase()];
+    assert!(
+        operation.is_object(),
+        "{method} {path} is not in the document"
+    );
+    let status = reply.status.to_string();
+    let documented = operation["responses"]
+        .get(&status)
+        .unwrap_or_else(|| panic!("{method} {path}: status {status} is not documented"));
+    let response = deref(doc, documented);
+    let content_type = reply.header("content-type").unwrap_or_default();
+    let media = content_type.split(';').next().unwrap().trim();
+    let schema = response["content"]
+        .get(media)
+        .unwrap_or_else(|| {
+            panic!("{method} {path} {status}: content type {content_type} is not documented")
+        })
+        .get("schema")
+        .unwrap();
+    let body = if media.ends_with("json") {
+        reply.json()
+    } else {
+        Value::String(String::from_utf8(reply.body.clone()).unwrap())
+    };
+    if let Err(why) = validate(doc, schema, &body, "body") {
+        panic!("{method} {path} {status}: {why}");
+    }
+    assert!(
+        response["headers"].get("X-Request-Id").is_some() && reply.header("x-request-id").is_some(),
+        "{method} {path} {status}: X-Request-Id"
+    );
+    if reply.header("retry-after").is_some() {
+        assert!(
+            response["headers"].get("Retry-After").is_some(),
+            "{method} {path} {status}"
+        );
+    }
+}
+
+/// The text of `source` from `start` to the end of the item it opens (indented by four).
+fn block_after<'a>(source: &'a str, start: &str) -> &'a str {
+    let from = source
+        .find(start)
+        .unwrap_or_else(|| panic!("{start} not found"));
+    let rest = &source[from..];
+    let end = rest.find("\n    }\n").unwrap_or(rest.len());
+    &rest[..end]
+}
+
+/// The quoted strings of `text` after `=> "`.
+fn arm_strings(text: &str) -> BTreeSet<String> {
+    text.split("=> \"")
+        .skip(1)
+        .map(|tail| tail[..tail.find('"').unwrap()].to_owned())
+        .collect()
+}
+
+#[test]
+fn every_error_code_is_in_the_document_and_the_other_way_round() {
+    let source = std::fs::read_to_string(format!("{CRATE}/src/api_error.rs")).unwrap();
+    let enum_start = source.find("pub(crate) enum ErrorCode {").unwrap();
+    let enum_body = &source[enum_start..enum_start + source[enum_start..].find("\n}").unwrap()];
+    let variants = enum_body
+        .lines()
+        .filter(|line| line.trim().ends_with(','))
+        .count();
+    let impl_block = &source[source.find("impl ErrorCode {").unwrap()..];
+    let codes = arm_strings(block_after(impl_block, "fn as_str(self)"));
+    assert_eq!(codes.len(), variants, "every ErrorCode variant has a code");
+    let doc = document();
+    let documented: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|code| code.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(codes, documented);
+
+    // Each code is documented on at least one response, and each response's codes are real.
+    let mut on_responses = BTreeSet::new();
+    for response in doc["components"]["responses"].as_object().unwrap().values() {
+        let schema = &response["content"]["application/json"]["schema"];
+        for code in schema["allOf"][1]["properties"]["error"]["properties"]["code"]["enum"]
+            .as_array()
+            .unwrap()
+        {
+            assert!(documented.contains(code.as_str().unwrap()), "{code}");
+            on_responses.insert(code.as_str().unwrap().to_owned());
+        }
+    }
+    // NOT_FOUND and METHOD_NOT_ALLOWED answer paths and methods the document does not list.
+    let unlisted: BTreeSet<String> = ["NOT_FOUND", "METHOD_NOT_ALLOWED"].map(String::from).into();
+    assert_eq!(
+        documented
+            .difference(&on_responses)
+            .cloned()
+            .collect::<BTreeSet<_>>(),
+        unlisted
+    );
+
+    let kinds = arm_strings(block_after(&source, "impl ConstraintKind {"));
+    let documented_kinds: BTreeSet<String> =
+        doc["components"]["schemas"]["ErrorObject"]["properties"]["constraint"]["enum"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|kind| kind.as_str().unwrap().to_owned())
+            .collect();
+    assert_eq!(kinds, documented_kinds);
+}
+
+/// The `(method, path)` pairs the router has: each `.route(PATH, get(..)|post(..)...)` of the
+/// HTTP sources, with path constants resolved.
+fn source_routes() -> BTreeSet<(String, String)> {
+    let dir = format!("{CRATE}/src/http");
+    let sources: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
+        .collect();
+    let constant = |name: &str| -> String {
+        let needle = format!("const {name}: &str = \"");
+        sources
+            .iter()
+            .find_map(|source| {
+                let from = source.find(&needle)? + needle.len();
+                Some(source[from..from + source[from..].find('"')?].to_owned())
+            })
+            .unwrap_or_else(|| panic!("no constant {name}"))
+    };
+    let mut routes = BTreeSet::new();
+    for source in &sources {
+        for call in source.split(".route(").skip(1) {
+            let call: String = call.split_whitespace().collect::<Vec<_>>().join("");
+            let (path, handler) = call.split_once(',').unwrap();
+            let path = match path.strip_prefix('"') {
+                Some(literal) => literal.trim_end_matches('"').to_owned(),
+                None => constant(path.rsplit("::").next().unwrap()),
+            };
+            let method = handler[..handler.find('(').unwrap()].to_owned();
+            assert!(["get", "post"].contains(&method.as_str()), "{method}");
+            routes.insert((method, path));
+        }
+    }
+    routes
+}
+
+#[test]
+fn every_route_is_in_the_document_and_the_other_way_round() {
+    let doc = document();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            documented.insert((method.clone(), path.clone()));
+        }
+    }
+    let routes = source_routes();
+    // The unit test in src/http/mod.rs routes a `/boom`; it is no route of the app.
+    let app_routes: BTreeSet<_> = routes.into_iter().filter(|(_, p)| p != "/boom").collect();
+    assert_eq!(app_routes, documented);
+}
+
+#[tokio::test]
+async fn every_documented_operation_is_answered_and_the_document_is_served_without_a_token() {
+    let doc = document();
+    let router = app_with(Config {
+        tokens: vec!["tok-9f3a".into()],
+        ..Config::default()
+    });
+    let served = send(&router, "GET", "/api/v1/openapi.json", &[], "").await;
+    assert_eq!(served.status, 200);
+    assert_eq!(served.json(), doc, "the served document is the file");
+    assert!(!String::from_utf8_lossy(&served.body).contains("tok-9f3a"));
+    conforms(&doc, "GET", "/api/v1/openapi.json", &served);
+
+    let auth = [
+        ("authorization", "Bearer tok-9f3a"),
+        ("content-type", "application/json"),
+    ];
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            let body = if method == "post" { "{}" } else { "" };
+            let reply = send(&router, &method.to_ascii_uppercase(), path, &auth, body).await;
+            assert!(
+                reply.status != 404 && reply.status != 405,
+                "{method} {path}: {}",
+                reply.status
+            );
+            conforms(&doc, method, path, &reply);
+        }
+    }
+}
+
+#[tokio::test]
+async fn real_answers_validate_against_the_document() {
+    let doc = document();
+    let router = app_with(Config {
+        tokens: vec!["rw".into()],
+        read_tokens: vec!["ro".into()],
+        ..Config::default()
+    });
+    let rw = [
+        ("authorization", "Bearer rw"),
+        ("content-type", "application/json"),
+    ];
+    let ro = [
+        ("authorization", "Bearer ro"),
+        ("content-type", "application/json"),
+    ];
+    let post = async |headers: &[(&str, &str)], path: &str, body: Value| {
+        let reply = send(&router, "POST", path, headers, body.to_string()).await;
+        conforms(&doc, "POST", path, &reply);
+        reply
+    };
+    let sql = "/api/v1/sql";
+    let setup = post(
+        &rw,
+        sql,
+        json!({"sql": "CREATE TABLE t (id INTEGER PRIMARY KEY, name TEXT UNIQUE, b BLOB, r REAL)"}),
+    )
+    .await;
+    assert_eq!(setup.status, 200);
+    let insert = post(
+        &rw,
+        sql,
+        json!({"sql": "INSERT INTO t VALUES (?, ?, ?, ?) RETURNING *",
+               "params": [1, "a", {"base64": "AAEC"}, 1.5]}),
+    )
+    .await;
+    assert_eq!(insert.json()["last_insert_id"], 1);
+    let keyed = [rw[0], rw[1], ("idempotency-key", "k-1")];
+    let body = json!({"sql": "INSERT INTO t (name) VALUES ('b')"});
+    post(&keyed, sql, body.clone()).await;
+    let replayed = post(&keyed, sql, body).await;
+    assert_eq!(replayed.header("idempotent-replayed"), Some("true"));
+    let reused = post(&keyed, sql, json!({"sql": "SELECT 1"})).await;
+    assert_eq!(reused.code(), "IDEMPOTENCY_KEY_REUSED");
+
+    let errors = [
+        (
+            &rw[..],
+            json!({"sql": "SELECT * FROM nowhere"}),
+            "SQL_ERROR",
+        ),
+        (&rw[..], json!({"sql": 1}), "BAD_REQUEST"),
+        (
+            &rw[..],
+            json!({"sql": "SELECT ?", "params": [[1]]}),
+            "BAD_REQUEST",
+        ),
+        (
+            &rw[..],
+            json!({"sql": "INSERT INTO t (name) VALUES ('a')"}),
+            "CONSTRAINT_VIOLATION",
+        ),
+        (&ro[..], json!({"sql": "DELETE FROM t"}), "READ_ONLY"),
+        (
+            &rw[..],
+            json!({"sql": "ATTACH 'x' AS x"}),
+            "STATEMENT_NOT_ALLOWED",
+        ),
+        (&[rw[1]][..], json!({"sql": "SELECT 1"}), "UNAUTHORIZED"),
+        (
+            &[rw[0]][..],
+            json!({"sql": "SELECT 1"}),
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+        (
+            &[rw[0], rw[1], ("origin", "https://evil.example")][..],
+            json!({"sql": "SELECT 1"}),
+            "ORIGIN_NOT_ALLOWED",
+        ),
+        (
+            &[rw[0], rw[1], ("idempotency-key", "has space")][..],
+            json!({"sql": "SELECT 1"}),
+            "BAD_REQUEST",
+        ),
+    ];
+    for (headers, body, code) in errors {
+        assert_eq!(
+            post(headers, sql, body.clone()).await.code(),
+            code,
+            "{body}"
+        );
+    }
+    let too_large = send(
+        &router,
+        "POST",
+        sql,
+        &rw,
+        format!(r#"{{"sql": "SELECT '{}'"}}"#, "x".repeat(7 << 20)),
+    )
+    .await;
+    conforms(&doc, "POST", sql, &too_large);
+    assert_eq!(too_large.code(), "PAYLOAD_TOO_LARGE");
+
+    // Streamed: a body over one chunk, and one whose rows end in an error (integer overflow).
+    let streamed = post(
+        &rw,
+        sql,
+        json!({"sql": "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 5000) \
+                       SELECT x, 'some text to fill the chunk' AS s FROM n"}),
+    )
+    .await;
+    assert_eq!(streamed.json()["rows"].as_array().unwrap().len(), 5000);
+    let failed = post(
+        &rw,
+        sql,
+        json!({"sql": "WITH RECURSIVE n(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM n WHERE x < 5000) \
+                       SELECT CASE WHEN x < 4000 THEN x ELSE abs(-9223372036854775807 - 1) END AS v, \
+                       'some text to fill the chunk' AS s FROM n"}),
+    )
+    .await;
+    assert_eq!(failed.status, 200);
+    assert_eq!(
+        failed.json()["error"]["code"],
+        "SQL_ERROR",
+        "a streamed failure"
+    );
+
+    let batch = "/api/v1/batch";
+    let results = post(
+        &rw,
+        batch,
+        json!({"statements": [{"sql": "INSERT INTO t (name) VALUES (?)", "params": ["c"]},
+                              {"sql": "SELECT id, name FROM t ORDER BY id"}]}),
+    )
+    .await;
+    assert_eq!(results.json()["results"].as_array().unwrap().len(), 2);
+    let at = post(
+        &rw,
+        batch,
+        json!({"statements": [{"sql": "SELECT 1"}, {"sql": "INSERT INTO t (name) VALUES ('a')"}]}),
+    )
+    .await;
+    assert_eq!(at.json()["error"]["statement"], 1);
+    assert_eq!(
+        post(&rw, batch, json!({"statements": []})).await.code(),
+        "BAD_REQUEST"
+    );
+    assert_eq!(
+        post(
+            &ro,
+            batch,
+            json!({"statements": [{"sql": "DELETE FROM t"}]})
+        )
+        .await
+        .code(),
+        "READ_ONLY"
+    );
+
+    let describe = "/api/v1/describe";
+    let tables = post(&ro, describe, json!({})).await;
+    assert_eq!(tables.json()["rows"][0][0], "t");
+    let columns = post(&ro, describe, json!({"table": "t"})).await;
+    assert_eq!(columns.json()["rows"].as_array().unwrap().len(), 4);
+    assert_eq!(
+        post(&ro, describe, json!({"table": ""})).await.code(),
+        "BAD_REQUEST"
+    );
+    assert_eq!(
+        post(&ro, describe, json!({"other": 1})).await.code(),
+        "BAD_REQUEST"
+    );
+
+    for path in ["/healthz", "/readyz", "/metrics", "/api/v1/openapi.json"] {
+        let reply = send(&router, "GET", path, &[], "").await;
+        assert_eq!(reply.status, 200, "{path}");
+        conforms(&doc, "GET", path, &reply);
+    }
+}
