@@ -1,17 +1,24 @@
 //! The browser policy: a request that carries an `Origin` the operator did not list is refused
 //! with `403 ORIGIN_NOT_ALLOWED`, so a web page cannot post SQL to a server on a developer's
-//! machine; listed origins get CORS answers (preflight, exposed headers).
+//! machine; listed origins get CORS answers (preflight, exposed headers). Only a real preflight
+//! (`OPTIONS` with `Origin` and `Access-Control-Request-Method`) is answered by the CORS layer;
+//! any other `OPTIONS` is routed as every other method is (`404`, or `405` with `Allow`).
 //!
 //! Knows request headers and tower-http's CORS layer; nothing about SQL or the engine.
 
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
 use axum::http::{HeaderName, HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower::{Layer, Service, ServiceExt as _};
+use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
@@ -53,8 +60,71 @@ pub(crate) async fn refuse_unlisted_origins(
     }
 }
 
-/// The CORS layer for the listed origins (none: the layer adds nothing).
-pub(crate) fn cors(origins: &[String]) -> CorsLayer {
+/// The CORS layer for the listed origins (none: the layer adds nothing), answering real
+/// preflights only. tower-http's layer answers every `OPTIONS` as a preflight, `200` with an
+/// empty body, on any path: that broke the protocol's promise of a JSON `404` or `405` (found by
+/// Schemathesis, ADR 0030).
+pub(crate) fn cors(origins: &[String]) -> PreflightOnly {
+    PreflightOnly(cors_layer(origins))
+}
+
+/// A [`CorsLayer`] that lets an `OPTIONS` which is not a preflight pass to the routes.
+#[derive(Debug, Clone)]
+pub(crate) struct PreflightOnly(CorsLayer);
+
+impl<S: Clone> Layer<S> for PreflightOnly {
+    type Service = PreflightOnlyService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        PreflightOnlyService {
+            cors: self.0.layer(inner.clone()),
+            plain: inner,
+        }
+    }
+}
+
+/// The service of [`PreflightOnly`]: the CORS-wrapped routes, and the routes themselves for an
+/// `OPTIONS` that is no preflight.
+#[derive(Debug, Clone)]
+pub(crate) struct PreflightOnlyService<S> {
+    cors: Cors<S>,
+    plain: S,
+}
+
+/// Whether `request` is a CORS preflight (Fetch standard: `OPTIONS` with `Origin` and
+/// `Access-Control-Request-Method`).
+fn is_preflight(request: &Request) -> bool {
+    request.method() == Method::OPTIONS
+        && request.headers().contains_key(header::ORIGIN)
+        && request
+            .headers()
+            .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+}
+
+impl<S> Service<Request> for PreflightOnlyService<S>
+where
+    S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    type Response = Response;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // Each call readies its own clone (`oneshot`).
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request) -> Self::Future {
+        if request.method() == Method::OPTIONS && !is_preflight(&request) {
+            Box::pin(self.plain.clone().oneshot(request))
+        } else {
+            Box::pin(self.cors.clone().oneshot(request))
+        }
+    }
+}
+
+fn cors_layer(origins: &[String]) -> CorsLayer {
     let listed: Vec<HeaderValue> = origins
         .iter()
         .filter_map(|origin| HeaderValue::from_str(origin).ok())

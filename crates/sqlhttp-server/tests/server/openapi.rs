@@ -9,7 +9,7 @@
 use std::collections::BTreeSet;
 
 use serde_json::{Value, json};
-use sqlhttp_server::Config;
+use sqlhttp_server::{Config, HttpLimits};
 
 use crate::common::{Reply, app_with, send};
 
@@ -575,4 +575,55 @@ async fn real_answers_validate_against_the_document() {
         assert_eq!(reply.status, 200, "{path}");
         conforms(&doc, "GET", path, &reply);
     }
+}
+
+#[tokio::test]
+async fn an_options_request_that_is_no_preflight_is_routed_like_any_other_method() {
+    // Found by Schemathesis: every OPTIONS, on any path, was answered `200` with an empty body
+    // by the CORS layer, before authentication and routing.
+    let router = app_with(Config {
+        tokens: vec!["rw".into()],
+        http: HttpLimits {
+            allow_origins: vec!["https://app.example".into()],
+            ..HttpLimits::default()
+        },
+        ..Config::default()
+    });
+    let auth = [("authorization", "Bearer rw")];
+    let sql = send(&router, "OPTIONS", "/api/v1/sql", &auth, "").await;
+    assert_eq!(
+        (sql.status, sql.code().as_str()),
+        (405, "METHOD_NOT_ALLOWED")
+    );
+    assert_eq!(sql.header("allow"), Some("POST"));
+    let probe = send(&router, "OPTIONS", "/healthz", &[], "").await;
+    assert_eq!(
+        (probe.status, probe.code().as_str()),
+        (405, "METHOD_NOT_ALLOWED")
+    );
+    let unknown = send(&router, "OPTIONS", "/nowhere", &[], "").await;
+    assert_eq!(
+        (unknown.status, unknown.code().as_str()),
+        (404, "NOT_FOUND")
+    );
+    let anonymous = send(&router, "OPTIONS", "/api/v1/sql", &[], "").await;
+    assert_eq!(anonymous.code(), "UNAUTHORIZED");
+
+    // A browser's preflight from a listed origin is still the CORS layer's.
+    let preflight = send(
+        &router,
+        "OPTIONS",
+        "/api/v1/sql",
+        &[
+            ("origin", "https://app.example"),
+            ("access-control-request-method", "POST"),
+        ],
+        "",
+    )
+    .await;
+    assert_eq!(preflight.status, 200);
+    assert_eq!(
+        preflight.header("access-control-allow-origin"),
+        Some("https://app.example")
+    );
 }
