@@ -159,7 +159,12 @@ fn word(sql: &str, at: usize) -> (String, usize) {
 }
 
 /// The index after whitespace and comments from `at` (and `;` too when `semicolons`).
-fn skip_trivia(bytes: &[u8], mut at: usize, dialect: Dialect, semicolons: bool) -> usize {
+pub(crate) fn skip_trivia(
+    bytes: &[u8],
+    mut at: usize,
+    dialect: Dialect,
+    semicolons: bool,
+) -> usize {
     while let Some(&byte) = bytes.get(at) {
         if dialect.is_space(byte) || (semicolons && byte == b';') {
             at += 1;

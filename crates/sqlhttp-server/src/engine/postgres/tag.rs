@@ -9,7 +9,9 @@
 //! literals, quoted identifiers, dollar-quoted bodies and everything inside parentheses, as
 //! PostgreSQL's lexer does. Pure text in, one keyword out; nothing about connections or HTTP.
 //! A text this reading gets wrong costs a wrong count, never a check: the sandbox does not
-//! read it.
+//! read it. The lexical rules (whitespace, comments, literals, dollar quotes) are `sql_text`'s.
+
+use crate::sql_text::{self, Dialect, is_ident_char, is_ident_start};
 
 /// A token of the text, as far as finding the main command needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,95 +27,13 @@ enum Token {
     Other,
 }
 
-fn is_ident_start(c: u8) -> bool {
-    c.is_ascii_alphabetic() || c == b'_' || c >= 0x80
-}
-
-fn is_ident_char(c: u8) -> bool {
-    is_ident_start(c) || c.is_ascii_digit() || c == b'$'
-}
-
-/// The tokens of `sql`, read from the front.
+/// The tokens of `sql`, read from the front with the shared lexer's rules (`sql_text`).
 struct Lexer<'a> {
     bytes: &'a [u8],
     at: usize,
 }
 
 impl Lexer<'_> {
-    /// Skips whitespace and comments; `;` too while `leading` (empty statements).
-    fn skip_blank(&mut self, leading: bool) {
-        let bytes = self.bytes;
-        while self.at < bytes.len() {
-            match bytes[self.at] {
-                c if c.is_ascii_whitespace() => self.at += 1,
-                b';' if leading => self.at += 1,
-                b'-' if bytes.get(self.at + 1) == Some(&b'-') => {
-                    self.at = bytes[self.at..]
-                        .iter()
-                        .position(|&b| b == b'\n' || b == b'\r')
-                        .map_or(bytes.len(), |end| self.at + end + 1);
-                }
-                b'/' if bytes.get(self.at + 1) == Some(&b'*') => {
-                    let mut depth = 0_usize;
-                    while self.at < bytes.len() {
-                        match (bytes[self.at], bytes.get(self.at + 1)) {
-                            (b'/', Some(b'*')) => {
-                                depth += 1;
-                                self.at += 2;
-                            }
-                            (b'*', Some(b'/')) => {
-                                depth -= 1;
-                                self.at += 2;
-                                if depth == 0 {
-                                    break;
-                                }
-                            }
-                            _ => self.at += 1,
-                        }
-                    }
-                }
-                _ => return,
-            }
-        }
-    }
-
-    /// Skips a quoted run from just after its opening `quote`; `''` (or `""`) is one quote.
-    fn skip_quoted(&mut self, quote: u8, escapes: bool) {
-        while self.at < self.bytes.len() {
-            let c = self.bytes[self.at];
-            self.at += 1;
-            if escapes && c == b'\\' {
-                self.at += 1;
-            } else if c == quote {
-                if self.bytes.get(self.at) == Some(&quote) {
-                    self.at += 1;
-                } else {
-                    return;
-                }
-            }
-        }
-    }
-
-    /// Skips `$tag$ ... $tag$` from its first `$`; a `$` that opens no tag (`$1`) is one byte.
-    fn skip_dollar(&mut self) {
-        let rest = &self.bytes[self.at + 1..];
-        let Some(len) = rest.iter().position(|&b| b == b'$') else {
-            self.at += 1;
-            return;
-        };
-        let tag = &rest[..len];
-        if tag.first().is_some_and(u8::is_ascii_digit) || !tag.iter().all(|&b| is_ident_char(b)) {
-            self.at += 1;
-            return;
-        }
-        let delimiter = &self.bytes[self.at..self.at + len + 2];
-        let body = self.at + len + 2;
-        self.at = self.bytes[body..]
-            .windows(delimiter.len())
-            .position(|w| w == delimiter)
-            .map_or(self.bytes.len(), |end| body + end + delimiter.len());
-    }
-
     /// The next token at this depth: a parenthesised group is one `Open`, its inside
     /// skipped (iteratively: nesting costs no stack).
     fn next(&mut self, leading: bool) -> Option<Token> {
@@ -133,7 +53,7 @@ impl Lexer<'_> {
 
     /// The next token, each parenthesis on its own.
     fn flat(&mut self, leading: bool) -> Option<Token> {
-        self.skip_blank(leading);
+        self.at = sql_text::skip_trivia(self.bytes, self.at, Dialect::Postgres, leading);
         let c = *self.bytes.get(self.at)?;
         Some(match c {
             b'(' => {
@@ -149,17 +69,15 @@ impl Lexer<'_> {
                 Token::Comma
             }
             b'\'' => {
-                self.at += 1;
-                self.skip_quoted(b'\'', false);
+                self.at = sql_text::skip_quoted(self.bytes, self.at + 1, b'\'', false);
                 Token::Other
             }
             b'"' => {
-                self.at += 1;
-                self.skip_quoted(b'"', false);
+                self.at = sql_text::skip_quoted(self.bytes, self.at + 1, b'"', false);
                 Token::Quoted
             }
             b'$' => {
-                self.skip_dollar();
+                self.at = sql_text::skip_dollar_quoted(self.bytes, self.at);
                 Token::Other
             }
             c if is_ident_start(c) => {
@@ -170,8 +88,7 @@ impl Lexer<'_> {
                 let word = String::from_utf8_lossy(&self.bytes[start..self.at]).to_uppercase();
                 // A prefixed literal: E'..' (with escapes), B'..', X'..', U&'..'.
                 if self.bytes.get(self.at) == Some(&b'\'') {
-                    self.at += 1;
-                    self.skip_quoted(b'\'', word == "E");
+                    self.at = sql_text::skip_quoted(self.bytes, self.at + 1, b'\'', word == "E");
                     return Some(Token::Other);
                 }
                 Token::Word(word)
