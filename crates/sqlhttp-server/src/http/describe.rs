@@ -47,6 +47,12 @@ async fn run(state: &AppState, request: Request) -> Result<Response, ApiError> {
             "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"
         ))
     })?;
+    // serde also reads a struct from an array (`["books"]`); the body is an object.
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request(
+            "a describe body is {} or {\"table\": \"NAME\"}, a JSON object",
+        ));
+    }
     let catalog = shared.engine.catalog();
     let (sql, params) = match asked.table {
         None => (catalog.tables, Vec::new()),

@@ -627,3 +627,28 @@ async fn an_options_request_that_is_no_preflight_is_routed_like_any_other_method
         Some("https://app.example")
     );
 }
+
+#[tokio::test]
+async fn a_describe_body_is_an_object_never_an_array() {
+    // Found while fuzzing from the document: serde reads a struct from a JSON array too, so
+    // `["t"]` described table `t` and `[null]` listed the tables, though the document (and the
+    // protocol) say the body is an object.
+    let doc = document();
+    let router = app_with(Config::default());
+    for body in [r#"["t"]"#, "[null]", " [] "] {
+        let reply = send(
+            &router,
+            "POST",
+            "/api/v1/describe",
+            &[("content-type", "application/json")],
+            body,
+        )
+        .await;
+        assert_eq!(
+            (reply.status, reply.code().as_str()),
+            (400, "BAD_REQUEST"),
+            "{body}"
+        );
+        conforms(&doc, "POST", "/api/v1/describe", &reply);
+    }
+}
