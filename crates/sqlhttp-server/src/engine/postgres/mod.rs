@@ -13,6 +13,8 @@
 //!   opened it (`transaction_timestamp()` taken at BEGIN and again before COMMIT, and
 //!   `transaction_read_only` for readers), whatever the text checks saw; the guard savepoint
 //!   carries a random name per request (ADR 0027).
+//! - The pool's connections run over `wire`'s stream, which fails a connection as soon as
+//!   PostgreSQL declares a row or cell past the server's limits (ADR 0028), before it arrives.
 //! - `placeholders` rewrites `?` into `$n`, `sqlstate` maps PostgreSQL's errors onto the
 //!   protocol's table, `types` maps values both ways, `sandbox` adds PostgreSQL's text rules to
 //!   the common ones, `setup` prepares the database at start, `run` writes a statement's body.
@@ -29,6 +31,7 @@ mod sqlstate;
 mod store;
 mod tag;
 mod types;
+mod wire;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -123,6 +126,8 @@ struct Inner {
     reaper: Arc<tokio_postgres::Config>,
     /// The owner's side of the client role: puts its password and defaults back.
     keeper: Arc<setup::RoleKeeper>,
+    /// What the pool's connections were cut for (see `wire`).
+    cuts: Arc<wire::Cuts>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -152,8 +157,11 @@ struct Lease {
     guard: String,
     /// The transaction the server opened, once it did.
     opened: std::sync::OnceLock<Opened>,
-    /// How to log in beside the pool, to end a session the server gave up on.
+    /// How to log in beside the pool, to end a session the server gave up on (and where to
+    /// send a cancel request).
     reaper: Arc<tokio_postgres::Config>,
+    /// What the connections were cut for (see `wire`).
+    cuts: Arc<wire::Cuts>,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -161,7 +169,15 @@ impl Lease {
     /// Cancels the statement the session runs now; the session is not reused after.
     async fn cancel_statement(&self) {
         self.cancel_sent.store(true, Ordering::Release);
-        let _ = self.cancel.cancel_query(NoTls).await;
+        wire::cancel(&self.cancel, &self.reaper).await;
+    }
+
+    /// What the session's connection was cut for, if `wire` cut it (asked once).
+    fn cut(&self) -> Option<wire::Cut> {
+        match self.backend.load(Ordering::Acquire) {
+            0 => None,
+            pid => self.cuts.take(pid),
+        }
     }
 
     /// Closes the session when the lease ends instead of pooling it: its driver's read buffer
@@ -202,7 +218,7 @@ impl Drop for Lease {
             let reaper = Arc::clone(&self.reaper);
             if let Ok(runtime) = tokio::runtime::Handle::try_current() {
                 runtime.spawn(async move {
-                    let _ = cancel.cancel_query(NoTls).await;
+                    wire::cancel(&cancel, &reaper).await;
                     drop(client);
                     // A function can catch the cancel and go on (holding its locks and a
                     // connection slot); its backend cannot catch being terminated.
@@ -251,9 +267,13 @@ impl PgEngine {
         let prepared = setup::prepare(url)?;
         let reaper = Arc::new(prepared.client.clone());
         let keeper = Arc::clone(&prepared.keeper);
-        let manager = Manager::from_config(
+        let cuts = Arc::new(wire::Cuts::default());
+        let manager = Manager::from_connect(
             prepared.client,
-            NoTls,
+            wire::BoundedConnect {
+                bounds: wire::Bounds::new(limits.max_value_bytes, limits.max_result_bytes),
+                cuts: Arc::clone(&cuts),
+            },
             ManagerConfig {
                 // A client's function may change its session (settings, temporary tables that
                 // would shadow the next client's): reset it before the next request.
@@ -290,6 +310,7 @@ impl PgEngine {
             store_key: prepared.store_key,
             reaper,
             keeper: prepared.keeper,
+            cuts,
         };
         if idempotency_ttl.is_none() {
             *engine
@@ -552,6 +573,7 @@ impl Inner {
             guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
             opened: std::sync::OnceLock::new(),
             reaper: Arc::clone(&self.reaper),
+            cuts: Arc::clone(&self.cuts),
             _permit: permit,
         })
     }
@@ -951,7 +973,7 @@ impl Inner {
                 break;
             }
             for token in tokens {
-                let _ = token.cancel_query(NoTls).await;
+                wire::cancel(&token, &self.reaper).await;
             }
             tokio::time::sleep(Duration::from_millis(25)).await;
         }

@@ -6,7 +6,8 @@
 //! as JSON), with the SQLite engine's `400 SQL_ERROR`, and a row whose JSON passes
 //! `--max-result-bytes` with its `422 RESULT_TOO_LARGE`. A row is whole in memory twice at most:
 //! as tokio-postgres received it, and as JSON until the sink takes it (see `docs/protocol.md`,
-//! "Limits", and ADR 0028). `rows_affected` is the command tag's count for `INSERT`, `UPDATE`,
+//! "Limits", and ADR 0028). A row or cell that would not have fitted is cut by `wire` before it
+//! arrives; its connection's error is answered here as the checks below would have answered. `rows_affected` is the command tag's count for `INSERT`, `UPDATE`,
 //! `DELETE` and `MERGE` only (see `tag`).
 //!
 //! Runs inside a transaction the caller opened, as the client role. Knows tokio-postgres and the
@@ -25,7 +26,7 @@ use tokio_postgres::types::ToSql;
 use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
 use crate::engine::postgres::types::{self, Raw};
-use crate::engine::postgres::{Lease, placeholders, sandbox, tag};
+use crate::engine::postgres::{Lease, placeholders, sandbox, tag, wire};
 use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
 use crate::request::SqlRequest;
 
@@ -134,6 +135,28 @@ fn row_too_large(limit: usize, row: u64) -> ApiError {
     )
 }
 
+/// The answer for a connection `wire` cut while this statement (of `columns`, once prepared)
+/// ran: what the row checks in [`write_result`] say of such a cell or row once it has arrived.
+fn cut_answer(cut: wire::Cut, columns: &[tokio_postgres::Column], limits: &Limits) -> ApiError {
+    match cut {
+        wire::Cut::Cell { column, row, bytes } => {
+            let fallback = format!("{}", column + 1);
+            let name = columns.get(column).map_or(fallback.as_str(), |c| c.name());
+            value_too_big(name, row, bytes, limits.max_value_bytes)
+        }
+        wire::Cut::Row { row, .. } => row_too_large(limits.max_result_bytes, row),
+        wire::Cut::Message { kind, bytes } => ApiError::new(
+            ErrorCode::ResultTooLarge,
+            format!(
+                "PostgreSQL sent a message (type `{}`) of {bytes} bytes, more than this server \
+                 takes for one (--max-result-bytes): a notice or error text that long is not \
+                 carried",
+                char::from(kind).escape_default()
+            ),
+        ),
+    }
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error. A cell larger than
@@ -151,7 +174,15 @@ pub(crate) async fn write_result(
     let client = lease.client();
     let rewritten = placeholders::rewrite(&request.sql);
     rewritten.check_bound(request.params.len())?;
-    let statement = client.prepare(&rewritten.sql).await.map_err(map)?;
+    let cut_or = |columns: &[tokio_postgres::Column], e| match lease.cut() {
+        Some(cut) => cut_answer(cut, columns, limits),
+        None => map(e),
+    };
+    let statement = client
+        .prepare(&rewritten.sql)
+        .await
+        .map_err(|e| cut_or(&[], e))?;
+    let map = |e| cut_or(statement.columns(), e);
     let expected = statement.params().len();
     if expected != request.params.len() {
         return Err(ApiError::sql(format!(

@@ -1,0 +1,836 @@
+//! The client role's connections under tokio-postgres: a socket the server opens itself (TCP or
+//! a Unix socket, as the `tokio_postgres::Config` says) and a stream over it that reads the
+//! backend's message framing (a type byte, then a 4-byte big-endian length that counts itself)
+//! and fails the connection as soon as a message declares more than the server will take
+//! (issue 27, finding 4; ADR 0028).
+//!
+//! tokio-postgres hands over a row only once all of it has arrived and sets no bound on a
+//! message (PostgreSQL sends up to 1 GB): refused after arrival, a 200 MB cell had cost the
+//! server its size. Here a `DataRow` is cut when one of its cells declares more than
+//! `max(--max-value-bytes, --max-result-bytes)` plus [`SLACK`] (the store's replayed bodies
+//! are cells of up to a result's size), or when the row passes `--max-result-bytes` plus
+//! [`SLACK`]; any other message (a `RowDescription` of a wide result, a `NOTICE` or `ERROR`
+//! text) when it passes the row's bound. What was cut is kept in [`Cuts`] under the session's
+//! backend process id (read from `BackendKeyData` as it passes), for the lease to answer with
+//! what the row writer would have said; the connection is gone, and its read buffer with it.
+//!
+//! The server connects with `NoTls` and sslmode `prefer` (or `disable`): tokio-postgres then
+//! sends no `SSLRequest`, so every byte from the backend, from the first authentication
+//! request on, is framed this way.
+//!
+//! Knows nothing about requests, HTTP or the answers' wording (see `run`).
+
+use std::collections::HashMap;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use deadpool_postgres::Connect;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::net::TcpStream;
+#[cfg(unix)]
+use tokio::net::UnixStream;
+use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
+use tokio_postgres::{CancelToken, Client, Config, NoTls};
+
+/// Room above `--max-result-bytes` for what is not a cell's bytes: a row's framing (6 bytes and
+/// 4 per column, up to PostgreSQL's 1,664 columns), a stored outcome's other columns, a
+/// `RowDescription`'s column names.
+pub(crate) const SLACK: usize = 1024 * 1024;
+
+/// How large a message from the backend may be.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Bounds {
+    /// A `DataRow`'s bytes after its length field, and any other message's.
+    pub(crate) message: usize,
+    /// One cell of a `DataRow`.
+    pub(crate) cell: usize,
+}
+
+impl Bounds {
+    /// The bounds for a server's `--max-value-bytes` and `--max-result-bytes`.
+    pub(crate) fn new(max_value_bytes: usize, max_result_bytes: usize) -> Bounds {
+        Bounds {
+            message: max_result_bytes.saturating_add(SLACK),
+            cell: max_value_bytes.max(max_result_bytes).saturating_add(SLACK),
+        }
+    }
+}
+
+/// What a connection was cut for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// Cell `column` (from 0) of row `row` (from 1) of the statement's result declared `bytes`.
+    Cell {
+        column: usize,
+        row: u64,
+        bytes: usize,
+    },
+    /// Row `row` (from 1) declared `bytes` after its length field, and passed the bound before
+    /// any of its cells did.
+    Row { row: u64, bytes: usize },
+    /// A message of type `kind` that is not a row declared `bytes`.
+    Message { kind: u8, bytes: usize },
+}
+
+/// What each connection was cut for, by its backend's process id.
+#[derive(Debug, Default)]
+pub(crate) struct Cuts {
+    by_backend: Mutex<HashMap<i32, Arc<Mutex<Option<Cut>>>>>,
+}
+
+impl Cuts {
+    /// What the connection of backend `pid` was cut for, once: the entry goes.
+    pub(crate) fn take(&self, pid: i32) -> Option<Cut> {
+        let slot = self
+            .by_backend
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pid)?;
+        *slot.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn register(&self, pid: i32, slot: &Arc<Mutex<Option<Cut>>>) {
+        self.by_backend
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pid, Arc::clone(slot));
+    }
+
+    /// The connection of `pid` ended: its entry goes unless it was cut (the lease takes that).
+    fn forget_uncut(&self, pid: i32) {
+        let mut map = self
+            .by_backend
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if map.get(&pid).is_some_and(|slot| {
+            slot.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .is_none()
+        }) {
+            map.remove(&pid);
+        }
+    }
+}
+
+/// Where the reader is in the backend's messages.
+#[derive(Debug, Clone, Copy)]
+enum State {
+    /// `got` bytes of a message's 5-byte header read.
+    Header { got: usize },
+    /// In a message's body, `left` bytes to go.
+    Body { kind: u8, left: usize },
+}
+
+/// Where the reader is in a `DataRow`'s body.
+#[derive(Debug, Clone, Copy)]
+enum Row {
+    /// Reading the 2-byte column count.
+    Count,
+    /// Reading the 4-byte length of cell `column`.
+    Length { column: usize },
+    /// Skipping `left` bytes of cell `column`'s value.
+    Value { column: usize, left: usize },
+}
+
+/// The framing reader: fed every byte the backend sends, in order.
+#[derive(Debug)]
+struct Framing {
+    bounds: Bounds,
+    state: State,
+    header: [u8; 5],
+    /// A fixed-size field being read (a row's count or a cell's length, `BackendKeyData`).
+    field: [u8; 4],
+    field_got: usize,
+    row: Row,
+    /// Bytes of the current `DataRow`'s body read so far, and how many it declared.
+    row_read: usize,
+    row_declared: usize,
+    /// `DataRow`s since the last `BindComplete`, `RowDescription` or `CommandComplete`.
+    rows: u64,
+    /// The backend's process id, once `BackendKeyData` passed.
+    pid: Option<i32>,
+}
+
+impl Framing {
+    fn new(bounds: Bounds) -> Framing {
+        Framing {
+            bounds,
+            state: State::Header { got: 0 },
+            header: [0; 5],
+            field: [0; 4],
+            field_got: 0,
+            row: Row::Count,
+            row_read: 0,
+            row_declared: 0,
+            rows: 0,
+            pid: None,
+        }
+    }
+
+    /// Reads `bytes`; the first bound they pass is the error.
+    fn feed(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
+        while !bytes.is_empty() {
+            match self.state {
+                State::Header { got } => {
+                    let take = (5 - got).min(bytes.len());
+                    self.header[got..got + take].copy_from_slice(&bytes[..take]);
+                    bytes = &bytes[take..];
+                    if got + take < 5 {
+                        self.state = State::Header { got: got + take };
+                        continue;
+                    }
+                    let kind = self.header[0];
+                    let length = u32::from_be_bytes([
+                        self.header[1],
+                        self.header[2],
+                        self.header[3],
+                        self.header[4],
+                    ]);
+                    // A length under 4 is the driver's protocol error to report, not ours.
+                    let left = usize::try_from(length.saturating_sub(4)).unwrap_or(usize::MAX);
+                    self.start(kind, left)?;
+                }
+                State::Body { kind, left } => {
+                    let take = left.min(bytes.len());
+                    let (now, rest) = bytes.split_at(take);
+                    bytes = rest;
+                    match kind {
+                        b'D' => self.scan_row(now)?,
+                        b'K' => self.scan_key(now),
+                        _ => {}
+                    }
+                    self.state = if take == left {
+                        State::Header { got: 0 }
+                    } else {
+                        State::Body {
+                            kind,
+                            left: left - take,
+                        }
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A message of `kind` with `left` bytes of body begins.
+    fn start(&mut self, kind: u8, left: usize) -> Result<(), Cut> {
+        match kind {
+            b'D' => {
+                self.rows += 1;
+                self.row = Row::Count;
+                self.row_read = 0;
+                self.row_declared = left;
+                self.field_got = 0;
+            }
+            // BindComplete, RowDescription, CommandComplete: the next row is a result's first.
+            b'2' | b'T' | b'C' => self.rows = 0,
+            b'K' => self.field_got = 0,
+            _ => {}
+        }
+        if kind != b'D' && left > self.bounds.message {
+            return Err(Cut::Message { kind, bytes: left });
+        }
+        self.state = if left == 0 {
+            State::Header { got: 0 }
+        } else {
+            State::Body { kind, left }
+        };
+        Ok(())
+    }
+
+    fn scan_key(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            if self.field_got < 4 {
+                self.field[self.field_got] = byte;
+                self.field_got += 1;
+                if self.field_got == 4 {
+                    self.pid = Some(i32::from_be_bytes(self.field));
+                }
+            }
+        }
+    }
+
+    /// Part of a `DataRow`'s body: cut on a cell's declared length, or once the row's bytes
+    /// pass the bound.
+    fn scan_row(&mut self, bytes: &[u8]) -> Result<(), Cut> {
+        // The bytes up to the bound are read for cell lengths, however the reads split them.
+        let room = self.bounds.message.saturating_sub(self.row_read);
+        let within = &bytes[..bytes.len().min(room)];
+        self.row_read = self.row_read.saturating_add(within.len());
+        self.scan_cells(within)?;
+        if bytes.len() > room {
+            return Err(Cut::Row {
+                row: self.rows,
+                bytes: self.row_declared,
+            });
+        }
+        Ok(())
+    }
+
+    fn scan_cells(&mut self, mut bytes: &[u8]) -> Result<(), Cut> {
+        while !bytes.is_empty() {
+            match self.row {
+                Row::Count | Row::Length { .. } => {
+                    let size = if matches!(self.row, Row::Count) { 2 } else { 4 };
+                    let take = (size - self.field_got).min(bytes.len());
+                    self.field[self.field_got..self.field_got + take]
+                        .copy_from_slice(&bytes[..take]);
+                    self.field_got += take;
+                    bytes = &bytes[take..];
+                    if self.field_got < size {
+                        continue;
+                    }
+                    self.field_got = 0;
+                    self.row = match self.row {
+                        Row::Count => Row::Length { column: 0 },
+                        Row::Length { column } => {
+                            // -1 is NULL: no value follows.
+                            let length = i32::from_be_bytes(self.field);
+                            let left = usize::try_from(length).unwrap_or(0);
+                            if left > self.bounds.cell {
+                                return Err(Cut::Cell {
+                                    column,
+                                    row: self.rows,
+                                    bytes: left,
+                                });
+                            }
+                            if left == 0 {
+                                Row::Length { column: column + 1 }
+                            } else {
+                                Row::Value { column, left }
+                            }
+                        }
+                        Row::Value { .. } => unreachable!("matched above"),
+                    };
+                }
+                Row::Value { column, left } => {
+                    let take = left.min(bytes.len());
+                    bytes = &bytes[take..];
+                    self.row = if take == left {
+                        Row::Length { column: column + 1 }
+                    } else {
+                        Row::Value {
+                            column,
+                            left: left - take,
+                        }
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A socket to PostgreSQL.
+#[derive(Debug)]
+pub(crate) enum Socket {
+    Tcp(TcpStream),
+    #[cfg(unix)]
+    Unix(UnixStream),
+}
+
+impl AsyncRead for Socket {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
+        }
+    }
+}
+
+impl AsyncWrite for Socket {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
+        }
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_flush(cx),
+        }
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        match self.get_mut() {
+            Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
+            #[cfg(unix)]
+            Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
+        }
+    }
+}
+
+/// A socket whose incoming bytes pass through [`Framing`].
+#[derive(Debug)]
+pub(crate) struct Bounded {
+    socket: Socket,
+    framing: Framing,
+    cuts: Arc<Cuts>,
+    slot: Arc<Mutex<Option<Cut>>>,
+    /// The cut, once made: every later read fails with it.
+    failed: Option<Cut>,
+}
+
+impl Bounded {
+    fn fail(cut: Cut) -> io::Error {
+        io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("PostgreSQL sent a message larger than this server takes: {cut:?}"),
+        )
+    }
+}
+
+impl AsyncRead for Bounded {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.get_mut();
+        if let Some(cut) = this.failed {
+            return Poll::Ready(Err(Bounded::fail(cut)));
+        }
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut this.socket).poll_read(cx, buf);
+        if !matches!(polled, Poll::Ready(Ok(()))) {
+            return polled;
+        }
+        let had_pid = this.framing.pid.is_some();
+        let fed = this.framing.feed(&buf.filled()[before..]);
+        if !had_pid && let Some(pid) = this.framing.pid {
+            this.cuts.register(pid, &this.slot);
+        }
+        if let Err(cut) = fed {
+            *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(cut);
+            this.failed = Some(cut);
+            tracing::warn!(
+                ?cut,
+                "closed a PostgreSQL connection: a message passed its bound"
+            );
+            return Poll::Ready(Err(Bounded::fail(cut)));
+        }
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl AsyncWrite for Bounded {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.get_mut().socket).poll_write(cx, buf)
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().socket).poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.get_mut().socket).poll_shutdown(cx)
+    }
+}
+
+/// The order `config`'s hosts are tried in: as written, or shuffled for
+/// `load_balance_hosts=random`.
+fn host_order(config: &Config) -> Vec<usize> {
+    let count = config.get_hosts().len().max(config.get_hostaddrs().len());
+    let mut order: Vec<usize> = (0..count).collect();
+    if config.get_load_balance_hosts() == LoadBalanceHosts::Random {
+        use rand::seq::SliceRandom as _;
+        order.shuffle(&mut rand::rng());
+    }
+    order
+}
+
+/// Opens a socket to host `index` of `config`, as tokio-postgres would: with its port (one
+/// port for all, or one each; 5432 by default), its `hostaddr` instead of a name lookup,
+/// `connect_timeout` per address tried, TCP keepalives and `tcp_user_timeout` as configured,
+/// `TCP_NODELAY`; a host that is a path is a directory holding the Unix socket.
+async fn open_host(config: &Config, index: usize) -> io::Result<Socket> {
+    let port = match config.get_ports() {
+        [] => 5432,
+        [one] => *one,
+        many => many.get(index).copied().unwrap_or(5432),
+    };
+    let timeout = config.get_connect_timeout().copied();
+    match (
+        config.get_hostaddrs().get(index),
+        config.get_hosts().get(index),
+    ) {
+        (Some(addr), _) => within(timeout, tcp(config, (*addr, port).into())).await,
+        (None, Some(Host::Tcp(name))) => {
+            let mut opened = Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no address for {name}"),
+            ));
+            for addr in tokio::net::lookup_host((name.as_str(), port)).await? {
+                opened = within(timeout, tcp(config, addr)).await;
+                if opened.is_ok() {
+                    break;
+                }
+            }
+            opened
+        }
+        #[cfg(unix)]
+        (None, Some(Host::Unix(dir))) => {
+            let path = dir.join(format!(".s.PGSQL.{port}"));
+            within(timeout, async {
+                UnixStream::connect(path).await.map(Socket::Unix)
+            })
+            .await
+        }
+        #[cfg(not(unix))]
+        (None, Some(Host::Unix(_))) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            "Unix sockets are not supported here",
+        )),
+        (None, None) => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "no host to connect to",
+        )),
+    }
+}
+
+/// Opens a socket to the first of `config`'s hosts that answers (see [`open_host`]).
+pub(crate) async fn open(config: &Config) -> io::Result<Socket> {
+    let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no host to connect to");
+    for index in host_order(config) {
+        match open_host(config, index).await {
+            Ok(socket) => return Ok(socket),
+            Err(e) => last = e,
+        }
+    }
+    Err(last)
+}
+
+async fn tcp(config: &Config, addr: std::net::SocketAddr) -> io::Result<Socket> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let socket = socket2::SockRef::from(&stream);
+    #[cfg(target_os = "linux")]
+    if let Some(timeout) = config.get_tcp_user_timeout() {
+        socket.set_tcp_user_timeout(Some(*timeout))?;
+    }
+    if config.get_keepalives() {
+        let mut keepalive = socket2::TcpKeepalive::new().with_time(config.get_keepalives_idle());
+        #[cfg(not(any(target_os = "openbsd", target_os = "redox", target_os = "solaris")))]
+        if let Some(interval) = config.get_keepalives_interval() {
+            keepalive = keepalive.with_interval(interval);
+        }
+        #[cfg(not(any(
+            target_os = "openbsd",
+            target_os = "redox",
+            target_os = "solaris",
+            target_os = "windows"
+        )))]
+        if let Some(retries) = config.get_keepalives_retries() {
+            keepalive = keepalive.with_retries(retries);
+        }
+        socket.set_tcp_keepalive(&keepalive)?;
+    }
+    Ok(Socket::Tcp(stream))
+}
+
+async fn within<T>(
+    timeout: Option<Duration>,
+    connect: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    match timeout {
+        Some(timeout) => tokio::time::timeout(timeout, connect)
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    "connection timed out",
+                ))
+            }),
+        None => connect.await,
+    }
+}
+
+/// Cancels the statement a session runs, over a socket of the server's own (a connection
+/// opened by `connect_raw` has no address in its cancel token).
+pub(crate) async fn cancel(token: &CancelToken, config: &Config) {
+    let cancelled = match open(config).await {
+        Ok(socket) => token
+            .cancel_query_raw(socket, NoTls)
+            .await
+            .map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    };
+    if let Err(why) = cancelled {
+        tracing::debug!(error = %why, "cannot cancel a statement");
+    }
+}
+
+/// A stream that fails at once with the error that kept a socket from opening: through
+/// `connect_raw` it becomes the driver's own connection error, with its cause.
+#[derive(Debug)]
+struct Unopened(Option<io::Error>);
+
+impl Unopened {
+    fn error(&mut self) -> io::Error {
+        self.0
+            .take()
+            .unwrap_or_else(|| io::Error::new(io::ErrorKind::NotConnected, "not connected"))
+    }
+}
+
+impl AsyncRead for Unopened {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        _: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+}
+
+impl AsyncWrite for Unopened {
+    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, _: &[u8]) -> Poll<io::Result<usize>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Err(self.get_mut().error()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// What [`Connect::connect`] returns.
+type Connecting<'a> = Pin<
+    Box<
+        dyn Future<Output = Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error>>
+            + Send
+            + 'a,
+    >,
+>;
+
+/// deadpool-postgres's way to open a client-role connection: over [`Bounded`].
+#[derive(Debug)]
+pub(crate) struct BoundedConnect {
+    pub(crate) bounds: Bounds,
+    pub(crate) cuts: Arc<Cuts>,
+}
+
+impl Connect for BoundedConnect {
+    fn connect(&self, pg_config: &Config) -> Connecting<'_> {
+        let config = pg_config.clone();
+        Box::pin(async move {
+            let mut last = None;
+            for index in host_order(&config) {
+                match self.connect_host(&config, index).await {
+                    Ok(Some(connected)) => return Ok(connected),
+                    // The session is not what `target_session_attrs` asks for: the next host.
+                    Ok(None) => {
+                        last = Some(io::Error::new(
+                            io::ErrorKind::PermissionDenied,
+                            "no host has the session attributes target_session_attrs asks for",
+                        ));
+                    }
+                    Err(Failed::Socket(e)) => last = Some(e),
+                    Err(Failed::Postgres(e)) => return Err(e),
+                }
+            }
+            let e = last.unwrap_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, "no host to connect to")
+            });
+            // Through the driver, so that the error is its own connection error.
+            match config.connect_raw(Unopened(Some(e)), NoTls).await {
+                Err(e) => Err(e),
+                Ok(_) => unreachable!("a stream that fails every call cannot log in"),
+            }
+        })
+    }
+}
+
+/// Why one host gave no connection.
+enum Failed {
+    /// No socket: the next host may answer.
+    Socket(io::Error),
+    /// PostgreSQL refused the login (or the session broke): as tokio-postgres does, no other
+    /// host is tried.
+    Postgres(tokio_postgres::Error),
+}
+
+impl BoundedConnect {
+    /// A connection to host `index`, or `None` when its session is not what
+    /// `target_session_attrs` asks for.
+    async fn connect_host(
+        &self,
+        config: &Config,
+        index: usize,
+    ) -> Result<Option<(Client, tokio::task::JoinHandle<()>)>, Failed> {
+        let socket = open_host(config, index).await.map_err(Failed::Socket)?;
+        let slot = Arc::new(Mutex::new(None));
+        let stream = Bounded {
+            socket,
+            framing: Framing::new(self.bounds),
+            cuts: Arc::clone(&self.cuts),
+            slot: Arc::clone(&slot),
+            failed: None,
+        };
+        let (client, connection) = config
+            .connect_raw(stream, NoTls)
+            .await
+            .map_err(Failed::Postgres)?;
+        let cuts = Arc::clone(&self.cuts);
+        let pid = client_pid(&cuts, &slot);
+        let task = tokio::spawn(async move {
+            if let Err(e) = connection.await {
+                tracing::debug!(error = %e, "a PostgreSQL connection ended");
+            }
+            if let Some(pid) = pid {
+                cuts.forget_uncut(pid);
+            }
+        });
+        let wanted = match config.get_target_session_attrs() {
+            TargetSessionAttrs::ReadWrite => "off",
+            TargetSessionAttrs::ReadOnly => "on",
+            _ => return Ok(Some((client, task))),
+        };
+        let read_only = client
+            .query_one("SHOW transaction_read_only", &[])
+            .await
+            .map_err(Failed::Postgres)?;
+        if read_only.get::<_, &str>(0) == wanted {
+            Ok(Some((client, task)))
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+/// The backend process id registered for `slot`, if `BackendKeyData` passed.
+fn client_pid(cuts: &Cuts, slot: &Arc<Mutex<Option<Cut>>>) -> Option<i32> {
+    cuts.by_backend
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .find(|(_, registered)| Arc::ptr_eq(registered, slot))
+        .map(|(pid, _)| *pid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn message(kind: u8, body: &[u8]) -> Vec<u8> {
+        let mut out = vec![kind];
+        out.extend_from_slice(&(u32::try_from(body.len()).unwrap() + 4).to_be_bytes());
+        out.extend_from_slice(body);
+        out
+    }
+
+    fn row(cells: &[Option<&[u8]>]) -> Vec<u8> {
+        let mut body = (u16::try_from(cells.len()).unwrap()).to_be_bytes().to_vec();
+        for cell in cells {
+            match cell {
+                None => body.extend_from_slice(&(-1i32).to_be_bytes()),
+                Some(value) => {
+                    body.extend_from_slice(&(u32::try_from(value.len()).unwrap()).to_be_bytes());
+                    body.extend_from_slice(value);
+                }
+            }
+        }
+        message(b'D', &body)
+    }
+
+    fn bounds() -> Bounds {
+        Bounds {
+            message: 100,
+            cell: 50,
+        }
+    }
+
+    /// Feeds `bytes` one byte at a time and all at once: both must agree.
+    fn feed(bytes: &[u8]) -> Result<(), Cut> {
+        let mut whole = Framing::new(bounds());
+        let at_once = whole.feed(bytes);
+        let mut split = Framing::new(bounds());
+        let by_byte = bytes
+            .iter()
+            .try_for_each(|b| split.feed(std::slice::from_ref(b)));
+        assert_eq!(at_once, by_byte);
+        at_once
+    }
+
+    #[test]
+    fn rows_within_the_bounds_pass() {
+        let mut bytes = message(b'2', &[]);
+        bytes.extend(row(&[Some(&[1; 50]), None, Some(&[]), Some(&[2; 30])]));
+        bytes.extend(message(b'C', b"SELECT 1\0"));
+        bytes.extend(message(b'N', &[b'x'; 100]));
+        assert_eq!(feed(&bytes), Ok(()));
+    }
+
+    #[test]
+    fn a_cell_over_its_bound_is_cut_at_its_length() {
+        let mut bytes = message(b'2', &[]);
+        bytes.extend(row(&[Some(b"a")]));
+        // The second row's second cell declares 51 bytes; none of them need arrive.
+        let mut second = row(&[Some(b"b"), Some(&[0; 51])]);
+        second.truncate(5 + 2 + 4 + 1 + 4);
+        bytes.extend(second);
+        assert_eq!(
+            feed(&bytes),
+            Err(Cut::Cell {
+                column: 1,
+                row: 2,
+                bytes: 51
+            })
+        );
+    }
+
+    #[test]
+    fn a_row_over_its_bound_is_cut() {
+        let bytes = row(&[Some(&[1; 40]), Some(&[2; 40]), Some(&[3; 40])]);
+        assert!(matches!(feed(&bytes), Err(Cut::Row { row: 1, .. })));
+    }
+
+    #[test]
+    fn other_messages_are_cut_by_their_declared_length() {
+        let mut bytes = message(b'N', &[b'x'; 101]);
+        bytes.truncate(5);
+        assert_eq!(
+            feed(&bytes),
+            Err(Cut::Message {
+                kind: b'N',
+                bytes: 101
+            })
+        );
+    }
+
+    #[test]
+    fn the_backend_key_names_the_session() {
+        let mut key = 4242i32.to_be_bytes().to_vec();
+        key.extend_from_slice(&7i32.to_be_bytes());
+        let mut framing = Framing::new(bounds());
+        let mut bytes = message(b'R', &0i32.to_be_bytes());
+        bytes.extend(message(b'K', &key));
+        bytes.extend(message(b'Z', b"I"));
+        assert_eq!(framing.feed(&bytes), Ok(()));
+        assert_eq!(framing.pid, Some(4242));
+    }
+}
