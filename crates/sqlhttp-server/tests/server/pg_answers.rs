@@ -326,3 +326,102 @@ async fn years_past_9999_and_before_1_are_written_as_iso_8601_says() {
         ])
     );
 }
+
+/// This process's resident memory (`VmRSS`) or its peak (`VmHWM`), in bytes.
+fn resident(field: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix(field))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// A cell far past `--max-value-bytes` is refused as its length arrives, before its bytes do
+/// (ADR 0028): the server (this process) never holds it, the answer is the cell's `400`, and
+/// the next request is served. A row past `--max-result-bytes` is cut the same way, with the
+/// row's `422`. The peak is read from `VmHWM` (reset through `/proc/self/clear_refs` where the
+/// kernel lets us) and from `VmRSS` sampled while the request runs; the bound is generous,
+/// since other tests share the process.
+#[tokio::test]
+async fn a_cell_far_past_the_limit_is_refused_before_it_arrives() {
+    const CELL: u64 = 300_000_000;
+    let router = app_or_skip!(
+        "a_cell_far_past_the_limit_is_refused_before_it_arrives",
+        |_| {}
+    );
+    // Every pooled session open and warm, so that only the statement is measured.
+    ok(&router, "SELECT 1", json!([])).await;
+    let idle = resident("VmRSS:");
+    let peak_reset = std::fs::write("/proc/self/clear_refs", "5").is_ok();
+    let sampling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let sampling = std::sync::Arc::clone(&sampling);
+        tokio::spawn(async move {
+            let mut peak = 0;
+            while sampling.load(std::sync::atomic::Ordering::Acquire) {
+                peak = peak.max(resident("VmRSS:"));
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            peak
+        })
+    };
+    let reply = sql(
+        &router,
+        &format!("SELECT 1 AS n, repeat('x', {CELL}) AS big"),
+        json!([]),
+    )
+    .await;
+    sampling.store(false, std::sync::atomic::Ordering::Release);
+    let mut peak = sampler.await.unwrap();
+    if peak_reset {
+        peak = peak.max(resident("VmHWM:"));
+    }
+    assert_eq!((reply.status, reply.code().as_str()), (400, "SQL_ERROR"));
+    let message = reply.json()["error"]["message"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        message.contains("`big` of row 1 is 300000000 bytes")
+            && message.contains("--max-value-bytes"),
+        "{message}"
+    );
+    let grew = peak.saturating_sub(idle);
+    assert!(
+        grew < 100 * 1024 * 1024,
+        "the server grew by {} MiB for a refused {} MB cell",
+        grew / (1024 * 1024),
+        CELL / 1_000_000
+    );
+    ok(&router, "SELECT 1", json!([])).await;
+
+    // Twenty cells of 1 MB each (under --max-value-bytes), 20 MB in all: past the row's limit
+    // of 16 MiB and its framing, cut before its end.
+    let reply = sql(
+        &router,
+        &format!(
+            "SELECT {}",
+            (1..=20)
+                .map(|i| format!("repeat('y', 1000000) AS c{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        (reply.status, reply.code().as_str()),
+        (422, "RESULT_TOO_LARGE")
+    );
+    assert!(
+        reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("row 1"),
+        "{:?}",
+        reply.json()
+    );
+    let body = ok(&router, "SELECT repeat('z', 3000000) AS fine", json!([])).await;
+    assert_eq!(body["rows"][0][0].as_str().unwrap().len(), 3_000_000);
+}
