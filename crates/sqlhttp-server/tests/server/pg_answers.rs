@@ -30,6 +30,10 @@ macro_rules! app_or_skip {
     };
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
     let router = app_or_skip!(
@@ -76,6 +80,10 @@ async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_row_past_the_result_limit_is_refused_as_on_sqlite() {
     let router = app_or_skip!(
@@ -113,6 +121,10 @@ async fn a_row_past_the_result_limit_is_refused_as_on_sqlite() {
 const RAISE_IT: &str = "CREATE FUNCTION raise_it(code text) RETURNS int LANGUAGE plpgsql AS $$ \
      BEGIN RAISE EXCEPTION 'raised %', code USING ERRCODE = code; END $$";
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn sqlstates_a_function_raises_are_the_clients_errors() {
     let router = app_or_skip!("sqlstates_a_function_raises_are_the_clients_errors", |_| {});
@@ -155,6 +167,10 @@ async fn sqlstates_a_function_raises_are_the_clients_errors() {
     assert_eq!(reply.code(), "SQL_ERROR");
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn the_sdk_does_not_retry_a_write_whose_function_raised_a_retryable_code() {
     let Some(url) =
@@ -194,6 +210,10 @@ async fn the_sdk_does_not_retry_a_write_whose_function_raised_a_retryable_code()
     assert_eq!(calls, [0], "each write ran once and rolled back");
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn rows_affected_counts_changes_only() {
     let router = app_or_skip!("rows_affected_counts_changes_only", |_| {});
@@ -233,6 +253,10 @@ async fn rows_affected_counts_changes_only() {
     }
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn float4_is_written_at_its_own_precision() {
     let router = app_or_skip!("float4_is_written_at_its_own_precision", |_| {});
@@ -258,6 +282,10 @@ struct Documents {
     fine: Value,
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn json_cells_the_sdk_cannot_read_back_arrive_as_their_text() {
     let Some(url) = database("json_cells_the_sdk_cannot_read_back_arrive_as_their_text").await
@@ -300,6 +328,10 @@ async fn json_cells_the_sdk_cannot_read_back_arrive_as_their_text() {
     assert_eq!(again[0][0], json!("1e400"));
 }
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn years_past_9999_and_before_1_are_written_as_iso_8601_says() {
     let router = app_or_skip!(
@@ -343,6 +375,10 @@ fn resident(field: &str) -> u64 {
 /// row's `422`. The peak is read from `VmHWM` (reset through `/proc/self/clear_refs` where the
 /// kernel lets us) and from `VmRSS` sampled while the request runs; the bound is generous,
 /// since other tests share the process.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn a_cell_far_past_the_limit_is_refused_before_it_arrives() {
     const CELL: u64 = 300_000_000;
