@@ -4,7 +4,7 @@
 //! memory (`VmHWM`) above its idle size, and what it still holds (`VmRSS`) a second after.
 //!
 //! Two servers: one with the default `--max-value-bytes` (4 MiB), which refuses the cell with
-//! `400 SQL_ERROR` once it arrives, and one with `--max-value-bytes 268435456` (and a per-row
+//! `400 SQL_ERROR` as its length arrives, before its bytes do (`engine/postgres/wire.rs`), and one with `--max-value-bytes 268435456` (and a per-row
 //! `--max-result-bytes` twice that), which encodes the cell as JSON and sends it, as every server
 //! did before the limits applied to results. The client reads each body to its end and keeps
 //! none of it.
