@@ -310,9 +310,18 @@ const TLS_AVAILABLE: bool = cfg!(any(feature = "rustls", feature = "native-tls")
 fn parse_base_url(input: &str) -> Result<reqwest::Url> {
     let without_scheme = !input.contains("://");
     let suggest_http = || {
+        // Shown as a URL would be, never with credentials or a query (a token may be there).
+        let shown = match reqwest::Url::parse(&format!("http://{input}")) {
+            Ok(mut url) => {
+                let _ = url.set_username("");
+                let _ = url.set_password(None);
+                url.set_query(None);
+                url.as_str().trim_end_matches('/').to_owned()
+            }
+            Err(_) => "http://HOST:PORT".to_owned(),
+        };
         Error::config(format!(
-            "invalid base URL {:?}: it has no scheme; did you mean \"http://{input}\"?",
-            input
+            "invalid base URL: it has no scheme; did you mean \"{shown}\"?"
         ))
     };
     let base = match reqwest::Url::parse(input) {
@@ -754,6 +763,12 @@ mod tests {
             let text = message(url);
             assert!(text.contains(fixed), "{url}: {text}");
         }
+        let hidden = message("admin:hunter2@db.internal:8080/?token=SECRET123");
+        assert!(
+            !hidden.contains("hunter2") && !hidden.contains("SECRET123"),
+            "{hidden}"
+        );
+        assert!(hidden.contains("\"http://db.internal:8080\""), "{hidden}");
         assert!(Client::builder("http://host:1/tenant/").build().is_ok());
         assert!(message("ftp://host").contains("http or https"));
     }

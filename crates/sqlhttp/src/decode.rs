@@ -173,11 +173,11 @@ pub(crate) fn redact(message: &str) -> String {
             && let Some(split) = rest.rfind(", expected ")
         {
             let unexpected = &rest[..split];
-            // serde's `Unexpected` prints a kind, then the value in backticks or quotes.
+            // serde's `Unexpected` prints a kind of one or more words (`floating point`), then
+            // the value in backticks or quotes: keep what comes before the value.
             let kind = unexpected
-                .find([' '])
-                .filter(|&i| matches!(unexpected.as_bytes().get(i + 1), Some(b'`' | b'"')))
-                .map_or(unexpected, |i| &unexpected[..i]);
+                .find(['`', '"'])
+                .map_or(unexpected, |i| unexpected[..i].trim_end());
             return format!("{prefix}{kind}{}", &rest[split..]);
         }
     }
@@ -647,6 +647,34 @@ mod tests {
             matches!(err.kind(), ErrorKind::Decode { row: Some(0), column: Some(c), .. } if c == "year"),
             "{err:?}"
         );
+    }
+
+    #[test]
+    fn redaction_keeps_kinds_of_several_words_and_drops_their_values() {
+        for (message, kept) in [
+            (
+                "invalid type: floating point `98765.4321`, expected i64",
+                "invalid type: floating point, expected i64",
+            ),
+            (
+                "invalid type: string \"Dune, the novel\", expected i64",
+                "invalid type: string, expected i64",
+            ),
+            (
+                "invalid value: character `c`, expected a digit",
+                "invalid value: character, expected a digit",
+            ),
+            (
+                "invalid type: integer `-7`, expected u8",
+                "invalid type: integer, expected u8",
+            ),
+            (
+                "invalid type: null, expected i64",
+                "invalid type: null, expected i64",
+            ),
+        ] {
+            assert_eq!(redact(message), kept);
+        }
     }
 
     #[test]
