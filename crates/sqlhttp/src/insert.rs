@@ -176,6 +176,12 @@ pub(crate) fn chunk_key(key: &str, index: usize, count: usize) -> String {
     }
 }
 
+/// Whether the server answered `delivered` from its store on the call's first attempt, so that
+/// an earlier call, not this one, wrote what it stands for.
+fn replayed_by_an_earlier_call(delivered: &crate::transport::Delivered) -> bool {
+    delivered.attempts == 1 && delivered.body.replayed()
+}
+
 /// What an insert did, from [`Insert::report`]: the rows the server reported, and how many of
 /// the statements were answered from the server's store of keyed outcomes rather than run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -186,8 +192,10 @@ pub struct InsertReport {
     pub rows: u64,
     /// Statements the rows were sent in (one batch counts as one).
     pub statements: usize,
-    /// Statements the server answered with a stored outcome (`Idempotent-Replayed: true`):
-    /// their key had been applied before, so nothing of them was written by this call.
+    /// Statements the server answered with a stored outcome (`Idempotent-Replayed: true`) on
+    /// their first attempt: an earlier call applied their key, so nothing of them was written
+    /// by this one. A replay that answers a retry is not counted: the attempt before it, lost on
+    /// the way back, may have been this call's own write.
     pub replayed: usize,
 }
 
@@ -269,7 +277,7 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
                 .and_then(|delivered| {
                     let effect =
                         decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))?;
-                    Ok((effect, delivered.body.replayed()))
+                    Ok((effect, replayed_by_an_earlier_call(&delivered)))
                 });
             let err = match sent {
                 Ok((effect, was_replayed)) => {
@@ -344,7 +352,7 @@ impl<T> Insert<'_, T> {
         Ok(InsertReport {
             rows: tables.iter().map(Table::rows_affected).sum(),
             statements: 1,
-            replayed: usize::from(delivered.body.replayed()),
+            replayed: usize::from(replayed_by_an_earlier_call(&delivered)),
         })
     }
 }

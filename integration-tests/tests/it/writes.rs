@@ -265,3 +265,24 @@ async fn execute_returning_decodes_the_new_rows() {
         .unwrap();
     assert_eq!(ids, vec![(7, "a".to_owned()), (8, "b".to_owned())]);
 }
+
+#[tokio::test]
+async fn a_replay_that_answers_a_retry_is_not_reported_as_an_earlier_calls() {
+    let live = Live::start().await;
+    let table = unique_table("own_replay");
+    create(&live.client(), &table, false).await;
+    let proxy = live.proxy().await;
+    // The first attempt is applied and its answer lost; the retry is answered from the store.
+    proxy.push(Fault::DropAfterForward);
+    let client = live.via(&proxy).retry_writes(true).build().unwrap();
+    let report = client
+        .insert(&table, &items(3))
+        .idempotency_key(format!("{table}-own"))
+        .report()
+        .await
+        .unwrap();
+    assert_eq!(proxy.forwarded(), 2, "the retry reached the server");
+    assert_eq!((report.rows, report.replayed), (3, 0), "{report:?}");
+    assert!(!report.is_replay(), "this call wrote the rows: {report:?}");
+    assert_eq!(count(&live.client(), &table).await, 3);
+}
