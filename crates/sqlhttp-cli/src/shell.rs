@@ -35,7 +35,12 @@ struct Session<'c> {
     client: &'c Client,
     format: Format,
     timing: bool,
+    /// The script files being run, outermost first (`\i` inside `\i`).
+    including: Vec<PathBuf>,
 }
+
+/// How deep `\i` may nest.
+const MAX_INCLUDE_DEPTH: usize = 16;
 
 /// What a meta command asks for.
 enum Meta {
@@ -177,6 +182,7 @@ pub(crate) async fn run(
         client,
         format: format.unwrap_or(default),
         timing: false,
+        including: Vec::new(),
     };
     if let Some(file) = file {
         return include(&mut session, file).await;
@@ -193,12 +199,22 @@ pub(crate) async fn run(
 }
 
 /// Runs the script in `file`, naming the file in its errors.
+/// A file that includes itself, directly or through others, is refused, and so is nesting
+/// deeper than [`MAX_INCLUDE_DEPTH`].
 async fn include(session: &mut Session<'_>, file: &Path) -> anyhow::Result<()> {
     let script = std::fs::read_to_string(file)
         .with_context(|| format!("cannot read the script {}", file.display()))?;
-    Box::pin(run_script(session, &script))
-        .await
-        .with_context(|| format!("in {}", file.display()))
+    let canonical = std::fs::canonicalize(file).unwrap_or_else(|_| file.to_owned());
+    if session.including.contains(&canonical) {
+        anyhow::bail!("{} includes itself", file.display());
+    }
+    if session.including.len() >= MAX_INCLUDE_DEPTH {
+        anyhow::bail!("scripts nest deeper than {MAX_INCLUDE_DEPTH} files");
+    }
+    session.including.push(canonical);
+    let ran = Box::pin(run_script(session, &script)).await;
+    session.including.pop();
+    ran.with_context(|| format!("in {}", file.display()))
 }
 
 /// Runs `script` line by line (meta commands on their own lines), stopping at the first error,

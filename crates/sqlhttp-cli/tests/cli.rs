@@ -397,6 +397,27 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
         "{}",
         stderr(&failed)
     );
+    // A script that includes itself is refused, not followed until the stack overflows.
+    let looping = dir.path().join("self.sql");
+    std::fs::write(&looping, format!("SELECT 1;\n\\i {}\n", looping.display())).unwrap();
+    let refused = sqlhttp(
+        &url,
+        &[
+            "shell",
+            "--format",
+            "csv",
+            "--file",
+            looping.to_str().unwrap(),
+        ],
+        None,
+    )
+    .await;
+    assert_exit(&refused, 1);
+    assert!(
+        stderr(&refused).contains("includes itself"),
+        "{}",
+        stderr(&refused)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
