@@ -273,6 +273,13 @@ async fn tables_and_describe_say_the_same_on_every_engine() {
         client.describe("no_such_table_anywhere").await.unwrap(),
         None
     );
+    // A name as an unquoted identifier would be written finds the table on both engines.
+    let loud = client.describe(&table.to_uppercase()).await.unwrap();
+    assert_eq!(loud.map(|columns| columns.len()), Some(4));
+    // The engine's own catalog is not the client's table (PostgreSQL's search path has it).
+    for catalog in ["pg_class", "pg_roles", "sqlite_schema", "sqlite_master"] {
+        assert_eq!(client.describe(catalog).await.unwrap(), None, "{catalog}");
+    }
     assert_eq!(
         client.describe("_sqlhttp_idempotency").await.unwrap(),
         None,
