@@ -147,6 +147,53 @@ async fn a_default_a_client_plants_is_removed_and_requests_go_on() {
     sqlhttpd_no_postgres,
     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
 )]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_request_runs_with_a_default_planted_while_connections_open() {
+    let Some(url) = database("no_request_runs_with_a_default_planted_while_connections_open").await
+    else {
+        return;
+    };
+    let role = client_role(&url);
+    let owner = owner(&url).await;
+    // A pool of several: connections that log in while the default is planted are checked
+    // after another connection's check has removed it from the role.
+    let mut config = config(&url);
+    config.limits.read_connections = 15;
+    let router = app(AppState::new(&config).unwrap());
+    ok(
+        &router,
+        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET work_mem = ''77kB'''; \
+         END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT plant()", json!([])).await;
+    end_sessions(&owner, &role).await;
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..48 {
+        let router = router.clone();
+        requests.spawn(async move {
+            let answer = ok(
+                &router,
+                "SELECT pg_sleep(0.2)::text, current_setting('work_mem')",
+                json!([]),
+            )
+            .await;
+            answer["rows"][0][1].as_str().unwrap_or_default().to_owned()
+        });
+    }
+    let seen = requests.join_all().await;
+    assert!(
+        seen.iter().all(|work_mem| work_mem != "77kB"),
+        "a request ran with the planted default: {seen:?}"
+    );
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
 #[tokio::test]
 async fn an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400() {
     let Some(url) =

@@ -28,6 +28,11 @@ pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; R
 DISCARD TEMP; DISCARD SEQUENCES; SELECT _sqlhttp.reset_session(); \
 SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;";
 
+/// The settings this session took from role defaults at login (`ALTER ROLE ... SET`, for every
+/// database or this one), by name; asked before the session sets anything over them.
+const LOGIN_DEFAULTS: &str = "SELECT name::pg_catalog.text FROM pg_catalog.pg_settings \
+WHERE source OPERATOR(pg_catalog.=) ANY (ARRAY['user', 'database user']::pg_catalog.text[])";
+
 /// Why [`check_new`] refused a connection whose planted defaults it had removed: the next one
 /// logs in without them.
 const PLANTED_REMOVED: &str = "the client role's session defaults had been changed; removed";
@@ -39,6 +44,10 @@ const PLANTED_REMOVED: &str = "the client role's session defaults had been chang
 /// remove them, the connection is kept: refusing every connection would stop the server, and
 /// a client can plant only settings it may set in its own session. Returns why it was refused.
 pub(crate) async fn check_new(client: &Client, keeper: &RoleKeeper) -> Result<(), String> {
+    // The role defaults this very session logged in with, read before anything is SET over
+    // them: the role's defaults now may already be clean (another connection's check removed
+    // them) while this session still runs with them, and RESET ALL would return to them.
+    let logged_in = client.query(LOGIN_DEFAULTS, &[]).await;
     // Planted defaults apply to this very session: make sure they cannot stop the check
     // (`default_transaction_read_only`, a tiny `statement_timeout`, a search path). Requests
     // start with RESET ALL, which returns to the login's values.
@@ -54,8 +63,25 @@ pub(crate) async fn check_new(client: &Client, keeper: &RoleKeeper) -> Result<()
         .await
         .map_err(|e| format!("cannot read the client role's defaults: {e}"))?;
     let planted = keeper.planted(&now);
+    // Fail closed: a session whose login values cannot be read is not trusted.
+    let unaccepted: Vec<String> = match &logged_in {
+        Ok(rows) => rows
+            .iter()
+            .map(|row| row.get::<_, String>(0))
+            .filter(|name| !keeper.accepts_default(name))
+            .collect(),
+        Err(e) => vec![format!("(unreadable: {e})")],
+    };
     if planted.is_empty() {
-        return Ok(());
+        if unaccepted.is_empty() {
+            return Ok(());
+        }
+        tracing::warn!(
+            defaults = %unaccepted.join(", "),
+            "a new connection logged in with client role defaults that were since removed: \
+             refused it (the next one logs in without them)"
+        );
+        return Err(PLANTED_REMOVED.to_owned());
     }
     let names: Vec<&str> = planted.iter().map(setup::RoleSetting::name).collect();
     let names = names.join(", ");
@@ -70,6 +96,15 @@ pub(crate) async fn check_new(client: &Client, keeper: &RoleKeeper) -> Result<()
             Err(PLANTED_REMOVED.to_owned())
         }
         Err(why) => {
+            // Another connection's check may have removed them at the same moment (PostgreSQL
+            // answers one of two concurrent ALTER ROLEs "tuple concurrently updated"): then
+            // this session is refused like any that logged in with them.
+            let still = setup::role_settings(client, keeper.role())
+                .await
+                .map(|now| keeper.planted(&now));
+            if still.is_ok_and(|left| left.is_empty()) {
+                return Err(PLANTED_REMOVED.to_owned());
+            }
             tracing::error!(
                 defaults = %names,
                 error = %why,

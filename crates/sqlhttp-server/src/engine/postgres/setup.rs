@@ -202,6 +202,21 @@ impl RoleKeeper {
             .collect()
     }
 
+    /// Whether a session may run with the role default `name` it logged in with: a setting the
+    /// server accepts (`temp_file_limit`) or one of the baseline's.
+    pub(crate) fn accepts_default(&self, name: &str) -> bool {
+        ACCEPTED_SETTINGS
+            .iter()
+            .chain(
+                self.baseline
+                    .iter()
+                    .map(RoleSetting::name)
+                    .collect::<Vec<_>>()
+                    .iter(),
+            )
+            .any(|accepted| accepted.eq_ignore_ascii_case(name))
+    }
+
     /// An owner session with the search path pinned (see [`prepare_on`]), whose statements
     /// cannot wait long (an `ALTER ROLE` waits for a client's transaction that altered the role).
     async fn owner(&self) -> Result<Client, String> {
