@@ -29,9 +29,9 @@ mod engine;
 mod error;
 mod http;
 mod request;
-mod sql_text;
 mod secrets;
 mod server;
+mod sql_text;
 mod state;
 
 pub use config::{

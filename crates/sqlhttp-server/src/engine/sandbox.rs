@@ -311,9 +311,9 @@ pub(crate) fn authorize(context: &AuthContext<'_>) -> Result<(), String> {
         A::Function { function_name } if is_listed(DENIED_FUNCTIONS, function_name) => {
             Err(format!("the function {function_name}() is not allowed"))
         }
-        A::Function { function_name } if is_listed(UNBOUNDED_FUNCTIONS, function_name) => {
-            Err(format!("the function {function_name}() {UNBOUNDED_REFUSED}"))
-        }
+        A::Function { function_name } if is_listed(UNBOUNDED_FUNCTIONS, function_name) => Err(
+            format!("the function {function_name}() {UNBOUNDED_REFUSED}"),
+        ),
         A::Read { table_name, .. } if is_listed(HIDDEN_PRAGMA_TABLES, table_name) => Err(format!(
             "{table_name} is not allowed: it reveals the server's files"
         )),
