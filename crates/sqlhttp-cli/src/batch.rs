@@ -49,10 +49,15 @@ pub(crate) async fn run(
     }
     let started = Instant::now();
     let results = batch.await.map_err(|err| {
-        let context = match err.statement_index().and_then(|i| statements.get(i)) {
-            Some(statement) => format!(
-                "statement {} of the batch ({}); nothing of the batch was applied",
-                err.statement_index().unwrap_or_default() + 1,
+        // The SDK's message says which statement (from 0) and that nothing was applied; this
+        // adds the statement's text and its place counted from 1, as a file's reader counts.
+        let context = match err
+            .statement_index()
+            .and_then(|i| Some((i, statements.get(i)?)))
+        {
+            Some((index, statement)) => format!(
+                "the batch's statement #{} ({})",
+                index + 1,
                 first_words(statement)
             ),
             None => "the batch".to_owned(),

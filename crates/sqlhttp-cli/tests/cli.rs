@@ -665,7 +665,7 @@ async fn a_batch_from_a_file_commits_whole_or_not_at_all() {
     let failed = sqlhttp(&url, &["batch", broken.to_str().unwrap()], None).await;
     assert_exit(&failed, 1);
     assert!(
-        stderr(&failed).contains("statement 2 of the batch (UPDATE acct SET balance = NULL"),
+        stderr(&failed).contains("the batch's statement #2 (UPDATE acct SET balance = NULL"),
         "{}",
         stderr(&failed)
     );
