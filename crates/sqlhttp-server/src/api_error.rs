@@ -175,6 +175,18 @@ impl ApiError {
         self
     }
 
+    /// A row whose JSON alone is larger than `limit` (`--max-result-bytes`), row `row` counted
+    /// from 1: the same words on every engine.
+    pub(crate) fn row_too_large(limit: usize, row: u64) -> Self {
+        Self::new(
+            ErrorCode::ResultTooLarge,
+            format!(
+                "row {row} is larger than this server's limit of {limit} bytes for one row \
+                 (--max-result-bytes); select fewer or smaller columns"
+            ),
+        )
+    }
+
     pub(crate) fn interrupted() -> Self {
         ApiError {
             interrupted: true,

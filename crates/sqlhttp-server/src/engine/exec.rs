@@ -393,7 +393,10 @@ pub(crate) fn write_result(
             // One row is bounded too: its cells are written whole before any sink looks.
             if out.len() - row_start > conn.limits.max_result_bytes {
                 out.truncate(row_start);
-                return Err(row_too_large(conn.limits.max_result_bytes, count + 1));
+                return Err(ApiError::row_too_large(
+                    conn.limits.max_result_bytes,
+                    count + 1,
+                ));
             }
         }
         out.push(b']');
@@ -439,17 +442,6 @@ pub(crate) fn write_result(
     }
     out.push(b'}');
     Ok(Written::Done)
-}
-
-/// The error for a row whose JSON alone is larger than `limit`.
-fn row_too_large(limit: usize, row: u64) -> ApiError {
-    ApiError::new(
-        ErrorCode::ResultTooLarge,
-        format!(
-            "row {row} is larger than this server's limit of {limit} bytes for one row \
-             (--max-result-bytes); select fewer or smaller columns"
-        ),
-    )
 }
 
 /// Whether the schema moved under a statement that failed to compile (the check runs outside

@@ -8,27 +8,9 @@
 
 use serde_json::{Value, json};
 use sqlhttp::{Client, RetryPolicy};
-use sqlhttp_server::{AppState, Config, app};
 
 use crate::common::{ok, serve, sql};
-use crate::postgres::{config, database};
-
-/// The in-process app on a fresh database, or `None` (skip) when there is no PostgreSQL.
-async fn app_for(test: &str, tweak: impl FnOnce(&mut Config)) -> Option<axum::Router> {
-    let url = database(test).await?;
-    let mut config = config(&url);
-    tweak(&mut config);
-    Some(app(AppState::new(&config).unwrap()))
-}
-
-macro_rules! app_or_skip {
-    ($test:expr, $tweak:expr) => {
-        match app_for($test, $tweak).await {
-            Some(router) => router,
-            None => return,
-        }
-    };
-}
+use crate::postgres::{config, database, postgres_app};
 
 #[cfg_attr(
     sqlhttpd_no_postgres,
@@ -36,7 +18,7 @@ macro_rules! app_or_skip {
 )]
 #[tokio::test]
 async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
-    let router = app_or_skip!(
+    let router = postgres_app!(
         "a_cell_past_the_value_limit_is_refused_and_the_server_goes_on",
         |config| config.limits.max_value_bytes = 1000
     );
@@ -86,7 +68,7 @@ async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
 )]
 #[tokio::test]
 async fn a_row_past_the_result_limit_is_refused_as_on_sqlite() {
-    let router = app_or_skip!(
+    let router = postgres_app!(
         "a_row_past_the_result_limit_is_refused_as_on_sqlite",
         |config| config.limits.max_result_bytes = 4000
     );
@@ -127,7 +109,7 @@ const RAISE_IT: &str = "CREATE FUNCTION raise_it(code text) RETURNS int LANGUAGE
 )]
 #[tokio::test]
 async fn sqlstates_a_function_raises_are_the_clients_errors() {
-    let router = app_or_skip!("sqlstates_a_function_raises_are_the_clients_errors", |_| {});
+    let router = postgres_app!("sqlstates_a_function_raises_are_the_clients_errors", |_| {});
     ok(&router, RAISE_IT, json!([])).await;
     let cases = [
         ("XX000", 400, "SQL_ERROR"),
@@ -216,7 +198,7 @@ async fn the_sdk_does_not_retry_a_write_whose_function_raised_a_retryable_code()
 )]
 #[tokio::test]
 async fn rows_affected_counts_changes_only() {
-    let router = app_or_skip!("rows_affected_counts_changes_only", |_| {});
+    let router = postgres_app!("rows_affected_counts_changes_only", |_| {});
     ok(&router, "CREATE TABLE t (v int)", json!([])).await;
     let cases = [
         ("INSERT INTO t SELECT g FROM generate_series(1, 3) g", 3),
@@ -259,7 +241,7 @@ async fn rows_affected_counts_changes_only() {
 )]
 #[tokio::test]
 async fn float4_is_written_at_its_own_precision() {
-    let router = app_or_skip!("float4_is_written_at_its_own_precision", |_| {});
+    let router = postgres_app!("float4_is_written_at_its_own_precision", |_| {});
     let reply = sql(
         &router,
         "SELECT 0.1::float4, 3.4028235e38::float4, 1e-45::float4, 'NaN'::float4, \
@@ -334,7 +316,7 @@ async fn json_cells_the_sdk_cannot_read_back_arrive_as_their_text() {
 )]
 #[tokio::test]
 async fn years_past_9999_and_before_1_are_written_as_iso_8601_says() {
-    let router = app_or_skip!(
+    let router = postgres_app!(
         "years_past_9999_and_before_1_are_written_as_iso_8601_says",
         |_| {}
     );
@@ -382,7 +364,7 @@ fn resident(field: &str) -> u64 {
 #[tokio::test]
 async fn a_cell_far_past_the_limit_is_refused_before_it_arrives() {
     const CELL: u64 = 300_000_000;
-    let router = app_or_skip!(
+    let router = postgres_app!(
         "a_cell_far_past_the_limit_is_refused_before_it_arrives",
         |_| {}
     );

@@ -148,17 +148,20 @@ pub(crate) async fn app_on(test: &str, tweak: impl FnOnce(&mut Config)) -> Optio
     Some(app(AppState::new(&config).unwrap()))
 }
 
+/// The app for `$test` on a fresh database (as [`app_on`]), or `return` from the test when
+/// there is no PostgreSQL.
 macro_rules! postgres_app {
     ($test:expr) => {
         postgres_app!($test, |_| {})
     };
     ($test:expr, $tweak:expr) => {
-        match app_on($test, $tweak).await {
+        match $crate::postgres::app_on($test, $tweak).await {
             Some(router) => router,
             None => return,
         }
     };
 }
+pub(crate) use postgres_app;
 
 #[cfg_attr(
     sqlhttpd_no_postgres,

@@ -123,18 +123,6 @@ fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError
     ))
 }
 
-/// The refusal of a row whose JSON alone is larger than `--max-result-bytes`, worded as the
-/// SQLite engine words it.
-fn row_too_large(limit: usize, row: u64) -> ApiError {
-    ApiError::new(
-        ErrorCode::ResultTooLarge,
-        format!(
-            "row {row} is larger than this server's limit of {limit} bytes for one row \
-             (--max-result-bytes); select fewer or smaller columns"
-        ),
-    )
-}
-
 /// The answer for a connection `wire` cut while this statement (of `columns`, once prepared)
 /// ran: what the row checks in [`write_result`] say of such a cell or row once it has arrived.
 fn cut_answer(cut: wire::Cut, columns: &[tokio_postgres::Column], limits: &Limits) -> ApiError {
@@ -144,7 +132,7 @@ fn cut_answer(cut: wire::Cut, columns: &[tokio_postgres::Column], limits: &Limit
             let name = columns.get(column).map_or(fallback.as_str(), |c| c.name());
             value_too_big(name, row, bytes, limits.max_value_bytes)
         }
-        wire::Cut::Row { row, .. } => row_too_large(limits.max_result_bytes, row),
+        wire::Cut::Row { row, .. } => ApiError::row_too_large(limits.max_result_bytes, row),
         wire::Cut::Message { kind, bytes } => ApiError::new(
             ErrorCode::ResultTooLarge,
             format!(
@@ -263,7 +251,7 @@ pub(crate) async fn write_result(
             if out.len() - row_start > max_row_bytes {
                 out.truncate(row_start);
                 lease.cancel_statement().await;
-                return Err(row_too_large(max_row_bytes, count + 1));
+                return Err(ApiError::row_too_large(max_row_bytes, count + 1));
             }
         }
         out.push(b']');
