@@ -18,7 +18,7 @@ use sqlhttp_server::{AppState, app};
 use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, sql};
-use crate::postgres::{client_role, config, database, database_on, start_cluster};
+use crate::postgres::{client_role, config, database, database_on, password_cluster};
 
 /// A connection to the test database as the cluster's superuser (the server's owner).
 async fn owner(url: &str) -> Client {
@@ -272,12 +272,7 @@ async fn temporary_files_are_limited_by_default() {
 )]
 #[tokio::test]
 async fn a_password_a_client_sets_is_replaced_by_the_servers() {
-    let Some(cluster) = start_cluster("scram-sha-256") else {
-        assert!(
-            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
-            "cannot start a password-checking cluster, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
-        );
-        eprintln!("skipping: no PostgreSQL for scripts/start-postgres");
+    let Some(cluster) = password_cluster() else {
         return;
     };
     let url = database_on(&cluster).await;

@@ -70,6 +70,20 @@ pub(crate) fn start_cluster(auth: &str) -> Option<String> {
     Some(url)
 }
 
+/// A throwaway cluster that asks every role but `postgres` for its SCRAM password, or `None`
+/// (with a message, and a failure under `SQLHTTPD_TEST_REQUIRE_POSTGRES`) when it cannot start.
+pub(crate) fn password_cluster() -> Option<String> {
+    let cluster = start_cluster("scram-sha-256");
+    if cluster.is_none() {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "cannot start a password-checking cluster, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!("skipping: no PostgreSQL for scripts/start-postgres");
+    }
+    cluster
+}
+
 /// A fresh database on the cluster, or `None` (with a message) when there is no cluster.
 pub(crate) async fn database(test: &str) -> Option<String> {
     let Some(url) = cluster() else {
@@ -1181,12 +1195,7 @@ async fn as_owner(url: &str, sql: &str) {
 )]
 #[tokio::test]
 async fn passwords_are_checked_as_in_production() {
-    let Some(cluster) = start_cluster("scram-sha-256") else {
-        assert!(
-            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
-            "cannot start a password-checking cluster, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
-        );
-        eprintln!("skipping: no PostgreSQL for scripts/start-postgres");
+    let Some(cluster) = password_cluster() else {
         return;
     };
     let default_role = |url: &str| Config {
