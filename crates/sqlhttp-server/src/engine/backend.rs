@@ -11,7 +11,7 @@ use crate::batch_request::BatchRequest;
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
 use crate::engine::postgres::PgEngine;
-use crate::engine::{Engine, Outcome, Reply};
+use crate::engine::{Engine, GivenUp, Outcome, Reply};
 use crate::error::ServerError;
 use crate::request::SqlRequest;
 
@@ -148,6 +148,15 @@ impl Backend {
         match self {
             Backend::Sqlite(engine) => engine.queue_depths(),
             Backend::Postgres(engine) => vec![("postgres", engine.waiting())],
+        }
+    }
+
+    /// Engine connections given up because their statement did not stop in time (SQLite; the
+    /// PostgreSQL engine's server stops its statements itself).
+    pub(crate) fn given_up(&self) -> GivenUp {
+        match self {
+            Backend::Sqlite(engine) => engine.given_up(),
+            Backend::Postgres(_) => GivenUp::default(),
         }
     }
 

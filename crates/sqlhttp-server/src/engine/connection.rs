@@ -5,7 +5,7 @@
 //!
 //! Opening sets everything the server owns about a connection: the sandbox's limits and
 //! authorizer, the progress handler (statement timeout, cancellation, shutdown), the busy
-//! handler, WAL journaling and durable commits for files, `query_only` for readers. Lives on
+//! handler, the commit hook (a given-up job never commits), WAL journaling and durable commits for files, `query_only` for readers. Lives on
 //! engine threads; knows nothing about HTTP, requests or pooling.
 
 use std::cell::Cell;
@@ -69,6 +69,17 @@ impl Target {
         match self {
             Target::File(path) => path.clone(),
             Target::Scratch(dir) => dir.path().join("scratch.db"),
+        }
+    }
+
+    /// Removes a throwaway database's directory now, though given-up connections may still hold
+    /// its files (on Unix they go on with files nobody can reach; the directory's own removal,
+    /// when the last of them closes, then finds nothing). A served file is left alone.
+    pub(crate) fn discard(&self) {
+        if let Target::Scratch(dir) = self
+            && let Err(e) = std::fs::remove_dir_all(dir.path())
+        {
+            tracing::warn!(error = %e, "cannot remove the throwaway database");
         }
     }
 
@@ -167,6 +178,10 @@ impl Conn {
                 }
             }
         }))?;
+        // The one place every commit passes, the server's transactions and a client write's own
+        // alike: a job the watchdog gave up rolls back here instead (ADR 0031).
+        let commit = Arc::clone(&hooks);
+        conn.commit_hook(Some(move || !commit.commit_allowed()))?;
         Ok(Conn {
             conn,
             hooks,

@@ -103,7 +103,11 @@ fn purge_if_due(writer: &mut Conn, ttl: Duration) {
         .is_none_or(|at| at.elapsed() >= PURGE_INTERVAL);
     if due {
         writer.last_purge = Some(Instant::now());
-        match purge_expired(&writer.conn, ttl) {
+        // The purge commits on its own, before the job's transaction: it is not the job's commit.
+        match writer
+            .hooks
+            .housekeeping(|| purge_expired(&writer.conn, ttl))
+        {
             Ok(0) => {}
             Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
             Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),

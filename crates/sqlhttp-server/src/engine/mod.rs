@@ -9,6 +9,8 @@
 //! Every request is its own transaction: clients cannot open one (see `sandbox`). Each job has
 //! a statement timeout and is cancelled when its requester goes away; queues are bounded.
 //! Atomic batches (`batch`) run several statements in one transaction of the server's own.
+//! A watchdog thread gives up a connection whose statement has not stopped a margin after it
+//! had to (ADR 0031; see `worker`).
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
 mod backend;
@@ -28,9 +30,9 @@ mod stream;
 mod transaction;
 mod worker;
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::budget::{Budget, Held};
@@ -42,7 +44,7 @@ use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
 use exec::Access;
 use job::CancelOnDrop;
-use worker::Pool;
+use worker::{Opener, Pool, Strays};
 
 pub(crate) use backend::Backend;
 pub(crate) use sandbox::check_text;
@@ -128,12 +130,34 @@ pub(crate) enum Reply {
 /// How often `close` interrupts statements that keep engine threads from exiting.
 const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
 
+/// How long a statement may go on after it had to stop (its deadline, its client's leaving, the
+/// engine's close) before its connection is given up (ADR 0031): ample for any statement SQLite
+/// can interrupt to stop and roll back.
+pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
+
+/// How often the watchdog looks for statements to give up.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// Given-up connections, for the metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct GivenUp {
+    /// Given-up connections whose statement still runs on its own thread.
+    pub(crate) running: usize,
+    /// Connections given up since the server started.
+    pub(crate) total: u64,
+}
+
 /// Handle to the engine's threads.
 #[derive(Debug)]
 pub(crate) struct Engine {
-    writer: Pool,
-    readers: Option<Pool>,
+    writer: Arc<Pool>,
+    readers: Option<Arc<Pool>>,
     closing: Arc<AtomicBool>,
+    /// When `close` began.
+    closing_since: Arc<OnceLock<Instant>>,
+    strays: Arc<Strays>,
+    /// Kept to remove a throwaway database that given-up connections still hold at close.
+    target: Target,
     buffering: Buffering,
 }
 
@@ -181,22 +205,65 @@ impl Engine {
             .collect::<Result<Vec<_>, _>>()
             .map_err(open_error)?;
 
-        let writer = Pool::start("writer", vec![writer], limits.queue_depth)
-            .map_err(ServerError::EngineThread)?;
+        let opener = |role: Role| -> Opener {
+            let (target, closing) = (target.clone(), Arc::clone(&closing));
+            Arc::new(move || {
+                let hooks = Arc::new(Hooks::new(Arc::clone(&closing)));
+                let conn = Conn::open(&target, role, limits, hooks)?;
+                if role == Role::Writer {
+                    conn.conn.execute_batch(exec::ROWID_PROBE_DDL)?;
+                }
+                Ok(conn)
+            })
+        };
+        // As many stray threads as there are readers (one with none): the process then runs at
+        // most `2 × read_connections + 1` engine threads (ADR 0031).
+        let strays = Arc::new(Strays::new(limits.read_connections.max(1)));
+        let pool = |name, connections, role| {
+            Pool::start(
+                name,
+                connections,
+                limits.queue_depth,
+                opener(role),
+                Arc::clone(&strays),
+                GIVE_UP_AFTER,
+            )
+            .map(Arc::new)
+            .map_err(ServerError::EngineThread)
+        };
+        let writer = pool("writer", vec![writer], Role::Writer)?;
         let readers = if readers.is_empty() {
             None
         } else {
-            Some(
-                Pool::start("reader", readers, limits.queue_depth)
-                    .map_err(ServerError::EngineThread)?,
-            )
+            Some(pool("reader", readers, Role::Reader)?)
         };
+        let closing_since = Arc::new(OnceLock::new());
+        let watched = std::iter::once(&writer)
+            .chain(&readers)
+            .map(Arc::downgrade)
+            .collect();
+        let watch_closing = Arc::clone(&closing_since);
+        std::thread::Builder::new()
+            .name("sqlhttpd-watchdog".to_owned())
+            .spawn(move || watchdog(watched, &watch_closing))
+            .map_err(ServerError::EngineThread)?;
         Ok(Engine {
             writer,
             readers,
             closing,
+            closing_since,
+            strays,
+            target,
             buffering: Buffering::new(budget, &limits),
         })
+    }
+
+    /// Given-up connections now and since the start.
+    pub(crate) fn given_up(&self) -> GivenUp {
+        GivenUp {
+            running: self.strays.alive(),
+            total: self.strays.total(),
+        }
     }
 
     /// Runs `job` on one of `pool`'s connections; dropping the returned future cancels it.
@@ -308,14 +375,20 @@ impl Engine {
         let control = Arc::new(JobControl::default());
         let cancel = CancelOnDrop::new(Arc::clone(&control));
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
-        let result = pool.start_job(&control, move |conn| {
-            let _query_only = if query_only {
-                Some(QueryOnly::on(conn)?)
-            } else {
-                None
-            };
-            stream::execute(conn, &request, access, sender)
-        })?;
+        let abandon = sender.abandon_handle();
+        let result = pool.start_job(
+            &control,
+            move |conn| {
+                let _query_only = if query_only {
+                    Some(QueryOnly::on(conn)?)
+                } else {
+                    None
+                };
+                stream::execute(conn, &request, access, sender)
+            },
+            // A body that streams already ends with the error; one that does not, never starts.
+            move |err| abandon.abandon(err),
+        )?;
         match receiver.start().await {
             stream::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.
@@ -374,23 +447,49 @@ impl Engine {
     }
 
     /// Closes the connections: statements running or queued are interrupted (their requests
-    /// answer 503), and this returns once every connection has been dropped. Later requests
-    /// answer 503.
+    /// answer 503), and this returns once every connection has been dropped or, for a statement
+    /// that did not stop within [`GIVE_UP_AFTER`], given up (its thread is left to end on its
+    /// own; a file database recovers what it had not committed on its next open). Later
+    /// requests answer 503.
     pub(crate) async fn close(&self) {
+        let since = *self.closing_since.get_or_init(Instant::now);
         self.closing.store(true, Ordering::Release);
-        let pools: Vec<&Pool> = std::iter::once(&self.writer).chain(&self.readers).collect();
-        let mut exits = Vec::new();
+        let pools: Vec<&Pool> = std::iter::once(&self.writer)
+            .chain(&self.readers)
+            .map(|pool| &**pool)
+            .collect();
         for pool in &pools {
             pool.close_queue();
-            exits.extend(pool.take_exits());
         }
-        for mut exit in exits {
-            loop {
-                match tokio::time::timeout(INTERRUPT_EVERY, &mut exit).await {
-                    Ok(_) => break,
-                    Err(_) => pools.iter().for_each(|pool| pool.interrupt_all()),
-                }
+        loop {
+            let now = Instant::now();
+            pools.iter().for_each(|pool| pool.watch(now, Some(since)));
+            if pools.iter().all(|pool| pool.settled()) {
+                break;
             }
+            pools.iter().for_each(|pool| pool.interrupt_all());
+            tokio::time::sleep(INTERRUPT_EVERY).await;
+        }
+        if self.strays.alive() > 0 {
+            // Given-up connections keep a throwaway database open; it is not left behind.
+            self.target.discard();
+        }
+    }
+}
+
+/// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
+/// it. Ends when the engine is gone, or closed and settled.
+fn watchdog(pools: Vec<Weak<Pool>>, closing_since: &OnceLock<Instant>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let now = Instant::now();
+        let mut open = false;
+        for pool in pools.iter().filter_map(Weak::upgrade) {
+            pool.watch(now, closing_since.get().copied());
+            open |= closing_since.get().is_none() || !pool.settled();
+        }
+        if !open {
+            return;
         }
     }
 }

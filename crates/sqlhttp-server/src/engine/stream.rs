@@ -47,6 +47,10 @@ struct State {
     waker: Option<Waker>,
     /// An async producer waiting for room in the queue (see [`ChunkSender::send_async`]).
     room_waker: Option<Waker>,
+    /// A chunk was ever queued: the body streams.
+    sent_any: bool,
+    /// The job was given up ([`Abandon`]): the producer's later chunks and end are dropped.
+    abandoned: bool,
 }
 
 #[derive(Debug, Default)]
@@ -100,7 +104,7 @@ impl ChunkSender {
     pub(crate) fn send(&self, chunk: Bytes, must_stop: impl Fn() -> bool) -> Result<(), SendError> {
         let mut state = self.shared.lock();
         loop {
-            if state.receiver_gone {
+            if state.receiver_gone || state.abandoned {
                 return Err(SendError::Gone);
             }
             if state.queue.len() < self.capacity {
@@ -117,6 +121,7 @@ impl ChunkSender {
                 .0;
         }
         state.queue.push_back(chunk);
+        state.sent_any = true;
         if let Some(waker) = state.waker.take() {
             waker.wake();
         }
@@ -134,12 +139,13 @@ impl ChunkSender {
         let mut chunk = Some(chunk);
         std::future::poll_fn(|cx| {
             let mut state = self.shared.lock();
-            if state.receiver_gone {
+            if state.receiver_gone || state.abandoned {
                 return Poll::Ready(Err(SendError::Gone));
             }
             if state.queue.len() < self.capacity {
                 if let Some(chunk) = chunk.take() {
                     state.queue.push_back(chunk);
+                    state.sent_any = true;
                 }
                 if let Some(waker) = state.waker.take() {
                     waker.wake();
@@ -159,6 +165,10 @@ impl ChunkSender {
     /// statement's effect or its error), and ends the body cleanly.
     pub(crate) fn finish(self, last: Bytes) {
         let mut state = self.shared.lock();
+        if state.abandoned {
+            // The body already ended with the give-up's error.
+            return;
+        }
         if !last.is_empty() {
             state.queue.push_back(last);
         }
@@ -166,9 +176,49 @@ impl ChunkSender {
         // Drop wakes the receiver.
     }
 
-    /// Whether the receiver is gone.
+    /// Whether the receiver is gone (or the job was given up: nobody reads on).
     pub(crate) fn is_gone(&self) -> bool {
-        self.shared.lock().receiver_gone
+        let state = self.shared.lock();
+        state.receiver_gone || state.abandoned
+    }
+
+    /// A handle that ends the body for a job given up while its statement still runs.
+    pub(crate) fn abandon_handle(&self) -> Abandon {
+        Abandon {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+/// Ends a body whose producer is stuck: see [`Abandon::abandon`].
+#[derive(Debug)]
+pub(crate) struct Abandon {
+    shared: Arc<Shared>,
+}
+
+impl Abandon {
+    /// The job was given up with `err`: a body that streams ends at once with `err` as its
+    /// `"error"` member (every chunk ends after a whole row, so the tail closes the rows), one
+    /// that has not started never does (its requester is answered `err` instead); whatever the
+    /// producer sends later is dropped. Does nothing to a body that has ended.
+    pub(crate) fn abandon(&self, err: &ApiError) {
+        let mut state = self.shared.lock();
+        if state.finished || state.receiver_gone || state.abandoned {
+            return;
+        }
+        state.abandoned = true;
+        if state.sent_any {
+            let mut tail = Vec::new();
+            exec::write_error_tail(&mut tail, err);
+            state.queue.push_back(Bytes::from(tail));
+            state.finished = true;
+        } else {
+            state.sender_gone = true;
+        }
+        let (waker, room_waker) = (state.waker.take(), state.room_waker.take());
+        drop(state);
+        self.shared.room.notify_all();
+        waker.into_iter().chain(room_waker).for_each(Waker::wake);
     }
 }
 

@@ -1,12 +1,13 @@
 //! The server's numbers for `GET /metrics`, in the OpenMetrics text format Prometheus scrapes
 //! (the `prometheus-client` crate's encoder): requests by endpoint and status, a latency
-//! histogram per endpoint, engine queue depth per pool, and counts of rate-limited requests,
-//! replayed idempotent outcomes and statement timeouts.
+//! histogram per endpoint, engine queue depth per pool, engine connections given up (ADR 0031),
+//! and counts of rate-limited requests, replayed idempotent outcomes and statement timeouts.
 //!
 //! Knows metric names and label sets; the request log feeds it one observation per request. No
 //! label ever carries a credential, a statement or a value: endpoints are route patterns, so
 //! the series are bounded.
 
+use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::extract::State;
@@ -20,6 +21,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::api_error::ApiError;
+use crate::engine::GivenUp;
 use crate::state::AppState;
 
 /// The media type of the exposition.
@@ -68,6 +70,10 @@ pub(crate) struct Metrics {
     requests: Family<RequestLabels, Counter>,
     latency: Family<EndpointLabels, Histogram, fn() -> Histogram>,
     queue_depth: Family<PoolLabels, Gauge>,
+    given_up: Counter,
+    /// Serializes bringing [`Metrics::given_up`] up to the engine's total.
+    given_up_sync: Mutex<()>,
+    given_up_running: Gauge,
     rate_limited: Counter,
     replayed: Counter,
     statement_timeouts: Counter,
@@ -96,6 +102,19 @@ impl Metrics {
             "Statements waiting for an engine connection, by pool (writer, reader)",
             queue_depth.clone(),
         );
+        let given_up = Counter::default();
+        registry.register(
+            "engine_given_up",
+            "Engine connections given up because their statement had not stopped a second \
+             after its timeout, its client's leaving or shutdown",
+            given_up.clone(),
+        );
+        let given_up_running = Gauge::default();
+        registry.register(
+            "engine_given_up_running",
+            "Given-up engine connections whose statement still runs on its own thread",
+            given_up_running.clone(),
+        );
         let rate_limited = Counter::default();
         registry.register(
             "rate_limited",
@@ -119,6 +138,9 @@ impl Metrics {
             requests,
             latency,
             queue_depth,
+            given_up,
+            given_up_sync: Mutex::new(()),
+            given_up_running,
             rate_limited,
             replayed,
             statement_timeouts,
@@ -148,8 +170,24 @@ impl Metrics {
         }
     }
 
-    /// The exposition text, with the queue depths as they are now.
-    pub(crate) fn render(&self, queue_depths: &[(&'static str, usize)]) -> String {
+    /// The exposition text, with the queue depths and given-up connections as they are now.
+    pub(crate) fn render(
+        &self,
+        queue_depths: &[(&'static str, usize)],
+        given_up: GivenUp,
+    ) -> String {
+        {
+            let _sync = self
+                .given_up_sync
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            let counted = self.given_up.get();
+            if given_up.total > counted {
+                self.given_up.inc_by(given_up.total - counted);
+            }
+        }
+        self.given_up_running
+            .set(i64::try_from(given_up.running).unwrap_or(i64::MAX));
         for (pool, depth) in queue_depths {
             let depth = i64::try_from(*depth).unwrap_or(i64::MAX);
             self.queue_depth
@@ -166,7 +204,9 @@ impl Metrics {
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let shared = &state.inner;
-    let text = shared.metrics.render(&shared.engine.queue_depths());
+    let text = shared
+        .metrics
+        .render(&shared.engine.queue_depths(), shared.engine.given_up());
     let mut response = text.into_response();
     response
         .headers_mut()
@@ -214,7 +254,13 @@ mod tests {
             replayed: false,
             statement_timeout: true,
         });
-        let text = metrics.render(&[("writer", 2), ("reader", 0)]);
+        let text = metrics.render(
+            &[("writer", 2), ("reader", 0)],
+            GivenUp {
+                running: 1,
+                total: 3,
+            },
+        );
         for line in [
             "# TYPE sqlhttpd_requests counter",
             r#"sqlhttpd_requests_total{endpoint="/api/v1/sql",status="200"} 3"#,
@@ -227,6 +273,8 @@ mod tests {
             r#"sqlhttpd_request_duration_seconds_count{endpoint="/api/v1/sql"} 5"#,
             r#"sqlhttpd_engine_queue_depth{pool="writer"} 2"#,
             r#"sqlhttpd_engine_queue_depth{pool="reader"} 0"#,
+            "sqlhttpd_engine_given_up_total 3",
+            "sqlhttpd_engine_given_up_running 1",
             "sqlhttpd_rate_limited_total 1",
             "sqlhttpd_idempotent_replays_total 1",
             "sqlhttpd_statement_timeouts_total 1",
