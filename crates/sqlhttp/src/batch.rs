@@ -234,7 +234,29 @@ impl Batch {
         self.statements.is_empty()
     }
 
-    async fn send(self) -> Result<Vec<Table>> {
+    /// Runs the batch and reports what it did: its results, and whether the server answered
+    /// from its store of keyed outcomes rather than running it. Awaiting the batch itself gives
+    /// [`BatchReport::results`].
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// let report = client
+    ///     .batch()
+    ///     .statement("INSERT INTO jobs (id) VALUES (?)").bind(7)
+    ///     .idempotency_key("enqueue-7")
+    ///     .report()
+    ///     .await?;
+    /// if report.replayed {
+    ///     println!("job 7 was enqueued earlier, under the same key: nothing written now");
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn report(self) -> ResponseFuture<'static, BatchReport> {
+        ResponseFuture::new(self.send())
+    }
+
+    async fn send(self) -> Result<BatchReport> {
         self.options.validate()?;
         if self.stray_bind {
             return Err(Error::new(ErrorKind::InvalidParameter {
@@ -257,7 +279,7 @@ impl Batch {
             return Err(Error::new(kind).with_statement_index(Some(index)));
         }
         if self.statements.is_empty() {
-            return Ok(Vec::new());
+            return Ok(BatchReport::default());
         }
         let count = self.statements.len();
         let bodies: Vec<Bytes> = self
@@ -306,8 +328,23 @@ impl Batch {
                 &mut whole,
             )
             .await?;
-        decode_results(&whole.0, count).map_err(|err| delivered.attach(err))
+        let replayed = crate::insert::replayed_by_an_earlier_call(&delivered);
+        let results = decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
+        Ok(BatchReport { results, replayed })
     }
+}
+
+/// What a batch did, from [`Batch::report`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct BatchReport {
+    /// One table per statement, in order, as awaiting the batch gives them.
+    pub results: Vec<Table>,
+    /// Whether the server answered the batch's first attempt with a stored outcome
+    /// (`Idempotent-Replayed: true`): an earlier call applied its key, so nothing was written by
+    /// this one. A replay that answers a retry does not count: the attempt before it, lost on
+    /// the way back, may have been this call's own write.
+    pub replayed: bool,
 }
 
 impl IntoFuture for Batch {
@@ -315,7 +352,7 @@ impl IntoFuture for Batch {
     type IntoFuture = ResponseFuture<'static, Vec<Table>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        ResponseFuture::new(self.send())
+        ResponseFuture::new(async move { self.send().await.map(|report| report.results) })
     }
 }
 

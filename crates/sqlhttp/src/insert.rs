@@ -178,7 +178,7 @@ pub(crate) fn chunk_key(key: &str, index: usize, count: usize) -> String {
 
 /// Whether the server answered `delivered` from its store on the call's first attempt, so that
 /// an earlier call, not this one, wrote what it stands for.
-fn replayed_by_an_earlier_call(delivered: &crate::transport::Delivered) -> bool {
+pub(crate) fn replayed_by_an_earlier_call(delivered: &crate::transport::Delivered) -> bool {
     delivered.attempts == 1 && delivered.body.replayed()
 }
 

@@ -41,9 +41,12 @@ mod describe;
 mod envelope;
 mod error;
 mod insert;
+#[cfg(feature = "migrate")]
+pub mod migrate;
 mod options;
 mod response;
 pub mod retry;
+pub mod script;
 #[cfg(feature = "simulation")]
 pub mod simulation;
 mod statement;
@@ -51,7 +54,7 @@ mod table;
 mod transport;
 mod value;
 
-pub use batch::Batch;
+pub use batch::{Batch, BatchReport};
 pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;

@@ -1,0 +1,932 @@
+//! Schema migrations: a [`Migrator`] over numbered SQL files applies the ones a database lacks,
+//! each **as one atomic batch together with its record** in a history table of the
+//! application's own, under an idempotency key derived from what it decided (the version, the
+//! event's place in the version's history and the file's checksum). So a crash mid-migration
+//! leaves nothing half-applied, and two deploys that run at once apply each migration exactly
+//! once: the second waits for the first's key, then gets its stored outcome (ADR 0031).
+//!
+//! ```no_run
+//! # async fn run(client: sqlhttp::Client) -> Result<(), sqlhttp::migrate::MigrateError> {
+//! use sqlhttp::migrate::Migrator;
+//!
+//! // migrations/0001_create_books.sql, migrations/0002_add_isbn.sql, ...
+//! let report = Migrator::from_dir("migrations")?.run(&client).await?;
+//! for applied in &report.applied {
+//!     println!("applied {} {} in {:?}", applied.version, applied.name, applied.elapsed);
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Files are `NNNN_name.sql` (NNNN the version: digits, applied in numeric order), with an
+//! optional `NNNN_name.down.sql` that [`Migrator::revert`] runs. A file holds statements ended by
+//! `;` ([`script::split`](crate::script::split) cuts them; trigger and function bodies stay
+//! whole). [`migrations!`](crate::migrations) embeds the files in the binary instead.
+//!
+//! This module knows the migration rules and the batch each step is sent as; the files'
+//! reading is `source`'s, the history table's SQL is `history`'s, and retrying is the
+//! transport's.
+
+mod history;
+mod source;
+
+use std::path::Path;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+pub use source::Migration;
+
+use self::history::{Direction, Event, History, State};
+use crate::error::ErrorKind;
+use crate::script::{self, ScriptStatement};
+use crate::{Client, Error};
+
+/// The history table's name unless [`Migrator::table`] says otherwise.
+pub const DEFAULT_TABLE: &str = "sqlhttp_migrations";
+
+/// How long a run waits for another run that holds a migration's key, by default.
+const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// The pause between two looks at a key another run holds, when the server named none.
+const KEY_IN_USE_PAUSE: Duration = Duration::from_secs(1);
+
+/// Why migrating failed. Nothing of the migration named is applied (each is one atomic batch);
+/// the migrations before it in the same run are.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum MigrateError {
+    /// A migration file cannot be used: its name, its text, or a statement a migration cannot
+    /// hold (the message says which and why).
+    #[error("{file}: {message}")]
+    Source {
+        /// The file (or directory) concerned.
+        file: String,
+        /// What is wrong with it.
+        message: String,
+    },
+    /// An applied migration's file changed since: the database holds what the old text did.
+    #[error(
+        "{file} (version {version}) changed after it was applied: its checksum was {applied} \
+         when it was applied and is {local} now; put the file back as it was and make the \
+         change in a new migration"
+    )]
+    ChecksumMismatch {
+        /// The migration's version.
+        version: u64,
+        /// Its file.
+        file: String,
+        /// The checksum the history recorded when it was applied.
+        applied: String,
+        /// The file's checksum now.
+        local: String,
+    },
+    /// The database has a migration applied that is not among the migrations given (a file
+    /// removed, or a database ahead of this build). [`Migrator::ignore_missing`] lets a run
+    /// go on.
+    #[error(
+        "version {version} ({name}) is applied to the database but there is no migration file \
+         for it; restore the file, or run a build that has it (Migrator::ignore_missing lets a \
+         run go on without it)"
+    )]
+    Missing {
+        /// The applied version.
+        version: u64,
+        /// Its name as recorded.
+        name: String,
+    },
+    /// A pending migration's version is below one already applied (say, written on a branch
+    /// merged later). [`Migrator::allow_out_of_order`] applies it anyway.
+    #[error(
+        "{file} (version {version}) is pending but version {applied} is already applied; give \
+         it a version above {applied}, or allow out-of-order migrations \
+         (Migrator::allow_out_of_order)"
+    )]
+    OutOfOrder {
+        /// The pending version.
+        version: u64,
+        /// Its file.
+        file: String,
+        /// The highest applied version.
+        applied: u64,
+    },
+    /// A statement of a migration failed; the migration's batch was rolled back whole.
+    #[error("{file}: statement at line {line}: {source}")]
+    Statement {
+        /// The file the statement is in.
+        file: String,
+        /// The line it starts on.
+        line: usize,
+        /// The server's answer.
+        #[source]
+        source: Error,
+    },
+    /// [`Migrator::revert`] was asked to revert a migration that has no down file.
+    #[error("{file} (version {version}) cannot be reverted: there is no {down}")]
+    NoDown {
+        /// The migration's version.
+        version: u64,
+        /// Its file.
+        file: String,
+        /// The down file it would need.
+        down: String,
+    },
+    /// Another run held the migration's key for longer than [`Migrator::lock_timeout`].
+    #[error(
+        "{file} (version {version}) is still being applied or reverted by another run after \
+         {waited:?}; nothing was done by this one"
+    )]
+    Busy {
+        /// The migration's version.
+        version: u64,
+        /// Its file.
+        file: String,
+        /// How long this run waited.
+        waited: Duration,
+    },
+    /// The history changed under this run in a way it cannot settle (another run applied or
+    /// reverted something else at the same time): nothing of this step was applied; run again.
+    #[error("{file} (version {version}): {message}; nothing of it was applied by this run")]
+    Conflict {
+        /// The migration's version.
+        version: u64,
+        /// Its file.
+        file: String,
+        /// What was found.
+        message: String,
+    },
+    /// A setting of the migrator cannot work (the history table's name).
+    #[error("invalid migrator setting: {0}")]
+    Config(String),
+    /// A call to the server failed outside a migration's statements (reading or creating the
+    /// history table, ...).
+    #[error("{context}: {source}")]
+    Client {
+        /// What the migrator was doing.
+        context: String,
+        /// The call's failure.
+        #[source]
+        source: Error,
+    },
+}
+
+impl MigrateError {
+    /// The SDK error behind this one, when a call to the server failed.
+    pub fn client_error(&self) -> Option<&Error> {
+        match self {
+            MigrateError::Statement { source, .. } | MigrateError::Client { source, .. } => {
+                Some(source)
+            }
+            _ => None,
+        }
+    }
+
+    fn client(context: impl Into<String>) -> impl FnOnce(Error) -> MigrateError {
+        let context = context.into();
+        move |source| MigrateError::Client { context, source }
+    }
+}
+
+/// What [`Migrator::run`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MigrateReport {
+    /// The migrations applied, in order.
+    pub applied: Vec<Applied>,
+    /// The database's version afterwards: the highest applied, `None` when none is.
+    pub version: Option<u64>,
+}
+
+/// One migration [`Migrator::run`] applied.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Applied {
+    /// Its version.
+    pub version: u64,
+    /// Its name.
+    pub name: String,
+    /// How long its batch took, as this client saw it (waits for another run included).
+    pub elapsed: Duration,
+    /// Whether another run applied it: the server answered this run's batch with the other's
+    /// stored outcome, or the history showed it applied when this run's record collided.
+    pub by_another_run: bool,
+}
+
+/// The migration [`Migrator::revert`] reverted.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Reverted {
+    /// Its version.
+    pub version: u64,
+    /// Its name.
+    pub name: String,
+    /// Whether another run reverted it (as for [`Applied::by_another_run`]).
+    pub by_another_run: bool,
+}
+
+/// One line of [`Migrator::info`]: a migration known locally, in the database, or both.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MigrationInfo {
+    /// Its version.
+    pub version: u64,
+    /// Its name (the file's, or the history's when there is no file).
+    pub name: String,
+    /// Where it stands.
+    pub status: MigrationStatus,
+    /// When it was applied (the server's `CURRENT_TIMESTAMP`, as the engine writes it).
+    pub applied_at: Option<String>,
+    /// How long its batch took on the server side of the client, when recorded.
+    pub duration: Option<Duration>,
+    /// Its checksum: the file's, or the history's when there is no file.
+    pub checksum: String,
+}
+
+/// Where one migration stands, in [`MigrationInfo`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MigrationStatus {
+    /// Applied, with the file's checksum.
+    Applied,
+    /// Not applied (never, or reverted since).
+    Pending,
+    /// Applied, but the file changed since: the history has this checksum.
+    Changed {
+        /// The checksum recorded when it was applied.
+        applied: String,
+    },
+    /// Applied, but there is no file for it.
+    Missing,
+}
+
+/// Applies, reverts and reports numbered SQL migrations; see the [module docs](self).
+///
+/// The history table (`sqlhttp_migrations` unless [`table`](Self::table) names another) is
+/// created on the first [`run`](Self::run); it has one row per event (`version`, `seq`,
+/// `direction` `up` or `down`, `name`, `checksum`, `applied_at`, `duration_ms`), so it also
+/// keeps what was reverted and when.
+#[derive(Debug, Clone)]
+pub struct Migrator {
+    migrations: Vec<Migration>,
+    table: String,
+    allow_out_of_order: bool,
+    ignore_missing: bool,
+    lock_timeout: Duration,
+}
+
+impl Migrator {
+    /// A migrator over `migrations` (in any order: they are applied by version).
+    ///
+    /// # Errors
+    /// [`MigrateError::Source`] when two have the same version, or a version is over
+    /// `i64::MAX`.
+    pub fn new(migrations: impl IntoIterator<Item = Migration>) -> Result<Migrator, MigrateError> {
+        let mut migrations: Vec<Migration> = migrations.into_iter().collect();
+        migrations.sort_by_key(Migration::version);
+        for pair in migrations.windows(2) {
+            if pair[0].version() == pair[1].version() {
+                return Err(MigrateError::Source {
+                    file: pair[1].source().to_owned(),
+                    message: format!(
+                        "version {} is also {}: each version is one migration",
+                        pair[1].version(),
+                        pair[0].source()
+                    ),
+                });
+            }
+        }
+        if let Some(too_big) = migrations
+            .iter()
+            .find(|m| i64::try_from(m.version()).is_err())
+        {
+            return Err(MigrateError::Source {
+                file: too_big.source().to_owned(),
+                message: format!(
+                    "version {} is over the largest, {}",
+                    too_big.version(),
+                    i64::MAX
+                ),
+            });
+        }
+        Ok(Migrator {
+            migrations,
+            table: DEFAULT_TABLE.to_owned(),
+            allow_out_of_order: false,
+            ignore_missing: false,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        })
+    }
+
+    /// A migrator over the `.sql` files of `dir` (not its subdirectories; other files are
+    /// ignored): `NNNN_name.sql` applies version NNNN, `NNNN_name.down.sql` reverts it
+    /// (`NNNN_name.up.sql` is read as `NNNN_name.sql`).
+    ///
+    /// # Errors
+    /// [`MigrateError::Source`] when the directory or a file cannot be read, a `.sql` file is
+    /// not named as above, two files have one version, or a down file has no migration.
+    pub fn from_dir(dir: impl AsRef<Path>) -> Result<Migrator, MigrateError> {
+        Migrator::from_files(source::read_dir(dir.as_ref())?)
+    }
+
+    /// A migrator over files given as `(file name, text)` pairs, named as for
+    /// [`from_dir`](Self::from_dir) (a path's last component is its name); the form
+    /// [`migrations!`](crate::migrations) builds from files embedded at compile time.
+    ///
+    /// ```
+    /// let migrator = sqlhttp::migrate::Migrator::from_files([
+    ///     ("0001_create_books.sql", "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT);"),
+    ///     ("0002_add_isbn.sql", "ALTER TABLE books ADD COLUMN isbn TEXT;"),
+    ///     ("0002_add_isbn.down.sql", "ALTER TABLE books DROP COLUMN isbn;"),
+    /// ])?;
+    /// assert_eq!(migrator.migrations().len(), 2);
+    /// # Ok::<(), sqlhttp::migrate::MigrateError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`from_dir`](Self::from_dir), for names.
+    pub fn from_files<N, T>(
+        files: impl IntoIterator<Item = (N, T)>,
+    ) -> Result<Migrator, MigrateError>
+    where
+        N: AsRef<str>,
+        T: Into<String>,
+    {
+        Migrator::new(source::assemble(files)?)
+    }
+
+    /// Names the history table (`sqlhttp_migrations` by default): an unquoted identifier of
+    /// letters, digits and `_`, at most 63 bytes. Checked when the migrator is used.
+    pub fn table(mut self, name: impl Into<String>) -> Migrator {
+        self.table = name.into();
+        self
+    }
+
+    /// Whether a pending migration below the highest applied version is applied (`true`) or
+    /// refused with [`MigrateError::OutOfOrder`] (`false`, the default).
+    pub fn allow_out_of_order(mut self, allow: bool) -> Migrator {
+        self.allow_out_of_order = allow;
+        self
+    }
+
+    /// Whether an applied version with no migration here is ignored (`true`) or refused with
+    /// [`MigrateError::Missing`] (`false`, the default).
+    pub fn ignore_missing(mut self, ignore: bool) -> Migrator {
+        self.ignore_missing = ignore;
+        self
+    }
+
+    /// How long a run waits while another run applies the same migration (5 minutes by
+    /// default); past it, [`MigrateError::Busy`].
+    pub fn lock_timeout(mut self, timeout: Duration) -> Migrator {
+        self.lock_timeout = timeout;
+        self
+    }
+
+    /// The migrations, by version.
+    pub fn migrations(&self) -> &[Migration] {
+        &self.migrations
+    }
+
+    fn history(&self) -> Result<History, MigrateError> {
+        if history::is_table_name(&self.table) {
+            Ok(History::new(self.table.clone()))
+        } else {
+            Err(MigrateError::Config(format!(
+                "the history table's name {:?} is not an unquoted identifier (letters, digits \
+                 and _, not starting with a digit, at most 63 bytes)",
+                self.table
+            )))
+        }
+    }
+
+    /// Applies every pending migration, in version order, each as one atomic batch with its
+    /// record, and returns what it applied. A run with nothing pending is a no-op.
+    ///
+    /// Before anything is applied, the run checks the history against the migrations: an
+    /// applied migration whose file changed ([`MigrateError::ChecksumMismatch`]), an applied
+    /// version without a file ([`MigrateError::Missing`]), a pending version below an applied
+    /// one ([`MigrateError::OutOfOrder`]), and every pending file's statements (a statement a
+    /// batch cannot hold: [`MigrateError::Source`]) each stop it.
+    ///
+    /// # Errors
+    /// The above; [`MigrateError::Statement`] when a statement fails on the server (that
+    /// migration is rolled back, the ones before it stay applied); [`MigrateError::Busy`],
+    /// [`MigrateError::Conflict`] and [`MigrateError::Client`] as they say.
+    pub async fn run(&self, client: &Client) -> Result<MigrateReport, MigrateError> {
+        let history = self.history()?;
+        history
+            .ensure(client)
+            .await
+            .map_err(MigrateError::client(format!(
+                "cannot create the migration history table {}",
+                history.table()
+            )))?;
+        let state = self.read(&history, client).await?;
+        self.check_applied(&state)?;
+        let highest_applied = state.applied().map(|event| event.version).max();
+        let pending: Vec<&Migration> = self
+            .migrations
+            .iter()
+            .filter(|m| state.applied_event(m.version()).is_none())
+            .collect();
+        if !self.allow_out_of_order
+            && let Some(applied) = highest_applied
+            && let Some(early) = pending.iter().find(|m| m.version() < applied)
+        {
+            return Err(MigrateError::OutOfOrder {
+                version: early.version(),
+                file: early.source().to_owned(),
+                applied,
+            });
+        }
+        let limit = client.batch_limits().max_statements;
+        let steps = pending
+            .into_iter()
+            .map(|migration| {
+                let statements = statements_of(migration.source(), migration.up_sql(), limit)?;
+                Ok(Step {
+                    migration,
+                    file: migration.source().to_owned(),
+                    direction: Direction::Up,
+                    seq: state.next_seq(migration.version()),
+                    statements,
+                })
+            })
+            .collect::<Result<Vec<_>, MigrateError>>()?;
+        let mut report = MigrateReport {
+            applied: Vec::with_capacity(steps.len()),
+            version: highest_applied,
+        };
+        for step in steps {
+            let started = Instant::now();
+            let by_another_run = self.send(client, &history, &step).await?;
+            let elapsed = started.elapsed();
+            if !by_another_run {
+                let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+                if let Err(error) = history
+                    .set_duration(client, step.migration.version(), step.seq, millis)
+                    .await
+                {
+                    tracing::warn!(
+                        version = step.migration.version(),
+                        %error,
+                        "the migration is applied; its duration was not recorded"
+                    );
+                }
+            }
+            report.version = report.version.max(Some(step.migration.version()));
+            report.applied.push(Applied {
+                version: step.migration.version(),
+                name: step.migration.name().to_owned(),
+                elapsed,
+                by_another_run,
+            });
+        }
+        Ok(report)
+    }
+
+    /// Reverts the latest applied migration with its down file, as one atomic batch with its
+    /// record; `None` when nothing is applied.
+    ///
+    /// # Errors
+    /// [`MigrateError::NoDown`] when it has no down file; [`MigrateError::ChecksumMismatch`]
+    /// or [`MigrateError::Missing`] when its file changed or is gone (the down file of another
+    /// text would not undo what was applied); otherwise as [`run`](Self::run).
+    pub async fn revert(&self, client: &Client) -> Result<Option<Reverted>, MigrateError> {
+        let history = self.history()?;
+        let state = self.read(&history, client).await?;
+        let Some(latest) = state.applied().max_by_key(|event| event.version) else {
+            return Ok(None);
+        };
+        let Some(migration) = self
+            .migrations
+            .iter()
+            .find(|m| m.version() == latest.version)
+        else {
+            return Err(MigrateError::Missing {
+                version: latest.version,
+                name: latest.name.clone(),
+            });
+        };
+        check_checksum(migration, latest)?;
+        let Some(down) = migration.down_sql() else {
+            return Err(MigrateError::NoDown {
+                version: migration.version(),
+                file: migration.source().to_owned(),
+                down: migration.down_source(),
+            });
+        };
+        let file = migration.down_source();
+        let step = Step {
+            migration,
+            statements: statements_of(&file, down, client.batch_limits().max_statements)?,
+            file,
+            direction: Direction::Down,
+            seq: state.next_seq(migration.version()),
+        };
+        let by_another_run = self.send(client, &history, &step).await?;
+        Ok(Some(Reverted {
+            version: migration.version(),
+            name: migration.name().to_owned(),
+            by_another_run,
+        }))
+    }
+
+    /// Every migration known here or in the database, by version, with where it stands. Reads
+    /// only: the history table is not created.
+    ///
+    /// # Errors
+    /// [`MigrateError::Client`] when the history cannot be read.
+    pub async fn info(&self, client: &Client) -> Result<Vec<MigrationInfo>, MigrateError> {
+        let history = self.history()?;
+        let state = self.read(&history, client).await?;
+        let mut lines: Vec<MigrationInfo> = self
+            .migrations
+            .iter()
+            .map(|migration| {
+                let applied = state.applied_event(migration.version());
+                let status = match applied {
+                    None => MigrationStatus::Pending,
+                    Some(event) if event.checksum == migration.checksum() => {
+                        MigrationStatus::Applied
+                    }
+                    Some(event) => MigrationStatus::Changed {
+                        applied: event.checksum.clone(),
+                    },
+                };
+                MigrationInfo {
+                    version: migration.version(),
+                    name: migration.name().to_owned(),
+                    status,
+                    applied_at: applied.map(|event| event.applied_at.clone()),
+                    duration: applied.and_then(duration_of),
+                    checksum: migration.checksum().to_owned(),
+                }
+            })
+            .collect();
+        for event in state.applied() {
+            if !self.migrations.iter().any(|m| m.version() == event.version) {
+                lines.push(MigrationInfo {
+                    version: event.version,
+                    name: event.name.clone(),
+                    status: MigrationStatus::Missing,
+                    applied_at: Some(event.applied_at.clone()),
+                    duration: duration_of(event),
+                    checksum: event.checksum.clone(),
+                });
+            }
+        }
+        lines.sort_by_key(|line| line.version);
+        Ok(lines)
+    }
+
+    async fn read(&self, history: &History, client: &Client) -> Result<State, MigrateError> {
+        history
+            .read(client)
+            .await
+            .map_err(MigrateError::client(format!(
+                "cannot read the migration history table {}",
+                history.table()
+            )))
+    }
+
+    /// Refuses a history that does not match the migrations: a changed file, a missing one.
+    fn check_applied(&self, state: &State) -> Result<(), MigrateError> {
+        for event in state.applied() {
+            match self
+                .migrations
+                .iter()
+                .find(|m| m.version() == event.version)
+            {
+                Some(migration) => check_checksum(migration, event)?,
+                None if self.ignore_missing => {}
+                None => {
+                    return Err(MigrateError::Missing {
+                        version: event.version,
+                        name: event.name.clone(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends one step's batch (its record first, then its statements) under its key, waiting
+    /// while another run holds the key; `Ok(true)` when another run did the step.
+    async fn send(
+        &self,
+        client: &Client,
+        history: &History,
+        step: &Step<'_>,
+    ) -> Result<bool, MigrateError> {
+        let migration = step.migration;
+        let key = format!(
+            "sqlhttp-migrate/{}/{}/{}/{}/{}",
+            history.table(),
+            migration.version(),
+            step.seq,
+            step.direction.as_str(),
+            &migration.checksum()[..16]
+        );
+        let started = Instant::now();
+        loop {
+            let mut batch = client
+                .batch()
+                .statement(history.record_sql())
+                .bind(migration.version())
+                .bind(step.seq)
+                .bind(step.direction.as_str())
+                .bind(migration.name())
+                .bind(migration.checksum());
+            for statement in &step.statements {
+                batch = batch.statement(statement.sql.clone());
+            }
+            let outcome = batch
+                .idempotency_key(key.clone())
+                .retry_writes(true)
+                .report()
+                .await;
+            let error = match outcome {
+                Ok(report) => return Ok(report.replayed),
+                Err(error) => error,
+            };
+            if let ErrorKind::IdempotencyKeyInUse { retry_after, .. } = error.kind() {
+                let waited = started.elapsed();
+                if waited >= self.lock_timeout {
+                    return Err(MigrateError::Busy {
+                        version: migration.version(),
+                        file: step.file.clone(),
+                        waited,
+                    });
+                }
+                tokio::time::sleep(retry_after.unwrap_or(KEY_IN_USE_PAUSE)).await;
+                continue;
+            }
+            return match error.statement_index() {
+                Some(0) if matches!(error.kind(), ErrorKind::ConstraintViolation { .. }) => {
+                    self.settle_collision(client, history, step).await
+                }
+                Some(index) if index > 0 => {
+                    let line = step.statements.get(index - 1).map_or(0, |s| s.line);
+                    Err(MigrateError::Statement {
+                        file: step.file.clone(),
+                        line,
+                        source: error,
+                    })
+                }
+                _ => Err(MigrateError::Client {
+                    context: format!(
+                        "{} (version {}) was not {}",
+                        step.file,
+                        migration.version(),
+                        match step.direction {
+                            Direction::Up => "applied",
+                            Direction::Down => "reverted",
+                        }
+                    ),
+                    source: error,
+                }),
+            };
+        }
+    }
+
+    /// The step's record collided with an event another run recorded first (nothing of this
+    /// batch was applied): the step is done when that event is the one this run meant.
+    async fn settle_collision(
+        &self,
+        client: &Client,
+        history: &History,
+        step: &Step<'_>,
+    ) -> Result<bool, MigrateError> {
+        let migration = step.migration;
+        let state = self.read(history, client).await?;
+        let applied = state.applied_event(migration.version());
+        let done = match step.direction {
+            Direction::Up => applied.is_some_and(|event| event.checksum == migration.checksum()),
+            Direction::Down => applied.is_none(),
+        };
+        if done {
+            return Ok(true);
+        }
+        if let (Direction::Up, Some(event)) = (step.direction, applied) {
+            return Err(MigrateError::ChecksumMismatch {
+                version: migration.version(),
+                file: migration.source().to_owned(),
+                applied: event.checksum.clone(),
+                local: migration.checksum().to_owned(),
+            });
+        }
+        Err(MigrateError::Conflict {
+            version: migration.version(),
+            file: step.file.clone(),
+            message: "another run changed this migration's history at the same time".to_owned(),
+        })
+    }
+}
+
+/// One migration's batch: what it applies or reverts, and the event it records.
+#[derive(Debug)]
+struct Step<'a> {
+    migration: &'a Migration,
+    /// The file the statements come from (the down file for a revert).
+    file: String,
+    direction: Direction,
+    seq: u64,
+    statements: Vec<ScriptStatement>,
+}
+
+fn check_checksum(migration: &Migration, applied: &Event) -> Result<(), MigrateError> {
+    if applied.checksum == migration.checksum() {
+        Ok(())
+    } else {
+        Err(MigrateError::ChecksumMismatch {
+            version: migration.version(),
+            file: migration.source().to_owned(),
+            applied: applied.checksum.clone(),
+            local: migration.checksum().to_owned(),
+        })
+    }
+}
+
+fn duration_of(event: &Event) -> Option<Duration> {
+    event
+        .duration_ms
+        .and_then(|millis| u64::try_from(millis).ok())
+        .map(Duration::from_millis)
+}
+
+/// The statements of a migration file, each checked for what a batch can hold, within the
+/// batch limit (`limit` statements, one of them the record).
+fn statements_of(
+    file: &str,
+    text: &str,
+    limit: usize,
+) -> Result<Vec<ScriptStatement>, MigrateError> {
+    let split = script::split(text);
+    let last = split
+        .last_statement()
+        .transpose()
+        .map_err(|line| MigrateError::Source {
+            file: file.to_owned(),
+            message: format!(
+                "the statement at line {line} does not end: a quote, comment or body in it is not \
+             closed"
+            ),
+        })?;
+    let mut statements = split.statements;
+    // The last statement may omit its `;`.
+    statements.extend(last);
+    for statement in &statements {
+        if let Some(reason) = not_in_a_batch(&statement.sql) {
+            return Err(MigrateError::Source {
+                file: file.to_owned(),
+                message: format!("the statement at line {}: {reason}", statement.line),
+            });
+        }
+    }
+    if statements.len() >= limit {
+        return Err(MigrateError::Source {
+            file: file.to_owned(),
+            message: format!(
+                "{} statements: a migration is one batch with its record, at most {} statements \
+                 (ClientBuilder::batch_max_statements, the server's --max-batch-statements); \
+                 split it into several migrations",
+                statements.len(),
+                limit.saturating_sub(1)
+            ),
+        });
+    }
+    Ok(statements)
+}
+
+/// Why a statement cannot be one of a migration's batch, when it cannot: it ends or opens a
+/// transaction, or its engine refuses to run it inside one. (The server decides the rest.)
+fn not_in_a_batch(sql: &str) -> Option<&'static str> {
+    let words: Vec<String> = script::leading_words(sql, 4)
+        .map(str::to_ascii_uppercase)
+        .collect();
+    let word = |i: usize| words.get(i).map_or("", String::as_str);
+    match word(0) {
+        "BEGIN" | "START" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "ABORT" => {
+            Some(
+                "transaction control cannot be in a migration: each migration already runs as \
+                 one transaction, applied whole or not at all",
+            )
+        }
+        "VACUUM" => Some("VACUUM cannot run inside a transaction, and a migration is one"),
+        "CREATE" | "DROP" | "REINDEX" if words[1..].iter().any(|w| w == "CONCURRENTLY") => Some(
+            "CONCURRENTLY cannot run inside a transaction, and a migration is one; build the \
+                 index without it, or outside the migrations",
+        ),
+        "CREATE" | "DROP" if matches!(word(1), "DATABASE" | "TABLESPACE") => {
+            Some("databases and tablespaces cannot be created or dropped inside a transaction")
+        }
+        "ALTER" if word(1) == "SYSTEM" => {
+            Some("ALTER SYSTEM cannot run inside a transaction, and a migration is one")
+        }
+        _ => None,
+    }
+}
+
+/// A [`Migrator`] over migration files embedded in the binary at compile time, so that nothing
+/// needs to be on disk where it runs. Paths are relative to the calling crate's
+/// `CARGO_MANIFEST_DIR`; files are named as for [`Migrator::from_dir`] (down files listed too).
+/// Evaluates to `Result<Migrator, MigrateError>` (an error only for names).
+///
+/// ```ignore
+/// let migrator = sqlhttp::migrations![
+///     "migrations/0001_create_books.sql",
+///     "migrations/0002_add_isbn.sql",
+///     "migrations/0002_add_isbn.down.sql",
+/// ]?;
+/// migrator.run(&client).await?;
+/// ```
+#[macro_export]
+macro_rules! migrations {
+    ($($file:literal),+ $(,)?) => {
+        $crate::migrate::Migrator::from_files([
+            $(($file, include_str!(concat!(env!("CARGO_MANIFEST_DIR"), "/", $file))),)+
+        ])
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statements_a_batch_cannot_hold_name_their_line() {
+        for (text, needle) in [
+            (
+                "CREATE TABLE a (x INT);\nBEGIN;\n",
+                "line 2: transaction control",
+            ),
+            ("-- tidy\nVACUUM;", "line 2: VACUUM"),
+            (
+                "CREATE UNIQUE INDEX CONCURRENTLY i ON t (x);",
+                "line 1: CONCURRENTLY",
+            ),
+            ("create database x;", "databases"),
+            ("SELECT 1;\nSELECT 'open", "line 2 does not end"),
+        ] {
+            let error = statements_of("0003_x.sql", text, 100).unwrap_err();
+            let message = error.to_string();
+            assert!(message.starts_with("0003_x.sql: "), "{message}");
+            assert!(message.contains(needle), "{text:?}: {message}");
+        }
+        let trigger = "CREATE TRIGGER t AFTER INSERT ON a BEGIN INSERT INTO b VALUES (1); END;";
+        assert_eq!(statements_of("x.sql", trigger, 100).unwrap().len(), 1);
+        assert!(
+            statements_of("x.sql", "-- nothing yet\n", 100)
+                .unwrap()
+                .is_empty()
+        );
+        let last = statements_of("x.sql", "SELECT 1;\nSELECT 2\n", 100).unwrap();
+        assert_eq!((last[1].sql.as_str(), last[1].line), ("SELECT 2", 2));
+    }
+
+    #[test]
+    fn a_migration_fits_one_batch_with_its_record() {
+        let text = "SELECT 1;".repeat(99);
+        assert_eq!(statements_of("x.sql", &text, 100).unwrap().len(), 99);
+        let error = statements_of("x.sql", &"SELECT 1;".repeat(100), 100).unwrap_err();
+        assert!(
+            error.to_string().contains("at most 99 statements"),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn versions_are_unique_and_sorted() {
+        let migrator =
+            Migrator::new([Migration::new(2, "b", ""), Migration::new(1, "a", "")]).unwrap();
+        assert_eq!(
+            migrator
+                .migrations()
+                .iter()
+                .map(Migration::version)
+                .collect::<Vec<_>>(),
+            [1, 2]
+        );
+        let error =
+            Migrator::new([Migration::new(1, "a", ""), Migration::new(1, "b", "")]).unwrap_err();
+        assert!(error.to_string().contains("also 0001_a.sql"), "{error}");
+        assert!(Migrator::new([Migration::new(u64::MAX, "a", "")]).is_err());
+    }
+
+    #[test]
+    fn history_table_names_are_identifiers() {
+        let bad = Migrator::new([])
+            .unwrap()
+            .table("a; DROP TABLE b")
+            .history();
+        assert!(matches!(bad, Err(MigrateError::Config(_))));
+        assert!(
+            Migrator::new([])
+                .unwrap()
+                .table("app_migrations")
+                .history()
+                .is_ok()
+        );
+    }
+}
