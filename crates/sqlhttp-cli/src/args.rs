@@ -150,8 +150,48 @@ pub(crate) enum Command {
         #[arg(long, value_name = "FILE")]
         file: Option<PathBuf>,
     },
+    /// Schema migrations: numbered SQL files (`NNNN_name.sql`, with `NNNN_name.down.sql` to
+    /// revert), each applied as one atomic batch with its record, exactly once even when two
+    /// deploys run at once.
+    Migrate {
+        /// The directory of migration files.
+        #[arg(long, value_name = "DIR", default_value = "migrations", global = true)]
+        source: PathBuf,
+        /// The history table, in the application's database.
+        #[arg(long, value_name = "NAME", default_value = sqlhttp::migrate::DEFAULT_TABLE, global = true)]
+        table: String,
+        #[command(subcommand)]
+        action: MigrateAction,
+    },
     /// Check that the server answers (and that the token is accepted).
     Ping,
+}
+
+/// What `sqlhttp migrate` does.
+#[derive(Debug, Subcommand)]
+pub(crate) enum MigrateAction {
+    /// Create the next migration file (its version one above the highest), empty but for a
+    /// comment.
+    Add {
+        /// What it does, as a file name part (`add_isbn`).
+        name: String,
+        /// Create its down file too, for `migrate revert`.
+        #[arg(long, short)]
+        reversible: bool,
+    },
+    /// Apply the pending migrations, in version order.
+    Run {
+        /// Apply a pending migration whose version is below one already applied.
+        #[arg(long)]
+        allow_out_of_order: bool,
+        /// Go on when the database has a migration applied that has no file here.
+        #[arg(long)]
+        ignore_missing: bool,
+    },
+    /// Show every migration: applied, pending, changed since applied, or applied without a file.
+    Info,
+    /// Revert the latest applied migration with its down file.
+    Revert,
 }
 
 /// Bound parameters.

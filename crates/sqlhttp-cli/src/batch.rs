@@ -2,7 +2,7 @@
 //! together or not at all, and each statement's result printed in order.
 //!
 //! Knows how a script becomes a batch and how its results are shown; splitting statements is
-//! `script`'s, sending them the SDK's.
+//! the SDK's `script`, sending them the SDK's client.
 
 use std::io::{self, Read as _, Write};
 use std::path::Path;
@@ -13,7 +13,7 @@ use sqlhttp::Client;
 
 use crate::args::Format;
 use crate::output;
-use crate::script;
+use sqlhttp::script;
 
 /// Reads the statements of `file` (`-` for stdin) and runs them as one batch. With `key`, the
 /// batch is a write applied at most once under it and retried; without one it is sent once.
@@ -99,20 +99,20 @@ pub(crate) async fn run(
     Ok(())
 }
 
-/// The complete statements of `text`, and a last one without its `;`.
+/// The complete statements of `text`, and a last one without its `;` (one that does not end, an
+/// unclosed quote, is sent as it is: the server names what is wrong).
 fn statements_of(text: &str) -> Vec<String> {
-    let (mut statements, rest) = script::split(text);
-    if !rest.trim().is_empty() {
-        statements.push(rest.trim().to_owned());
-    }
-    statements
+    let split = script::split(text);
+    let last = match split.last_statement() {
+        Some(Ok(statement)) => Some(statement.sql),
+        Some(Err(_)) => Some(split.rest.trim().to_owned()),
+        None => None,
+    };
+    split
+        .statements
         .into_iter()
-        .map(|s| s.trim().to_owned())
-        .filter(|s| {
-            // A comment alone is no statement.
-            s.lines()
-                .any(|line| !line.trim().is_empty() && !line.trim_start().starts_with("--"))
-        })
+        .map(|statement| statement.sql)
+        .chain(last)
         .collect()
 }
 

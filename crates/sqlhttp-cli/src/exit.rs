@@ -49,9 +49,14 @@ pub(crate) fn code_of(error: &anyhow::Error) -> u8 {
 /// Writes `error` to stderr and returns its exit code.
 pub(crate) fn report(error: &anyhow::Error) -> ExitCode {
     // The chain of contexts down to the SDK's error, whose message already tells its causes.
-    let mut parts = Vec::new();
+    let mut parts: Vec<String> = Vec::new();
     for cause in error.chain() {
-        parts.push(cause.to_string());
+        let text = cause.to_string();
+        // An error that shows its source already (`{context}: {source}`) is not followed by it.
+        if parts.last().is_some_and(|last| last.ends_with(&text)) {
+            break;
+        }
+        parts.push(text);
         if cause.is::<sqlhttp::Error>() {
             break;
         }

@@ -1,6 +1,6 @@
-//! `sqlhttp`, the command-line client: `query`, `exec`, `import`, `shell` and `ping` against a
-//! server that speaks the sqlhttp protocol, built on the public `sqlhttp` SDK only, so the SDK's
-//! retry rules apply as they do in code (reads retried, `exec` never).
+//! `sqlhttp`, the command-line client: `query`, `exec`, `batch`, `import`, `migrate`, `shell` and
+//! `ping` against a server that speaks the sqlhttp protocol, built on the public `sqlhttp` SDK
+//! only, so the SDK's retry rules apply as they do in code (reads retried, `exec` never).
 //!
 //! This file parses flags, runs one command on a single-threaded runtime and turns its outcome
 //! into an exit code (see `exit`); each command lives in its own module.
@@ -11,11 +11,11 @@ mod connect;
 mod csv_input;
 mod exit;
 mod import;
+mod migrate;
 mod output;
 mod params;
 mod progress;
 mod run;
-mod script;
 mod shell;
 
 use std::io::{self, IsTerminal as _, Read as _, Write as _};
@@ -120,6 +120,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 import::run(&client, &table, &file, format, chunk_rows, key, again).await?;
             let elapsed = output::format_elapsed(started.elapsed());
             println!("{}", imported.summary(&table, &elapsed));
+        }
+        Command::Migrate {
+            source,
+            table,
+            action,
+        } => {
+            migrate::run(&client, &source, &table, action).await?;
         }
         Command::Shell { format, file } => {
             shell::run(&client, &cli.connection.url, format, file.as_deref()).await?;

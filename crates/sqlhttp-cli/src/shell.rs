@@ -19,7 +19,7 @@ use sqlhttp::{Client, Value};
 use crate::args::Format;
 use crate::output::{self, format_elapsed};
 use crate::run::{self, Ran};
-use crate::script;
+use sqlhttp::script;
 
 const HELP: &str = "\
 Statements end with `;` and may span lines. Meta commands:
@@ -241,36 +241,37 @@ async fn run_script(session: &mut Session<'_>, script: &str) -> anyhow::Result<(
             }
             continue;
         }
-        if buffer.trim().is_empty() {
+        if buffer.is_empty() {
             buffer_line = number;
         }
         buffer.push_str(line);
         buffer.push('\n');
-        let (statements, rest) = script::split(&buffer);
-        for statement in statements {
+        let split = script::split(&buffer);
+        for statement in &split.statements {
             session
-                .statement(&statement, &[])
+                .statement(&statement.sql, &[])
                 .await
-                .with_context(|| at_line(first_line(buffer_line, &statement), &statement))?;
-            buffer_line = number;
+                .with_context(|| at_line(buffer_line + statement.line - 1, &statement.sql))?;
         }
-        buffer = rest;
+        if split.rest_is_statement() || split.rest_is_open {
+            buffer_line += split.rest_line - 1;
+            buffer = split.rest.to_owned();
+        } else {
+            buffer.clear();
+        }
     }
-    let rest = buffer.trim();
-    if !rest.is_empty() {
+    if let Some(last) = script::split(&buffer).last_statement() {
+        // An unclosed quote or comment is sent as it is: the server names what is wrong.
+        let (sql, line) = match last {
+            Ok(statement) => (statement.sql, statement.line),
+            Err(line) => (buffer.trim().to_owned(), line),
+        };
         session
-            .statement(rest, &[])
+            .statement(&sql, &[])
             .await
-            .with_context(|| at_line(first_line(buffer_line, rest).min(last_line), rest))?;
+            .with_context(|| at_line((buffer_line + line - 1).min(last_line), &sql))?;
     }
     Ok(())
-}
-
-/// The line a statement's text starts on, given the line its buffer started on (the line breaks
-/// before its first word count).
-fn first_line(buffer_line: usize, statement: &str) -> usize {
-    let leading = &statement[..statement.len() - statement.trim_start().len()];
-    buffer_line + leading.matches('\n').count()
 }
 
 /// `statement at line N: BEGINNING...`, for a script's error.
@@ -327,19 +328,19 @@ async fn interactive_loop(session: &mut Session<'_>, url: &str) -> anyhow::Resul
         }
         buffer.push_str(&line);
         buffer.push('\n');
-        let (statements, rest) = script::split(&buffer);
-        if !statements.is_empty() {
+        let split = script::split(&buffer);
+        if !split.statements.is_empty() {
             let _ = editor.add_history_entry(buffer.trim_end());
         }
-        for statement in statements {
-            if let Err(e) = session.statement(&statement, &[]).await {
+        for statement in &split.statements {
+            if let Err(e) = session.statement(&statement.sql, &[]).await {
                 report(&e);
             }
         }
-        buffer = if rest.trim().is_empty() {
-            String::new()
+        buffer = if split.rest_is_statement() || split.rest_is_open {
+            split.rest.to_owned()
         } else {
-            rest
+            String::new()
         };
     }
     if let Some(path) = &history {

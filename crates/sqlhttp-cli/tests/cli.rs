@@ -680,3 +680,94 @@ async fn a_batch_from_a_file_commits_whole_or_not_at_all() {
     assert_exit(&from_stdin, 0);
     assert!(stdout(&from_stdin).starts_with("2 rows affected\n"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_add_run_info_revert() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let source = dir.path().join("migrations");
+    let source = source.to_str().unwrap();
+
+    // No directory yet: a usage error that says how to make one.
+    let missing = sqlhttp(&url, &["migrate", "run", "--source", source], None).await;
+    assert_exit(&missing, 2);
+    assert!(
+        stderr(&missing).contains("migrate add"),
+        "{}",
+        stderr(&missing)
+    );
+
+    let added = ok(
+        &url,
+        &["migrate", "--source", source, "add", "Create books"],
+    )
+    .await;
+    assert!(added.contains("0001_create_books.sql"), "{added}");
+    let added = ok(
+        &url,
+        &["migrate", "add", "add isbn", "-r", "--source", source],
+    )
+    .await;
+    assert!(
+        added.contains("0002_add_isbn.sql") && added.contains("0002_add_isbn.down.sql"),
+        "{added}"
+    );
+    let file = |name: &str| dir.path().join("migrations").join(name);
+    let append = |name: &str, sql: &str| {
+        let mut text = std::fs::read_to_string(file(name)).unwrap();
+        text.push_str(sql);
+        std::fs::write(file(name), text).unwrap();
+    };
+    append(
+        "0001_create_books.sql",
+        "CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL);\n",
+    );
+    append(
+        "0002_add_isbn.sql",
+        "ALTER TABLE books ADD COLUMN isbn TEXT;\n",
+    );
+    append(
+        "0002_add_isbn.down.sql",
+        "ALTER TABLE books DROP COLUMN isbn;\n",
+    );
+
+    let info = ok(&url, &["migrate", "info", "--source", source]).await;
+    assert_eq!(info.matches("pending").count(), 2, "{info}");
+    let ran = ok(&url, &["migrate", "run", "--source", source]).await;
+    assert!(
+        ran.contains("applied 0001_create_books")
+            && ran.contains("applied 0002_add_isbn")
+            && ran.contains("at version 2"),
+        "{ran}"
+    );
+    let again = ok(&url, &["migrate", "run", "--source", source]).await;
+    assert_eq!(again.trim(), "nothing to apply: at version 2");
+    let reverted = ok(&url, &["migrate", "revert", "--source", source]).await;
+    assert_eq!(reverted.trim(), "reverted 0002_add_isbn");
+    let info = ok(&url, &["migrate", "info", "--source", source]).await;
+    assert!(
+        info.contains("applied") && info.matches("pending").count() == 1,
+        "{info}"
+    );
+
+    // An applied file changed: refused, exit 1, both checksums named.
+    append("0001_create_books.sql", "-- an afterthought\n");
+    let changed = sqlhttp(&url, &["migrate", "run", "--source", source], None).await;
+    assert_exit(&changed, 1);
+    let message = stderr(&changed);
+    assert!(
+        message.contains("0001_create_books.sql")
+            && message.contains("changed after it was applied"),
+        "{message}"
+    );
+    // And a file that is not named as a migration: a usage error naming it.
+    std::fs::write(file("books.sql"), "SELECT 1;").unwrap();
+    let misnamed = sqlhttp(&url, &["migrate", "info", "--source", source], None).await;
+    assert_exit(&misnamed, 2);
+    assert!(
+        stderr(&misnamed).contains("books.sql"),
+        "{}",
+        stderr(&misnamed)
+    );
+}
