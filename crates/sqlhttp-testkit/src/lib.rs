@@ -14,6 +14,10 @@
 //! * [`TestServer`]: the reference server `sqlhttpd` in-process on an ephemeral port, in-memory or
 //!   file-backed, with stop/restart on the same port, SDK client builders pointed at it or at a
 //!   proxy in front of it; and [`ServerProcess`] for the `sqlhttpd` binary as a child process.
+//!   With the `harness` feature it is a test harness for applications:
+//!   `TestServer::start().migrations(dir).fixture(sql)` gives each test its own database (SQLite
+//!   in memory, or a fresh PostgreSQL database with `.postgres(url)`) with the application's
+//!   schema and data, a [`TestServer::client`] for it and the chaos proxy one call away.
 //!
 //! Everything listens and connects on `127.0.0.1` only. Plans are FIFO queues shared by clones;
 //! counters are atomics readable at any time.
@@ -49,6 +53,8 @@
 //! ```
 
 mod connector;
+#[cfg(feature = "harness")]
+mod harness;
 mod process;
 mod proxy;
 mod server;
@@ -56,4 +62,4 @@ mod server;
 pub use connector::{ConnectFault, FaultConnecting, FaultConnector, FaultConnectorService};
 pub use process::ServerProcess;
 pub use proxy::{ChaosProxy, Fault};
-pub use server::TestServer;
+pub use server::{TestServer, TestServerBuilder};

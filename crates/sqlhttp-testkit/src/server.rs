@@ -1,6 +1,7 @@
 //! [`TestServer`]: the reference server `sqlhttpd` run in-process on loopback for a test, with
 //! stop/restart on the same port and database, and SDK clients pointed at it or at a
-//! [`ChaosProxy`] in front of it.
+//! [`ChaosProxy`] in front of it; [`TestServerBuilder`] says how it starts (the application
+//! harness's migrations, fixtures and PostgreSQL are `harness`'s).
 //!
 //! This module knows the server crate's embedding API and the SDK's client builder. It must not
 //! know how either works inside, nor anything about fault plans beyond starting a proxy.
@@ -55,9 +56,11 @@ pub struct TestServer {
     config: Config,
     addr: SocketAddr,
     handle: Option<ServerHandle>,
-    // Held for its Drop, which removes the directory; declared last so that happens only after
-    // the handle above is dropped.
+    // Held for their Drop, which removes the directory and drops the PostgreSQL database;
+    // declared last so that happens only after the handle above is dropped.
     _temp_dir: Option<TempDir>,
+    #[cfg(feature = "harness")]
+    _database: Option<crate::harness::TestDatabase>,
 }
 
 impl fmt::Debug for TestServer {
@@ -71,12 +74,26 @@ impl fmt::Debug for TestServer {
 }
 
 impl TestServer {
-    /// Starts a server with the default configuration and a private in-memory database.
+    /// Starts a server with the default configuration and a private in-memory database, when
+    /// awaited; before that, the returned [`TestServerBuilder`] can say more (with the `harness`
+    /// feature: migrations to apply, fixtures to load, PostgreSQL instead of SQLite).
+    ///
+    /// ```
+    /// use sqlhttp_testkit::TestServer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let server = TestServer::start().await;
+    /// let answer: i64 = server.client().query("SELECT 6 * 7").fetch_one().await.unwrap();
+    /// assert_eq!(answer, 42);
+    /// # }
+    /// ```
     ///
     /// # Panics
-    /// If the server cannot start.
-    pub async fn start() -> TestServer {
-        TestServer::with_config(Config::default()).await
+    /// When awaited, if the server cannot start (or, with the `harness` feature, a migration or
+    /// fixture fails).
+    pub fn start() -> TestServerBuilder {
+        TestServerBuilder::new()
     }
 
     /// Starts a server with `config`; its `listen` address is replaced with `127.0.0.1:0`.
@@ -122,6 +139,8 @@ impl TestServer {
             addr,
             handle: Some(handle),
             _temp_dir: temp_dir,
+            #[cfg(feature = "harness")]
+            _database: None,
         }
     }
 
@@ -157,6 +176,28 @@ impl TestServer {
     /// any) as its bearer token.
     pub fn client_builder(&self) -> sqlhttp::ClientBuilder {
         self.builder_for(self.url())
+    }
+
+    /// An SDK client pointed straight at the server, as [`client_builder`](Self::client_builder)
+    /// builds it.
+    ///
+    /// # Panics
+    /// If the client cannot be built (it always can for this URL).
+    pub fn client(&self) -> sqlhttp::Client {
+        self.client_builder()
+            .build()
+            .unwrap_or_else(|error| panic!("sqlhttp-testkit: cannot build a client: {error}"))
+    }
+
+    /// An SDK client pointed at `proxy` (see [`proxy`](Self::proxy)), as
+    /// [`proxied_client_builder`](Self::proxied_client_builder) builds it.
+    ///
+    /// # Panics
+    /// If the client cannot be built.
+    pub fn proxied_client(&self, proxy: &ChaosProxy) -> sqlhttp::Client {
+        self.proxied_client_builder(proxy)
+            .build()
+            .unwrap_or_else(|error| panic!("sqlhttp-testkit: cannot build a client: {error}"))
     }
 
     /// Starts a [`ChaosProxy`] in front of the server (it keeps working across restarts).
@@ -215,6 +256,145 @@ impl TestServer {
             }
         };
         self.handle = Some(handle);
+    }
+}
+
+/// How a [`TestServer`] starts, from [`TestServer::start`]; `.await` it to start the server.
+///
+/// With the `harness` feature (the test harness for applications), it also applies
+/// [`migrations`](Self::migrations), loads [`fixture`](Self::fixture)s, and runs on a fresh
+/// PostgreSQL database instead of SQLite ([`postgres`](Self::postgres)):
+///
+/// ```no_run
+/// # #[cfg(feature = "harness")]
+/// # async fn run() {
+/// use sqlhttp_testkit::TestServer;
+///
+/// let server = TestServer::start()
+///     .migrations("migrations")
+///     .fixture("INSERT INTO books (id, title) VALUES (1, 'Dune');")
+///     .postgres_from_env() // SQLHTTPD_TEST_POSTGRES_URL when set, else SQLite
+///     .await;
+/// let titles: Vec<String> = server.client().query("SELECT title FROM books").fetch_all().await.unwrap();
+/// # }
+/// ```
+#[must_use = "a builder does nothing until it is awaited"]
+pub struct TestServerBuilder {
+    config: Config,
+    file_backed: bool,
+    #[cfg(feature = "harness")]
+    setup: crate::harness::Setup,
+}
+
+impl fmt::Debug for TestServerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestServerBuilder")
+            .field("file_backed", &self.file_backed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl TestServerBuilder {
+    fn new() -> TestServerBuilder {
+        TestServerBuilder {
+            config: Config::default(),
+            file_backed: false,
+            #[cfg(feature = "harness")]
+            setup: crate::harness::Setup::default(),
+        }
+    }
+
+    /// Runs the server with `config` (its `listen` address is replaced with `127.0.0.1:0`, and
+    /// its database with the one this builder chooses when it chooses one).
+    pub fn config(mut self, config: Config) -> TestServerBuilder {
+        self.config = config;
+        self
+    }
+
+    /// Keeps the SQLite database in a file in a fresh temporary directory (removed on drop),
+    /// so that [`TestServer::restart`] keeps the data.
+    pub fn file_backed(mut self) -> TestServerBuilder {
+        self.file_backed = true;
+        self
+    }
+
+    async fn launch(self) -> TestServer {
+        #[cfg(feature = "harness")]
+        {
+            let TestServerBuilder {
+                mut config,
+                file_backed,
+                setup,
+            } = self;
+            let database = setup.database(&mut config).await;
+            let mut server = if file_backed && database.is_none() {
+                TestServer::file_backed_with_config(config).await
+            } else {
+                TestServer::with_config(config).await
+            };
+            server._database = database;
+            setup.apply(&server).await;
+            server
+        }
+        #[cfg(not(feature = "harness"))]
+        {
+            if self.file_backed {
+                TestServer::file_backed_with_config(self.config).await
+            } else {
+                TestServer::with_config(self.config).await
+            }
+        }
+    }
+}
+
+#[cfg(feature = "harness")]
+impl TestServerBuilder {
+    /// Applies the migrations of `dir` (as [`sqlhttp::migrate::Migrator::from_dir`] reads them)
+    /// once the server is up, before the test gets it.
+    pub fn migrations(mut self, dir: impl AsRef<Path>) -> TestServerBuilder {
+        self.setup.migrations(dir.as_ref());
+        self
+    }
+
+    /// Applies `migrator`'s migrations (embedded ones, say) once the server is up.
+    pub fn migrator(mut self, migrator: sqlhttp::migrate::Migrator) -> TestServerBuilder {
+        self.setup.migrator(migrator);
+        self
+    }
+
+    /// Runs the statements of `sql` (a script: statements ended by `;`) after the migrations,
+    /// as one atomic batch; fixtures run in the order given.
+    pub fn fixture(mut self, sql: impl Into<String>) -> TestServerBuilder {
+        self.setup.fixture(sql.into());
+        self
+    }
+
+    /// Runs the server on a fresh database of the PostgreSQL cluster at `url` (a role that may
+    /// create databases and roles), with a client role of its own; both are dropped when the
+    /// `TestServer` is dropped.
+    pub fn postgres(mut self, url: impl Into<String>) -> TestServerBuilder {
+        self.setup.postgres(Some(url.into()));
+        self
+    }
+
+    /// [`postgres`](Self::postgres) with the URL in the environment variable
+    /// `SQLHTTPD_TEST_POSTGRES_URL` when it is set and not empty; SQLite otherwise. One test
+    /// then runs on either engine.
+    pub fn postgres_from_env(mut self) -> TestServerBuilder {
+        let url = std::env::var(crate::harness::POSTGRES_URL_VAR)
+            .ok()
+            .filter(|url| !url.trim().is_empty());
+        self.setup.postgres(url);
+        self
+    }
+}
+
+impl std::future::IntoFuture for TestServerBuilder {
+    type Output = TestServer;
+    type IntoFuture = std::pin::Pin<Box<dyn std::future::Future<Output = TestServer> + Send>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.launch())
     }
 }
 
