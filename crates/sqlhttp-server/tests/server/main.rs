@@ -12,6 +12,7 @@ mod conformance;
 mod connections;
 mod hardening;
 mod idempotency;
+mod migrations;
 mod openapi;
 mod operations;
 mod pg_answers;
