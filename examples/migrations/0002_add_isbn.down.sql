@@ -1,0 +1,3 @@
+-- Reverts migration 2 (`sqlhttp migrate revert`), as one transaction.
+DROP INDEX books_isbn;
+ALTER TABLE books DROP COLUMN isbn;
