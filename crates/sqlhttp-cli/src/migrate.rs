@@ -75,7 +75,7 @@ pub(crate) async fn run(
             }
             writeln!(
                 stdout,
-                "{:<8} {:<28} {:<8} {:<26} checksum",
+                "{:<8} {:<28} {:<8} {:<30} checksum",
                 "version", "name", "status", "applied at"
             )?;
             for line in lines {
@@ -96,7 +96,7 @@ pub(crate) async fn run(
                 };
                 writeln!(
                     stdout,
-                    "{:<8} {:<28} {:<8} {:<26} {}{note}",
+                    "{:<8} {:<28} {:<8} {:<30} {}{note}",
                     format!("{:04}", line.version),
                     line.name,
                     status,

@@ -10,8 +10,8 @@
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct ScriptStatement {
-    /// The statement's text, without its `;` and the whitespace around it (comments before it
-    /// are kept: the server skips them).
+    /// The statement's text from its first token, without its `;` and the whitespace before
+    /// that (comments and whitespace before its first token are left out; those inside it stay).
     pub sql: String,
     /// The line (1-based, in the text given to [`split`]) of the statement's first token, after
     /// any comments before it.
@@ -51,7 +51,7 @@ impl Split<'_> {
             Err(line)
         } else {
             Ok(ScriptStatement {
-                sql: self.rest.trim().to_owned(),
+                sql: self.rest[first..].trim_end().to_owned(),
                 line,
             })
         })
@@ -118,7 +118,7 @@ pub fn split(text: &str) -> Split<'_> {
             b';' if block.depth == 0 => {
                 if let Some(first) = first_token(bytes, start).filter(|&first| first < i) {
                     statements.push(ScriptStatement {
-                        sql: text[start..i].trim().to_owned(),
+                        sql: text[first..i].trim_end().to_owned(),
                         line: start_line + count_lines(&bytes[start..first]),
                     });
                 }
@@ -333,7 +333,7 @@ mod tests {
             got,
             [
                 "SELECT 'a;b'",
-                "-- c;\nINSERT INTO \"t;\" VALUES (1) /* ; */",
+                "INSERT INTO \"t;\" VALUES (1) /* ; */",
                 "SELECT [x;y] FROM t"
             ]
         );
