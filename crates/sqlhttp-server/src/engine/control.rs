@@ -226,6 +226,8 @@ pub(crate) struct Hooks {
     denial: Mutex<Option<String>>,
     /// The server's own housekeeping commits now (see [`Hooks::housekeeping`]).
     housekeeping: AtomicBool,
+    /// The connection must be replaced after its job (see [`Hooks::poison`]).
+    poisoned: AtomicBool,
 }
 
 impl Hooks {
@@ -236,7 +238,20 @@ impl Hooks {
             sandboxed: AtomicBool::new(false),
             denial: Mutex::new(None),
             housekeeping: AtomicBool::new(false),
+            poisoned: AtomicBool::new(false),
         }
+    }
+
+    /// Marks the connection as holding state a refused statement left outside the database (an
+    /// FTS5 table object's in-memory `rank` setting, set before the statement was undone): its
+    /// pool replaces it after the job.
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::Release);
+    }
+
+    /// Whether the connection must be replaced now (asked once).
+    pub(crate) fn take_poisoned(&self) -> bool {
+        self.poisoned.swap(false, Ordering::AcqRel)
     }
 
     /// Installs the job whose statements run on this connection until [`Hooks::end_job`].

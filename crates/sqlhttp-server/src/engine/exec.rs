@@ -79,14 +79,17 @@ impl Drop for Sandboxed<'_> {
     }
 }
 
-/// A client statement that changes a schema runs inside a savepoint of the server's, and is kept
-/// only if what it did to the schema passes the sandbox (`sandbox::SchemaRows`): no temporary
-/// object, nothing new or changed in the server's namespace, however the statement was spelled.
+/// A client statement that changes a schema (or inserts into an FTS5 table, which may configure
+/// it) runs inside a savepoint of the server's, and is kept only if what it did passes the
+/// sandbox (`sandbox::SchemaRows`): no temporary object, nothing new or changed in the server's
+/// namespace, no full-text table's `rank` setting changed, however the statement was spelled.
 /// Dropped before [`SchemaChange::finish`] (the statement failed), it undoes the statement.
 /// Runs its own statements outside the sandbox.
 struct SchemaChange<'a> {
     conn: &'a Conn,
     before: sandbox::SchemaRows,
+    /// The FTS5 tables the statement inserts into, whose `rank` setting is compared.
+    fts5: Vec<String>,
     /// The savepoint opened the transaction (the statement runs on its own, not in a batch or a
     /// keyed request): releasing it commits.
     outermost: bool,
@@ -96,7 +99,7 @@ struct SchemaChange<'a> {
 const SCHEMA_SAVEPOINT: &str = "_sqlhttp_schema_change";
 
 impl<'a> SchemaChange<'a> {
-    fn begin(conn: &'a Conn) -> Result<SchemaChange<'a>, ApiError> {
+    fn begin(conn: &'a Conn, fts5: Vec<String>) -> Result<SchemaChange<'a>, ApiError> {
         let outermost = conn.conn.is_autocommit();
         conn.conn
             .execute_batch(&format!("SAVEPOINT {SCHEMA_SAVEPOINT}"))
@@ -104,10 +107,12 @@ impl<'a> SchemaChange<'a> {
         let mut change = SchemaChange {
             conn,
             before: sandbox::SchemaRows::default(),
+            fts5,
             outermost,
             open: true,
         };
-        change.before = sandbox::SchemaRows::read(&conn.conn).map_err(map_engine_error)?;
+        change.before =
+            sandbox::SchemaRows::read(&conn.conn, &change.fts5).map_err(map_engine_error)?;
         Ok(change)
     }
 
@@ -121,8 +126,15 @@ impl<'a> SchemaChange<'a> {
             tracing::error!("a statement that changes the schema ended its transaction");
             return Err(ApiError::internal());
         }
-        let refusal = match sandbox::SchemaRows::read(db) {
-            Ok(after) => self.before.refusal(&after),
+        let refusal = match sandbox::SchemaRows::read(db, &self.fts5) {
+            Ok(after) => {
+                if self.before.rank_changed(&after) {
+                    // FTS5 applied the setting to its in-memory table before it was stored;
+                    // undoing the write does not undo that.
+                    self.conn.hooks.poison();
+                }
+                self.before.refusal(&after)
+            }
             Err(e) => {
                 self.undo();
                 return Err(map_engine_error(e));
@@ -331,6 +343,15 @@ pub(crate) fn write_result(
         Err(_) if schema_moved(conn) => prepare_one(conn, &request.sql)?,
         prepared => prepared?,
     };
+    if sandbox::reads_rank() {
+        match sandbox::refuse_rank_constraint(&conn.conn, &request.sql) {
+            Ok(()) => {}
+            Err(sandbox::RankError::Refused) => {
+                return Err(ApiError::not_allowed(sandbox::RANK_REFUSED));
+            }
+            Err(sandbox::RankError::Engine(e)) => return Err(client_error(conn, e)),
+        }
+    }
     let writes = !stmt.readonly();
     if writes && access == Access::ReadOnly {
         return Ok(Written::NeedsWriter);
@@ -346,9 +367,17 @@ pub(crate) fn write_result(
         stmt.raw_bind_parameter(index + 1, param)
             .map_err(|e| client_error(conn, e))?;
     }
-    if writes && sandbox::changes_schema() {
+    let fts5 = if writes {
         conn.hooks.set_sandboxed(false);
-        let began = SchemaChange::begin(conn);
+        let found = sandbox::fts5_inserted(&conn.conn);
+        conn.hooks.set_sandboxed(true);
+        found.map_err(map_engine_error)?
+    } else {
+        Vec::new()
+    };
+    if writes && (sandbox::changes_schema() || !fts5.is_empty()) {
+        conn.hooks.set_sandboxed(false);
+        let began = SchemaChange::begin(conn, fts5);
         conn.hooks.set_sandboxed(true);
         schema_change = Some(began?);
     } else if writes {

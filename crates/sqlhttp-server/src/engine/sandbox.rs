@@ -20,15 +20,21 @@
 //!   the server's namespace, as the schema tables list them.
 //! - [`configure`] applies the connection settings no client can change: size limits, defensive
 //!   mode, untrusted schemas, foreign keys.
+//! - FTS5's `rank` (ADR 0032): a query that constrains it (`rank MATCH 'f(...)'`, `rank = ...`,
+//!   however spelled) is found in its compiled plan ([`refuse_rank_constraint`]), and a
+//!   statement that changes a full-text table's stored `rank` setting is undone
+//!   ([`SchemaRows`] reads it for the tables [`fts5_inserted`] names): either would make
+//!   the table call a function of the client's choosing inside one step of the virtual table.
 //!
 //! See `docs/adr/0012-statement-sandbox.md` and `docs/adr/0023-sandbox-decides-on-effects.md`.
 //! Knows SQLite and the protocol's error codes; nothing about HTTP or how connections are pooled.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 
+use rusqlite::fallible_iterator::FallibleIterator as _;
 use rusqlite::hooks::{AuthAction, AuthContext};
 use rusqlite::limits::Limit;
-use rusqlite::{Connection, config::DbConfig};
+use rusqlite::{Connection, OptionalExtension, config::DbConfig};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
@@ -176,6 +182,8 @@ struct Seen {
     /// It is an `ALTER TABLE`, whose own nested statements rewrite the temp schema's views and
     /// triggers that name the table (there are none: clients cannot create any).
     alters_table: bool,
+    /// It reads a column named `rank` (FTS5's hidden column, or any other of that name).
+    reads_rank: bool,
 }
 
 thread_local! {
@@ -183,13 +191,103 @@ thread_local! {
         Cell::new(Seen {
             changes_schema: false,
             alters_table: false,
+            reads_rank: false,
         })
     };
+    /// The tables the statement inserts into, as the authorizer named them.
+    static INSERTED: RefCell<Vec<String>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Forgets what the authorizer saw: call it before compiling a client statement.
 pub(crate) fn begin_statement() {
     SEEN.set(Seen::default());
+    INSERTED.with_borrow_mut(Vec::clear);
+}
+
+/// Whether the statement compiled since [`begin_statement`] reads a column named `rank`: its
+/// plan is then checked by [`refuse_rank_constraint`].
+pub(crate) fn reads_rank() -> bool {
+    SEEN.get().reads_rank
+}
+
+/// Why a statement that constrains or configures FTS5's `rank` is refused, and what to do.
+pub(crate) const RANK_REFUSED: &str = "FTS5's rank may not be set to a function here, neither \
+by a query (a `rank MATCH` or `rank =` constraint) nor by the table's 'rank' configuration \
+command: the table calls that function inside one step of its own, which nothing can stop \
+(not the statement timeout, a client that leaves, or a shutdown), and snippet() and \
+highlight() take time quadratic in a row's matches. ORDER BY rank ranks by bm25() with its \
+default weights; for other weights call it directly: ORDER BY bm25(table, 10.0, 1.0)";
+
+/// Refuses `sql` (compiled once already, on `conn`, and found to read a column named `rank`)
+/// if its plan hands a `rank` constraint to an FTS5 table: FTS5 marks that constraint `r` in
+/// the plan string its `xBestIndex` returns, which SQLite shows as the `VFilter` opcode's P4
+/// (`rM1` for `t MATCH ? AND rank MATCH ?`). This sees the constraint however the statement
+/// spells it (`rank MATCH`, `rank = x`, `x = t.rank`, `match(x, rank)`, in a view or a
+/// subquery). An `EXPLAIN` itself runs nothing. Compile it sandboxed, as the statement was.
+pub(crate) fn refuse_rank_constraint(conn: &Connection, sql: &str) -> Result<(), RankError> {
+    if leading(sql, &["EXPLAIN"]).is_some() {
+        return Ok(());
+    }
+    let explain = format!("EXPLAIN {sql}");
+    let mut batch = rusqlite::Batch::new(conn, &explain);
+    let Some(mut plan) = batch.next().map_err(RankError::Engine)? else {
+        return Ok(());
+    };
+    let mut rows = plan.raw_query();
+    while let Some(row) = rows.next().map_err(RankError::Engine)? {
+        let opcode: String = row.get(1).map_err(RankError::Engine)?;
+        if opcode != "VFilter" {
+            continue;
+        }
+        let idx: Option<String> = row.get(5).map_err(RankError::Engine)?;
+        if idx.as_deref().is_some_and(is_fts5_rank_plan) {
+            return Err(RankError::Refused);
+        }
+    }
+    Ok(())
+}
+
+/// Whether a virtual table's plan string is FTS5's and holds a `rank` constraint: FTS5's
+/// strings are made of `r`, `M`/`L`/`G` and a column number, `=`, `<` and `>` only (R*Tree's
+/// use other letters, and a plan string of any other module with an `r` has others too).
+fn is_fts5_rank_plan(idx: &str) -> bool {
+    idx.contains('r')
+        && idx.bytes().all(|b| {
+            matches!(b, b'r' | b'M' | b'L' | b'G' | b'=' | b'<' | b'>') || b.is_ascii_digit()
+        })
+}
+
+/// Why [`refuse_rank_constraint`] failed.
+#[derive(Debug)]
+pub(crate) enum RankError {
+    /// The plan constrains FTS5's rank.
+    Refused,
+    /// The plan could not be read.
+    Engine(rusqlite::Error),
+}
+
+/// The FTS5 tables among those the statement compiled since [`begin_statement`] inserts into
+/// (the virtual tables of `main` that have a `NAME_config` table): an insert into one may be its
+/// configuration command. Read outside the sandbox.
+pub(crate) fn fts5_inserted(conn: &Connection) -> rusqlite::Result<Vec<String>> {
+    let mut names = INSERTED.with_borrow(Clone::clone);
+    names.sort_unstable_by_key(|name| name.to_ascii_lowercase());
+    names.dedup_by(|a, b| a.eq_ignore_ascii_case(b));
+    let mut found = Vec::new();
+    let mut query = conn.prepare_cached(
+        "SELECT name FROM main.sqlite_schema WHERE type = 'table' AND name = ?1 COLLATE NOCASE \
+         AND sql LIKE 'CREATE VIRTUAL TABLE%' AND EXISTS (SELECT 1 FROM main.sqlite_schema \
+         WHERE type = 'table' AND name = ?1 || '_config' COLLATE NOCASE)",
+    )?;
+    for name in names {
+        if let Some(table) = query
+            .query_row([&name], |row| row.get::<_, String>(0))
+            .optional()?
+        {
+            found.push(table);
+        }
+    }
+    Ok(found)
 }
 
 /// Whether the statement compiled since [`begin_statement`] changes a schema: it must then run
@@ -205,6 +303,13 @@ fn note(action: &AuthAction<'_>) {
     };
     let mut seen = SEEN.get();
     match *action {
+        A::Read { column_name, .. } if column_name.eq_ignore_ascii_case("rank") => {
+            seen.reads_rank = true;
+        }
+        A::Insert { table_name } if !schema_table(table_name) => {
+            INSERTED.with_borrow_mut(|names| names.push(table_name.to_owned()));
+            return;
+        }
         A::AlterTable { .. } => {
             seen.changes_schema = true;
             seen.alters_table = true;
@@ -366,6 +471,9 @@ pub(crate) fn authorize(context: &AuthContext<'_>) -> Result<(), String> {
 pub(crate) struct SchemaRows {
     temp: Vec<(String, String)>,
     reserved: Vec<(String, String, String)>,
+    /// The stored `rank` settings of the FTS5 tables the statement inserts into: table, key as
+    /// stored (FTS5 takes it in any case), value as `quote()` writes it.
+    rank: Vec<(String, String, String)>,
 }
 
 /// Objects of `temp` other than the server's probe table.
@@ -378,8 +486,20 @@ WHERE substr(name, 1, 8) = '_sqlhttp' COLLATE NOCASE \
 OR substr(tbl_name, 1, 8) = '_sqlhttp' COLLATE NOCASE ORDER BY type, name, tbl_name";
 
 impl SchemaRows {
-    /// Reads the rows from the schema tables.
-    pub(crate) fn read(conn: &Connection) -> rusqlite::Result<SchemaRows> {
+    /// Reads the rows from the schema tables, and the `rank` settings of the FTS5 tables `fts5`.
+    pub(crate) fn read(conn: &Connection, fts5: &[String]) -> rusqlite::Result<SchemaRows> {
+        let mut rank = Vec::new();
+        for table in fts5 {
+            let config = format!("{table}_config").replace('"', "\"\"");
+            let mut query = conn.prepare(&format!(
+                "SELECT k, quote(v) FROM main.\"{config}\" WHERE k = 'rank' COLLATE NOCASE \
+                 ORDER BY k"
+            ))?;
+            let rows = query.query_map([], |row| Ok((table.clone(), row.get(0)?, row.get(1)?)))?;
+            for row in rows {
+                rank.push(row?);
+            }
+        }
         let temp = conn
             .prepare_cached(TEMP_ROWS)?
             .query_map([], |row| Ok((row.get(0)?, row.get(1)?)))?
@@ -388,12 +508,24 @@ impl SchemaRows {
             .prepare_cached(RESERVED_ROWS)?
             .query_map([], |row| Ok((row.get(0)?, row.get(1)?, row.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?;
-        Ok(SchemaRows { temp, reserved })
+        Ok(SchemaRows {
+            temp,
+            reserved,
+            rank,
+        })
     }
 
     /// Why a statement that took the schema from `self` to `after` must not be kept: it left a
     /// temporary object, or it created, renamed or changed an object in the server's namespace.
+    /// Whether a full-text table's stored `rank` setting differs in `after`.
+    pub(crate) fn rank_changed(&self, after: &SchemaRows) -> bool {
+        after.rank != self.rank
+    }
+
     pub(crate) fn refusal(&self, after: &SchemaRows) -> Option<String> {
+        if self.rank_changed(after) {
+            return Some(RANK_REFUSED.to_owned());
+        }
         if let Some((kind, name)) = after.temp.first() {
             return Some(format!(
                 "the statement would create the temporary {kind} `{name}`: {TEMP_REFUSED}"
@@ -850,7 +982,7 @@ mod tests {
              CREATE TABLE t (v); CREATE TABLE u (v);",
         )
         .unwrap();
-        let before = SchemaRows::read(&conn).unwrap();
+        let before = SchemaRows::read(&conn, &[]).unwrap();
         assert_eq!(before.refusal(&before), None);
         for (statement, refused) in [
             ("ALTER TABLE t RENAME TO _SQLHTTP_mine", true),
@@ -869,7 +1001,7 @@ mod tests {
         ] {
             conn.execute_batch("SAVEPOINT s").unwrap();
             conn.execute_batch(statement).unwrap();
-            let after = SchemaRows::read(&conn).unwrap();
+            let after = SchemaRows::read(&conn, &[]).unwrap();
             assert_eq!(before.refusal(&after).is_some(), refused, "{statement}");
             conn.execute_batch("ROLLBACK TO s; RELEASE s").unwrap();
         }

@@ -80,7 +80,7 @@ impl Strays {
 
 /// One connection's place in the pool, shared by its thread and the watchdog.
 struct Slot {
-    interrupt: InterruptHandle,
+    interrupt: Mutex<InterruptHandle>,
     running: Mutex<Option<Running>>,
 }
 
@@ -295,7 +295,7 @@ impl Pool {
     /// Interrupts whatever statement runs on each connection of the pool now.
     pub(crate) fn interrupt_all(&self) {
         for slot in &lock(&self.shared.live).slots {
-            slot.interrupt.interrupt();
+            lock(&slot.interrupt).interrupt();
         }
     }
 
@@ -342,7 +342,7 @@ impl Pool {
         }
         for (slot, job) in given_up {
             // The statement stops at its next jump; the thread then rolls back and ends.
-            slot.interrupt.interrupt();
+            lock(&slot.interrupt).interrupt();
             job.control.note_stop(closing);
             let err = job.control.interrupted_error();
             tracing::warn!(
@@ -381,7 +381,7 @@ impl Shared {
     /// Adds `conn`'s slot to the connections that take work.
     fn enlist(shared: &Arc<Shared>, conn: &Conn) -> Arc<Slot> {
         let slot = Arc::new(Slot {
-            interrupt: conn.conn.get_interrupt_handle(),
+            interrupt: Mutex::new(conn.conn.get_interrupt_handle()),
             running: Mutex::new(None),
         });
         lock(&shared.live).slots.push(Arc::clone(&slot));
@@ -496,6 +496,23 @@ fn worker_main(shared: &Arc<Shared>, slot: &Arc<Slot>, mut conn: Conn) {
                 "a given-up connection's statement ended; its connection is closed"
             );
             return;
+        }
+        if conn.hooks.take_poisoned() {
+            match (shared.open)() {
+                Ok(fresh) => {
+                    *lock(&slot.interrupt) = fresh.conn.get_interrupt_handle();
+                    drop(std::mem::replace(&mut conn, fresh));
+                    tracing::debug!(
+                        pool = shared.name,
+                        "replaced a connection a refused statement left state on"
+                    );
+                }
+                Err(e) => tracing::error!(
+                    pool = shared.name,
+                    error = %e,
+                    "cannot replace a connection a refused statement left state on"
+                ),
+            }
         }
     }
     drop(conn);

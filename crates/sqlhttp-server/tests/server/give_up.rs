@@ -376,3 +376,104 @@ async fn more_stuck_statements_than_the_stray_cap_keep_the_server_bounded() {
     child.kill().unwrap();
     child.wait().unwrap();
 }
+
+/// FTS5's hidden `rank` column can be set to call an auxiliary function (`snippet()`,
+/// `highlight()`: quadratic, inside one step of the table) by a query's constraint or by the
+/// table's stored setting; the sandbox's refusal of those names by call does not see either.
+/// Both are refused, by what the statement does; ranking by `bm25()` stays.
+#[tokio::test]
+async fn fts5_rank_cannot_be_set_to_a_function() {
+    // No readers: every statement runs on the writer, whose FTS5 table object saw the refused
+    // setting in memory before it was undone.
+    let app = app_with(Config {
+        limits: limits(0, TIMEOUT),
+        ..Config::default()
+    });
+    for setup in [
+        "CREATE VIRTUAL TABLE f5 USING fts5(body)",
+        "INSERT INTO f5 VALUES ('a b a'), ('b a c')",
+        "CREATE TABLE scores (rank INTEGER)",
+        "INSERT INTO scores VALUES (1)",
+    ] {
+        ok(&app, setup).await;
+    }
+    // A rank function's arguments follow the table's own, which FTS5 passes.
+    let snippet = "snippet(0, '[', ']', '...', 8)";
+    let refused: Vec<(String, Value)> = vec![
+        (
+            format!(
+                "SELECT body FROM f5 WHERE f5 MATCH 'a' AND rank MATCH '{}'",
+                snippet.replace('\'', "''")
+            ),
+            json!([]),
+        ),
+        (
+            "SELECT body FROM f5 WHERE f5 MATCH 'a' AND rank = ?1".to_owned(),
+            json!([snippet]),
+        ),
+        (
+            "SELECT body FROM f5 WHERE ?1 = f5.\"RANK\" AND f5 MATCH 'a'".to_owned(),
+            json!(["highlight(0, '[', ']')"]),
+        ),
+        (
+            "SELECT count(*) FROM (SELECT body FROM f5 WHERE match(?1, rank) AND f5 MATCH 'a')"
+                .to_owned(),
+            json!([snippet]),
+        ),
+        (
+            "INSERT INTO f5 (f5, rank) VALUES ('rank', ?1)".to_owned(),
+            json!([snippet]),
+        ),
+        (
+            "INSERT INTO f5 (f5, rank) SELECT ?1, ?2".to_owned(),
+            json!(["RANK", "bm25(10.0)"]),
+        ),
+    ];
+    for (text, params) in &refused {
+        let reply = sql(&app, text, params.clone()).await;
+        assert_eq!(reply.status, 403, "{text}: {}", body(&reply));
+        assert_eq!(reply.code(), "STATEMENT_NOT_ALLOWED", "{text}");
+        let message = reply.json()["error"]["message"].to_string();
+        assert!(message.contains("bm25(table"), "{text}: {message}");
+    }
+    // The same command, keyed: refused, and nothing stored.
+    let keyed = post_with(
+        &app,
+        &[("idempotency-key", "rank-config")],
+        &json!({ "sql": "INSERT INTO f5 (f5, rank) VALUES ('rank', ?1)", "params": [snippet] }),
+    )
+    .await;
+    assert_eq!(keyed.status, 403, "{}", body(&keyed));
+    let stored = sql(
+        &app,
+        "SELECT count(*) FROM f5_config WHERE k = 'rank' COLLATE NOCASE",
+        json!([]),
+    )
+    .await;
+    assert_eq!(stored.json()["rows"], json!([[0]]), "{}", body(&stored));
+    // What the refusal points to works, and rank is still bm25's number on this connection.
+    for (text, rows) in [
+        (
+            "SELECT typeof(rank) FROM f5 WHERE f5 MATCH 'a' ORDER BY rank LIMIT 1",
+            json!([["real"]]),
+        ),
+        (
+            "SELECT count(*) FROM f5 WHERE f5 MATCH 'a' ORDER BY bm25(f5, 10.0)",
+            json!([[2]]),
+        ),
+        ("SELECT rank FROM scores WHERE rank = 1", json!([[1]])),
+    ] {
+        let reply = sql(&app, text, json!([])).await;
+        assert_eq!(reply.status, 200, "{text}: {}", body(&reply));
+        assert_eq!(reply.json()["rows"], rows, "{text}");
+    }
+    // Commands that do not set rank still run.
+    for command in [
+        "INSERT INTO f5 (f5) VALUES ('optimize')",
+        "INSERT INTO f5 (f5, rank) VALUES ('merge', 16)",
+        "INSERT INTO f5 (f5, rank) VALUES ('automerge', 4)",
+        "INSERT INTO f5 (f5, rank) VALUES ('integrity-check', 0)",
+    ] {
+        ok(&app, command).await;
+    }
+}
