@@ -179,7 +179,7 @@ impl Conn {
             }
         }))?;
         // The one place every commit passes, the server's transactions and a client write's own
-        // alike: a job the watchdog gave up rolls back here instead (ADR 0031).
+        // alike: a job the watchdog gave up rolls back here instead (ADR 0032).
         let commit = Arc::clone(&hooks);
         conn.commit_hook(Some(move || !commit.commit_allowed()))?;
         Ok(Conn {

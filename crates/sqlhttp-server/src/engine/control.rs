@@ -3,7 +3,7 @@
 //! watchdog) and [`Hooks`] (the per-connection state SQLite's progress, busy, commit and
 //! authorizer callbacks read).
 //!
-//! The worker's commit and the watchdog's give-up are one decision (ADR 0031): both move the
+//! The worker's commit and the watchdog's give-up are one decision (ADR 0032): both move the
 //! job's fate away from `RUNNING` with one compare-and-swap, so exactly one of them happens. A
 //! commit that wins is the job's answer; a give-up that wins turns the commit into a rollback.
 //!

@@ -10,7 +10,7 @@
 //! a statement timeout and is cancelled when its requester goes away; queues are bounded.
 //! Atomic batches (`batch`) run several statements in one transaction of the server's own.
 //! A watchdog thread gives up a connection whose statement has not stopped a margin after it
-//! had to (ADR 0031; see `worker`).
+//! had to (ADR 0032; see `worker`).
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
 mod backend;
@@ -131,7 +131,7 @@ pub(crate) enum Reply {
 const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
 
 /// How long a statement may go on after it had to stop (its deadline, its client's leaving, the
-/// engine's close) before its connection is given up (ADR 0031): ample for any statement SQLite
+/// engine's close) before its connection is given up (ADR 0032): ample for any statement SQLite
 /// can interrupt to stop and roll back.
 pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
 
@@ -217,7 +217,7 @@ impl Engine {
             })
         };
         // As many stray threads as there are readers (one with none): the process then runs at
-        // most `2 × read_connections + 1` engine threads (ADR 0031).
+        // most `2 × read_connections + 1` engine threads (ADR 0032).
         let strays = Arc::new(Strays::new(limits.read_connections.max(1)));
         let pool = |name, connections, role| {
             Pool::start(

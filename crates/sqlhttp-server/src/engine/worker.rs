@@ -1,5 +1,5 @@
 //! [`Pool`]: connections each owned by a dedicated thread, fed from one bounded queue, and the
-//! give-up of a connection whose statement does not stop (ADR 0031).
+//! give-up of a connection whose statement does not stop (ADR 0032).
 //!
 //! Threads get a large stack (SQLite's parser and expression walkers recurse), a job that
 //! panics is contained to its own request, a job whose requester went away is skipped, and a

@@ -1,6 +1,6 @@
 //! The server's numbers for `GET /metrics`, in the OpenMetrics text format Prometheus scrapes
 //! (the `prometheus-client` crate's encoder): requests by endpoint and status, a latency
-//! histogram per endpoint, engine queue depth per pool, engine connections given up (ADR 0031),
+//! histogram per endpoint, engine queue depth per pool, engine connections given up (ADR 0032),
 //! and counts of rate-limited requests, replayed idempotent outcomes and statement timeouts.
 //!
 //! Knows metric names and label sets; the request log feeds it one observation per request. No

@@ -1,4 +1,4 @@
-//! Statements SQLite cannot stop in time (issue 18, ADR 0031): its progress handler runs only
+//! Statements SQLite cannot stop in time (issue 18, ADR 0032): its progress handler runs only
 //! when the virtual machine jumps, so straight-line work (a row of many JSON calls, nested calls,
 //! a long FTS phrase) ran 5-26 s under a 1 s timeout. The engine now gives such a connection up a
 //! second after the statement had to stop: its client is answered, the pool gets a fresh
@@ -363,8 +363,9 @@ async fn more_stuck_statements_than_the_stray_cap_keep_the_server_bounded() {
         most <= baseline + 2,
         "{most} threads at most, {baseline} before"
     );
-    // Once a stray ends, a fresh reader serves again.
-    let until = Instant::now() + Duration::from_secs(30);
+    // Once a stray ends, a fresh reader serves again (a stray's few seconds of work can take
+    // far longer on a machine the other tests keep busy).
+    let until = Instant::now() + Duration::from_secs(120);
     loop {
         let reply = post("SELECT 1".to_owned()).await.unwrap();
         if reply.status() == 200 {
