@@ -30,6 +30,7 @@ mod setup;
 mod sqlstate;
 mod store;
 mod tag;
+mod tls;
 mod types;
 mod wire;
 
@@ -45,7 +46,7 @@ use deadpool_postgres::{
     Hook, HookError, Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
-use tokio_postgres::{CancelToken, Client, NoTls};
+use tokio_postgres::{CancelToken, Client};
 
 use crate::api_error::{ApiError, ErrorCode};
 use crate::batch_request::BatchRequest;
@@ -123,7 +124,7 @@ struct Inner {
     /// What the store's functions ask for (see `store`).
     store_key: String,
     /// How to log in beside the pool (see [`terminate`]).
-    reaper: Arc<tokio_postgres::Config>,
+    reaper: Arc<wire::Target>,
     /// The owner's side of the client role: puts its password and defaults back.
     keeper: Arc<setup::RoleKeeper>,
     /// What the pool's connections were cut for (see `wire`).
@@ -159,7 +160,7 @@ struct Lease {
     opened: std::sync::OnceLock<Opened>,
     /// How to log in beside the pool, to end a session the server gave up on (and where to
     /// send a cancel request).
-    reaper: Arc<tokio_postgres::Config>,
+    reaper: Arc<wire::Target>,
     /// What the connections were cut for (see `wire`).
     cuts: Arc<wire::Cuts>,
     _permit: OwnedSemaphorePermit,
@@ -233,10 +234,9 @@ impl Drop for Lease {
 
 /// Ends the session of backend `pid` from a connection of its own (the client role may end its
 /// own sessions), and waits (briefly) until it is gone.
-async fn terminate(config: &tokio_postgres::Config, pid: i32) {
+async fn terminate(target: &wire::Target, pid: i32) {
     let ended = async {
-        let (client, connection) = config.connect(NoTls).await?;
-        let driver = tokio::spawn(connection);
+        let (client, driver) = wire::connect(target).await?;
         client
             .query_one("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
             .await?;
@@ -265,7 +265,10 @@ impl PgEngine {
             reason,
         };
         let prepared = setup::prepare(url)?;
-        let reaper = Arc::new(prepared.client.clone());
+        let reaper = Arc::new(wire::Target {
+            config: prepared.client.clone(),
+            tls: Arc::clone(&prepared.tls),
+        });
         let keeper = Arc::clone(&prepared.keeper);
         let cuts = Arc::new(wire::Cuts::default());
         let manager = Manager::from_connect(
@@ -273,6 +276,7 @@ impl PgEngine {
             wire::BoundedConnect {
                 bounds: wire::Bounds::new(limits.max_value_bytes, limits.max_result_bytes),
                 cuts: Arc::clone(&cuts),
+                tls: Arc::clone(&prepared.tls),
             },
             ManagerConfig {
                 // A client's function may change its session (settings, temporary tables that

@@ -21,10 +21,12 @@
 use std::time::{Duration, Instant};
 
 use tokio_postgres::error::SqlState;
-use tokio_postgres::{Client, Config, NoTls};
+use tokio_postgres::{Client, Config};
 
 use crate::config::PostgresUrl;
 use crate::engine::postgres::store;
+use crate::engine::postgres::tls::PgTls;
+use crate::engine::postgres::wire::{self, Target};
 use crate::error::ServerError;
 
 /// Serialises the set-up of replicas starting together.
@@ -165,7 +167,7 @@ async fn reset_settings(owner: &Client, role: &str, settings: &[RoleSetting]) ->
 /// were at start, and how to put the role back when a client changed it.
 pub(crate) struct RoleKeeper {
     /// How to log in as the owner (the `--database` URL).
-    owner: Config,
+    owner: Target,
     role: String,
     /// The client role's password (this database's secret).
     password: String,
@@ -294,6 +296,8 @@ pub(crate) struct Prepared {
     /// How to log in as the client role: the `--database` URL's host, port and database, the
     /// client role, and its password.
     pub(crate) client: Config,
+    /// The URL's TLS settings, for every connection (see `tls`).
+    pub(crate) tls: std::sync::Arc<PgTls>,
     /// The key the store's functions ask for (see `store`).
     pub(crate) store_key: String,
     /// The owner's side of the client role.
@@ -343,12 +347,14 @@ fn detail(e: &tokio_postgres::Error) -> String {
     text
 }
 
-async fn connect(config: &Config) -> Result<Client, String> {
-    let (client, connection) = tokio::time::timeout(CONNECT_WITHIN, config.connect(NoTls))
+async fn connect(target: &Target) -> Result<Client, String> {
+    let (client, _driver) = tokio::time::timeout(CONNECT_WITHIN, wire::connect(target))
         .await
         .map_err(|_| format!("no answer within {} s", CONNECT_WITHIN.as_secs()))?
-        .map_err(|e| detail(&e))?;
-    tokio::spawn(connection);
+        .map_err(|e| match target.tls.hint(&e) {
+            Some(hint) => format!("{}; {hint}", detail(&e)),
+            None => detail(&e),
+        })?;
     Ok(client)
 }
 
@@ -356,11 +362,18 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     let role = url.client_role();
     let fail =
         |what: &str, e: tokio_postgres::Error| failed(url, format!("{what}: {}", detail(&e)));
-    let owner_config: Config = url
+    let mut owner_config: Config = url
         .secret()
         .parse()
         .map_err(|e: tokio_postgres::Error| failed(url, e.to_string()))?;
-    let owner = connect(&owner_config)
+    // TLS is `tls`'s, on the socket, before the driver sees it.
+    owner_config.ssl_mode(tokio_postgres::config::SslMode::Disable);
+    let tls = std::sync::Arc::new(PgTls::new(url.ssl()).map_err(|e| failed(url, e))?);
+    let owner_target = Target {
+        config: owner_config.clone(),
+        tls: std::sync::Arc::clone(&tls),
+    };
+    let owner = connect(&owner_target)
         .await
         .map_err(|e| failed(url, format!("cannot connect: {e}")))?;
     // Clients may create functions in `public`, and an unqualified call resolves to the best
@@ -409,7 +422,14 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     grant_public_schema(&owner, url).await?;
     let mut client = owner_config.clone();
     client.user(role).password(password.clone());
-    let temp_file_limit = check_client_login(&client, url).await?;
+    let temp_file_limit = check_client_login(
+        &Target {
+            config: client.clone(),
+            tls: std::sync::Arc::clone(&tls),
+        },
+        url,
+    )
+    .await?;
     if temp_file_limit == "-1" {
         limit_temp_files(&owner, role).await;
     }
@@ -430,7 +450,7 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
         );
     }
     let keeper = RoleKeeper {
-        owner: owner_config,
+        owner: owner_target,
         role: role.to_owned(),
         password,
         baseline,
@@ -438,6 +458,7 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     };
     Ok(Prepared {
         client,
+        tls,
         store_key,
         keeper: std::sync::Arc::new(keeper),
     })
@@ -686,7 +707,7 @@ async fn grant_public_schema(owner: &Client, url: &PostgresUrl) -> Result<(), Se
 
 /// Logs in as the client role once, so a refused login fails the start, not every request.
 /// Returns the `temp_file_limit` its sessions start with (`-1`: unlimited).
-async fn check_client_login(client: &Config, url: &PostgresUrl) -> Result<String, ServerError> {
+async fn check_client_login(client: &Target, url: &PostgresUrl) -> Result<String, ServerError> {
     let role = url.client_role();
     let session = connect(client).await.map_err(|e| {
         failed(

@@ -14,9 +14,11 @@
 //! backend process id (read from `BackendKeyData` as it passes), for the lease to answer with
 //! what the row writer would have said; the connection is gone, and its read buffer with it.
 //!
-//! The server connects with `NoTls` and sslmode `prefer` (or `disable`): tokio-postgres then
-//! sends no `SSLRequest`, so every byte from the backend, from the first authentication
-//! request on, is framed this way.
+//! TLS is `tls`'s: it asks for it on the socket and runs the handshake before the driver sees
+//! the stream, and tokio-postgres runs with `sslmode=disable` over what it is handed (a
+//! [`Socket::Tls`] or a plain one), so every byte from the backend, from the first
+//! authentication request on, is framed here decrypted. [`Target`] carries both settings to
+//! every connection the server opens: the pool's, the set-up's, the reaper's, cancel requests.
 //!
 //! Knows nothing about requests, HTTP or the answers' wording (see `run`).
 
@@ -34,6 +36,16 @@ use tokio::net::TcpStream;
 use tokio::net::UnixStream;
 use tokio_postgres::config::{Host, LoadBalanceHosts, TargetSessionAttrs};
 use tokio_postgres::{CancelToken, Client, Config, NoTls};
+
+use super::tls::{Negotiated, PgTls};
+
+/// Where and how to log in: the driver's settings (with `sslmode=disable`: TLS is done here)
+/// and the URL's TLS settings.
+#[derive(Debug, Clone)]
+pub(crate) struct Target {
+    pub(crate) config: Config,
+    pub(crate) tls: Arc<PgTls>,
+}
 
 /// Room above `--max-result-bytes` for what is not a cell's bytes: a row's framing (6 bytes and
 /// 4 per column, up to PostgreSQL's 1,664 columns), a stored outcome's other columns, a
@@ -331,6 +343,8 @@ pub(crate) enum Socket {
     Tcp(TcpStream),
     #[cfg(unix)]
     Unix(UnixStream),
+    /// TCP under TLS (see `tls`).
+    Tls(Box<tokio_rustls::client::TlsStream<TcpStream>>),
 }
 
 impl AsyncRead for Socket {
@@ -343,6 +357,7 @@ impl AsyncRead for Socket {
             Socket::Tcp(s) => Pin::new(s).poll_read(cx, buf),
             #[cfg(unix)]
             Socket::Unix(s) => Pin::new(s).poll_read(cx, buf),
+            Socket::Tls(s) => Pin::new(s).poll_read(cx, buf),
         }
     }
 }
@@ -357,6 +372,7 @@ impl AsyncWrite for Socket {
             Socket::Tcp(s) => Pin::new(s).poll_write(cx, buf),
             #[cfg(unix)]
             Socket::Unix(s) => Pin::new(s).poll_write(cx, buf),
+            Socket::Tls(s) => Pin::new(s).poll_write(cx, buf),
         }
     }
 
@@ -365,6 +381,7 @@ impl AsyncWrite for Socket {
             Socket::Tcp(s) => Pin::new(s).poll_flush(cx),
             #[cfg(unix)]
             Socket::Unix(s) => Pin::new(s).poll_flush(cx),
+            Socket::Tls(s) => Pin::new(s).poll_flush(cx),
         }
     }
 
@@ -373,6 +390,7 @@ impl AsyncWrite for Socket {
             Socket::Tcp(s) => Pin::new(s).poll_shutdown(cx),
             #[cfg(unix)]
             Socket::Unix(s) => Pin::new(s).poll_shutdown(cx),
+            Socket::Tls(s) => Pin::new(s).poll_shutdown(cx),
         }
     }
 }
@@ -463,8 +481,21 @@ fn host_order(config: &Config) -> Vec<usize> {
 /// Opens a socket to host `index` of `config`, as tokio-postgres would: with its port (one
 /// port for all, or one each; 5432 by default), its `hostaddr` instead of a name lookup,
 /// `connect_timeout` per address tried, TCP keepalives and `tcp_user_timeout` as configured,
-/// `TCP_NODELAY`; a host that is a path is a directory holding the Unix socket.
-async fn open_host(config: &Config, index: usize) -> io::Result<Socket> {
+/// `TCP_NODELAY`; a host that is a path is a directory holding the Unix socket. Then TLS, as
+/// `tls` says (never over a Unix socket, as libpq).
+async fn open_host(config: &Config, index: usize, tls: &PgTls) -> io::Result<Socket> {
+    match open_raw(config, index).await? {
+        Socket::Tcp(stream) => match tls.negotiate(stream, config, index).await? {
+            Negotiated::Tls(stream) => Ok(Socket::Tls(stream)),
+            Negotiated::Plain(stream) => Ok(Socket::Tcp(stream)),
+            Negotiated::Reopen => open_raw(config, index).await,
+        },
+        other => Ok(other),
+    }
+}
+
+/// The socket of [`open_host`], before TLS.
+async fn open_raw(config: &Config, index: usize) -> io::Result<Socket> {
     let port = match config.get_ports() {
         [] => 5432,
         [one] => *one,
@@ -509,11 +540,12 @@ async fn open_host(config: &Config, index: usize) -> io::Result<Socket> {
     }
 }
 
-/// Opens a socket to the first of `config`'s hosts that answers (see [`open_host`]).
-pub(crate) async fn open(config: &Config) -> io::Result<Socket> {
+/// Opens a socket to the first of `target`'s hosts that answers (see [`open_host`]).
+pub(crate) async fn open(target: &Target) -> io::Result<Socket> {
+    let config = &target.config;
     let mut last = io::Error::new(io::ErrorKind::InvalidInput, "no host to connect to");
     for index in host_order(config) {
-        match open_host(config, index).await {
+        match open_host(config, index, &target.tls).await {
             Ok(socket) => return Ok(socket),
             Err(e) => last = e,
         }
@@ -567,9 +599,9 @@ async fn within<T>(
 }
 
 /// Cancels the statement a session runs, over a socket of the server's own (a connection
-/// opened by `connect_raw` has no address in its cancel token).
-pub(crate) async fn cancel(token: &CancelToken, config: &Config) {
-    let cancelled = match open(config).await {
+/// opened by `connect_raw` has no address in its cancel token), under TLS as the session is.
+pub(crate) async fn cancel(token: &CancelToken, target: &Target) {
+    let cancelled = match open(target).await {
         Ok(socket) => token
             .cancel_query_raw(socket, NoTls)
             .await
@@ -632,6 +664,23 @@ type Connecting<'a> = Pin<
 pub(crate) struct BoundedConnect {
     pub(crate) bounds: Bounds,
     pub(crate) cuts: Arc<Cuts>,
+    pub(crate) tls: Arc<PgTls>,
+}
+
+/// A connection of the server's own (the set-up's, the role keeper's, the reaper's): as the
+/// pool's, with no bound on messages. The driver runs in the returned task.
+pub(crate) async fn connect(
+    target: &Target,
+) -> Result<(Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+    let unbounded = BoundedConnect {
+        bounds: Bounds {
+            message: usize::MAX,
+            cell: usize::MAX,
+        },
+        cuts: Arc::default(),
+        tls: Arc::clone(&target.tls),
+    };
+    unbounded.connect(&target.config).await
 }
 
 impl Connect for BoundedConnect {
@@ -682,7 +731,9 @@ impl BoundedConnect {
         config: &Config,
         index: usize,
     ) -> Result<Option<(Client, tokio::task::JoinHandle<()>)>, Failed> {
-        let socket = open_host(config, index).await.map_err(Failed::Socket)?;
+        let socket = open_host(config, index, &self.tls)
+            .await
+            .map_err(Failed::Socket)?;
         let slot = Arc::new(Mutex::new(None));
         let stream = Bounded {
             socket,
