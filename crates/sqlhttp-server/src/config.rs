@@ -140,6 +140,20 @@ impl RateLimit {
     }
 }
 
+/// HTTPS for clients: PEM files the server reads at start and again on
+/// [`TlsReloader::reload`](crate::TlsReloader::reload) (`sqlhttpd` does it on `SIGHUP`). See
+/// `docs/adr/0033-tls-both-ways.md`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    /// The certificate chain, the server's own certificate first.
+    pub cert: PathBuf,
+    /// Its private key (PKCS#8, PKCS#1 or SEC1).
+    pub key: PathBuf,
+    /// CA certificates that sign client certificates: when set, every client must present one
+    /// (mutual TLS). Default: none.
+    pub client_ca: Option<PathBuf>,
+}
+
 /// Everything a [`Server`](crate::Server) or an [`AppState`](crate::AppState) is built from.
 ///
 /// ```
@@ -185,6 +199,9 @@ pub struct Config {
     pub limits: Limits,
     /// What one HTTP connection may cost: timeouts, the connection cap, allowed origins.
     pub http: HttpLimits,
+    /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) with these files; `None` (the default) serves
+    /// plain HTTP/1.1.
+    pub tls: Option<TlsFiles>,
 }
 
 impl Default for Config {
@@ -202,6 +219,7 @@ impl Default for Config {
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
             limits: Limits::default(),
             http: HttpLimits::default(),
+            tls: None,
         }
     }
 }

@@ -52,6 +52,15 @@ pub enum ServerError {
         /// What went wrong, and what the operator can do about it.
         reason: String,
     },
+    /// A TLS certificate, key or client CA file (`--tls-cert`, `--tls-key`, `--tls-client-ca`)
+    /// could not be read or used.
+    #[error("cannot use TLS file {}: {reason}", path.display())]
+    TlsFile {
+        /// The file as given.
+        path: PathBuf,
+        /// What is wrong with it, and what to do.
+        reason: String,
+    },
     /// The engine thread could not be started.
     #[error("cannot start the engine thread: {0}")]
     EngineThread(#[source] std::io::Error),

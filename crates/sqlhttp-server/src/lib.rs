@@ -33,17 +33,19 @@ mod secrets;
 mod server;
 mod sql_text;
 mod state;
+mod tls;
 
 pub use config::{
     Config, DEFAULT_CLIENT_ROLE, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Database, HttpLimits, Limits, PostgresUrl,
-    RateLimit, parse_duration,
+    RateLimit, TlsFiles, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;
 pub use secrets::{parse_token_file, read_token_file};
 pub use server::{Server, ServerHandle};
 pub use state::AppState;
+pub use tls::TlsReloader;
 
 /// The text of a panic payload, for logs.
 pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> &str {

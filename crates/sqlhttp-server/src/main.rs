@@ -1,5 +1,5 @@
 //! The `sqlhttpd` binary: command-line flags, logging to stderr, the `listening on` line on
-//! stdout, and shutdown on Ctrl-C / SIGTERM.
+//! stdout, shutdown on Ctrl-C / SIGTERM, and the TLS files read again on SIGHUP.
 //!
 //! Everything else lives in the `sqlhttp_server` library; this file only parses flags and
 //! drives a [`Server`].
@@ -13,7 +13,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use sqlhttp_server::{
-    Config, Database, HttpLimits, Limits, RateLimit, Server, parse_duration, read_token_file,
+    Config, Database, HttpLimits, Limits, RateLimit, Server, TlsFiles, TlsReloader, parse_duration,
+    read_token_file,
 };
 
 /// Environment variable with comma-separated tokens, used when no `--token` is given.
@@ -174,6 +175,36 @@ struct Cli {
         value_delimiter = ','
     )]
     allow_origins: Vec<String>,
+
+    /// Serve HTTPS (HTTP/1.1, and HTTP/2 by ALPN) with this PEM certificate chain (the
+    /// server's certificate first); needs --tls-key. Read again on SIGHUP: new connections get
+    /// the new certificate, open ones keep theirs.
+    #[arg(
+        long,
+        env = "SQLHTTPD_TLS_CERT",
+        value_name = "PATH",
+        requires = "tls_key"
+    )]
+    tls_cert: Option<PathBuf>,
+
+    /// The PEM private key of --tls-cert (PKCS#8, PKCS#1 or SEC1).
+    #[arg(
+        long,
+        env = "SQLHTTPD_TLS_KEY",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    tls_key: Option<PathBuf>,
+
+    /// Require a client certificate signed by one of this PEM file's CAs (mutual TLS); needs
+    /// --tls-cert.
+    #[arg(
+        long,
+        env = "SQLHTTPD_TLS_CLIENT_CA",
+        value_name = "PATH",
+        requires = "tls_cert"
+    )]
+    tls_client_ca: Option<PathBuf>,
 }
 
 fn parse_database(url: &str) -> Result<Database, String> {
@@ -227,7 +258,16 @@ impl Cli {
             }
             (database, None) => database,
         };
+        let tls = match (self.tls_cert, self.tls_key) {
+            (Some(cert), Some(key)) => Some(TlsFiles {
+                cert,
+                key,
+                client_ca: self.tls_client_ca,
+            }),
+            _ => None,
+        };
         Ok(Config {
+            tls,
             listen: self.listen,
             database,
             tokens,
@@ -305,10 +345,38 @@ async fn shutdown_signal() {
     }
 }
 
+/// Reads the TLS files again on every SIGHUP, for as long as the server runs.
+#[cfg(unix)]
+fn reload_on_hangup(reloader: TlsReloader) -> Result<(), String> {
+    let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+        .map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
+    tokio::spawn(async move {
+        while hangups.recv().await.is_some() {
+            match reloader.reload() {
+                Ok(()) => tracing::info!("SIGHUP: TLS files read again; new connections use them"),
+                Err(e) => tracing::error!(
+                    error = %e,
+                    "SIGHUP: the TLS files do not load; keeping the ones in use"
+                ),
+            }
+        }
+    });
+    Ok(())
+}
+
+#[cfg(not(unix))]
+fn reload_on_hangup(_: TlsReloader) -> Result<(), String> {
+    Ok(())
+}
+
 async fn run(config: Config) -> Result<(), String> {
     let server = Server::bind(config).await.map_err(|e| e.to_string())?;
+    if let Some(reloader) = server.tls_reloader() {
+        reload_on_hangup(reloader)?;
+    }
+    let scheme = if server.is_tls() { "https" } else { "http" };
     let mut stdout = std::io::stdout().lock();
-    writeln!(stdout, "listening on http://{}", server.local_addr())
+    writeln!(stdout, "listening on {scheme}://{}", server.local_addr())
         .and_then(|()| stdout.flush())
         .map_err(|e| format!("cannot write to stdout: {e}"))?;
     drop(stdout);
@@ -515,6 +583,41 @@ viewer-2
         let cli =
             Cli::try_parse_from(["sqlhttpd", "--token-file", missing.to_str().unwrap()]).unwrap();
         assert!(cli.into_config().unwrap_err().contains("missing"));
+    }
+
+    #[test]
+    fn tls_flags_come_together() {
+        let config = Cli::try_parse_from([
+            "sqlhttpd",
+            "--tls-cert",
+            "c.pem",
+            "--tls-key",
+            "k.pem",
+            "--tls-client-ca",
+            "ca.pem",
+        ])
+        .unwrap()
+        .into_config()
+        .unwrap();
+        assert_eq!(
+            config.tls,
+            Some(TlsFiles {
+                cert: "c.pem".into(),
+                key: "k.pem".into(),
+                client_ca: Some("ca.pem".into()),
+            })
+        );
+        assert_eq!(
+            Cli::try_parse_from(["sqlhttpd"])
+                .unwrap()
+                .into_config()
+                .unwrap()
+                .tls,
+            None
+        );
+        assert!(Cli::try_parse_from(["sqlhttpd", "--tls-cert", "c.pem"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--tls-key", "k.pem"]).is_err());
+        assert!(Cli::try_parse_from(["sqlhttpd", "--tls-client-ca", "ca.pem"]).is_err());
     }
 
     #[test]

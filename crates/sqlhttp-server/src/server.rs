@@ -3,6 +3,13 @@
 //! timeout, hyper's own error answers given JSON bodies) and bounded graceful shutdown: stop
 //! accepting, give open connections a short grace, cut them, then close the database.
 //!
+//! With [`Config::tls`] every connection is TLS first (the handshake bounded by the header
+//! timeout, the configuration `tls`'s, reloadable), then HTTP/2 when ALPN chose `h2`, else
+//! HTTP/1.1 as above. An HTTP/2 connection keeps the same bounds by other means (hyper's HTTP/2
+//! has no header timeout, and a client can stall one stream by flow control while the socket
+//! moves): [`Watch`] closes it once no request has run for the header timeout, and cuts it once
+//! a response has waited on its client for the send timeout.
+//!
 //! Each connection's requests carry the client's address (`ConnectInfo`), for rate limiting
 //! and logs. [`Server::bind`] refuses to serve without a token on an address other than
 //! loopback unless the configuration allows anonymous access.
@@ -19,7 +26,8 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::{TcpListener, TcpStream};
@@ -36,6 +44,7 @@ use crate::error::ServerError;
 use crate::http::app;
 use crate::http::hyper_errors::{JsonErrors, raw_response};
 use crate::state::AppState;
+use crate::tls::{H2, TlsReloader};
 
 /// How long open connections may finish their requests after shutdown is signalled.
 const GRACE: Duration = Duration::from_secs(2);
@@ -45,6 +54,10 @@ const CUT_WAIT: Duration = Duration::from_millis(500);
 const REFUSAL_WRITE: Duration = Duration::from_secs(1);
 /// Pause after an accept error such as running out of file descriptors.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
+/// Requests one HTTP/2 connection may run at once.
+const H2_STREAMS: u32 = 128;
+/// Largest request head an HTTP/2 client may send (HPACK-decoded).
+const H2_HEADER_LIST: u32 = 64 * 1024;
 
 /// A bound listener and an opened database, ready to serve.
 ///
@@ -65,6 +78,7 @@ pub struct Server {
     local_addr: SocketAddr,
     state: AppState,
     http: HttpLimits,
+    tls: Option<TlsReloader>,
 }
 
 impl Server {
@@ -74,8 +88,8 @@ impl Server {
     /// # Errors
     ///
     /// [`ServerError::AnonymousOnPublicAddress`] when no token is configured, the address is
-    /// not loopback and [`Config::allow_anonymous`] is off; otherwise the database's or the
-    /// listener's failure.
+    /// not loopback and [`Config::allow_anonymous`] is off; [`ServerError::TlsFile`] when
+    /// [`Config::tls`]'s files do not load; otherwise the database's or the listener's failure.
     pub async fn bind(config: Config) -> Result<Server, ServerError> {
         let listen = config.listen;
         if config.tokens.is_empty()
@@ -84,6 +98,15 @@ impl Server {
             && !listen.ip().is_loopback()
         {
             return Err(ServerError::AnonymousOnPublicAddress { addr: listen });
+        }
+        let tls = config.tls.as_ref().map(TlsReloader::load).transpose()?;
+        if tls.is_none() && !listen.ip().is_loopback() {
+            tracing::warn!(
+                %listen,
+                "serving plain HTTP on an address other than loopback: bearer tokens and data \
+                 travel in clear; give --tls-cert and --tls-key, or put a TLS proxy in front \
+                 (docs/deploy.md)"
+            );
         }
         let http = config.http.clone();
         let state = tokio::task::spawn_blocking(move || AppState::new(&config))
@@ -104,12 +127,24 @@ impl Server {
             local_addr,
             state,
             http,
+            tls,
         })
     }
 
     /// The address actually bound.
     pub fn local_addr(&self) -> SocketAddr {
         self.local_addr
+    }
+
+    /// Whether the server speaks HTTPS ([`Config::tls`]).
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// The handle that re-reads the TLS files (`None` without [`Config::tls`]); it stays valid
+    /// while the server serves.
+    pub fn tls_reloader(&self) -> Option<TlsReloader> {
+        self.tls.clone()
     }
 
     /// Serves until `shutdown` completes, then shuts down gracefully: the listener closes at
@@ -124,6 +159,7 @@ impl Server {
             local_addr,
             state,
             http,
+            tls,
         } = self;
         let router = app(state.clone());
         let mut builder = hyper::server::conn::http1::Builder::new();
@@ -131,6 +167,10 @@ impl Server {
             .timer(TokioTimer::new())
             .header_read_timeout(http.header_timeout)
             .keep_alive(true);
+        let mut h2 = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
+        h2.timer(TokioTimer::new())
+            .max_concurrent_streams(H2_STREAMS)
+            .max_header_list_size(H2_HEADER_LIST);
         let slots = Arc::new(Semaphore::new(http.max_connections.max(1)));
         let stop = CancellationToken::new();
         let cut = CancellationToken::new();
@@ -152,50 +192,58 @@ impl Server {
             };
             let Ok(slot) = Arc::clone(&slots).try_acquire_owned() else {
                 tracing::warn!(%peer, max = http.max_connections, "connection cap reached; refusing");
-                connections.spawn(refuse(stream));
+                connections.spawn(refuse(stream, tls.clone()));
                 continue;
             };
             let _ = stream.set_nodelay(true);
-            let (builder, router, stop, cut) =
-                (builder.clone(), router.clone(), stop.clone(), cut.clone());
-            let (header_timeout, send_timeout) = (http.header_timeout, http.send_timeout);
+            let conn = Conn {
+                peer,
+                service: TowerToHyperService::new(AddExtension::new(
+                    router.clone(),
+                    ConnectInfo(peer),
+                )),
+                stop: stop.clone(),
+                cut: cut.clone(),
+                header_timeout: http.header_timeout,
+                send_timeout: http.send_timeout,
+            };
+            let (builder, h2, tls) = (builder.clone(), h2.clone(), tls.clone());
             connections.spawn(async move {
                 let _slot = slot;
-                let opened = tokio::select! {
-                    opened = opening(&stream, header_timeout) => opened,
-                    // Shutting down: a connection that has not sent its first bytes is closed.
-                    () = stop.cancelled() => Opening::Nothing,
-                };
-                match opened {
-                    Opening::Http1 => {}
-                    Opening::Http2 => return refuse_http2(stream).await,
-                    Opening::Nothing => return,
-                }
-                let io = TokioIo::new(JsonErrors::new(CuttableStream {
-                    inner: stream,
-                    cut: Box::pin(cut.cancelled_owned()),
-                    is_cut: false,
-                    send_timeout,
-                    stalled: None,
-                    slow_since: None,
-                }));
-                let service = AddExtension::new(router, ConnectInfo(peer));
-                let connection = builder.serve_connection(io, TowerToHyperService::new(service));
-                tokio::pin!(connection);
-                let mut stopping = false;
-                loop {
-                    tokio::select! {
-                        result = connection.as_mut() => {
-                            if let Err(e) = result {
-                                tracing::debug!(%peer, error = %e, "connection ended with an error");
-                            }
-                            break;
-                        }
-                        () = stop.cancelled(), if !stopping => {
-                            stopping = true;
-                            connection.as_mut().graceful_shutdown();
-                        }
+                let Some(tls) = tls else {
+                    let opened = tokio::select! {
+                        opened = opening(&stream, conn.header_timeout) => opened,
+                        // Shutting down: a connection that has not sent its first bytes is closed.
+                        () = conn.stop.cancelled() => Opening::Nothing,
+                    };
+                    match opened {
+                        Opening::Http1 => conn.http1(&builder, stream).await,
+                        Opening::Http2 => refuse_http2(stream).await,
+                        Opening::Nothing => {}
                     }
+                    return;
+                };
+                // The handshake is bounded as a request head is.
+                let handshake =
+                    tokio::time::timeout(conn.header_timeout, tls.acceptor().accept(stream));
+                let stream = tokio::select! {
+                    accepted = handshake => match accepted {
+                        Ok(Ok(stream)) => stream,
+                        Ok(Err(e)) => {
+                            tracing::debug!(%peer, error = %e, "TLS handshake failed");
+                            return;
+                        }
+                        Err(_) => {
+                            tracing::debug!(%peer, "TLS handshake not done within the header timeout");
+                            return;
+                        }
+                    },
+                    () = conn.stop.cancelled() => return,
+                };
+                if stream.get_ref().1.alpn_protocol() == Some(H2) {
+                    conn.http2(&h2, stream).await;
+                } else {
+                    conn.http1(&builder, stream).await;
                 }
             });
         }
@@ -222,6 +270,7 @@ impl Server {
     /// Serves on the current tokio runtime in a task; shut it down through the handle.
     pub fn spawn(self) -> ServerHandle {
         let local_addr = self.local_addr;
+        let tls = self.tls.is_some();
         let (stop_tx, stop_rx) = oneshot::channel::<()>();
         let task = tokio::spawn(self.serve_until(async move {
             // Either an explicit stop or the handle being dropped.
@@ -229,9 +278,269 @@ impl Server {
         }));
         ServerHandle {
             local_addr,
+            tls,
             stop: Some(stop_tx),
             task: Some(task),
         }
+    }
+}
+
+/// What serving one connection needs.
+struct Conn {
+    peer: SocketAddr,
+    service: TowerToHyperService<AddExtension<axum::Router, ConnectInfo<SocketAddr>>>,
+    stop: CancellationToken,
+    cut: CancellationToken,
+    header_timeout: Duration,
+    send_timeout: Duration,
+}
+
+impl Conn {
+    fn cuttable<S>(&self, inner: S) -> CuttableStream<S> {
+        CuttableStream {
+            inner,
+            cut: Box::pin(self.cut.clone().cancelled_owned()),
+            is_cut: false,
+            send_timeout: self.send_timeout,
+            stalled: None,
+            slow_since: None,
+        }
+    }
+
+    /// Serves HTTP/1.1 on `stream` (plain or TLS) until the client is done, or gracefully
+    /// once the server stops.
+    async fn http1<S>(self, builder: &hyper::server::conn::http1::Builder, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let io = TokioIo::new(JsonErrors::new(self.cuttable(stream)));
+        let connection = builder.serve_connection(io, self.service);
+        tokio::pin!(connection);
+        let mut stopping = false;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                () = self.stop.cancelled(), if !stopping => {
+                    stopping = true;
+                    connection.as_mut().graceful_shutdown();
+                }
+            }
+        }
+    }
+
+    /// Serves HTTP/2 on a TLS `stream`: closed gracefully once idle for the header timeout (or
+    /// when the server stops), cut once a response waited on its client for the send timeout,
+    /// or once a graceful close takes longer than that.
+    async fn http2<S>(self, builder: &hyper::server::conn::http2::Builder<TokioExecutor>, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let watch = Arc::new(Watch::new());
+        let io = TokioIo::new(self.cuttable(stream));
+        let service = Watched {
+            inner: self.service.clone(),
+            watch: Arc::clone(&watch),
+        };
+        let connection = builder.serve_connection(io, service);
+        tokio::pin!(connection);
+        let every = (self.header_timeout.min(self.send_timeout) / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut closing: Option<tokio::time::Instant> = None;
+        loop {
+            tokio::select! {
+                result = connection.as_mut() => {
+                    if let Err(e) = result {
+                        tracing::debug!(peer = %self.peer, error = %e, "connection ended with an error");
+                    }
+                    break;
+                }
+                () = self.stop.cancelled(), if closing.is_none() => {
+                    closing = Some(tokio::time::Instant::now());
+                    connection.as_mut().graceful_shutdown();
+                }
+                _ = tick.tick() => {
+                    if watch.stalled(self.send_timeout) {
+                        tracing::debug!(peer = %self.peer, "an HTTP/2 client took nothing of a response for the send timeout; closing");
+                        break;
+                    }
+                    match closing {
+                        None if watch.idle_for() >= self.header_timeout => {
+                            closing = Some(tokio::time::Instant::now());
+                            connection.as_mut().graceful_shutdown();
+                        }
+                        Some(since) if since.elapsed() >= self.send_timeout => break,
+                        _ => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What an HTTP/2 connection's requests are doing: how many run (from the call until the
+/// response body is dropped), since when none has, and which responses wait on their client
+/// (a frame handed to hyper that hyper has not asked to follow, for lack of flow-control window).
+#[derive(Debug)]
+struct Watch {
+    state: std::sync::Mutex<WatchState>,
+}
+
+#[derive(Debug)]
+struct WatchState {
+    running: usize,
+    idle_since: tokio::time::Instant,
+    next: u64,
+    waiting: std::collections::HashMap<u64, tokio::time::Instant>,
+}
+
+impl Watch {
+    fn new() -> Watch {
+        Watch {
+            state: std::sync::Mutex::new(WatchState {
+                running: 0,
+                idle_since: tokio::time::Instant::now(),
+                next: 0,
+                waiting: std::collections::HashMap::new(),
+            }),
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, WatchState> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A request begins; it ends when the guard drops.
+    fn begin(self: &Arc<Watch>) -> Running {
+        let mut state = self.state();
+        state.running += 1;
+        state.next += 1;
+        Running {
+            watch: Arc::clone(self),
+            id: state.next,
+        }
+    }
+
+    /// How long no request has run (zero while one does).
+    fn idle_for(&self) -> Duration {
+        let state = self.state();
+        if state.running == 0 {
+            state.idle_since.elapsed()
+        } else {
+            Duration::ZERO
+        }
+    }
+
+    /// Whether a response has waited on its client for `timeout`.
+    fn stalled(&self, timeout: Duration) -> bool {
+        self.state()
+            .waiting
+            .values()
+            .any(|since| since.elapsed() >= timeout)
+    }
+}
+
+/// One running HTTP/2 request (see [`Watch`]).
+#[derive(Debug)]
+struct Running {
+    watch: Arc<Watch>,
+    id: u64,
+}
+
+impl Running {
+    fn waits(&self, waiting: bool) {
+        let mut state = self.watch.state();
+        if waiting {
+            state.waiting.insert(self.id, tokio::time::Instant::now());
+        } else {
+            state.waiting.remove(&self.id);
+        }
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut state = self.watch.state();
+        state.waiting.remove(&self.id);
+        state.running -= 1;
+        if state.running == 0 {
+            state.idle_since = tokio::time::Instant::now();
+        }
+    }
+}
+
+/// The app's service on an HTTP/2 connection, its requests counted by a [`Watch`].
+#[derive(Debug, Clone)]
+struct Watched<S> {
+    inner: S,
+    watch: Arc<Watch>,
+}
+
+type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
+
+impl<S> hyper::service::Service<http::Request<Incoming>> for Watched<S>
+where
+    S: hyper::service::Service<
+            http::Request<Incoming>,
+            Response = http::Response<axum::body::Body>,
+        >,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<WatchedBody>;
+    type Error = S::Error;
+    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+
+    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
+        let running = self.watch.begin();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            Ok(response.map(|inner| WatchedBody { inner, running }))
+        })
+    }
+}
+
+/// A response body that tells its [`Watch`] when it waits on the client.
+#[derive(Debug)]
+struct WatchedBody {
+    inner: axum::body::Body,
+    running: Running,
+}
+
+impl HttpBody for WatchedBody {
+    type Data = bytes::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        // Asked for more: the client took what came before.
+        self.running.waits(false);
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if let Poll::Ready(Some(Ok(frame))) = &polled
+            && frame.is_data()
+            && !self.inner.is_end_stream()
+        {
+            self.running.waits(true);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
     }
 }
 
@@ -240,6 +549,7 @@ impl Server {
 #[derive(Debug)]
 pub struct ServerHandle {
     local_addr: SocketAddr,
+    tls: bool,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<io::Result<()>>>,
 }
@@ -250,15 +560,17 @@ impl ServerHandle {
         self.local_addr
     }
 
-    /// The server's base URL, such as `http://127.0.0.1:8080` (a wildcard listen address is
-    /// shown as the loopback address of its family).
+    /// The server's base URL, such as `http://127.0.0.1:8080` (`https://` with
+    /// [`Config::tls`]; a wildcard listen address is shown as the loopback address of its
+    /// family).
     pub fn url(&self) -> String {
         let ip = match self.local_addr.ip() {
             IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
             IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
             ip => ip,
         };
-        format!("http://{}", SocketAddr::new(ip, self.local_addr.port()))
+        let scheme = if self.tls { "https" } else { "http" };
+        format!("{scheme}://{}", SocketAddr::new(ip, self.local_addr.port()))
     }
 
     /// Shuts down gracefully and returns once the listener is closed and the database
@@ -329,35 +641,53 @@ async fn opening(stream: &TcpStream, header_timeout: Duration) -> Opening {
 /// (empty) SETTINGS, then GOAWAY with `HTTP_1_1_REQUIRED`, the protocol's JSON error as the
 /// frame's debug data, and closes.
 async fn refuse_http2(stream: TcpStream) {
-    const SETTINGS: u8 = 0x4;
-    const GOAWAY: u8 = 0x7;
     const HTTP_1_1_REQUIRED: u32 = 0xd;
-    let body = ApiError::bad_request(
+    let error = ApiError::bad_request(
         "this server speaks HTTP/1.1: send the request over HTTP/1.1 (HTTP/2 with prior \
          knowledge is not served)",
-    )
-    .body();
+    );
+    send_and_close(stream, &goaway(HTTP_1_1_REQUIRED, &error)).await;
+}
+
+/// An HTTP/2 server's (empty) SETTINGS, then GOAWAY with `code` and `error`'s JSON body as the
+/// frame's debug data.
+fn goaway(code: u32, error: &ApiError) -> Vec<u8> {
+    const SETTINGS: u8 = 0x4;
+    const GOAWAY: u8 = 0x7;
+    let body = error.body();
     let mut frames = vec![0, 0, 0, SETTINGS, 0, 0, 0, 0, 0];
     let length = u32::try_from(8 + body.len()).unwrap_or(0);
     frames.extend_from_slice(&length.to_be_bytes()[1..]);
     frames.extend_from_slice(&[GOAWAY, 0, 0, 0, 0, 0]);
     frames.extend_from_slice(&0_u32.to_be_bytes()); // the last stream processed: none
-    frames.extend_from_slice(&HTTP_1_1_REQUIRED.to_be_bytes());
+    frames.extend_from_slice(&code.to_be_bytes());
     frames.extend_from_slice(&body);
-    send_and_close(stream, &frames).await;
+    frames
 }
 
-/// Answers a connection over the cap with `503 UNAVAILABLE` and closes it.
-async fn refuse(stream: TcpStream) {
-    let response = raw_response(&ApiError::unavailable(
-        "the server has reached its connection limit; retry later",
-    ));
-    send_and_close(stream, &response).await;
+/// Answers a connection over the cap with `503 UNAVAILABLE` and closes it; over TLS after a
+/// handshake (within the same short bound), and to an HTTP/2 client as GOAWAY
+/// (`REFUSED_STREAM`: nothing ran, so it may retry).
+async fn refuse(stream: TcpStream, tls: Option<TlsReloader>) {
+    const REFUSED_STREAM: u32 = 0x7;
+    let error = ApiError::unavailable("the server has reached its connection limit; retry later");
+    let Some(tls) = tls else {
+        return send_and_close(stream, &raw_response(&error)).await;
+    };
+    if let Ok(Ok(stream)) = tokio::time::timeout(REFUSAL_WRITE, tls.acceptor().accept(stream)).await
+    {
+        let answer = if stream.get_ref().1.alpn_protocol() == Some(H2) {
+            goaway(REFUSED_STREAM, &error)
+        } else {
+            raw_response(&error)
+        };
+        send_and_close(stream, &answer).await;
+    }
 }
 
 /// Writes `response`, closes the write half and reads what the client still sends, within a
 /// short bound.
-async fn send_and_close(mut stream: TcpStream, response: &[u8]) {
+async fn send_and_close<S: AsyncRead + AsyncWrite + Unpin>(mut stream: S, response: &[u8]) {
     let _ = tokio::time::timeout(REFUSAL_WRITE, async {
         stream.write_all(response).await?;
         stream.shutdown().await?;
@@ -373,8 +703,8 @@ async fn send_and_close(mut stream: TcpStream, response: &[u8]) {
 /// A connection that fails every read and write once the server's cut token is cancelled, or
 /// once a write has made no progress for the send timeout (the client reads nothing), so the
 /// HTTP connection task ends and the response it was sending is dropped.
-struct CuttableStream {
-    inner: TcpStream,
+struct CuttableStream<S> {
+    inner: S,
     cut: Pin<Box<WaitForCancellationFutureOwned>>,
     is_cut: bool,
     send_timeout: Duration,
@@ -390,12 +720,12 @@ struct CuttableStream {
 /// What a client must take per send timeout while the server's writes wait on it.
 const MIN_SEND_BYTES: usize = 64 * 1024;
 
-impl CuttableStream {
+impl<S: Unpin> CuttableStream<S> {
     /// Passes a write's poll through, timing how long it makes no progress.
     fn timed<T>(
         &mut self,
         cx: &mut Context<'_>,
-        poll: impl FnOnce(Pin<&mut TcpStream>, &mut Context<'_>) -> Poll<io::Result<T>>,
+        poll: impl FnOnce(Pin<&mut S>, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         match poll(Pin::new(&mut self.inner), cx) {
             Poll::Ready(result) => {
@@ -453,7 +783,7 @@ impl CuttableStream {
     }
 }
 
-impl AsyncRead for CuttableStream {
+impl<S: AsyncRead + Unpin> AsyncRead for CuttableStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -464,7 +794,7 @@ impl AsyncRead for CuttableStream {
     }
 }
 
-impl AsyncWrite for CuttableStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for CuttableStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,

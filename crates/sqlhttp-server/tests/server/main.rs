@@ -26,3 +26,4 @@ mod sandbox_effects;
 mod schema;
 mod streaming;
 mod tcp;
+mod tls;

@@ -35,11 +35,17 @@ fn cluster() -> Option<&'static str> {
 /// Starts a throwaway cluster with `scripts/start-postgres` (`auth` for roles other than
 /// `postgres`), stopped when this process exits; `None` when there is no PostgreSQL here.
 pub(crate) fn start_cluster(auth: &str) -> Option<String> {
+    start_cluster_with(auth, &[])
+}
+
+/// [`start_cluster`], with more of `scripts/start-postgres`'s variables (`START_POSTGRES_SSL`).
+pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<String> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
     // Tests never install system packages; .ci/run's own start-postgres may.
     let output = Command::new(script)
         .env("START_POSTGRES_NO_INSTALL", "1")
         .env("START_POSTGRES_AUTH", auth)
+        .envs(env.iter().copied())
         .stderr(Stdio::inherit())
         .output();
     let url = match output {
