@@ -385,8 +385,9 @@ impl Conn {
 }
 
 /// What an HTTP/2 connection's requests are doing: how many run (from the call until the
-/// response body is dropped), since when none has, and which responses wait on their client
-/// (a frame handed to hyper that hyper has not asked to follow, for lack of flow-control window).
+/// response body is dropped), since when none has, and which responses wait on their client (a
+/// head or a frame handed to hyper that hyper has not asked to follow, for lack of flow-control
+/// window: hyper polls a body only when its stream has room to send).
 #[derive(Debug)]
 struct Watch {
     state: std::sync::Mutex<WatchState>,
@@ -503,6 +504,9 @@ where
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;
+            // The head is ready: until hyper asks for the body (a client that gives the stream
+            // no window never lets it), the response waits on its client.
+            running.waits(true);
             Ok(response.map(|inner| WatchedBody { inner, running }))
         })
     }

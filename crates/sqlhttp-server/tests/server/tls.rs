@@ -435,3 +435,117 @@ fn plain_http_off_loopback_warns() {
         "{stderr}"
     );
 }
+
+/// An HTTP/2 client over TLS (ALPN `h2`) to `server`, trusting `dir`'s CA, whose streams start
+/// with `window` bytes of flow-control window; the connection's driver runs in a task.
+async fn h2_client(
+    server: &ServerHandle,
+    dir: &Path,
+    window: u32,
+) -> (
+    h2::client::SendRequest<bytes::Bytes>,
+    tokio::task::JoinHandle<Result<(), h2::Error>>,
+) {
+    use rustls::pki_types::pem::PemObject as _;
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(rustls::pki_types::CertificateDer::from_pem_file(dir.join("ca.crt")).unwrap())
+        .unwrap();
+    let mut config = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::aws_lc_rs::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    let tcp = tokio::net::TcpStream::connect(server.local_addr())
+        .await
+        .unwrap();
+    let tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(
+            rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap(),
+            tcp,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
+    let (send, connection) = h2::client::Builder::new()
+        .initial_window_size(window)
+        .handshake(tls)
+        .await
+        .unwrap();
+    (send, tokio::spawn(connection))
+}
+
+fn sql_request(url: &str, sql: &str) -> (http::Request<()>, bytes::Bytes) {
+    let request = http::Request::post(format!("{url}/api/v1/sql"))
+        .header("content-type", "application/json")
+        .body(())
+        .unwrap();
+    (request, json!({ "sql": sql }).to_string().into())
+}
+
+/// An HTTP/2 connection with no request running is closed after the header timeout, as an
+/// idle HTTP/1.1 keep-alive is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_h2_connection_is_closed() {
+    let dir = certs(&["127.0.0.1"]);
+    let server = https(dir.path(), false, |config| {
+        config.http.header_timeout = Duration::from_millis(400);
+    })
+    .await;
+    let (mut send, connection) = h2_client(&server, dir.path(), 65_535).await;
+    let (request, body) = sql_request(&server.url(), "SELECT 1");
+    let (answer, mut stream) = send.send_request(request, false).unwrap();
+    stream.send_data(body, true).unwrap();
+    let response = answer.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    while let Some(chunk) = body.data().await {
+        let chunk = chunk.unwrap();
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+    }
+    drop(send);
+    let started = Instant::now();
+    let closed = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    assert!(closed.is_ok(), "the idle connection stays open");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "closed before the header timeout: {:?}",
+        started.elapsed()
+    );
+    server.shutdown().await;
+}
+
+/// A client that gives a stream no flow-control window never lets its response out, while the
+/// socket itself moves: the connection is cut after the send timeout (the statement stops with
+/// it), as an HTTP/1.1 client that reads nothing is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_starved_of_window_is_cut() {
+    let dir = certs(&["127.0.0.1"]);
+    let server = https(dir.path(), false, |config| {
+        config.http.send_timeout = Duration::from_millis(400);
+    })
+    .await;
+    let (mut send, connection) = h2_client(&server, dir.path(), 0).await;
+    let (request, body) = sql_request(
+        &server.url(),
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 200000) \
+         SELECT i, 'padding padding padding' FROM n",
+    );
+    let (answer, mut stream) = send.send_request(request, false).unwrap();
+    stream.send_data(body, true).unwrap();
+    // The head is not flow-controlled; the body is, and the window is 0.
+    let response = answer.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let started = Instant::now();
+    let cut = tokio::time::timeout(Duration::from_secs(10), connection).await;
+    assert!(cut.is_ok(), "the starved connection stays open");
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "cut before the send timeout: {:?}",
+        started.elapsed()
+    );
+    server.shutdown().await;
+}
