@@ -62,11 +62,17 @@ impl Split<'_> {
 /// quotes and comments.
 ///
 /// What it knows: `'...'` strings (`''` inside), `E'...'` strings with backslash escapes,
-/// `"..."`, `` `...` `` and `[...]` identifiers, `$$ ... $$` and `$tag$ ... $tag$` bodies,
-/// `--` and `/* */` comments, and the bodies of `CREATE TRIGGER ... BEGIN ... END` and
-/// `CREATE FUNCTION/PROCEDURE ... BEGIN ATOMIC ... END`, inside which `;` ends the body's
-/// statements (a `CASE ... END` in such a body is counted, so its `END` does not end the body).
-/// Unterminated quotes and comments run to the end of the text, which then is `rest`.
+/// `"..."` and `` `...` `` identifiers, SQLite's `[...]` identifiers (a `[` whose `]` comes
+/// before any quote or line break; otherwise a PostgreSQL array bracket), `$$ ... $$` and
+/// `$tag$ ... $tag$` bodies, `--` comments and `/* */` comments, which nest as PostgreSQL
+/// nests them (on SQLite a nested `/*` is a syntax error after the first `*/` anyway, so
+/// nothing PostgreSQL would skip is ever run), parentheses (a `;` inside them, as in a
+/// PostgreSQL rule's `DO (...; ...)`, does not end the statement), and the bodies of
+/// `CREATE [TEMP] TRIGGER ... BEGIN ... END` and `CREATE [OR REPLACE] FUNCTION/PROCEDURE ...
+/// BEGIN ATOMIC ... END`, inside which `;` ends the body's statements (a `CASE ... END` in such
+/// a body is counted, so its `END` does not end the body). A UTF-8 byte order mark at the start
+/// is skipped. Unterminated quotes and comments run to the end of the text, which then is
+/// `rest`.
 ///
 /// ```
 /// let script = "CREATE TABLE t (x TEXT); -- one\nINSERT INTO t VALUES ('a;b');\nSELECT";
@@ -79,11 +85,13 @@ impl Split<'_> {
 pub fn split(text: &str) -> Split<'_> {
     let bytes = text.as_bytes();
     let mut statements = Vec::new();
-    let mut start = 0;
+    // A byte order mark is no part of a statement (PostgreSQL would fail on it).
+    let mut start = if text.starts_with('\u{feff}') { 3 } else { 0 };
     let mut start_line = 1;
     let mut line = 1;
-    let mut i = 0;
+    let mut i = start;
     let mut block = Block::default();
+    let mut parens = 0_usize;
     // Whether the text ends inside a quote, a comment or a dollar-quoted body.
     let mut unterminated = false;
     while i < bytes.len() {
@@ -95,14 +103,20 @@ pub fn split(text: &str) -> Split<'_> {
             }
             b'\'' => skip_quoted(bytes, i, b'\''),
             b'"' | b'`' => skip_quoted(bytes, i, b),
-            b'[' => skip_bracketed(bytes, i),
+            b'[' => Some(skip_bracketed(bytes, i)),
+            b'(' => {
+                parens += 1;
+                Some(i + 1)
+            }
+            b')' => {
+                parens = parens.saturating_sub(1);
+                Some(i + 1)
+            }
             // A line comment may end the text: it is closed by its end.
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
                 Some(memchr_from(bytes, i, b'\n').unwrap_or(bytes.len()))
             }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                text[i + 2..].find("*/").map(|end| i + 2 + end + 2)
-            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => skip_block_comment(bytes, i),
             b'$' if !follows_word(bytes, i) => match dollar_tag(bytes, i) {
                 Some(tag_len) => skip_dollar_quoted(bytes, i, tag_len),
                 None => Some(i + 1),
@@ -112,10 +126,10 @@ pub fn split(text: &str) -> Split<'_> {
             }
             _ if is_word_byte(b) && !follows_word(bytes, i) => {
                 let end = word_end(bytes, i);
-                block.word(&text[start..i], &text[i..end]);
+                block.word(&text[start..i], &text[i..end], &text[end..]);
                 Some(end)
             }
-            b';' if block.depth == 0 => {
+            b';' if block.depth == 0 && parens == 0 => {
                 if let Some(first) = first_token(bytes, start).filter(|&first| first < i) {
                     statements.push(ScriptStatement {
                         sql: text[first..i].trim_end().to_owned(),
@@ -123,6 +137,7 @@ pub fn split(text: &str) -> Split<'_> {
                     });
                 }
                 block = Block::default();
+                parens = 0;
                 start = i + 1;
                 start_line = line;
                 Some(i + 1)
@@ -154,10 +169,11 @@ struct Block {
 }
 
 impl Block {
-    /// Sees `word`, with `before` the statement's text before it.
-    fn word(&mut self, before: &str, word: &str) {
+    /// Sees `word`, with `before` the statement's text before it and `after` the rest of the
+    /// text.
+    fn word(&mut self, before: &str, word: &str, after: &str) {
         if self.depth == 0 {
-            if word.eq_ignore_ascii_case("BEGIN") && opens_body(before) {
+            if word.eq_ignore_ascii_case("BEGIN") && opens_body(before, after) {
                 self.depth = 1;
             }
         } else if word.eq_ignore_ascii_case("CASE") {
@@ -168,21 +184,34 @@ impl Block {
     }
 }
 
-/// Whether a `BEGIN` after `before` opens a body: the statement creates a trigger, a function
-/// or a procedure.
-fn opens_body(before: &str) -> bool {
-    let mut words = code_words(before).take(6);
+/// Whether a `BEGIN` after `before` (and before `after`) opens a body: in `CREATE [TEMP]
+/// TRIGGER`, any `BEGIN` (a trigger has no other); in `CREATE [OR REPLACE] FUNCTION` or
+/// `PROCEDURE`, `BEGIN ATOMIC` only (a parameter may be called `begin`). The kind is read where
+/// `CREATE` puts it, so a table named `procedure` is a table.
+fn opens_body(before: &str, after: &str) -> bool {
+    let mut words = code_words(before);
     if !words
         .next()
         .is_some_and(|w| w.eq_ignore_ascii_case("CREATE"))
     {
         return false;
     }
-    words.any(|w| {
-        ["TRIGGER", "FUNCTION", "PROCEDURE"]
-            .iter()
-            .any(|kind| w.eq_ignore_ascii_case(kind))
-    })
+    let mut kind = words.next().unwrap_or_default();
+    if kind.eq_ignore_ascii_case("OR") {
+        // OR REPLACE
+        words.next();
+        kind = words.next().unwrap_or_default();
+    }
+    if kind.eq_ignore_ascii_case("TEMP") || kind.eq_ignore_ascii_case("TEMPORARY") {
+        kind = words.next().unwrap_or_default();
+    }
+    if kind.eq_ignore_ascii_case("TRIGGER") {
+        return true;
+    }
+    (kind.eq_ignore_ascii_case("FUNCTION") || kind.eq_ignore_ascii_case("PROCEDURE"))
+        && code_words(after)
+            .next()
+            .is_some_and(|w| w.eq_ignore_ascii_case("ATOMIC"))
 }
 
 /// The first `n` words of `sql` outside comments (a keyword or name is a word; any other
@@ -216,10 +245,7 @@ fn first_token(bytes: &[u8], from: usize) -> Option<usize> {
             b'-' if bytes.get(i + 1) == Some(&b'-') => {
                 i = memchr_from(bytes, i, b'\n')?;
             }
-            b'/' if bytes.get(i + 1) == Some(&b'*') => {
-                let end = bytes[i + 2..].windows(2).position(|w| w == b"*/")?;
-                i += 2 + end + 2;
-            }
+            b'/' if bytes.get(i + 1) == Some(&b'*') => i = skip_block_comment(bytes, i)?,
             _ => return Some(i),
         }
     }
@@ -271,9 +297,42 @@ fn skip_quoted(bytes: &[u8], open: usize, close: u8) -> Option<usize> {
     None
 }
 
-/// The index after the `]` closing a `[...]` identifier; `None` when the text ends first.
-fn skip_bracketed(bytes: &[u8], open: usize) -> Option<usize> {
-    memchr_from(bytes, open + 1, b']').map(|end| end + 1)
+/// The index after a SQLite `[...]` identifier opening at `open`: its `]` must come before any
+/// quote or line break. Otherwise the `[` is PostgreSQL's (`ARRAY['a']`, `x[1]`) and only it is
+/// passed over.
+fn skip_bracketed(bytes: &[u8], open: usize) -> usize {
+    for (at, &b) in bytes.iter().enumerate().skip(open + 1) {
+        match b {
+            b']' => return at + 1,
+            b'\'' | b'"' | b'`' | b'\n' | b'[' => break,
+            _ => {}
+        }
+    }
+    open + 1
+}
+
+/// The index after the `/* ... */` comment opening at `open`, nested comments counted as
+/// PostgreSQL counts them; `None` when the text ends first.
+fn skip_block_comment(bytes: &[u8], open: usize) -> Option<usize> {
+    let mut depth = 0_usize;
+    let mut i = open;
+    while i + 1 < bytes.len() {
+        match (bytes[i], bytes[i + 1]) {
+            (b'/', b'*') => {
+                depth += 1;
+                i += 2;
+            }
+            (b'*', b'/') => {
+                depth -= 1;
+                i += 2;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => i += 1,
+        }
+    }
+    None
 }
 
 /// The index after an `E'...'` string whose quote is at `quote`: a backslash escapes the next
@@ -406,6 +465,53 @@ mod tests {
         assert_eq!(
             sqls("SELECT CASE WHEN 1 THEN 2 END; SELECT 3;"),
             ["SELECT CASE WHEN 1 THEN 2 END", "SELECT 3"]
+        );
+    }
+
+    #[test]
+    fn what_each_engine_reads_whole() {
+        // PostgreSQL's nested comments: nothing inside runs.
+        let nested =
+            split("/* old:\n /* one-off */ DELETE FROM keep;\n*/\nSELECT count(*) FROM keep;");
+        let got: Vec<_> = nested.statements.iter().map(|s| s.sql.as_str()).collect();
+        assert_eq!(got, ["SELECT count(*) FROM keep"]);
+        assert_eq!(nested.statements[0].line, 4);
+        // Array brackets are not identifiers.
+        assert_eq!(
+            sqls("ALTER TABLE t ADD CHECK (code ~ ANY (ARRAY['^[A-Z]{2}$'])); SELECT x[1] FROM t;"),
+            [
+                "ALTER TABLE t ADD CHECK (code ~ ANY (ARRAY['^[A-Z]{2}$']))",
+                "SELECT x[1] FROM t"
+            ]
+        );
+        // `begin` as a name opens nothing.
+        assert_eq!(
+            sqls(
+                "CREATE FUNCTION span(begin date, finish date) RETURNS int AS $$ SELECT 1 $$ LANGUAGE sql; CREATE TABLE procedure (begin INTEGER, x INTEGER); SELECT 1;"
+            ),
+            [
+                "CREATE FUNCTION span(begin date, finish date) RETURNS int AS $$ SELECT 1 $$ LANGUAGE sql",
+                "CREATE TABLE procedure (begin INTEGER, x INTEGER)",
+                "SELECT 1"
+            ]
+        );
+        // A rule's actions in parentheses.
+        assert_eq!(
+            sqls(
+                "CREATE RULE r AS ON INSERT TO a DO ALSO (INSERT INTO b VALUES (1); INSERT INTO c VALUES (2)); SELECT 2;"
+            ),
+            [
+                "CREATE RULE r AS ON INSERT TO a DO ALSO (INSERT INTO b VALUES (1); INSERT INTO c VALUES (2))",
+                "SELECT 2"
+            ]
+        );
+        // A temporary trigger, and a byte order mark.
+        assert_eq!(
+            sqls("\u{feff}CREATE TEMP TRIGGER t AFTER INSERT ON a BEGIN SELECT 1; END; SELECT 3;"),
+            [
+                "CREATE TEMP TRIGGER t AFTER INSERT ON a BEGIN SELECT 1; END",
+                "SELECT 3"
+            ]
         );
     }
 
