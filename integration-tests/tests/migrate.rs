@@ -554,3 +554,158 @@ async fn a_postgres_test_database_is_dropped_with_its_server() {
     drop(server);
     assert_eq!(count(url, name).await, 0, "dropped with the server");
 }
+
+#[tokio::test]
+async fn a_migration_that_failed_applies_once_its_cause_is_fixed() {
+    for (engine, start) in engines() {
+        let server = start.await;
+        let client = server.client();
+        let migrator = Migrator::new([Migration::new(
+            1,
+            "copy_owners",
+            "CREATE TABLE things (owner TEXT);\nINSERT INTO things (owner) SELECT name FROM owners;\n",
+        )])
+        .unwrap();
+        let first = migrator.run(&client).await.unwrap_err();
+        assert!(first.to_string().contains("owners"), "{engine}: {first}");
+        client
+            .execute("CREATE TABLE owners (name TEXT)")
+            .await
+            .unwrap();
+        client
+            .execute("INSERT INTO owners VALUES ('ann')")
+            .await
+            .unwrap();
+        // A new run is a new request: not the first one's stored failure.
+        let report = migrator.run(&client).await.unwrap();
+        assert_eq!(report.version, Some(1), "{engine}");
+        let owners: Vec<String> = client
+            .query("SELECT owner FROM things")
+            .fetch_all()
+            .await
+            .unwrap();
+        assert_eq!(owners, ["ann"], "{engine}");
+    }
+}
+
+#[tokio::test]
+async fn a_reset_database_is_migrated_again() {
+    for (engine, start) in engines() {
+        let server = start.await;
+        let client = server.client();
+        let migrator = migrator(&three()[..1]);
+        migrator.run(&client).await.unwrap();
+        for table in ["books", "applied_log", "sqlhttp_migrations"] {
+            client.execute(format!("DROP TABLE {table}")).await.unwrap();
+        }
+        let report = migrator.run(&client).await.unwrap();
+        assert_eq!(report.applied.len(), 1, "{engine}");
+        assert!(!report.applied[0].by_another_run, "{engine}");
+        assert!(
+            has_table(&client, "books").await,
+            "{engine}: applied, not replayed"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_fixed_down_file_reverts() {
+    for (engine, start) in engines() {
+        let server = start.await;
+        let client = server.client();
+        let up = "CREATE TABLE t (x INTEGER);";
+        let broken =
+            Migrator::new([Migration::new(1, "t", up).with_down("DROP TABLE typo;")]).unwrap();
+        broken.run(&client).await.unwrap();
+        let error = broken.revert(&client).await.unwrap_err();
+        assert!(
+            matches!(&error, MigrateError::Statement { line: 1, .. }),
+            "{engine}: {error:?}"
+        );
+        let fixed = Migrator::new([Migration::new(1, "t", up).with_down("DROP TABLE t;")]).unwrap();
+        fixed.revert(&client).await.unwrap().unwrap();
+        assert!(!has_table(&client, "t").await, "{engine}");
+    }
+}
+
+#[tokio::test]
+async fn of_runs_at_once_one_applies_and_the_others_say_so() {
+    for (engine, start) in engines() {
+        let server = start.await;
+        let migrator = Migrator::new([Migration::new(
+            1,
+            "slowish",
+            "CREATE TABLE t (x INTEGER);\n\
+             INSERT INTO t WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 100000) SELECT n FROM c;\n",
+        )])
+        .unwrap();
+        let runs: Vec<_> = (0..5)
+            .map(|_| {
+                let client = server.client();
+                let migrator = migrator.clone();
+                tokio::spawn(async move { migrator.run(&client).await.unwrap() })
+            })
+            .collect();
+        let mut appliers = 0;
+        for run in runs {
+            let report = run.await.unwrap();
+            assert_eq!(report.version, Some(1), "{engine}");
+            appliers += report.applied.iter().filter(|a| !a.by_another_run).count();
+        }
+        let rows: i64 = server
+            .client()
+            .query("SELECT count(*) FROM t")
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(
+            (rows, appliers),
+            (100_000, 1),
+            "{engine}: applied once, by one run"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_run_racing_a_revert_leaves_a_history_that_matches_the_schema() {
+    for (engine, start) in engines() {
+        let server = start.await;
+        let client = server.client();
+        let mut migrations = three();
+        migrations[2] = Migration::new(
+            3,
+            "slow_on_isbn",
+            "CREATE TABLE filled (n INTEGER);\n\
+             INSERT INTO filled WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < 200000) SELECT n FROM c;\n\
+             UPDATE books SET isbn = 'x' WHERE id < 0;\n",
+        );
+        migrator(&migrations[..2]).run(&client).await.unwrap();
+        let running = {
+            let (client, migrator) = (server.client(), migrator(&migrations));
+            tokio::spawn(async move { migrator.run(&client).await })
+        };
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let reverted = migrator(&migrations).revert(&client).await;
+        let ran = running.await.unwrap();
+        // Whichever came first, the history says what the schema is.
+        let statuses = statuses(&migrator(&migrations), &client).await;
+        let isbn = client
+            .describe("books")
+            .await
+            .unwrap()
+            .unwrap()
+            .iter()
+            .any(|c| c.name == "isbn");
+        let applied = |v: usize| statuses[v - 1].1 == MigrationStatus::Applied;
+        assert_eq!(
+            applied(2),
+            isbn,
+            "{engine}: {statuses:?}, {ran:?}, {reverted:?}"
+        );
+        assert!(
+            !applied(3) || applied(2),
+            "{engine}: 3 applied over a reverted 2: {statuses:?}"
+        );
+        assert_eq!(applied(3), has_table(&client, "filled").await, "{engine}");
+    }
+}

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::Context as _;
 use sqlhttp::Client;
-use sqlhttp::migrate::{MigrationStatus, Migrator};
+use sqlhttp::migrate::{MigrateError, MigrationStatus, Migrator};
 
 use crate::args::MigrateAction;
 use crate::exit::UsageError;
@@ -42,7 +42,7 @@ pub(crate) async fn run(
     match action {
         MigrateAction::Add { .. } => unreachable!("handled above"),
         MigrateAction::Run { .. } => {
-            let report = migrator.run(client).await?;
+            let report = migrator.run(client).await.map_err(failed)?;
             for applied in &report.applied {
                 if applied.by_another_run {
                     writeln!(
@@ -68,7 +68,7 @@ pub(crate) async fn run(
             }
         }
         MigrateAction::Info => {
-            let lines = migrator.info(client).await?;
+            let lines = migrator.info(client).await.map_err(failed)?;
             if lines.is_empty() {
                 writeln!(stdout, "no migrations in {}", source.display())?;
                 return Ok(());
@@ -105,7 +105,7 @@ pub(crate) async fn run(
                 )?;
             }
         }
-        MigrateAction::Revert => match migrator.revert(client).await? {
+        MigrateAction::Revert => match migrator.revert(client).await.map_err(failed)? {
             None => writeln!(stdout, "nothing to revert: no migration is applied")?,
             Some(reverted) => {
                 let by = if reverted.by_another_run {
@@ -122,6 +122,18 @@ pub(crate) async fn run(
         },
     }
     Ok(())
+}
+
+/// A migrator's failure as the CLI reports it: a file or setting that cannot be used is a
+/// usage error (exit 2), like the rest of the CLI's bad input; the rest keep their causes (a
+/// server's answer, a connection) for the exit code.
+fn failed(error: MigrateError) -> anyhow::Error {
+    match error {
+        MigrateError::Source { .. } | MigrateError::Config(_) => {
+            UsageError(error.to_string()).into()
+        }
+        other => other.into(),
+    }
 }
 
 fn version_text(version: Option<u64>) -> String {
@@ -145,7 +157,7 @@ fn load(source: &Path) -> anyhow::Result<Migrator> {
         ))
         .into());
     }
-    Migrator::from_dir(source).map_err(|error| UsageError(error.to_string()).into())
+    Migrator::from_dir(source).map_err(failed)
 }
 
 /// Creates the next migration file in `source` (and its down file when `reversible`).
@@ -196,12 +208,12 @@ fn create(path: &PathBuf, text: &str) -> anyhow::Result<()> {
         .with_context(|| format!("cannot write {}", path.display()))
 }
 
-/// A migration's name as its file has it: lowercase letters, digits and `_`.
+/// A migration's name as its file has it: lowercase letters (any script), digits and `_`.
 fn file_name_part(name: &str) -> anyhow::Result<String> {
     let mut out = String::new();
     for c in name.trim().chars() {
-        if c.is_ascii_alphanumeric() {
-            out.push(c.to_ascii_lowercase());
+        if c.is_alphanumeric() {
+            out.extend(c.to_lowercase());
         } else if !out.ends_with('_') && !out.is_empty() {
             out.push('_');
         }
@@ -227,6 +239,7 @@ mod tests {
             "add_isbn_column"
         );
         assert_eq!(file_name_part("  books--v2 ").unwrap(), "books_v2");
+        assert_eq!(file_name_part("Ünïcode name").unwrap(), "ünïcode_name");
         assert!(file_name_part("--").is_err());
     }
 }

@@ -761,6 +761,20 @@ async fn migrate_add_run_info_revert() {
             && message.contains("changed after it was applied"),
         "{message}"
     );
+    // A history table name that cannot be one, and a reserved word that can (it is quoted).
+    let bad = sqlhttp(
+        &url,
+        &["migrate", "info", "--source", source, "--table", "my-table"],
+        None,
+    )
+    .await;
+    assert_exit(&bad, 2);
+    let order = ok(
+        &url,
+        &["migrate", "info", "--source", source, "--table", "order"],
+    )
+    .await;
+    assert_eq!(order.matches("pending").count(), 2, "{order}");
     // And a file that is not named as a migration: a usage error naming it.
     std::fs::write(file("books.sql"), "SELECT 1;").unwrap();
     let misnamed = sqlhttp(&url, &["migrate", "info", "--source", source], None).await;

@@ -363,7 +363,8 @@ impl TestServerBuilder {
     }
 
     /// Runs the statements of `sql` (a script: statements ended by `;`) after the migrations,
-    /// as one atomic batch; fixtures run in the order given.
+    /// in batches of at most 100 statements (the reference server's limit), each atomic;
+    /// fixtures run in the order given.
     pub fn fixture(mut self, sql: impl Into<String>) -> TestServerBuilder {
         self.setup.fixture(sql.into());
         self

@@ -2,11 +2,13 @@
 //! database (`sqlhttp_migrations` unless the migrator names another), and what it says about the
 //! database's version.
 //!
-//! The table is an event log: `(version, seq)` is its primary key, `seq` counting the events of
-//! one version (0 when first applied, 1 when reverted, 2 when applied again, ...), and a
-//! version is applied when its last event is `up`. Each event is inserted as the first statement
-//! of the batch that applies or reverts the migration, so two runs that decided on the same event
-//! collide on the key and only one commits, with or without idempotency keys.
+//! The table is an event log: `event` numbers every event of the table (unique), `(version,
+//! seq)` is its primary key, `seq` counting the events of one version (0 when first applied, 1
+//! when reverted, 2 when applied again, ...), and a version is applied when its last event is
+//! `up`. Each event is inserted as the first statement of the batch that applies or reverts the
+//! migration, numbered one above the highest event its run read: two steps decided on the same
+//! reading (two runs applying the same migration, a run and a revert at once) collide on the
+//! number, and only one commits, whatever the idempotency keys.
 //!
 //! Knows the table's SQL (the same text on SQLite and PostgreSQL) and how to fold its rows; not
 //! which migrations exist locally.
@@ -37,6 +39,7 @@ impl Direction {
 /// One row of the history table.
 #[derive(Debug, Clone, Deserialize)]
 pub(crate) struct Event {
+    pub(crate) event: u64,
     pub(crate) version: u64,
     pub(crate) seq: u64,
     pub(crate) direction: String,
@@ -52,10 +55,11 @@ pub(crate) struct History {
     table: String,
 }
 
-/// What the history says: per version, its latest event.
+/// What the history says: per version, its latest event; and the highest event number.
 #[derive(Debug, Default)]
 pub(crate) struct State {
     latest: BTreeMap<u64, Event>,
+    last_event: Option<u64>,
 }
 
 impl State {
@@ -77,6 +81,17 @@ impl State {
     pub(crate) fn next_seq(&self, version: u64) -> u64 {
         self.latest.get(&version).map_or(0, |event| event.seq + 1)
     }
+
+    /// The number of the next event of the table.
+    pub(crate) fn next_event(&self) -> u64 {
+        self.last_event.map_or(1, |last| last + 1)
+    }
+
+    /// Takes in an event this run recorded (its batch committed).
+    pub(crate) fn record(&mut self, event: Event) {
+        self.last_event = self.last_event.max(Some(event.event));
+        self.latest.insert(event.version, event);
+    }
 }
 
 impl History {
@@ -86,6 +101,12 @@ impl History {
 
     pub(crate) fn table(&self) -> &str {
         &self.table
+    }
+
+    /// The table's name as SQL: quoted, so that a reserved word (`order`) names it too and
+    /// PostgreSQL keeps its case as SQLite does.
+    fn quoted(&self) -> String {
+        format!("\"{}\"", self.table)
     }
 
     /// Whether the table exists (a describe: a read, retried).
@@ -102,6 +123,7 @@ impl History {
         let created = client
             .execute(format!(
                 "CREATE TABLE IF NOT EXISTS {} (\
+                 event BIGINT NOT NULL UNIQUE, \
                  version BIGINT NOT NULL, \
                  seq BIGINT NOT NULL, \
                  direction TEXT NOT NULL, \
@@ -110,7 +132,7 @@ impl History {
                  applied_at TEXT NOT NULL, \
                  duration_ms BIGINT, \
                  PRIMARY KEY (version, seq))",
-                self.table
+                self.quoted()
             ))
             .await;
         match created {
@@ -129,29 +151,28 @@ impl History {
         }
         let events: Vec<Event> = client
             .query(format!(
-                "SELECT version, seq, direction, name, checksum, applied_at, duration_ms \
+                "SELECT event, version, seq, direction, name, checksum, applied_at, duration_ms \
                  FROM {} ORDER BY version, seq",
-                self.table
+                self.quoted()
             ))
             .fetch_all()
             .await?;
         let mut state = State::default();
         // In (version, seq) order: the last one of each version stays.
         for event in events {
-            state.latest.insert(event.version, event);
+            state.record(event);
         }
         Ok(state)
     }
 
     /// The statement that records an event, first in its migration's batch, with its
-    /// parameters bound by the caller in this order: version, seq, direction, name, checksum.
-    /// The time is the server's, so that every run of one decision sends the same bytes (the
-    /// idempotency key's request identity).
+    /// parameters bound by the caller in this order: event, version, seq, direction, name,
+    /// checksum. The time is the server's.
     pub(crate) fn record_sql(&self) -> String {
         format!(
-            "INSERT INTO {} (version, seq, direction, name, checksum, applied_at) \
-             VALUES (?, ?, ?, ?, ?, CURRENT_TIMESTAMP)",
-            self.table
+            "INSERT INTO {} (event, version, seq, direction, name, checksum, applied_at) \
+             VALUES (?, ?, ?, ?, ?, ?, CURRENT_TIMESTAMP)",
+            self.quoted()
         )
     }
 
@@ -167,7 +188,7 @@ impl History {
         client
             .execute(format!(
                 "UPDATE {} SET duration_ms = ? WHERE version = ? AND seq = ?",
-                self.table
+                self.quoted()
             ))
             .bind(i64::try_from(millis).unwrap_or(i64::MAX))
             .bind(version)
@@ -177,7 +198,8 @@ impl History {
     }
 }
 
-/// Whether `name` can name the history table: an unquoted identifier, as both engines read one.
+/// Whether `name` can name the history table: letters, digits and `_`, not starting with a
+/// digit (it is quoted in SQL, so a reserved word is fine).
 pub(crate) fn is_table_name(name: &str) -> bool {
     let mut bytes = name.bytes();
     bytes

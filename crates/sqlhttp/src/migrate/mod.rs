@@ -1,9 +1,10 @@
 //! Schema migrations: a [`Migrator`] over numbered SQL files applies the ones a database lacks,
 //! each **as one atomic batch together with its record** in a history table of the
-//! application's own, under an idempotency key derived from what it decided (the version, the
-//! event's place in the version's history and the file's checksum). So a crash mid-migration
-//! leaves nothing half-applied, and two deploys that run at once apply each migration exactly
-//! once: the second waits for the first's key, then gets its stored outcome (ADR 0031).
+//! application's own. So a crash mid-migration leaves nothing half-applied; and two deploys that
+//! run at once apply each migration exactly once: both number the record one above the last
+//! event they read, the table holds each number once, and the run whose record comes second is
+//! rolled back whole and reads the history again. Each batch carries an idempotency key of its
+//! own, so a lost answer is retried without running the migration twice (ADR 0031).
 //!
 //! ```no_run
 //! # async fn run(client: sqlhttp::Client) -> Result<(), sqlhttp::migrate::MigrateError> {
@@ -131,10 +132,11 @@ pub enum MigrateError {
         /// The down file it would need.
         down: String,
     },
-    /// Another run held the migration's key for longer than [`Migrator::lock_timeout`].
+    /// The migration's batch was still running, or waiting for another run's, after
+    /// [`Migrator::lock_timeout`].
     #[error(
-        "{file} (version {version}) is still being applied or reverted by another run after \
-         {waited:?}; nothing was done by this one"
+        "{file} (version {version}) is still being applied or reverted after {waited:?} (this \
+         run's batch, or another run's); look with `info` before running again"
     )]
     Busy {
         /// The migration's version.
@@ -207,8 +209,8 @@ pub struct Applied {
     pub name: String,
     /// How long its batch took, as this client saw it (waits for another run included).
     pub elapsed: Duration,
-    /// Whether another run applied it: the server answered this run's batch with the other's
-    /// stored outcome, or the history showed it applied when this run's record collided.
+    /// Whether another run applied it: this run's record collided with the other's, and the
+    /// history then showed it applied (nothing of this run's batch was).
     pub by_another_run: bool,
 }
 
@@ -375,8 +377,10 @@ impl Migrator {
         self
     }
 
-    /// How long a run waits while another run applies the same migration (5 minutes by
-    /// default); past it, [`MigrateError::Busy`].
+    /// How long a step waits for a batch of its own that is still running on the server (its
+    /// answer was lost and the retry finds it at work), or, on PostgreSQL, for another run's
+    /// record that holds the same event number (5 minutes by default); past it,
+    /// [`MigrateError::Busy`].
     pub fn lock_timeout(mut self, timeout: Duration) -> Migrator {
         self.lock_timeout = timeout;
         self
@@ -392,8 +396,8 @@ impl Migrator {
             Ok(History::new(self.table.clone()))
         } else {
             Err(MigrateError::Config(format!(
-                "the history table's name {:?} is not an unquoted identifier (letters, digits \
-                 and _, not starting with a digit, at most 63 bytes)",
+                "the history table's name {:?} cannot be used: letters, digits and _, not \
+                 starting with a digit, at most 63 bytes",
                 self.table
             )))
         }
@@ -421,66 +425,76 @@ impl Migrator {
                 "cannot create the migration history table {}",
                 history.table()
             )))?;
-        let state = self.read(&history, client).await?;
-        self.check_applied(&state)?;
-        let highest_applied = state.applied().map(|event| event.version).max();
-        let pending: Vec<&Migration> = self
+        let mut state = self.read(&history, client).await?;
+        let limit = client.batch_limits().max_statements;
+        self.plan(&state, limit)?;
+        let mut report = MigrateReport {
+            applied: Vec::new(),
+            version: state.applied().map(|event| event.version).max(),
+        };
+        let mut collisions = 0;
+        // Planned anew after every step: another run may have moved the history on.
+        while let Some(migration) = self
             .migrations
             .iter()
-            .filter(|m| state.applied_event(m.version()).is_none())
-            .collect();
-        if !self.allow_out_of_order
-            && let Some(applied) = highest_applied
-            && let Some(early) = pending.iter().find(|m| m.version() < applied)
+            .find(|m| state.applied_event(m.version()).is_none())
         {
-            return Err(MigrateError::OutOfOrder {
-                version: early.version(),
-                file: early.source().to_owned(),
-                applied,
-            });
-        }
-        let limit = client.batch_limits().max_statements;
-        let steps = pending
-            .into_iter()
-            .map(|migration| {
-                let statements = statements_of(migration.source(), migration.up_sql(), limit)?;
-                Ok(Step {
-                    migration,
-                    file: migration.source().to_owned(),
-                    direction: Direction::Up,
-                    seq: state.next_seq(migration.version()),
-                    statements,
-                })
-            })
-            .collect::<Result<Vec<_>, MigrateError>>()?;
-        let mut report = MigrateReport {
-            applied: Vec::with_capacity(steps.len()),
-            version: highest_applied,
-        };
-        for step in steps {
+            let step = Step {
+                migration,
+                file: migration.source().to_owned(),
+                direction: Direction::Up,
+                seq: state.next_seq(migration.version()),
+                event: state.next_event(),
+                statements: statements_of(migration.source(), migration.up_sql(), limit)?,
+            };
             let started = Instant::now();
-            let by_another_run = self.send(client, &history, &step).await?;
-            let elapsed = started.elapsed();
-            if !by_another_run {
-                let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
-                if let Err(error) = history
-                    .set_duration(client, step.migration.version(), step.seq, millis)
-                    .await
-                {
-                    tracing::warn!(
-                        version = step.migration.version(),
-                        %error,
-                        "the migration is applied; its duration was not recorded"
-                    );
+            match self.send(client, &history, &step).await? {
+                Sent::Committed => {
+                    let elapsed = started.elapsed();
+                    let millis = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+                    if let Err(error) = history
+                        .set_duration(client, migration.version(), step.seq, millis)
+                        .await
+                    {
+                        tracing::warn!(
+                            version = migration.version(),
+                            %error,
+                            "the migration is applied; its duration was not recorded"
+                        );
+                    }
+                    state.record(step.event_row());
+                    report.applied.push(Applied {
+                        version: migration.version(),
+                        name: migration.name().to_owned(),
+                        elapsed,
+                        by_another_run: false,
+                    });
+                }
+                Sent::Collided => {
+                    collisions += 1;
+                    if collisions > MAX_COLLISIONS {
+                        return Err(MigrateError::Conflict {
+                            version: migration.version(),
+                            file: step.file,
+                            message: format!(
+                                "the history kept changing under this run ({MAX_COLLISIONS} \
+                                 times)"
+                            ),
+                        });
+                    }
+                    state = self.read(&history, client).await?;
+                    self.plan(&state, limit)?;
+                    if state.applied_event(migration.version()).is_some() {
+                        report.applied.push(Applied {
+                            version: migration.version(),
+                            name: migration.name().to_owned(),
+                            elapsed: started.elapsed(),
+                            by_another_run: true,
+                        });
+                    }
                 }
             }
-            report.version = report.version.max(Some(step.migration.version()));
-            report.applied.push(Applied {
-                version: step.migration.version(),
-                name: step.migration.name().to_owned(),
-                elapsed,
-                by_another_run,
-            });
+            report.version = state.applied().map(|event| event.version).max();
         }
         Ok(report)
     }
@@ -523,13 +537,35 @@ impl Migrator {
             file,
             direction: Direction::Down,
             seq: state.next_seq(migration.version()),
+            event: state.next_event(),
         };
-        let by_another_run = self.send(client, &history, &step).await?;
-        Ok(Some(Reverted {
-            version: migration.version(),
-            name: migration.name().to_owned(),
-            by_another_run,
-        }))
+        match self.send(client, &history, &step).await? {
+            Sent::Committed => Ok(Some(Reverted {
+                version: migration.version(),
+                name: migration.name().to_owned(),
+                by_another_run: false,
+            })),
+            Sent::Collided => {
+                // Reverting is not re-planned: the latest migration may be another one now.
+                let now = self.read(&history, client).await?;
+                if now.applied_event(migration.version()).is_none()
+                    && now.next_seq(migration.version()) > step.seq
+                {
+                    return Ok(Some(Reverted {
+                        version: migration.version(),
+                        name: migration.name().to_owned(),
+                        by_another_run: true,
+                    }));
+                }
+                Err(MigrateError::Conflict {
+                    version: migration.version(),
+                    file: step.file,
+                    message: "another run changed the history while this one reverted; see \
+                              `info`, then revert again if it is still wanted"
+                        .to_owned(),
+                })
+            }
+        }
     }
 
     /// Every migration known here or in the database, by version, with where it stands. Reads
@@ -590,8 +626,10 @@ impl Migrator {
             )))
     }
 
-    /// Refuses a history that does not match the migrations: a changed file, a missing one.
-    fn check_applied(&self, state: &State) -> Result<(), MigrateError> {
+    /// Refuses a history that does not match the migrations (a changed file, a missing one,
+    /// a pending version below an applied one), and pending files a batch cannot hold, before
+    /// anything is applied.
+    fn plan(&self, state: &State, limit: usize) -> Result<(), MigrateError> {
         for event in state.applied() {
             match self
                 .migrations
@@ -608,31 +646,50 @@ impl Migrator {
                 }
             }
         }
-        Ok(())
+        let highest_applied = state.applied().map(|event| event.version).max();
+        let mut pending = self
+            .migrations
+            .iter()
+            .filter(|m| state.applied_event(m.version()).is_none());
+        if !self.allow_out_of_order
+            && let Some(applied) = highest_applied
+            && let Some(early) = pending.clone().find(|m| m.version() < applied)
+        {
+            return Err(MigrateError::OutOfOrder {
+                version: early.version(),
+                file: early.source().to_owned(),
+                applied,
+            });
+        }
+        pending.try_for_each(|m| statements_of(m.source(), m.up_sql(), limit).map(|_| ()))
     }
 
-    /// Sends one step's batch (its record first, then its statements) under its key, waiting
-    /// while another run holds the key; `Ok(true)` when another run did the step.
+    /// Sends one step's batch (its record first, then its statements) under a key of its own,
+    /// retried under that key while the outcome is unknown; [`Sent::Collided`] when another
+    /// step was recorded first (nothing of this one was applied).
     async fn send(
         &self,
         client: &Client,
         history: &History,
         step: &Step<'_>,
-    ) -> Result<bool, MigrateError> {
+    ) -> Result<Sent, MigrateError> {
         let migration = step.migration;
+        // A key for this call only: its retries are answered from the server's store, while
+        // another run (or a later run of this one, after a failure was fixed) is a new
+        // request that the history's unique event number settles.
         let key = format!(
-            "sqlhttp-migrate/{}/{}/{}/{}/{}",
+            "sqlhttp-migrate/{}/{}/{}/{:032x}",
             history.table(),
             migration.version(),
-            step.seq,
             step.direction.as_str(),
-            &migration.checksum()[..16]
+            rand::random::<u128>()
         );
         let started = Instant::now();
         loop {
             let mut batch = client
                 .batch()
                 .statement(history.record_sql())
+                .bind(step.event)
                 .bind(migration.version())
                 .bind(step.seq)
                 .bind(step.direction.as_str())
@@ -641,88 +698,71 @@ impl Migrator {
             for statement in &step.statements {
                 batch = batch.statement(statement.sql.clone());
             }
-            let outcome = batch
-                .idempotency_key(key.clone())
-                .retry_writes(true)
-                .report()
-                .await;
-            let error = match outcome {
-                Ok(report) => return Ok(report.replayed),
+            let error = match batch.idempotency_key(key.clone()).retry_writes(true).await {
+                Ok(_) => return Ok(Sent::Committed),
                 Err(error) => error,
             };
-            if let ErrorKind::IdempotencyKeyInUse { retry_after, .. } = error.kind() {
-                let waited = started.elapsed();
-                if waited >= self.lock_timeout {
-                    return Err(MigrateError::Busy {
-                        version: migration.version(),
-                        file: step.file.clone(),
-                        waited,
-                    });
+            let waited = started.elapsed();
+            let busy = || MigrateError::Busy {
+                version: migration.version(),
+                file: step.file.clone(),
+                waited,
+            };
+            match (error.kind(), error.statement_index()) {
+                // This call's own earlier attempt is still running on the server.
+                (ErrorKind::IdempotencyKeyInUse { retry_after, .. }, _) => {
+                    if waited >= self.lock_timeout {
+                        return Err(busy());
+                    }
+                    tokio::time::sleep(retry_after.unwrap_or(KEY_IN_USE_PAUSE)).await;
                 }
-                tokio::time::sleep(retry_after.unwrap_or(KEY_IN_USE_PAUSE)).await;
-                continue;
-            }
-            return match error.statement_index() {
-                Some(0) if matches!(error.kind(), ErrorKind::ConstraintViolation { .. }) => {
-                    self.settle_collision(client, history, step).await
+                (ErrorKind::ConstraintViolation { .. }, Some(0)) => return Ok(Sent::Collided),
+                // On PostgreSQL the record waits for a concurrent run's to commit or roll back:
+                // past the statement timeout, look again.
+                (ErrorKind::StatementTimeout { .. }, Some(0)) => {
+                    if waited >= self.lock_timeout {
+                        return Err(busy());
+                    }
+                    return Ok(Sent::Collided);
                 }
-                Some(index) if index > 0 => {
+                (_, Some(index)) if index > 0 => {
                     let line = step.statements.get(index - 1).map_or(0, |s| s.line);
-                    Err(MigrateError::Statement {
+                    return Err(MigrateError::Statement {
                         file: step.file.clone(),
                         line,
                         source: error,
-                    })
+                    });
                 }
-                _ => Err(MigrateError::Client {
-                    context: format!(
-                        "{} (version {}) was not {}",
-                        step.file,
-                        migration.version(),
-                        match step.direction {
-                            Direction::Up => "applied",
-                            Direction::Down => "reverted",
-                        }
-                    ),
-                    source: error,
-                }),
-            };
+                _ => {
+                    return Err(MigrateError::Client {
+                        context: format!(
+                            "while {} {} (version {})",
+                            match step.direction {
+                                Direction::Up => "applying",
+                                Direction::Down => "reverting",
+                            },
+                            step.file,
+                            migration.version()
+                        ),
+                        source: error,
+                    });
+                }
+            }
         }
-    }
-
-    /// The step's record collided with an event another run recorded first (nothing of this
-    /// batch was applied): the step is done when that event is the one this run meant.
-    async fn settle_collision(
-        &self,
-        client: &Client,
-        history: &History,
-        step: &Step<'_>,
-    ) -> Result<bool, MigrateError> {
-        let migration = step.migration;
-        let state = self.read(history, client).await?;
-        let applied = state.applied_event(migration.version());
-        let done = match step.direction {
-            Direction::Up => applied.is_some_and(|event| event.checksum == migration.checksum()),
-            Direction::Down => applied.is_none(),
-        };
-        if done {
-            return Ok(true);
-        }
-        if let (Direction::Up, Some(event)) = (step.direction, applied) {
-            return Err(MigrateError::ChecksumMismatch {
-                version: migration.version(),
-                file: migration.source().to_owned(),
-                applied: event.checksum.clone(),
-                local: migration.checksum().to_owned(),
-            });
-        }
-        Err(MigrateError::Conflict {
-            version: migration.version(),
-            file: step.file.clone(),
-            message: "another run changed this migration's history at the same time".to_owned(),
-        })
     }
 }
+
+/// How a step's batch ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Sent {
+    /// It committed, with its record.
+    Committed,
+    /// Another step took its event number first: nothing of it was applied.
+    Collided,
+}
+
+/// Steps re-planned in one run, at most, before it gives up (each follows another run's step).
+const MAX_COLLISIONS: usize = 1000;
 
 /// One migration's batch: what it applies or reverts, and the event it records.
 #[derive(Debug)]
@@ -732,7 +772,25 @@ struct Step<'a> {
     file: String,
     direction: Direction,
     seq: u64,
+    event: u64,
     statements: Vec<ScriptStatement>,
+}
+
+impl Step<'_> {
+    /// The history's row for this step, once it committed (its time is the server's; only the
+    /// migrator's own bookkeeping reads this one).
+    fn event_row(&self) -> Event {
+        Event {
+            event: self.event,
+            version: self.migration.version(),
+            seq: self.seq,
+            direction: self.direction.as_str().to_owned(),
+            name: self.migration.name().to_owned(),
+            checksum: self.migration.checksum().to_owned(),
+            applied_at: String::new(),
+            duration_ms: None,
+        }
+    }
 }
 
 fn check_checksum(migration: &Migration, applied: &Event) -> Result<(), MigrateError> {
@@ -800,28 +858,57 @@ fn statements_of(
 }
 
 /// Why a statement cannot be one of a migration's batch, when it cannot: it ends or opens a
-/// transaction, or its engine refuses to run it inside one. (The server decides the rest.)
+/// transaction, or its engine refuses to run it inside one. Not a complete list of the
+/// latter: the server refuses the rest, and the error names the file and line the same way.
 fn not_in_a_batch(sql: &str) -> Option<&'static str> {
-    let words: Vec<String> = script::leading_words(sql, 4)
+    let words: Vec<String> = script::leading_words(sql, 16)
         .map(str::to_ascii_uppercase)
         .collect();
     let word = |i: usize| words.get(i).map_or("", String::as_str);
-    match word(0) {
-        "BEGIN" | "START" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "ABORT" => {
-            Some(
-                "transaction control cannot be in a migration: each migration already runs as \
+    // REINDEX (VERBOSE, ...) TABLE ...: the options do not count as words.
+    let after_options: Vec<&str> = match words.iter().position(|w| w == ")") {
+        Some(close) if word(1) == "(" => std::iter::once(word(0))
+            .chain(words[close + 1..].iter().map(String::as_str))
+            .collect(),
+        _ => words.iter().map(String::as_str).collect(),
+    };
+    let concurrently = "CONCURRENTLY cannot run inside a transaction, and a migration is one; \
+                        do it without CONCURRENTLY, or outside the migrations";
+    match (word(0), word(1), word(2)) {
+        (
+            "BEGIN" | "START" | "COMMIT" | "END" | "ROLLBACK" | "SAVEPOINT" | "RELEASE" | "ABORT",
+            ..,
+        ) => Some(
+            "transaction control cannot be in a migration: each migration already runs as \
                  one transaction, applied whole or not at all",
-            )
-        }
-        "VACUUM" => Some("VACUUM cannot run inside a transaction, and a migration is one"),
-        "CREATE" | "DROP" | "REINDEX" if words[1..].iter().any(|w| w == "CONCURRENTLY") => Some(
-            "CONCURRENTLY cannot run inside a transaction, and a migration is one; build the \
-                 index without it, or outside the migrations",
         ),
-        "CREATE" | "DROP" if matches!(word(1), "DATABASE" | "TABLESPACE") => {
+        ("VACUUM", ..) => Some("VACUUM cannot run inside a transaction, and a migration is one"),
+        ("DISCARD", "ALL", _) => Some("DISCARD ALL cannot run inside a transaction"),
+        ("CREATE", "INDEX", "CONCURRENTLY") | ("CREATE", "UNIQUE", "INDEX")
+            if word(2) == "CONCURRENTLY" || word(3) == "CONCURRENTLY" =>
+        {
+            Some(concurrently)
+        }
+        ("DROP", "INDEX", "CONCURRENTLY") => Some(concurrently),
+        ("REINDEX", ..) if after_options.get(2) == Some(&"CONCURRENTLY") => Some(concurrently),
+        ("REINDEX", ..) if matches!(after_options.get(1), Some(&"DATABASE" | &"SYSTEM")) => {
+            Some("REINDEX DATABASE and REINDEX SYSTEM cannot run inside a transaction")
+        }
+        ("ALTER", "TABLE", _)
+            if words
+                .windows(2)
+                .any(|w| w[0] == "DETACH" && w[1] == "PARTITION")
+                && words.iter().any(|w| w == "CONCURRENTLY" || w == "FINALIZE") =>
+        {
+            Some(concurrently)
+        }
+        ("CLUSTER", "", _) | ("CLUSTER", "VERBOSE", "") => {
+            Some("CLUSTER of every table cannot run inside a transaction; name the table")
+        }
+        ("CREATE" | "DROP", "DATABASE" | "TABLESPACE", _) => {
             Some("databases and tablespaces cannot be created or dropped inside a transaction")
         }
-        "ALTER" if word(1) == "SYSTEM" => {
+        ("ALTER", "SYSTEM", _) => {
             Some("ALTER SYSTEM cannot run inside a transaction, and a migration is one")
         }
         _ => None,
@@ -867,12 +954,28 @@ mod tests {
                 "line 1: CONCURRENTLY",
             ),
             ("create database x;", "databases"),
+            ("REINDEX (VERBOSE) TABLE CONCURRENTLY t;", "CONCURRENTLY"),
+            ("REINDEX DATABASE app;", "REINDEX DATABASE"),
+            (
+                "ALTER TABLE m DETACH PARTITION m1 CONCURRENTLY;",
+                "CONCURRENTLY",
+            ),
+            ("CLUSTER;", "CLUSTER"),
             ("SELECT 1;\nSELECT 'open", "line 2 does not end"),
         ] {
             let error = statements_of("0003_x.sql", text, 100).unwrap_err();
             let message = error.to_string();
             assert!(message.starts_with("0003_x.sql: "), "{message}");
             assert!(message.contains(needle), "{text:?}: {message}");
+        }
+        // Not refused: a table named `concurrently`, an index built in the transaction.
+        for fine in [
+            "CREATE TABLE concurrently (x INT);",
+            "CREATE INDEX i ON t (x);",
+            "REINDEX TABLE t;",
+            "CLUSTER t USING i;",
+        ] {
+            assert!(statements_of("x.sql", fine, 100).is_ok(), "{fine}");
         }
         let trigger = "CREATE TRIGGER t AFTER INSERT ON a BEGIN INSERT INTO b VALUES (1); END;";
         assert_eq!(statements_of("x.sql", trigger, 100).unwrap().len(), 1);
