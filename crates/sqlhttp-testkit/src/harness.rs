@@ -125,21 +125,23 @@ impl TestDatabase {
         let nanos = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |elapsed| elapsed.subsec_nanos());
-        // Unique in this process (the counter), across processes (the pid) and across runs
-        // that reuse a pid (the clock).
+        // Unique on this machine (the host's tag) in this process (the counter), across
+        // processes (the pid) and across runs that reuse a pid (the clock).
         let suffix = format!(
-            "{}_{}_{nanos}",
+            "{}_{}_{}_{nanos}",
+            host_tag(),
             std::process::id(),
             NEXT.fetch_add(1, Ordering::Relaxed)
         );
         let database = TestDatabase {
             admin_url: admin_url.to_owned(),
-            name: format!("sqlhttp_test_{suffix}"),
-            role: format!("sqlhttp_test_client_{suffix}"),
+            name: format!("{DATABASE_PREFIX}{suffix}"),
+            role: format!("{ROLE_PREFIX}{suffix}"),
         };
         let admin = connect(admin_url).await.unwrap_or_else(|error| {
             panic!("sqlhttp-testkit: cannot connect to PostgreSQL: {error}")
         });
+        sweep(&admin).await;
         if let Err(error) = admin
             .batch_execute(&format!("CREATE DATABASE {}", database.name))
             .await
@@ -201,6 +203,65 @@ impl Drop for TestDatabase {
     }
 }
 
+/// What every test database's name starts with, then [`host_tag`], the pid, a counter and a
+/// clock.
+const DATABASE_PREFIX: &str = "sqlhttp_test_";
+/// What every test client role's name starts with, then the same suffix as its database.
+const ROLE_PREFIX: &str = "sqlhttp_test_client_";
+
+/// Eight hex digits naming this machine (a hash of its host name), so that a sweep never takes
+/// another machine's test databases on a shared cluster for its own.
+fn host_tag() -> String {
+    use std::hash::{Hash as _, Hasher as _};
+    let name = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::env::var("HOSTNAME"))
+        .unwrap_or_default();
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    name.trim().hash(&mut hasher);
+    format!("{:08x}", hasher.finish() as u32)
+}
+
+/// Drops the test databases (and roles) of this machine whose process is gone: a test process
+/// that was killed, or a server held past the process's end, cannot drop its own. Only where
+/// `/proc` tells which processes live; failures are left for the next sweep.
+async fn sweep(admin: &tokio_postgres::Client) {
+    if !std::path::Path::new("/proc/self").exists() {
+        return;
+    }
+    let mine = format!("{DATABASE_PREFIX}{}_", host_tag());
+    let Ok(rows) = admin
+        .query(
+            "SELECT datname::text FROM pg_catalog.pg_database WHERE starts_with(datname::text, $1)",
+            &[&mine],
+        )
+        .await
+    else {
+        return;
+    };
+    for row in rows {
+        let name: String = row.get(0);
+        let Some(pid) = name[mine.len()..]
+            .split('_')
+            .next()
+            .and_then(|pid| pid.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if std::path::Path::new(&format!("/proc/{pid}")).exists() {
+            continue;
+        }
+        let suffix = &name[DATABASE_PREFIX.len()..];
+        for statement in [
+            format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
+            format!("DROP ROLE IF EXISTS {ROLE_PREFIX}{suffix}"),
+        ] {
+            if let Err(error) = admin.batch_execute(&statement).await {
+                tracing::debug!(%error, %statement, "the sweep left a stale test database");
+            }
+        }
+    }
+}
+
 /// A client on `url`, its connection driven by a task of the current runtime.
 async fn connect(url: &str) -> Result<tokio_postgres::Client, tokio_postgres::Error> {
     let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls).await?;
@@ -232,6 +293,63 @@ fn with_database(url: &str, name: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A pid no process has: above every live one, and checked.
+    fn dead_pid() -> u32 {
+        (4_000_000..4_194_304)
+            .find(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists())
+            .unwrap()
+    }
+
+    #[tokio::test]
+    async fn stale_test_databases_of_gone_processes_are_swept() {
+        let Ok(url) = std::env::var(POSTGRES_URL_VAR) else {
+            eprintln!("skipped: {POSTGRES_URL_VAR} is not set");
+            return;
+        };
+        let admin = connect(&url).await.unwrap();
+        let stale = format!("{DATABASE_PREFIX}{}_{}_0_1", host_tag(), dead_pid());
+        let other_host = format!("{DATABASE_PREFIX}00000000_{}_0_1", dead_pid());
+        let alive = format!("{DATABASE_PREFIX}{}_{}_0_1", host_tag(), std::process::id());
+        for name in [&stale, &other_host, &alive] {
+            admin
+                .batch_execute(&format!("CREATE DATABASE {name}"))
+                .await
+                .unwrap();
+        }
+        // A new test database sweeps first.
+        let fresh = TestDatabase::create(&url).await;
+        let exists = |name: String| {
+            let admin = &admin;
+            async move {
+                admin
+                    .query_one(
+                        "SELECT count(*) FROM pg_catalog.pg_database WHERE datname = $1",
+                        &[&name],
+                    )
+                    .await
+                    .unwrap()
+                    .get::<_, i64>(0)
+                    == 1
+            }
+        };
+        assert!(
+            !exists(stale.clone()).await,
+            "a gone process's database is swept"
+        );
+        assert!(
+            exists(other_host.clone()).await || host_tag() == "00000000",
+            "another machine's stays"
+        );
+        assert!(exists(alive.clone()).await, "a live process's stays");
+        drop(fresh);
+        for name in [other_host, alive] {
+            admin
+                .batch_execute(&format!("DROP DATABASE IF EXISTS {name}"))
+                .await
+                .unwrap();
+        }
+    }
 
     #[test]
     fn database_urls() {
