@@ -530,9 +530,11 @@ impl HttpBody for WatchedBody {
         // Asked for more: the client took what came before.
         self.running.waits(false);
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        // The last frame too: hyper holds it until the stream has window, and a client that
+        // never opens one would hold it (a small answer is one frame) and the connection with
+        // it. Sent, the body is dropped, which ends the wait.
         if let Poll::Ready(Some(Ok(frame))) = &polled
             && frame.is_data()
-            && !self.inner.is_end_stream()
         {
             self.running.waits(true);
         }

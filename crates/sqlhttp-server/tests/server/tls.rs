@@ -549,3 +549,34 @@ async fn an_h2_stream_starved_of_window_is_cut() {
     );
     server.shutdown().await;
 }
+
+/// A small answer is one frame, the body's last: hyper takes it and then waits for window, so
+/// a client that opens none (here for `/healthz`, which needs no token) held its connection, and
+/// its slot under `--max-connections`, for ever. It is cut after the send timeout too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_stream_starved_of_window_for_its_last_frame_is_cut() {
+    let dir = certs(&["127.0.0.1"]);
+    let server = https(dir.path(), false, |config| {
+        config.http.send_timeout = Duration::from_millis(400);
+    })
+    .await;
+    let (mut send, connection) = h2_client(&server, dir.path(), 0).await;
+    let request = http::Request::get(format!("{}/healthz", server.url()))
+        .body(())
+        .unwrap();
+    let (answer, _stream) = send.send_request(request, true).unwrap();
+    let response = answer.await.unwrap();
+    assert_eq!(response.status(), 200);
+    let started = Instant::now();
+    let cut = tokio::time::timeout(Duration::from_secs(5), connection).await;
+    assert!(
+        cut.is_ok(),
+        "the connection whose last frame is starved stays open"
+    );
+    assert!(
+        started.elapsed() >= Duration::from_millis(300),
+        "cut before the send timeout: {:?}",
+        started.elapsed()
+    );
+    server.shutdown().await;
+}
