@@ -32,6 +32,16 @@ pub(crate) const FLUSH_AFTER: Duration = Duration::from_millis(50);
 /// Chunks that may wait in the queue for the client to take them.
 pub(crate) const QUEUE_CHUNKS: usize = 4;
 
+/// Bytes that may wait in the queue once a send returns: a chunk of rows larger than a chunk
+/// (one row can be `--max-result-bytes`) is queued, and its sender then waits until the client
+/// has taken all but this much. Chunks of rows under a chunk each never reach it.
+const QUEUE_BYTES: usize = QUEUE_CHUNKS * 2 * CHUNK_BYTES;
+
+/// A queued chunk larger than this is handed to the HTTP body [`CHUNK_BYTES`] at a time, each
+/// piece a copy, so that what the body has taken (hyper holds a piece until the client's flow
+/// control lets it out) never keeps the large chunk's memory alive.
+const SPLIT_ABOVE: usize = 2 * CHUNK_BYTES;
+
 /// How often a producer blocked on a full queue checks whether its job must stop.
 const STOP_CHECK: Duration = Duration::from_millis(20);
 
@@ -62,6 +72,24 @@ struct Shared {
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl State {
+    /// Whether the client has taken enough of the queue for a send to return.
+    fn taken(&self) -> bool {
+        self.queue.iter().map(Bytes::len).sum::<usize>() <= QUEUE_BYTES
+    }
+
+    /// The job stopped while its client had not taken a large chunk: the rest is dropped rather
+    /// than held for a client that may never take it, and the body is cut (it ends inside a
+    /// row, so no error member can follow; the client sees the body fail).
+    fn cut_untaken(&mut self) {
+        self.queue.clear();
+        self.abandoned = true;
+        if let Some(waker) = self.waker.take() {
+            waker.wake();
+        }
     }
 }
 
@@ -99,18 +127,33 @@ pub(crate) struct ChunkSender {
 }
 
 impl ChunkSender {
-    /// Queues `chunk`, waiting while the queue is full; `must_stop` is asked every few
-    /// milliseconds while waiting.
+    /// Queues `chunk`, waiting while the queue is full, then while it holds more than
+    /// [`QUEUE_BYTES`] (a large row: the job, and its statement timeout, lasts until the client
+    /// has taken it, as for a long result); `must_stop` is asked every few milliseconds while
+    /// waiting. Told to stop before the client took a large chunk, the body is cut.
     pub(crate) fn send(&self, chunk: Bytes, must_stop: impl Fn() -> bool) -> Result<(), SendError> {
         let mut state = self.shared.lock();
+        let mut chunk = Some(chunk);
         loop {
             if state.receiver_gone || state.abandoned {
                 return Err(SendError::Gone);
             }
-            if state.queue.len() < self.capacity {
-                break;
+            if chunk.is_some() && state.queue.len() < self.capacity {
+                if let Some(chunk) = chunk.take() {
+                    state.queue.push_back(chunk);
+                }
+                state.sent_any = true;
+                if let Some(waker) = state.waker.take() {
+                    waker.wake();
+                }
+            }
+            if chunk.is_none() && state.taken() {
+                return Ok(());
             }
             if must_stop() {
+                if chunk.is_none() {
+                    state.cut_untaken();
+                }
                 return Err(SendError::Stopped);
             }
             state = self
@@ -120,12 +163,6 @@ impl ChunkSender {
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
         }
-        state.queue.push_back(chunk);
-        state.sent_any = true;
-        if let Some(waker) = state.waker.take() {
-            waker.wake();
-        }
-        Ok(())
     }
 
     /// Queues `chunk` as [`ChunkSender::send`] does, for a producer on the async runtime (the
@@ -142,7 +179,7 @@ impl ChunkSender {
             if state.receiver_gone || state.abandoned {
                 return Poll::Ready(Err(SendError::Gone));
             }
-            if state.queue.len() < self.capacity {
+            if chunk.is_some() && state.queue.len() < self.capacity {
                 if let Some(chunk) = chunk.take() {
                     state.queue.push_back(chunk);
                     state.sent_any = true;
@@ -150,9 +187,14 @@ impl ChunkSender {
                 if let Some(waker) = state.waker.take() {
                     waker.wake();
                 }
+            }
+            if chunk.is_none() && state.taken() {
                 return Poll::Ready(Ok(()));
             }
             if must_stop() {
+                if chunk.is_none() {
+                    state.cut_untaken();
+                }
                 return Poll::Ready(Err(SendError::Stopped));
             }
             state.room_waker = Some(cx.waker().clone());
@@ -306,7 +348,20 @@ impl futures_core::Stream for ChunkReceiver {
             return Poll::Ready(None);
         }
         let mut state = this.shared.lock();
-        if let Some(chunk) = state.queue.pop_front() {
+        let piece = match state.queue.front_mut() {
+            Some(large) if large.len() > SPLIT_ABOVE => {
+                let piece = Bytes::copy_from_slice(&large[..CHUNK_BYTES]);
+                bytes::Buf::advance(large, CHUNK_BYTES);
+                if large.len() <= QUEUE_BYTES && large.len() + CHUNK_BYTES > QUEUE_BYTES {
+                    // The rest just became small enough to wait (its sender goes on now): free
+                    // the large chunk's memory.
+                    *large = Bytes::copy_from_slice(large);
+                }
+                Some(piece)
+            }
+            _ => state.queue.pop_front(),
+        };
+        if let Some(chunk) = piece {
             let room_waker = state.room_waker.take();
             drop(state);
             this.shared.room.notify_one();
@@ -502,6 +557,57 @@ mod tests {
             sender.send_async(Bytes::from_static(b"b"), || true).await,
             Err(SendError::Stopped)
         );
+    }
+
+    #[test]
+    fn a_large_chunk_is_handed_over_in_pieces_and_its_send_waits_for_them() {
+        let (sender, mut receiver) = channel(QUEUE_CHUNKS);
+        let large: Vec<u8> = (0..1_000_000_u32).map(|i| (i % 251) as u8).collect();
+        let expected = large.clone();
+        let sent = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let producer = {
+            let sent = Arc::clone(&sent);
+            std::thread::spawn(move || {
+                let result = sender.send(Bytes::from(large), || false);
+                sent.store(true, std::sync::atomic::Ordering::SeqCst);
+                sender.finish(Bytes::from_static(b"end"));
+                result
+            })
+        };
+        std::thread::sleep(Duration::from_millis(50));
+        let mut got = Vec::new();
+        loop {
+            match next(&mut receiver) {
+                Poll::Ready(Some(chunk)) => {
+                    let chunk = chunk.unwrap();
+                    assert!(chunk.len() <= SPLIT_ABOVE, "a piece of {}", chunk.len());
+                    got.extend_from_slice(&chunk);
+                    let left = expected.len().saturating_sub(got.len());
+                    if left > QUEUE_BYTES {
+                        std::thread::sleep(Duration::from_millis(1));
+                        assert!(
+                            !sent.load(std::sync::atomic::Ordering::SeqCst),
+                            "the send returned with {left} bytes not taken"
+                        );
+                    }
+                }
+                Poll::Ready(None) => break,
+                Poll::Pending => std::thread::sleep(Duration::from_millis(1)),
+            }
+        }
+        assert_eq!(producer.join().unwrap(), Ok(()));
+        assert_eq!(&got[..expected.len()], &expected[..]);
+        assert_eq!(&got[expected.len()..], b"end");
+        // Told to stop while its chunk waits: what the client has not taken is dropped, and the
+        // body is cut (it would end inside a row).
+        let (sender, mut receiver) = channel(QUEUE_CHUNKS);
+        assert_eq!(
+            sender.send(Bytes::from(vec![0_u8; 1_000_000]), || true),
+            Err(SendError::Stopped)
+        );
+        sender.finish(Bytes::from_static(b"end"));
+        assert!(matches!(next(&mut receiver), Poll::Ready(Some(Err(_)))));
+        assert!(matches!(next(&mut receiver), Poll::Ready(None)));
     }
 
     #[tokio::test]

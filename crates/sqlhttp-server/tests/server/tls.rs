@@ -446,6 +446,19 @@ async fn h2_client(
     h2::client::SendRequest<bytes::Bytes>,
     tokio::task::JoinHandle<Result<(), h2::Error>>,
 ) {
+    let (send, connection) = h2_connect(server, dir, window).await;
+    (send, tokio::spawn(connection))
+}
+
+type H2Connection =
+    h2::client::Connection<tokio_rustls::client::TlsStream<tokio::net::TcpStream>, bytes::Bytes>;
+
+/// [`h2_client`]'s connection, for the caller to drive.
+async fn h2_connect(
+    server: &ServerHandle,
+    dir: &Path,
+    window: u32,
+) -> (h2::client::SendRequest<bytes::Bytes>, H2Connection) {
     use rustls::pki_types::pem::PemObject as _;
     let mut roots = rustls::RootCertStore::empty();
     roots
@@ -470,12 +483,11 @@ async fn h2_client(
         .await
         .unwrap();
     assert_eq!(tls.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-    let (send, connection) = h2::client::Builder::new()
+    h2::client::Builder::new()
         .initial_window_size(window)
         .handshake(tls)
         .await
-        .unwrap();
-    (send, tokio::spawn(connection))
+        .unwrap()
 }
 
 fn sql_request(url: &str, sql: &str) -> (http::Request<()>, bytes::Bytes) {
@@ -547,6 +559,73 @@ async fn an_h2_stream_starved_of_window_is_cut() {
         "cut before the send timeout: {:?}",
         started.elapsed()
     );
+    server.shutdown().await;
+}
+
+/// A row larger than a chunk used to be queued whole and its job to end at once: a client that
+/// took nothing held the row's memory, and HTTP/2 multiplies that by the streams on a connection
+/// (4 connections of 128 streams of 4 MB rows: 610 MB). Its job now lasts until the client has
+/// taken the row, so the statement timeout bounds how long the row is held, as for a long
+/// result (ADR 0016): past it, the rest of the row is dropped and the body cut.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_row_its_client_does_not_take_is_held_within_the_statement_timeout() {
+    let dir = certs(&["127.0.0.1"]);
+    let server = https(dir.path(), false, |config| {
+        config.limits.statement_timeout = Duration::from_millis(500);
+        config.http.send_timeout = Duration::from_secs(20);
+    })
+    .await;
+    let (mut send, mut connection) = h2_connect(&server, dir.path(), 0).await;
+    let (request, body) = sql_request(&server.url(), "SELECT printf('%.*c', 1000000, 'x')");
+    let (answer, mut stream) = send.send_request(request, false).unwrap();
+    stream.send_data(body, true).unwrap();
+    let response = tokio::select! {
+        response = answer => response.unwrap(),
+        _ = &mut connection => panic!("the connection ended before the answer"),
+    };
+    assert_eq!(response.status(), 200);
+    // Past the statement timeout, the client opens its window and reads.
+    tokio::select! {
+        () = tokio::time::sleep(Duration::from_millis(1500)) => {}
+        _ = &mut connection => panic!("the connection ended early"),
+    }
+    connection.set_initial_window_size(1 << 24).unwrap();
+    let driver = tokio::spawn(connection);
+    let mut body = response.into_body();
+    let mut got = Vec::new();
+    let mut cut = false;
+    while let Some(chunk) = body.data().await {
+        let Ok(chunk) = chunk else {
+            cut = true;
+            break;
+        };
+        body.flow_control().release_capacity(chunk.len()).unwrap();
+        got.extend_from_slice(&chunk);
+    }
+    assert!(
+        cut && got.len() < 1_000_000,
+        "the row waited for its client without its job ({} bytes, cut: {cut})",
+        got.len()
+    );
+    driver.abort();
+    // A client that reads gets the whole row.
+    let client = reqwest::Client::builder()
+        .add_root_certificate(root(dir.path()))
+        .build()
+        .unwrap();
+    let whole = client
+        .post(format!("{}/api/v1/sql", server.url()))
+        .header("content-type", "application/json")
+        .body(json!({ "sql": "SELECT printf('%.*c', 1000000, 'x')" }).to_string())
+        .send()
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let whole: serde_json::Value = serde_json::from_slice(&whole).unwrap();
+    assert_eq!(whole["rows"][0][0].as_str().map(str::len), Some(1_000_000));
+    assert!(whole.get("error").is_none());
     server.shutdown().await;
 }
 
