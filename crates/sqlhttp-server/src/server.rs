@@ -26,6 +26,7 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
+use axum::response::IntoResponse as _;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -172,6 +173,10 @@ impl Server {
             .max_concurrent_streams(H2_STREAMS)
             .max_header_list_size(H2_HEADER_LIST);
         let slots = Arc::new(Semaphore::new(http.max_connections.max(1)));
+        // HTTP/2 responses in flight on all connections together: no more than HTTP/1.1
+        // connections could hold (one each), so the worst case of memory held by responses
+        // waiting on their clients is the same whichever protocol they speak.
+        let h2_responses = Arc::new(Semaphore::new(http.max_connections.max(1)));
         let stop = CancellationToken::new();
         let cut = CancellationToken::new();
         let connections = TaskTracker::new();
@@ -206,6 +211,7 @@ impl Server {
                 cut: cut.clone(),
                 header_timeout: http.header_timeout,
                 send_timeout: http.send_timeout,
+                h2_responses: Arc::clone(&h2_responses),
             };
             let (builder, h2, tls) = (builder.clone(), h2.clone(), tls.clone());
             connections.spawn(async move {
@@ -293,6 +299,8 @@ struct Conn {
     cut: CancellationToken,
     header_timeout: Duration,
     send_timeout: Duration,
+    /// HTTP/2 responses in flight server-wide (see `serve_until`).
+    h2_responses: Arc<Semaphore>,
 }
 
 impl Conn {
@@ -345,6 +353,7 @@ impl Conn {
         let service = Watched {
             inner: self.service.clone(),
             watch: Arc::clone(&watch),
+            in_flight: Arc::clone(&self.h2_responses),
         };
         let connection = builder.serve_connection(io, service);
         tokio::pin!(connection);
@@ -427,6 +436,7 @@ impl Watch {
         Running {
             watch: Arc::clone(self),
             id: state.next,
+            permit: None,
         }
     }
 
@@ -449,11 +459,12 @@ impl Watch {
     }
 }
 
-/// One running HTTP/2 request (see [`Watch`]).
+/// One running HTTP/2 request (see [`Watch`]), with its response permit.
 #[derive(Debug)]
 struct Running {
     watch: Arc<Watch>,
     id: u64,
+    permit: Option<tokio::sync::OwnedSemaphorePermit>,
 }
 
 impl Running {
@@ -478,11 +489,13 @@ impl Drop for Running {
     }
 }
 
-/// The app's service on an HTTP/2 connection, its requests counted by a [`Watch`].
+/// The app's service on an HTTP/2 connection, its requests counted by a [`Watch`], each
+/// holding one of the server's HTTP/2 response permits until its body is dropped.
 #[derive(Debug, Clone)]
 struct Watched<S> {
     inner: S,
     watch: Arc<Watch>,
+    in_flight: Arc<Semaphore>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -500,7 +513,24 @@ where
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
     fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let running = self.watch.begin();
+        let mut running = self.watch.begin();
+        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
+            // As many HTTP/2 responses are in flight as the server has connections: the
+            // request is not run, and its refusal holds no permit.
+            tracing::warn!(
+                "HTTP/2 responses in flight reached the connection cap; refusing a stream"
+            );
+            let refusal = ApiError::unavailable(
+                "the server is serving as many HTTP/2 responses as it takes connections \
+                 (--max-connections); retry later",
+            )
+            .into_response();
+            running.waits(true);
+            return Box::pin(
+                async move { Ok(refusal.map(|inner| WatchedBody { inner, running })) },
+            );
+        };
+        running.permit = Some(permit);
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;

@@ -659,3 +659,62 @@ async fn an_h2_stream_starved_of_window_for_its_last_frame_is_cut() {
     );
     server.shutdown().await;
 }
+
+/// HTTP/2 responses in flight are capped server-wide at `--max-connections`, as HTTP/1.1's are
+/// by its connections: streams whose responses wait on a client that opens no window hold the
+/// permits, a stream past them is answered 503 without running, and the permits come back when
+/// the responses go.
+#[tokio::test]
+async fn h2_responses_in_flight_are_capped_server_wide() {
+    let dir = certs(&["127.0.0.1"]);
+    let server = https(dir.path(), false, |config| {
+        config.http.max_connections = 3;
+        config.http.send_timeout = Duration::from_secs(30);
+    })
+    .await;
+    // Two connections, three streams that never get window: every permit is held.
+    let (mut first, one_connection) = h2_client(&server, dir.path(), 0).await;
+    let (mut second, two_connection) = h2_client(&server, dir.path(), 0).await;
+    let mut held = Vec::new();
+    for on_second in [false, false, true] {
+        let send = if on_second { &mut second } else { &mut first };
+        let request = http::Request::get(format!("{}/healthz", server.url()))
+            .body(())
+            .unwrap();
+        let (answer, _) = send.send_request(request, true).unwrap();
+        let response = answer.await.unwrap();
+        assert_eq!(response.status(), 200);
+        held.push(response);
+    }
+    let request = http::Request::get(format!("{}/healthz", server.url()))
+        .body(())
+        .unwrap();
+    let (answer, _) = second.send_request(request, true).unwrap();
+    let refused = answer.await.unwrap();
+    assert_eq!(refused.status(), 503);
+    assert_eq!(refused.headers()["retry-after"], "1");
+    drop(refused);
+    // The starved clients go: their responses end and give their permits back.
+    drop(held);
+    drop((first, second));
+    one_connection.abort();
+    two_connection.abort();
+    let client = sdk(&server.url())
+        .add_root_certificate(root(dir.path()))
+        .build()
+        .unwrap();
+    let mut last = None;
+    for _ in 0..20 {
+        match one(&client).await {
+            Ok(n) => {
+                last = None;
+                assert_eq!(n, 42);
+                break;
+            }
+            Err(error) => last = Some(error),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(last.is_none(), "the permits came back: {last:?}");
+    server.shutdown().await;
+}
