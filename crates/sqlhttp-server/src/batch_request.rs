@@ -1,5 +1,6 @@
 //! Decoding a `POST /api/v1/batch` body into a [`BatchRequest`]: its statements, each exactly a
-//! `POST /api/v1/sql` body decoded by [`SqlRequest::parse`], and whether it may only read.
+//! `POST /api/v1/sql` body decoded by [`SqlRequest::parse`], whether it may only read, and how
+//! its foreign keys are checked.
 //!
 //! Pure functions over bytes: no HTTP types, no engine. A failure that belongs to one statement
 //! names it (zero-based) in the error's `statement` member.
@@ -16,6 +17,20 @@ pub(crate) struct BatchRequest {
     pub(crate) statements: Vec<SqlRequest>,
     /// Runs on a reader, in a read-only transaction; a statement that writes is refused.
     pub(crate) read_only: bool,
+    /// How foreign keys are enforced while it runs.
+    pub(crate) foreign_keys: ForeignKeys,
+}
+
+/// How a write batch's foreign keys are enforced (`"foreign_keys"` in the body).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum ForeignKeys {
+    /// As declared, statement by statement (`"enforced"`, the default).
+    #[default]
+    Enforced,
+    /// On SQLite, off while the statements run (no `ON DELETE`/`ON UPDATE` actions, no checks)
+    /// and every key checked once before the batch commits (`"checked_at_commit"`): what
+    /// SQLite's table rebuild needs. Refused on PostgreSQL, which alters tables in place.
+    CheckedAtCommit,
 }
 
 #[derive(Deserialize)]
@@ -24,9 +39,11 @@ struct Wire<'a> {
     statements: Option<Vec<&'a RawValue>>,
     #[serde(default)]
     read_only: Option<bool>,
+    #[serde(default)]
+    foreign_keys: Option<&'a str>,
 }
 
-const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool}";
+const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool, \"foreign_keys\": \"enforced\" | \"checked_at_commit\"}";
 
 impl BatchRequest {
     /// Decodes and validates a batch body of at most `max_statements` statements. A malformed
@@ -75,9 +92,27 @@ impl BatchRequest {
                 Ok(statement)
             })
             .collect::<Result<_, _>>()?;
+        let read_only = wire.read_only.unwrap_or(false);
+        let foreign_keys = match wire.foreign_keys {
+            None | Some("enforced") => ForeignKeys::Enforced,
+            Some("checked_at_commit") if read_only => {
+                return Err(ApiError::bad_request(
+                    "`foreign_keys: checked_at_commit` is for a write batch: a read-only batch \
+                     changes nothing to check",
+                ));
+            }
+            Some("checked_at_commit") => ForeignKeys::CheckedAtCommit,
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "`foreign_keys` is \"enforced\" (the default) or \"checked_at_commit\", not \
+                     {other:?}"
+                )));
+            }
+        };
         Ok(BatchRequest {
             statements,
-            read_only: wire.read_only.unwrap_or(false),
+            read_only,
+            foreign_keys,
         })
     }
 }
@@ -130,6 +165,30 @@ mod tests {
         assert_eq!(err.statement, Some(0));
         let err = bad(r#"{"statements":[{"sql":"SELECT 1"}],"read_only":"yes"}"#);
         assert_eq!(err.code, ErrorCode::BadRequest);
+    }
+
+    #[test]
+    fn foreign_keys_are_enforced_or_checked_at_commit() {
+        let parse = |body: &str| BatchRequest::parse(body.as_bytes(), 3);
+        let one = r#"{"statements":[{"sql":"SELECT 1"}]"#;
+        assert_eq!(
+            parse(&format!("{one}}}")).unwrap().foreign_keys,
+            ForeignKeys::Enforced
+        );
+        assert_eq!(
+            parse(&format!(r#"{one},"foreign_keys":"checked_at_commit"}}"#))
+                .unwrap()
+                .foreign_keys,
+            ForeignKeys::CheckedAtCommit
+        );
+        for bad in [
+            r#","foreign_keys":"off""#,
+            r#","foreign_keys":false"#,
+            r#","foreign_keys":"checked_at_commit","read_only":true"#,
+        ] {
+            let err = parse(&format!("{one}{bad}}}")).unwrap_err();
+            assert_eq!(err.code, ErrorCode::BadRequest, "{bad}");
+        }
     }
 
     #[test]

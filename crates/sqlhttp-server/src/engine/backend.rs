@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use crate::api_error::ApiError;
-use crate::batch_request::BatchRequest;
+use crate::batch_request::{BatchRequest, ForeignKeys};
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
 use crate::engine::postgres::PgEngine;
@@ -108,7 +108,10 @@ impl Backend {
     pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
         match self {
             Backend::Sqlite(engine) => engine.batch(batch).await,
-            Backend::Postgres(engine) => engine.batch(batch).await,
+            Backend::Postgres(engine) => {
+                only_enforced(&batch)?;
+                engine.batch(batch).await
+            }
         }
     }
 
@@ -128,6 +131,7 @@ impl Backend {
                     .await
             }
             Backend::Postgres(engine) => {
+                only_enforced(&batch)?;
                 engine
                     .batch_with_key(ttl, key, request_hash, batch, guard)
                     .await
@@ -166,5 +170,18 @@ impl Backend {
             Backend::Sqlite(engine) => engine.close().await,
             Backend::Postgres(engine) => engine.close().await,
         }
+    }
+}
+
+/// PostgreSQL enforces foreign keys as declared: it alters tables in place, so no batch needs
+/// them off (and `SET CONSTRAINTS` defers checks only, never `ON DELETE` actions).
+fn only_enforced(batch: &BatchRequest) -> Result<(), ApiError> {
+    match batch.foreign_keys {
+        ForeignKeys::Enforced => Ok(()),
+        ForeignKeys::CheckedAtCommit => Err(ApiError::bad_request(
+            "`foreign_keys: checked_at_commit` is for SQLite, whose table rebuilds drop tables \
+             that others refer to; PostgreSQL alters tables in place and enforces foreign keys \
+             as declared: leave it out",
+        )),
     }
 }

@@ -7,15 +7,20 @@
 //! every statement sees one snapshot, and a statement that could write is refused
 //! (`403 READ_ONLY`) before it runs. Every statement goes through `exec::execute`, so through the
 //! sandbox and the result limit; the job's statement timeout and cancellation cover the whole
-//! batch, checked between statements too. Knows nothing about HTTP.
+//! batch, checked between statements too. A batch with `foreign_keys: checked_at_commit` runs
+//! with SQLite's foreign keys off (set outside the transaction, where SQLite takes it) and
+//! checks every key before it commits. Knows nothing about HTTP.
 
 use std::time::Duration;
 
-use crate::api_error::ApiError;
-use crate::batch_request::BatchRequest;
+use rusqlite::OptionalExtension as _;
+
+use crate::api_error::{ApiError, ConstraintKind};
+use crate::batch_request::{BatchRequest, ForeignKeys};
 use crate::budget::Held;
 use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
 use crate::engine::connection::Conn;
+use crate::engine::errors::map_engine_error;
 use crate::engine::exec::{self, Access, Ran};
 use crate::engine::transaction::{self, Mode};
 use crate::engine::{Buffering, Engine, Outcome, idempotency};
@@ -33,7 +38,9 @@ impl Engine {
         let buffering = self.buffering.clone();
         let (body, held) = Self::run(pool, move |conn| {
             let mut held = buffering.start()?;
-            let body = in_transaction(conn, mode, &batch.statements)?;
+            let body = with_foreign_keys(conn, batch.foreign_keys, |conn| {
+                in_transaction(conn, mode, &batch.statements, batch.foreign_keys)
+            })?;
             Buffering::keep(&mut held, body.len());
             Ok((body, held))
         })
@@ -55,8 +62,13 @@ impl Engine {
         Self::run(&self.writer, move |writer| {
             let _guard = guard;
             let mut held = buffering.start()?;
-            let outcome = idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
-                run_statements(conn, &batch.statements, Access::ReadWrite)
+            let foreign_keys = batch.foreign_keys;
+            let outcome = with_foreign_keys(writer, foreign_keys, |writer| {
+                idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
+                    let body = run_statements(conn, &batch.statements, Access::ReadWrite)?;
+                    check_foreign_keys(conn, foreign_keys)?;
+                    Ok(body)
+                })
             })?;
             Buffering::keep(&mut held, outcome.body.len());
             Ok((outcome, held))
@@ -65,18 +77,24 @@ impl Engine {
     }
 }
 
-/// Runs the statements inside a transaction of `mode`, committing only if all succeed.
+/// Runs the statements inside a transaction of `mode`, committing only if all succeed (and,
+/// with foreign keys checked at commit, every key holds).
 fn in_transaction(
     conn: &mut Conn,
     mode: Mode,
     statements: &[SqlRequest],
+    foreign_keys: ForeignKeys,
 ) -> Result<Vec<u8>, ApiError> {
     let access = match mode {
         Mode::Read => Access::ReadOnly,
         Mode::Write => Access::ReadWrite,
     };
     transaction::begin(&conn.conn, mode)?;
-    match run_statements(conn, statements, access) {
+    let ran = run_statements(conn, statements, access).and_then(|body| {
+        check_foreign_keys(conn, foreign_keys)?;
+        Ok(body)
+    });
+    match ran {
         Ok(body) => {
             transaction::commit(&conn.conn)?;
             Ok(body)
@@ -85,6 +103,63 @@ fn in_transaction(
             transaction::rollback(&conn.conn);
             Err(err)
         }
+    }
+}
+
+/// Runs `run` with foreign keys as `foreign_keys` says: for [`ForeignKeys::CheckedAtCommit`],
+/// off while it runs (`run` checks them before it commits: [`check_foreign_keys`]) and on again
+/// afterwards, whatever happened; a connection on which they cannot be put back on is replaced
+/// after its job.
+fn with_foreign_keys<T>(
+    conn: &mut Conn,
+    foreign_keys: ForeignKeys,
+    run: impl FnOnce(&mut Conn) -> Result<T, ApiError>,
+) -> Result<T, ApiError> {
+    if foreign_keys == ForeignKeys::Enforced {
+        return run(conn);
+    }
+    // The server's own statement: not compiled as a client's, so the sandbox lets it be.
+    conn.conn
+        .execute_batch("PRAGMA foreign_keys = OFF")
+        .map_err(map_engine_error)?;
+    let result = run(conn);
+    let restored = conn.conn.is_autocommit()
+        && conn.conn.execute_batch("PRAGMA foreign_keys = ON").is_ok()
+        && conn
+            .conn
+            .query_row("PRAGMA foreign_keys", [], |row| row.get::<_, i64>(0))
+            .is_ok_and(|on| on == 1);
+    if !restored {
+        tracing::error!("cannot turn foreign keys back on after a batch; replacing the connection");
+        conn.hooks.poison();
+    }
+    result
+}
+
+/// With foreign keys checked at commit, checks every key inside the open transaction: a row
+/// that refers to a row its parent table does not have fails the batch (nothing of it is
+/// applied).
+fn check_foreign_keys(conn: &Conn, foreign_keys: ForeignKeys) -> Result<(), ApiError> {
+    if foreign_keys == ForeignKeys::Enforced {
+        return Ok(());
+    }
+    let violation = conn
+        .conn
+        .query_row("PRAGMA foreign_key_check", [], |row| {
+            Ok((row.get::<_, String>(0)?, row.get::<_, String>(2)?))
+        })
+        .optional()
+        .map_err(map_engine_error)?;
+    match violation {
+        None => Ok(()),
+        Some((table, parent)) => Err(ApiError::constraint(
+            Some(ConstraintKind::ForeignKey),
+            format!(
+                "FOREIGN KEY constraint failed: a row of `{table}` refers to a row `{parent}` \
+                 does not have, checked when the batch was to commit (foreign_keys: \
+                 checked_at_commit); nothing of the batch was applied"
+            ),
+        )),
     }
 }
 
@@ -148,6 +223,7 @@ mod tests {
         BatchRequest {
             statements: sqls.iter().map(|sql| statement(sql, vec![])).collect(),
             read_only,
+            foreign_keys: ForeignKeys::Enforced,
         }
     }
 

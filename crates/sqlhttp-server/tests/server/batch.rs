@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
 use crate::common::{Reply, app_with, batch_with, memory_app, ok, post_json, send};
+use crate::postgres::postgres_app;
 
 const BATCH: &str = "/api/v1/batch";
 
@@ -351,4 +352,102 @@ async fn a_client_that_goes_away_rolls_its_batch_back() {
         "the abandoned batch was rolled back"
     );
     handle.shutdown().await;
+}
+
+/// `foreign_keys: checked_at_commit` on SQLite: no `ON DELETE` action fires while the
+/// statements run (a table rebuild keeps the rows that refer to it), every key is checked
+/// before the commit (a row left referring to nothing fails the batch, nothing applied, with
+/// or without a key), and the next statement runs with foreign keys enforced again.
+#[tokio::test]
+async fn foreign_keys_checked_at_commit_let_a_table_be_rebuilt() {
+    let router = memory_app();
+    for sql in [
+        "CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT)",
+        "CREATE TABLE posts (id INTEGER PRIMARY KEY, author INTEGER REFERENCES authors ON DELETE CASCADE)",
+        "INSERT INTO authors VALUES (1, 'ann')",
+        "INSERT INTO posts VALUES (10, 1), (11, 1)",
+    ] {
+        ok(&router, sql, json!([])).await;
+    }
+    let rebuild = [
+        "CREATE TABLE authors_new (id INTEGER PRIMARY KEY, name TEXT NOT NULL)",
+        "INSERT INTO authors_new SELECT id, name FROM authors",
+        "DROP TABLE authors",
+        "ALTER TABLE authors_new RENAME TO authors",
+    ];
+    let mut body = statements(&rebuild);
+    body["foreign_keys"] = json!("checked_at_commit");
+    let rebuilt = batch(&router, &body).await;
+    assert_eq!(rebuilt.status, 200, "{}", rebuilt.json());
+    let posts = ok(&router, "SELECT count(*) FROM posts", json!([])).await;
+    assert_eq!(posts["rows"], json!([[2]]), "the rebuild cascaded");
+
+    // Enforced again: an orphan is refused at once.
+    let orphan = crate::common::sql(&router, "INSERT INTO posts VALUES (12, 99)", json!([])).await;
+    assert_eq!(orphan.status, 409, "{}", orphan.json());
+
+    // A batch that leaves an orphan is refused at commit, whole, keyed or not.
+    for key in [None, Some("fk-check-1")] {
+        let mut body = statements(&[
+            "CREATE TABLE gone (x INTEGER)",
+            "DELETE FROM authors WHERE id = 1",
+        ]);
+        body["foreign_keys"] = json!("checked_at_commit");
+        let headers: Vec<(&str, &str)> = key.iter().map(|k| ("idempotency-key", *k)).collect();
+        let refused = batch_with(&router, &headers, &body).await;
+        assert_eq!(refused.status, 409, "{}", refused.json());
+        assert_eq!(refused.json()["error"]["constraint"], "foreign_key");
+        let tables = ok(
+            &router,
+            "SELECT count(*) FROM sqlite_schema WHERE name = 'gone'",
+            json!([]),
+        )
+        .await;
+        assert_eq!(tables["rows"], json!([[0]]), "nothing of it was applied");
+    }
+    // Without the option, the same rebuild cascades as SQLite does.
+    let cascaded = batch(
+        &router,
+        &statements(&[
+            "CREATE TABLE authors_old (id INTEGER PRIMARY KEY, name TEXT)",
+            "INSERT INTO authors_old SELECT id, name FROM authors",
+            "DROP TABLE authors",
+            "ALTER TABLE authors_old RENAME TO authors",
+        ]),
+    )
+    .await;
+    assert_eq!(cascaded.status, 200, "{}", cascaded.json());
+    let posts = ok(&router, "SELECT count(*) FROM posts", json!([])).await;
+    assert_eq!(posts["rows"], json!([[0]]));
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn foreign_keys_checked_at_commit_are_refused_on_postgres() {
+    let router = postgres_app!(
+        "foreign_keys_checked_at_commit_are_refused_on_postgres",
+        |_| {}
+    );
+    let mut body = statements(&["CREATE TABLE t (x INTEGER)"]);
+    body["foreign_keys"] = json!("checked_at_commit");
+    let refused = batch(&router, &body).await;
+    assert_eq!(refused.status, 400, "{}", refused.json());
+    assert!(
+        refused.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("PostgreSQL"),
+        "{}",
+        refused.json()
+    );
+    let none = ok(
+        &router,
+        "SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 't'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(none["rows"], json!([[0]]));
 }
