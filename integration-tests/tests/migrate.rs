@@ -156,9 +156,11 @@ async fn a_cut_before_the_server_saw_a_migration_leaves_the_previous_version() {
 
         let proxy = server.proxy().await;
         let client = one_attempt(server.proxied_client_builder(&proxy));
-        // The run asks whether the history exists, reads it (describe, select), then sends
-        // migration 2's batch: that request is cut before it reaches the server.
+        // The run asks whether the history exists, reads it (describe, select), asks which
+        // engine it is on, then sends migration 2's batch: that request is cut before it
+        // reaches the server.
         proxy.push_all([
+            Fault::Pass,
             Fault::Pass,
             Fault::Pass,
             Fault::Pass,
@@ -175,7 +177,7 @@ async fn a_cut_before_the_server_saw_a_migration_leaves_the_previous_version() {
         );
         assert_eq!(
             proxy.forwarded(),
-            3,
+            4,
             "{engine}: the batch never reached the server"
         );
         assert_eq!(
@@ -224,6 +226,7 @@ async fn a_lost_answer_is_settled_by_the_key_and_the_history_never_twice() {
             Fault::Pass, // CREATE TABLE sqlhttp_migrations
             Fault::Pass, // describe
             Fault::Pass, // select
+            Fault::Pass, // the engine
             Fault::DropAfterForward,
         ]);
         let error = migrator(&three()[..1]).run(&once).await.unwrap_err();
@@ -244,6 +247,7 @@ async fn a_lost_answer_is_settled_by_the_key_and_the_history_never_twice() {
             .build()
             .unwrap();
         proxy.push_all([
+            Fault::Pass,
             Fault::Pass,
             Fault::Pass,
             Fault::Pass,
@@ -708,4 +712,77 @@ async fn a_run_racing_a_revert_leaves_a_history_that_matches_the_schema() {
         );
         assert_eq!(applied(3), has_table(&client, "filled").await, "{engine}");
     }
+}
+
+#[tokio::test]
+async fn on_sqlite_a_table_rebuild_keeps_the_rows_that_refer_to_it() {
+    let server = TestServer::start().await;
+    let client = server.client();
+    let migrator = Migrator::from_files([
+        (
+            "0001_authors.sql",
+            "CREATE TABLE authors (id INTEGER PRIMARY KEY, name TEXT);\n\
+             CREATE TABLE posts (id INTEGER PRIMARY KEY, author INTEGER REFERENCES authors ON DELETE CASCADE);\n\
+             INSERT INTO authors VALUES (1, 'ann');\n\
+             INSERT INTO posts VALUES (10, 1), (11, 1);\n",
+        ),
+        (
+            // SQLite's twelve-step rebuild: name becomes NOT NULL.
+            "0002_rebuild_authors.sql",
+            "CREATE TABLE authors_new (id INTEGER PRIMARY KEY, name TEXT NOT NULL);\n\
+             INSERT INTO authors_new SELECT id, name FROM authors;\n\
+             DROP TABLE authors;\n\
+             ALTER TABLE authors_new RENAME TO authors;\n",
+        ),
+    ])
+    .unwrap();
+    migrator.run(&client).await.unwrap();
+    let posts: i64 = client
+        .query("SELECT count(*) FROM posts")
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(posts, 2, "the rebuild did not cascade into posts");
+    // Foreign keys are enforced again afterwards.
+    let orphan = client
+        .execute("INSERT INTO posts VALUES (12, 99)")
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(orphan.kind(), ErrorKind::ConstraintViolation { .. }),
+        "{orphan:?}"
+    );
+    // A migration that leaves a row referring to nothing is refused whole, at commit.
+    let dangling = Migrator::from_files([
+        (
+            "0001_authors.sql",
+            migrator.migrations()[0].up_sql().to_owned(),
+        ),
+        (
+            "0002_rebuild_authors.sql",
+            migrator.migrations()[1].up_sql().to_owned(),
+        ),
+        (
+            "0003_drop_ann.sql",
+            "CREATE TABLE gone (x INTEGER);\nDELETE FROM authors WHERE id = 1;\n".to_owned(),
+        ),
+    ])
+    .unwrap();
+    let error = dangling.run(&client).await.unwrap_err();
+    let source = error.client_error().expect("the server's answer");
+    assert!(
+        matches!(source.kind(), ErrorKind::ConstraintViolation { .. }),
+        "{error:?}"
+    );
+    assert!(error.to_string().contains("0003_drop_ann.sql"), "{error}");
+    assert!(
+        !has_table(&client, "gone").await,
+        "nothing of it was applied"
+    );
+    let authors: i64 = client
+        .query("SELECT count(*) FROM authors")
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(authors, 1);
 }

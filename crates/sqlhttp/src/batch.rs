@@ -64,6 +64,11 @@ pub(crate) fn check_limits(
 
 /// `{"statements":[<body>,...],"read_only":<bool>}`, each body a `POST /api/v1/sql` request body.
 pub(crate) fn encode(bodies: &[Bytes], read_only: bool) -> Bytes {
+    encode_with(bodies, read_only, false)
+}
+
+/// [`encode`], with `"foreign_keys":"checked_at_commit"` when `keys_at_commit`.
+fn encode_with(bodies: &[Bytes], read_only: bool, keys_at_commit: bool) -> Bytes {
     let size = bodies.iter().map(|b| b.len() + 1).sum::<usize>() + 48;
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(b"{\"statements\":[");
@@ -74,10 +79,14 @@ pub(crate) fn encode(bodies: &[Bytes], read_only: bool) -> Bytes {
         out.extend_from_slice(body);
     }
     out.extend_from_slice(if read_only {
-        b"],\"read_only\":true}"
+        b"],\"read_only\":true"
     } else {
-        b"],\"read_only\":false}"
+        b"],\"read_only\":false"
     });
+    if keys_at_commit {
+        out.extend_from_slice(b",\"foreign_keys\":\"checked_at_commit\"");
+    }
+    out.push(b'}');
     Bytes::from(out)
 }
 
@@ -179,6 +188,7 @@ pub struct Batch {
     client: Client,
     statements: Vec<Statement>,
     read_only: bool,
+    keys_at_commit: bool,
     /// `bind` was called before any `statement`.
     stray_bind: bool,
     options: CallOptions,
@@ -194,6 +204,7 @@ impl Batch {
             client,
             statements: Vec::new(),
             read_only: false,
+            keys_at_commit: false,
             stray_bind: false,
             options: CallOptions::default(),
         }
@@ -221,6 +232,33 @@ impl Batch {
     /// ([`ErrorKind::ReadOnly`]), and the class of a **read** (retried by default, no idempotency key).
     pub fn read_only(mut self) -> Self {
         self.read_only = true;
+        self
+    }
+
+    /// On SQLite, runs the batch with foreign keys off (no `ON DELETE`/`ON UPDATE` actions, no
+    /// checks while its statements run) and checks every key once, before it commits: a row
+    /// left referring to a missing parent fails the batch with [`ErrorKind::ConstraintViolation`]
+    /// and nothing of it is applied. This is what SQLite's table rebuild (create the new table,
+    /// copy, drop the old one, rename) needs: with foreign keys on, dropping the old table
+    /// deletes its rows first, which fires the actions of the tables that refer to it
+    /// (`CASCADE` deletes their rows). PostgreSQL alters tables in place; the server refuses
+    /// this there (`400`). Not for a read-only batch.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// client
+    ///     .batch()
+    ///     .statement("CREATE TABLE authors_new (id INTEGER PRIMARY KEY, name TEXT NOT NULL)")
+    ///     .statement("INSERT INTO authors_new SELECT id, name FROM authors")
+    ///     .statement("DROP TABLE authors") // posts REFERENCES authors ON DELETE CASCADE keep their rows
+    ///     .statement("ALTER TABLE authors_new RENAME TO authors")
+    ///     .foreign_keys_checked_at_commit()
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn foreign_keys_checked_at_commit(mut self) -> Self {
+        self.keys_at_commit = true;
         self
     }
 
@@ -265,6 +303,11 @@ impl Batch {
                     .to_owned(),
             }));
         }
+        if self.read_only && self.keys_at_commit {
+            return Err(Error::config(
+                "a read-only batch changes nothing: foreign_keys_checked_at_commit is for writes",
+            ));
+        }
         if self.read_only && self.options.idempotency_key.is_some() {
             return Err(Error::config(
                 "a read-only batch is a read: it applies nothing, so it carries no idempotency key",
@@ -295,7 +338,7 @@ impl Batch {
                 .encode()
             })
             .collect();
-        let body = encode(&bodies, self.read_only);
+        let body = encode_with(&bodies, self.read_only, self.keys_at_commit);
         check_limits(count, body.len(), self.client.batch_limits()).map_err(|message| {
             Error::new(ErrorKind::PayloadTooLarge {
                 message: format!("the batch cannot be sent: {message}"),
@@ -362,6 +405,7 @@ impl fmt::Debug for Batch {
         f.debug_struct("Batch")
             .field("statements", &self.statements)
             .field("read_only", &self.read_only)
+            .field("foreign_keys_checked_at_commit", &self.keys_at_commit)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -380,6 +424,15 @@ mod tests {
         assert_eq!(
             &encode(&bodies, true)[..],
             br#"{"statements":[{"sql":"SELECT 1"},{"sql":"SELECT ?","params":[2]}],"read_only":true}"#
+        );
+    }
+
+    #[test]
+    fn foreign_keys_checked_at_commit_are_said_once() {
+        let bodies = [Bytes::from_static(br#"{"sql":"SELECT 1"}"#)];
+        assert_eq!(
+            &encode_with(&bodies, false, true)[..],
+            br#"{"statements":[{"sql":"SELECT 1"}],"read_only":false,"foreign_keys":"checked_at_commit"}"#
         );
     }
 

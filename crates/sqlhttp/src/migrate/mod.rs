@@ -428,6 +428,7 @@ impl Migrator {
         let mut state = self.read(&history, client).await?;
         let limit = client.batch_limits().max_statements;
         self.plan(&state, limit)?;
+        let keys_at_commit = on_sqlite(client).await?;
         let mut report = MigrateReport {
             applied: Vec::new(),
             version: state.applied().map(|event| event.version).max(),
@@ -446,6 +447,7 @@ impl Migrator {
                 seq: state.next_seq(migration.version()),
                 event: state.next_event(),
                 statements: statements_of(migration.source(), migration.up_sql(), limit)?,
+                keys_at_commit,
             };
             let started = Instant::now();
             match self.send(client, &history, &step).await? {
@@ -538,6 +540,7 @@ impl Migrator {
             direction: Direction::Down,
             seq: state.next_seq(migration.version()),
             event: state.next_event(),
+            keys_at_commit: on_sqlite(client).await?,
         };
         match self.send(client, &history, &step).await? {
             Sent::Committed => Ok(Some(Reverted {
@@ -698,6 +701,9 @@ impl Migrator {
             for statement in &step.statements {
                 batch = batch.statement(statement.sql.clone());
             }
+            if step.keys_at_commit {
+                batch = batch.foreign_keys_checked_at_commit();
+            }
             let error = match batch.idempotency_key(key.clone()).retry_writes(true).await {
                 Ok(_) => return Ok(Sent::Committed),
                 Err(error) => error,
@@ -774,6 +780,8 @@ struct Step<'a> {
     seq: u64,
     event: u64,
     statements: Vec<ScriptStatement>,
+    /// The engine is SQLite: foreign keys are checked at commit (see [`on_sqlite`]).
+    keys_at_commit: bool,
 }
 
 impl Step<'_> {
@@ -790,6 +798,25 @@ impl Step<'_> {
             applied_at: String::new(),
             duration_ms: None,
         }
+    }
+}
+
+/// Whether the server's engine is SQLite (it knows `sqlite_version()`), where migrations run
+/// with foreign keys checked at commit: a table rebuild (create, copy, drop, rename) must not
+/// fire the `ON DELETE` actions of the tables that refer to the dropped one, and SQLite ignores
+/// `PRAGMA foreign_keys` inside the migration's transaction (ADR 0031).
+async fn on_sqlite(client: &Client) -> Result<bool, MigrateError> {
+    match client
+        .query("SELECT sqlite_version()")
+        .fetch_one::<String>()
+        .await
+    {
+        Ok(_) => Ok(true),
+        Err(error) if matches!(error.kind(), ErrorKind::Sql { .. }) => Ok(false),
+        Err(error) => Err(MigrateError::Client {
+            context: "cannot tell the server's engine".to_owned(),
+            source: error,
+        }),
     }
 }
 
