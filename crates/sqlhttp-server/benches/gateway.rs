@@ -1,0 +1,399 @@
+//! `sqlhttpd` beside the HTTP gateway a user would write by hand instead, on the same engine, in
+//! the same process and the same run: point reads (`SELECT k, v FROM kv WHERE k = ?` over 10 000
+//! rows) at 64 in flight over loopback, and the ratio of requests per second.
+//!
+//! The hand-written gateways are what fifty lines of axum give: on SQLite, rusqlite with a
+//! connection per blocking thread and `prepare_cached`; on PostgreSQL, deadpool-postgres with 16
+//! connections and `prepare_cached`; each parses `{"sql", "params"}` and writes
+//! `{"columns", "rows"}` with serde_json. They have no sandbox, no limits, no auth, no metrics and
+//! no request ids; `sqlhttpd` runs with all of those on (a bearer token included).
+//!
+//! Each side serves in turn, three rounds of four seconds after a warm-up, and the best round of
+//! each counts; the load generator (reqwest, 64 tasks) runs in the same process for both. The
+//! targets (issue 22) are at least 0.8x the gateway on SQLite and 0.7x on PostgreSQL.
+//!
+//! Run with `cargo bench -p sqlhttp-server --bench gateway`, and with
+//! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres)` for PostgreSQL too (a superuser's URL
+//! on loopback; the bench makes a database of its own and drops it). `SQLHTTPD_GATEWAY_SECONDS`
+//! sets a round's length.
+
+use std::cell::RefCell;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::extract::State;
+use axum::routing::post;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use sqlhttp_server::{Config, Database, Server};
+
+const IN_FLIGHT: usize = 64;
+const ROWS: i64 = 10_000;
+const ROUNDS: usize = 3;
+const TOKEN: &str = "gateway-bench-token";
+
+#[derive(Deserialize)]
+struct SqlBody {
+    sql: String,
+    #[serde(default)]
+    params: Vec<Value>,
+}
+
+fn round_length() -> Duration {
+    let seconds = std::env::var("SQLHTTPD_GATEWAY_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<f64>().ok())
+        .filter(|s| *s > 0.0)
+        .unwrap_or(4.0);
+    Duration::from_secs_f64(seconds)
+}
+
+/// A request body of one piece, for the bare hyper client.
+struct Whole(Option<bytes::Bytes>);
+
+impl hyper::body::Body for Whole {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.0.take().map(|data| Ok(hyper::body::Frame::data(data))))
+    }
+}
+
+/// Reads a response body whole.
+async fn read_body(mut body: hyper::body::Incoming) -> Vec<u8> {
+    use hyper::body::Body as _;
+    let mut out = Vec::new();
+    while let Some(frame) =
+        std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx)).await
+    {
+        if let Ok(data) = frame.expect("a body frame").into_data() {
+            out.extend_from_slice(&data);
+        }
+    }
+    out
+}
+
+/// Requests per second of `addr` under [`IN_FLIGHT`] concurrent point reads for `length`, each
+/// on a keep-alive connection of its own, with `sql` (its placeholder as the server wants it)
+/// as a verified read; every answer is checked.
+async fn load(addr: SocketAddr, sql: &str, token: Option<&str>, length: Duration) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let deadline = started + length;
+    let mut tasks = Vec::new();
+    for task in 0..IN_FLIGHT {
+        let done = Arc::clone(&done);
+        let sql = sql.to_owned();
+        let authorization = token.map(|token| format!("Bearer {token}"));
+        tasks.push(tokio::spawn(async move {
+            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+            stream.set_nodelay(true).unwrap();
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+                    .await
+                    .unwrap();
+            tokio::spawn(connection);
+            let mut k = task as i64;
+            while Instant::now() < deadline {
+                k = (k * 7_919 + 13) % ROWS;
+                // What the SDK's `query` sends: a read the server verifies.
+                let body = json!({"sql": sql, "params": [k], "read_only": true}).to_string();
+                let mut request = http::Request::post("/api/v1/sql")
+                    .header("host", "127.0.0.1")
+                    .header("content-type", "application/json");
+                if let Some(authorization) = &authorization {
+                    request = request.header("authorization", authorization);
+                }
+                let request = request.body(Whole(Some(body.into()))).unwrap();
+                let response = sender
+                    .send_request(request)
+                    .await
+                    .expect("the server answers");
+                assert_eq!(response.status(), 200);
+                let text = read_body(response.into_body()).await;
+                let text = String::from_utf8(text).unwrap();
+                assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
+}
+
+/// Warms up, then runs [`ROUNDS`] rounds of each side alternately; the best of each.
+async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &str)) {
+    let length = round_length();
+    load(ours.0, ours.1, Some(TOKEN), Duration::from_secs(1)).await;
+    load(theirs.0, theirs.1, None, Duration::from_secs(1)).await;
+    let (mut best_ours, mut best_theirs) = (0.0_f64, 0.0_f64);
+    for round in 1..=ROUNDS {
+        let gateway = load(theirs.0, theirs.1, None, length).await;
+        let sqlhttpd = load(ours.0, ours.1, Some(TOKEN), length).await;
+        println!(
+            "  {engine} round {round}: hand-written gateway {gateway:>8.0} req/s, sqlhttpd \
+             {sqlhttpd:>8.0} req/s ({:.2}x)",
+            sqlhttpd / gateway
+        );
+        best_ours = best_ours.max(sqlhttpd);
+        best_theirs = best_theirs.max(gateway);
+    }
+    println!(
+        "{engine}: sqlhttpd {best_ours:.0} req/s, hand-written gateway {best_theirs:.0} req/s: \
+         {:.2}x (best rounds, {IN_FLIGHT} in flight)",
+        best_ours / best_theirs
+    );
+}
+
+async fn serve(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    addr
+}
+
+// ---- SQLite ---------------------------------------------------------------------------------
+
+thread_local! {
+    static SQLITE: RefCell<Option<rusqlite::Connection>> = const { RefCell::new(None) };
+}
+
+fn sqlite_rows(path: &str, body: &SqlBody) -> Result<Value, String> {
+    SQLITE.with(|cell| {
+        let mut cell = cell.borrow_mut();
+        if cell.is_none() {
+            let connection = rusqlite::Connection::open(path).map_err(|e| e.to_string())?;
+            *cell = Some(connection);
+        }
+        let connection = cell.as_ref().unwrap();
+        let mut statement = connection
+            .prepare_cached(&body.sql)
+            .map_err(|e| e.to_string())?;
+        let columns: Vec<String> = statement
+            .column_names()
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        let params: Vec<rusqlite::types::Value> = body
+            .params
+            .iter()
+            .map(|p| match p {
+                Value::Number(n) if n.is_i64() => {
+                    rusqlite::types::Value::Integer(n.as_i64().unwrap())
+                }
+                Value::Number(n) => rusqlite::types::Value::Real(n.as_f64().unwrap_or_default()),
+                Value::String(s) => rusqlite::types::Value::Text(s.clone()),
+                _ => rusqlite::types::Value::Null,
+            })
+            .collect();
+        let mut rows = statement
+            .query(rusqlite::params_from_iter(params))
+            .map_err(|e| e.to_string())?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(|e| e.to_string())? {
+            let mut cells = Vec::with_capacity(columns.len());
+            for index in 0..columns.len() {
+                cells.push(match row.get_ref(index).map_err(|e| e.to_string())? {
+                    rusqlite::types::ValueRef::Null => Value::Null,
+                    rusqlite::types::ValueRef::Integer(i) => json!(i),
+                    rusqlite::types::ValueRef::Real(r) => json!(r),
+                    rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
+                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                });
+            }
+            out.push(Value::Array(cells));
+        }
+        Ok(json!({"columns": columns, "rows": out}))
+    })
+}
+
+async fn sqlite_gateway(path: Arc<str>) -> SocketAddr {
+    async fn handle(State(path): State<Arc<str>>, Json(body): Json<SqlBody>) -> Json<Value> {
+        let answer = tokio::task::spawn_blocking(move || sqlite_rows(&path, &body))
+            .await
+            .unwrap();
+        Json(answer.unwrap_or_else(|error| json!({"error": error})))
+    }
+    serve(
+        axum::Router::new()
+            .route("/api/v1/sql", post(handle))
+            .with_state(path),
+    )
+    .await
+}
+
+async fn sqlite() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.db");
+    {
+        let connection = rusqlite::Connection::open(&path).unwrap();
+        connection
+            .execute_batch(
+                "PRAGMA journal_mode = WAL; \
+                 CREATE TABLE kv (k INTEGER PRIMARY KEY, v TEXT NOT NULL);",
+            )
+            .unwrap();
+        let mut insert = connection
+            .prepare("INSERT INTO kv VALUES (?, 'v' || ?)")
+            .unwrap();
+        for k in 0..ROWS {
+            insert.execute((k, k)).unwrap();
+        }
+    }
+    let server = Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database: Database::File(path.clone()),
+        tokens: vec![TOKEN.to_owned()],
+        ..Config::default()
+    })
+    .await
+    .unwrap()
+    .spawn();
+    let gateway = sqlite_gateway(Arc::from(path.to_str().unwrap())).await;
+    let sql = "SELECT k, v FROM kv WHERE k = ?";
+    compare("SQLite", (server.local_addr(), sql), (gateway, sql)).await;
+    server.shutdown().await;
+}
+
+// ---- PostgreSQL -----------------------------------------------------------------------------
+
+async fn postgres_gateway(url: &str) -> SocketAddr {
+    let config: tokio_postgres::Config = url.parse().unwrap();
+    let manager = deadpool_postgres::Manager::from_config(
+        config,
+        tokio_postgres::NoTls,
+        deadpool_postgres::ManagerConfig {
+            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
+        },
+    );
+    let pool = deadpool_postgres::Pool::builder(manager)
+        .max_size(16)
+        .build()
+        .unwrap();
+    async fn handle(
+        State(pool): State<deadpool_postgres::Pool>,
+        Json(body): Json<SqlBody>,
+    ) -> Json<Value> {
+        let answer = async {
+            let client = pool.get().await.map_err(|e| e.to_string())?;
+            let statement = client
+                .prepare_cached(&body.sql)
+                .await
+                .map_err(|e| e.to_string())?;
+            let params: Vec<i64> = body.params.iter().filter_map(Value::as_i64).collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                .iter()
+                .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            let rows = client
+                .query(&statement, &refs)
+                .await
+                .map_err(|e| e.to_string())?;
+            let columns: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|row| json!([row.get::<_, i64>(0), row.get::<_, String>(1)]))
+                .collect();
+            Ok::<Value, String>(json!({"columns": columns, "rows": rows}))
+        }
+        .await;
+        Json(answer.unwrap_or_else(|error| json!({"error": error})))
+    }
+    serve(
+        axum::Router::new()
+            .route("/api/v1/sql", post(handle))
+            .with_state(pool),
+    )
+    .await
+}
+
+async fn postgres(url: &str) {
+    let pid = std::process::id();
+    let database = format!("sqlhttp_gateway_{pid}");
+    let role = format!("gateway_client_{pid}");
+    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    admin
+        .batch_execute(&format!("CREATE DATABASE {database}"))
+        .await
+        .unwrap();
+    let (base, _) = url.split('?').next().unwrap().rsplit_once('/').unwrap();
+    let db_url = format!("{base}/{database}");
+    let Database::Postgres(server_url) = db_url.parse().unwrap() else {
+        unreachable!()
+    };
+    let server = Server::bind(Config {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database: Database::Postgres(server_url.with_client_role(&role).unwrap()),
+        tokens: vec![TOKEN.to_owned()],
+        ..Config::default()
+    })
+    .await
+    .unwrap()
+    .spawn();
+    // The table is the client role's, made through sqlhttpd as a user would; the gateway reads
+    // it as the cluster's superuser.
+    let http = reqwest::Client::new();
+    for sql in [
+        "CREATE TABLE kv (k BIGINT PRIMARY KEY, v TEXT NOT NULL)".to_owned(),
+        format!(
+            "INSERT INTO kv SELECT g, 'v' || g FROM generate_series(0, {}) AS g",
+            ROWS - 1
+        ),
+    ] {
+        let response = http
+            .post(format!("{}/api/v1/sql", server.url()))
+            .bearer_auth(TOKEN)
+            .header("content-type", "application/json")
+            .body(json!({"sql": sql}).to_string())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
+    }
+    let gateway = postgres_gateway(&db_url).await;
+    compare(
+        "PostgreSQL",
+        (server.local_addr(), "SELECT k, v FROM kv WHERE k = ?"),
+        (gateway, "SELECT k, v FROM kv WHERE k = $1"),
+    )
+    .await;
+    server.shutdown().await;
+    for statement in [
+        format!("DROP DATABASE {database} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {role}"),
+    ] {
+        if let Err(error) = admin.batch_execute(&statement).await {
+            eprintln!("{statement}: {error}");
+        }
+    }
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        println!(
+            "point reads, {IN_FLIGHT} in flight, best of {ROUNDS} rounds of {:?}",
+            round_length()
+        );
+        sqlite().await;
+        match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {
+            Ok(url) => postgres(&url).await,
+            Err(_) => println!("PostgreSQL: set SQLHTTPD_BENCH_POSTGRES_URL to compare it too"),
+        }
+    });
+}
