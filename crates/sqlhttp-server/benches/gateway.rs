@@ -180,7 +180,6 @@ fn sqlite_rows(path: &str, body: &SqlBody) -> Result<Value, String> {
             .map_err(|e| e.to_string())?;
         let columns: Vec<String> = statement
             .column_names()
-            .into_iter()
             .map(str::to_owned)
             .collect();
         let params: Vec<rusqlite::types::Value> = body
