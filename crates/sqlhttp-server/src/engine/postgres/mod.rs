@@ -9,10 +9,12 @@
 //!   statements see one snapshot), `ready` and `close`.
 //! - Each transaction sets `statement_timeout` to `--statement-timeout`; a request whose
 //!   requester goes away has its statement cancelled and its connection discarded.
-//! - The transaction that commits is checked to be the one the server opened, in the mode it
-//!   opened it (`transaction_timestamp()` taken at BEGIN and again before COMMIT, and
-//!   `transaction_read_only` for readers), whatever the text checks saw; the guard savepoint
-//!   carries a random name per request (ADR 0027).
+//! - The transaction that commits is checked to be the one the server opened
+//!   (`transaction_timestamp()` taken at BEGIN and checked again in COMMIT's own message),
+//!   whatever the text checks saw; the guard savepoint carries a random name per request (ADR
+//!   0027). Reads end with ROLLBACK. Each request takes three round trips: BEGIN, the statement
+//!   (prepared once per connection and cached: `run::prepare`), and its end with the session's
+//!   reset (ADR 0034).
 //! - The pool's connections run over `wire`'s stream, which fails a connection as soon as
 //!   PostgreSQL declares a row or cell past the server's limits (ADR 0028), before it arrives.
 //! - `placeholders` rewrites `?` into `$n`, `sqlstate` maps PostgreSQL's errors onto the
@@ -73,12 +75,12 @@ const STOP_WITHIN: Duration = Duration::from_secs(1);
 const GUARD_PREFIX: &str = "_sqlhttp_guard_";
 
 /// What [`Inner::begin`] saw of the transaction it opened, checked again before COMMIT.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 struct Opened {
-    /// `transaction_timestamp()`: a transaction a client's statements began after ending the
-    /// server's has another.
-    at: std::time::SystemTime,
-    mode: Mode,
+    /// `transaction_timestamp()` as seconds since the epoch (PostgreSQL's `numeric` text,
+    /// exact to the microsecond): a transaction a client's statements began after ending the
+    /// server's has another. Checked by `_sqlhttp.check_transaction` in the COMMIT's message.
+    at: String,
 }
 
 /// Expired idempotency keys are purged at most this often.
@@ -157,7 +159,13 @@ struct Lease {
     /// This request's guard savepoint (see [`GUARD_PREFIX`]).
     guard: String,
     /// The transaction the server opened, once it did.
-    opened: std::sync::OnceLock<Opened>,
+    opened: Mutex<Option<Opened>>,
+    /// Prepare every statement afresh, past the connection's cache (see `run::prepare`): the
+    /// second run of a request whose cached statement went stale.
+    fresh: AtomicBool,
+    /// A cached statement failed as a stale one does (see `run::prepare`): the request runs
+    /// once more, in a new transaction, with every statement prepared afresh.
+    stale: AtomicBool,
     /// How to log in beside the pool, to end a session the server gave up on (and where to
     /// send a cancel request).
     reaper: Arc<wire::Target>,
@@ -193,6 +201,22 @@ impl Lease {
             .as_ref()
             .map(|object| &***object)
             .expect("a live lease")
+    }
+
+    /// The connection's prepared statements, by text (see `run::prepare`).
+    fn cache(&self) -> &deadpool_postgres::StatementCache {
+        self.object
+            .as_ref()
+            .map(|object| &*object.statement_cache)
+            .expect("a live lease")
+    }
+
+    /// Whether a request that failed on this lease is to run once more: a cached statement
+    /// went stale (DDL changed what it reads) on its first run, before anything was sent. The
+    /// transaction it ran in has rolled back, so nothing of that run was kept; the second run
+    /// prepares every statement afresh, as the server did before it cached any.
+    fn take_retry(&self) -> bool {
+        self.stale.swap(false, Ordering::AcqRel) && !self.fresh.swap(true, Ordering::AcqRel)
     }
 }
 
@@ -575,7 +599,9 @@ impl Inner {
             cancel_sent: AtomicBool::new(false),
             backend: AtomicI32::new(0),
             guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
-            opened: std::sync::OnceLock::new(),
+            opened: Mutex::new(None),
+            fresh: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
             reaper: Arc::clone(&self.reaper),
             cuts: Arc::clone(&self.cuts),
             _permit: permit,
@@ -637,111 +663,112 @@ impl Inner {
         }
     }
 
-    /// Opens the server's transaction on `lease`, in a session reset to its defaults (see
-    /// [`session::RESET`]): its mode and statement timeout.
+    /// Opens the server's transaction on `lease` (its mode and statement timeout), in one
+    /// message: `BEGIN` first, so a failure anywhere in it leaves no statement of the message
+    /// run outside the transaction. The session was reset when its last request ended (see
+    /// [`Inner::end`]) or when it logged in (`session::check_new`). A write opens the guard
+    /// savepoint, released just before COMMIT; a read ends with ROLLBACK, which cannot keep
+    /// anything, and needs neither the guard nor the check of [`Opened`].
     async fn begin(&self, lease: &Lease, mode: Mode) -> Result<(), ApiError> {
-        let opened_mode = mode;
-        let mode = match mode {
-            Mode::Write => "READ WRITE, ISOLATION LEVEL READ COMMITTED",
-            Mode::Read => "READ ONLY, ISOLATION LEVEL REPEATABLE READ",
+        let begin = match mode {
+            Mode::Write => format!(
+                "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                self.timeout_ms(),
+                lease.guard
+            ),
+            Mode::Read => format!(
+                "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
+                 SET LOCAL statement_timeout = {}; {OPENED}",
+                self.timeout_ms()
+            ),
         };
-        let client = lease.client();
-        // The guard savepoint is released just before COMMIT: had anything ended the server's
-        // transaction on the way, the release fails and the request with it.
-        let begin = format!(
-            "BEGIN {mode}; SET LOCAL statement_timeout = {}; SAVEPOINT {}",
-            self.timeout_ms(),
-            lease.guard
-        );
-        // The reset is a transaction of its own, so BEGIN may still set the isolation level;
-        // the three queries (the last names the session's backend and the transaction's start)
-        // go together, one round trip.
-        let (_, _, opened) = tokio::try_join!(
-            client.batch_execute(session::RESET),
-            client.batch_execute(&begin),
-            client.query_one(
-                "SELECT pg_catalog.pg_backend_pid(), pg_catalog.transaction_timestamp()",
-                &[]
-            )
-        )
-        .map_err(|e| self.map(e))?;
-        lease.backend.store(opened.get(0), Ordering::Release);
-        let _ = lease.opened.set(Opened {
-            at: opened.get(1),
-            mode: opened_mode,
-        });
-        Ok(())
-    }
-
-    /// Whether the transaction about to commit is the one [`Inner::begin`] opened, in the mode
-    /// it opened it: a client's statements may have ended it and begun another (`;COMMIT;
-    /// BEGIN`, had the text checks missed them), which must not commit in its place (ADR 0027).
-    async fn verify_transaction(&self, lease: &Lease) -> Result<(), Ending> {
-        let refused = || {
-            tracing::warn!("a request ended or changed the server's transaction; rolled back");
-            Ending::Tampered(ApiError::bad_request(format!(
-                "the request's statements ended or replaced the server's transaction: it was \
-                 rolled back and nothing was kept. {}",
-                crate::engine::sandbox::TRANSACTION_HINT
-            )))
-        };
-        let Some(opened) = lease.opened.get() else {
-            return Err(refused());
-        };
-        let now = lease
+        let answer = lease
             .client()
-            .query_one(
-                "SELECT pg_catalog.transaction_timestamp(), \
-                 pg_catalog.current_setting('transaction_read_only')",
-                &[],
-            )
+            .simple_query(&begin)
             .await
-            .map_err(Ending::Postgres)?;
-        let at: std::time::SystemTime = now.get(0);
-        let read_only = now.get::<_, &str>(1) == "on";
-        if at != opened.at || (opened.mode == Mode::Read && !read_only) {
-            return Err(refused());
+            .map_err(|e| self.map(e))?;
+        let opened = answer.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some((
+                row.get(0).and_then(|pid| pid.parse::<i32>().ok()),
+                row.get(1).map(str::to_owned),
+            )),
+            _ => None,
+        });
+        let Some((Some(pid), Some(at))) = opened else {
+            tracing::error!("BEGIN's answer did not name the session and the transaction");
+            return Err(ApiError::internal());
+        };
+        // The text goes back into the COMMIT's message as a literal: digits and a point only.
+        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            tracing::error!(at, "BEGIN's transaction start is not a number");
+            return Err(ApiError::internal());
         }
+        lease.backend.store(pid, Ordering::Release);
+        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
         Ok(())
     }
 
-    /// Ends the transaction: commits `result` when it is `Ok` (with the statement timeout set
+    /// Ends the transaction: a write that succeeded commits (with the statement timeout set
     /// again, which a client's function may have lowered, for the work COMMIT runs: deferred
-    /// triggers, cursors held past it), rolls back otherwise. The lease goes back to the pool
-    /// unless the connection is in doubt; past `--statement-timeout` and [`STOP_WITHIN`], the
-    /// end is abandoned and the connection discarded (its transaction rolls back).
-    async fn end<T>(&self, mut lease: Lease, result: Result<T, ApiError>) -> Result<T, ApiError> {
+    /// triggers, cursors held past it), after checking in the same message that the
+    /// transaction is still the one [`Inner::begin`] opened (the guard savepoint's release,
+    /// and `_sqlhttp.check_transaction`: a client's statements may have ended it and begun
+    /// another, `;COMMIT; BEGIN` had the text checks missed them, which must not commit in its
+    /// place: ADR 0027). Anything else rolls back: a failure, and every read (it wrote
+    /// nothing; a ROLLBACK cannot keep a replaced transaction either). The session's reset
+    /// ([`session::RESET`]) goes in the same round trip, after the transaction ended, so the
+    /// session goes back to the pool clean. The lease goes back to the pool unless the
+    /// connection is in doubt; past `--statement-timeout` and [`STOP_WITHIN`], the end is
+    /// abandoned and the connection discarded (its transaction rolls back).
+    async fn end<T>(
+        &self,
+        mut lease: Lease,
+        mode: Mode,
+        result: Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
         let client = lease.client();
-        // Deferred constraints and triggers run here, under the timeout, not in COMMIT; session
-        // advisory locks a client took end with its request.
-        let settle = format!(
-            "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
-             RELEASE SAVEPOINT {}",
-            self.timeout_ms(),
-            lease.guard
-        );
-        let rollback = "ROLLBACK; SELECT pg_catalog.pg_advisory_unlock_all()";
-        let commits = result.is_ok();
+        let commits = result.is_ok() && mode == Mode::Write;
+        let opened = lease
+            .opened
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
         let ending = async {
-            if !commits {
-                return client
-                    .batch_execute(rollback)
-                    .await
-                    .map_err(Ending::Postgres);
+            let end = match (&opened, commits) {
+                // Deferred constraints and triggers run here, under the timeout; session
+                // advisory locks a client took end with its request (the reset's unlock).
+                (Some(opened), true) => format!(
+                    "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+                     RELEASE SAVEPOINT {}; \
+                     SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
+                    self.timeout_ms(),
+                    lease.guard,
+                    opened.at
+                ),
+                (None, true) => return Err(Ending::Tampered(tampered())),
+                (_, false) => "ROLLBACK".to_owned(),
+            };
+            // One write: the reset runs once the transaction ended, whatever its end did.
+            let (ended, reset) = tokio::join!(
+                client.batch_execute(&end),
+                client.batch_execute(session::RESET)
+            );
+            match ended {
+                Err(e) if commits => {
+                    // Whatever transaction the session is in now is not to be kept.
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    if e.code()
+                        .is_some_and(|code| code.code() == TAMPERED_SQLSTATE)
+                    {
+                        return Err(Ending::Tampered(tampered()));
+                    }
+                    Err(Ending::Postgres(e))
+                }
+                Err(e) => Err(Ending::Postgres(e)),
+                // Ended as asked, but the session is not clean: not pooled again.
+                Ok(()) => reset.map_err(Ending::Reset),
             }
-            client
-                .batch_execute(&settle)
-                .await
-                .map_err(Ending::Postgres)?;
-            if let Err(tampered) = self.verify_transaction(&lease).await {
-                // Whatever transaction the session is in now is not the server's: it ends here.
-                let _ = client.batch_execute(rollback).await;
-                return Err(tampered);
-            }
-            client
-                .batch_execute("SELECT pg_catalog.pg_advisory_unlock_all(); COMMIT")
-                .await
-                .map_err(Ending::Postgres)
         };
         // A rollback is quick unless the session is stuck in work that ignores cancels: then
         // it is not waited for (the session is ended, which rolls back).
@@ -768,6 +795,13 @@ impl Inner {
                 lease.clean = true;
                 result
             }
+            Err(Ending::Reset(e)) => {
+                // The transaction ended as asked; the session is closed, not pooled.
+                tracing::warn!(error = %e, "cannot reset a session; closing it");
+                lease.retire();
+                lease.clean = true;
+                result
+            }
             // The statement's own error explains more than the failed rollback.
             Err(_) if result.is_err() => result,
             // The session is not reused (the lease is unclean): its state is the client's.
@@ -786,27 +820,50 @@ impl Inner {
         mode: Mode,
         sender: ChunkSender,
     ) -> Result<Option<Vec<u8>>, ApiError> {
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, mode).await {
-            return self.end(lease, Err(err)).await;
-        }
+        let mut lease = self.lease(job).await?;
         let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
         let must_stop = || job.is_cancelled();
         let mut sink = Sink::Stream(run::Chunks::new(&sender, &must_stop));
         let map = |e| self.map(e);
-        let written = self
-            .guarded(
-                job,
-                &lease,
-                1,
-                run::write_result(&lease, request, &self.limits, &mut out, &mut sink, &map),
-            )
-            .await;
-        let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
-        if !started {
-            return self.end(lease, written.map(|()| Some(out))).await;
+        loop {
+            if let Err(err) = self.begin(&lease, mode).await {
+                return self.end(lease, mode, Err(err)).await;
+            }
+            let written = self
+                .guarded(
+                    job,
+                    &lease,
+                    1,
+                    run::write_result(&lease, request, &self.limits, &mut out, &mut sink, &map),
+                )
+                .await;
+            let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
+            if !started && written.is_err() && lease.take_retry() {
+                // Nothing was sent: the first run is rolled back, and forgotten.
+                lease = self.again(lease).await?;
+                out.clear();
+                continue;
+            }
+            break self
+                .finish(lease, mode, written, started, out, sender)
+                .await;
         }
-        let ended = self.end(lease, written).await;
+    }
+
+    /// Ends a streamed statement's transaction (see [`Inner::stream`]).
+    async fn finish(
+        &self,
+        lease: Lease,
+        mode: Mode,
+        written: Result<(), ApiError>,
+        started: bool,
+        mut out: Vec<u8>,
+        sender: ChunkSender,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        if !started {
+            return self.end(lease, mode, written.map(|()| Some(out))).await;
+        }
+        let ended = self.end(lease, mode, written).await;
         if let Err(err) = ended {
             if sender.is_gone() {
                 // Nobody reads the body any more.
@@ -827,19 +884,25 @@ impl Inner {
         } else {
             Mode::Write
         };
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, mode).await {
-            return self.end(lease, Err(err)).await;
+        let mut lease = self.lease(job).await?;
+        loop {
+            if let Err(err) = self.begin(&lease, mode).await {
+                return self.end(lease, mode, Err(err)).await;
+            }
+            let ran = self
+                .guarded(
+                    job,
+                    &lease,
+                    batch.statements.len(),
+                    self.run_statements(&lease, &batch.statements),
+                )
+                .await;
+            if ran.is_err() && lease.take_retry() {
+                lease = self.again(lease).await?;
+                continue;
+            }
+            break self.end(lease, mode, ran).await;
         }
-        let ran = self
-            .guarded(
-                job,
-                &lease,
-                batch.statements.len(),
-                self.run_statements(&lease, &batch.statements),
-            )
-            .await;
-        self.end(lease, ran).await
     }
 
     async fn with_key(
@@ -851,10 +914,52 @@ impl Inner {
         work: Work<'_>,
     ) -> Result<Outcome, ApiError> {
         self.purge_if_due(job, ttl).await;
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, Mode::Write).await {
-            return self.end(lease, Err(err)).await;
+        let mut lease = self.lease(job).await?;
+        loop {
+            if let Err(err) = self.begin(&lease, Mode::Write).await {
+                return self.end(lease, Mode::Write, Err(err)).await;
+            }
+            let outcome = self
+                .keyed_once(job, &lease, ttl, key, request_hash, work)
+                .await;
+            if outcome.is_err() && lease.take_retry() {
+                lease = self.again(lease).await?;
+                continue;
+            }
+            break self.end(lease, Mode::Write, outcome).await;
         }
+    }
+
+    /// Rolls back a run of a request that is to run once more on `lease` (see
+    /// [`Lease::take_retry`]), and resets the session its statements may have changed, in one
+    /// round trip; a connection that cannot is discarded.
+    async fn again(&self, lease: Lease) -> Result<Lease, ApiError> {
+        let client = lease.client();
+        let undone = tokio::time::timeout(STOP_WITHIN, async {
+            let (rolled_back, reset) = tokio::join!(
+                client.batch_execute("ROLLBACK"),
+                client.batch_execute(session::RESET)
+            );
+            rolled_back.and(reset)
+        })
+        .await;
+        match undone {
+            Ok(Ok(())) => Ok(lease),
+            Ok(Err(e)) => Err(self.map(e)),
+            Err(_) => Err(ApiError::interrupted()),
+        }
+    }
+
+    /// One run of keyed work in the transaction open on `lease` (see [`Inner::with_key`]).
+    async fn keyed_once(
+        &self,
+        job: &Job,
+        lease: &Lease,
+        ttl: Duration,
+        key: &str,
+        request_hash: &[u8],
+        work: Work<'_>,
+    ) -> Result<Outcome, ApiError> {
         let client = lease.client();
         let map = |e| self.map(e);
         let run = async {
@@ -865,33 +970,31 @@ impl Inner {
                         limit: self.limits.max_result_bytes,
                     };
                     let limits = &self.limits;
-                    run::write_result(&lease, request, limits, &mut out, &mut sink, &map).await?;
+                    run::write_result(lease, request, limits, &mut out, &mut sink, &map).await?;
                     Ok(out)
                 }
-                Work::Batch(statements) => self.run_statements(&lease, statements).await,
+                Work::Batch(statements) => self.run_statements(lease, statements).await,
             }
         };
-        let outcome = self
-            .guarded(
-                job,
-                &lease,
-                match work {
-                    Work::Statement(_) => 1,
-                    Work::Batch(statements) => statements.len(),
-                },
-                // Boxed: the keyed work's future is large.
-                Box::pin(store::run_with_key(
-                    client,
-                    &self.store_key,
-                    ttl,
-                    key,
-                    request_hash,
-                    run,
-                    &map,
-                )),
-            )
-            .await;
-        self.end(lease, outcome).await
+        self.guarded(
+            job,
+            lease,
+            match work {
+                Work::Statement(_) => 1,
+                Work::Batch(statements) => statements.len(),
+            },
+            // Boxed: the keyed work's future is large.
+            Box::pin(store::run_with_key(
+                client,
+                &self.store_key,
+                ttl,
+                key,
+                request_hash,
+                run,
+                &map,
+            )),
+        )
+        .await
     }
 
     /// Runs the statements in order inside the open transaction and answers
@@ -988,8 +1091,29 @@ impl Inner {
 #[derive(Debug)]
 enum Ending {
     Postgres(tokio_postgres::Error),
-    /// It was not the server's transaction any more ([`Inner::verify_transaction`]).
+    /// It was not the server's transaction any more (see [`Inner::end`]).
     Tampered(ApiError),
+    /// The transaction ended as asked, but the session's reset after it failed.
+    Reset(tokio_postgres::Error),
+}
+
+/// What `BEGIN`'s message reads last: the session's backend (see [`Lease::backend`]) and the
+/// transaction's start (see [`Opened`]).
+const OPENED: &str = "SELECT pg_catalog.pg_backend_pid(), \
+EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
+
+/// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is
+/// not the one the server opened.
+const TAMPERED_SQLSTATE: &str = "SQLHT";
+
+/// The answer for a request whose statements ended or replaced the server's transaction.
+fn tampered() -> ApiError {
+    tracing::warn!("a request ended or changed the server's transaction; rolled back");
+    ApiError::bad_request(format!(
+        "the request's statements ended or replaced the server's transaction: it was rolled \
+         back and nothing was kept. {}",
+        crate::engine::sandbox::TRANSACTION_HINT
+    ))
 }
 
 fn shutting_down() -> ApiError {

@@ -16,11 +16,13 @@
 use std::future::poll_fn;
 use std::io::Write as _;
 use std::pin::pin;
+use std::sync::atomic::Ordering;
 
 use std::time::Instant;
 
 use bytes::Bytes;
 use futures_core::Stream as _;
+use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
 use crate::api_error::{ApiError, ErrorCode};
@@ -145,6 +147,42 @@ fn cut_answer(cut: wire::Cut, columns: &[tokio_postgres::Column], limits: &Limit
     }
 }
 
+/// The most statements a connection keeps prepared: past it, its cache is emptied (the
+/// statements are closed on the server), so a workload of ever new texts costs what it cost
+/// before statements were cached, a Parse each, and memory stays bounded on both sides.
+pub(crate) const CACHED_STATEMENTS: usize = 256;
+
+/// `sql` prepared on the lease's connection, from its cache when it was prepared there before
+/// (`true` with it: then it may have gone stale, see [`is_stale`]). A lease running a request
+/// a second time prepares afresh, past the cache. The session reset never deallocates these
+/// (they are the protocol's, not `PREPARE`'s: see `setup`'s `_sqlhttp.reset_session`).
+async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_postgres::Error> {
+    let client = lease.client();
+    if lease.fresh.load(Ordering::Acquire) {
+        return Ok((client.prepare(sql).await?, false));
+    }
+    let cache = lease.cache();
+    let before = cache.size();
+    let statement = cache.prepare(client, sql).await?;
+    let after = cache.size();
+    if after > CACHED_STATEMENTS {
+        cache.clear();
+    }
+    Ok((statement, after == before))
+}
+
+/// Whether executing a statement prepared earlier failed as one whose objects changed since
+/// does: `0A000` (`cached plan must not change result type`: a column's type or a table's
+/// columns changed), `26000` (the prepared statement is gone) and class `42` (its parameters'
+/// types no longer fit, an operator or function it used is gone). Running such a request again
+/// with a fresh Parse answers what the server answered before it cached statements.
+fn is_stale(e: &tokio_postgres::Error) -> bool {
+    e.code().is_some_and(|code| {
+        let code = code.code();
+        code == "0A000" || code == "26000" || code.starts_with("42")
+    })
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error. A cell larger than
@@ -166,11 +204,24 @@ pub(crate) async fn write_result(
         Some(cut) => cut_answer(cut, columns, limits),
         None => map(e),
     };
-    let statement = client
-        .prepare(&rewritten.sql)
+    let (statement, cached) = prepare(lease, &rewritten.sql)
         .await
         .map_err(|e| cut_or(&[], e))?;
     let map = |e| cut_or(statement.columns(), e);
+    // A cached statement that fails as a stale one does, before anything was written: the
+    // request runs again, prepared afresh (see `Lease::take_retry`).
+    let stale_or = |e: tokio_postgres::Error| {
+        if cached && is_stale(&e) {
+            tracing::debug!(error = %e, "a cached statement went stale; running the request again");
+            lease.stale.store(true, Ordering::Release);
+            lease.cache().clear();
+            return ApiError::unavailable(
+                "a prepared statement went stale (the schema changed) and the request could not \
+                 run again; retry",
+            );
+        }
+        map(e)
+    };
     let expected = statement.params().len();
     if expected != request.params.len() {
         return Err(ApiError::sql(format!(
@@ -185,7 +236,18 @@ pub(crate) async fn write_result(
     {
         return Err(types::unsupported(column.name(), column.type_()));
     }
-    let bound = types::bind(&request.params, statement.params())?;
+    let bound = match types::bind(&request.params, statement.params()) {
+        // The parameters' types are the cached statement's, which DDL may have changed since
+        // (a `bigint` column that is `text` now): a fresh Parse decides.
+        Err(_) if cached => {
+            lease.stale.store(true, Ordering::Release);
+            lease.cache().clear();
+            return Err(ApiError::unavailable(
+                "a prepared statement went stale (the schema changed); retry",
+            ));
+        }
+        bound => bound?,
+    };
 
     out.extend_from_slice(b"{\"columns\":[");
     for (index, column) in statement.columns().iter().enumerate() {
@@ -203,12 +265,12 @@ pub(crate) async fn write_result(
     let rows = client
         .query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql))
         .await
-        .map_err(map)?;
+        .map_err(stale_or)?;
     let mut rows = pin!(rows);
     let (max_value_bytes, max_row_bytes) = (limits.max_value_bytes, limits.max_result_bytes);
     let mut count: u64 = 0;
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
-        let row = row.map_err(map)?;
+        let row = row.map_err(|e| if count == 0 { stale_or(e) } else { map(e) })?;
         let sizes =
             (0..row.len()).map(|index| row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()));
         if sizes.clone().sum::<usize>() > RETIRE_AFTER_ROW_BYTES {

@@ -15,15 +15,17 @@ use tokio_postgres::error::SqlState;
 
 use super::setup::{self, RoleKeeper};
 
-/// Sent before every transaction: undoes whatever a client's function changed in the session
+/// Sent after every request's transaction ends, in the same round trip (and before a new
+/// session's first request): undoes whatever a client's function changed in the session
 /// for good (settings, the search path, temporary tables that would shadow the next client's,
 /// `currval`, prepared statements squatting the driver's statement names, advisory locks, held
 /// cursors, listens, a role set with `SET ROLE`, the random seed), so no request sees what
 /// another left behind. Not `DEALLOCATE ALL`: tokio-postgres keeps the statements that look
 /// user-defined types up for the connection's life, so `_sqlhttp.reset_session()` drops only
-/// the statements prepared from SQL text, and reseeds `random()` (see `setup`). It is
-/// pipelined with `BEGIN`, in the same round trip: resetting costs no measurable throughput
-/// (the load bench), where deadpool's `Clean` recycling, a round trip of its own, cost 15 %.
+/// the statements prepared from SQL text, and reseeds `random()` (see `setup`). It runs outside
+/// any transaction (a rollback would undo its transactional parts: `UNLISTEN`, `DISCARD
+/// TEMP`), pipelined with `COMMIT` or `ROLLBACK` in one write; a session whose reset failed is
+/// closed, not pooled, so a pooled session is always a reset one (ADR 0034).
 pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
 DISCARD TEMP; DISCARD SEQUENCES; SELECT _sqlhttp.reset_session(); \
 SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;";
@@ -44,6 +46,15 @@ const PLANTED_REMOVED: &str = "the client role's session defaults had been chang
 /// remove them, the connection is kept: refusing every connection would stop the server, and
 /// a client can plant only settings it may set in its own session. Returns why it was refused.
 pub(crate) async fn check_new(client: &Client, keeper: &RoleKeeper) -> Result<(), String> {
+    checked(client, keeper).await?;
+    // What the check set goes, as after every request: the first one starts reset too.
+    client
+        .batch_execute(RESET)
+        .await
+        .map_err(|e| format!("cannot reset a new connection: {e}"))
+}
+
+async fn checked(client: &Client, keeper: &RoleKeeper) -> Result<(), String> {
     // The role defaults this very session logged in with, read before anything is SET over
     // them: the role's defaults now may already be clean (another connection's check removed
     // them) while this session still runs with them, and RESET ALL would return to them.

@@ -51,7 +51,10 @@ pub(crate) const TEMP_FILE_LIMIT: &str = "1GB";
 /// every database or this one); every other default must be the baseline's.
 const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 
-/// What the server runs in every new session before it serves a request: forgets what a
+/// What the server runs in every session after each request (and in a new one before its
+/// first; `_sqlhttp.check_transaction(opened)` is what COMMIT's message checks the
+/// transaction with: its start, read at BEGIN, raising `SQLHT` when it is another's): forgets
+/// what a
 /// client left in the session that `RESET ALL` and `DISCARD` do not (see `session::RESET`),
 /// as the client role, in its own session. `DEALLOCATE ALL` would drop the statements
 /// tokio-postgres prepared to look types up (it keeps them for the connection's life), so only
@@ -72,7 +75,15 @@ BEGIN
             ::pg_catalog.float8,
         9223372036854775807::pg_catalog.float8));
 END $$;
-REVOKE ALL ON FUNCTION _sqlhttp.reset_session() FROM PUBLIC;";
+REVOKE ALL ON FUNCTION _sqlhttp.reset_session() FROM PUBLIC;
+CREATE OR REPLACE FUNCTION _sqlhttp.check_transaction(opened pg_catalog.numeric) RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    IF EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp()) IS DISTINCT FROM opened THEN
+        RAISE EXCEPTION 'not the transaction the server opened' USING ERRCODE = 'SQLHT';
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) FROM PUBLIC;";
 
 /// The client role's defaults that apply to a session of this database (`$1` the role).
 const ROLE_SETTINGS: &str = "SELECT s.setdatabase <> 0, c.entry \
@@ -415,7 +426,8 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
         .map_err(|e| fail(&format!("cannot let {role} call the store"), e))?;
     owner
         .batch_execute(&format!(
-            "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}"
+            "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}; \
+             GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}"
         ))
         .await
         .map_err(|e| fail("cannot create the server's session reset", e))?;

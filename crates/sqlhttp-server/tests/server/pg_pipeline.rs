@@ -1,0 +1,151 @@
+//! The PostgreSQL request pipeline (ADR 0034): statements prepared once per connection and
+//! cached, answering after DDL as a fresh Parse would (the request runs again when a cached
+//! statement went stale), and the transaction check that rides in COMMIT's message.
+//!
+//! Each test runs on a pool of one connection, so a statement prepared by one request is the
+//! one the next request's cache holds.
+
+use serde_json::json;
+
+use crate::common::{batch_with as batch, ok, post_with};
+use crate::postgres::postgres_app;
+
+fn one_connection(config: &mut sqlhttp_server::Config) {
+    config.limits.read_connections = 0;
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_statement_cached_before_ddl_answers_as_after_it() {
+    let router = postgres_app!(
+        "a_statement_cached_before_ddl_answers_as_after_it",
+        one_connection
+    );
+    ok(
+        &router,
+        "CREATE TABLE t (k int PRIMARY KEY, v int)",
+        json!([]),
+    )
+    .await;
+    ok(&router, "INSERT INTO t VALUES (1, 10)", json!([])).await;
+    let read = "SELECT v FROM t WHERE k = ?";
+    for _ in 0..2 {
+        let rows = ok(&router, read, json!([1])).await;
+        assert_eq!(rows["columns"], json!([{"name": "v", "type": "int4"}]));
+        assert_eq!(rows["rows"], json!([[10]]));
+    }
+    // The result's type changes: PostgreSQL refuses the cached plan (0A000).
+    ok(&router, "ALTER TABLE t ALTER COLUMN v TYPE text", json!([])).await;
+    let rows = ok(&router, read, json!([1])).await;
+    assert_eq!(rows["columns"], json!([{"name": "v", "type": "text"}]));
+    assert_eq!(rows["rows"], json!([["10"]]));
+
+    // The parameter's type changes: the cached statement would bind an int.
+    ok(&router, "SELECT v FROM t WHERE k = ?", json!([1])).await;
+    ok(&router, "ALTER TABLE t ALTER COLUMN k TYPE text", json!([])).await;
+    let rows = ok(&router, read, json!(["1"])).await;
+    assert_eq!(rows["rows"], json!([["10"]]));
+
+    // A keyed request whose cached statement went stale stores the fresh run's outcome.
+    ok(
+        &router,
+        "ALTER TABLE t ALTER COLUMN v TYPE bigint USING v::bigint",
+        json!([]),
+    )
+    .await;
+    let body = json!({"sql": read, "params": ["1"]});
+    let key = [("idempotency-key", "after-ddl")];
+    let first = post_with(&router, &key, &body).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    assert_eq!(
+        first.json()["columns"],
+        json!([{"name": "v", "type": "int8"}])
+    );
+    let again = post_with(&router, &key, &body).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+
+    // Inside one batch: the third statement is the first's text, cached before the DDL of the
+    // second, in the same transaction.
+    let statements = json!({"statements": [
+        {"sql": read, "params": ["1"]},
+        {"sql": "ALTER TABLE t ALTER COLUMN v TYPE numeric"},
+        {"sql": read, "params": ["1"]}
+    ]});
+    let done = batch(&router, &[], &statements).await;
+    assert_eq!(done.status, 200, "{}", String::from_utf8_lossy(&done.body));
+    assert_eq!(done.json()["results"][0]["columns"][0]["type"], "int8");
+    assert_eq!(done.json()["results"][2]["columns"][0]["type"], "numeric");
+    // The batch's DDL was kept once, not twice or never.
+    let rows = ok(&router, read, json!(["1"])).await;
+    assert_eq!(rows["columns"], json!([{"name": "v", "type": "numeric"}]));
+
+    // A statement that fails on its own still fails, once.
+    let missing = post_with(&router, &[], &json!({"sql": "SELECT nope FROM t"})).await;
+    assert_eq!(missing.status, 400);
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn many_texts_keep_the_cache_bounded_and_answering() {
+    let router = postgres_app!(
+        "many_texts_keep_the_cache_bounded_and_answering",
+        one_connection
+    );
+    // Past the cache's bound (256 per connection) it is emptied and fills again.
+    for n in 0..300 {
+        let rows = ok(&router, &format!("SELECT {n}::int AS n"), json!([])).await;
+        assert_eq!(rows["rows"], json!([[n]]));
+    }
+    let held = ok(
+        &router,
+        "SELECT count(*)::int FROM pg_prepared_statements",
+        json!([]),
+    )
+    .await;
+    let held = held["rows"][0][0].as_i64().unwrap();
+    assert!(held <= 256 + 8, "{held} statements prepared on the session");
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn commit_checks_the_transaction_is_the_one_begun() {
+    let router = postgres_app!(
+        "commit_checks_the_transaction_is_the_one_begun",
+        one_connection
+    );
+    // The check COMMIT's message runs: it passes for the transaction it runs in...
+    ok(
+        &router,
+        "SELECT _sqlhttp.check_transaction(EXTRACT(EPOCH FROM transaction_timestamp()))",
+        json!([]),
+    )
+    .await;
+    // ...and raises for another's start, so that COMMIT is never reached.
+    let refused = post_with(
+        &router,
+        &[],
+        &json!({"sql": "SELECT _sqlhttp.check_transaction(EXTRACT(EPOCH FROM transaction_timestamp()) - 1)"}),
+    )
+    .await;
+    assert_ne!(refused.status, 200);
+    assert!(
+        String::from_utf8_lossy(&refused.body).contains("not the transaction the server opened"),
+        "{}",
+        String::from_utf8_lossy(&refused.body)
+    );
+}
