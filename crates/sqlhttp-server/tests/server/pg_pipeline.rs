@@ -149,3 +149,85 @@ async fn commit_checks_the_transaction_is_the_one_begun() {
         String::from_utf8_lossy(&refused.body)
     );
 }
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_pooled_session_is_read_only_outside_the_servers_transactions() {
+    let router = postgres_app!(
+        "a_pooled_session_is_read_only_outside_the_servers_transactions",
+        one_connection
+    );
+    ok(&router, "CREATE TABLE t (v int)", json!([])).await;
+    // A client's function turns the default off for the session; the reset after its request
+    // turns it on again.
+    ok(
+        &router,
+        "CREATE FUNCTION writable() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'SELECT set' || '_config(''default_transaction_read_only'', ''off'', false)'; \
+         END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT writable()", json!([])).await;
+    for _ in 0..2 {
+        let seen = ok(
+            &router,
+            "SELECT current_setting('default_transaction_read_only'), \
+             current_setting('transaction_read_only')",
+            json!([]),
+        )
+        .await;
+        // The session's default is read-only; the server's own transaction writes.
+        assert_eq!(seen["rows"], json!([["on", "off"]]));
+        ok(&router, "INSERT INTO t VALUES (1)", json!([])).await;
+    }
+}
+
+/// What the pipeline leans on should `BEGIN` itself fail, on the PostgreSQL the tests run:
+/// in a session that defaults to read-only, a write sent behind a failed `BEGIN` (so in
+/// autocommit) is refused, and nothing is written.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_write_behind_a_failed_begin_cannot_write() {
+    let Some(url) = crate::postgres::database("a_write_behind_a_failed_begin_cannot_write").await
+    else {
+        return;
+    };
+    let (client, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("CREATE TABLE t (v int); SET default_transaction_read_only = on")
+        .await
+        .unwrap();
+    let insert = client.prepare("INSERT INTO t VALUES (1)").await.unwrap();
+    // Both go out in one write, as the engine sends them; this BEGIN fails.
+    let (begun, written) = tokio::join!(
+        client.simple_query("BEGIN ISOLATION LEVEL NONSENSE; SELECT 1"),
+        client.execute(&insert, &[])
+    );
+    assert!(begun.is_err());
+    let refused = written.unwrap_err();
+    assert_eq!(refused.code().map(|c| c.code()), Some("25006"), "{refused}");
+    // And a failure after BEGIN aborts the transaction: the statement behind it does not run.
+    let (begun, written) = tokio::join!(
+        client.simple_query("BEGIN READ WRITE; SELECT 1/0"),
+        client.execute(&insert, &[])
+    );
+    assert!(begun.is_err());
+    let aborted = written.unwrap_err();
+    assert_eq!(aborted.code().map(|c| c.code()), Some("25P02"), "{aborted}");
+    client.batch_execute("ROLLBACK").await.unwrap();
+    let rows = client
+        .query_one("SELECT count(*) FROM t", &[])
+        .await
+        .unwrap();
+    assert_eq!(rows.get::<_, i64>(0), 0);
+}

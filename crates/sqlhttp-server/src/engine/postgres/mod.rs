@@ -826,15 +826,22 @@ impl Inner {
         let mut sink = Sink::Stream(run::Chunks::new(&sender, &must_stop));
         let map = |e| self.map(e);
         loop {
-            if let Err(err) = self.begin(&lease, mode).await {
-                return self.end(lease, mode, Err(err)).await;
-            }
+            // BEGIN goes out with the statement (see `run::write_result`).
+            let opening: run::Opening<'_> = Box::pin(self.begin(&lease, mode));
             let written = self
                 .guarded(
                     job,
                     &lease,
                     1,
-                    run::write_result(&lease, request, &self.limits, &mut out, &mut sink, &map),
+                    run::write_result(
+                        &lease,
+                        request,
+                        &self.limits,
+                        &mut out,
+                        &mut sink,
+                        &map,
+                        Some(opening),
+                    ),
                 )
                 .await;
             let started = matches!(&sink, Sink::Stream(chunks) if chunks.started());
@@ -970,7 +977,8 @@ impl Inner {
                         limit: self.limits.max_result_bytes,
                     };
                     let limits = &self.limits;
-                    run::write_result(lease, request, limits, &mut out, &mut sink, &map).await?;
+                    run::write_result(lease, request, limits, &mut out, &mut sink, &map, None)
+                        .await?;
                     Ok(out)
                 }
                 Work::Batch(statements) => self.run_statements(lease, statements).await,
@@ -1011,7 +1019,7 @@ impl Inner {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
             let limits = &self.limits;
-            run::write_result(lease, statement, limits, &mut body, &mut sink, &map)
+            run::write_result(lease, statement, limits, &mut body, &mut sink, &map, None)
                 .await
                 .map_err(|err| match err.code {
                     ErrorCode::ReadOnly => writes_in_read_only_batch(index),
@@ -1037,19 +1045,30 @@ impl Inner {
         let Ok(lease) = self.lease(job).await else {
             return;
         };
-        // From a clean session, as every request's transaction starts (a client may have left
-        // `default_transaction_read_only` on, say).
-        let purged = match lease.client().batch_execute(session::RESET).await {
-            Ok(()) => store::purge_expired(lease.client(), &self.store_key, ttl).await,
-            Err(e) => Err(e),
-        };
+        // In a transaction of its own: a pooled session defaults to read-only (see
+        // `session::RESET`); a session whose purge failed is not pooled again.
+        let client = lease.client();
+        let begin = format!(
+            "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {}",
+            self.timeout_ms()
+        );
+        let purged = async {
+            client.batch_execute(&begin).await?;
+            let purged = store::purge_expired(client, &self.store_key, ttl).await?;
+            client.batch_execute("COMMIT").await?;
+            Ok::<_, tokio_postgres::Error>(purged)
+        }
+        .await;
+        let mut lease = lease;
         match purged {
-            Ok(0) => {}
-            Ok(purged) => tracing::debug!(purged, "purged expired idempotency keys"),
+            Ok(purged) => {
+                if purged > 0 {
+                    tracing::debug!(purged, "purged expired idempotency keys");
+                }
+                lease.clean = true;
+            }
             Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
         }
-        let mut lease = lease;
-        lease.clean = true;
     }
 
     /// Whether a connection answers a trivial statement.

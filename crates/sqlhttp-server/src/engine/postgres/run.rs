@@ -13,10 +13,11 @@
 //! Runs inside a transaction the caller opened, as the client role. Knows tokio-postgres and the
 //! row writer's output; nothing about HTTP, pooling, transactions or idempotency.
 
-use std::future::poll_fn;
+use std::future::{Future, poll_fn};
 use std::io::Write as _;
-use std::pin::pin;
+use std::pin::{Pin, pin};
 use std::sync::atomic::Ordering;
+use std::task::Poll;
 
 use std::time::Instant;
 
@@ -147,6 +148,17 @@ fn cut_answer(cut: wire::Cut, columns: &[tokio_postgres::Column], limits: &Limit
     }
 }
 
+/// The server's `BEGIN` for a statement, handed to [`write_result`] to go out with it.
+pub(crate) type Opening<'a> = Pin<Box<dyn Future<Output = Result<(), ApiError>> + Send + 'a>>;
+
+/// Waits for `opening` when it is still out.
+async fn opened(opening: &mut Option<Opening<'_>>) -> Result<(), ApiError> {
+    match opening.take() {
+        Some(begin) => begin.await,
+        None => Ok(()),
+    }
+}
+
 /// The most statements a connection keeps prepared: past it, its cache is emptied (the
 /// statements are closed on the server), so a workload of ever new texts costs what it cost
 /// before statements were cached, a Parse each, and memory stays bounded on both sides.
@@ -195,6 +207,7 @@ pub(crate) async fn write_result(
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
+    mut opening: Option<Opening<'_>>,
 ) -> Result<(), ApiError> {
     sandbox::check_text(&request.sql)?;
     let client = lease.client();
@@ -204,9 +217,23 @@ pub(crate) async fn write_result(
         Some(cut) => cut_answer(cut, columns, limits),
         None => map(e),
     };
-    let (statement, cached) = prepare(lease, &rewritten.sql)
-        .await
-        .map_err(|e| cut_or(&[], e))?;
+    // BEGIN's message goes first (this poll writes it); what follows is written behind it.
+    if let Some(begin) = opening.as_mut()
+        && let Poll::Ready(begun) = poll_fn(|cx| Poll::Ready(begin.as_mut().poll(cx))).await
+    {
+        opening = None;
+        begun?;
+    }
+    let prepared = prepare(lease, &rewritten.sql).await;
+    // Any failure from here is answered after BEGIN's own, which explains more (a Parse in a
+    // transaction BEGIN's message aborted fails with `25P02`).
+    let (statement, cached) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            opened(&mut opening).await?;
+            return Err(cut_or(&[], e));
+        }
+    };
     let map = |e| cut_or(statement.columns(), e);
     // A cached statement that fails as a stale one does, before anything was written: the
     // request runs again, prepared afresh (see `Lease::take_retry`).
@@ -224,6 +251,7 @@ pub(crate) async fn write_result(
     };
     let expected = statement.params().len();
     if expected != request.params.len() {
+        opened(&mut opening).await?;
         return Err(ApiError::sql(format!(
             "wrong number of parameters: the statement takes {expected}, the request gave {}",
             request.params.len()
@@ -234,19 +262,25 @@ pub(crate) async fn write_result(
         .iter()
         .find(|column| !types::is_supported(column.type_()))
     {
+        opened(&mut opening).await?;
         return Err(types::unsupported(column.name(), column.type_()));
     }
     let bound = match types::bind(&request.params, statement.params()) {
         // The parameters' types are the cached statement's, which DDL may have changed since
         // (a `bigint` column that is `text` now): a fresh Parse decides.
         Err(_) if cached => {
+            opened(&mut opening).await?;
             lease.stale.store(true, Ordering::Release);
             lease.cache().clear();
             return Err(ApiError::unavailable(
                 "a prepared statement went stale (the schema changed); retry",
             ));
         }
-        bound => bound?,
+        Err(err) => {
+            opened(&mut opening).await?;
+            return Err(err);
+        }
+        Ok(bound) => bound,
     };
 
     out.extend_from_slice(b"{\"columns\":[");
@@ -262,10 +296,21 @@ pub(crate) async fn write_result(
     }
     out.extend_from_slice(b"],\"rows\":[");
 
-    let rows = client
-        .query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql))
-        .await
-        .map_err(stale_or)?;
+    // Pipelined with BEGIN's message when it is still out: one round trip for both. The
+    // statement runs only inside the transaction: a failure anywhere in BEGIN's message after
+    // BEGIN aborts the transaction (the statement then fails `25P02`), and outside one, should
+    // BEGIN itself fail, the session's default is read-only (see `session::RESET`), so it
+    // cannot write; its answer is dropped either way, for BEGIN's error.
+    let query = client.query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql));
+    let rows = match opening.take() {
+        Some(begin) => {
+            let (begun, rows) = tokio::join!(begin, query);
+            begun?;
+            rows
+        }
+        None => query.await,
+    }
+    .map_err(stale_or)?;
     let mut rows = pin!(rows);
     let (max_value_bytes, max_row_bytes) = (limits.max_value_bytes, limits.max_result_bytes);
     let mut count: u64 = 0;

@@ -25,10 +25,13 @@ use super::setup::{self, RoleKeeper};
 /// the statements prepared from SQL text, and reseeds `random()` (see `setup`). It runs outside
 /// any transaction (a rollback would undo its transactional parts: `UNLISTEN`, `DISCARD
 /// TEMP`), pipelined with `COMMIT` or `ROLLBACK` in one write; a session whose reset failed is
-/// closed, not pooled, so a pooled session is always a reset one (ADR 0034).
+/// closed, not pooled, so a pooled session is always a reset one (ADR 0034). It leaves the
+/// session read-only by default: only the server's `BEGIN READ WRITE` opens a transaction that
+/// writes, so a statement written behind a `BEGIN` that failed cannot write in autocommit.
 pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
 DISCARD TEMP; DISCARD SEQUENCES; SELECT _sqlhttp.reset_session(); \
-SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *;";
+SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; \
+SET default_transaction_read_only = on;";
 
 /// The settings this session took from role defaults at login (`ALTER ROLE ... SET`, for every
 /// database or this one), by name; asked before the session sets anything over them.
