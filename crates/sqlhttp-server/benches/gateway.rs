@@ -178,10 +178,7 @@ fn sqlite_rows(path: &str, body: &SqlBody) -> Result<Value, String> {
         let mut statement = connection
             .prepare_cached(&body.sql)
             .map_err(|e| e.to_string())?;
-        let columns: Vec<String> = statement
-            .column_names()
-            .map(str::to_owned)
-            .collect();
+        let columns: Vec<String> = statement.column_names().map(str::to_owned).collect();
         let params: Vec<rusqlite::types::Value> = body
             .params
             .iter()
