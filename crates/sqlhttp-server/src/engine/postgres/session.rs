@@ -21,17 +21,17 @@ use super::setup::{self, RoleKeeper};
 /// `currval`, prepared statements squatting the driver's statement names, advisory locks, held
 /// cursors, listens, a role set with `SET ROLE`, the random seed), so no request sees what
 /// another left behind. Not `DEALLOCATE ALL`: tokio-postgres keeps the statements that look
-/// user-defined types up for the connection's life, so `_sqlhttp.reset_session()` drops only
-/// the statements prepared from SQL text, and reseeds `random()` (see `setup`). It runs outside
+/// user-defined types up for the connection's life (and the engine's cache of client
+/// statements: ADR 0034), so `_sqlhttp.reset_request()` drops only the statements prepared from
+/// SQL text; it does the rest in one statement, and reseeds `random()` (see `setup`). The role
+/// is reset before it is called (a role set with `SET ROLE` may not call it). It runs outside
 /// any transaction (a rollback would undo its transactional parts: `UNLISTEN`, `DISCARD
 /// TEMP`), pipelined with `COMMIT` or `ROLLBACK` in one write; a session whose reset failed is
 /// closed, not pooled, so a pooled session is always a reset one (ADR 0034). It leaves the
 /// session read-only by default: only the server's `BEGIN READ WRITE` opens a transaction that
 /// writes, so a statement written behind a `BEGIN` that failed cannot write in autocommit.
 pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
-DISCARD TEMP; DISCARD SEQUENCES; SELECT _sqlhttp.reset_session(); \
-SELECT pg_catalog.pg_advisory_unlock_all(); CLOSE ALL; UNLISTEN *; \
-SET default_transaction_read_only = on;";
+SELECT _sqlhttp.reset_request();";
 
 /// The settings this session took from role defaults at login (`ALTER ROLE ... SET`, for every
 /// database or this one), by name; asked before the session sets anything over them.

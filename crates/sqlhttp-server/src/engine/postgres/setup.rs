@@ -52,9 +52,19 @@ pub(crate) const TEMP_FILE_LIMIT: &str = "1GB";
 const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 
 /// What the server runs in every session after each request (and in a new one before its
-/// first; `_sqlhttp.check_transaction(opened)` is what COMMIT's message checks the
-/// transaction with: its start, read at BEGIN, raising `SQLHT` when it is another's): forgets
-/// what a
+/// first), and what COMMIT's message checks the transaction with.
+///
+/// `_sqlhttp.reset_request()` is the session reset's work past its role and settings (see
+/// `session::RESET`), one statement for PostgreSQL where it was seven: temporary tables and
+/// sequences, statements prepared from SQL text, the seed, advisory locks, held cursors,
+/// listens, and the session's read-only default. It has no `SET search_path` clause, on
+/// purpose: a function with one puts the caller's settings back when it returns, which would
+/// undo its own `SET`; every name in it is qualified instead, and `RESET ALL` runs before it.
+/// `_sqlhttp.reset_session()` is the form of ADR 0029, kept for servers of an earlier version
+/// on the same database. `_sqlhttp.check_transaction(opened)` raises `SQLHT` when the
+/// transaction it runs in did not start at `opened` (read at BEGIN).
+///
+/// `_sqlhttp.reset_session()`: forgets what a
 /// client left in the session that `RESET ALL` and `DISCARD` do not (see `session::RESET`),
 /// as the client role, in its own session. `DEALLOCATE ALL` would drop the statements
 /// tokio-postgres prepared to look types up (it keeps them for the connection's life), so only
@@ -83,7 +93,28 @@ BEGIN
         RAISE EXCEPTION 'not the transaction the server opened' USING ERRCODE = 'SQLHT';
     END IF;
 END $$;
-REVOKE ALL ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) FROM PUBLIC;";
+REVOKE ALL ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION _sqlhttp.reset_request() RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    statement text;
+BEGIN
+    DISCARD TEMP;
+    DISCARD SEQUENCES;
+    FOR statement IN SELECT p.name FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql
+    LOOP
+        EXECUTE pg_catalog.format('DEALLOCATE %I', statement);
+    END LOOP;
+    PERFORM pg_catalog.setseed(pg_catalog.float8div(
+        pg_catalog.hashtextextended(pg_catalog.gen_random_uuid()::pg_catalog.text, 0)
+            ::pg_catalog.float8,
+        9223372036854775807::pg_catalog.float8));
+    PERFORM pg_catalog.pg_advisory_unlock_all();
+    EXECUTE 'CLOSE ALL';
+    UNLISTEN *;
+    SET default_transaction_read_only = on;
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.reset_request() FROM PUBLIC;";
 
 /// The client role's defaults that apply to a session of this database (`$1` the role).
 const ROLE_SETTINGS: &str = "SELECT s.setdatabase <> 0, c.entry \
@@ -427,7 +458,8 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     owner
         .batch_execute(&format!(
             "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}; \
-             GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}"
+             GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}; \
+             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_request() TO {role}"
         ))
         .await
         .map_err(|e| fail("cannot create the server's session reset", e))?;
