@@ -205,10 +205,13 @@ impl Lease {
 
     /// The connection's prepared statements, by text (see `run::prepare`).
     fn cache(&self) -> &deadpool_postgres::StatementCache {
-        self.object
-            .as_ref()
-            .map(|object| &*object.statement_cache)
-            .expect("a live lease")
+        &self.wrapper().statement_cache
+    }
+
+    /// The connection with its cache of prepared statements.
+    fn wrapper(&self) -> &deadpool_postgres::ClientWrapper {
+        // The object is taken only in drop.
+        self.object.as_deref().expect("a live lease")
     }
 
     /// Whether a request that failed on this lease is to run once more: a cached statement
@@ -967,7 +970,6 @@ impl Inner {
         request_hash: &[u8],
         work: Work<'_>,
     ) -> Result<Outcome, ApiError> {
-        let client = lease.client();
         let map = |e| self.map(e);
         let run = async {
             match work {
@@ -993,7 +995,7 @@ impl Inner {
             },
             // Boxed: the keyed work's future is large.
             Box::pin(store::run_with_key(
-                client,
+                lease.wrapper(),
                 &self.store_key,
                 ttl,
                 key,

@@ -11,13 +11,15 @@
 //!
 //! The key is locked for the transaction (`pg_try_advisory_xact_lock`), so replicas sharing the
 //! database run one request per key: another one sent meanwhile answers `409
-//! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. Knows
+//! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. The
+//! lock, the lookup and the work's savepoint go out in one write (ADR 0034). Knows
 //! SQL and the protocol's error codes; nothing about HTTP or what the work is (the caller
 //! passes it as a future).
 
 use std::future::Future;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use deadpool_postgres::ClientWrapper;
 use tokio_postgres::Client;
 
 use crate::api_error::{ApiError, ErrorCode};
@@ -189,7 +191,7 @@ pub(crate) async fn purge_expired(
 /// once it checked that the transaction is still its own: a recorded outcome commits only with
 /// the transaction the caller opened, so a request that ended it stores nothing.
 pub(crate) async fn run_with_key<F>(
-    client: &Client,
+    client: &ClientWrapper,
     store_key: &str,
     ttl: Duration,
     key: &str,
@@ -206,28 +208,48 @@ where
     // hold it to keep that key's requests out).
     // Every name schema-qualified, types too: the temp schema comes first for types, and a
     // client's function may have moved the search path (ADR 0023).
-    let locked: bool = client
-        .query_one(
+    // The store's statements are prepared once per connection (see `run::prepare`); a failure
+    // of one empties the connection's cache, so a statement that went stale (another
+    // replica's start replaced a function of the store) is prepared afresh next time.
+    let map = |e| {
+        client.statement_cache.clear();
+        map(e)
+    };
+    let lock = client
+        .prepare_cached(
             "SELECT pg_catalog.pg_try_advisory_xact_lock(\
              pg_catalog.hashtextextended($1::pg_catalog.text, $2::pg_catalog.int8))",
-            &[&key, &lock_seed(store_key)],
         )
         .await
-        .map_err(map)?
-        .get(0);
+        .map_err(map)?;
+    let lookup = client
+        .prepare_cached(
+            "SELECT request_hash, status, body, created_at FROM _sqlhttp.lookup($1, $2)",
+        )
+        .await
+        .map_err(map)?;
+    let savepoint = format!("{SAVEPOINT_PREFIX}{:016x}", rand::random::<u64>());
+    let open_savepoint = format!("SAVEPOINT {savepoint}");
+    // The lock, the lookup and the work's savepoint go out in one write and run in that order:
+    // the lookup reads what was committed once the lock was taken, and when the lock was not
+    // taken (or the key replays) its answer and the savepoint are dropped with the transaction
+    // the caller then ends.
+    let seed = lock_seed(store_key);
+    let lock_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&key, &seed];
+    let lookup_params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&store_key, &key];
+    let (locked, stored, ()) = tokio::try_join!(
+        client.query_one(&lock, &lock_params),
+        client.query_opt(&lookup, &lookup_params),
+        client.batch_execute(&open_savepoint),
+    )
+    .map_err(&map)?;
+    let locked: bool = locked.get(0);
     if !locked {
         return Err(ApiError::new(
             ErrorCode::IdempotencyKeyInUse,
             "a request with this Idempotency-Key is still running; retry later",
         ));
     }
-    let stored = client
-        .query_opt(
-            "SELECT request_hash, status, body, created_at FROM _sqlhttp.lookup($1, $2)",
-            &[&store_key, &key],
-        )
-        .await
-        .map_err(map)?;
     if let Some(row) = stored {
         let created_at: i64 = row.get(3);
         if now_millis().saturating_sub(created_at) < millis(ttl) {
@@ -248,11 +270,6 @@ where
         }
     }
 
-    let savepoint = format!("{SAVEPOINT_PREFIX}{:016x}", rand::random::<u64>());
-    client
-        .batch_execute(&format!("SAVEPOINT {savepoint}"))
-        .await
-        .map_err(map)?;
     // Deferred constraints and triggers are part of the work: their failure is its outcome,
     // stored and replayed like any other, not a failed COMMIT after the outcome was recorded.
     let settled = async {
@@ -276,9 +293,13 @@ where
         }
         Err(err) => return Err(err),
     };
+    let record = client
+        .prepare_cached("SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)")
+        .await
+        .map_err(map)?;
     client
         .execute(
-            "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
+            &record,
             &[
                 &store_key,
                 &key,
