@@ -224,7 +224,21 @@ pub(crate) async fn write_result(
         opening = None;
         begun?;
     }
-    let prepared = prepare(lease, &rewritten.sql).await;
+    // A cached statement is at hand at once. A Parse goes behind BEGIN's message, and both
+    // answers are then awaited together: the driver hands a request its answers only as fast as
+    // it takes them, so waiting on the Parse alone could leave BEGIN's stuck in front of it.
+    let mut preparing = pin!(prepare(lease, &rewritten.sql));
+    let prepared = match poll_fn(|cx| Poll::Ready(preparing.as_mut().poll(cx))).await {
+        Poll::Ready(prepared) => prepared,
+        Poll::Pending => match opening.take() {
+            Some(begin) => {
+                let (begun, prepared) = tokio::join!(begin, preparing);
+                begun?;
+                prepared
+            }
+            None => preparing.await,
+        },
+    };
     // Any failure from here is answered after BEGIN's own, which explains more (a Parse in a
     // transaction BEGIN's message aborted fails with `25P02`).
     let (statement, cached) = match prepared {
