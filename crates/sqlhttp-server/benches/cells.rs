@@ -196,11 +196,16 @@ async fn main() {
         );
     }
 
-    let _ = admin
-        .batch_execute(&format!(
-            "DROP DATABASE {database} WITH (FORCE); DROP ROLE IF EXISTS {role}"
-        ))
-        .await;
+    // Two messages: statements sent together run in one transaction, and DROP DATABASE
+    // cannot run in one.
+    for statement in [
+        format!("DROP DATABASE {database} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {role}"),
+    ] {
+        if let Err(error) = admin.batch_execute(&statement).await {
+            eprintln!("{statement}: {error}");
+        }
+    }
     if started {
         let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
         let _ = Command::new(stop).arg(&url).status();

@@ -805,11 +805,16 @@ async fn postgres(url: &str, scale: f64) {
             .unwrap();
     soak(Engine::Postgres, &process, scale).await;
     process.kill().await.unwrap();
-    let _ = admin
-        .batch_execute(&format!(
-            "DROP DATABASE {database} WITH (FORCE); DROP ROLE IF EXISTS {role}"
-        ))
-        .await;
+    // Two messages: statements sent together run in one transaction, and DROP DATABASE
+    // cannot run in one.
+    for statement in [
+        format!("DROP DATABASE {database} WITH (FORCE)"),
+        format!("DROP ROLE IF EXISTS {role}"),
+    ] {
+        if let Err(error) = admin.batch_execute(&statement).await {
+            eprintln!("{statement}: {error}");
+        }
+    }
 }
 
 fn main() {
