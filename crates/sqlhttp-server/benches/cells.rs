@@ -15,6 +15,11 @@
 //!
 //! Run with `cargo bench -p sqlhttp-server --bench cells`.
 
+#[path = "support/scratch_database.rs"]
+mod scratch_database;
+
+use scratch_database::ScratchDatabase;
+
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
@@ -164,28 +169,16 @@ async fn main() {
         );
         return;
     };
-    let pid = std::process::id();
-    let database = format!("sqlhttp_cells_{pid}");
-    let role = format!("cells_client_{pid}");
-    let (admin, connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    let (base, _) = url.split('?').next().unwrap().rsplit_once('/').unwrap();
-    let target = format!("{base}/{database}");
+    let scratch = ScratchDatabase::create(&url, "cells").await;
 
     println!("## one 200 MB cell on PostgreSQL, the server's memory");
     println!(
         "sent (--max-value-bytes 268435456: the cell is encoded and sent, as before the limits \
          applied):"
     );
-    let sent = measure(&target, &role, Some(256 * 1024 * 1024)).await;
+    let sent = measure(&scratch.url, &scratch.role, Some(256 * 1024 * 1024)).await;
     println!("refused (default --max-value-bytes, 4 MiB):");
-    let refused = measure(&target, &role, None).await;
+    let refused = measure(&scratch.url, &scratch.role, None).await;
     for (round, at_once) in [1, AT_ONCE].into_iter().enumerate() {
         println!(
             "{at_once} at once: refused peaks at {:.2}x what sent peaks at, and keeps {:.0} MiB \
@@ -196,16 +189,7 @@ async fn main() {
         );
     }
 
-    // Two messages: statements sent together run in one transaction, and DROP DATABASE
-    // cannot run in one.
-    for statement in [
-        format!("DROP DATABASE {database} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {role}"),
-    ] {
-        if let Err(error) = admin.batch_execute(&statement).await {
-            eprintln!("{statement}: {error}");
-        }
-    }
+    scratch.drop().await;
     if started {
         let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
         let _ = Command::new(stop).arg(&url).status();

@@ -17,6 +17,11 @@
 //! on loopback; the bench makes a database of its own and drops it). `SQLHTTPD_GATEWAY_SECONDS`
 //! sets a round's length.
 
+#[path = "support/scratch_database.rs"]
+mod scratch_database;
+
+use scratch_database::ScratchDatabase;
+
 use std::cell::RefCell;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -313,25 +318,13 @@ async fn postgres_gateway(url: &str) -> SocketAddr {
 }
 
 async fn postgres(url: &str) {
-    let pid = std::process::id();
-    let database = format!("sqlhttp_gateway_{pid}");
-    let role = format!("gateway_client_{pid}");
-    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    let (base, _) = url.split('?').next().unwrap().rsplit_once('/').unwrap();
-    let db_url = format!("{base}/{database}");
-    let Database::Postgres(server_url) = db_url.parse().unwrap() else {
+    let scratch = ScratchDatabase::create(url, "gateway").await;
+    let Database::Postgres(server_url) = scratch.url.parse().unwrap() else {
         unreachable!()
     };
     let server = Server::bind(Config {
         listen: "127.0.0.1:0".parse().unwrap(),
-        database: Database::Postgres(server_url.with_client_role(&role).unwrap()),
+        database: Database::Postgres(server_url.with_client_role(&scratch.role).unwrap()),
         tokens: vec![TOKEN.to_owned()],
         ..Config::default()
     })
@@ -358,7 +351,7 @@ async fn postgres(url: &str) {
             .unwrap();
         assert_eq!(response.status(), 200, "{}", response.text().await.unwrap());
     }
-    let gateway = postgres_gateway(&db_url).await;
+    let gateway = postgres_gateway(&scratch.url).await;
     compare(
         "PostgreSQL",
         (server.local_addr(), "SELECT k, v FROM kv WHERE k = ?"),
@@ -366,14 +359,7 @@ async fn postgres(url: &str) {
     )
     .await;
     server.shutdown().await;
-    for statement in [
-        format!("DROP DATABASE {database} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {role}"),
-    ] {
-        if let Err(error) = admin.batch_execute(&statement).await {
-            eprintln!("{statement}: {error}");
-        }
-    }
+    scratch.drop().await;
 }
 
 fn main() {

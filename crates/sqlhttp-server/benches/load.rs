@@ -14,6 +14,11 @@
 //! Run with `cargo bench -p sqlhttp-server --bench load`, or
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres) cargo bench -p sqlhttp-server --bench load`.
 
+#[path = "support/scratch_database.rs"]
+mod scratch_database;
+
+use scratch_database::ScratchDatabase;
+
 use std::time::{Duration, Instant};
 
 use serde_json::json;
@@ -209,26 +214,13 @@ async fn memory_per_request() {
 async fn postgres(url: &str) {
     use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod};
 
-    let pid = std::process::id();
-    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!("CREATE DATABASE sqlhttp_bench_{pid}"))
-        .await
-        .unwrap();
-    let (base, _) = url.rsplit_once('/').unwrap();
-    let db_url = format!("{base}/sqlhttp_bench_{pid}");
+    let scratch = ScratchDatabase::create(url, "bench").await;
+    let db_url = scratch.url.clone();
     let Database::Postgres(database) = db_url.parse().unwrap() else {
         unreachable!("a PostgreSQL URL")
     };
     // A client role of its own: its password is this database's.
-    let database = Database::Postgres(
-        database
-            .with_client_role(&format!("bench_client_{pid}"))
-            .unwrap(),
-    );
+    let database = Database::Postgres(database.with_client_role(&scratch.role).unwrap());
     let handle = serve(database, 4).await;
     let server_url = handle.url();
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
@@ -272,6 +264,7 @@ async fn postgres(url: &str) {
         clean / fast,
         through_sqlhttpd / fast
     );
+    scratch.drop().await;
 }
 
 fn main() {

@@ -25,6 +25,11 @@
 //! Run with `cargo bench -p sqlhttp-server --bench soak`, or
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres) cargo bench -p sqlhttp-server --bench soak`.
 
+#[path = "support/scratch_database.rs"]
+mod scratch_database;
+
+use scratch_database::ScratchDatabase;
+
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::sync::Arc;
@@ -781,40 +786,19 @@ async fn postgres(url: &str, scale: f64) {
             .any(|loopback| host == *loopback || host.starts_with(&format!("{loopback}:"))),
         "SQLHTTPD_BENCH_POSTGRES_URL must name a loopback host, not {host:?}"
     );
-    let pid = std::process::id();
-    let database = format!("sqlhttp_soak_{pid}");
-    let role = format!("soak_client_{pid}");
-    let (admin, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    admin
-        .batch_execute(&format!("CREATE DATABASE {database}"))
-        .await
-        .unwrap();
-    let (base, _) = url.split('?').next().unwrap().rsplit_once('/').unwrap();
+    let scratch = ScratchDatabase::create(url, "soak").await;
     let scale = scale / 4.0;
     println!(
         "\n## sqlhttpd on {} (a database of its own, {BODY_LIMIT}-byte bodies), a quarter \
          of the SQLite soak's length: its engine is about five times slower here",
         Engine::Postgres.name()
     );
-    let process =
-        ServerProcess::spawn_command(sqlhttpd(&format!("{base}/{database}"), Some(&role)))
-            .await
-            .unwrap();
+    let process = ServerProcess::spawn_command(sqlhttpd(&scratch.url, Some(&scratch.role)))
+        .await
+        .unwrap();
     soak(Engine::Postgres, &process, scale).await;
     process.kill().await.unwrap();
-    // Two messages: statements sent together run in one transaction, and DROP DATABASE
-    // cannot run in one.
-    for statement in [
-        format!("DROP DATABASE {database} WITH (FORCE)"),
-        format!("DROP ROLE IF EXISTS {role}"),
-    ] {
-        if let Err(error) = admin.batch_execute(&statement).await {
-            eprintln!("{statement}: {error}");
-        }
-    }
+    scratch.drop().await;
 }
 
 fn main() {
