@@ -10,7 +10,7 @@ use std::sync::Arc;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
-use crate::api_error::ApiError;
+use crate::protocol::error::ApiError;
 
 /// The server-wide budget; clones share it.
 #[derive(Debug, Clone)]

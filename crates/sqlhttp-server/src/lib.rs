@@ -21,17 +21,14 @@
 //! # }
 //! ```
 
-mod api_error;
-mod batch_request;
 mod budget;
 mod config;
 mod engine;
 mod error;
 mod http;
-mod request;
+mod protocol;
 mod secrets;
 mod server;
-mod sql_text;
 mod state;
 mod tls;
 

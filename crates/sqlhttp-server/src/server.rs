@@ -39,11 +39,11 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tokio_util::task::TaskTracker;
 use tower_http::add_extension::AddExtension;
 
-use crate::api_error::ApiError;
 use crate::config::{Config, HttpLimits};
 use crate::error::ServerError;
 use crate::http::app;
 use crate::http::hyper_errors::{JsonErrors, raw_response};
+use crate::protocol::error::ApiError;
 use crate::state::AppState;
 use crate::tls::{H2, TlsReloader};
 

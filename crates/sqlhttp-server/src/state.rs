@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use crate::budget::Budget;
 use crate::config::{Config, Limits};
-use crate::engine::Backend;
+use crate::engine::{Backend, Engine as _};
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
 use crate::http::metrics::Metrics;

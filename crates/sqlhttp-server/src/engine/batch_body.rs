@@ -1,8 +1,9 @@
 //! The body of a batch's answer, `{"results": [...]}`: each statement's result body appended in
-//! order under `--max-result-bytes`, and the error for a read-only batch's statement that writes.
-//! Shared by the SQLite and PostgreSQL engines; knows nothing about how statements run.
+//! order under `--max-result-bytes`, and how a statement's failure answers for the batch (named
+//! by its index; a read-only batch's statement that writes said so). Shared by the SQLite and
+//! PostgreSQL engines' batch loops; knows nothing about how statements run.
 
-use crate::api_error::{ApiError, ErrorCode};
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// A batch's answer, built one statement result at a time.
 pub(crate) struct BatchBody {
@@ -48,8 +49,24 @@ impl BatchBody {
     }
 }
 
+impl BatchBody {
+    /// Appends statement `index`'s result, or answers its failure for the whole batch: named by
+    /// its index, and a write in a read-only batch (`403 READ_ONLY` from the engine) said so.
+    pub(crate) fn push_result(
+        &mut self,
+        index: usize,
+        result: Result<Vec<u8>, ApiError>,
+    ) -> Result<(), ApiError> {
+        match result {
+            Ok(body) => self.push(index, &body),
+            Err(err) if err.code == ErrorCode::ReadOnly => Err(writes_in_read_only_batch(index)),
+            Err(err) => Err(err.at_statement(index)),
+        }
+    }
+}
+
 /// The error for statement `index` of a read-only batch, which writes: nothing was written.
-pub(crate) fn writes_in_read_only_batch(index: usize) -> ApiError {
+fn writes_in_read_only_batch(index: usize) -> ApiError {
     ApiError::new(
         ErrorCode::ReadOnly,
         format!("statement {index} writes, but the batch is read-only; nothing was written"),

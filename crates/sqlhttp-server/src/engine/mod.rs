@@ -1,54 +1,136 @@
-//! The engine: one writer connection and a pool of reader connections to the served SQLite
-//! database, each owned by a dedicated thread, so blocking engine work never runs on the async
-//! runtime's worker threads.
+//! The engine contract: what the HTTP layer asks of a database, answered the same way by each
+//! engine, and the pieces both engines share.
 //!
-//! [`Engine`] is the async-side handle. A statement without an Idempotency-Key is first
-//! compiled on a reader: if it cannot write it runs there, in parallel with other reads and
-//! with the writer (WAL, for files and for the throwaway `sqlite::memory:` database alike);
-//! otherwise it goes to the writer. Keyed statements go straight to the writer, inside the server's own transaction.
-//! Every request is its own transaction: clients cannot open one (see `sandbox`). Each job has
-//! a statement timeout and is cancelled when its requester goes away; queues are bounded.
-//! Atomic batches (`batch`) run several statements in one transaction of the server's own.
-//! A watchdog thread gives up a connection whose statement has not stopped a margin after it
-//! had to (ADR 0032; see `worker`).
-//! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
+//! A request reaches an engine through the [`Engine`] trait once admission (`http::admit`) has
+//! checked its credential, its body and its text ([`sandbox::check_text`], once):
+//! - [`Engine::execute`]: one statement without an Idempotency-Key. [`Access::ReadWrite`] runs
+//!   any statement (SQLite first tries a reader and moves a write to the writer);
+//!   [`Access::ReadOnly`] runs only one that cannot write, else `403 READ_ONLY` with nothing run
+//!   (a read-only credential, or `"read_only": true`). A success body larger than one chunk
+//!   streams while the statement runs ([`Reply::Stream`], cut by [`stream::Sink`]).
+//! - [`Engine::execute_keyed`] and [`Engine::batch_keyed`]: exactly once under a [`Keyed`]
+//!   value (the key, the request's hash, the TTL and the in-flight claim): the decision (replay,
+//!   refuse, run) and the settling of an outcome are [`keyed`]'s, the storing each engine's own
+//!   `keyed` module's, in the same transaction as the work.
+//! - [`Engine::batch`]: several statements in one transaction of the server's own, answered by
+//!   [`batch_body::BatchBody`].
+//! - [`Engine::ready`], [`Engine::queue_depths`], [`Engine::given_up`], [`Engine::close`]: for
+//!   `/readyz`, `/metrics` and shutdown ([`shutting_down`] is the one answer a closed engine
+//!   gives).
+//!
+//! Each statement's success body is written by `protocol::result`'s writer, fed one cell at a time in
+//! the engine's own type mapping, so both engines answer the same bytes for the same values.
+//! What comes next fits here: an interactive transaction is a *session* holding one of an
+//! engine's connections across requests, with its own calls beside these; a *read route* (a
+//! replica) is where an engine may send what it runs under [`Access::ReadOnly`].
+//!
+//! Each engine lives in a sibling module with the same file names for the same roles
+//! (`exec.rs`, `batch.rs`, `keyed.rs`, `errors.rs`, `sandbox.rs`, `transaction.rs`): `sqlite`
+//! (embedded, the default) and `postgres`; [`Backend`] chooses one by the database URL and
+//! dispatches. This module knows nothing about HTTP. See `docs/adr/0035-engine-contract.md`.
 
 mod backend;
-mod batch;
-mod batch_body;
-pub(crate) mod catalog;
-mod connection;
-mod control;
-mod errors;
-mod exec;
-mod functions;
-mod idempotency;
-mod job;
+pub(crate) mod batch_body;
+pub(crate) mod job;
+pub(crate) mod keyed;
 mod postgres;
-mod sandbox;
-mod stream;
-mod transaction;
-mod worker;
+pub(crate) mod sandbox;
+pub(crate) mod sql_text;
+mod sqlite;
+pub(crate) mod stream;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::budget::{Budget, Held};
-use crate::config::{Database, Limits};
-use crate::error::ServerError;
-use crate::request::SqlRequest;
-
-use connection::{Conn, Role, Target};
-use control::{Hooks, JobControl};
-use exec::Access;
-use job::CancelOnDrop;
-use worker::{Opener, Pool, Strays};
+use crate::config::Limits;
+use crate::protocol::batch::BatchRequest;
+use crate::protocol::error::ApiError;
+use crate::protocol::request::SqlRequest;
 
 pub(crate) use backend::Backend;
-pub(crate) use sandbox::check_text;
 pub(crate) use stream::ChunkReceiver;
+
+/// The calls the HTTP layer makes of an engine. Every call answers in the protocol's terms
+/// (an [`Outcome`], a [`Reply`], an [`ApiError`] with its code); none knows HTTP.
+pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
+    /// The engine's catalog queries, in the protocol's engine-neutral shape.
+    fn catalog(&self) -> Catalog;
+
+    /// Runs one statement without an Idempotency-Key, as `access` allows; a large success body
+    /// streams.
+    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError>;
+
+    /// Runs one keyed statement exactly once. Its whole answer comes with its share of the
+    /// server's budget, to hold until the answer is sent.
+    async fn execute_keyed(
+        &self,
+        keyed: Keyed,
+        request: SqlRequest,
+    ) -> Result<(Outcome, Held), ApiError>;
+
+    /// Runs a batch without an Idempotency-Key in one transaction (a read-only batch's
+    /// statements see one snapshot).
+    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError>;
+
+    /// Runs a keyed write batch exactly once.
+    async fn batch_keyed(
+        &self,
+        keyed: Keyed,
+        batch: BatchRequest,
+    ) -> Result<(Outcome, Held), ApiError>;
+
+    /// Whether the engine answers a trivial statement.
+    async fn ready(&self) -> Result<(), ApiError>;
+
+    /// Requests waiting for a connection now, per pool.
+    fn queue_depths(&self) -> Vec<(&'static str, usize)>;
+
+    /// Connections given up because their statement did not stop in time.
+    fn given_up(&self) -> GivenUp;
+
+    /// Closes the engine: running statements are interrupted, later requests answer 503.
+    async fn close(&self);
+}
+
+/// What a statement may do where it runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Access {
+    /// Only a statement that cannot write runs (a read-only transaction's snapshot on
+    /// PostgreSQL; a reader, or the writer under `query_only`, on SQLite).
+    ReadOnly,
+    /// Any statement runs.
+    ReadWrite,
+}
+
+/// A keyed request: run exactly once under `key` for `ttl`, identified by `request_hash`.
+pub(crate) struct Keyed {
+    /// How long the outcome is kept for replay.
+    pub(crate) ttl: Duration,
+    /// The Idempotency-Key.
+    pub(crate) key: String,
+    /// The request's identity under its key: a different request with the same key is `422`.
+    pub(crate) request_hash: [u8; 32],
+    /// The HTTP layer's in-flight claim on the key, held until the engine is done with it,
+    /// whether or not the requester still waits.
+    pub(crate) claim: Box<dyn Send + Sync>,
+}
+
+impl Keyed {
+    /// The engine is done with the key (its outcome is stored, or nothing ran): let go of the
+    /// claim. Dropping the value does the same, on any path.
+    pub(crate) fn release(self) {
+        drop(self.claim);
+    }
+}
+
+impl std::fmt::Debug for Keyed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Keyed")
+            .field("ttl", &self.ttl)
+            .field("key", &self.key)
+            .finish_non_exhaustive()
+    }
+}
 
 /// What a statement produced: a status and JSON body, fresh or replayed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,60 +141,12 @@ pub(crate) struct Outcome {
 }
 
 impl Outcome {
-    fn fresh(body: Vec<u8>) -> Outcome {
+    /// A `200` the engine just produced.
+    pub(crate) fn fresh(body: Vec<u8>) -> Outcome {
         Outcome {
             status: 200,
             body,
             replayed: false,
-        }
-    }
-}
-
-/// How an engine job that builds a whole result (a keyed outcome, a batch's results) takes its
-/// share of the server's [`Budget`]: the most one result may be (`--max-result-bytes`) when the
-/// job starts on its connection, refused with `503` before anything runs when the budget is
-/// spent; what the result really takes once it is built, until its answer has been sent.
-#[derive(Debug, Clone)]
-pub(crate) struct Buffering {
-    budget: Budget,
-    reserve: usize,
-}
-
-impl Buffering {
-    pub(crate) fn new(budget: Budget, limits: &Limits) -> Buffering {
-        let reserve = limits.max_result_bytes.min(budget.bytes());
-        Buffering { budget, reserve }
-    }
-
-    /// The share for a job that starts now.
-    pub(crate) fn start(&self) -> Result<Held, ApiError> {
-        let mut held = Held::default();
-        self.budget.cover(&mut held, self.reserve)?;
-        Ok(held)
-    }
-
-    /// Keeps of `held` what a result of `bytes` needs.
-    pub(crate) fn keep(held: &mut Held, bytes: usize) {
-        Budget::shrink(held, bytes);
-    }
-}
-
-/// `PRAGMA query_only` on a connection for as long as it lives (a panic included).
-struct QueryOnly<'a>(&'a Conn);
-
-impl<'a> QueryOnly<'a> {
-    fn on(conn: &'a Conn) -> Result<QueryOnly<'a>, ApiError> {
-        conn.conn
-            .execute_batch("PRAGMA query_only = ON")
-            .map_err(errors::map_engine_error)?;
-        Ok(QueryOnly(conn))
-    }
-}
-
-impl Drop for QueryOnly<'_> {
-    fn drop(&mut self) {
-        if let Err(e) = self.0.conn.execute_batch("PRAGMA query_only = OFF") {
-            tracing::error!(error = %e, "cannot switch query_only off on the writer");
         }
     }
 }
@@ -127,16 +161,13 @@ pub(crate) enum Reply {
     Stream(ChunkReceiver),
 }
 
-/// How often `close` interrupts statements that keep engine threads from exiting.
-const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
-
-/// How long a statement may go on after it had to stop (its deadline, its client's leaving, the
-/// engine's close) before its connection is given up (ADR 0032): ample for any statement SQLite
-/// can interrupt to stop and roll back.
-pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
-
-/// How often the watchdog looks for statements to give up.
-const WATCH_EVERY: Duration = Duration::from_millis(100);
+/// An engine's catalog queries: its tables and views, and one table's columns (the name bound
+/// as the one parameter), in the protocol's engine-neutral shape.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Catalog {
+    pub(crate) tables: &'static str,
+    pub(crate) columns: &'static str,
+}
 
 /// Given-up connections, for the metrics.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,571 +178,45 @@ pub(crate) struct GivenUp {
     pub(crate) total: u64,
 }
 
-/// Handle to the engine's threads.
-#[derive(Debug)]
-pub(crate) struct Engine {
-    writer: Arc<Pool>,
-    readers: Option<Arc<Pool>>,
-    closing: Arc<AtomicBool>,
-    /// When `close` began.
-    closing_since: Arc<OnceLock<Instant>>,
-    strays: Arc<Strays>,
-    /// Kept to remove a throwaway database that given-up connections still hold at close.
-    target: Target,
-    buffering: Buffering,
+/// How an engine job that builds a whole result (a keyed outcome, a batch's results) takes its
+/// share of the server's [`Budget`]: the most one result may be (`--max-result-bytes`) when the
+/// job starts on its connection, refused with `503` before anything runs when the budget is
+/// spent; what the result really takes once it is built, until its answer has been sent.
+#[derive(Debug, Clone)]
+pub(crate) struct Buffering {
+    budget: Budget,
+    reserve: usize,
 }
 
-/// What one pool made of a streamed request.
-enum Streamed {
-    Reply(Reply),
-    NeedsWriter,
-}
-
-impl Engine {
-    /// Opens the writer (creating the server's tables) and the readers on the calling thread,
-    /// then hands each connection to its own thread.
-    pub(crate) fn start(
-        database: &Database,
-        idempotency_ttl: Option<Duration>,
-        limits: Limits,
-        budget: Budget,
-    ) -> Result<Engine, ServerError> {
-        let open_error = |e| ServerError::open_database(database, e);
-        let closing = Arc::new(AtomicBool::new(false));
-        let target = Target::new(database).map_err(ServerError::EngineThread)?;
-        let hooks = || Arc::new(Hooks::new(Arc::clone(&closing)));
-        let mut writer = Conn::open(&target, Role::Writer, limits, hooks()).map_err(open_error)?;
-        // One limit for the whole process (SQLite's allocator is shared by every connection).
-        writer
-            .conn
-            .pragma_update(
-                None,
-                "hard_heap_limit",
-                i64::try_from(limits.max_engine_memory).unwrap_or(i64::MAX),
-            )
-            .map_err(open_error)?;
-        writer
-            .conn
-            .execute_batch(exec::ROWID_PROBE_DDL)
-            .map_err(open_error)?;
-        // The table exists even with idempotency off, so no client can claim its name.
-        idempotency::create_table(&writer.conn).map_err(open_error)?;
-        if let Some(ttl) = idempotency_ttl {
-            idempotency::purge_expired(&writer.conn, ttl).map_err(open_error)?;
-            writer.last_purge = Some(std::time::Instant::now());
-        }
-        let readers = (0..limits.read_connections)
-            .map(|_| Conn::open(&target, Role::Reader, limits, hooks()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(open_error)?;
-
-        let opener = |role: Role| -> Opener {
-            let (target, closing) = (target.clone(), Arc::clone(&closing));
-            Arc::new(move || {
-                let hooks = Arc::new(Hooks::new(Arc::clone(&closing)));
-                let conn = Conn::open(&target, role, limits, hooks)?;
-                if role == Role::Writer {
-                    conn.conn.execute_batch(exec::ROWID_PROBE_DDL)?;
-                }
-                Ok(conn)
-            })
-        };
-        // As many stray threads as there are readers (one with none): the process then runs at
-        // most `2 × read_connections + 1` engine threads (ADR 0032).
-        let strays = Arc::new(Strays::new(limits.read_connections.max(1)));
-        let pool = |name, connections, role| {
-            Pool::start(
-                name,
-                connections,
-                limits.queue_depth,
-                opener(role),
-                Arc::clone(&strays),
-                GIVE_UP_AFTER,
-            )
-            .map(Arc::new)
-            .map_err(ServerError::EngineThread)
-        };
-        let writer = pool("writer", vec![writer], Role::Writer)?;
-        let readers = if readers.is_empty() {
-            None
-        } else {
-            Some(pool("reader", readers, Role::Reader)?)
-        };
-        let closing_since = Arc::new(OnceLock::new());
-        let watched = std::iter::once(&writer)
-            .chain(&readers)
-            .map(Arc::downgrade)
-            .collect();
-        let watch_closing = Arc::clone(&closing_since);
-        std::thread::Builder::new()
-            .name("sqlhttpd-watchdog".to_owned())
-            .spawn(move || watchdog(watched, &watch_closing))
-            .map_err(ServerError::EngineThread)?;
-        Ok(Engine {
-            writer,
-            readers,
-            closing,
-            closing_since,
-            strays,
-            target,
-            buffering: Buffering::new(budget, &limits),
-        })
+impl Buffering {
+    /// Shares of `budget`, each reserving at most one result's limit.
+    pub(crate) fn new(budget: Budget, limits: &Limits) -> Buffering {
+        let reserve = limits.max_result_bytes.min(budget.bytes());
+        Buffering { budget, reserve }
     }
 
-    /// Given-up connections now and since the start.
-    pub(crate) fn given_up(&self) -> GivenUp {
-        GivenUp {
-            running: self.strays.alive(),
-            total: self.strays.total(),
-        }
+    /// The share for a job that starts now.
+    pub(crate) fn start(&self) -> Result<Held, ApiError> {
+        let mut held = Held::default();
+        self.budget.cover(&mut held, self.reserve)?;
+        Ok(held)
     }
 
-    /// Runs `job` on one of `pool`'s connections; dropping the returned future cancels it.
-    async fn run<T, F>(pool: &Pool, job: F) -> Result<T, ApiError>
-    where
-        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
-        T: Send + 'static,
-    {
-        Self::run_controlled(pool, Arc::new(JobControl::default()), job).await
-    }
-
-    /// [`Engine::run`] with the job's control made by the caller.
-    async fn run_controlled<T, F>(
-        pool: &Pool,
-        control: Arc<JobControl>,
-        job: F,
-    ) -> Result<T, ApiError>
-    where
-        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
-        T: Send + 'static,
-    {
-        let cancel = CancelOnDrop::new(Arc::clone(&control));
-        let result = pool.run(&control, job).await;
-        cancel.disarm();
-        result
-    }
-
-    /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
-    /// write, else on the writer; the whole body is built before it is returned (within
-    /// `--max-result-bytes`). For the engine's own tests: the HTTP handler streams instead
-    /// ([`Engine::execute_streamed`]).
-    #[cfg(test)]
-    pub(crate) async fn execute(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
-        let request = Arc::new(request);
-        if let Some(readers) = &self.readers {
-            let read = Arc::clone(&request);
-            let ran = Self::run(readers, move |conn| {
-                exec::execute(conn, &read, Access::ReadOnly)
-            })
-            .await?;
-            if let exec::Ran::Body(body) = ran {
-                return Ok(Outcome::fresh(body));
-            }
-        }
-        let ran = Self::run(&self.writer, move |conn| {
-            exec::execute(conn, &request, Access::ReadWrite)
-        })
-        .await?;
-        match ran {
-            exec::Ran::Body(body) => Ok(Outcome::fresh(body)),
-            exec::Ran::NeedsWriter => Err(ApiError::internal()),
-        }
-    }
-
-    /// Runs one request for a credential that may only read: on a reader, or on the writer
-    /// under `PRAGMA query_only` when there are no readers, and only if the statement cannot
-    /// write (`403 READ_ONLY` otherwise; nothing ran). Never the writer's write path, whatever
-    /// the request carries. A large result streams, as [`Engine::execute_streamed`]'s does.
-    pub(crate) async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
-        let request = Arc::new(request);
-        let streamed = match &self.readers {
-            Some(readers) => Self::run_streamed(readers, request, Access::ReadOnly, false).await?,
-            None => Self::run_streamed(&self.writer, request, Access::ReadOnly, true).await?,
-        };
-        match streamed {
-            Streamed::Reply(reply) => Ok(reply),
-            Streamed::NeedsWriter => Err(ApiError::new(
-                ErrorCode::ReadOnly,
-                "this request may only read (a read-only credential, or `read_only`), and the \
-                 statement may write; nothing was written",
-            )),
-        }
-    }
-
-    /// Jobs waiting for a connection now, per pool (`writer`, `reader`).
-    pub(crate) fn queue_depths(&self) -> Vec<(&'static str, usize)> {
-        std::iter::once(&self.writer)
-            .chain(&self.readers)
-            .map(|pool| (pool.name(), pool.waiting()))
-            .collect()
-    }
-
-    /// Runs one request without an Idempotency-Key as [`Engine::execute`] does, but streams a
-    /// success body larger than one chunk while the statement runs (see `stream`): the job keeps
-    /// its connection until the body is done or dropped.
-    pub(crate) async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
-        let request = Arc::new(request);
-        if let Some(readers) = &self.readers {
-            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly, false).await?
-            {
-                Streamed::Reply(reply) => return Ok(reply),
-                Streamed::NeedsWriter => {}
-            }
-        }
-        match Self::run_streamed(&self.writer, request, Access::ReadWrite, false).await? {
-            Streamed::Reply(reply) => Ok(reply),
-            Streamed::NeedsWriter => Err(ApiError::internal()),
-        }
-    }
-
-    /// Runs one request on `pool`, streaming a large success body; `query_only` keeps the
-    /// connection from writing for the whole job (a read credential on the writer).
-    async fn run_streamed(
-        pool: &Pool,
-        request: Arc<SqlRequest>,
-        access: Access,
-        query_only: bool,
-    ) -> Result<Streamed, ApiError> {
-        let control = Arc::new(JobControl::default());
-        let cancel = CancelOnDrop::new(Arc::clone(&control));
-        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
-        let abandon = sender.abandon_handle();
-        let result = pool.start_job(
-            &control,
-            move |conn| {
-                let _query_only = if query_only {
-                    Some(QueryOnly::on(conn)?)
-                } else {
-                    None
-                };
-                stream::execute(conn, &request, access, sender)
-            },
-            // A body that streams already ends with the error; one that does not, never starts.
-            move |err| abandon.abandon(err),
-        )?;
-        match receiver.start().await {
-            stream::Start::Streaming => {
-                // The body now owns the job: dropping it (the client left) cancels the statement.
-                receiver.hold(cancel);
-                Ok(Streamed::Reply(Reply::Stream(receiver)))
-            }
-            stream::Start::Nothing => {
-                let ran = result.await;
-                cancel.disarm();
-                match ran? {
-                    stream::Ran::Whole(body) => {
-                        Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body))))
-                    }
-                    stream::Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
-                    stream::Ran::Sent => Err(ApiError::internal()),
-                }
-            }
-        }
-    }
-
-    /// Runs one keyed request exactly once (see `idempotency`). `guard` is held until the
-    /// engine is done with the key, whether or not the requester still waits.
-    pub(crate) async fn execute_with_key<G: Send + 'static>(
-        &self,
-        ttl: Duration,
-        key: String,
-        request_hash: [u8; 32],
-        request: SqlRequest,
-        guard: G,
-    ) -> Result<(Outcome, Held), ApiError> {
-        let buffering = self.buffering.clone();
-        Self::run(&self.writer, move |writer| {
-            let _guard = guard;
-            let mut held = buffering.start()?;
-            let outcome =
-                idempotency::execute_with_key(writer, ttl, &key, &request_hash, &request)?;
-            Buffering::keep(&mut held, outcome.body.len());
-            Ok((outcome, held))
-        })
-        .await
-    }
-
-    /// Whether every pool answers a trivial statement.
-    pub(crate) async fn ready(&self) -> Result<(), ApiError> {
-        let probe = |conn: &mut Conn| {
-            conn.conn
-                .query_row("SELECT 1", [], |row| row.get::<_, i64>(0))
-                .map(drop)
-                .map_err(errors::map_engine_error)
-        };
-        Self::run(&self.writer, probe).await?;
-        if let Some(readers) = &self.readers {
-            Self::run(readers, probe).await?;
-        }
-        Ok(())
-    }
-
-    /// Closes the connections: statements running or queued are interrupted (their requests
-    /// answer 503), and this returns once every connection has been dropped or, for a statement
-    /// that did not stop within [`GIVE_UP_AFTER`], given up (its thread is left to end on its
-    /// own; a file database recovers what it had not committed on its next open). Later
-    /// requests answer 503.
-    pub(crate) async fn close(&self) {
-        let since = *self.closing_since.get_or_init(Instant::now);
-        self.closing.store(true, Ordering::Release);
-        let pools: Vec<&Pool> = std::iter::once(&self.writer)
-            .chain(&self.readers)
-            .map(|pool| &**pool)
-            .collect();
-        for pool in &pools {
-            pool.close_queue();
-        }
-        loop {
-            let now = Instant::now();
-            pools.iter().for_each(|pool| pool.watch(now, Some(since)));
-            if pools.iter().all(|pool| pool.settled()) {
-                break;
-            }
-            pools.iter().for_each(|pool| pool.interrupt_all());
-            tokio::time::sleep(INTERRUPT_EVERY).await;
-        }
-        if self.strays.alive() > 0 {
-            // Given-up connections keep a throwaway database open; it is not left behind.
-            self.target.discard();
-        }
+    /// `outcome` with what its body needs of `held` (the rest given back), to hold until its
+    /// answer is sent.
+    pub(crate) fn kept(mut held: Held, outcome: Outcome) -> (Outcome, Held) {
+        Budget::shrink(&mut held, outcome.body.len());
+        (outcome, held)
     }
 }
 
-/// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
-/// it. Ends when the engine is gone, or closed and settled.
-fn watchdog(pools: Vec<Weak<Pool>>, closing_since: &OnceLock<Instant>) {
-    loop {
-        std::thread::sleep(WATCH_EVERY);
-        let now = Instant::now();
-        let mut open = false;
-        for pool in pools.iter().filter_map(Weak::upgrade) {
-            pool.watch(now, closing_since.get().copied());
-            open |= closing_since.get().is_none() || !pool.settled();
-        }
-        if !open {
-            return;
-        }
-    }
+/// The answer of an engine that is closing (or closed), the same from both engines: another
+/// replica, or this one once restarted, can take the request.
+pub(crate) fn shutting_down() -> ApiError {
+    ApiError::unavailable(SHUTTING_DOWN)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn engine_with(limits: Limits) -> Engine {
-        Engine::start(&Database::Memory, None, limits, Budget::new(1 << 30)).unwrap()
-    }
-
-    fn engine() -> Engine {
-        engine_with(Limits::default())
-    }
-
-    fn statement(sql: &str) -> SqlRequest {
-        SqlRequest {
-            sql: sql.into(),
-            params: vec![],
-            read_only: false,
-        }
-    }
-
-    const ENDLESS: &str =
-        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
-
-    #[tokio::test]
-    async fn a_panicking_job_is_a_500_and_the_engine_lives_on() {
-        let engine = engine();
-        let err = Engine::run(&engine.writer, |conn| -> Result<(), ApiError> {
-            conn.conn.execute_batch("BEGIN").unwrap();
-            panic!("boom")
-        })
-        .await
-        .unwrap_err();
-        assert_eq!(err.code, ErrorCode::Internal);
-        assert_eq!(err.message, crate::api_error::INTERNAL_MESSAGE);
-        let autocommit = Engine::run(&engine.writer, |conn| Ok(conn.conn.is_autocommit()))
-            .await
-            .unwrap();
-        assert!(
-            autocommit,
-            "the panicking job's transaction was rolled back"
-        );
-        let ok = engine.execute(statement("SELECT 1")).await.unwrap();
-        assert_eq!(ok.status, 200);
-    }
-
-    /// Waits (a bounded while) until nothing but the test holds `control`.
-    async fn released(control: &Arc<JobControl>) -> bool {
-        for _ in 0..200 {
-            if Arc::strong_count(control) == 1 {
-                return true;
-            }
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-        false
-    }
-
-    #[tokio::test]
-    async fn nothing_of_a_finished_job_outlives_it() {
-        let engine = engine();
-        for outcome in [Ok(()), Err(ApiError::internal())] {
-            let control = Arc::new(JobControl::default());
-            let result =
-                Engine::run_controlled(&engine.writer, Arc::clone(&control), move |_| outcome)
-                    .await;
-            drop(result);
-            assert!(released(&control).await, "the job's control leaked");
-            assert!(!control.is_cancelled(), "a finished job is not cancelled");
-        }
-    }
-
-    #[tokio::test]
-    async fn close_interrupts_a_running_statement_and_later_jobs_get_503() {
-        let engine = engine();
-        let endless = engine.execute(statement(ENDLESS));
-        let (endless, ()) = tokio::join!(endless, async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            engine.close().await;
-        });
-        assert_eq!(endless.unwrap_err().code, ErrorCode::Unavailable);
-        let after = engine.execute(statement("SELECT 1")).await.unwrap_err();
-        assert_eq!(after.code, ErrorCode::Unavailable);
-    }
-
-    #[tokio::test]
-    async fn a_runaway_statement_times_out_and_the_engine_serves_on() {
-        let engine = engine_with(Limits {
-            statement_timeout: Duration::from_millis(100),
-            ..Limits::default()
-        });
-        let err = engine.execute(statement(ENDLESS)).await.unwrap_err();
-        assert_eq!(err.code, ErrorCode::StatementTimeout);
-        assert!(err.message.contains("100 ms"), "{}", err.message);
-        engine.execute(statement("SELECT 1")).await.unwrap();
-    }
-
-    #[tokio::test]
-    async fn a_dropped_request_stops_its_statement() {
-        let engine = engine_with(Limits {
-            read_connections: 1,
-            ..Limits::default()
-        });
-        let abandoned = tokio::time::timeout(
-            Duration::from_millis(50),
-            engine.execute(statement(ENDLESS)),
-        )
-        .await;
-        assert!(
-            abandoned.is_err(),
-            "the endless statement was still running"
-        );
-        // The only reader is free again well within the statement timeout.
-        let quick = tokio::time::timeout(
-            Duration::from_secs(5),
-            engine.execute(statement("SELECT 1")),
-        )
-        .await
-        .expect("the reader was released");
-        assert_eq!(quick.unwrap().status, 200);
-    }
-
-    #[tokio::test]
-    async fn a_full_queue_answers_503_at_once() {
-        let engine = engine_with(Limits {
-            read_connections: 1,
-            queue_depth: 1,
-            statement_timeout: Duration::from_millis(500),
-            ..Limits::default()
-        });
-        let running = engine.execute(statement(ENDLESS));
-        let queued = async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            engine.execute(statement(ENDLESS)).await
-        };
-        let refused = async {
-            tokio::time::sleep(Duration::from_millis(100)).await;
-            engine.execute(statement("SELECT 1")).await
-        };
-        let (running, queued, refused) = tokio::join!(running, queued, refused);
-        assert_eq!(running.unwrap_err().code, ErrorCode::StatementTimeout);
-        assert_eq!(queued.unwrap_err().code, ErrorCode::StatementTimeout);
-        let refused = refused.unwrap_err();
-        assert_eq!(refused.code, ErrorCode::Unavailable);
-        assert!(refused.message.contains("busy"), "{}", refused.message);
-    }
-
-    #[tokio::test]
-    async fn read_only_requests_never_write_with_or_without_readers() {
-        for read_connections in [0, 2] {
-            let engine = engine_with(Limits {
-                read_connections,
-                ..Limits::default()
-            });
-            engine
-                .execute(statement("CREATE TABLE t (x)"))
-                .await
-                .unwrap();
-            for sql in [
-                "INSERT INTO t VALUES (1)",
-                "CREATE TABLE u (x)",
-                "DROP TABLE t",
-                "INSERT INTO t VALUES (1) RETURNING x",
-            ] {
-                let err = engine.execute_read_only(statement(sql)).await.unwrap_err();
-                assert_eq!(err.code, ErrorCode::ReadOnly, "{sql}");
-            }
-            let count = engine
-                .execute_read_only(statement("SELECT count(*) FROM t"))
-                .await
-                .unwrap();
-            let Reply::Whole(count) = count else {
-                panic!("a one-row result is answered whole")
-            };
-            assert!(String::from_utf8_lossy(&count.body).contains("[[0]]"));
-            // The writer still writes for everyone else.
-            engine
-                .execute(statement("INSERT INTO t VALUES (2)"))
-                .await
-                .unwrap();
-            assert_eq!(engine.queue_depths()[0], ("writer", 0));
-            assert_eq!(
-                engine.queue_depths().len(),
-                1 + usize::from(read_connections > 0)
-            );
-        }
-    }
-
-    #[tokio::test]
-    async fn reads_run_beside_a_long_read() {
-        let engine = engine_with(Limits {
-            read_connections: 2,
-            statement_timeout: Duration::from_secs(2),
-            ..Limits::default()
-        });
-        let long = engine.execute(statement(ENDLESS));
-        let quick = async {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-            let started = std::time::Instant::now();
-            engine.execute(statement("SELECT 1")).await.unwrap();
-            engine
-                .execute(statement("CREATE TABLE t (x)"))
-                .await
-                .unwrap();
-            engine
-                .execute(statement("INSERT INTO t VALUES (1)"))
-                .await
-                .unwrap();
-            let count = engine
-                .execute(statement("SELECT count(*) FROM t"))
-                .await
-                .unwrap();
-            (started.elapsed(), count)
-        };
-        let (long, (elapsed, count)) = tokio::join!(long, quick);
-        assert_eq!(long.unwrap_err().code, ErrorCode::StatementTimeout);
-        assert!(
-            elapsed < Duration::from_secs(1),
-            "quick work waited {elapsed:?}"
-        );
-        assert!(String::from_utf8_lossy(&count.body).contains("[[1]]"));
-    }
-}
+/// What [`shutting_down`] says, also the HTTP layer's answer for a request that arrives while
+/// the server drains.
+pub(crate) const SHUTTING_DOWN: &str =
+    "the server is shutting down; retry on another replica or later";

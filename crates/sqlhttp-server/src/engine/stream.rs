@@ -1,13 +1,14 @@
-//! Streaming one statement's success body while the engine steps it: [`channel`] (a bounded
-//! queue of body chunks from an engine thread to the HTTP body), the sink that cuts the row
-//! writer's output into chunks, and [`execute`], which runs a statement through them and signals
-//! a failure after the first chunk inside the body (see `docs/adr/0016-streamed-results.md`).
+//! Streaming one statement's success body while the engine steps it, for both engines:
+//! [`channel`] (a bounded queue of body chunks from an engine to the HTTP body) and the [`Sink`]
+//! a row writer hands its output to after each row, which keeps it whole or cuts it into chunks
+//! ([`Chunks`]) and sends them on (see `docs/adr/0016-streamed-results.md`).
 //!
-//! The engine thread blocks while the queue is full (an async producer, the PostgreSQL engine,
+//! The SQLite engine's thread blocks while the queue is full (the PostgreSQL engine's task
 //! waits with [`ChunkSender::send_async`] instead), so a request holds one small buffer and a
 //! few chunks whatever the result's size; it stops when the HTTP body is dropped (the client went
-//! away), when its statement timeout passes, or when the engine closes. Knows the row writer and
-//! the job's stop conditions; nothing about HTTP beyond being a `Stream` of byte chunks.
+//! away), when its statement timeout passes, or when the engine closes. Knows the chunking and
+//! the job's stop condition; nothing about SQL, either engine, or HTTP beyond being a `Stream`
+//! of byte chunks.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -17,10 +18,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
-use crate::api_error::ApiError;
-use crate::engine::connection::Conn;
-use crate::engine::exec::{self, Access, Sink, Written};
-use crate::request::SqlRequest;
+use crate::protocol::error::ApiError;
+use crate::protocol::result;
 
 /// A chunk is handed to the HTTP body once the rows written reach this many bytes.
 pub(crate) const CHUNK_BYTES: usize = 32 * 1024;
@@ -251,7 +250,7 @@ impl Abandon {
         state.abandoned = true;
         if state.sent_any {
             let mut tail = Vec::new();
-            exec::write_error_tail(&mut tail, err);
+            result::error_tail(&mut tail, err);
             state.queue.push_back(Bytes::from(tail));
             state.finished = true;
         } else {
@@ -383,98 +382,100 @@ impl futures_core::Stream for ChunkReceiver {
     }
 }
 
-/// Cuts the row writer's output into chunks and sends them.
-struct StreamSink<'a> {
-    conn: &'a Conn,
+/// Where a row writer hands its output after each row: kept whole up to a limit, or cut into
+/// chunks and sent on while the statement runs. The SQLite engine calls it from an engine
+/// thread ([`Sink::after_row_blocking`]), the PostgreSQL engine from a task ([`Sink::after_row`]).
+pub(crate) enum Sink<'a> {
+    /// Keeps the whole body, up to `--max-result-bytes`.
+    Buffered {
+        /// The largest body kept.
+        limit: usize,
+    },
+    /// Sends the body on in chunks as it grows.
+    Stream(Chunks<'a>),
+}
+
+impl Sink<'_> {
+    /// After row number `rows` (from 1) was written (`out` ends after a whole row), on an
+    /// engine thread: a chunk that is due is sent, blocking while the queue is full.
+    pub(crate) fn after_row_blocking(
+        &mut self,
+        out: &mut Vec<u8>,
+        rows: u64,
+    ) -> Result<(), ApiError> {
+        match self {
+            Sink::Buffered { limit } => result::within_buffered_limit(out.len(), *limit, rows),
+            Sink::Stream(chunks) => match chunks.due(out, rows) {
+                Some(chunk) => chunks
+                    .sender
+                    .send(chunk, chunks.must_stop)
+                    // Gone or told to stop: either way the statement stops, and the engine (or
+                    // the streamed error tail) says why.
+                    .map_err(|_: SendError| ApiError::interrupted()),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// [`Sink::after_row_blocking`] for a task: waits for room in the queue without blocking
+    /// a thread.
+    pub(crate) async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+        match self {
+            Sink::Buffered { limit } => result::within_buffered_limit(out.len(), *limit, rows),
+            Sink::Stream(chunks) => match chunks.due(out, rows) {
+                Some(chunk) => chunks
+                    .sender
+                    .send_async(chunk, chunks.must_stop)
+                    .await
+                    .map_err(|_: SendError| ApiError::interrupted()),
+                None => Ok(()),
+            },
+        }
+    }
+
+    /// Whether a chunk was sent (the response has started): a failure from now on is written
+    /// into the body.
+    pub(crate) fn started(&self) -> bool {
+        matches!(self, Sink::Stream(chunks) if chunks.started)
+    }
+}
+
+/// The chunk cutter: hands the rows written so far to the HTTP body once they reach
+/// [`CHUNK_BYTES`], or once [`FLUSH_AFTER`] has passed (so a slow statement's first rows reach
+/// the client without waiting for a whole chunk).
+pub(crate) struct Chunks<'a> {
     sender: &'a ChunkSender,
+    must_stop: &'a (dyn Fn() -> bool + Sync),
     started: bool,
     last_flush: Instant,
 }
 
-impl StreamSink<'_> {
-    fn flush(&mut self, out: &mut Vec<u8>) -> Result<(), ApiError> {
-        let chunk = Bytes::from(std::mem::replace(
-            out,
-            Vec::with_capacity(CHUNK_BYTES + 1024),
-        ));
-        self.started = true;
-        self.last_flush = Instant::now();
-        let hooks = &self.conn.hooks;
-        self.sender
-            .send(chunk, || hooks.must_stop())
-            // Gone or told to stop: either way the statement stops, and the worker (or the
-            // streamed error tail) says why.
-            .map_err(|_: SendError| ApiError::interrupted())
+impl<'a> Chunks<'a> {
+    /// Sends through `sender`; `must_stop` says when the job must stop (its requester went
+    /// away, its deadline passed, the engine closes).
+    pub(crate) fn new(sender: &'a ChunkSender, must_stop: &'a (dyn Fn() -> bool + Sync)) -> Self {
+        Chunks {
+            sender,
+            must_stop,
+            started: false,
+            last_flush: Instant::now(),
+        }
     }
-}
 
-impl Sink for StreamSink<'_> {
-    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
+    /// The chunk to send after row `rows`, taken out of `out`, when one is due.
+    fn due(&mut self, out: &mut Vec<u8>, rows: u64) -> Option<Bytes> {
         // The clock is read every 64 rows: cheap, and often enough for a slow statement.
         if out.len() >= CHUNK_BYTES
             || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
         {
-            self.flush(out)?;
+            self.started = true;
+            self.last_flush = Instant::now();
+            return Some(Bytes::from(std::mem::replace(
+                out,
+                Vec::with_capacity(CHUNK_BYTES + 1024),
+            )));
         }
-        Ok(())
-    }
-}
-
-/// What running a statement through the stream gave.
-#[derive(Debug)]
-pub(crate) enum Ran {
-    /// The whole success body: it fit one chunk, and nothing was sent.
-    Whole(Vec<u8>),
-    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
-    NeedsWriter,
-    /// The body went through the channel, to its end or to an error written into it.
-    Sent,
-}
-
-/// Runs the request's statement, sending its success body through `sender` as rows are
-/// written. A body that fits one chunk is returned whole instead (`Ran::Whole`: the caller answers
-/// it with a length, and an error before it is an ordinary error response). Once a chunk has
-/// been sent, a failure is written into the body as its `"error"` member and the body ends
-/// there; nothing that follows can make the client take it for a whole result.
-pub(crate) fn execute(
-    conn: &Conn,
-    request: &SqlRequest,
-    access: Access,
-    sender: ChunkSender,
-) -> Result<Ran, ApiError> {
-    let mut out = Vec::with_capacity(CHUNK_BYTES + 1024);
-    let mut sink = StreamSink {
-        conn,
-        sender: &sender,
-        started: false,
-        last_flush: Instant::now(),
-    };
-    let written = exec::write_result(conn, request, access, &mut out, &mut sink);
-    let started = sink.started;
-    match written {
-        Ok(Written::NeedsWriter) => Ok(Ran::NeedsWriter),
-        Ok(Written::Done) if !started => Ok(Ran::Whole(out)),
-        Ok(Written::Done) => {
-            sender.finish(Bytes::from(out));
-            Ok(Ran::Sent)
-        }
-        Err(err) if !started => Err(err),
-        Err(err) => {
-            if sender.is_gone() {
-                // Nobody reads the body any more: the job was cancelled.
-                return Err(err);
-            }
-            let err = if err.interrupted {
-                conn.hooks.interrupted_error()
-            } else {
-                err
-            };
-            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
-            // `out` ends after a whole row: close the rows and say why the body ends here.
-            exec::write_error_tail(&mut out, &err);
-            sender.finish(Bytes::from(out));
-            Ok(Ran::Sent)
-        }
+        None
     }
 }
 

@@ -7,9 +7,9 @@
 use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::error::ServerError;
 use crate::http::credentials::{Credential, Label};
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// The accepted tokens, as digests with the credential each stands for; empty means the API is
 /// open.

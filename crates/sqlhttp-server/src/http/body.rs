@@ -16,8 +16,8 @@ use std::pin::Pin;
 use axum::body::{Body, Bytes, HttpBody};
 use axum::http::{HeaderMap, header};
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::budget::{Budget, Held};
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Oversized bodies up to this size are drained before `413`; larger ones are cut at once.
 const DRAIN_AT_MOST: u64 = 16 * 1024 * 1024;

@@ -20,8 +20,8 @@ use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service, ServiceExt as _};
 use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// How long a browser may cache a preflight answer.
 const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);

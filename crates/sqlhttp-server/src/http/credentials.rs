@@ -144,7 +144,7 @@ pub(crate) fn of(
     extensions: &axum::http::Extensions,
     headers: &axum::http::HeaderMap,
     state: &AppState,
-) -> Result<Credential, crate::api_error::ApiError> {
+) -> Result<Credential, crate::protocol::error::ApiError> {
     match extensions.get::<Credential>() {
         Some(credential) => Ok(*credential),
         None => state.inner.tokens.authorize(headers),

@@ -6,16 +6,19 @@
 //! as it reads a client's.
 //!
 //! Knows the route, its body and how a describe becomes a read; the SQL is each engine's own
-//! (`engine::catalog`, `engine::postgres::catalog`).
+//! (`engine::sqlite::catalog`, `engine::postgres::catalog`). Admission is `admit`'s, as for every
+//! API call.
 
-use axum::extract::{Request, State};
+use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
-use crate::api_error::ApiError;
-use crate::http::admitted_body;
-use crate::request::{Param, SqlRequest};
-use crate::state::AppState;
+use crate::engine::{Access, Engine as _};
+use crate::http::admit::{Admissible, Admitted};
+use crate::http::credentials::Credential;
+use crate::protocol::error::ApiError;
+use crate::protocol::request::{Param, SqlRequest};
+use crate::state::{AppState, Shared};
 
 /// The path of the describe call.
 pub(crate) const DESCRIBE_PATH: &str = "/api/v1/describe";
@@ -24,35 +27,48 @@ pub(crate) const DESCRIBE_PATH: &str = "/api/v1/describe";
 const MAX_NAME_BYTES: usize = 1024;
 
 /// The body: which table, or none for the list.
-#[derive(Deserialize)]
+#[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Describe {
+pub(crate) struct Describe {
     table: Option<String>,
 }
 
+impl Admissible for Describe {
+    fn limit(shared: &Shared) -> usize {
+        shared.max_body_bytes
+    }
+
+    /// Any credential may describe: it is a read.
+    fn admit(bytes: &[u8], _: &Shared, _: &Credential) -> Result<Self, ApiError> {
+        let asked: Describe = serde_json::from_slice(bytes).map_err(|err| {
+            ApiError::bad_request(format!(
+                "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"
+            ))
+        })?;
+        // serde also reads a struct from an array (`["books"]`); the body is an object.
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::bad_request(
+                "a describe body is {} or {\"table\": \"NAME\"}, a JSON object",
+            ));
+        }
+        Ok(asked)
+    }
+}
+
 /// Answers a describe call.
-pub(crate) async fn describe(State(state): State<AppState>, request: Request) -> Response {
-    match run(&state, request).await {
+pub(crate) async fn describe(
+    State(state): State<AppState>,
+    admitted: Admitted<Describe>,
+) -> Response {
+    match run(&state, admitted.body).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
     }
 }
 
-async fn run(state: &AppState, request: Request) -> Result<Response, ApiError> {
+/// A key, if any, has nothing to apply once: a describe only reads.
+async fn run(state: &AppState, asked: Describe) -> Result<Response, ApiError> {
     let shared = &state.inner;
-    // Any credential may describe: it is a read. A key, if any, has nothing to apply once.
-    let (_admitted, bytes, _held) = admitted_body(state, request, shared.max_body_bytes).await?;
-    let asked: Describe = serde_json::from_slice(&bytes).map_err(|err| {
-        ApiError::bad_request(format!(
-            "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"
-        ))
-    })?;
-    // serde also reads a struct from an array (`["books"]`); the body is an object.
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad_request(
-            "a describe body is {} or {\"table\": \"NAME\"}, a JSON object",
-        ));
-    }
     let catalog = shared.engine.catalog();
     let (sql, params) = match asked.table {
         None => (catalog.tables, Vec::new()),
@@ -68,6 +84,6 @@ async fn run(state: &AppState, request: Request) -> Result<Response, ApiError> {
         params,
         read_only: true,
     };
-    let reply = shared.engine.execute_read_only(request).await?;
+    let reply = shared.engine.execute(request, Access::ReadOnly).await?;
     Ok(super::reply_response(reply, crate::budget::Held::default()))
 }

@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::Sleep;
 
-use crate::api_error::{ApiError, ErrorCode};
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// The whole HTTP/1.1 response for `error`, closing the connection.
 pub(crate) fn raw_response(error: &ApiError) -> Vec<u8> {

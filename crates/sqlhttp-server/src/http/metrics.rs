@@ -20,8 +20,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::api_error::ApiError;
-use crate::engine::GivenUp;
+use crate::engine::{Engine as _, GivenUp};
+use crate::protocol::error::ApiError;
 use crate::state::AppState;
 
 /// The media type of the exposition.

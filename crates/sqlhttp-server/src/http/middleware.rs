@@ -15,12 +15,12 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument as _;
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::http::credentials::Label;
 use crate::http::metrics::Observation;
 use crate::http::request_id::{RequestId, X_REQUEST_ID};
 use crate::http::rows::Rows;
 use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
+use crate::protocol::error::{ApiError, ErrorCode};
 use crate::state::AppState;
 
 /// Longest `Sqlhttp-Attempt` value copied into the log.

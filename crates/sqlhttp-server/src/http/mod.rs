@@ -1,11 +1,12 @@
 //! The HTTP surface: [`app`] (routes, fallbacks, layers), the probes, and the
-//! `POST /api/v1/sql` handler, which takes the request's credential (see `credentials`),
-//! requires a JSON body, validates the Idempotency-Key, reads the body within its size and time
-//! limits, decodes it and hands the statement to the engine (read-only for a read credential).
-//! `POST /api/v1/batch` (atomic batches) lives in `batch`.
+//! `POST /api/v1/sql` handler, which takes an admitted statement (see `admit`: credential, JSON,
+//! Idempotency-Key, body, text checks) and hands it to the engine through the engine contract
+//! (read-only for a read credential, exactly once under a key). `POST /api/v1/batch` (atomic
+//! batches) lives in `batch`, `POST /api/v1/describe` in `describe`.
 //!
-//! Knows HTTP and the protocol; it does not know SQLite (only the engine's async handle).
+//! Knows HTTP and the protocol; it does not know either engine (only `engine::Engine`).
 
+mod admit;
 pub(crate) mod auth;
 mod batch;
 mod body;
@@ -22,27 +23,26 @@ pub(crate) mod request_id;
 mod rows;
 
 use axum::Router;
-use axum::extract::{Request, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::extract::State;
+use axum::http::{HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
-use crate::api_error::{ApiError, ErrorCode, json_response};
 use crate::budget::Held;
-use crate::engine::{Outcome, Reply, check_text};
-use crate::request::SqlRequest;
+use crate::engine::{Access, Engine as _, Keyed, Outcome, Reply};
+use crate::protocol::error::{ApiError, ErrorCode, json_response};
+use crate::protocol::request::SqlRequest;
 use crate::state::AppState;
+
+use admit::Admitted;
 
 /// The SQL endpoint's path.
 pub(crate) const SQL_PATH: &str = "/api/v1/sql";
 pub(crate) const ATTEMPT: HeaderName = HeaderName::from_static("sqlhttp-attempt");
 pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
 pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// Longest accepted Idempotency-Key.
-const MAX_KEY_LEN: usize = 255;
 
 /// How long `/readyz` waits for the engine to answer a trivial statement.
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
@@ -144,8 +144,8 @@ async fn probe_method_not_allowed() -> ApiError {
     ApiError::method_not_allowed("GET, HEAD")
 }
 
-async fn sql(State(state): State<AppState>, request: Request) -> Response {
-    match run_sql(&state, request).await {
+async fn sql(State(state): State<AppState>, admitted: Admitted<SqlRequest>) -> Response {
+    match run_sql(&state, admitted).await {
         Ok((reply, held)) => reply_response(reply, held),
         Err(err) => err.into_response(),
     }
@@ -160,67 +160,21 @@ pub(crate) fn reply_response(reply: Reply, held: Held) -> Response {
     }
 }
 
-/// What every API request passes before its body is read: its credential, a body declared as
-/// JSON, and its Idempotency-Key (when the server honours keys).
-pub(crate) struct Admitted {
-    pub(crate) credential: credentials::Credential,
-    pub(crate) key: Option<(std::time::Duration, String)>,
-}
-
-pub(crate) fn admit(
+/// Runs one admitted statement; a whole answer comes with its share of the server's budget
+/// (nothing for a small fresh result, whose job held none).
+async fn run_sql(
     state: &AppState,
-    parts: &axum::http::request::Parts,
-) -> Result<Admitted, ApiError> {
-    let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
-    require_json(&parts.headers)?;
-    let key = match state.inner.idempotency_ttl {
-        Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
-        None => None,
-    };
-    Ok(Admitted { credential, key })
-}
-
-/// Admits `request` and reads its body within `limit` bytes (and the body timeout): what the
-/// request may do, its bytes, and their share of the server's budget, held until it is answered.
-pub(crate) async fn admitted_body(
-    state: &AppState,
-    request: Request,
-    limit: usize,
-) -> Result<(Admitted, axum::body::Bytes, Held), ApiError> {
-    let shared = &state.inner;
-    let (parts, body) = request.into_parts();
-    let admitted = admit(state, &parts)?;
-    let (bytes, held) = body::read_within(
-        body,
-        &parts.headers,
-        limit,
-        &shared.budget,
-        shared.body_timeout,
-    )
-    .await?;
-    Ok((admitted, bytes, held))
-}
-
-/// Marks `key` as running until the returned guard drops, or answers `409
-/// IDEMPOTENCY_KEY_IN_USE` when a request with it is running already.
-pub(crate) fn claim(state: &AppState, key: &str) -> Result<crate::state::KeyGuard, ApiError> {
-    state.inner.claim(key).ok_or_else(|| {
-        ApiError::new(
-            ErrorCode::IdempotencyKeyInUse,
-            "a request with this Idempotency-Key is still running; retry later",
-        )
-    })
-}
-
-/// Runs one statement; a whole answer comes with its share of the server's budget (nothing
-/// for a small fresh result, whose job held none).
-async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), ApiError> {
+    admitted: Admitted<SqlRequest>,
+) -> Result<(Reply, Held), ApiError> {
     let shared = &state.inner;
     // `_held`: the body's share of the server's budget, until the request is answered.
-    let (Admitted { credential, key }, bytes, _held) =
-        admitted_body(state, request, shared.max_body_bytes).await?;
-    let request = SqlRequest::parse(&bytes)?;
-    check_text(&request.sql, &shared.limits)?;
+    let Admitted {
+        credential,
+        key,
+        body: request,
+        bytes,
+        held: _held,
+    } = admitted;
     tracing::debug!(sql = %request.sql, "statement");
 
     if !credential.may_write() || request.read_only {
@@ -229,7 +183,7 @@ async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), Ap
         let asked = request.read_only;
         return shared
             .engine
-            .execute_read_only(request)
+            .execute(request, Access::ReadOnly)
             .await
             .map(|reply| (reply, Held::default()))
             .map_err(|err| {
@@ -241,14 +195,19 @@ async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), Ap
             });
     }
     let Some((ttl, key)) = key else {
-        let reply = shared.engine.execute_streamed(request).await?;
+        let reply = shared.engine.execute(request, Access::ReadWrite).await?;
         return Ok((reply, Held::default()));
     };
-    let guard = claim(state, &key)?;
-    let request_hash: [u8; 32] = Sha256::digest(&bytes).into();
+    let claim = admit::claim(state, &key)?;
+    let keyed = Keyed {
+        ttl,
+        key,
+        request_hash: Sha256::digest(&bytes).into(),
+        claim: Box::new(claim),
+    };
     shared
         .engine
-        .execute_with_key(ttl, key, request_hash, request, guard)
+        .execute_keyed(keyed, request)
         .await
         .map(|(outcome, held)| (Reply::Whole(outcome), held))
 }
@@ -257,46 +216,6 @@ async fn run_sql(state: &AppState, request: Request) -> Result<(Reply, Held), Ap
 const READ_ONLY_HINT: &str = "the request was sent with \"read_only\": true; send a statement \
      that writes without it (with the sqlhttp SDK: `execute`, `insert` or a write batch, not \
      `query`)";
-
-/// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
-/// `text/plain` across origins without asking first; they cannot send `application/json`.
-fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
-    let declared = headers
-        .get(axum::http::header::CONTENT_TYPE)
-        .and_then(|value| value.to_str().ok())
-        .and_then(|value| value.split(';').next())
-        .map(str::trim);
-    match declared {
-        Some(media) if media.eq_ignore_ascii_case("application/json") => Ok(()),
-        _ => Err(ApiError::new(
-            ErrorCode::UnsupportedMediaType,
-            "the body must be sent with `Content-Type: application/json`",
-        )),
-    }
-}
-
-/// The request's Idempotency-Key: 1 to 255 visible ASCII characters, at most one header.
-fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
-    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
-    let Some(value) = values.next() else {
-        return Ok(None);
-    };
-    let invalid = || {
-        ApiError::bad_request(format!(
-            "Idempotency-Key must be one header of 1 to {MAX_KEY_LEN} visible ASCII characters"
-        ))
-    };
-    let bytes = value.as_bytes();
-    if values.next().is_some()
-        || bytes.is_empty()
-        || bytes.len() > MAX_KEY_LEN
-        || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
-    {
-        return Err(invalid());
-    }
-    // Visible ASCII is valid UTF-8.
-    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
-}
 
 /// A `200` whose JSON body streams from the engine (chunked); see ADR 0016.
 fn streamed_response(body: crate::engine::ChunkReceiver) -> Response {
@@ -354,7 +273,11 @@ mod tests {
                 middleware::log_requests,
             ));
         let response = router
-            .oneshot(Request::get("/boom").body(Body::empty()).unwrap())
+            .oneshot(
+                axum::extract::Request::get("/boom")
+                    .body(Body::empty())
+                    .unwrap(),
+            )
             .await
             .unwrap();
         assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
@@ -367,53 +290,5 @@ mod tests {
             text,
             r#"{"error":{"code":"INTERNAL","message":"internal server error"}}"#
         );
-    }
-
-    #[test]
-    fn only_json_bodies_are_accepted() {
-        let with = |value: Option<&str>| {
-            let mut headers = HeaderMap::new();
-            if let Some(value) = value {
-                headers.insert(
-                    axum::http::header::CONTENT_TYPE,
-                    HeaderValue::from_str(value).unwrap(),
-                );
-            }
-            require_json(&headers).map_err(|e| e.code)
-        };
-        assert_eq!(with(Some("application/json")), Ok(()));
-        assert_eq!(with(Some("Application/JSON; charset=utf-8")), Ok(()));
-        for refused in [
-            None,
-            Some("text/plain"),
-            Some("application/jsonx"),
-            Some(""),
-        ] {
-            assert_eq!(
-                with(refused),
-                Err(ErrorCode::UnsupportedMediaType),
-                "{refused:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn idempotency_key_syntax() {
-        let with = |values: &[&[u8]]| {
-            let mut headers = HeaderMap::new();
-            for value in values {
-                headers.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(value).unwrap());
-            }
-            idempotency_key(&headers)
-        };
-        assert_eq!(with(&[]).unwrap(), None);
-        assert_eq!(with(&[b"abc-123"]).unwrap().as_deref(), Some("abc-123"));
-        assert!(with(&[&[b'k'; 255]]).unwrap().is_some());
-        assert!(with(&[&[b'k'; 256]]).is_err());
-        assert!(with(&[b""]).is_err());
-        assert!(with(&[b"has space"]).is_err());
-        assert!(with(&[b"tab\there"]).is_err());
-        assert!(with(&[b"caf\xc3\xa9"]).is_err());
-        assert!(with(&[b"a", b"b"]).is_err());
     }
 }

@@ -17,9 +17,9 @@ use governor::clock::{Clock, DefaultClock};
 use governor::middleware::NoOpMiddleware;
 use governor::state::keyed::DefaultKeyedStateStore;
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::config::RateLimit;
 use crate::http::credentials::Label;
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Checks between two prunings of idle buckets.
 const PRUNE_EVERY: u64 = 4096;

@@ -4,7 +4,7 @@
 //! small validator of the JSON Schema subset the document uses (ADR 0030).
 //!
 //! Knows the document, the public HTTP API, and where the source keeps its error table and its
-//! routes (`src/api_error.rs`, `src/http/*.rs`); nothing about the engines.
+//! routes (`src/protocol/error.rs`, `src/http/*.rs`); nothing about the engines.
 
 use std::collections::BTreeSet;
 
@@ -265,7 +265,7 @@ fn arm_strings(text: &str) -> BTreeSet<String> {
 
 #[test]
 fn every_error_code_is_in_the_document_and_the_other_way_round() {
-    let source = std::fs::read_to_string(format!("{CRATE}/src/api_error.rs")).unwrap();
+    let source = std::fs::read_to_string(format!("{CRATE}/src/protocol/error.rs")).unwrap();
     let enum_start = source.find("pub(crate) enum ErrorCode {").unwrap();
     let enum_body = &source[enum_start..enum_start + source[enum_start..].find("\n}").unwrap()];
     let variants = enum_body

@@ -1,10 +1,18 @@
 //! The PostgreSQL engine's catalog queries behind `POST /api/v1/describe`, in the same shape
-//! as the SQLite engine's (`engine::catalog`): the tables and views of the schemas on the client
+//! as the SQLite engine's (`engine::sqlite::catalog`): the tables and views of the schemas on the client
 //! role's search path, and one table's columns.
 //!
 //! Plain SQL text, run as a verified read by the client role, so it lists what that role can
 //! see. Knows PostgreSQL's catalog (`pg_class`, `pg_attribute`, `pg_index`); nothing about HTTP
 //! or connections.
+
+use crate::engine::Catalog;
+
+/// The two queries, as the engine contract hands them to `describe`.
+pub(crate) const CATALOG: Catalog = Catalog {
+    tables: TABLES,
+    columns: COLUMNS,
+};
 
 /// Tables (plain, partitioned, foreign) and views (plain, materialized) of the schemas on the
 /// search path, by name: columns `name`, `type` (`table` or `view`). The server's schema is

@@ -16,8 +16,8 @@
 //! in, text out: knows PostgreSQL's lexical rules, nothing about connections or HTTP.
 //! Unterminated literals and comments are copied as they are; PostgreSQL reports them.
 
-use crate::api_error::ApiError;
-use crate::sql_text::{is_ident_char, skip_block_comment, skip_dollar_quoted, skip_quoted};
+use crate::engine::sql_text::{is_ident_char, skip_block_comment, skip_dollar_quoted, skip_quoted};
+use crate::protocol::error::ApiError;
 
 /// The most parameters PostgreSQL's protocol can bind (a Bind message counts them in 16 bits).
 pub(crate) const MAX_PARAMS: usize = 65535;

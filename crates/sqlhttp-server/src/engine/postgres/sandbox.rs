@@ -10,8 +10,8 @@
 //! request (see `docs/adr/0020-postgresql-client-login.md`). Pure text checks; knows nothing
 //! about connections.
 
-use crate::api_error::ApiError;
-use crate::sql_text::{self, leading};
+use crate::engine::sql_text::{self, leading};
+use crate::protocol::error::ApiError;
 
 /// Why cursors are refused.
 const CURSOR_HINT: &str =
@@ -172,7 +172,7 @@ const FUNCTIONS_DESPITE_READ_ONLY: &[&str] = &[
 pub(crate) fn check_read_only_text(sql: &str) -> Result<(), ApiError> {
     let refused = |what: &str| {
         Err(ApiError::new(
-            crate::api_error::ErrorCode::ReadOnly,
+            crate::protocol::error::ErrorCode::ReadOnly,
             format!("{what} is not available to a request that may only read; nothing was written"),
         ))
     };
@@ -192,7 +192,7 @@ pub(crate) fn check_read_only_text(sql: &str) -> Result<(), ApiError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_error::ErrorCode;
+    use crate::protocol::error::ErrorCode;
 
     #[test]
     fn role_and_session_changes_are_refused() {

@@ -1,7 +1,7 @@
 //! Preparing a PostgreSQL database for the server, once at start, as the `--database` URL's
 //! role (the "owner"): the client role (created when missing, LOGIN, with no superuser, role,
 //! database, replication or RLS-bypass right), its rights on the served schema (`public`), and
-//! the server's store (`store::SCHEMA_DDL`: the idempotency table and the functions that reach
+//! the server's store (`keyed::SCHEMA_DDL`: the idempotency table and the functions that reach
 //! it, owned by the owner). Returns how to log in as the client role: client statements never
 //! run in a session of the owner, so nothing a client runs (not even `RESET ROLE` inside a
 //! function of its own) can reach the owner's rights. Several replicas may start at once: the
@@ -24,7 +24,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Config};
 
 use crate::config::PostgresUrl;
-use crate::engine::postgres::store;
+use crate::engine::postgres::keyed;
 use crate::engine::postgres::tls::PgTls;
 use crate::engine::postgres::wire::{self, Target};
 use crate::error::ServerError;
@@ -340,7 +340,7 @@ pub(crate) struct Prepared {
     pub(crate) client: Config,
     /// The URL's TLS settings, for every connection (see `tls`).
     pub(crate) tls: std::sync::Arc<PgTls>,
-    /// The key the store's functions ask for (see `store`).
+    /// The key the store's functions ask for (see `keyed`).
     pub(crate) store_key: String,
     /// The owner's side of the client role.
     pub(crate) keeper: std::sync::Arc<RoleKeeper>,
@@ -375,7 +375,7 @@ fn failed(url: &PostgresUrl, reason: String) -> ServerError {
 /// address information: ...").
 fn detail(e: &tokio_postgres::Error) -> String {
     if let Some(db) = e.as_db_error() {
-        return super::sqlstate::bounded(db.message());
+        return super::errors::bounded(db.message());
     }
     let mut text = e.to_string();
     let mut cause = std::error::Error::source(e);
@@ -445,14 +445,14 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
         .query_one("SELECT pg_advisory_lock($1)", &[&SETUP_LOCK])
         .await
         .map_err(|e| fail("cannot take the set-up lock", e))?;
-    store::create(&owner)
+    keyed::create(&owner)
         .await
         .map_err(|e| fail("cannot create the server's schema _sqlhttp", e))?;
-    let (password, store_key) = store::secrets(&owner)
+    let (password, store_key) = keyed::secrets(&owner)
         .await
         .map_err(|e| fail("cannot read the server's secrets", e))?;
     ensure_client_role(&owner, url, &password).await?;
-    store::grant(&owner, role)
+    keyed::grant(&owner, role)
         .await
         .map_err(|e| fail(&format!("cannot let {role} call the store"), e))?;
     owner

@@ -11,7 +11,7 @@
 //! A text this reading gets wrong costs a wrong count, never a check: the sandbox does not
 //! read it. The lexical rules (whitespace, comments, literals, dollar quotes) are `sql_text`'s.
 
-use crate::sql_text::{self, Dialect, is_ident_char, is_ident_start};
+use crate::engine::sql_text::{self, Dialect, is_ident_char, is_ident_start};
 
 /// A token of the text, as far as finding the main command needs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -37,8 +37,8 @@ use std::fmt::Write as _;
 use base64::Engine as _;
 use tokio_postgres::types::{Format, FromSql, IsNull, Kind, ToSql, Type, to_sql_checked};
 
-use crate::api_error::ApiError;
-use crate::request::Param;
+use crate::protocol::error::ApiError;
+use crate::protocol::request::Param;
 
 type BoxError = Box<dyn Error + Sync + Send>;
 

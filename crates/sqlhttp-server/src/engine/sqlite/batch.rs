@@ -2,7 +2,7 @@
 //! server's own, committed only if every statement succeeds, answered with one v1 result body
 //! per statement (`{"results": [...]}`).
 //!
-//! A write batch runs on the writer (`BEGIN IMMEDIATE`), keyed ones through `idempotency` so the
+//! A write batch runs on the writer (`BEGIN IMMEDIATE`), keyed ones through `keyed` so the
 //! outcome commits with the effects. A read-only batch runs on a reader in a read transaction:
 //! every statement sees one snapshot, and a statement that could write is refused
 //! (`403 READ_ONLY`) before it runs. Every statement goes through `exec::execute`, so through the
@@ -11,85 +11,77 @@
 //! with SQLite's foreign keys off (set outside the transaction, where SQLite takes it) and
 //! checks every key before it commits. Knows nothing about HTTP.
 
-use std::time::Duration;
-
 use rusqlite::OptionalExtension as _;
 
-use crate::api_error::{ApiError, ConstraintKind};
-use crate::batch_request::{BatchRequest, ForeignKeys};
 use crate::budget::Held;
-use crate::engine::batch_body::{BatchBody, writes_in_read_only_batch};
-use crate::engine::connection::Conn;
-use crate::engine::errors::map_engine_error;
-use crate::engine::exec::{self, Access, Ran};
-use crate::engine::transaction::{self, Mode};
-use crate::engine::{Buffering, Engine, Outcome, idempotency};
-use crate::request::SqlRequest;
+use crate::engine::batch_body::BatchBody;
+use crate::engine::sqlite::connection::Conn;
+use crate::engine::sqlite::errors::map_engine_error;
+use crate::engine::sqlite::exec::{self, Ran};
+use crate::engine::sqlite::transaction;
+use crate::engine::sqlite::{SqliteEngine, keyed};
+use crate::engine::{Access, Buffering, Keyed, Outcome};
+use crate::protocol::batch::{BatchRequest, ForeignKeys};
+use crate::protocol::error::{ApiError, ConstraintKind, ErrorCode};
+use crate::protocol::request::SqlRequest;
 
-impl Engine {
+impl SqliteEngine {
     /// Runs a batch without an Idempotency-Key: a read-only one on a reader (on the writer when
     /// there are no readers), any other on the writer.
-    pub(crate) async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
-        let (pool, mode) = if batch.read_only {
-            (self.readers.as_ref().unwrap_or(&self.writer), Mode::Read)
+    pub(crate) async fn run_batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        let (pool, access) = if batch.read_only {
+            (
+                self.readers.as_ref().unwrap_or(&self.writer),
+                Access::ReadOnly,
+            )
         } else {
-            (&self.writer, Mode::Write)
+            (&self.writer, Access::ReadWrite)
         };
         let buffering = self.buffering.clone();
-        let (body, held) = Self::run(pool, move |conn| {
-            let mut held = buffering.start()?;
+        Self::run(pool, move |conn| {
+            let held = buffering.start()?;
             let body = with_foreign_keys(conn, batch.foreign_keys, |conn| {
-                in_transaction(conn, mode, &batch.statements, batch.foreign_keys)
+                in_transaction(conn, access, &batch.statements, batch.foreign_keys)
             })?;
-            Buffering::keep(&mut held, body.len());
-            Ok((body, held))
+            Ok(Buffering::kept(held, Outcome::fresh(body)))
         })
-        .await?;
-        Ok((Outcome::fresh(body), held))
+        .await
     }
 
-    /// Runs a keyed write batch exactly once (see `idempotency::run_with_key`). `guard` is held
-    /// until the engine is done with the key, whether or not the requester still waits.
-    pub(crate) async fn batch_with_key<G: Send + 'static>(
+    /// Runs a keyed write batch exactly once (see `keyed::run_with_key`). The key's claim is
+    /// held until the engine is done with it, whether or not the requester still waits.
+    pub(crate) async fn run_batch_keyed(
         &self,
-        ttl: Duration,
-        key: String,
-        request_hash: [u8; 32],
+        keyed: Keyed,
         batch: BatchRequest,
-        guard: G,
     ) -> Result<(Outcome, Held), ApiError> {
         let buffering = self.buffering.clone();
         Self::run(&self.writer, move |writer| {
-            let _guard = guard;
-            let mut held = buffering.start()?;
+            let held = buffering.start()?;
             let foreign_keys = batch.foreign_keys;
             let outcome = with_foreign_keys(writer, foreign_keys, |writer| {
-                idempotency::run_with_key(writer, ttl, &key, &request_hash, |conn| {
+                keyed::run_with_key(writer, &keyed, |conn| {
                     let body = run_statements(conn, &batch.statements, Access::ReadWrite)?;
                     check_foreign_keys(conn, foreign_keys)?;
                     Ok(body)
                 })
             })?;
-            Buffering::keep(&mut held, outcome.body.len());
-            Ok((outcome, held))
+            keyed.release();
+            Ok(Buffering::kept(held, outcome))
         })
         .await
     }
 }
 
-/// Runs the statements inside a transaction of `mode`, committing only if all succeed (and,
+/// Runs the statements inside a transaction of `access`, committing only if all succeed (and,
 /// with foreign keys checked at commit, every key holds).
 fn in_transaction(
     conn: &mut Conn,
-    mode: Mode,
+    access: Access,
     statements: &[SqlRequest],
     foreign_keys: ForeignKeys,
 ) -> Result<Vec<u8>, ApiError> {
-    let access = match mode {
-        Mode::Read => Access::ReadOnly,
-        Mode::Write => Access::ReadWrite,
-    };
-    transaction::begin(&conn.conn, mode)?;
+    transaction::begin(&conn.conn, access)?;
     let ran = run_statements(conn, statements, access).and_then(|body| {
         check_foreign_keys(conn, foreign_keys)?;
         Ok(body)
@@ -178,18 +170,20 @@ fn run_statements(
         if conn.hooks.must_stop() {
             return Err(ApiError::interrupted().at_statement(index));
         }
-        let body = match exec::execute(conn, statement, access) {
-            Ok(Ran::Body(body)) => body,
-            Ok(Ran::NeedsWriter) => return Err(writes_in_read_only_batch(index)),
-            Err(err) => return Err(err.at_statement(index)),
-        };
-        if conn.conn.is_autocommit() {
+        let ran = exec::execute(conn, statement, access).and_then(|ran| match ran {
+            Ran::Done(body) => Ok(body),
+            Ran::NeedsWriter => Err(ApiError::new(
+                ErrorCode::ReadOnly,
+                "the statement may write",
+            )),
+        });
+        if ran.is_ok() && conn.conn.is_autocommit() {
             // Transaction control is refused, so nothing a client sends can end the server's
             // transaction and succeed.
             tracing::error!(index, "a batch statement ended the batch's transaction");
             return Err(ApiError::internal().at_statement(index));
         }
-        answer.push(index, &body)?;
+        answer.push_result(index, ran)?;
     }
     Ok(answer.finish())
 }
@@ -197,12 +191,14 @@ fn run_statements(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_error::ErrorCode;
     use crate::config::{Database, Limits};
-    use crate::request::Param;
+    use std::time::Duration;
 
-    fn engine_with(limits: Limits) -> Engine {
-        Engine::start(
+    use crate::engine::Engine as _;
+    use crate::protocol::request::Param;
+
+    fn engine_with(limits: Limits) -> SqliteEngine {
+        SqliteEngine::start(
             &Database::Memory,
             Some(Duration::from_secs(60)),
             limits,
@@ -227,9 +223,9 @@ mod tests {
         }
     }
 
-    async fn count(engine: &Engine) -> String {
+    async fn count(engine: &SqliteEngine) -> String {
         let body = engine
-            .execute(statement("SELECT count(*) FROM t", vec![]))
+            .execute_buffered(statement("SELECT count(*) FROM t", vec![]))
             .await
             .unwrap()
             .body;
@@ -263,7 +259,7 @@ mod tests {
     async fn a_failure_rolls_back_every_statement_and_names_itself() {
         let engine = engine_with(Limits::default());
         engine
-            .execute(statement("CREATE TABLE t (x INTEGER PRIMARY KEY)", vec![]))
+            .execute_buffered(statement("CREATE TABLE t (x INTEGER PRIMARY KEY)", vec![]))
             .await
             .unwrap();
         let err = engine
@@ -286,7 +282,7 @@ mod tests {
     async fn a_read_only_batch_refuses_a_write_before_it_runs() {
         let engine = engine_with(Limits::default());
         engine
-            .execute(statement("CREATE TABLE t (x)", vec![]))
+            .execute_buffered(statement("CREATE TABLE t (x)", vec![]))
             .await
             .unwrap();
         let err = engine
@@ -308,7 +304,7 @@ mod tests {
             ..Limits::default()
         });
         engine
-            .execute(statement("CREATE TABLE t (x)", vec![]))
+            .execute_buffered(statement("CREATE TABLE t (x)", vec![]))
             .await
             .unwrap();
         // Each statement is short (well under the timeout); together they are not.

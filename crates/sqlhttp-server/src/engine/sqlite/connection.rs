@@ -17,8 +17,9 @@ use rusqlite::hooks::Authorization;
 use rusqlite::{Connection, OpenFlags};
 
 use crate::config::{Database, Limits};
-use crate::engine::control::Hooks;
-use crate::engine::sandbox;
+use crate::engine::keyed::PurgeClock;
+use crate::engine::sqlite::control::Hooks;
+use crate::engine::sqlite::sandbox;
 
 /// How long a statement waits for another process's lock before answering 503 (the engine's
 /// own connections never wait for each other in WAL mode, but for checkpoints).
@@ -103,7 +104,7 @@ pub(crate) struct Conn {
     pub(crate) hooks: Arc<Hooks>,
     pub(crate) limits: Limits,
     /// When expired idempotency keys were last purged (writer only).
-    pub(crate) last_purge: Option<Instant>,
+    pub(crate) purges: PurgeClock,
     /// The writer's write-ahead log file, watched by [`Conn::bound_wal`]; `None` on readers.
     wal: Option<PathBuf>,
     /// When [`Conn::bound_wal`] last tried a checkpoint.
@@ -129,7 +130,7 @@ impl Conn {
         let path = target.path();
         let mut conn = Connection::open_with_flags(path_str(&path)?, flags)?;
         sandbox::configure(&conn, &limits)?;
-        crate::engine::functions::register(&conn, &hooks)?;
+        crate::engine::sqlite::functions::register(&conn, &hooks)?;
         match role {
             Role::Writer => {
                 // Readers never block the writer nor each other.
@@ -186,7 +187,7 @@ impl Conn {
             conn,
             hooks,
             limits,
-            last_purge: None,
+            purges: PurgeClock::default(),
             wal: (role == Role::Writer).then(|| {
                 let mut wal = path.clone().into_os_string();
                 wal.push("-wal");

@@ -5,7 +5,7 @@
 
 use rusqlite::ErrorCode as Code;
 
-use crate::api_error::{ApiError, ConstraintKind};
+use crate::protocol::error::{ApiError, ConstraintKind};
 
 /// The protocol error for an engine failure.
 pub(crate) fn map_engine_error(err: rusqlite::Error) -> ApiError {
@@ -93,7 +93,7 @@ fn constraint_kind(extended_code: i32) -> Option<ConstraintKind> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_error::ErrorCode;
+    use crate::protocol::error::ErrorCode;
     use rusqlite::Connection;
 
     fn error_of(conn: &Connection, sql: &str) -> ApiError {

@@ -25,9 +25,10 @@ use std::time::{Duration, Instant};
 use rusqlite::InterruptHandle;
 use tokio::sync::oneshot;
 
-use crate::api_error::ApiError;
-use crate::engine::connection::Conn;
-use crate::engine::control::JobControl;
+use crate::engine::shutting_down;
+use crate::engine::sqlite::connection::Conn;
+use crate::engine::sqlite::control::JobControl;
+use crate::protocol::error::ApiError;
 
 /// Stack size of an engine thread: ample for SQLite's deepest recursion within its limits.
 const ENGINE_STACK_BYTES: usize = 16 * 1024 * 1024;
@@ -450,10 +451,6 @@ impl Shared {
     }
 }
 
-pub(crate) fn shutting_down() -> ApiError {
-    ApiError::unavailable("the server is shutting down")
-}
-
 /// Runs `task` on `conn` from `slot`; `true` if the job was given up while it ran.
 fn run_task(slot: &Slot, conn: &mut Conn, task: Task) -> bool {
     let Task {
@@ -527,10 +524,10 @@ mod tests {
     use std::sync::mpsc::{Sender, channel};
 
     use super::*;
-    use crate::api_error::ErrorCode;
     use crate::config::{Database, Limits};
-    use crate::engine::connection::{Role, Target};
-    use crate::engine::control::Hooks;
+    use crate::engine::sqlite::connection::{Role, Target};
+    use crate::engine::sqlite::control::Hooks;
+    use crate::protocol::error::ErrorCode;
 
     /// Limits under which every job has had to stop as soon as it starts.
     fn limits() -> Limits {
@@ -651,7 +648,7 @@ mod tests {
             |conn| {
                 conn.conn
                     .execute_batch("RELEASE s")
-                    .map_err(crate::engine::errors::map_engine_error)
+                    .map_err(crate::engine::sqlite::errors::map_engine_error)
             },
         );
         pool.watch(Instant::now(), None);

@@ -1,8 +1,7 @@
-//! Running one client statement and writing its success body straight from SQLite rows into
-//! JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that order), within the
-//! sandbox: the row writer [`write_result`], which hands its output to a [`Sink`] after each row
-//! (`stream` sends it on in chunks), and [`execute`], the buffered entry point within the
-//! result-size limit.
+//! Running one client statement on SQLite and feeding its rows, cell by cell in SQLite's type
+//! mapping, to the shared result writer (`protocol::result`), within the sandbox: [`write_result`],
+//! which hands its output to a `Sink` after each row (`stream` sends it on in chunks), and
+//! [`execute`], the buffered entry point within the result-size limit.
 //!
 //! Runs on an engine thread with a borrowed connection. Knows nothing about HTTP, pooling or
 //! idempotency: the caller decides what surrounds the statement.
@@ -16,12 +15,15 @@ use rusqlite::fallible_iterator::FallibleIterator as _;
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
 use rusqlite::{Batch, Connection, Statement};
 
-use crate::api_error::{ApiError, ErrorCode};
-use crate::engine::connection::Conn;
-use crate::engine::errors::map_engine_error;
-use crate::engine::sandbox;
-use crate::request::{Param, SqlRequest};
-use crate::sql_text::{may_change_rows, may_insert};
+use crate::engine::Access;
+use crate::engine::sql_text::{may_change_rows, may_insert};
+use crate::engine::sqlite::connection::Conn;
+use crate::engine::sqlite::errors::map_engine_error;
+use crate::engine::sqlite::sandbox;
+use crate::engine::stream::Sink;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::{Param, SqlRequest};
+use crate::protocol::result::{self, RowWriter};
 
 /// `last_insert_rowid()` is set to this before a statement that may insert, so "inserted
 /// nothing" can be told apart from "inserted a row whose rowid equals the previous one".
@@ -45,21 +47,13 @@ impl ToSql for Param {
     }
 }
 
-/// Where a statement may run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Access {
-    /// Only a statement that cannot write runs; any other is handed back.
-    ReadOnly,
-    /// Any statement runs.
-    ReadWrite,
-}
-
-/// What running a statement gave.
+/// What running a statement where it was sent gave.
 #[derive(Debug)]
-pub(crate) enum Ran {
-    /// The success body.
-    Body(Vec<u8>),
-    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
+pub(crate) enum Ran<T> {
+    /// It ran: what it produced.
+    Done(T),
+    /// Under [`Access::ReadOnly`], the statement may write: nothing ran; run it on the writer
+    /// (or refuse it).
     NeedsWriter,
 }
 
@@ -268,68 +262,34 @@ fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError>
     }
 }
 
-/// What writing a statement's result gave.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Written {
-    /// The whole success body was written (and handed to the sink as it went).
-    Done,
-    /// Under [`Access::ReadOnly`], the statement may write: run it on the writer.
-    NeedsWriter,
-}
-
-/// Where the row writer hands its output: after each row it may take the bytes written so far
-/// (streaming them) or refuse to go on (a size limit).
-pub(crate) trait Sink {
-    /// Called after row number `rows` (from 1) was written; `out` ends after a whole row.
-    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError>;
-}
-
-/// Keeps the whole body, up to `--max-result-bytes`.
-struct Buffered {
-    limit: usize,
-}
-
-impl Sink for Buffered {
-    fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
-        if out.len() > self.limit {
-            let limit = self.limit;
-            return Err(ApiError::new(
-                ErrorCode::ResultTooLarge,
-                format!(
-                    "the result is larger than this server's limit of {limit} bytes for a \
-                     buffered result (--max-result-bytes), reached at row {rows}; select fewer \
-                     rows or columns, or page with LIMIT and a key"
-                ),
-            ));
-        }
-        Ok(())
-    }
-}
-
 /// Runs the request's statement and returns its whole JSON success body, refused past
 /// `--max-result-bytes`. Keyed writes use it: their outcome is stored for replay.
-pub(crate) fn execute(conn: &Conn, request: &SqlRequest, access: Access) -> Result<Ran, ApiError> {
+pub(crate) fn execute(
+    conn: &Conn,
+    request: &SqlRequest,
+    access: Access,
+) -> Result<Ran<Vec<u8>>, ApiError> {
     let mut out = Vec::with_capacity(256);
-    let mut sink = Buffered {
+    let mut sink = Sink::Buffered {
         limit: conn.limits.max_result_bytes,
     };
     match write_result(conn, request, access, &mut out, &mut sink)? {
-        Written::Done => Ok(Ran::Body(out)),
-        Written::NeedsWriter => Ok(Ran::NeedsWriter),
+        Ran::Done(()) => Ok(Ran::Done(out)),
+        Ran::NeedsWriter => Ok(Ran::NeedsWriter),
     }
 }
 
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first), so a caller
-/// that streamed part of it can close the body with [`write_error_tail`].
+/// that streamed part of it can close the body with `result::error_tail`. The text checks both
+/// engines share ran at admission (`engine::sandbox::check_text`); SQLite's own run here.
 pub(crate) fn write_result(
     conn: &Conn,
     request: &SqlRequest,
     access: Access,
     out: &mut Vec<u8>,
-    sink: &mut dyn Sink,
-) -> Result<Written, ApiError> {
-    sandbox::check_text(&request.sql, &conn.limits)?;
+    sink: &mut Sink<'_>,
+) -> Result<Ran<()>, ApiError> {
     sandbox::check_new_names(&request.sql)?;
     conn.refresh_schema().map_err(map_engine_error)?;
     // Declared before the statement: on an early return it is undone after the statement is
@@ -354,7 +314,7 @@ pub(crate) fn write_result(
     }
     let writes = !stmt.readonly();
     if writes && access == Access::ReadOnly {
-        return Ok(Written::NeedsWriter);
+        return Ok(Ran::NeedsWriter);
     }
     let expected = stmt.parameter_count();
     if expected != request.params.len() {
@@ -398,42 +358,28 @@ pub(crate) fn write_result(
     // connection's DDL is compiled again inside that step, and only then has its real columns.
     let mut width = 0;
     let mut rows = stmt.raw_query();
-    let mut count: u64 = 0;
+    let mut writer = RowWriter::new(conn.limits.max_result_bytes);
     while let Some(row) = rows.next().map_err(|e| client_error(conn, e))? {
-        if count == 0 {
+        if writer.rows() == 0 {
             width = write_header(out, row.as_ref());
         }
-        let row_start = out.len();
-        if count > 0 {
-            out.push(b',');
-        }
-        out.push(b'[');
+        writer.begin(out);
         for index in 0..width {
-            if index > 0 {
-                out.push(b',');
-            }
+            writer.cell(out, index);
             match row.get_ref(index) {
                 Ok(value) => write_value(out, value),
                 Err(e) => {
-                    out.truncate(row_start);
+                    writer.discard(out);
                     return Err(map_engine_error(e));
                 }
             }
-            // One row is bounded too: its cells are written whole before any sink looks.
-            if out.len() - row_start > conn.limits.max_result_bytes {
-                out.truncate(row_start);
-                return Err(ApiError::row_too_large(
-                    conn.limits.max_result_bytes,
-                    count + 1,
-                ));
-            }
+            writer.check(out)?;
         }
-        out.push(b']');
-        count += 1;
-        sink.after_row(out, count)?;
+        let count = writer.end(out);
+        sink.after_row_blocking(out, count)?;
     }
     drop(rows);
-    if count == 0 {
+    if writer.rows() == 0 {
         write_header(out, &stmt);
     }
     drop(stmt);
@@ -459,18 +405,8 @@ pub(crate) fn write_result(
     } else {
         None
     };
-    let _ = write!(
-        out,
-        "],\"rows_affected\":{rows_affected},\"last_insert_id\":"
-    );
-    match last_insert_id {
-        Some(id) => {
-            let _ = write!(out, "{id}");
-        }
-        None => out.extend_from_slice(b"null"),
-    }
-    out.push(b'}');
-    Ok(Written::Done)
+    result::end(out, rows_affected, last_insert_id);
+    Ok(Ran::Done(()))
 }
 
 /// Whether the schema moved under a statement that failed to compile (the check runs outside
@@ -485,28 +421,12 @@ fn schema_moved(conn: &Conn) -> bool {
 
 /// Writes `{"columns":[...],"rows":[` for `stmt` and returns its number of columns.
 fn write_header(out: &mut Vec<u8>, stmt: &Statement<'_>) -> usize {
-    out.extend_from_slice(b"{\"columns\":[");
+    result::header_open(out);
     for (index, column) in stmt.columns().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"name\":");
-        write_str(out, column.name());
-        out.extend_from_slice(b",\"type\":");
-        write_str(out, column.decl_type().unwrap_or(""));
-        out.push(b'}');
+        result::header_column(out, index, column.name(), column.decl_type().unwrap_or(""));
     }
-    out.extend_from_slice(b"],\"rows\":[");
+    result::header_close(out);
     stmt.column_count()
-}
-
-/// Closes a success body cut after a whole row with the error that stopped it:
-/// `],"error":{"code":..,"message":..}}`, with no `rows_affected` or `last_insert_id`.
-pub(crate) fn write_error_tail(out: &mut Vec<u8>, err: &ApiError) {
-    out.extend_from_slice(b"],");
-    let body = err.body();
-    // `{"error":{...}}` without its opening brace.
-    out.extend_from_slice(body.get(1..).unwrap_or_default());
 }
 
 fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
@@ -514,11 +434,6 @@ fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
         .and_then(|mut reset| reset.execute([]))
         .map(drop)
         .map_err(map_engine_error)
-}
-
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    // Writing a string into a Vec cannot fail.
-    let _ = serde_json::to_writer(&mut *out, s);
 }
 
 fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
@@ -532,8 +447,8 @@ fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
         }
         ValueRef::Real(_) => out.extend_from_slice(b"null"),
         ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
-            Ok(s) => write_str(out, s),
-            Err(_) => write_str(out, &String::from_utf8_lossy(bytes)),
+            Ok(s) => result::string(out, s),
+            Err(_) => result::string(out, &String::from_utf8_lossy(bytes)),
         },
         ValueRef::Blob(bytes) => {
             out.extend_from_slice(b"{\"base64\":\"");
@@ -556,8 +471,8 @@ mod tests {
 
     use super::*;
     use crate::config::{Database, Limits};
-    use crate::engine::connection::{Role, Target};
-    use crate::engine::control::Hooks;
+    use crate::engine::sqlite::connection::{Role, Target};
+    use crate::engine::sqlite::control::Hooks;
 
     fn conn_with(limits: Limits) -> Conn {
         let hooks = Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))));
@@ -578,7 +493,7 @@ mod tests {
             read_only: false,
         };
         match execute(conn, &request, Access::ReadWrite)? {
-            Ran::Body(body) => Ok(serde_json::from_slice(&body).unwrap()),
+            Ran::Done(body) => Ok(serde_json::from_slice(&body).unwrap()),
             Ran::NeedsWriter => unreachable!("read-write access runs everything"),
         }
     }
@@ -590,7 +505,7 @@ mod tests {
             params: vec![],
             read_only: false,
         };
-        let Ran::Body(body) = execute(&conn(), &request, Access::ReadOnly).unwrap() else {
+        let Ran::Done(body) = execute(&conn(), &request, Access::ReadOnly).unwrap() else {
             panic!("a SELECT runs read-only")
         };
         assert_eq!(
@@ -696,13 +611,6 @@ mod tests {
             .unwrap();
         let dropped = run(&conn, "DROP TABLE p", vec![]).unwrap();
         assert_eq!(dropped["rows_affected"], 0);
-    }
-
-    #[test]
-    fn a_nul_in_the_sql_text_is_refused() {
-        let err = run(&conn(), "SELECT 1\0; DROP TABLE x", vec![]).unwrap_err();
-        assert_eq!(err.code, ErrorCode::SqlError);
-        assert!(err.message.contains("NUL"), "{}", err.message);
     }
 
     #[test]

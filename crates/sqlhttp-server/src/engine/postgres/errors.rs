@@ -14,7 +14,7 @@
 
 use tokio_postgres::error::DbError;
 
-use crate::api_error::{ApiError, ConstraintKind, ErrorCode};
+use crate::protocol::error::{ApiError, ConstraintKind, ErrorCode};
 
 /// What the protocol makes of a SQLSTATE.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,6 +6,14 @@
 //! it sees theirs. Knows SQLite's catalog (`sqlite_schema`, `pragma_table_info`); nothing about
 //! HTTP or connections.
 
+use crate::engine::Catalog;
+
+/// The two queries, as the engine contract hands them to `describe`.
+pub(crate) const CATALOG: Catalog = Catalog {
+    tables: TABLES,
+    columns: COLUMNS,
+};
+
 /// Tables and views, by name: columns `name`, `type` (`table` or `view`). SQLite's own tables
 /// and the server's (`_sqlhttp...`) are left out.
 pub(crate) const TABLES: &str = "SELECT name, type FROM sqlite_schema \

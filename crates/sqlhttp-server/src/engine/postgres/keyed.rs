@@ -12,18 +12,25 @@
 //! The key is locked for the transaction (`pg_try_advisory_xact_lock`), so replicas sharing the
 //! database run one request per key: another one sent meanwhile answers `409
 //! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. The
-//! lock, the lookup and the work's savepoint go out in one write (ADR 0034). Knows
-//! SQL and the protocol's error codes; nothing about HTTP or what the work is (the caller
-//! passes it as a future).
+//! lock, the lookup and the work's savepoint go out in one write (ADR 0034). What a stored
+//! outcome means and what a run leaves to store are the shared rule's (`engine::keyed`).
+//! [`Inner::with_key`] runs keyed work (a statement or a batch, [`Work`]) in a transaction of
+//! its own, purging expired keys first when that is due. Knows SQL and the protocol's error
+//! codes; nothing about HTTP.
 
 use std::future::Future;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use deadpool_postgres::ClientWrapper;
 use tokio_postgres::Client;
 
-use crate::api_error::{ApiError, ErrorCode};
-use crate::engine::Outcome;
+use crate::engine::keyed::{self as rule, Decision, Stored, expired_before, now_millis};
+use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::{Inner, Job, exec};
+use crate::engine::stream::Sink;
+use crate::engine::{Access, Keyed, Outcome};
+use crate::protocol::error::ApiError;
+use crate::protocol::request::SqlRequest;
 
 /// The server's schema, created (or brought up to date) by the `--database` role at start.
 /// Every object is that role's; PUBLIC has no right on any of them.
@@ -159,16 +166,6 @@ fn lock_seed(store_key: &str) -> i64 {
     i64::from_le_bytes(seed)
 }
 
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
 /// Deletes outcomes older than `ttl`; returns how many were deleted.
 pub(crate) async fn purge_expired(
     client: &Client,
@@ -178,7 +175,7 @@ pub(crate) async fn purge_expired(
     Ok(client
         .query_one(
             "SELECT _sqlhttp.purge($1, $2)",
-            &[&store_key, &now_millis().saturating_sub(millis(ttl))],
+            &[&store_key, &expired_before(ttl)],
         )
         .await?
         .get(0))
@@ -190,12 +187,10 @@ pub(crate) async fn purge_expired(
 /// effects. 5xx outcomes are not stored; the caller rolls back on `Err` and commits on `Ok`,
 /// once it checked that the transaction is still its own: a recorded outcome commits only with
 /// the transaction the caller opened, so a request that ended it stores nothing.
-pub(crate) async fn run_with_key<F>(
+async fn run_with_key<F>(
     client: &ClientWrapper,
     store_key: &str,
-    ttl: Duration,
-    key: &str,
-    request_hash: &[u8],
+    keyed: &Keyed,
     work: F,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
 ) -> Result<Outcome, ApiError>
@@ -206,6 +201,7 @@ where
     // this one's in-flight registry does (409, retry later), then replays.
     // Seeded with the store key, so a client cannot compute the lock of another's key (and
     // hold it to keep that key's requests out).
+    let (key, request_hash) = (keyed.key.as_str(), &keyed.request_hash[..]);
     // Every name schema-qualified, types too: the temp schema comes first for types, and a
     // client's function may have moved the search path (ADR 0023).
     // The store's statements are prepared once per connection (see `run::prepare`); a failure
@@ -245,29 +241,17 @@ where
     .map_err(&map)?;
     let locked: bool = locked.get(0);
     if !locked {
-        return Err(ApiError::new(
-            ErrorCode::IdempotencyKeyInUse,
-            "a request with this Idempotency-Key is still running; retry later",
-        ));
+        return Err(rule::in_use());
     }
-    if let Some(row) = stored {
-        let created_at: i64 = row.get(3);
-        if now_millis().saturating_sub(created_at) < millis(ttl) {
-            let hash: Vec<u8> = row.get(0);
-            return if hash == request_hash {
-                let status: i32 = row.get(1);
-                Ok(Outcome {
-                    status: u16::try_from(status).unwrap_or(500),
-                    body: row.get(2),
-                    replayed: true,
-                })
-            } else {
-                Err(ApiError::new(
-                    ErrorCode::IdempotencyKeyReused,
-                    "this Idempotency-Key was already used with a different request body",
-                ))
-            };
-        }
+    let stored = stored.map(|row| Stored {
+        request_hash: row.get(0),
+        status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
+        body: row.get(2),
+        created_at: row.get(3),
+    });
+    // An expired outcome is replaced by the new one's record (an upsert).
+    if let Decision::Replay(outcome) = rule::decide(stored, request_hash, keyed.ttl)? {
+        return Ok(outcome);
     }
 
     // Deferred constraints and triggers are part of the work: their failure is its outcome,
@@ -280,19 +264,19 @@ where
             .map_err(map)?;
         Ok::<_, ApiError>(body)
     };
-    let (status, body) = match settled.await {
-        Ok(body) => (200u16, body),
-        Err(err) if err.code.is_stored_outcome() => {
+    let settled = match rule::settle(settled.await)? {
+        settled @ rule::Settled::Succeeded(_) => settled,
+        refused @ rule::Settled::Refused(..) => {
             // Undo whatever part of the work ran (the statements of a batch before the one
             // that failed); the savepoint also ends the failed statement's aborted state.
             client
                 .batch_execute(&format!("ROLLBACK TO SAVEPOINT {savepoint}"))
                 .await
                 .map_err(map)?;
-            (err.code.status().as_u16(), err.body())
+            refused
         }
-        Err(err) => return Err(err),
     };
+    let (status, body) = settled.into_parts();
     let record = client
         .prepare_cached("SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)")
         .await
@@ -316,4 +300,113 @@ where
         body,
         replayed: false,
     })
+}
+
+/// Keyed work: one statement or a batch's statements.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Work<'a> {
+    Statement(&'a SqlRequest),
+    Batch(&'a [SqlRequest]),
+}
+
+impl Inner {
+    /// Runs keyed work exactly once in a transaction of its own (run again, prepared afresh,
+    /// when a cached statement went stale: see `Lease::take_retry`).
+    pub(super) async fn with_key(
+        &self,
+        job: &Job,
+        keyed: &Keyed,
+        work: Work<'_>,
+    ) -> Result<Outcome, ApiError> {
+        self.purge_if_due(job, keyed.ttl).await;
+        let mut lease = self.lease(job).await?;
+        loop {
+            if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+                return self.end(lease, Access::ReadWrite, Err(err)).await;
+            }
+            let outcome = self.keyed_once(job, &lease, keyed, work).await;
+            if outcome.is_err() && lease.take_retry() {
+                lease = self.again(lease).await?;
+                continue;
+            }
+            break self.end(lease, Access::ReadWrite, outcome).await;
+        }
+    }
+
+    /// One run of keyed work in the transaction open on `lease` (see [`Inner::with_key`]).
+    async fn keyed_once(
+        &self,
+        job: &Job,
+        lease: &Lease,
+        keyed: &Keyed,
+        work: Work<'_>,
+    ) -> Result<Outcome, ApiError> {
+        let map = |e| self.map(e);
+        let run = async {
+            match work {
+                Work::Statement(request) => {
+                    let mut out = Vec::with_capacity(256);
+                    let mut sink = Sink::Buffered {
+                        limit: self.limits.max_result_bytes,
+                    };
+                    let limits = &self.limits;
+                    exec::write_result(lease, request, limits, &mut out, &mut sink, &map, None)
+                        .await?;
+                    Ok(out)
+                }
+                Work::Batch(statements) => self.run_statements(lease, statements).await,
+            }
+        };
+        self.guarded(
+            job,
+            lease,
+            match work {
+                Work::Statement(_) => 1,
+                Work::Batch(statements) => statements.len(),
+            },
+            // Boxed: the keyed work's future is large.
+            Box::pin(run_with_key(
+                lease.wrapper(),
+                &self.store_key,
+                keyed,
+                run,
+                &map,
+            )),
+        )
+        .await
+    }
+
+    /// Deletes expired idempotency keys, at most once a `PURGE_INTERVAL`.
+    async fn purge_if_due(&self, job: &Job, ttl: Duration) {
+        if !self.purges.due() {
+            return;
+        }
+        let Ok(lease) = self.lease(job).await else {
+            return;
+        };
+        // In a transaction of its own: a pooled session defaults to read-only (see
+        // `session::RESET`); a session whose purge failed is not pooled again.
+        let client = lease.client();
+        let begin = format!(
+            "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {}",
+            self.timeout_ms()
+        );
+        let purged = async {
+            client.batch_execute(&begin).await?;
+            let purged = purge_expired(client, &self.store_key, ttl).await?;
+            client.batch_execute("COMMIT").await?;
+            Ok::<_, tokio_postgres::Error>(purged)
+        }
+        .await;
+        let mut lease = lease;
+        match purged {
+            Ok(purged) => {
+                if purged > 0 {
+                    tracing::debug!(purged, "purged expired idempotency keys");
+                }
+                lease.clean = true;
+            }
+            Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
+        }
+    }
 }

@@ -1,6 +1,6 @@
-//! Running one client statement on PostgreSQL and writing its success body straight from the
-//! row stream into JSON bytes (`columns`, `rows`, `rows_affected`, `last_insert_id`, in that
-//! order), the same shape the SQLite engine writes.
+//! Running one client statement on PostgreSQL and feeding its rows, cell by cell in
+//! PostgreSQL's type mapping (`types`), to the shared result writer (`protocol::result`), so its
+//! body has the bytes the SQLite engine writes for the same values.
 //!
 //! Every cell is refused past `--max-value-bytes` (as PostgreSQL sends it, before it is written
 //! as JSON), with the SQLite engine's `400 SQL_ERROR`, and a row whose JSON passes
@@ -11,104 +11,24 @@
 //! `DELETE` and `MERGE` only (see `tag`).
 //!
 //! Runs inside a transaction the caller opened, as the client role. Knows tokio-postgres and the
-//! row writer's output; nothing about HTTP, pooling, transactions or idempotency.
+//! result writer; nothing about HTTP, pooling, transactions or idempotency.
 
 use std::future::{Future, poll_fn};
-use std::io::Write as _;
 use std::pin::{Pin, pin};
 use std::sync::atomic::Ordering;
 use std::task::Poll;
 
-use std::time::Instant;
-
-use bytes::Bytes;
 use futures_core::Stream as _;
 use tokio_postgres::Statement;
 use tokio_postgres::types::ToSql;
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::config::Limits;
 use crate::engine::postgres::types::{self, Raw};
 use crate::engine::postgres::{Lease, placeholders, sandbox, tag, wire};
-use crate::engine::stream::{CHUNK_BYTES, ChunkSender, FLUSH_AFTER};
-use crate::request::SqlRequest;
-
-/// Where the row writer hands its output after each row.
-pub(crate) enum Sink<'a> {
-    /// Keeps the whole body, up to `--max-result-bytes`.
-    Buffered {
-        /// The largest body kept.
-        limit: usize,
-    },
-    /// Sends the body on in chunks as it grows (see `engine::stream`).
-    Stream(Chunks<'a>),
-}
-
-impl Sink<'_> {
-    async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
-        match self {
-            Sink::Buffered { limit } => {
-                if out.len() > *limit {
-                    return Err(ApiError::new(
-                        ErrorCode::ResultTooLarge,
-                        format!(
-                            "the result is larger than this server's limit of {limit} bytes for a \
-                             buffered result (--max-result-bytes), reached at row {rows}; select \
-                             fewer rows or columns, or page with LIMIT and a key"
-                        ),
-                    ));
-                }
-                Ok(())
-            }
-            Sink::Stream(chunks) => chunks.after_row(out, rows).await,
-        }
-    }
-}
-
-/// Cuts the row writer's output into chunks, as the SQLite engine's stream sink does, and
-/// sends them without blocking a thread.
-pub(crate) struct Chunks<'a> {
-    sender: &'a ChunkSender,
-    must_stop: &'a (dyn Fn() -> bool + Sync),
-    started: bool,
-    last_flush: Instant,
-}
-
-impl<'a> Chunks<'a> {
-    /// Sends through `sender`; `must_stop` says when the requester went away.
-    pub(crate) fn new(sender: &'a ChunkSender, must_stop: &'a (dyn Fn() -> bool + Sync)) -> Self {
-        Chunks {
-            sender,
-            must_stop,
-            started: false,
-            last_flush: Instant::now(),
-        }
-    }
-
-    /// Whether a chunk was sent (the response has started).
-    pub(crate) fn started(&self) -> bool {
-        self.started
-    }
-
-    async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
-        if out.len() >= CHUNK_BYTES
-            || (rows.is_multiple_of(64) && self.last_flush.elapsed() >= FLUSH_AFTER)
-        {
-            let chunk = Bytes::from(std::mem::replace(
-                out,
-                Vec::with_capacity(CHUNK_BYTES + 1024),
-            ));
-            self.started = true;
-            self.last_flush = Instant::now();
-            self.sender
-                .send_async(chunk, self.must_stop)
-                .await
-                // Gone or told to stop: the statement stops either way.
-                .map_err(|_| ApiError::interrupted())?;
-        }
-        Ok(())
-    }
-}
+use crate::engine::stream::Sink;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
+use crate::protocol::result::{self, RowWriter};
 
 /// A session that received a row larger than this is closed after its request, not pooled:
 /// tokio-postgres's read buffer keeps the size of the largest message it held (after one
@@ -297,18 +217,13 @@ pub(crate) async fn write_result(
         Ok(bound) => bound,
     };
 
-    out.extend_from_slice(b"{\"columns\":[");
-    for (index, column) in statement.columns().iter().enumerate() {
-        if index > 0 {
-            out.push(b',');
-        }
-        out.extend_from_slice(b"{\"name\":");
-        let _ = serde_json::to_writer(&mut *out, column.name());
-        out.extend_from_slice(b",\"type\":");
-        let _ = serde_json::to_writer(&mut *out, column.type_().name());
-        out.push(b'}');
-    }
-    out.extend_from_slice(b"],\"rows\":[");
+    result::header(
+        out,
+        statement
+            .columns()
+            .iter()
+            .map(|column| (column.name(), column.type_().name())),
+    );
 
     // Pipelined with BEGIN's message when it is still out: one round trip for both. The
     // statement runs only inside the transaction: a failure anywhere in BEGIN's message after
@@ -326,9 +241,10 @@ pub(crate) async fn write_result(
     }
     .map_err(stale_or)?;
     let mut rows = pin!(rows);
-    let (max_value_bytes, max_row_bytes) = (limits.max_value_bytes, limits.max_result_bytes);
-    let mut count: u64 = 0;
+    let max_value_bytes = limits.max_value_bytes;
+    let mut writer = RowWriter::new(limits.max_result_bytes);
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
+        let count = writer.rows();
         let row = row.map_err(|e| if count == 0 { stale_or(e) } else { map(e) })?;
         let sizes =
             (0..row.len()).map(|index| row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()));
@@ -345,15 +261,9 @@ pub(crate) async fn write_result(
             let name = row.columns()[index].name();
             return Err(value_too_big(name, count + 1, bytes, max_value_bytes));
         }
-        let row_start = out.len();
-        if count > 0 {
-            out.push(b',');
-        }
-        out.push(b'[');
+        writer.begin(out);
         for (index, column) in row.columns().iter().enumerate() {
-            if index > 0 {
-                out.push(b',');
-            }
+            writer.cell(out, index);
             let written = row
                 .try_get::<_, Raw<'_>>(index)
                 .map_err(|e| e.to_string())
@@ -361,7 +271,7 @@ pub(crate) async fn write_result(
                     types::write_cell(out, column.type_(), raw.0).map_err(|e| e.to_string())
                 });
             if let Err(why) = written {
-                out.truncate(row_start);
+                writer.discard(out);
                 tracing::error!(column = column.name(), error = %why, "cannot write a cell");
                 // The rest of the result is not waited for: the caller's ROLLBACK would wait
                 // behind it.
@@ -369,14 +279,12 @@ pub(crate) async fn write_result(
                 return Err(ApiError::internal());
             }
             // One row is bounded too: its cells are written whole before any sink looks.
-            if out.len() - row_start > max_row_bytes {
-                out.truncate(row_start);
+            if let Err(err) = writer.check(out) {
                 lease.cancel_statement().await;
-                return Err(ApiError::row_too_large(max_row_bytes, count + 1));
+                return Err(err);
             }
         }
-        out.push(b']');
-        count += 1;
+        let count = writer.end(out);
         if let Err(err) = sink.after_row(out, count).await {
             lease.cancel_statement().await;
             return Err(err);
@@ -390,9 +298,6 @@ pub(crate) async fn write_result(
         0
     };
     // PostgreSQL has no rowid: `last_insert_id` is always null (use RETURNING).
-    let _ = write!(
-        out,
-        "],\"rows_affected\":{rows_affected},\"last_insert_id\":null}}"
-    );
+    result::end(out, rows_affected, None);
     Ok(())
 }

@@ -1,6 +1,7 @@
-//! Exactly-once requests: the `_sqlhttp_idempotency` table, replay of stored outcomes, and
-//! running keyed work (one statement, or a whole batch) so that its effects and its stored
-//! outcome commit in ONE transaction.
+//! Exactly-once requests on SQLite: the `_sqlhttp_idempotency` table, and running keyed work
+//! (one statement, or a whole batch) so that its effects and its stored outcome commit in ONE
+//! transaction. What a stored outcome means and what a run leaves to store are the shared rule's
+//! (`engine::keyed`).
 //!
 //! Runs on the writer's engine thread. Knows SQLite and the protocol's error codes; knows
 //! nothing about HTTP headers, what the keyed work is (the caller passes it as a closure), or the
@@ -9,20 +10,18 @@
 //! (`main._sqlhttp_idempotency`): an object of the same name elsewhere (a temp table, which
 //! unqualified names find first) is never the store.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::api_error::{ApiError, ErrorCode};
-use crate::engine::Outcome;
-use crate::engine::connection::Conn;
-use crate::engine::errors::map_engine_error;
-use crate::engine::exec::{self, Access, Ran};
-use crate::engine::transaction::{Mode, begin, commit, rollback, within};
-use crate::request::SqlRequest;
-
-/// Expired keys are purged at most this often (and looked past on every lookup).
-const PURGE_INTERVAL: Duration = Duration::from_secs(60);
+use crate::engine::keyed::{self as rule, Decision, Stored, expired_before, now_millis};
+use crate::engine::sqlite::connection::Conn;
+use crate::engine::sqlite::errors::map_engine_error;
+use crate::engine::sqlite::exec::{self, Ran};
+use crate::engine::sqlite::transaction::{begin, commit, rollback, within};
+use crate::engine::{Access, Keyed, Outcome};
+use crate::protocol::error::ApiError;
+use crate::protocol::request::SqlRequest;
 
 const TABLE_DDL: &str = "\
 CREATE TABLE IF NOT EXISTS main._sqlhttp_idempotency (
@@ -43,24 +42,7 @@ pub(crate) fn create_table(conn: &Connection) -> rusqlite::Result<()> {
 /// Deletes outcomes older than `ttl`; returns how many were deleted.
 pub(crate) fn purge_expired(conn: &Connection, ttl: Duration) -> rusqlite::Result<usize> {
     conn.prepare_cached("DELETE FROM main._sqlhttp_idempotency WHERE created_at <= ?1")?
-        .execute([now_millis().saturating_sub(millis(ttl))])
-}
-
-fn now_millis() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-}
-
-fn millis(duration: Duration) -> i64 {
-    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
-}
-
-struct Stored {
-    request_hash: Vec<u8>,
-    status: u16,
-    body: Vec<u8>,
-    created_at: i64,
+        .execute([expired_before(ttl)])
 }
 
 const STATEMENT: &str = "_sqlhttp_statement";
@@ -97,12 +79,8 @@ fn store(
     Ok(())
 }
 
-fn purge_if_due(writer: &mut Conn, ttl: Duration) {
-    let due = writer
-        .last_purge
-        .is_none_or(|at| at.elapsed() >= PURGE_INTERVAL);
-    if due {
-        writer.last_purge = Some(Instant::now());
+fn purge_if_due(writer: &Conn, ttl: Duration) {
+    if writer.purges.due() {
         // The purge commits on its own, before the job's transaction: it is not the job's commit.
         match writer
             .hooks
@@ -117,76 +95,70 @@ fn purge_if_due(writer: &mut Conn, ttl: Duration) {
 
 /// Runs one keyed statement exactly once (see [`run_with_key`]).
 pub(crate) fn execute_with_key(
-    writer: &mut Conn,
-    ttl: Duration,
-    key: &str,
-    request_hash: &[u8],
+    writer: &Conn,
+    keyed: &Keyed,
     request: &SqlRequest,
 ) -> Result<Outcome, ApiError> {
-    run_with_key(
-        writer,
-        ttl,
-        key,
-        request_hash,
-        |writer| match exec::execute(writer, request, Access::ReadWrite)? {
-            Ran::Body(body) => Ok(body),
+    run_with_key(writer, keyed, |writer| {
+        match exec::execute(writer, request, Access::ReadWrite)? {
+            Ran::Done(body) => Ok(body),
             Ran::NeedsWriter => Err(ApiError::internal()),
-        },
-    )
+        }
+    })
 }
 
 /// Runs keyed work exactly once: replays a stored outcome for the same request, refuses a
 /// different request with 422, or runs `work` inside the server's transaction and stores its
-/// 2xx / final 4xx outcome in that same transaction. 5xx outcomes are rolled back and not stored.
+/// 2xx / final 4xx outcome in that same transaction (`engine::keyed::settle`). Other failures
+/// are rolled back and not stored.
 ///
 /// `work` runs inside a savepoint of an open transaction and must neither commit nor roll it
 /// back; when it fails with a stored outcome, whatever part of it ran is undone before the
 /// outcome is stored.
 pub(crate) fn run_with_key(
-    writer: &mut Conn,
-    ttl: Duration,
-    key: &str,
-    request_hash: &[u8],
+    writer: &Conn,
+    keyed: &Keyed,
     work: impl FnOnce(&Conn) -> Result<Vec<u8>, ApiError>,
 ) -> Result<Outcome, ApiError> {
-    purge_if_due(writer, ttl);
-    let writer = &*writer;
+    let (key, request_hash) = (keyed.key.as_str(), &keyed.request_hash[..]);
+    purge_if_due(writer, keyed.ttl);
     let conn = &writer.conn;
-    begin(conn, Mode::Write)?;
+    begin(conn, Access::ReadWrite)?;
 
-    match within(conn, || lookup(conn, key))? {
-        Some(stored) if now_millis().saturating_sub(stored.created_at) < millis(ttl) => {
+    let stored = within(conn, || lookup(conn, key))?;
+    match rule::decide(stored, request_hash, keyed.ttl) {
+        Ok(Decision::Replay(outcome)) => {
             commit(conn)?;
-            return if stored.request_hash == request_hash {
-                Ok(Outcome {
-                    status: stored.status,
-                    body: stored.body,
-                    replayed: true,
-                })
-            } else {
-                Err(ApiError::new(
-                    ErrorCode::IdempotencyKeyReused,
-                    "this Idempotency-Key was already used with a different request body",
-                ))
-            };
+            return Ok(outcome);
         }
-        Some(_expired) => within(conn, || {
+        Err(reused) => {
+            commit(conn)?;
+            return Err(reused);
+        }
+        Ok(Decision::Run { expired: true }) => within(conn, || {
             conn.prepare_cached("DELETE FROM main._sqlhttp_idempotency WHERE key = ?1")?
                 .execute([key])
         })
         .map(drop)?,
-        None => {}
+        Ok(Decision::Run { expired: false }) => {}
     }
 
     within(conn, || {
         conn.execute_batch(&format!("SAVEPOINT {STATEMENT}"))
     })?;
-    let (status, body) = match work(writer) {
-        Ok(body) => {
-            within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
-            (200, body)
+    let ran = work(writer);
+    let settled = match rule::settle(ran) {
+        Ok(settled) => settled,
+        Err(err) => {
+            rollback(conn);
+            return Err(err);
         }
-        Err(err) if err.code.is_stored_outcome() => {
+    };
+    match settled {
+        rule::Settled::Succeeded(_) => {
+            within(conn, || conn.execute_batch(&format!("RELEASE {STATEMENT}")))?;
+        }
+        rule::Settled::Refused(..) => {
             if !conn.is_autocommit() {
                 // Undo whatever part of the work ran (e.g. a statement under OR FAIL, or the
                 // statements of a batch before the one that failed).
@@ -194,13 +166,9 @@ pub(crate) fn run_with_key(
                     conn.execute_batch(&format!("ROLLBACK TO {STATEMENT}; RELEASE {STATEMENT}"))
                 })?;
             }
-            (err.code.status().as_u16(), err.body())
         }
-        Err(err) => {
-            rollback(conn);
-            return Err(err);
-        }
-    };
+    }
+    let (status, body) = settled.into_parts();
 
     if conn.is_autocommit() {
         // A statement's own conflict resolution (OR ROLLBACK) ended the transaction; it
@@ -224,8 +192,8 @@ mod tests {
 
     use super::*;
     use crate::config::{Database, Limits};
-    use crate::engine::connection::{Role, Target};
-    use crate::engine::control::Hooks;
+    use crate::engine::sqlite::connection::{Role, Target};
+    use crate::engine::sqlite::control::Hooks;
 
     fn writer() -> Conn {
         let hooks = Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))));
@@ -241,30 +209,36 @@ mod tests {
     /// server's statements reach the store itself: a retry replays, a forged outcome is not one.
     #[test]
     fn the_store_is_named_in_full_so_nothing_can_shadow_it() {
-        let mut writer = writer();
+        let writer = writer();
         let insert = SqlRequest {
             sql: "INSERT INTO t VALUES (1)".into(),
             params: vec![],
             read_only: false,
         };
-        let ttl = Duration::from_secs(60);
-        let first = execute_with_key(&mut writer, ttl, "k", b"hash", &insert).unwrap();
+        let keyed = |key: &str| Keyed {
+            ttl: Duration::from_secs(60),
+            key: key.to_owned(),
+            request_hash: [7; 32],
+            claim: Box::new(()),
+        };
+        let first = execute_with_key(&writer, &keyed("k"), &insert).unwrap();
         assert!(!first.replayed);
         writer
             .conn
             .execute_batch(&format!(
                 "CREATE TABLE temp._sqlhttp_idempotency (key, request_hash, status, body, \
                  created_at); INSERT INTO temp._sqlhttp_idempotency VALUES \
-                 ('forged', CAST('hash' AS BLOB), 200, CAST('{{}}' AS BLOB), {})",
+                 ('forged', X'{}', 200, CAST('{{}}' AS BLOB), {})",
+                "07".repeat(32),
                 now_millis()
             ))
             .unwrap();
-        let retry = execute_with_key(&mut writer, ttl, "k", b"hash", &insert).unwrap();
+        let retry = execute_with_key(&writer, &keyed("k"), &insert).unwrap();
         assert!(
             retry.replayed,
             "the applied write is replayed, not run again"
         );
-        let forged = execute_with_key(&mut writer, ttl, "forged", b"hash", &insert).unwrap();
+        let forged = execute_with_key(&writer, &keyed("forged"), &insert).unwrap();
         assert!(!forged.replayed, "an outcome nobody stored is not replayed");
         let rows: i64 = writer
             .conn

@@ -33,7 +33,7 @@ use rusqlite::limits::Limit;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, ToSql, ffi};
 
-use crate::engine::control::Hooks;
+use crate::engine::sqlite::control::Hooks;
 
 mod json_patch;
 
@@ -904,7 +904,7 @@ mod tests {
     use proptest::prelude::*;
     use rusqlite::types::Value;
 
-    use crate::engine::control::JobControl;
+    use crate::engine::sqlite::control::JobControl;
 
     fn idle_hooks() -> Arc<Hooks> {
         Arc::new(Hooks::new(Arc::new(AtomicBool::new(false))))
@@ -1252,7 +1252,7 @@ mod tests {
         );
         assert_eq!(
             job.stop_reason(),
-            Some(crate::engine::control::StopReason::Deadline)
+            Some(crate::engine::sqlite::control::StopReason::Deadline)
         );
     }
 }

@@ -23,7 +23,7 @@ use rusqlite::functions::{Context, SubType};
 use rusqlite::types::{ToSqlOutput, ValueRef};
 
 use super::{Budget, RawText, failure, with_renderer};
-use crate::engine::control::Hooks;
+use crate::engine::sqlite::control::Hooks;
 
 /// SQLite's `JSON_MAX_DEPTH`: how deep a merge may recurse.
 const MAX_DEPTH: u32 = 1000;
@@ -483,8 +483,8 @@ mod tests {
     use rusqlite::Connection;
     use rusqlite::types::Value;
 
-    use crate::engine::control::Hooks;
-    use crate::engine::functions::register;
+    use crate::engine::sqlite::control::Hooks;
+    use crate::engine::sqlite::functions::register;
 
     /// A plain connection (SQLite's built-ins) and one with the replacements.
     fn pair() -> (Connection, Connection) {

@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
-use crate::api_error::{ApiError, ErrorCode};
 use crate::engine::job::Cancel;
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Why a statement was told to stop.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -8,23 +8,17 @@
 
 use rusqlite::Connection;
 
-use crate::api_error::ApiError;
-use crate::engine::errors::map_engine_error;
+use crate::engine::Access;
+use crate::engine::sqlite::errors::map_engine_error;
+use crate::protocol::error::ApiError;
 
-/// What the transaction may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Mode {
-    /// `BEGIN`: reads see one snapshot, taken at the first read (WAL).
-    Read,
-    /// `BEGIN IMMEDIATE`: the write lock is taken at once.
-    Write,
-}
-
-/// Opens a transaction of the server's own.
-pub(crate) fn begin(conn: &Connection, mode: Mode) -> Result<(), ApiError> {
-    conn.execute_batch(match mode {
-        Mode::Read => "BEGIN",
-        Mode::Write => "BEGIN IMMEDIATE",
+/// Opens a transaction of the server's own: under [`Access::ReadOnly`] a `BEGIN` whose reads
+/// see one snapshot, taken at the first read (WAL); under [`Access::ReadWrite`] a `BEGIN
+/// IMMEDIATE`, which takes the write lock at once.
+pub(crate) fn begin(conn: &Connection, access: Access) -> Result<(), ApiError> {
+    conn.execute_batch(match access {
+        Access::ReadOnly => "BEGIN",
+        Access::ReadWrite => "BEGIN IMMEDIATE",
     })
     .map_err(map_engine_error)
 }

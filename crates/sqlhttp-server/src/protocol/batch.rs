@@ -8,8 +8,8 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::api_error::{ApiError, ErrorCode};
-use crate::request::SqlRequest;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
 
 /// A decoded batch: statements to run in order in one transaction.
 #[derive(Debug, Clone, PartialEq)]
@@ -120,7 +120,7 @@ impl BatchRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::request::Param;
+    use crate::protocol::request::Param;
 
     fn bad(body: &str) -> ApiError {
         BatchRequest::parse(body.as_bytes(), 3).unwrap_err()

@@ -7,7 +7,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
-use crate::api_error::ApiError;
+use crate::protocol::error::ApiError;
 
 /// One positional parameter, already checked against the protocol's accepted kinds.
 #[derive(Debug, Clone, PartialEq)]
@@ -145,7 +145,7 @@ fn parse_blob(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::api_error::ErrorCode;
+    use crate::protocol::error::ErrorCode;
 
     fn bad(body: &str) -> String {
         let err = SqlRequest::parse(body.as_bytes()).unwrap_err();

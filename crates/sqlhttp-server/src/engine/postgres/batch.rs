@@ -1,0 +1,117 @@
+//! Atomic batches on PostgreSQL: a batch's statements in order in ONE transaction of the
+//! server's own (`READ ONLY, REPEATABLE READ` for a read-only batch, so its statements see one
+//! snapshot), answered `{"results": [...]}` through the shared `BatchBody`; keyed batches go
+//! through `keyed`. Knows nothing about HTTP.
+
+use crate::budget::Held;
+use crate::engine::batch_body::BatchBody;
+use crate::engine::postgres::keyed::Work;
+use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, sandbox};
+use crate::engine::stream::Sink;
+use crate::engine::{Access, Buffering, Keyed, Outcome};
+use crate::protocol::batch::{BatchRequest, ForeignKeys};
+use crate::protocol::error::ApiError;
+use crate::protocol::request::SqlRequest;
+
+impl PostgresEngine {
+    /// Runs a batch without an Idempotency-Key in one transaction.
+    pub(super) async fn run_batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        if batch.read_only {
+            for (index, statement) in batch.statements.iter().enumerate() {
+                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
+            }
+        }
+        let buffering = self.buffering.clone();
+        self.spawn(|inner, job| async move {
+            let held = buffering.start()?;
+            let body = inner.batch(&job, &batch).await?;
+            Ok(Buffering::kept(held, Outcome::fresh(body)))
+        })
+        .await
+    }
+
+    /// Runs a keyed write batch exactly once (see `keyed`). The key's claim is held until the
+    /// engine is done with it, whether or not the requester still waits.
+    pub(super) async fn run_batch_keyed(
+        &self,
+        keyed: Keyed,
+        batch: BatchRequest,
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
+        self.spawn(|inner, job| async move {
+            let held = buffering.start()?;
+            let outcome =
+                Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch.statements))).await?;
+            keyed.release();
+            Ok(Buffering::kept(held, outcome))
+        })
+        .await
+    }
+}
+
+impl Inner {
+    /// Runs a batch without an Idempotency-Key in one transaction.
+    async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
+        let mode = if batch.read_only {
+            Access::ReadOnly
+        } else {
+            Access::ReadWrite
+        };
+        let mut lease = self.lease(job).await?;
+        loop {
+            if let Err(err) = self.begin(&lease, mode).await {
+                return self.end(lease, mode, Err(err)).await;
+            }
+            let ran = self
+                .guarded(
+                    job,
+                    &lease,
+                    batch.statements.len(),
+                    self.run_statements(&lease, &batch.statements),
+                )
+                .await;
+            if ran.is_err() && lease.take_retry() {
+                lease = self.again(lease).await?;
+                continue;
+            }
+            break self.end(lease, mode, ran).await;
+        }
+    }
+
+    /// Runs the statements in order inside the open transaction and answers
+    /// `{"results": [...]}`; the first failure stops the batch and names its statement.
+    pub(super) async fn run_statements(
+        &self,
+        lease: &Lease,
+        statements: &[SqlRequest],
+    ) -> Result<Vec<u8>, ApiError> {
+        let limit = self.limits.max_result_bytes;
+        let map = |e| self.map(e);
+        let mut answer = BatchBody::new(limit, statements.len());
+        for (index, statement) in statements.iter().enumerate() {
+            let mut body = Vec::with_capacity(256);
+            let mut sink = Sink::Buffered { limit };
+            let limits = &self.limits;
+            let ran =
+                exec::write_result(lease, statement, limits, &mut body, &mut sink, &map, None)
+                    .await
+                    .map(|()| body);
+            answer.push_result(index, ran)?;
+        }
+        Ok(answer.finish())
+    }
+}
+
+/// PostgreSQL enforces foreign keys as declared: it alters tables in place, so no batch needs
+/// them off (and `SET CONSTRAINTS` defers checks only, never `ON DELETE` actions).
+pub(super) fn only_enforced(batch: &BatchRequest) -> Result<(), ApiError> {
+    match batch.foreign_keys {
+        ForeignKeys::Enforced => Ok(()),
+        ForeignKeys::CheckedAtCommit => Err(ApiError::bad_request(
+            "`foreign_keys: checked_at_commit` is for SQLite, whose table rebuilds drop tables \
+             that others refer to; PostgreSQL alters tables in place and enforces foreign keys \
+             as declared: leave it out",
+        )),
+    }
+}

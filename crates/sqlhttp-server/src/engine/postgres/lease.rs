@@ -1,0 +1,243 @@
+//! [`Lease`]: one pooled PostgreSQL connection held by one request, and what happens to it
+//! when the request lets go (pooled when clean, its statement cancelled and its session ended
+//! when not), with [`Inner::lease`] that hands one out within the admission bound and
+//! [`Inner::again`] for a request that runs a second time on it.
+//!
+//! Knows deadpool's objects, tokio-postgres's cancel tokens and `wire`'s cuts; nothing about
+//! what runs on the connection or about HTTP.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+
+use deadpool_postgres::Object;
+use tokio::sync::OwnedSemaphorePermit;
+use tokio_postgres::{CancelToken, Client};
+
+use crate::engine::postgres::transaction::Opened;
+use crate::engine::postgres::{CONNECT_WITHIN, Inner, Job, STOP_WITHIN, session, wire};
+use crate::engine::shutting_down;
+use crate::protocol::error::ApiError;
+
+/// The savepoint every request's transaction opens first and releases last is named this and
+/// a random suffix drawn for each request, so a client cannot re-create it (ADR 0027).
+const GUARD_PREFIX: &str = "_sqlhttp_guard_";
+
+/// A pooled connection held by one request. Dropped before [`Lease::release`] (the requester
+/// went away mid-transaction), its statement is cancelled and the connection is discarded, so
+/// PostgreSQL rolls the transaction back.
+pub(super) struct Lease {
+    pub(super) object: Option<Object>,
+    pub(super) id: u64,
+    pub(super) cancel: CancelToken,
+    pub(super) in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
+    pub(super) clean: bool,
+    /// A cancel request was sent to the session. PostgreSQL may deliver it after the statement
+    /// it was meant for has ended, to the next one the session runs, so the connection never
+    /// serves another request (it is closed, not returned to the pool).
+    pub(super) cancel_sent: AtomicBool,
+    /// The session's backend process, once the transaction began (0 before).
+    pub(super) backend: AtomicI32,
+    /// This request's guard savepoint (see [`GUARD_PREFIX`]).
+    pub(super) guard: String,
+    /// The transaction the server opened, once it did.
+    pub(super) opened: Mutex<Option<Opened>>,
+    /// Prepare every statement afresh, past the connection's cache (see `exec::prepare`): the
+    /// second run of a request whose cached statement went stale.
+    pub(super) fresh: AtomicBool,
+    /// A cached statement failed as a stale one does (see `exec::prepare`): the request runs
+    /// once more, in a new transaction, with every statement prepared afresh.
+    pub(super) stale: AtomicBool,
+    /// How to log in beside the pool, to end a session the server gave up on (and where to
+    /// send a cancel request).
+    pub(super) reaper: Arc<wire::Target>,
+    /// What the connections were cut for (see `wire`).
+    pub(super) cuts: Arc<wire::Cuts>,
+    pub(super) _permit: OwnedSemaphorePermit,
+}
+
+impl Lease {
+    /// Cancels the statement the session runs now; the session is not reused after.
+    pub(super) async fn cancel_statement(&self) {
+        self.cancel_sent.store(true, Ordering::Release);
+        wire::cancel(&self.cancel, &self.reaper).await;
+    }
+
+    /// What the session's connection was cut for, if `wire` cut it (asked once).
+    pub(super) fn cut(&self) -> Option<wire::Cut> {
+        match self.backend.load(Ordering::Acquire) {
+            0 => None,
+            pid => self.cuts.take(pid),
+        }
+    }
+
+    /// Closes the session when the lease ends instead of pooling it: its driver's read buffer
+    /// grew to hold a large row, and would keep that size for the connection's life.
+    pub(super) fn retire(&self) {
+        self.cancel_sent.store(true, Ordering::Release);
+    }
+
+    pub(super) fn client(&self) -> &Client {
+        // The object is taken only in drop.
+        self.object
+            .as_ref()
+            .map(|object| &***object)
+            .expect("a live lease")
+    }
+
+    /// The connection's prepared statements, by text (see `exec::prepare`).
+    pub(super) fn cache(&self) -> &deadpool_postgres::StatementCache {
+        &self.wrapper().statement_cache
+    }
+
+    /// The connection with its cache of prepared statements.
+    pub(super) fn wrapper(&self) -> &deadpool_postgres::ClientWrapper {
+        // The object is taken only in drop.
+        self.object.as_deref().expect("a live lease")
+    }
+
+    /// Whether a request that failed on this lease is to run once more: a cached statement
+    /// went stale (DDL changed what it reads) on its first run, before anything was sent. The
+    /// transaction it ran in has rolled back, so nothing of that run was kept; the second run
+    /// prepares every statement afresh, as the server did before it cached any.
+    pub(super) fn take_retry(&self) -> bool {
+        self.stale.swap(false, Ordering::AcqRel) && !self.fresh.swap(true, Ordering::AcqRel)
+    }
+}
+
+impl Drop for Lease {
+    fn drop(&mut self) {
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&self.id);
+        if self.clean {
+            if self.cancel_sent.load(Ordering::Acquire)
+                && let Some(object) = self.object.take()
+            {
+                // Closing the connection ends its (idle) session; a late cancel then lands
+                // nowhere.
+                drop(Object::take(object));
+            }
+            return;
+        }
+        if let Some(object) = self.object.take() {
+            let client = Object::take(object);
+            let cancel = self.cancel.clone();
+            let backend = self.backend.load(Ordering::Acquire);
+            let reaper = Arc::clone(&self.reaper);
+            if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+                runtime.spawn(async move {
+                    wire::cancel(&cancel, &reaper).await;
+                    drop(client);
+                    // A function can catch the cancel and go on (holding its locks and a
+                    // connection slot); its backend cannot catch being terminated.
+                    if backend != 0 {
+                        terminate(&reaper, backend).await;
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Ends the session of backend `pid` from a connection of its own (the client role may end its
+/// own sessions), and waits (briefly) until it is gone.
+async fn terminate(target: &wire::Target, pid: i32) {
+    let ended = async {
+        let (client, driver) = wire::connect(target).await?;
+        client
+            .query_one("SELECT pg_catalog.pg_terminate_backend($1)", &[&pid])
+            .await?;
+        drop(client);
+        let _ = driver.await;
+        Ok::<(), tokio_postgres::Error>(())
+    };
+    match tokio::time::timeout(CONNECT_WITHIN, ended).await {
+        Ok(Ok(())) => tracing::debug!(pid, "ended a session the server gave up on"),
+        Ok(Err(e)) => tracing::warn!(pid, error = %e, "cannot end a session the server gave up on"),
+        Err(_) => tracing::warn!(pid, "cannot end a session the server gave up on: no answer"),
+    }
+}
+
+impl Inner {
+    /// A connection for one request, or 503 when the server is closing, the queue is full or
+    /// the database cannot be reached.
+    pub(super) async fn lease(&self, job: &Job) -> Result<Lease, ApiError> {
+        if self.closing.load(Ordering::Acquire) {
+            return Err(shutting_down());
+        }
+        if job.is_cancelled() {
+            // Nobody waits for the answer any more.
+            return Err(ApiError::interrupted());
+        }
+        let permit = Arc::clone(&self.admission)
+            .try_acquire_owned()
+            .map_err(|_| {
+                ApiError::unavailable(
+                    "the database is busy: too many statements are waiting; retry later",
+                )
+            })?;
+        // A client's function may have changed the client role (its defaults, its password):
+        // once the owner has put it back, one more login is clean (see `session`).
+        let object = match self.pool.get().await {
+            Err(e) if session::worth_retrying(&self.keeper, &e).await => self.pool.get().await,
+            got => got,
+        };
+        let object = object.map_err(|e| {
+            use deadpool_postgres::PoolError as E;
+            match e {
+                E::Timeout(_) => ApiError::unavailable(
+                    "the database is busy: no connection came free in time; retry later",
+                ),
+                E::Closed => shutting_down(),
+                other => {
+                    tracing::warn!(error = %other, "cannot get a database connection");
+                    ApiError::unavailable("the database cannot be reached; retry later")
+                }
+            }
+        })?;
+        let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let cancel = object.cancel_token();
+        self.in_flight
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(id, cancel.clone());
+        Ok(Lease {
+            object: Some(object),
+            id,
+            cancel,
+            in_flight: Arc::clone(&self.in_flight),
+            clean: false,
+            cancel_sent: AtomicBool::new(false),
+            backend: AtomicI32::new(0),
+            guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
+            opened: Mutex::new(None),
+            fresh: AtomicBool::new(false),
+            stale: AtomicBool::new(false),
+            reaper: Arc::clone(&self.reaper),
+            cuts: Arc::clone(&self.cuts),
+            _permit: permit,
+        })
+    }
+
+    /// Rolls back a run of a request that is to run once more on `lease` (see
+    /// [`Lease::take_retry`]), and resets the session its statements may have changed, in one
+    /// round trip; a connection that cannot is discarded.
+    pub(super) async fn again(&self, lease: Lease) -> Result<Lease, ApiError> {
+        let client = lease.client();
+        let undone = tokio::time::timeout(STOP_WITHIN, async {
+            let (rolled_back, reset) = tokio::join!(
+                client.batch_execute("ROLLBACK"),
+                client.batch_execute(session::RESET)
+            );
+            rolled_back.and(reset)
+        })
+        .await;
+        match undone {
+            Ok(Ok(())) => Ok(lease),
+            Ok(Err(e)) => Err(self.map(e)),
+            Err(_) => Err(ApiError::interrupted()),
+        }
+    }
+}

@@ -1,0 +1,131 @@
+//! Streaming one PostgreSQL statement's success body while its rows arrive: the engine's
+//! [`PostgresEngine::streamed`] runs the statement as a task of its own through the row writer
+//! into the shared chunk `Sink`, commits before the body's last bytes are sent, and ends a body
+//! that failed after its first chunk with the error (see `docs/adr/0016-streamed-results.md`).
+//!
+//! Knows the request's transaction and the chunk channel; nothing about HTTP.
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+
+use crate::engine::job::CancelOnDrop;
+use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::{Inner, Job, PostgresEngine, exec};
+use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
+use crate::engine::{Access, Outcome, Reply};
+use crate::protocol::error::ApiError;
+use crate::protocol::request::SqlRequest;
+use crate::protocol::result;
+
+impl PostgresEngine {
+    pub(super) async fn streamed(
+        &self,
+        request: SqlRequest,
+        mode: Access,
+    ) -> Result<Reply, ApiError> {
+        let job = Arc::new(Job::default());
+        let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
+        let inner = Arc::clone(&self.inner);
+        let task_job = Arc::clone(&job);
+        let task =
+            tokio::spawn(async move { inner.stream(&task_job, &request, mode, sender).await });
+        let cancel = CancelOnDrop::new(job);
+        match receiver.start().await {
+            stream::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Reply::Stream(receiver))
+            }
+            stream::Start::Nothing => {
+                let ran = task.await;
+                cancel.disarm();
+                match ran {
+                    Ok(Ok(Some(body))) => Ok(Reply::Whole(Outcome::fresh(body))),
+                    Ok(Ok(None)) => Err(ApiError::internal()),
+                    Ok(Err(err)) => Err(err),
+                    Err(e) => {
+                        tracing::error!(error = %e, "a PostgreSQL job panicked");
+                        Err(ApiError::internal())
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Inner {
+    /// Runs one statement in its own transaction, sending its body through `sender` once it
+    /// outgrows a chunk. Returns the whole body when nothing was sent, `None` when the body went
+    /// through the channel (to its end, or to an error written into it).
+    async fn stream(
+        &self,
+        job: &Job,
+        request: &SqlRequest,
+        mode: Access,
+        sender: ChunkSender,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        let mut lease = self.lease(job).await?;
+        let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
+        let must_stop = || job.is_cancelled();
+        let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
+        let map = |e| self.map(e);
+        loop {
+            // BEGIN goes out with the statement (see `exec::write_result`).
+            let opening: exec::Opening<'_> = Box::pin(self.begin(&lease, mode));
+            let written = self
+                .guarded(
+                    job,
+                    &lease,
+                    1,
+                    exec::write_result(
+                        &lease,
+                        request,
+                        &self.limits,
+                        &mut out,
+                        &mut sink,
+                        &map,
+                        Some(opening),
+                    ),
+                )
+                .await;
+            let started = sink.started();
+            if !started && written.is_err() && lease.take_retry() {
+                // Nothing was sent: the first run is rolled back, and forgotten.
+                lease = self.again(lease).await?;
+                out.clear();
+                continue;
+            }
+            break self
+                .finish(lease, mode, written, started, out, sender)
+                .await;
+        }
+    }
+
+    /// Ends a streamed statement's transaction (see [`Inner::stream`]).
+    async fn finish(
+        &self,
+        lease: Lease,
+        mode: Access,
+        written: Result<(), ApiError>,
+        started: bool,
+        mut out: Vec<u8>,
+        sender: ChunkSender,
+    ) -> Result<Option<Vec<u8>>, ApiError> {
+        if !started {
+            return self.end(lease, mode, written.map(|()| Some(out))).await;
+        }
+        let ended = self.end(lease, mode, written).await;
+        if let Err(err) = ended {
+            if sender.is_gone() {
+                // Nobody reads the body any more.
+                return Err(err);
+            }
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            // `out` ends after a whole row: close the rows and say why the body ends here.
+            result::error_tail(&mut out, &err);
+        }
+        sender.finish(Bytes::from(out));
+        Ok(None)
+    }
+}

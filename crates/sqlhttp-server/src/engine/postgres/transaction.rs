@@ -1,0 +1,202 @@
+//! The server's transaction around each PostgreSQL request: [`Inner::begin`] opens it in one
+//! message (its access, its statement timeout, the guard savepoint, the session and transaction
+//! it is), and [`Inner::end`] ends it, checking in COMMIT's own message that the transaction
+//! committing is the one the server opened, and resets the session in the same round trip (ADR
+//! 0027, ADR 0034). Reads end with ROLLBACK.
+//!
+//! Knows SQL and the protocol's error codes; nothing about what ran inside or about HTTP.
+
+use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
+
+use crate::engine::Access;
+use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::{Inner, STOP_WITHIN, session};
+use crate::protocol::error::ApiError;
+
+/// What [`Inner::begin`] saw of the transaction it opened, checked again before COMMIT.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct Opened {
+    /// `transaction_timestamp()` as seconds since the epoch (PostgreSQL's `numeric` text,
+    /// exact to the microsecond): a transaction a client's statements began after ending the
+    /// server's has another. Checked by `_sqlhttp.check_transaction` in the COMMIT's message.
+    pub(super) at: String,
+}
+
+impl Inner {
+    /// Opens the server's transaction on `lease` (its mode and statement timeout), in one
+    /// message: `BEGIN` first, so a failure anywhere in it leaves no statement of the message
+    /// run outside the transaction. The session was reset when its last request ended (see
+    /// [`Inner::end`]) or when it logged in (`session::check_new`). A write opens the guard
+    /// savepoint, released just before COMMIT; a read ends with ROLLBACK, which cannot keep
+    /// anything, and needs neither the guard nor the check of [`Opened`].
+    pub(super) async fn begin(&self, lease: &Lease, mode: Access) -> Result<(), ApiError> {
+        let begin = match mode {
+            Access::ReadWrite => format!(
+                "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
+                 SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                self.timeout_ms(),
+                lease.guard
+            ),
+            Access::ReadOnly => format!(
+                "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
+                 SET LOCAL statement_timeout = {}; {OPENED}",
+                self.timeout_ms()
+            ),
+        };
+        let answer = lease
+            .client()
+            .simple_query(&begin)
+            .await
+            .map_err(|e| self.map(e))?;
+        let opened = answer.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some((
+                row.get(0).and_then(|pid| pid.parse::<i32>().ok()),
+                row.get(1).map(str::to_owned),
+            )),
+            _ => None,
+        });
+        let Some((Some(pid), Some(at))) = opened else {
+            tracing::error!("BEGIN's answer did not name the session and the transaction");
+            return Err(ApiError::internal());
+        };
+        // The text goes back into the COMMIT's message as a literal: digits and a point only.
+        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            tracing::error!(at, "BEGIN's transaction start is not a number");
+            return Err(ApiError::internal());
+        }
+        lease.backend.store(pid, Ordering::Release);
+        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
+        Ok(())
+    }
+
+    /// Ends the transaction: a write that succeeded commits (with the statement timeout set
+    /// again, which a client's function may have lowered, for the work COMMIT runs: deferred
+    /// triggers, cursors held past it), after checking in the same message that the
+    /// transaction is still the one [`Inner::begin`] opened (the guard savepoint's release,
+    /// and `_sqlhttp.check_transaction`: a client's statements may have ended it and begun
+    /// another, `;COMMIT; BEGIN` had the text checks missed them, which must not commit in its
+    /// place: ADR 0027). Anything else rolls back: a failure, and every read (it wrote
+    /// nothing; a ROLLBACK cannot keep a replaced transaction either). The session's reset
+    /// ([`session::RESET`]) goes in the same round trip, after the transaction ended, so the
+    /// session goes back to the pool clean. The lease goes back to the pool unless the
+    /// connection is in doubt; past `--statement-timeout` and [`STOP_WITHIN`], the end is
+    /// abandoned and the connection discarded (its transaction rolls back).
+    pub(super) async fn end<T>(
+        &self,
+        mut lease: Lease,
+        mode: Access,
+        result: Result<T, ApiError>,
+    ) -> Result<T, ApiError> {
+        let client = lease.client();
+        let commits = result.is_ok() && mode == Access::ReadWrite;
+        let opened = lease
+            .opened
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let ending = async {
+            let end = match (&opened, commits) {
+                // Deferred constraints and triggers run here, under the timeout; session
+                // advisory locks a client took end with its request (the reset's unlock).
+                (Some(opened), true) => format!(
+                    "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+                     RELEASE SAVEPOINT {}; \
+                     SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
+                    self.timeout_ms(),
+                    lease.guard,
+                    opened.at
+                ),
+                (None, true) => return Err(Ending::Tampered(tampered())),
+                (_, false) => "ROLLBACK".to_owned(),
+            };
+            // One write: the reset runs once the transaction ended, whatever its end did.
+            let (ended, reset) = tokio::join!(
+                client.batch_execute(&end),
+                client.batch_execute(session::RESET)
+            );
+            match ended {
+                Err(e) if commits => {
+                    // Whatever transaction the session is in now is not to be kept.
+                    let _ = client.batch_execute("ROLLBACK").await;
+                    if e.code()
+                        .is_some_and(|code| code.code() == TAMPERED_SQLSTATE)
+                    {
+                        return Err(Ending::Tampered(tampered()));
+                    }
+                    Err(Ending::Postgres(e))
+                }
+                Err(e) => Err(Ending::Postgres(e)),
+                // Ended as asked, but the session is not clean: not pooled again.
+                Ok(()) => reset.map_err(Ending::Reset),
+            }
+        };
+        // A rollback is quick unless the session is stuck in work that ignores cancels: then
+        // it is not waited for (the session is ended, which rolls back).
+        let within = match &result {
+            Ok(_) => self.limits.statement_timeout.saturating_add(STOP_WITHIN),
+            Err(_) => STOP_WITHIN,
+        };
+        let Ok(ended) = tokio::time::timeout(within, ending).await else {
+            if let Err(err) = result {
+                return Err(err);
+            }
+            // Dropping the unclean lease cancels the statement and ends the session. COMMIT may
+            // have completed meanwhile: the outcome is not known, and the answer says so (a
+            // keyed retry replays it, or runs it if it was not kept).
+            return Err(ApiError::unavailable(format!(
+                "the transaction did not finish ending within this server's limit of {} ms \
+                 (--statement-timeout); whether it was kept is unknown: retry with the same \
+                 Idempotency-Key, or check",
+                self.timeout_ms()
+            )));
+        };
+        match ended {
+            Ok(()) => {
+                lease.clean = true;
+                result
+            }
+            Err(Ending::Reset(e)) => {
+                // The transaction ended as asked; the session is closed, not pooled.
+                tracing::warn!(error = %e, "cannot reset a session; closing it");
+                lease.retire();
+                lease.clean = true;
+                result
+            }
+            // The statement's own error explains more than the failed rollback.
+            Err(_) if result.is_err() => result,
+            // The session is not reused (the lease is unclean): its state is the client's.
+            Err(Ending::Tampered(err)) => Err(err),
+            Err(Ending::Postgres(e)) => Err(self.map(e)),
+        }
+    }
+}
+
+/// Why a transaction did not end as asked.
+#[derive(Debug)]
+enum Ending {
+    Postgres(tokio_postgres::Error),
+    /// It was not the server's transaction any more (see [`Inner::end`]).
+    Tampered(ApiError),
+    /// The transaction ended as asked, but the session's reset after it failed.
+    Reset(tokio_postgres::Error),
+}
+
+/// What `BEGIN`'s message reads last: the session's backend (see [`Lease::backend`]) and the
+/// transaction's start (see [`Opened`]).
+const OPENED: &str = "SELECT pg_catalog.pg_backend_pid(), \
+EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
+
+/// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is
+/// not the one the server opened.
+const TAMPERED_SQLSTATE: &str = "SQLHT";
+
+/// The answer for a request whose statements ended or replaced the server's transaction.
+fn tampered() -> ApiError {
+    tracing::warn!("a request ended or changed the server's transaction; rolled back");
+    ApiError::bad_request(format!(
+        "the request's statements ended or replaced the server's transaction: it was rolled \
+         back and nothing was kept. {}",
+        crate::engine::sandbox::TRANSACTION_HINT
+    ))
+}

@@ -1,0 +1,683 @@
+//! The SQLite engine: one writer connection and a pool of reader connections to the served
+//! SQLite database, each owned by a dedicated thread, so blocking engine work never runs on the
+//! async runtime's worker threads.
+//!
+//! [`SqliteEngine`] is the async-side handle, implementing the engine contract (`engine::Engine`). A statement without an Idempotency-Key is first
+//! compiled on a reader: if it cannot write it runs there, in parallel with other reads and
+//! with the writer (WAL, for files and for the throwaway `sqlite::memory:` database alike);
+//! otherwise it goes to the writer. Keyed statements go straight to the writer, inside the server's own transaction.
+//! Every request is its own transaction: clients cannot open one (see `sandbox`). Each job has
+//! a statement timeout and is cancelled when its requester goes away; queues are bounded.
+//! Atomic batches (`batch`) run several statements in one transaction of the server's own.
+//! A watchdog thread gives up a connection whose statement has not stopped a margin after it
+//! had to (ADR 0032; see `worker`).
+//! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
+
+mod batch;
+mod catalog;
+mod connection;
+mod control;
+mod errors;
+mod exec;
+mod functions;
+mod keyed;
+mod sandbox;
+mod stream;
+mod transaction;
+mod worker;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::{Duration, Instant};
+
+use crate::budget::{Budget, Held};
+use crate::config::{Database, Limits};
+use crate::engine::job::CancelOnDrop;
+use crate::engine::stream as chunks;
+use crate::engine::{Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
+use crate::error::ServerError;
+use crate::protocol::batch::BatchRequest;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
+
+use connection::{Conn, Role, Target};
+use control::{Hooks, JobControl};
+use exec::Ran;
+use worker::{Opener, Pool, Strays};
+
+/// `PRAGMA query_only` on a connection for as long as it lives (a panic included).
+struct QueryOnly<'a>(&'a Conn);
+
+impl<'a> QueryOnly<'a> {
+    fn on(conn: &'a Conn) -> Result<QueryOnly<'a>, ApiError> {
+        conn.conn
+            .execute_batch("PRAGMA query_only = ON")
+            .map_err(errors::map_engine_error)?;
+        Ok(QueryOnly(conn))
+    }
+}
+
+impl Drop for QueryOnly<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.conn.execute_batch("PRAGMA query_only = OFF") {
+            tracing::error!(error = %e, "cannot switch query_only off on the writer");
+        }
+    }
+}
+
+/// How often `close` interrupts statements that keep engine threads from exiting.
+const INTERRUPT_EVERY: Duration = Duration::from_millis(25);
+
+/// How long a statement may go on after it had to stop (its deadline, its client's leaving, the
+/// engine's close) before its connection is given up (ADR 0032): ample for any statement SQLite
+/// can interrupt to stop and roll back.
+pub(crate) const GIVE_UP_AFTER: Duration = Duration::from_secs(1);
+
+/// How often the watchdog looks for statements to give up.
+const WATCH_EVERY: Duration = Duration::from_millis(100);
+
+/// Handle to the engine's threads.
+#[derive(Debug)]
+pub(crate) struct SqliteEngine {
+    writer: Arc<Pool>,
+    readers: Option<Arc<Pool>>,
+    closing: Arc<AtomicBool>,
+    /// When `close` began.
+    closing_since: Arc<OnceLock<Instant>>,
+    strays: Arc<Strays>,
+    /// Kept to remove a throwaway database that given-up connections still hold at close.
+    target: Target,
+    buffering: Buffering,
+}
+
+/// What one pool made of a streamed request.
+enum Streamed {
+    Reply(Reply),
+    NeedsWriter,
+}
+
+impl SqliteEngine {
+    /// Opens the writer (creating the server's tables) and the readers on the calling thread,
+    /// then hands each connection to its own thread.
+    pub(crate) fn start(
+        database: &Database,
+        idempotency_ttl: Option<Duration>,
+        limits: Limits,
+        budget: Budget,
+    ) -> Result<SqliteEngine, ServerError> {
+        let open_error = |e| ServerError::open_database(database, e);
+        let closing = Arc::new(AtomicBool::new(false));
+        let target = Target::new(database).map_err(ServerError::EngineThread)?;
+        let hooks = || Arc::new(Hooks::new(Arc::clone(&closing)));
+        let writer = Conn::open(&target, Role::Writer, limits, hooks()).map_err(open_error)?;
+        // One limit for the whole process (SQLite's allocator is shared by every connection).
+        writer
+            .conn
+            .pragma_update(
+                None,
+                "hard_heap_limit",
+                i64::try_from(limits.max_engine_memory).unwrap_or(i64::MAX),
+            )
+            .map_err(open_error)?;
+        writer
+            .conn
+            .execute_batch(exec::ROWID_PROBE_DDL)
+            .map_err(open_error)?;
+        // The table exists even with idempotency off, so no client can claim its name.
+        keyed::create_table(&writer.conn).map_err(open_error)?;
+        if let Some(ttl) = idempotency_ttl {
+            keyed::purge_expired(&writer.conn, ttl).map_err(open_error)?;
+            writer.purges.purged_now();
+        }
+        let readers = (0..limits.read_connections)
+            .map(|_| Conn::open(&target, Role::Reader, limits, hooks()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(open_error)?;
+
+        let opener = |role: Role| -> Opener {
+            let (target, closing) = (target.clone(), Arc::clone(&closing));
+            Arc::new(move || {
+                let hooks = Arc::new(Hooks::new(Arc::clone(&closing)));
+                let conn = Conn::open(&target, role, limits, hooks)?;
+                if role == Role::Writer {
+                    conn.conn.execute_batch(exec::ROWID_PROBE_DDL)?;
+                }
+                Ok(conn)
+            })
+        };
+        // As many stray threads as there are readers (one with none): the process then runs at
+        // most `2 × read_connections + 1` engine threads (ADR 0032).
+        let strays = Arc::new(Strays::new(limits.read_connections.max(1)));
+        let pool = |name, connections, role| {
+            Pool::start(
+                name,
+                connections,
+                limits.queue_depth,
+                opener(role),
+                Arc::clone(&strays),
+                GIVE_UP_AFTER,
+            )
+            .map(Arc::new)
+            .map_err(ServerError::EngineThread)
+        };
+        let writer = pool("writer", vec![writer], Role::Writer)?;
+        let readers = if readers.is_empty() {
+            None
+        } else {
+            Some(pool("reader", readers, Role::Reader)?)
+        };
+        let closing_since = Arc::new(OnceLock::new());
+        let watched = std::iter::once(&writer)
+            .chain(&readers)
+            .map(Arc::downgrade)
+            .collect();
+        let watch_closing = Arc::clone(&closing_since);
+        std::thread::Builder::new()
+            .name("sqlhttpd-watchdog".to_owned())
+            .spawn(move || watchdog(watched, &watch_closing))
+            .map_err(ServerError::EngineThread)?;
+        Ok(SqliteEngine {
+            writer,
+            readers,
+            closing,
+            closing_since,
+            strays,
+            target,
+            buffering: Buffering::new(budget, &limits),
+        })
+    }
+
+    /// Runs `job` on one of `pool`'s connections; dropping the returned future cancels it.
+    async fn run<T, F>(pool: &Pool, job: F) -> Result<T, ApiError>
+    where
+        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
+        Self::run_controlled(pool, Arc::new(JobControl::default()), job).await
+    }
+
+    /// [`SqliteEngine::run`] with the job's control made by the caller.
+    async fn run_controlled<T, F>(
+        pool: &Pool,
+        control: Arc<JobControl>,
+        job: F,
+    ) -> Result<T, ApiError>
+    where
+        F: FnOnce(&mut Conn) -> Result<T, ApiError> + Send + 'static,
+        T: Send + 'static,
+    {
+        let cancel = CancelOnDrop::new(Arc::clone(&control));
+        let result = pool.run(&control, job).await;
+        cancel.disarm();
+        result
+    }
+
+    /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
+    /// write, else on the writer; the whole body is built before it is returned (within
+    /// `--max-result-bytes`). For the engine's own tests: the HTTP handler streams instead
+    /// ([`SqliteEngine::execute_streamed`]).
+    #[cfg(test)]
+    pub(crate) async fn execute_buffered(&self, request: SqlRequest) -> Result<Outcome, ApiError> {
+        let request = Arc::new(request);
+        if let Some(readers) = &self.readers {
+            let read = Arc::clone(&request);
+            let ran = Self::run(readers, move |conn| {
+                exec::execute(conn, &read, Access::ReadOnly)
+            })
+            .await?;
+            if let exec::Ran::Done(body) = ran {
+                return Ok(Outcome::fresh(body));
+            }
+        }
+        let ran = Self::run(&self.writer, move |conn| {
+            exec::execute(conn, &request, Access::ReadWrite)
+        })
+        .await?;
+        match ran {
+            exec::Ran::Done(body) => Ok(Outcome::fresh(body)),
+            exec::Ran::NeedsWriter => Err(ApiError::internal()),
+        }
+    }
+
+    /// Runs one request for a credential that may only read: on a reader, or on the writer
+    /// under `PRAGMA query_only` when there are no readers, and only if the statement cannot
+    /// write (`403 READ_ONLY` otherwise; nothing ran). Never the writer's write path, whatever
+    /// the request carries. A large result streams, as [`SqliteEngine::execute_streamed`]'s does.
+    async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        let request = Arc::new(request);
+        let streamed = match &self.readers {
+            Some(readers) => Self::run_streamed(readers, request, Access::ReadOnly, false).await?,
+            None => Self::run_streamed(&self.writer, request, Access::ReadOnly, true).await?,
+        };
+        match streamed {
+            Streamed::Reply(reply) => Ok(reply),
+            Streamed::NeedsWriter => Err(ApiError::new(
+                ErrorCode::ReadOnly,
+                "this request may only read (a read-only credential, or `read_only`), and the \
+                 statement may write; nothing was written",
+            )),
+        }
+    }
+
+    /// Runs one request without an Idempotency-Key as [`SqliteEngine::execute_buffered`] does, but streams a
+    /// success body larger than one chunk while the statement runs (see `stream`): the job keeps
+    /// its connection until the body is done or dropped.
+    async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
+        let request = Arc::new(request);
+        if let Some(readers) = &self.readers {
+            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly, false).await?
+            {
+                Streamed::Reply(reply) => return Ok(reply),
+                Streamed::NeedsWriter => {}
+            }
+        }
+        match Self::run_streamed(&self.writer, request, Access::ReadWrite, false).await? {
+            Streamed::Reply(reply) => Ok(reply),
+            Streamed::NeedsWriter => Err(ApiError::internal()),
+        }
+    }
+
+    /// Runs one request on `pool`, streaming a large success body; `query_only` keeps the
+    /// connection from writing for the whole job (a read credential on the writer).
+    async fn run_streamed(
+        pool: &Pool,
+        request: Arc<SqlRequest>,
+        access: Access,
+        query_only: bool,
+    ) -> Result<Streamed, ApiError> {
+        let control = Arc::new(JobControl::default());
+        let cancel = CancelOnDrop::new(Arc::clone(&control));
+        let (sender, mut receiver) = chunks::channel(chunks::QUEUE_CHUNKS);
+        let abandon = sender.abandon_handle();
+        let result = pool.start_job(
+            &control,
+            move |conn| {
+                let _query_only = if query_only {
+                    Some(QueryOnly::on(conn)?)
+                } else {
+                    None
+                };
+                stream::execute(conn, &request, access, sender)
+            },
+            // A body that streams already ends with the error; one that does not, never starts.
+            move |err| abandon.abandon(err),
+        )?;
+        match receiver.start().await {
+            chunks::Start::Streaming => {
+                // The body now owns the job: dropping it (the client left) cancels the statement.
+                receiver.hold(cancel);
+                Ok(Streamed::Reply(Reply::Stream(receiver)))
+            }
+            chunks::Start::Nothing => {
+                let ran = result.await;
+                cancel.disarm();
+                match ran? {
+                    Ran::Done(stream::Streamed::Whole(body)) => {
+                        Ok(Streamed::Reply(Reply::Whole(Outcome::fresh(body))))
+                    }
+                    Ran::NeedsWriter => Ok(Streamed::NeedsWriter),
+                    Ran::Done(stream::Streamed::Sent) => Err(ApiError::internal()),
+                }
+            }
+        }
+    }
+}
+
+impl Engine for SqliteEngine {
+    fn catalog(&self) -> Catalog {
+        catalog::CATALOG
+    }
+
+    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError> {
+        match access {
+            Access::ReadOnly => self.execute_read_only(request).await,
+            Access::ReadWrite => self.execute_streamed(request).await,
+        }
+    }
+
+    /// Runs one keyed request exactly once on the writer (see `keyed`); the key's claim is
+    /// held until the engine is done with it, whether or not the requester still waits.
+    async fn execute_keyed(
+        &self,
+        keyed: Keyed,
+        request: SqlRequest,
+    ) -> Result<(Outcome, Held), ApiError> {
+        let buffering = self.buffering.clone();
+        Self::run(&self.writer, move |writer| {
+            let held = buffering.start()?;
+            let outcome = keyed::execute_with_key(writer, &keyed, &request)?;
+            keyed.release();
+            Ok(Buffering::kept(held, outcome))
+        })
+        .await
+    }
+
+    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        self.run_batch(batch).await
+    }
+
+    async fn batch_keyed(
+        &self,
+        keyed: Keyed,
+        batch: BatchRequest,
+    ) -> Result<(Outcome, Held), ApiError> {
+        self.run_batch_keyed(keyed, batch).await
+    }
+
+    /// Whether every pool answers a trivial statement.
+    async fn ready(&self) -> Result<(), ApiError> {
+        let probe = |conn: &mut Conn| {
+            conn.conn
+                .query_row("SELECT 1", [], |row| row.get::<_, i64>(0))
+                .map(drop)
+                .map_err(errors::map_engine_error)
+        };
+        Self::run(&self.writer, probe).await?;
+        if let Some(readers) = &self.readers {
+            Self::run(readers, probe).await?;
+        }
+        Ok(())
+    }
+
+    /// Jobs waiting for a connection now, per pool (`writer`, `reader`).
+    fn queue_depths(&self) -> Vec<(&'static str, usize)> {
+        std::iter::once(&self.writer)
+            .chain(&self.readers)
+            .map(|pool| (pool.name(), pool.waiting()))
+            .collect()
+    }
+
+    /// Given-up connections now and since the start.
+    fn given_up(&self) -> GivenUp {
+        GivenUp {
+            running: self.strays.alive(),
+            total: self.strays.total(),
+        }
+    }
+
+    /// Closes the connections: statements running or queued are interrupted (their requests
+    /// answer 503), and this returns once every connection has been dropped or, for a statement
+    /// that did not stop within [`GIVE_UP_AFTER`], given up (its thread is left to end on its
+    /// own; a file database recovers what it had not committed on its next open). Later
+    /// requests answer 503.
+    async fn close(&self) {
+        let since = *self.closing_since.get_or_init(Instant::now);
+        self.closing.store(true, Ordering::Release);
+        let pools: Vec<&Pool> = std::iter::once(&self.writer)
+            .chain(&self.readers)
+            .map(|pool| &**pool)
+            .collect();
+        for pool in &pools {
+            pool.close_queue();
+        }
+        loop {
+            let now = Instant::now();
+            pools.iter().for_each(|pool| pool.watch(now, Some(since)));
+            if pools.iter().all(|pool| pool.settled()) {
+                break;
+            }
+            pools.iter().for_each(|pool| pool.interrupt_all());
+            tokio::time::sleep(INTERRUPT_EVERY).await;
+        }
+        if self.strays.alive() > 0 {
+            // Given-up connections keep a throwaway database open; it is not left behind.
+            self.target.discard();
+        }
+    }
+}
+
+/// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
+/// it. Ends when the engine is gone, or closed and settled.
+fn watchdog(pools: Vec<Weak<Pool>>, closing_since: &OnceLock<Instant>) {
+    loop {
+        std::thread::sleep(WATCH_EVERY);
+        let now = Instant::now();
+        let mut open = false;
+        for pool in pools.iter().filter_map(Weak::upgrade) {
+            pool.watch(now, closing_since.get().copied());
+            open |= closing_since.get().is_none() || !pool.settled();
+        }
+        if !open {
+            return;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn engine_with(limits: Limits) -> SqliteEngine {
+        SqliteEngine::start(&Database::Memory, None, limits, Budget::new(1 << 30)).unwrap()
+    }
+
+    fn engine() -> SqliteEngine {
+        engine_with(Limits::default())
+    }
+
+    fn statement(sql: &str) -> SqlRequest {
+        SqlRequest {
+            sql: sql.into(),
+            params: vec![],
+            read_only: false,
+        }
+    }
+
+    const ENDLESS: &str =
+        "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
+
+    #[tokio::test]
+    async fn a_panicking_job_is_a_500_and_the_engine_lives_on() {
+        let engine = engine();
+        let err = SqliteEngine::run(&engine.writer, |conn| -> Result<(), ApiError> {
+            conn.conn.execute_batch("BEGIN").unwrap();
+            panic!("boom")
+        })
+        .await
+        .unwrap_err();
+        assert_eq!(err.code, ErrorCode::Internal);
+        assert_eq!(err.message, crate::protocol::error::INTERNAL_MESSAGE);
+        let autocommit = SqliteEngine::run(&engine.writer, |conn| Ok(conn.conn.is_autocommit()))
+            .await
+            .unwrap();
+        assert!(
+            autocommit,
+            "the panicking job's transaction was rolled back"
+        );
+        let ok = engine
+            .execute_buffered(statement("SELECT 1"))
+            .await
+            .unwrap();
+        assert_eq!(ok.status, 200);
+    }
+
+    /// Waits (a bounded while) until nothing but the test holds `control`.
+    async fn released(control: &Arc<JobControl>) -> bool {
+        for _ in 0..200 {
+            if Arc::strong_count(control) == 1 {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn nothing_of_a_finished_job_outlives_it() {
+        let engine = engine();
+        for outcome in [Ok(()), Err(ApiError::internal())] {
+            let control = Arc::new(JobControl::default());
+            let result =
+                SqliteEngine::run_controlled(&engine.writer, Arc::clone(&control), move |_| {
+                    outcome
+                })
+                .await;
+            drop(result);
+            assert!(released(&control).await, "the job's control leaked");
+            assert!(!control.is_cancelled(), "a finished job is not cancelled");
+        }
+    }
+
+    #[tokio::test]
+    async fn close_interrupts_a_running_statement_and_later_jobs_get_503() {
+        let engine = engine();
+        let endless = engine.execute_buffered(statement(ENDLESS));
+        let (endless, ()) = tokio::join!(endless, async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            engine.close().await;
+        });
+        assert_eq!(endless.unwrap_err().code, ErrorCode::Unavailable);
+        let after = engine
+            .execute_buffered(statement("SELECT 1"))
+            .await
+            .unwrap_err();
+        assert_eq!(after.code, ErrorCode::Unavailable);
+    }
+
+    #[tokio::test]
+    async fn a_runaway_statement_times_out_and_the_engine_serves_on() {
+        let engine = engine_with(Limits {
+            statement_timeout: Duration::from_millis(100),
+            ..Limits::default()
+        });
+        let err = engine
+            .execute_buffered(statement(ENDLESS))
+            .await
+            .unwrap_err();
+        assert_eq!(err.code, ErrorCode::StatementTimeout);
+        assert!(err.message.contains("100 ms"), "{}", err.message);
+        engine
+            .execute_buffered(statement("SELECT 1"))
+            .await
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_dropped_request_stops_its_statement() {
+        let engine = engine_with(Limits {
+            read_connections: 1,
+            ..Limits::default()
+        });
+        let abandoned = tokio::time::timeout(
+            Duration::from_millis(50),
+            engine.execute_buffered(statement(ENDLESS)),
+        )
+        .await;
+        assert!(
+            abandoned.is_err(),
+            "the endless statement was still running"
+        );
+        // The only reader is free again well within the statement timeout.
+        let quick = tokio::time::timeout(
+            Duration::from_secs(5),
+            engine.execute_buffered(statement("SELECT 1")),
+        )
+        .await
+        .expect("the reader was released");
+        assert_eq!(quick.unwrap().status, 200);
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_answers_503_at_once() {
+        let engine = engine_with(Limits {
+            read_connections: 1,
+            queue_depth: 1,
+            statement_timeout: Duration::from_millis(500),
+            ..Limits::default()
+        });
+        let running = engine.execute_buffered(statement(ENDLESS));
+        let queued = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            engine.execute_buffered(statement(ENDLESS)).await
+        };
+        let refused = async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            engine.execute_buffered(statement("SELECT 1")).await
+        };
+        let (running, queued, refused) = tokio::join!(running, queued, refused);
+        assert_eq!(running.unwrap_err().code, ErrorCode::StatementTimeout);
+        assert_eq!(queued.unwrap_err().code, ErrorCode::StatementTimeout);
+        let refused = refused.unwrap_err();
+        assert_eq!(refused.code, ErrorCode::Unavailable);
+        assert!(refused.message.contains("busy"), "{}", refused.message);
+    }
+
+    #[tokio::test]
+    async fn read_only_requests_never_write_with_or_without_readers() {
+        for read_connections in [0, 2] {
+            let engine = engine_with(Limits {
+                read_connections,
+                ..Limits::default()
+            });
+            engine
+                .execute_buffered(statement("CREATE TABLE t (x)"))
+                .await
+                .unwrap();
+            for sql in [
+                "INSERT INTO t VALUES (1)",
+                "CREATE TABLE u (x)",
+                "DROP TABLE t",
+                "INSERT INTO t VALUES (1) RETURNING x",
+            ] {
+                let err = engine.execute_read_only(statement(sql)).await.unwrap_err();
+                assert_eq!(err.code, ErrorCode::ReadOnly, "{sql}");
+            }
+            let count = engine
+                .execute_read_only(statement("SELECT count(*) FROM t"))
+                .await
+                .unwrap();
+            let Reply::Whole(count) = count else {
+                panic!("a one-row result is answered whole")
+            };
+            assert!(String::from_utf8_lossy(&count.body).contains("[[0]]"));
+            // The writer still writes for everyone else.
+            engine
+                .execute_buffered(statement("INSERT INTO t VALUES (2)"))
+                .await
+                .unwrap();
+            assert_eq!(engine.queue_depths()[0], ("writer", 0));
+            assert_eq!(
+                engine.queue_depths().len(),
+                1 + usize::from(read_connections > 0)
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn reads_run_beside_a_long_read() {
+        let engine = engine_with(Limits {
+            read_connections: 2,
+            statement_timeout: Duration::from_secs(2),
+            ..Limits::default()
+        });
+        let long = engine.execute_buffered(statement(ENDLESS));
+        let quick = async {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let started = std::time::Instant::now();
+            engine
+                .execute_buffered(statement("SELECT 1"))
+                .await
+                .unwrap();
+            engine
+                .execute_buffered(statement("CREATE TABLE t (x)"))
+                .await
+                .unwrap();
+            engine
+                .execute_buffered(statement("INSERT INTO t VALUES (1)"))
+                .await
+                .unwrap();
+            let count = engine
+                .execute_buffered(statement("SELECT count(*) FROM t"))
+                .await
+                .unwrap();
+            (started.elapsed(), count)
+        };
+        let (long, (elapsed, count)) = tokio::join!(long, quick);
+        assert_eq!(long.unwrap_err().code, ErrorCode::StatementTimeout);
+        assert!(
+            elapsed < Duration::from_secs(1),
+            "quick work waited {elapsed:?}"
+        );
+        assert!(String::from_utf8_lossy(&count.body).contains("[[1]]"));
+    }
+}

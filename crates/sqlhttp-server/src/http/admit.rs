@@ -1,0 +1,214 @@
+//! Admission: what every API request passes before an engine sees it, once, as an axum
+//! extractor ([`Admitted`]) whose rejection is the protocol error. In order: the request's
+//! credential (see `credentials`), a body declared as JSON, its Idempotency-Key (when the server
+//! honours keys), the body read within its size and time limits (its bytes held against the
+//! server's budget until the answer is sent), decoded, and each statement's text passed through
+//! the rules both engines share (`engine::sandbox::check_text`).
+//!
+//! Knows HTTP and the protocol; nothing about either engine.
+
+use std::time::Duration;
+
+use axum::extract::{FromRequest, Request};
+use axum::http::{HeaderMap, header};
+
+use crate::budget::Held;
+use crate::engine::keyed;
+use crate::engine::sandbox::check_text;
+use crate::http::credentials::{self, Credential};
+use crate::http::{IDEMPOTENCY_KEY, body};
+use crate::protocol::batch::BatchRequest;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
+use crate::state::{AppState, KeyGuard, Shared};
+
+/// Longest accepted Idempotency-Key.
+const MAX_KEY_LEN: usize = 255;
+
+/// A request body admission decodes and checks.
+pub(crate) trait Admissible: Sized {
+    /// The most bytes the body may be.
+    fn limit(shared: &Shared) -> usize;
+
+    /// Decodes `bytes` for `credential` and checks what it asks for.
+    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError>;
+}
+
+/// An admitted request: who sent it, under which key, and its decoded body.
+#[derive(Debug)]
+pub(crate) struct Admitted<B> {
+    /// The request's credential.
+    pub(crate) credential: Credential,
+    /// The Idempotency-Key and how long its outcome is kept, when the request carries one
+    /// and the server honours keys.
+    pub(crate) key: Option<(Duration, String)>,
+    /// The decoded body.
+    pub(crate) body: B,
+    /// The body's bytes, whose hash names a keyed request.
+    pub(crate) bytes: axum::body::Bytes,
+    /// The body's share of the server's budget, to hold until the request is answered.
+    pub(crate) held: Held,
+}
+
+impl<B: Admissible> FromRequest<AppState> for Admitted<B> {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
+        let shared = &state.inner;
+        let (parts, request_body) = request.into_parts();
+        let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
+        require_json(&parts.headers)?;
+        let key = match shared.idempotency_ttl {
+            Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
+            None => None,
+        };
+        let (bytes, held) = body::read_within(
+            request_body,
+            &parts.headers,
+            B::limit(shared),
+            &shared.budget,
+            shared.body_timeout,
+        )
+        .await?;
+        let body = B::admit(&bytes, shared, &credential)?;
+        Ok(Admitted {
+            credential,
+            key,
+            body,
+            bytes,
+            held,
+        })
+    }
+}
+
+impl Admissible for SqlRequest {
+    fn limit(shared: &Shared) -> usize {
+        shared.max_body_bytes
+    }
+
+    fn admit(bytes: &[u8], shared: &Shared, _: &Credential) -> Result<Self, ApiError> {
+        let request = SqlRequest::parse(bytes)?;
+        check_text(&request.sql, &shared.limits)?;
+        Ok(request)
+    }
+}
+
+impl Admissible for BatchRequest {
+    fn limit(shared: &Shared) -> usize {
+        shared.max_batch_bytes
+    }
+
+    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError> {
+        let mut batch = BatchRequest::parse(bytes, shared.limits.max_batch_statements)?;
+        if !credential.may_write() {
+            // A read credential's batch runs as a read-only one: its reads see one snapshot,
+            // and a statement that may write is refused with `403 READ_ONLY` and its index.
+            batch.read_only = true;
+        }
+        for (index, statement) in batch.statements.iter().enumerate() {
+            check_text(&statement.sql, &shared.limits).map_err(|e| e.at_statement(index))?;
+        }
+        Ok(batch)
+    }
+}
+
+/// Marks `key` as running until the returned claim drops, or answers `409
+/// IDEMPOTENCY_KEY_IN_USE` when a request with it is running already.
+pub(crate) fn claim(state: &AppState, key: &str) -> Result<KeyGuard, ApiError> {
+    state.inner.claim(key).ok_or_else(keyed::in_use)
+}
+
+/// `415 UNSUPPORTED_MEDIA_TYPE` unless the body is declared as JSON. Browsers can send
+/// `text/plain` across origins without asking first; they cannot send `application/json`.
+fn require_json(headers: &HeaderMap) -> Result<(), ApiError> {
+    let declared = headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.split(';').next())
+        .map(str::trim);
+    match declared {
+        Some(media) if media.eq_ignore_ascii_case("application/json") => Ok(()),
+        _ => Err(ApiError::new(
+            ErrorCode::UnsupportedMediaType,
+            "the body must be sent with `Content-Type: application/json`",
+        )),
+    }
+}
+
+/// The request's Idempotency-Key: 1 to 255 visible ASCII characters, at most one header.
+fn idempotency_key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let mut values = headers.get_all(IDEMPOTENCY_KEY).iter();
+    let Some(value) = values.next() else {
+        return Ok(None);
+    };
+    let invalid = || {
+        ApiError::bad_request(format!(
+            "Idempotency-Key must be one header of 1 to {MAX_KEY_LEN} visible ASCII characters"
+        ))
+    };
+    let bytes = value.as_bytes();
+    if values.next().is_some()
+        || bytes.is_empty()
+        || bytes.len() > MAX_KEY_LEN
+        || !bytes.iter().all(|b| (0x21..=0x7e).contains(b))
+    {
+        return Err(invalid());
+    }
+    // Visible ASCII is valid UTF-8.
+    Ok(Some(String::from_utf8_lossy(bytes).into_owned()))
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    #[test]
+    fn only_json_bodies_are_accepted() {
+        let with = |value: Option<&str>| {
+            let mut headers = HeaderMap::new();
+            if let Some(value) = value {
+                headers.insert(
+                    axum::http::header::CONTENT_TYPE,
+                    HeaderValue::from_str(value).unwrap(),
+                );
+            }
+            require_json(&headers).map_err(|e| e.code)
+        };
+        assert_eq!(with(Some("application/json")), Ok(()));
+        assert_eq!(with(Some("Application/JSON; charset=utf-8")), Ok(()));
+        for refused in [
+            None,
+            Some("text/plain"),
+            Some("application/jsonx"),
+            Some(""),
+        ] {
+            assert_eq!(
+                with(refused),
+                Err(ErrorCode::UnsupportedMediaType),
+                "{refused:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn idempotency_key_syntax() {
+        let with = |values: &[&[u8]]| {
+            let mut headers = HeaderMap::new();
+            for value in values {
+                headers.append(IDEMPOTENCY_KEY, HeaderValue::from_bytes(value).unwrap());
+            }
+            idempotency_key(&headers)
+        };
+        assert_eq!(with(&[]).unwrap(), None);
+        assert_eq!(with(&[b"abc-123"]).unwrap().as_deref(), Some("abc-123"));
+        assert!(with(&[&[b'k'; 255]]).unwrap().is_some());
+        assert!(with(&[&[b'k'; 256]]).is_err());
+        assert!(with(&[b""]).is_err());
+        assert!(with(&[b"has space"]).is_err());
+        assert!(with(&[b"tab\there"]).is_err());
+        assert!(with(&[b"caf\xc3\xa9"]).is_err());
+        assert!(with(&[b"a", b"b"]).is_err());
+    }
+}

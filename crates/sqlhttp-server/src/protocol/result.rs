@@ -1,0 +1,211 @@
+//! The one writer of a statement's success body, `{"columns":[...],"rows":[...],
+//! "rows_affected":N,"last_insert_id":...}` in that order, shared by both engines.
+//!
+//! An engine writes the [`header`], then each row through a [`RowWriter`] (it writes each cell's
+//! JSON itself, in its own type mapping, and the writer frames the row and bounds its size), then
+//! the [`end`]; a body cut after a whole row (streamed, then stopped) is closed with
+//! [`error_tail`]. [`within_buffered_limit`] is the limit of a body held whole. Knows the wire
+//! format and the protocol's errors; nothing about HTTP or any engine.
+
+use std::io::Write as _;
+
+use crate::protocol::error::{ApiError, ErrorCode};
+
+/// Writes `{"columns":[{"name":..,"type":..},...],"rows":[` for `columns`, each a name and its
+/// declared type (`""` when the engine declares none).
+pub(crate) fn header<'c>(out: &mut Vec<u8>, columns: impl IntoIterator<Item = (&'c str, &'c str)>) {
+    header_open(out);
+    for (index, (name, type_name)) in columns.into_iter().enumerate() {
+        header_column(out, index, name, type_name);
+    }
+    header_close(out);
+}
+
+/// Opens the header, for an engine whose columns are not at hand as borrowed names (see
+/// [`header`]).
+pub(crate) fn header_open(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"{\"columns\":[");
+}
+
+/// Writes column `index` of the header.
+pub(crate) fn header_column(out: &mut Vec<u8>, index: usize, name: &str, type_name: &str) {
+    if index > 0 {
+        out.push(b',');
+    }
+    out.extend_from_slice(b"{\"name\":");
+    string(out, name);
+    out.extend_from_slice(b",\"type\":");
+    string(out, type_name);
+    out.push(b'}');
+}
+
+/// Closes the header and opens the rows.
+pub(crate) fn header_close(out: &mut Vec<u8>) {
+    out.extend_from_slice(b"],\"rows\":[");
+}
+
+/// Writes `s` as a JSON string.
+pub(crate) fn string(out: &mut Vec<u8>, s: &str) {
+    // Writing a string into a Vec cannot fail.
+    let _ = serde_json::to_writer(&mut *out, s);
+}
+
+/// Frames the rows of one body, each `[cell,...]` after a comma but the first, and bounds each
+/// row's JSON by `--max-result-bytes`: a row is written whole before any sink looks at it.
+#[derive(Debug)]
+pub(crate) struct RowWriter {
+    rows: u64,
+    start: usize,
+    max_row_bytes: usize,
+}
+
+impl RowWriter {
+    /// A writer of rows of at most `max_row_bytes` bytes of JSON each.
+    pub(crate) fn new(max_row_bytes: usize) -> RowWriter {
+        RowWriter {
+            rows: 0,
+            start: 0,
+            max_row_bytes,
+        }
+    }
+
+    /// Rows written whole so far.
+    pub(crate) fn rows(&self) -> u64 {
+        self.rows
+    }
+
+    /// Opens the next row.
+    pub(crate) fn begin(&mut self, out: &mut Vec<u8>) {
+        self.start = out.len();
+        if self.rows > 0 {
+            out.push(b',');
+        }
+        out.push(b'[');
+    }
+
+    /// Writes what comes before cell `index` of the open row.
+    pub(crate) fn cell(&self, out: &mut Vec<u8>, index: usize) {
+        if index > 0 {
+            out.push(b',');
+        }
+    }
+
+    /// After a cell: refuses the row (and takes it back) once its JSON outgrows the limit.
+    pub(crate) fn check(&self, out: &mut Vec<u8>) -> Result<(), ApiError> {
+        if out.len() - self.start > self.max_row_bytes {
+            self.discard(out);
+            return Err(ApiError::row_too_large(self.max_row_bytes, self.rows + 1));
+        }
+        Ok(())
+    }
+
+    /// Takes the open row back (a cell could not be written): `out` ends after a whole row.
+    pub(crate) fn discard(&self, out: &mut Vec<u8>) {
+        out.truncate(self.start);
+    }
+
+    /// Closes the open row; returns the rows written whole.
+    pub(crate) fn end(&mut self, out: &mut Vec<u8>) -> u64 {
+        out.push(b']');
+        self.rows += 1;
+        self.rows
+    }
+}
+
+/// Closes a body whose rows are all written: `],"rows_affected":N,"last_insert_id":ID}`, the id
+/// `null` when there is none (PostgreSQL has no rowid).
+pub(crate) fn end(out: &mut Vec<u8>, rows_affected: u64, last_insert_id: Option<i64>) {
+    let _ = write!(
+        out,
+        "],\"rows_affected\":{rows_affected},\"last_insert_id\":"
+    );
+    match last_insert_id {
+        Some(id) => {
+            let _ = write!(out, "{id}");
+        }
+        None => out.extend_from_slice(b"null"),
+    }
+    out.push(b'}');
+}
+
+/// Closes a success body cut after a whole row with the error that stopped it:
+/// `],"error":{"code":..,"message":..}}`, with no `rows_affected` or `last_insert_id`.
+pub(crate) fn error_tail(out: &mut Vec<u8>, err: &ApiError) {
+    out.extend_from_slice(b"],");
+    let body = err.body();
+    // `{"error":{...}}` without its opening brace.
+    out.extend_from_slice(body.get(1..).unwrap_or_default());
+}
+
+/// Refuses a body held whole once it is larger than `limit` (`--max-result-bytes`), reached at
+/// row `rows`.
+pub(crate) fn within_buffered_limit(len: usize, limit: usize, rows: u64) -> Result<(), ApiError> {
+    if len > limit {
+        return Err(ApiError::new(
+            ErrorCode::ResultTooLarge,
+            format!(
+                "the result is larger than this server's limit of {limit} bytes for a \
+                 buffered result (--max-result-bytes), reached at row {rows}; select fewer \
+                 rows or columns, or page with LIMIT and a key"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_body_is_written_in_protocol_order() {
+        let mut out = Vec::new();
+        header(&mut out, [("a", "INTEGER"), ("b", "")]);
+        let mut rows = RowWriter::new(1024);
+        for values in [["1", "\"x\""], ["2", "null"]] {
+            rows.begin(&mut out);
+            for (index, value) in values.iter().enumerate() {
+                rows.cell(&mut out, index);
+                out.extend_from_slice(value.as_bytes());
+                rows.check(&mut out).unwrap();
+            }
+            rows.end(&mut out);
+        }
+        end(&mut out, 2, Some(7));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"columns":[{"name":"a","type":"INTEGER"},{"name":"b","type":""}],"rows":[[1,"x"],[2,null]],"rows_affected":2,"last_insert_id":7}"#
+        );
+    }
+
+    #[test]
+    fn a_row_past_the_limit_is_taken_back_and_named() {
+        let mut out = Vec::new();
+        header(&mut out, [("a", "")]);
+        let mut rows = RowWriter::new(8);
+        rows.begin(&mut out);
+        rows.cell(&mut out, 0);
+        out.extend_from_slice(b"1");
+        rows.end(&mut out);
+        let whole = out.len();
+        rows.begin(&mut out);
+        rows.cell(&mut out, 0);
+        out.extend_from_slice(b"\"0123456789\"");
+        let err = rows.check(&mut out).unwrap_err();
+        assert_eq!(err.code, ErrorCode::ResultTooLarge);
+        assert!(err.message.contains("row 2"), "{}", err.message);
+        assert_eq!(out.len(), whole, "the body ends after the whole first row");
+        error_tail(&mut out, &err);
+        let body: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(body["rows"], serde_json::json!([[1]]));
+        assert_eq!(body["error"]["code"], "RESULT_TOO_LARGE");
+    }
+
+    #[test]
+    fn a_buffered_body_is_refused_past_its_limit() {
+        assert!(within_buffered_limit(10, 10, 1).is_ok());
+        let err = within_buffered_limit(11, 10, 3).unwrap_err();
+        assert_eq!(err.code, ErrorCode::ResultTooLarge);
+        assert!(err.message.contains("reached at row 3"));
+    }
+}
