@@ -5,6 +5,8 @@
 //! row); the rest of the body is the caller's, never retried.
 //!
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
+//! What a failed exchange *is* (its [`Failure`] and [`ErrorKind`]) comes from `response`, which this
+//! module uses and which never uses it.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
 
 use std::pin::Pin;
@@ -20,9 +22,9 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{AttemptFailure, BoxError, Error, ErrorKind, Result};
+use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
-use crate::response;
+use crate::response::{self, Failure};
 use crate::retry::classify::{OpClass, is_transient, should_retry};
 use crate::retry::{RetryPolicy, TokenBucket, backoff};
 
@@ -49,33 +51,6 @@ pub(crate) struct AttemptRequest<'a> {
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
     pub(crate) idempotency_key: Option<&'a HeaderValue>,
-}
-
-/// One failed attempt: what it was, whether the request may have reached the server, and the error
-/// of the HTTP stack behind it.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) kind: ErrorKind,
-    /// `false` only when nothing can have reached the server (the connection was never made).
-    pub(crate) sent: bool,
-    pub(crate) source: Option<BoxError>,
-    /// For a batch: the statement the server's error names (its body's `statement` member).
-    pub(crate) statement: Option<usize>,
-    /// The server's `X-Request-Id`, when a response carried a sane one.
-    pub(crate) request_id: Option<String>,
-}
-
-/// A failure known only by its kind (a response, a timeout) may have reached the server.
-impl From<ErrorKind> for Failure {
-    fn from(kind: ErrorKind) -> Self {
-        Failure {
-            kind,
-            sent: true,
-            source: None,
-            statement: None,
-            request_id: None,
-        }
-    }
 }
 
 /// The future of one exchange.
@@ -231,21 +206,6 @@ impl Delivered {
     pub(crate) fn attach(&self, err: Error) -> Error {
         err.with_attempts(self.attempts, self.history.clone())
             .with_sent(true, false)
-    }
-}
-
-impl From<Error> for Failure {
-    fn from(err: Error) -> Self {
-        let statement = err.statement_index();
-        let request_id = err.request_id().map(str::to_owned);
-        let (kind, source) = err.into_parts();
-        Failure {
-            kind,
-            sent: true,
-            source,
-            statement,
-            request_id,
-        }
     }
 }
 
