@@ -111,7 +111,7 @@ pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>>
     }
     results
         .iter()
-        .map(|result| crate::decode::table(result.get().as_bytes()))
+        .map(|result| crate::wire::decode::table(result.get().as_bytes()))
         .collect()
 }
 

@@ -19,13 +19,13 @@ use crate::client::Client;
 use serde::de::IgnoredAny;
 
 use crate::cursor::Collect;
-use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
 use crate::table::Table;
 use crate::transport::Endpoint;
+use crate::wire::decode;
 use serde_json::Value;
 
 /// How large one generated statement may be.
@@ -480,7 +480,7 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
 }
 
 fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
-    match crate::blob::to_param(row) {
+    match crate::wire::blob::to_param(row) {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(invalid(
             None,
