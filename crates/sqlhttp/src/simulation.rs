@@ -39,7 +39,7 @@ use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
 use crate::ErrorKind;
 use crate::response::{self, Failure};
-use crate::transport::{
+use crate::transport::exchange::{
     ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
 };
 
