@@ -24,7 +24,7 @@ use crate::options::{CallOptions, call_settings, check_key, retry_setting, write
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
 use crate::table::Table;
-use crate::transport::Endpoint;
+use crate::transport::{Call, Endpoint};
 use crate::wire::decode;
 use serde_json::Value;
 
@@ -262,17 +262,18 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
             let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
                 .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
             let mut effect = Collect::<IgnoredAny>::new();
+            let call = Call {
+                class: OpClass::Write,
+                endpoint: Endpoint::Sql,
+                body: chunk.body,
+                sql: &sql_for_log,
+                options: &self.options,
+                idempotency_key: Some(key),
+                started: Some(started),
+            };
             let sent = self
                 .client
-                .send(
-                    OpClass::Write,
-                    chunk.body,
-                    &sql_for_log,
-                    &self.options,
-                    Some(key),
-                    Some(started),
-                    &mut effect,
-                )
+                .send(call, &mut effect)
                 .await
                 .and_then(|delivered| {
                     let effect =
@@ -334,19 +335,16 @@ impl<T> Insert<'_, T> {
         let key = HeaderValue::try_from(call_key.as_str())
             .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
         let mut whole = crate::cursor::Whole::default();
-        let delivered = self
-            .client
-            .send_to(
-                Endpoint::Batch,
-                OpClass::Write,
-                body,
-                sql,
-                &self.options,
-                Some(key),
-                None,
-                &mut whole,
-            )
-            .await?;
+        let call = Call {
+            class: OpClass::Write,
+            endpoint: Endpoint::Batch,
+            body,
+            sql,
+            options: &self.options,
+            idempotency_key: Some(key),
+            started: None,
+        };
+        let delivered = self.client.send(call, &mut whole).await?;
         let tables =
             crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(InsertReport {

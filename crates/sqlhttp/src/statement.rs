@@ -21,7 +21,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table};
-use crate::transport::{Delivered, Receive};
+use crate::transport::{Call, Delivered, Endpoint, Receive};
 use crate::value::Value as Cell;
 use crate::wire::decode;
 use serde_json::Value;
@@ -139,9 +139,16 @@ impl Statement {
             read_only: class == OpClass::Read,
         }
         .encode();
-        client
-            .send(class, body, &self.sql, options, None, None, receiver)
-            .await
+        let call = Call {
+            class,
+            endpoint: Endpoint::Sql,
+            body,
+            sql: &self.sql,
+            options,
+            idempotency_key: None,
+            started: None,
+        };
+        client.send(call, receiver).await
     }
 
     /// Sends the statement and decodes every row into a `T`; a failure anywhere in the body is

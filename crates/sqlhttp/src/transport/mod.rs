@@ -45,17 +45,24 @@ pub(crate) struct Transport {
     pub(crate) cancel: Option<CancellationToken>,
 }
 
-/// One call: a request body sent as many times as the rules allow.
+/// One call: a request body sent as many times as the rules allow. The request builders (statement,
+/// batch, insert, describe) fill it in by name and hand it to `Client::send`, which checks its
+/// options and passes it here.
 pub(crate) struct Call<'a> {
+    /// What the call may do, which decides what is retried: a read as the policy allows, a write
+    /// only under `retry_writes` (always with an idempotency key), an execute never.
     pub(crate) class: OpClass,
+    /// Where the body goes.
     pub(crate) endpoint: Endpoint,
+    /// The encoded request body, sent unchanged on every attempt.
     pub(crate) body: Bytes,
     /// For debug-level logs only.
     pub(crate) sql: &'a str,
     /// The call's overrides of the client's settings (its idempotency key is the insert's business:
     /// see `idempotency_key` below).
     pub(crate) options: &'a CallOptions,
-    /// The key to send on every attempt of a write; `None` makes one for the call.
+    /// The key to send on every attempt of a write; `None` makes one for the call. Not sent on a read
+    /// or an execute.
     pub(crate) idempotency_key: Option<HeaderValue>,
     /// When the caller's operation began, if before this call (a bulk insert's later statements share
     /// its `max_elapsed`); `None` means now.
