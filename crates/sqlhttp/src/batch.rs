@@ -19,7 +19,7 @@ use crate::options::{CallOptions, call_settings, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, Statement};
 use crate::table::Table;
-use crate::transport::Endpoint;
+use crate::transport::{Call, Endpoint};
 
 /// How large a batch the client sends (see `ClientBuilder::batch_max_statements` and
 /// `ClientBuilder::batch_max_bytes`).
@@ -111,7 +111,7 @@ pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>>
     }
     results
         .iter()
-        .map(|result| crate::decode::table(result.get().as_bytes()))
+        .map(|result| crate::wire::decode::table(result.get().as_bytes()))
         .collect()
 }
 
@@ -358,19 +358,16 @@ impl Batch {
         };
         let sql_for_log = format!("BATCH of {count} statements");
         let mut whole = crate::cursor::Whole::default();
-        let delivered = self
-            .client
-            .send_to(
-                Endpoint::Batch,
-                class,
-                body,
-                &sql_for_log,
-                &self.options,
-                key,
-                None,
-                &mut whole,
-            )
-            .await?;
+        let call = Call {
+            class,
+            endpoint: Endpoint::Batch,
+            body,
+            sql: &sql_for_log,
+            options: &self.options,
+            idempotency_key: key,
+            started: None,
+        };
+        let delivered = self.client.send(call, &mut whole).await?;
         let replayed = crate::insert::replayed_by_an_earlier_call(&delivered);
         let results = decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(BatchReport { results, replayed })

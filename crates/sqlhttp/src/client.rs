@@ -8,7 +8,6 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::Bytes;
 use http::HeaderValue;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
@@ -16,11 +15,9 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{Batch, BatchLimits};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
-use crate::options::CallOptions;
-use crate::retry::classify::OpClass;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery};
-use crate::transport::{Call, Delivered, Endpoint, Exchange, HttpExchange, Receive, Transport};
+use crate::transport::{Call, Delivered, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's statement endpoint, relative to the server's base URL.
 const ENDPOINT: &str = "api/v1/sql";
@@ -160,62 +157,15 @@ impl Client {
         self.inner.batch_limits
     }
 
-    /// Sends one statement with the call's settings, handing the response body to `receiver` until it
-    /// is served; a setting that cannot work fails before anything is sent. (The arguments are the
-    /// transport's `Call`, spelled out for the request builders.)
-    #[allow(clippy::too_many_arguments)]
+    /// Sends a call the request builders made, handing the response body to `receiver` until it is
+    /// served; a setting that cannot work fails before anything is sent.
     pub(crate) async fn send(
         &self,
-        class: OpClass,
-        body: Bytes,
-        sql: &str,
-        options: &CallOptions,
-        idempotency_key: Option<HeaderValue>,
-        started: Option<tokio::time::Instant>,
+        call: Call<'_>,
         receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
-        self.send_to(
-            Endpoint::Sql,
-            class,
-            body,
-            sql,
-            options,
-            idempotency_key,
-            started,
-            receiver,
-        )
-        .await
-    }
-
-    /// Sends one request body to `endpoint` with the call's settings, as [`Client::send`] does.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) async fn send_to(
-        &self,
-        endpoint: Endpoint,
-        class: OpClass,
-        body: Bytes,
-        sql: &str,
-        options: &CallOptions,
-        idempotency_key: Option<HeaderValue>,
-        started: Option<tokio::time::Instant>,
-        receiver: &mut dyn Receive,
-    ) -> Result<Delivered> {
-        options.validate()?;
-        self.inner
-            .transport
-            .send(
-                Call {
-                    class,
-                    endpoint,
-                    body,
-                    sql,
-                    options,
-                    idempotency_key,
-                    started,
-                },
-                receiver,
-            )
-            .await
+        call.options.validate()?;
+        self.inner.transport.send(call, receiver).await
     }
 }
 

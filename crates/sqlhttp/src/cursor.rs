@@ -17,10 +17,11 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::envelope::{Decoder, Step};
 use crate::error::{AttemptFailure, Error, ErrorKind, Result};
+use crate::response::Failure;
 use crate::table::Column;
-use crate::transport::{Body, Delivered, Failure, Receive, cancelled, with_timeout};
+use crate::transport::{Body, Delivered, Receive, cancelled, with_timeout};
+use crate::wire::envelope::{Decoder, Step};
 
 /// Takes every row: served at the body's end.
 pub(crate) struct Collect<T> {

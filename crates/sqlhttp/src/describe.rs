@@ -12,7 +12,7 @@ use crate::cursor::Collect;
 use crate::error::Result;
 use crate::options::CallOptions;
 use crate::retry::classify::OpClass;
-use crate::transport::Endpoint;
+use crate::transport::{Call, Endpoint};
 
 /// A table or a view the server lets this client see, from [`Client::tables`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -110,17 +110,17 @@ impl Client {
         body: Bytes,
     ) -> Result<Vec<T>> {
         let mut rows = Collect::new();
-        self.send_to(
-            Endpoint::Describe,
-            OpClass::Read,
+        let options = CallOptions::default();
+        let call = Call {
+            class: OpClass::Read,
+            endpoint: Endpoint::Describe,
             body,
-            "describe",
-            &CallOptions::default(),
-            None,
-            None,
-            &mut rows,
-        )
-        .await?;
+            sql: "describe",
+            options: &options,
+            idempotency_key: None,
+            started: None,
+        };
+        self.send(call, &mut rows).await?;
         Ok(rows.rows)
     }
 }

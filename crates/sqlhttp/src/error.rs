@@ -366,7 +366,7 @@ impl Error {
         Self::new(ErrorKind::Decode {
             row: None,
             column: None,
-            message: crate::decode::redact(&crate::decode::without_position(&err)),
+            message: crate::wire::decode::redact(&crate::wire::decode::without_position(&err)),
         })
     }
 

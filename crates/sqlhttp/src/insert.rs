@@ -19,13 +19,13 @@ use crate::client::Client;
 use serde::de::IgnoredAny;
 
 use crate::cursor::Collect;
-use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, check_scalar};
 use crate::table::Table;
-use crate::transport::Endpoint;
+use crate::transport::{Call, Endpoint};
+use crate::wire::decode;
 use serde_json::Value;
 
 /// How large one generated statement may be.
@@ -262,17 +262,18 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
             let key = HeaderValue::try_from(chunk_key(&call_key, index, count))
                 .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
             let mut effect = Collect::<IgnoredAny>::new();
+            let call = Call {
+                class: OpClass::Write,
+                endpoint: Endpoint::Sql,
+                body: chunk.body,
+                sql: &sql_for_log,
+                options: &self.options,
+                idempotency_key: Some(key),
+                started: Some(started),
+            };
             let sent = self
                 .client
-                .send(
-                    OpClass::Write,
-                    chunk.body,
-                    &sql_for_log,
-                    &self.options,
-                    Some(key),
-                    Some(started),
-                    &mut effect,
-                )
+                .send(call, &mut effect)
                 .await
                 .and_then(|delivered| {
                     let effect =
@@ -334,19 +335,16 @@ impl<T> Insert<'_, T> {
         let key = HeaderValue::try_from(call_key.as_str())
             .map_err(|err| Error::config(format!("invalid idempotency key: {err}")))?;
         let mut whole = crate::cursor::Whole::default();
-        let delivered = self
-            .client
-            .send_to(
-                Endpoint::Batch,
-                OpClass::Write,
-                body,
-                sql,
-                &self.options,
-                Some(key),
-                None,
-                &mut whole,
-            )
-            .await?;
+        let call = Call {
+            class: OpClass::Write,
+            endpoint: Endpoint::Batch,
+            body,
+            sql,
+            options: &self.options,
+            idempotency_key: Some(key),
+            started: None,
+        };
+        let delivered = self.client.send(call, &mut whole).await?;
         let tables =
             crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(InsertReport {
@@ -480,7 +478,7 @@ fn encode(prefix: &str, group: &str, rows: usize, params: &[Value]) -> Chunk {
 }
 
 fn to_object<T: Serialize>(row: &T, index: usize) -> Result<Value> {
-    match crate::blob::to_param(row) {
+    match crate::wire::blob::to_param(row) {
         Ok(value @ Value::Object(_)) => Ok(value),
         Ok(_) => Err(invalid(
             None,

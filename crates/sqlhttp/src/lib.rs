@@ -33,12 +33,9 @@
 //! ```
 
 mod batch;
-mod blob;
 mod client;
 mod cursor;
-pub mod decode;
 mod describe;
-mod envelope;
 mod error;
 mod insert;
 #[cfg(feature = "migrate")]
@@ -53,9 +50,9 @@ mod statement;
 mod table;
 mod transport;
 mod value;
+mod wire;
 
 pub use batch::{Batch, BatchReport};
-pub use blob::Blob;
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
 pub use describe::{ColumnInfo, TableInfo};
@@ -72,6 +69,8 @@ pub use statement::{Execute, Query, ResponseFuture, TableQuery};
 pub use table::{Column, ExecResult, Row, Table};
 pub use tokio_util::sync::CancellationToken;
 pub use value::Value;
+pub use wire::blob::Blob;
+pub use wire::decode;
 
 /// The README's examples compile (`cargo test --doc`).
 #[cfg(doctest)]

@@ -1,16 +1,62 @@
 //! Turning what came back from one HTTP exchange into an [`ErrorKind`]: a non-success response (status,
 //! headers and the protocol's `{"error": {"code", "message"}}` body) or a failure of the HTTP stack.
+//! [`Failure`], one failed attempt as the exchange and the receivers report it, lives here beside the
+//! mapping that builds it.
 //!
-//! It decides what a failure *is*, never whether to retry it (that is `retry::classify`).
+//! It decides what a failure *is*, never whether to retry it (that is `retry::classify`). It knows
+//! nothing of the transport: the transport uses this mapping, never the other way round.
 
 use std::error::Error as _;
 use std::time::SystemTime;
 
 use serde::Deserialize;
 
-use crate::error::{ConstraintKind, ErrorKind};
+use crate::error::{BoxError, ConstraintKind, Error, ErrorKind};
 use crate::retry::retry_after;
-use crate::transport::Failure;
+
+/// One failed attempt: what it was, whether the request may have reached the server, and the error
+/// of the HTTP stack behind it.
+#[derive(Debug)]
+pub(crate) struct Failure {
+    pub(crate) kind: ErrorKind,
+    /// `false` only when nothing can have reached the server (the connection was never made).
+    pub(crate) sent: bool,
+    pub(crate) source: Option<BoxError>,
+    /// For a batch: the statement the server's error names (its body's `statement` member).
+    pub(crate) statement: Option<usize>,
+    /// The server's `X-Request-Id`, when a response carried a sane one.
+    pub(crate) request_id: Option<String>,
+}
+
+/// A failure known only by its kind (a response, a timeout) may have reached the server.
+impl From<ErrorKind> for Failure {
+    fn from(kind: ErrorKind) -> Self {
+        Failure {
+            kind,
+            sent: true,
+            source: None,
+            statement: None,
+            request_id: None,
+        }
+    }
+}
+
+/// An error met while taking a success body (a row that does not decode, an `error` member ending
+/// the stream) fails the attempt with its kind, source, statement and request id.
+impl From<Error> for Failure {
+    fn from(err: Error) -> Self {
+        let statement = err.statement_index();
+        let request_id = err.request_id().map(str::to_owned);
+        let (kind, source) = err.into_parts();
+        Failure {
+            kind,
+            sent: true,
+            source,
+            statement,
+            request_id,
+        }
+    }
+}
 
 #[derive(Deserialize)]
 struct ErrorEnvelope {

@@ -38,10 +38,9 @@ use http::HeaderValue;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
 use crate::ErrorKind;
-use crate::response;
-use crate::transport::{
-    ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, Failure,
-    IDEMPOTENCY_KEY_HEADER,
+use crate::response::{self, Failure};
+use crate::transport::exchange::{
+    ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
 };
 
 /// The request of one attempt, as the client would send it.

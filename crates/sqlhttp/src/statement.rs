@@ -17,13 +17,13 @@ use serde::de::IgnoredAny;
 
 use crate::client::Client;
 use crate::cursor::{Collect, First, RowStream};
-use crate::decode;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table};
-use crate::transport::{Delivered, Receive};
+use crate::transport::{Call, Delivered, Endpoint, Receive};
 use crate::value::Value as Cell;
+use crate::wire::decode;
 use serde_json::Value;
 
 /// The request body of protocol v1.
@@ -51,7 +51,7 @@ impl RequestBody<'_> {
 pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
-        Value::Object(map) if crate::blob::is_blob(map) => Ok(()),
+        Value::Object(map) if crate::wire::blob::is_blob(map) => Ok(()),
         Value::Number(n) if n.is_i64() || n.is_f64() => Ok(()),
         Value::Number(_) => {
             Err("an integer above i64::MAX does not fit in a signed 64-bit integer".to_owned())
@@ -106,7 +106,7 @@ impl Statement {
             return;
         }
         let index = self.params.len();
-        let checked = crate::blob::to_param(value)
+        let checked = crate::wire::blob::to_param(value)
             .map_err(|err| err.to_string())
             .and_then(|value| check_scalar(&value).map(|()| value));
         match checked {
@@ -139,9 +139,16 @@ impl Statement {
             read_only: class == OpClass::Read,
         }
         .encode();
-        client
-            .send(class, body, &self.sql, options, None, None, receiver)
-            .await
+        let call = Call {
+            class,
+            endpoint: Endpoint::Sql,
+            body,
+            sql: &self.sql,
+            options,
+            idempotency_key: None,
+            started: None,
+        };
+        client.send(call, receiver).await
     }
 
     /// Sends the statement and decodes every row into a `T`; a failure anywhere in the body is

@@ -149,7 +149,7 @@ impl Table {
             rows: &self.rows,
         })
         .map_err(Error::decode)?;
-        crate::decode::rows(&body)
+        crate::wire::decode::rows(&body)
     }
 
     /// The row at `index`.
@@ -245,7 +245,7 @@ impl<'a> Row<'a> {
         })?;
         // The parser's error quotes the cell: only its redacted message is kept, no source.
         T::deserialize(cell).map_err(|err| {
-            let message = crate::decode::redact(&crate::decode::without_position(&err));
+            let message = crate::wire::decode::redact(&crate::wire::decode::without_position(&err));
             let into = std::any::type_name::<T>();
             self.decode_error(name, format!("{message} (decoding into `{into}`)"))
         })

@@ -9,7 +9,7 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::blob::read_blob;
+use crate::wire::blob::read_blob;
 
 /// A dynamically typed cell: one variant per SQLite storage class.
 ///
@@ -92,7 +92,7 @@ impl serde::Serialize for Value {
                 use base64::Engine as _;
                 let mut map = serializer.serialize_map(Some(1))?;
                 map.serialize_entry(
-                    crate::blob::BLOB_KEY,
+                    crate::wire::blob::BLOB_KEY,
                     &base64::engine::general_purpose::STANDARD.encode(bytes),
                 )?;
                 map.end()

@@ -21,7 +21,7 @@
 //!
 //! Files are `NNNN_name.sql` (NNNN the version: digits, applied in numeric order), with an
 //! optional `NNNN_name.down.sql` that [`Migrator::revert`] runs. A file holds statements ended by
-//! `;` ([`script::split`](crate::script::split) cuts them; trigger and function bodies stay
+//! `;` ([`script::split`] cuts them; trigger and function bodies stay
 //! whole). [`migrations!`](crate::migrations) embeds the files in the binary instead.
 //!
 //! This module knows the migration rules and the batch each step is sent as; the files'

@@ -1,5 +1,5 @@
 //! Cancellation through the public API against a real socket. Cancelling between attempts and dropping
-//! the future are shown on the scripted exchange (`src/transport_tests.rs`), where the paused clock
+//! the future are shown on the scripted exchange (`src/transport/tests.rs`), where the paused clock
 //! has no socket to race.
 
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! pooling, so that the only timers are the SDK's own. A paused clock jumps to the next timer whenever the
 //! runtime waits on a socket, so these tests never race a timer against a response they expect; the
 //! loop's timing (max_elapsed, cancelling mid-backoff, dropping the call) is tested on a scripted
-//! exchange in `src/transport_tests.rs`.
+//! exchange in `src/transport/tests.rs`.
 
 mod batches;
 mod calls;

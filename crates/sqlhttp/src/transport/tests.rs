@@ -9,6 +9,7 @@ use bytes::Bytes;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use super::exchange::ExchangeFuture;
 use super::*;
 use crate::retry::{Jitter, RetryBudget};
 

@@ -5,185 +5,34 @@
 //! row); the rest of the body is the caller's, never retried.
 //!
 //! It knows nothing of rows or SQL semantics: the `Client` methods encode requests and decode responses.
+//! What a failed exchange *is* (its [`Failure`] and [`ErrorKind`]) comes from `response`, which this
+//! module uses and which never uses it.
 //! The rules it applies are documented in the [`retry`](crate::retry) module.
+//!
+//! This file is the attempt loop (what a [`Call`] is, how often and when it is sent, what a caller gets
+//! back); one attempt's HTTP is in `exchange`, and the success body with the receiver seam in `body`.
 
-use std::pin::Pin;
+mod body;
+pub(crate) mod exchange;
+
 use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use rand::rngs::StdRng;
 use rand::{RngExt, SeedableRng};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
-use crate::error::{AttemptFailure, BoxError, Error, ErrorKind, Result};
+pub(crate) use self::body::{Body, Receive};
+pub(crate) use self::exchange::{AttemptRequest, Endpoint, Exchange, HttpExchange};
+use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
-use crate::response;
+use crate::response::Failure;
 use crate::retry::classify::{OpClass, is_transient, should_retry};
 use crate::retry::{RetryPolicy, TokenBucket, backoff};
-
-/// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
-pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
-/// The header carrying a write's idempotency key.
-pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
-
-/// Which of the protocol's endpoints a call goes to.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Endpoint {
-    /// `POST /api/v1/sql`: one statement.
-    Sql,
-    /// `POST /api/v1/batch`: several statements in one transaction.
-    Batch,
-    /// `POST /api/v1/describe`: the tables, or one table's columns.
-    Describe,
-}
-
-/// One attempt's request, as the exchange sends it.
-pub(crate) struct AttemptRequest<'a> {
-    pub(crate) endpoint: Endpoint,
-    pub(crate) body: &'a Bytes,
-    pub(crate) attempt: u32,
-    pub(crate) max_attempts: u32,
-    pub(crate) idempotency_key: Option<&'a HeaderValue>,
-}
-
-/// One failed attempt: what it was, whether the request may have reached the server, and the error
-/// of the HTTP stack behind it.
-#[derive(Debug)]
-pub(crate) struct Failure {
-    pub(crate) kind: ErrorKind,
-    /// `false` only when nothing can have reached the server (the connection was never made).
-    pub(crate) sent: bool,
-    pub(crate) source: Option<BoxError>,
-    /// For a batch: the statement the server's error names (its body's `statement` member).
-    pub(crate) statement: Option<usize>,
-    /// The server's `X-Request-Id`, when a response carried a sane one.
-    pub(crate) request_id: Option<String>,
-}
-
-/// A failure known only by its kind (a response, a timeout) may have reached the server.
-impl From<ErrorKind> for Failure {
-    fn from(kind: ErrorKind) -> Self {
-        Failure {
-            kind,
-            sent: true,
-            source: None,
-            statement: None,
-            request_id: None,
-        }
-    }
-}
-
-/// The future of one exchange.
-pub(crate) type ExchangeFuture<'a> =
-    Pin<Box<dyn Future<Output = Result<Body, Failure>> + Send + 'a>>;
-
-/// A success response's body, read piece by piece as it arrives.
-pub(crate) struct Body(BodyInner);
-
-enum BodyInner {
-    /// A body already whole (a simulated server, a scripted test).
-    Whole(Option<Bytes>),
-    /// The body of an HTTP response, still arriving.
-    Http(reqwest::Response),
-    /// Pieces that arrive each after its pause (tests of time on a paused clock).
-    #[cfg(test)]
-    Scripted(std::collections::VecDeque<(Duration, Bytes)>),
-}
-
-impl From<Bytes> for Body {
-    fn from(bytes: Bytes) -> Self {
-        Body(BodyInner::Whole(Some(bytes)))
-    }
-}
-
-impl std::fmt::Debug for Body {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Body").finish_non_exhaustive()
-    }
-}
-
-impl Body {
-    /// Whether the server answered with a stored outcome (`Idempotent-Replayed: true`): the
-    /// request's key had been applied before, and nothing ran this time.
-    pub(crate) fn replayed(&self) -> bool {
-        match &self.0 {
-            BodyInner::Http(response) => response
-                .headers()
-                .get("idempotent-replayed")
-                .is_some_and(|value| value.as_bytes().eq_ignore_ascii_case(b"true")),
-            _ => false,
-        }
-    }
-
-    /// A body whose pieces arrive each after its pause.
-    #[cfg(test)]
-    pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {
-        Body(BodyInner::Scripted(pieces.into_iter().collect()))
-    }
-
-    /// The next piece, or `None` at the body's clean end. A body cut short (the connection lost,
-    /// a chunked body without its end) is a connection failure.
-    pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, Failure> {
-        match &mut self.0 {
-            BodyInner::Whole(bytes) => Ok(bytes.take()),
-            #[cfg(test)]
-            BodyInner::Scripted(pieces) => match pieces.pop_front() {
-                Some((pause, piece)) => {
-                    tokio::time::sleep(pause).await;
-                    Ok(Some(piece))
-                }
-                None => Ok(None),
-            },
-            BodyInner::Http(response) => response.chunk().await.map_err(|err| {
-                let err = err.without_url();
-                Failure {
-                    kind: ErrorKind::Connection {
-                        message: format!("response body ended early: {err}"),
-                    },
-                    sent: true,
-                    source: Some(Box::new(err)),
-                    statement: None,
-                    request_id: None,
-                }
-            }),
-        }
-    }
-}
-
-/// What a call does with the body while it may still be retried: it takes the pieces until it has
-/// something to hand to the caller (the whole result, or a stream's first row). Until then a
-/// failure is retried as any other; after it, never (the caller may have seen rows).
-// A `Failure` travels once per attempt, beside an HTTP exchange: returning it by value costs nothing
-// that matters.
-#[allow(clippy::result_large_err)]
-pub(crate) trait Receive: Send {
-    /// Forgets what an earlier attempt delivered.
-    fn reset(&mut self);
-    /// Takes the next piece (`None`: the body ended). `Ok(true)` once the caller can be served.
-    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure>;
-}
-
-/// One HTTP exchange: a request out, a success head (its body still to read) or the failure's kind
-/// back. The loop around it does not know HTTP; unit tests script this seam to drive the loop on a
-/// paused clock.
-pub(crate) trait Exchange: Send + Sync {
-    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a>;
-}
-
-/// The real exchange, over reqwest.
-pub(crate) struct HttpExchange {
-    pub(crate) http: reqwest::Client,
-    pub(crate) endpoint: reqwest::Url,
-    pub(crate) batch_endpoint: reqwest::Url,
-    pub(crate) describe_endpoint: reqwest::Url,
-    pub(crate) authorization: Option<HeaderValue>,
-    pub(crate) user_agent: HeaderValue,
-}
 
 /// Everything the transport needs, fixed when the client is built.
 pub(crate) struct Transport {
@@ -196,17 +45,24 @@ pub(crate) struct Transport {
     pub(crate) cancel: Option<CancellationToken>,
 }
 
-/// One call: a request body sent as many times as the rules allow.
+/// One call: a request body sent as many times as the rules allow. The request builders (statement,
+/// batch, insert, describe) fill it in by name and hand it to `Client::send`, which checks its
+/// options and passes it here.
 pub(crate) struct Call<'a> {
+    /// What the call may do, which decides what is retried: a read as the policy allows, a write
+    /// only under `retry_writes` (always with an idempotency key), an execute never.
     pub(crate) class: OpClass,
+    /// Where the body goes.
     pub(crate) endpoint: Endpoint,
+    /// The encoded request body, sent unchanged on every attempt.
     pub(crate) body: Bytes,
     /// For debug-level logs only.
     pub(crate) sql: &'a str,
     /// The call's overrides of the client's settings (its idempotency key is the insert's business:
     /// see `idempotency_key` below).
     pub(crate) options: &'a CallOptions,
-    /// The key to send on every attempt of a write; `None` makes one for the call.
+    /// The key to send on every attempt of a write; `None` makes one for the call. Not sent on a read
+    /// or an execute.
     pub(crate) idempotency_key: Option<HeaderValue>,
     /// When the caller's operation began, if before this call (a bulk insert's later statements share
     /// its `max_elapsed`); `None` means now.
@@ -231,21 +87,6 @@ impl Delivered {
     pub(crate) fn attach(&self, err: Error) -> Error {
         err.with_attempts(self.attempts, self.history.clone())
             .with_sent(true, false)
-    }
-}
-
-impl From<Error> for Failure {
-    fn from(err: Error) -> Self {
-        let statement = err.statement_index();
-        let request_id = err.request_id().map(str::to_owned);
-        let (kind, source) = err.into_parts();
-        Failure {
-            kind,
-            sent: true,
-            source,
-            statement,
-            request_id,
-        }
     }
 }
 
@@ -505,56 +346,6 @@ fn is_unanswered(kind: &ErrorKind) -> bool {
     }
 }
 
-impl Exchange for HttpExchange {
-    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
-        Box::pin(self.exchange(request))
-    }
-}
-
-impl HttpExchange {
-    /// One HTTP exchange: the request, the status, and a success body to read (an error's whole).
-    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Body, Failure> {
-        let AttemptRequest {
-            endpoint,
-            body,
-            attempt,
-            max_attempts,
-            idempotency_key,
-        } = request;
-        let mut request = self
-            .http
-            .post(match endpoint {
-                Endpoint::Sql => self.endpoint.clone(),
-                Endpoint::Batch => self.batch_endpoint.clone(),
-                Endpoint::Describe => self.describe_endpoint.clone(),
-            })
-            .header(CONTENT_TYPE, "application/json")
-            .header(ACCEPT, "application/json")
-            .header(USER_AGENT, self.user_agent.clone())
-            .header(ATTEMPT_HEADER, format!("{attempt}/{max_attempts}"))
-            .body(body.clone());
-        if let Some(authorization) = &self.authorization {
-            request = request.header(AUTHORIZATION, authorization.clone());
-        }
-        if let Some(key) = idempotency_key {
-            request = request.header(IDEMPOTENCY_KEY_HEADER, key.clone());
-        }
-        let mut response = request.send().await.map_err(response::from_transport)?;
-        let status = response.status();
-        if status.is_success() {
-            return Ok(Body(BodyInner::Http(response)));
-        }
-        let headers = std::mem::take(response.headers_mut());
-        // The status decides; a body cut short only costs the server's message.
-        let body = response.bytes().await.unwrap_or_default();
-        Err(response::failure_from_status(
-            status.as_u16(),
-            &headers,
-            &body,
-        ))
-    }
-}
-
 /// What one attempt may spend: the per-attempt timeout, or less when `max_elapsed` is nearer.
 fn attempt_budget(timeout: Option<Duration>, deadline: Option<Instant>) -> Option<Duration> {
     let left = deadline.map(|deadline| deadline.saturating_duration_since(Instant::now()));
@@ -642,5 +433,4 @@ pub(crate) fn new_idempotency_key() -> String {
 }
 
 #[cfg(test)]
-#[path = "transport_tests.rs"]
 mod tests;

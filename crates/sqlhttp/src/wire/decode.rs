@@ -26,8 +26,8 @@ use serde::de::{
     Visitor,
 };
 
-use crate::blob::CellSeed;
-use crate::envelope::{Decoder, Step};
+use super::blob::CellSeed;
+use super::envelope::{Decoder, Step};
 use crate::error::{Error, ErrorKind};
 use crate::table::{Column, ExecResult, Table};
 use crate::value::Value;

@@ -15,7 +15,7 @@ use serde::Deserialize;
 use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny};
 use serde_json::value::RawValue;
 
-use crate::decode::{Position, RowSeed, RowsSeed, positioned};
+use super::decode::{Position, RowSeed, RowsSeed, positioned};
 use crate::error::{Error, ErrorKind};
 use crate::table::Column;
 

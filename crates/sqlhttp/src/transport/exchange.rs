@@ -1,0 +1,113 @@
+//! One attempt on the wire: which endpoint a call goes to, the request of one attempt
+//! ([`AttemptRequest`]), the [`Exchange`] seam the retry loop sends it through, and the real
+//! exchange over reqwest ([`HttpExchange`]), which sets the protocol's headers and maps a
+//! non-success response or a failure of the HTTP stack through `response`.
+//!
+//! It makes exactly one exchange per call of `send`: it knows nothing of retries, backoff, the
+//! budget, cancellation or timeouts (the loop in the parent module applies them around it), nor of
+//! rows or SQL.
+
+use std::pin::Pin;
+
+use bytes::Bytes;
+use http::HeaderValue;
+use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
+
+use super::body::Body;
+use crate::response::{self, Failure};
+
+/// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
+pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
+/// The header carrying a write's idempotency key.
+pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+
+/// Which of the protocol's endpoints a call goes to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Endpoint {
+    /// `POST /api/v1/sql`: one statement.
+    Sql,
+    /// `POST /api/v1/batch`: several statements in one transaction.
+    Batch,
+    /// `POST /api/v1/describe`: the tables, or one table's columns.
+    Describe,
+}
+
+/// One attempt's request, as the exchange sends it.
+pub(crate) struct AttemptRequest<'a> {
+    pub(crate) endpoint: Endpoint,
+    pub(crate) body: &'a Bytes,
+    pub(crate) attempt: u32,
+    pub(crate) max_attempts: u32,
+    pub(crate) idempotency_key: Option<&'a HeaderValue>,
+}
+
+/// The future of one exchange.
+pub(crate) type ExchangeFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Body, Failure>> + Send + 'a>>;
+
+/// One HTTP exchange: a request out, a success head (its body still to read) or the failure's kind
+/// back. The loop around it does not know HTTP; unit tests script this seam to drive the loop on a
+/// paused clock.
+pub(crate) trait Exchange: Send + Sync {
+    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a>;
+}
+
+/// The real exchange, over reqwest.
+pub(crate) struct HttpExchange {
+    pub(crate) http: reqwest::Client,
+    pub(crate) endpoint: reqwest::Url,
+    pub(crate) batch_endpoint: reqwest::Url,
+    pub(crate) describe_endpoint: reqwest::Url,
+    pub(crate) authorization: Option<HeaderValue>,
+    pub(crate) user_agent: HeaderValue,
+}
+
+impl Exchange for HttpExchange {
+    fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
+        Box::pin(self.exchange(request))
+    }
+}
+
+impl HttpExchange {
+    /// One HTTP exchange: the request, the status, and a success body to read (an error's whole).
+    async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Body, Failure> {
+        let AttemptRequest {
+            endpoint,
+            body,
+            attempt,
+            max_attempts,
+            idempotency_key,
+        } = request;
+        let mut request = self
+            .http
+            .post(match endpoint {
+                Endpoint::Sql => self.endpoint.clone(),
+                Endpoint::Batch => self.batch_endpoint.clone(),
+                Endpoint::Describe => self.describe_endpoint.clone(),
+            })
+            .header(CONTENT_TYPE, "application/json")
+            .header(ACCEPT, "application/json")
+            .header(USER_AGENT, self.user_agent.clone())
+            .header(ATTEMPT_HEADER, format!("{attempt}/{max_attempts}"))
+            .body(body.clone());
+        if let Some(authorization) = &self.authorization {
+            request = request.header(AUTHORIZATION, authorization.clone());
+        }
+        if let Some(key) = idempotency_key {
+            request = request.header(IDEMPOTENCY_KEY_HEADER, key.clone());
+        }
+        let mut response = request.send().await.map_err(response::from_transport)?;
+        let status = response.status();
+        if status.is_success() {
+            return Ok(Body::http(response));
+        }
+        let headers = std::mem::take(response.headers_mut());
+        // The status decides; a body cut short only costs the server's message.
+        let body = response.bytes().await.unwrap_or_default();
+        Err(response::failure_from_status(
+            status.as_u16(),
+            &headers,
+            &body,
+        ))
+    }
+}
