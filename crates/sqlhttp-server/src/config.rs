@@ -499,6 +499,11 @@ impl std::fmt::Debug for PostgresUrl {
     }
 }
 
+/// Why a PostgreSQL URL is refused by a server built without the `postgres` feature.
+#[cfg_attr(feature = "postgres", allow(dead_code))]
+pub(crate) const NO_POSTGRES: &str = "this sqlhttpd was built without PostgreSQL support: build \
+it with the default `postgres` feature (`cargo build -p sqlhttp-server`)";
+
 impl FromStr for Database {
     type Err = ServerError;
 
@@ -523,6 +528,12 @@ impl FromStr for Database {
                     reason,
                 })?;
             (parsed.driver, parsed.ssl) = (driver, ssl);
+            #[cfg(not(feature = "postgres"))]
+            return Err(ServerError::InvalidDatabaseUrl {
+                url: parsed.to_string(),
+                reason: NO_POSTGRES.to_owned(),
+            });
+            #[cfg(feature = "postgres")]
             return match parsed.driver.parse::<tokio_postgres::Config>() {
                 Ok(_) => Ok(Database::Postgres(parsed)),
                 // The driver's message never quotes the password.

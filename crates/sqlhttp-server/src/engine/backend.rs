@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
+#[cfg(feature = "postgres")]
 use crate::engine::postgres::PostgresEngine;
 use crate::engine::sqlite::SqliteEngine;
 use crate::engine::{Access, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
@@ -22,6 +23,7 @@ pub(crate) enum Backend {
     /// The embedded SQLite engine (boxed: it is far larger than the PostgreSQL handle).
     Sqlite(Box<SqliteEngine>),
     /// A PostgreSQL database.
+    #[cfg(feature = "postgres")]
     Postgres(PostgresEngine),
 }
 
@@ -30,6 +32,7 @@ macro_rules! dispatch {
     ($backend:expr, $engine:ident => $call:expr) => {
         match $backend {
             Backend::Sqlite($engine) => $call,
+            #[cfg(feature = "postgres")]
             Backend::Postgres($engine) => $call,
         }
     };
@@ -44,9 +47,16 @@ impl Backend {
         budget: Budget,
     ) -> Result<Backend, ServerError> {
         match database {
+            #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
                 PostgresEngine::start(url, idempotency_ttl, limits, budget).map(Backend::Postgres)
             }
+            // Never parsed without the feature (see `Database::from_str`).
+            #[cfg(not(feature = "postgres"))]
+            Database::Postgres(url) => Err(ServerError::InvalidDatabaseUrl {
+                url: url.to_string(),
+                reason: crate::config::NO_POSTGRES.to_owned(),
+            }),
             sqlite => SqliteEngine::start(sqlite, idempotency_ttl, limits, budget)
                 .map(|engine| Backend::Sqlite(Box::new(engine))),
         }

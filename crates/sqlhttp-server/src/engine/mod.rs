@@ -26,13 +26,14 @@
 //!
 //! Each engine lives in a sibling module with the same file names for the same roles
 //! (`exec.rs`, `batch.rs`, `keyed.rs`, `errors.rs`, `sandbox.rs`, `transaction.rs`): `sqlite`
-//! (embedded, the default) and `postgres`; [`Backend`] chooses one by the database URL and
-//! dispatches. This module knows nothing about HTTP. See `docs/adr/0035-engine-contract.md`.
+//! (embedded, the default) and `postgres` (behind the default-on `postgres` feature);
+//! [`Backend`] chooses one by the database URL and dispatches. This module knows nothing about HTTP. See `docs/adr/0035-engine-contract.md`.
 
 mod backend;
 pub(crate) mod batch_body;
 pub(crate) mod job;
 pub(crate) mod keyed;
+#[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod sandbox;
 pub(crate) mod sql_text;
