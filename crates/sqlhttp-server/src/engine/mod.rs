@@ -111,17 +111,14 @@ pub(crate) struct Keyed {
     pub(crate) key: String,
     /// The request's identity under its key: a different request with the same key is `422`.
     pub(crate) request_hash: [u8; 32],
-    /// The HTTP layer's in-flight claim on the key, held until the engine is done with it,
-    /// whether or not the requester still waits.
+    /// The HTTP layer's in-flight claim on the key, held until the engine is done with it
+    /// (the value is moved into the engine's job and dropped with it), whether or not the
+    /// requester still waits.
+    #[expect(
+        dead_code,
+        reason = "held for its Drop only: the claim ends with the engine's job"
+    )]
     pub(crate) claim: Box<dyn Send + Sync>,
-}
-
-impl Keyed {
-    /// The engine is done with the key (its outcome is stored, or nothing ran): let go of the
-    /// claim. Dropping the value does the same, on any path.
-    pub(crate) fn release(self) {
-        drop(self.claim);
-    }
 }
 
 impl std::fmt::Debug for Keyed {

@@ -1,58 +1,21 @@
 //! Atomic batches on PostgreSQL: a batch's statements in order in ONE transaction of the
 //! server's own (`READ ONLY, REPEATABLE READ` for a read-only batch, so its statements see one
 //! snapshot), answered `{"results": [...]}` through the shared `BatchBody`; keyed batches go
-//! through `keyed`. Knows nothing about HTTP.
+//! through `keyed` (the engine's trait methods in `mod.rs` choose which). Knows nothing about
+//! HTTP.
 
-use crate::budget::Held;
+use crate::engine::Access;
 use crate::engine::batch_body::BatchBody;
-use crate::engine::postgres::keyed::Work;
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, sandbox};
+use crate::engine::postgres::{Inner, Job, exec};
 use crate::engine::stream::Sink;
-use crate::engine::{Access, Buffering, Keyed, Outcome};
 use crate::protocol::batch::{BatchRequest, ForeignKeys};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
-impl PostgresEngine {
-    /// Runs a batch without an Idempotency-Key in one transaction.
-    pub(super) async fn run_batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
-        if batch.read_only {
-            for (index, statement) in batch.statements.iter().enumerate() {
-                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
-            }
-        }
-        let buffering = self.buffering.clone();
-        self.spawn(|inner, job| async move {
-            let held = buffering.start()?;
-            let body = inner.batch(&job, &batch).await?;
-            Ok(Buffering::kept(held, Outcome::fresh(body)))
-        })
-        .await
-    }
-
-    /// Runs a keyed write batch exactly once (see `keyed`). The key's claim is held until the
-    /// engine is done with it, whether or not the requester still waits.
-    pub(super) async fn run_batch_keyed(
-        &self,
-        keyed: Keyed,
-        batch: BatchRequest,
-    ) -> Result<(Outcome, Held), ApiError> {
-        let buffering = self.buffering.clone();
-        self.spawn(|inner, job| async move {
-            let held = buffering.start()?;
-            let outcome =
-                Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch.statements))).await?;
-            keyed.release();
-            Ok(Buffering::kept(held, outcome))
-        })
-        .await
-    }
-}
-
 impl Inner {
     /// Runs a batch without an Idempotency-Key in one transaction.
-    async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
+    pub(super) async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
         let mode = if batch.read_only {
             Access::ReadOnly
         } else {

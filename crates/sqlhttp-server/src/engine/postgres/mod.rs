@@ -209,6 +209,25 @@ impl PostgresEngine {
             Err(ApiError::internal())
         })
     }
+    /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes its share of the
+    /// server's budget when its task starts (see [`Buffering`]) and keeps what the outcome needs,
+    /// to hold until the answer is sent.
+    async fn spawn_buffered<F, Fut>(&self, work: F) -> Result<(Outcome, Held), ApiError>
+    where
+        F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
+        Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
+    {
+        let buffering = self.buffering.clone();
+        self.spawn(|inner, job| {
+            let work = work(inner, job);
+            async move {
+                let held = buffering.start()?;
+                let outcome = work.await?;
+                Ok(Buffering::kept(held, outcome))
+            }
+        })
+        .await
+    }
 }
 
 impl Engine for PostgresEngine {
@@ -234,29 +253,39 @@ impl Engine for PostgresEngine {
         keyed: Keyed,
         request: SqlRequest,
     ) -> Result<(Outcome, Held), ApiError> {
-        let buffering = self.buffering.clone();
-        self.spawn(|inner, job| async move {
-            let held = buffering.start()?;
+        self.spawn_buffered(|inner, job| async move {
             // Boxed: the keyed transaction's future is large.
-            let outcome = Box::pin(inner.with_key(&job, &keyed, Work::Statement(&request))).await?;
-            keyed.release();
-            Ok(Buffering::kept(held, outcome))
+            Box::pin(inner.with_key(&job, &keyed, Work::Statement(&request))).await
         })
         .await
     }
 
+    /// Runs a batch in one transaction (`READ ONLY, REPEATABLE READ` for a read-only one, whose
+    /// statements are read by PostgreSQL's own text rules first; see `batch`).
     async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
-        self.run_batch(batch).await
+        if batch.read_only {
+            for (index, statement) in batch.statements.iter().enumerate() {
+                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
+            }
+        }
+        self.spawn_buffered(|inner, job| async move {
+            inner.batch(&job, &batch).await.map(Outcome::fresh)
+        })
+        .await
     }
 
+    /// Runs a keyed write batch exactly once in a transaction of its own (see `keyed`).
     async fn batch_keyed(
         &self,
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
-        self.run_batch_keyed(keyed, batch).await
+        self.spawn_buffered(|inner, job| async move {
+            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch.statements))).await
+        })
+        .await
     }
 
     /// Whether a connection answers a trivial statement.

@@ -13,64 +13,42 @@
 
 use rusqlite::OptionalExtension as _;
 
-use crate::budget::Held;
 use crate::engine::batch_body::BatchBody;
 use crate::engine::sqlite::connection::Conn;
 use crate::engine::sqlite::errors::map_engine_error;
 use crate::engine::sqlite::exec::{self, Ran};
+use crate::engine::sqlite::keyed;
 use crate::engine::sqlite::transaction;
-use crate::engine::sqlite::{SqliteEngine, keyed};
-use crate::engine::{Access, Buffering, Keyed, Outcome};
+use crate::engine::{Access, Keyed, Outcome};
 use crate::protocol::batch::{BatchRequest, ForeignKeys};
 use crate::protocol::error::{ApiError, ConstraintKind, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
-impl SqliteEngine {
-    /// Runs a batch without an Idempotency-Key: a read-only one on a reader (on the writer when
-    /// there are no readers), any other on the writer.
-    pub(crate) async fn run_batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
-        let (pool, access) = if batch.read_only {
-            (
-                self.readers.as_ref().unwrap_or(&self.writer),
-                Access::ReadOnly,
-            )
-        } else {
-            (&self.writer, Access::ReadWrite)
-        };
-        let buffering = self.buffering.clone();
-        Self::run(pool, move |conn| {
-            let held = buffering.start()?;
-            let body = with_foreign_keys(conn, batch.foreign_keys, |conn| {
-                in_transaction(conn, access, &batch.statements, batch.foreign_keys)
-            })?;
-            Ok(Buffering::kept(held, Outcome::fresh(body)))
-        })
-        .await
-    }
+/// Runs `batch` in one transaction of `access` on `conn`, with its foreign keys as it asks.
+pub(super) fn run(
+    conn: &mut Conn,
+    batch: &BatchRequest,
+    access: Access,
+) -> Result<Vec<u8>, ApiError> {
+    with_foreign_keys(conn, batch.foreign_keys, |conn| {
+        in_transaction(conn, access, &batch.statements, batch.foreign_keys)
+    })
+}
 
-    /// Runs a keyed write batch exactly once (see `keyed::run_with_key`). The key's claim is
-    /// held until the engine is done with it, whether or not the requester still waits.
-    pub(crate) async fn run_batch_keyed(
-        &self,
-        keyed: Keyed,
-        batch: BatchRequest,
-    ) -> Result<(Outcome, Held), ApiError> {
-        let buffering = self.buffering.clone();
-        Self::run(&self.writer, move |writer| {
-            let held = buffering.start()?;
-            let foreign_keys = batch.foreign_keys;
-            let outcome = with_foreign_keys(writer, foreign_keys, |writer| {
-                keyed::run_with_key(writer, &keyed, |conn| {
-                    let body = run_statements(conn, &batch.statements, Access::ReadWrite)?;
-                    check_foreign_keys(conn, foreign_keys)?;
-                    Ok(body)
-                })
-            })?;
-            keyed.release();
-            Ok(Buffering::kept(held, outcome))
+/// Runs the write batch exactly once on the writer (see `keyed::run_with_key`).
+pub(super) fn run_keyed(
+    writer: &mut Conn,
+    keyed: &Keyed,
+    batch: &BatchRequest,
+) -> Result<Outcome, ApiError> {
+    let foreign_keys = batch.foreign_keys;
+    with_foreign_keys(writer, foreign_keys, |writer| {
+        keyed::run_with_key(writer, keyed, |conn| {
+            let body = run_statements(conn, &batch.statements, Access::ReadWrite)?;
+            check_foreign_keys(conn, foreign_keys)?;
+            Ok(body)
         })
-        .await
-    }
+    })
 }
 
 /// Runs the statements inside a transaction of `access`, committing only if all succeed (and,
@@ -195,6 +173,7 @@ mod tests {
     use std::time::Duration;
 
     use crate::engine::Engine as _;
+    use crate::engine::sqlite::SqliteEngine;
     use crate::protocol::request::Param;
 
     fn engine_with(limits: Limits) -> SqliteEngine {

@@ -212,6 +212,22 @@ impl SqliteEngine {
         result
     }
 
+    /// [`SqliteEngine::run`] for a job that builds a whole outcome: it takes its share of the
+    /// server's budget when it starts on its connection (see [`Buffering`]) and keeps what the
+    /// outcome needs, to hold until the answer is sent.
+    async fn run_buffered<F>(&self, pool: &Pool, job: F) -> Result<(Outcome, Held), ApiError>
+    where
+        F: FnOnce(&mut Conn) -> Result<Outcome, ApiError> + Send + 'static,
+    {
+        let buffering = self.buffering.clone();
+        Self::run(pool, move |conn| {
+            let held = buffering.start()?;
+            let outcome = job(conn)?;
+            Ok(Buffering::kept(held, outcome))
+        })
+        .await
+    }
+
     /// Runs one request without an Idempotency-Key: on a reader when the statement cannot
     /// write, else on the writer; the whole body is built before it is returned (within
     /// `--max-result-bytes`). For the engine's own tests: the HTTP handler streams instead
@@ -342,26 +358,40 @@ impl Engine for SqliteEngine {
         keyed: Keyed,
         request: SqlRequest,
     ) -> Result<(Outcome, Held), ApiError> {
-        let buffering = self.buffering.clone();
-        Self::run(&self.writer, move |writer| {
-            let held = buffering.start()?;
-            let outcome = keyed::execute_with_key(writer, &keyed, &request)?;
-            keyed.release();
-            Ok(Buffering::kept(held, outcome))
+        self.run_buffered(&self.writer, move |writer| {
+            keyed::execute_with_key(writer, &keyed, &request)
         })
         .await
     }
 
+    /// Runs a batch in one transaction: a read-only one on a reader (on the writer when there
+    /// are no readers), any other on the writer (see `batch`).
     async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
-        self.run_batch(batch).await
+        let (pool, access) = if batch.read_only {
+            (
+                self.readers.as_ref().unwrap_or(&self.writer),
+                Access::ReadOnly,
+            )
+        } else {
+            (&self.writer, Access::ReadWrite)
+        };
+        self.run_buffered(pool, move |conn| {
+            batch::run(conn, &batch, access).map(Outcome::fresh)
+        })
+        .await
     }
 
+    /// Runs a keyed write batch exactly once on the writer, its outcome stored in the batch's
+    /// own transaction (see `keyed`).
     async fn batch_keyed(
         &self,
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
-        self.run_batch_keyed(keyed, batch).await
+        self.run_buffered(&self.writer, move |writer| {
+            batch::run_keyed(writer, &keyed, &batch)
+        })
+        .await
     }
 
     /// Whether every pool answers a trivial statement.
