@@ -1,7 +1,7 @@
 //! [`ServerError`]: why a server could not be configured, started or opened.
 //!
 //! Start-up errors only; per-request failures are the wire protocol's error bodies and live in
-//! `api_error`. This module knows nothing about HTTP.
+//! `protocol::error`. This module knows nothing about HTTP.
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
