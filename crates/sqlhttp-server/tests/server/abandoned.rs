@@ -8,7 +8,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, ServerHandle};
 
 use crate::common::{http_client, serve};
-use crate::postgres::{config, database};
+use crate::engines::{config, database};
 
 async fn post(handle: &ServerHandle, sql: &str, params: Value) -> reqwest::Response {
     http_client()

@@ -9,7 +9,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
 use crate::common::{Reply, app_with, batch_with, memory_app, ok, post_json, send};
-use crate::postgres::postgres_app;
+use crate::engines::postgres_app;
 
 const BATCH: &str = "/api/v1/batch";
 

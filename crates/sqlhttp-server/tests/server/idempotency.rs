@@ -1,5 +1,6 @@
 //! Idempotency-Key semantics in-process: replay with the same body, 422 on a different body,
-//! stored 4xx outcomes, unstored 5xx outcomes, TTL expiry, the off switch and key syntax.
+//! stored 4xx outcomes, unstored 5xx outcomes, TTL expiry, the off switch and key syntax. The
+//! cases that hold for both engines run on both (see [`crate::engines`]); the rest are SQLite's.
 
 use std::time::Duration;
 
@@ -7,6 +8,14 @@ use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Config, app};
 
 use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send, sql};
+use crate::engines::{Engine, engine_app, on_both_engines};
+
+on_both_engines!(
+    a_repeat_replays_the_stored_outcome_and_runs_once,
+    the_same_key_with_a_different_body_is_422,
+    malformed_keys_are_bad_request,
+    transaction_control_cannot_carry_a_key,
+);
 
 fn body(sql: &str, params: Value) -> Value {
     json!({"sql": sql, "params": params})
@@ -20,12 +29,16 @@ async fn count(router: &axum::Router) -> Value {
     ok(router, "SELECT count(*) FROM t", json!([])).await["rows"][0][0].clone()
 }
 
-#[tokio::test]
-async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
-    let router = memory_app();
+async fn a_repeat_replays_the_stored_outcome_and_runs_once(engine: Engine) {
+    let router = engine_app!(engine);
+    // An id the engine assigns: a run again would answer another one.
+    let id = engine.pick(
+        "id INTEGER PRIMARY KEY",
+        "id integer PRIMARY KEY GENERATED ALWAYS AS IDENTITY",
+    );
     ok(
         &router,
-        "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)",
+        &format!("CREATE TABLE t ({id}, v TEXT)"),
         json!([]),
     )
     .await;
@@ -48,10 +61,9 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
     assert_eq!(count(&router).await, 2);
 }
 
-#[tokio::test]
-async fn the_same_key_with_a_different_body_is_422() {
-    let router = memory_app();
-    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+async fn the_same_key_with_a_different_body_is_422(engine: Engine) {
+    let router = engine_app!(engine);
+    ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
     let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([1]))).await;
     assert_eq!(first.status, 200);
     let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([2]))).await;
@@ -176,9 +188,8 @@ async fn the_off_switch_ignores_keys() {
     assert_eq!(planted.code(), "STATEMENT_NOT_ALLOWED");
 }
 
-#[tokio::test]
-async fn malformed_keys_are_bad_request() {
-    let router = memory_app();
+async fn malformed_keys_are_bad_request(engine: Engine) {
+    let router = engine_app!(engine);
     let select = body("SELECT 1", json!([]));
     let long = "k".repeat(256);
     for key in ["", "has space", long.as_str(), "caf\u{e9}"] {
@@ -201,9 +212,8 @@ async fn malformed_keys_are_bad_request() {
     assert_eq!(keyed(&router, "!~", &select).await.status, 200);
 }
 
-#[tokio::test]
-async fn transaction_control_cannot_carry_a_key() {
-    let router = memory_app();
+async fn transaction_control_cannot_carry_a_key(engine: Engine) {
+    let router = engine_app!(engine);
     for statement in [
         "BEGIN",
         "commit",

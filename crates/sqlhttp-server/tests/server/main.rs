@@ -10,6 +10,7 @@ mod builtins;
 mod common;
 mod conformance;
 mod connections;
+mod engines;
 mod give_up;
 mod hardening;
 mod idempotency;

@@ -5,7 +5,7 @@
 //! working on a reused connection; `setseed()` does not reach the next request; a sort past
 //! `temp_file_limit` answers a clear 400.
 //!
-//! Each test has a database of its own on the cluster of `postgres.rs` (the password test a
+//! Each test has a database of its own on the cluster of `engines.rs` (the password test a
 //! SCRAM cluster of its own), and talks to the server through its HTTP API only; the owner's
 //! side (ending the pool's sessions, reading the role's defaults) is a connection as the
 //! cluster's superuser, as an operator's would be.
@@ -18,7 +18,7 @@ use sqlhttp_server::{AppState, app};
 use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, sql};
-use crate::postgres::{client_role, config, database, database_on, password_cluster};
+use crate::engines::{client_role, config, database, database_on, password_cluster};
 
 /// A connection to the test database as the cluster's superuser (the server's owner).
 async fn owner(url: &str) -> Client {

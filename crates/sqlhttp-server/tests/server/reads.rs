@@ -7,7 +7,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::Config;
 
 use crate::common::{TempDb, app_with, ok, post_with};
-use crate::postgres::app_on;
+use crate::engines::app_on;
 
 /// Sends `sql` marked read-only.
 async fn read_only(router: &Router, sql: &str) -> crate::common::Reply {

@@ -383,7 +383,7 @@ mod postgres {
 
     use super::{all_refused, batch, keyed, rows};
     use crate::common::ok;
-    use crate::postgres::app_on;
+    use crate::engines::app_on;
 
     #[cfg_attr(
         sqlhttpd_no_postgres,

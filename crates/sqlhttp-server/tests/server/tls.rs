@@ -16,7 +16,7 @@ use sqlhttp::{Client, ErrorKind, RetryPolicy};
 use sqlhttp_server::{AppState, Config, Server, ServerHandle, TlsFiles, app};
 
 use crate::common::{ok, read_url, sqlhttpd};
-use crate::postgres::start_cluster_with;
+use crate::engines::start_cluster_with;
 
 /// A CA and certificates for `names`, in a temporary directory (see `scripts/make-test-certs`).
 fn certs(names: &[&str]) -> tempfile::TempDir {
@@ -157,7 +157,7 @@ async fn postgres_tls_follows_sslmode() {
 )]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_postgres_without_tls_is_refused_where_tls_is_required() {
-    let Some(url) = crate::postgres::database("a_postgres_without_tls").await else {
+    let Some(url) = crate::engines::database("a_postgres_without_tls").await else {
         return;
     };
     // The shared test cluster has ssl = off (scripts/start-postgres without START_POSTGRES_SSL).
@@ -171,7 +171,7 @@ async fn a_postgres_without_tls_is_refused_where_tls_is_required() {
         eprintln!("skipping: this cluster has ssl = on");
         return;
     }
-    let role = crate::postgres::client_role(&url);
+    let role = crate::engines::client_role(&url);
     let with_role = |url: String| {
         let sqlhttp_server::Database::Postgres(url) = url.parse().unwrap() else {
             panic!("PostgreSQL");
