@@ -2,6 +2,7 @@
 //! (`app(state)` driven with `oneshot`), real TCP servers, and the built binary.
 
 mod abandoned;
+mod answers;
 mod api;
 mod batch;
 mod binary;
