@@ -1,5 +1,6 @@
 //! How a test gets a server on each engine: the [`Engine`] a case runs on, SQLite in memory or a
-//! fresh PostgreSQL database, and [`on_both_engines!`], which runs one case body on both. Also
+//! fresh PostgreSQL database (a [`SharedDatabase`] for several apps on one), and
+//! [`on_both_engines!`], which runs one case body on both. Also
 //! the PostgreSQL cluster itself, for the tests that only make sense there. No assertions about
 //! the server live here.
 //!
@@ -16,6 +17,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use axum::Router;
 use sqlhttp_server::{AppState, Config, app};
+
+use crate::common::TempDb;
 
 /// The engine one run of an engine-neutral case uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -52,6 +55,44 @@ impl Engine {
         let mut config = self.config().await?;
         tweak(&mut config);
         Some(app(AppState::new(&config).unwrap()))
+    }
+}
+
+/// A fresh database that several apps open, as replicas of one server do: SQLite's is a file,
+/// removed when this drops.
+pub(crate) struct SharedDatabase {
+    config: Config,
+    _file: Option<TempDb>,
+}
+
+impl SharedDatabase {
+    /// One more app on this database, with `tweak` applied to its configuration.
+    pub(crate) fn app(&self, tweak: impl FnOnce(&mut Config)) -> Router {
+        let mut config = self.config.clone();
+        tweak(&mut config);
+        app(AppState::new(&config).unwrap())
+    }
+}
+
+impl Engine {
+    /// A [`SharedDatabase`] on this engine; `None` as for [`Engine::config`].
+    pub(crate) async fn shared_database(self) -> Option<SharedDatabase> {
+        match self {
+            Engine::Sqlite => {
+                let file = TempDb::new("shared");
+                Some(SharedDatabase {
+                    config: Config {
+                        database: file.database(),
+                        ..Config::default()
+                    },
+                    _file: Some(file),
+                })
+            }
+            Engine::Postgres => Some(SharedDatabase {
+                config: self.config().await?,
+                _file: None,
+            }),
+        }
     }
 }
 

@@ -15,6 +15,9 @@ on_both_engines!(
     the_same_key_with_a_different_body_is_422,
     malformed_keys_are_bad_request,
     transaction_control_cannot_carry_a_key,
+    final_client_errors_are_stored_and_replayed,
+    keys_expire_after_the_ttl,
+    replicas_on_one_database_share_the_store,
 );
 
 fn body(sql: &str, params: Value) -> Value {
@@ -72,9 +75,8 @@ async fn the_same_key_with_a_different_body_is_422(engine: Engine) {
     assert_eq!(count(&router).await, 1);
 }
 
-#[tokio::test]
-async fn final_client_errors_are_stored_and_replayed() {
-    let router = memory_app();
+async fn final_client_errors_are_stored_and_replayed(engine: Engine) {
+    let router = engine_app!(engine);
     ok(
         &router,
         "CREATE TABLE t (id INTEGER PRIMARY KEY)",
@@ -102,6 +104,21 @@ async fn final_client_errors_are_stored_and_replayed() {
     assert_eq!(replay.status, 400);
     assert_eq!(replay.code(), "SQL_ERROR");
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+
+    // An error the statement meets while it runs is stored too, and nothing of it is kept.
+    let failing = body(
+        engine.pick(
+            "INSERT INTO t VALUES (abs(-9223372036854775807 - 1))",
+            "INSERT INTO t VALUES (1/0)",
+        ),
+        json!([]),
+    );
+    let first = keyed(&router, "runtime", &failing).await;
+    assert_eq!(first.code(), "SQL_ERROR");
+    let replay = keyed(&router, "runtime", &failing).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, first.body);
+    assert_eq!(count(&router).await, 0);
 }
 
 #[tokio::test]
@@ -151,13 +168,11 @@ async fn unavailable_outcomes_are_not_stored() {
     assert_eq!(count(&router).await, 1);
 }
 
-#[tokio::test]
-async fn keys_expire_after_the_ttl() {
-    let router = app_with(Config {
-        idempotency_ttl: Some(Duration::from_millis(1)),
-        ..Config::default()
+async fn keys_expire_after_the_ttl(engine: Engine) {
+    let router = engine_app!(engine, |config| {
+        config.idempotency_ttl = Some(Duration::from_millis(1));
     });
-    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
     let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", json!([]))).await;
     assert_eq!(first.status, 200);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -258,4 +273,37 @@ async fn clients_cannot_reach_the_store_and_keyed_writes_stay_exactly_once() {
     let replay = keyed(&router, "kept", &insert).await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(count(&router).await, 1);
+}
+
+/// Replicas of one server on one database share its store: one applies a keyed write, the
+/// other replays it.
+async fn replicas_on_one_database_share_the_store(engine: Engine) {
+    let Some(database) = engine.shared_database().await else {
+        return;
+    };
+    let a = database.app(|_| {});
+    let b = database.app(|_| {});
+    ok(&a, "CREATE TABLE t (x int)", json!([])).await;
+    let body = json!({"sql": "INSERT INTO t VALUES (1)"});
+    let key = [("idempotency-key", "shared")];
+    let (first, second) = tokio::join!(post_with(&a, &key, &body), post_with(&b, &key, &body));
+    // One replica applies; the other replays, or (while the first still runs) answers 409
+    // IDEMPOTENCY_KEY_IN_USE, as one replica's in-flight registry would.
+    let fresh = [&first, &second]
+        .iter()
+        .filter(|r| r.status == 200 && r.header("idempotent-replayed").is_none())
+        .count();
+    assert_eq!(fresh, 1, "exactly one replica applied the write");
+    for reply in [&first, &second] {
+        if reply.status != 200 {
+            assert_eq!(reply.code(), "IDEMPOTENCY_KEY_IN_USE");
+            assert_eq!(reply.header("retry-after"), Some("1"));
+        }
+    }
+    for replica in [&a, &b] {
+        let again = post_with(replica, &key, &body).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    }
+    let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
+    assert_eq!(count["rows"], json!([[1]]));
 }

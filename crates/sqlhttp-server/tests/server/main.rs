@@ -19,6 +19,7 @@ mod migrations;
 mod openapi;
 mod operations;
 mod pg_answers;
+mod pg_idempotency;
 mod pg_pipeline;
 mod pg_session;
 mod pg_text;
