@@ -30,4 +30,5 @@ mod sandbox_effects;
 mod schema;
 mod streaming;
 mod tcp;
+mod timeouts;
 mod tls;
