@@ -298,3 +298,13 @@ macro_rules! postgres_app {
     };
 }
 pub(crate) use postgres_app;
+
+/// A connection to the test database at `url` as the cluster's superuser (the server's owner,
+/// as an operator's would be), its driver running in a task.
+pub(crate) async fn owner(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}
