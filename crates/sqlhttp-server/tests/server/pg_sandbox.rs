@@ -1,8 +1,10 @@
 //! The sandbox on PostgreSQL: what a client may not reach (roles, server files and programs, the
 //! server's schema `_sqlhttp`), also from inside a function of its own; a set-up that never runs
 //! a client's function; transaction control hidden where only PostgreSQL sees it; and what a
-//! read-only transaction there would still let a reader do. Transaction control both engines
-//! refuse is `answers.rs`; the sandbox by effect, on both, `sandbox_effects.rs`.
+//! read-only transaction there would still let a reader do; temporary objects and search paths
+//! that never reach another request or the store, and nothing created in `_sqlhttp`.
+//! Transaction control both engines refuse is `answers.rs`; the sandbox by effect on SQLite,
+//! `sandbox_effects.rs`.
 
 use serde_json::json;
 use sqlhttp_server::{AppState, app};
@@ -10,7 +12,8 @@ use sqlhttp_server::{AppState, app};
 use crate::common::{
     READER, WRITER, batch_with as batch, ok, post_with, sql, with_writer_and_reader,
 };
-use crate::engines::{config, database, postgres_app};
+use crate::engines::{app_on, config, database, postgres_app};
+use crate::sandbox_effects::{self as effects, all_refused, keyed, rows};
 
 #[cfg_attr(
     sqlhttpd_no_postgres,
@@ -246,4 +249,150 @@ async fn readers_cannot_write_large_objects_or_lock_tables() {
     )
     .await;
     assert_eq!(objects.json()["rows"], json!([[0]]));
+}
+
+// The batch, the shadow table and the namespace on PostgreSQL: temporary objects never outlive
+// their request (the session is reset before the next), the server's statements are qualified,
+// so a temp table or a changed search path inside a keyed batch cannot reach the store, and
+// nothing can be created in the server's schema `_sqlhttp`.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn temp_objects_and_search_paths_never_reach_another_request_or_the_store() {
+    // One pooled connection, so every request gets the same session.
+    let Some(router) = app_on(
+        "temp_objects_and_search_paths_never_reach_another_request_or_the_store",
+        |config| config.limits.read_connections = 0,
+    )
+    .await
+    else {
+        return;
+    };
+    ok(&router, "CREATE TABLE orders (id int)", json!([])).await;
+    // A function that shadows `orders` and puts the temp schema first, as dynamic SQL
+    // (the text checks never see it).
+    ok(
+        &router,
+        "CREATE FUNCTION shadow() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'CREATE TEMP TABLE IF NOT EXISTS orders (id int)'; \
+         EXECUTE 'CREATE TABLE IF NOT EXISTS pg_temp.idempotency (key text)'; \
+         EXECUTE 'SELECT set_' || 'config(''search_path'', \
+         ''pg_temp, public, pg_catalog'', false)'; \
+         END $$",
+        json!([]),
+    )
+    .await;
+    for shadow in [
+        "CREATE TEMP TABLE orders (id int)",
+        "CREATE TABLE pg_temp.orders (id int)",
+        "CREATE TEMPORARY VIEW orders AS SELECT 1 AS id",
+        "SELECT shadow()",
+    ] {
+        ok(&router, shadow, json!([])).await;
+        let insert = ok(&router, "INSERT INTO orders VALUES (1)", json!([])).await;
+        assert_eq!(insert["rows_affected"], 1, "{shadow}");
+    }
+    assert_eq!(
+        rows(&router, "SELECT count(*) FROM public.orders").await,
+        json!([[4]]),
+        "every acknowledged write is in the real table"
+    );
+
+    // A keyed batch that shadows and moves the search path still applies once.
+    let write = ["SELECT shadow()", "INSERT INTO public.orders VALUES (2)"];
+    let first = effects::batch(&router, &[("idempotency-key", "k")], &write).await;
+    assert_eq!(
+        first.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&first.body)
+    );
+    let retry = effects::batch(&router, &[("idempotency-key", "k")], &write).await;
+    assert_eq!(retry.status, 200);
+    assert_eq!(retry.header("idempotent-replayed"), Some("true"));
+    let single =
+        serde_json::json!({"sql": "INSERT INTO orders VALUES (3)", "params": []}).to_string();
+    ok(&router, "SELECT shadow()", json!([])).await;
+    assert_eq!(keyed(&router, "s", &single).await.status, 200);
+    let again = keyed(&router, "s", &single).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        rows(
+            &router,
+            "SELECT id, count(*) FROM public.orders GROUP BY id ORDER BY id"
+        )
+        .await,
+        json!([[1, 4], [2, 1], [3, 1]])
+    );
+    // The next request's session has no temporary object and the default search path.
+    assert_eq!(
+        rows(
+            &router,
+            "SELECT count(*) FROM pg_catalog.pg_class \
+             WHERE relnamespace = pg_catalog.pg_my_temp_schema()"
+        )
+        .await,
+        json!([[0]])
+    );
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn nothing_can_be_created_in_or_moved_into_the_servers_schema() {
+    let Some(router) = app_on(
+        "nothing_can_be_created_in_or_moved_into_the_servers_schema",
+        |_| {},
+    )
+    .await
+    else {
+        return;
+    };
+    ok(&router, "CREATE TABLE t (id int)", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
+        json!([]),
+    )
+    .await;
+    all_refused(
+        &router,
+        &[
+            "CREATE TABLE _sqlhttp.idempotency2 (key text)",
+            "CREATE TABLE \"_sqlhttp\".x (a int)",
+            "CREATE VIEW _sqlhttp.v AS SELECT 1",
+            "CREATE FUNCTION _sqlhttp.lookup(text, text, text) RETURNS int \
+             LANGUAGE sql AS 'SELECT 1'",
+            "CREATE OR REPLACE FUNCTION _sqlhttp.authorize(p_store_key text) RETURNS void \
+             LANGUAGE sql AS 'SELECT'",
+            "ALTER TABLE t SET SCHEMA _sqlhttp",
+            "ALTER FUNCTION f() SET SCHEMA _sqlhttp",
+            "CREATE INDEX i ON _sqlhttp.idempotency (status)",
+            "SELECT * FROM _sqlhttp.idempotency",
+            "SELECT * FROM _sqlhttp.secrets",
+            "SELECT * FROM _sqlhttp.lookup('guess', 'k')",
+            "CREATE SCHEMA _sqlhttp2",
+        ],
+    )
+    .await;
+    assert_eq!(
+        rows(
+            &router,
+            "SELECT c.relname::text FROM pg_catalog.pg_class AS c \
+             JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace \
+             WHERE n.nspname = '_sqlhttp' ORDER BY 1"
+        )
+        .await,
+        json!([
+            ["idempotency"],
+            ["idempotency_created_at"],
+            ["idempotency_pkey"],
+            ["secrets"],
+            ["secrets_pkey"]
+        ])
+    );
 }

@@ -18,7 +18,7 @@ use tokio::sync::watch;
 
 use crate::common::sqlhttpd;
 use crate::engines::{client_role, database};
-use crate::operations::sample;
+use crate::observability::sample;
 
 /// Two replicas of `sqlhttpd` on the database at `url`, started together (killed on drop),
 /// logging warnings and errors only.
