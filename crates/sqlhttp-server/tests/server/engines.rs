@@ -118,12 +118,13 @@ pub(crate) use engine_app;
 
 /// Runs each named case, an `async fn case(engine: Engine)` in the same module, once per
 /// engine: as the tests `case::sqlite` and `case::postgres`, the latter gated like every other
-/// PostgreSQL test (ignored with the reason when this machine has no PostgreSQL).
+/// PostgreSQL test (ignored with the reason when this machine has no PostgreSQL). A leading
+/// `#[tokio::test(...)]` gives the runtime both tests run on (the default is `#[tokio::test]`).
 macro_rules! on_both_engines {
-    ($($case:ident),+ $(,)?) => {
+    (#[$test:meta] $($case:ident),+ $(,)?) => {
         $(
             mod $case {
-                #[tokio::test]
+                #[$test]
                 async fn sqlite() {
                     super::$case($crate::engines::Engine::Sqlite).await;
                 }
@@ -132,12 +133,15 @@ macro_rules! on_both_engines {
                     sqlhttpd_no_postgres,
                     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
                 )]
-                #[tokio::test]
+                #[$test]
                 async fn postgres() {
                     super::$case($crate::engines::Engine::Postgres).await;
                 }
             }
         )+
+    };
+    ($($case:ident),+ $(,)?) => {
+        $crate::engines::on_both_engines!(#[tokio::test] $($case),+);
     };
 }
 pub(crate) use on_both_engines;
