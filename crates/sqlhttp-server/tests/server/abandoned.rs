@@ -1,14 +1,19 @@
 //! Streams their clients abandon half-way never harm the next request: the statement is
 //! stopped, and on PostgreSQL the session it was cancelled on is closed rather than pooled, since
 //! PostgreSQL may deliver a cancel after the statement it was meant for, to the next one. Run
-//! on SQLite and, when there is one, PostgreSQL, on one connection so each next request lands on
-//! the session the abandoned one used.
+//! on both engines (see [`crate::engines`]), on one connection so each next request lands on the
+//! session the abandoned one used; and a write stopped mid-stream, on SQLite.
 
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, ServerHandle};
 
 use crate::common::{http_client, serve};
-use crate::postgres::{config, database};
+use crate::engines::{Engine, on_both_engines};
+
+on_both_engines!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    the_request_after_an_abandoned_stream_is_answered_as_if_alone,
+);
 
 async fn post(handle: &ServerHandle, sql: &str, params: Value) -> reqwest::Response {
     http_client()
@@ -20,29 +25,43 @@ async fn post(handle: &ServerHandle, sql: &str, params: Value) -> reqwest::Respo
         .unwrap()
 }
 
-async fn abandon_streams_then_read(engine: &str, handle: &ServerHandle) {
-    let made = post(
-        handle,
+/// 150 times: a stream of a 20 000-row table abandoned after its first chunk, then a lookup that
+/// must be answered as if alone.
+async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone(engine: Engine) {
+    let Some(config) = engine.config().await else {
+        return;
+    };
+    let handle = serve(Config {
+        limits: Limits {
+            read_connections: 0,
+            ..Limits::default()
+        },
+        ..config
+    })
+    .await;
+    // SQLite has no generate_series by default: the table is made with a recursive query.
+    let big = engine.pick(
+        "CREATE TABLE big AS WITH RECURSIVE g(id) AS (SELECT 1 UNION ALL SELECT id + 1 FROM g \
+         WHERE id < 20000) SELECT id, printf('%200s', 'x') AS pad FROM g",
         "CREATE TABLE big AS SELECT g AS id, repeat('x', 200) AS pad FROM \
          generate_series(1, 20000) AS g",
-        json!([]),
-    )
-    .await;
+    );
+    let made = post(&handle, big, json!([])).await;
     assert_eq!(
         made.status(),
         200,
-        "{engine}: {}",
+        "{engine:?}: {}",
         made.text().await.unwrap()
     );
     let mut failures = Vec::new();
     for round in 0..150 {
-        let mut stream = post(handle, "SELECT id, pad FROM big ORDER BY id", json!([])).await;
+        let mut stream = post(&handle, "SELECT id, pad FROM big ORDER BY id", json!([])).await;
         assert_eq!(stream.status(), 200);
         // One chunk, then the client goes.
         let _ = stream.chunk().await;
         drop(stream);
         let read = post(
-            handle,
+            &handle,
             "SELECT id FROM big WHERE id = ?",
             json!([round + 1]),
         )
@@ -53,63 +72,13 @@ async fn abandon_streams_then_read(engine: &str, handle: &ServerHandle) {
             failures.push(format!("round {round}: {status} {body}"));
         }
     }
-    assert!(failures.is_empty(), "{engine}: {failures:#?}");
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone() {
-    let one_connection = Limits {
-        read_connections: 0,
-        ..Limits::default()
-    };
-    if let Some(url) = database("abandoned_streams").await {
-        let handle = serve(Config {
-            limits: one_connection,
-            ..config(&url)
-        })
-        .await;
-        abandon_streams_then_read("postgres", &handle).await;
-        handle.shutdown().await;
-    }
-    // SQLite has no generate_series by default: the table is made with a recursive query.
-    let handle = serve(Config {
-        limits: one_connection,
-        ..Config::default()
-    })
-    .await;
-    let made = post(
-        &handle,
-        "CREATE TABLE big AS WITH RECURSIVE g(id) AS (SELECT 1 UNION ALL SELECT id + 1 FROM g \
-         WHERE id < 20000) SELECT id, printf('%200s', 'x') AS pad FROM g",
-        json!([]),
-    )
-    .await;
-    assert_eq!(made.status(), 200);
-    for round in 0..150 {
-        let mut stream = post(&handle, "SELECT id, pad FROM big ORDER BY id", json!([])).await;
-        let _ = stream.chunk().await;
-        drop(stream);
-        let read = post(
-            &handle,
-            "SELECT id FROM big WHERE id = ?",
-            json!([round + 1]),
-        )
-        .await;
-        assert_eq!(read.status(), 200, "sqlite round {round}");
-    }
+    assert!(failures.is_empty(), "{engine:?}: {failures:#?}");
     handle.shutdown().await;
 }
 
 /// A `RETURNING` write whose streamed answer is stopped half-way (its client reads too slowly
-/// for the statement timeout, or leaves) is rolled back, as the error in its body says.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
+/// for the statement timeout, or leaves) is rolled back, as the error in its body says. SQLite's
+/// (a file database): it needs no PostgreSQL.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_write_stopped_mid_stream_is_not_kept() {
     use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

@@ -1,6 +1,7 @@
 //! Atomic batches (`POST /api/v1/batch`) in-process and over TCP: the success and error shapes,
 //! all-or-nothing, read-only batches, limits, keyed replay, the sandbox inside batches, and
-//! cancellation when the client goes away.
+//! cancellation when the client goes away. The cases that hold for both engines run on both
+//! (see [`crate::engines`]).
 
 use std::time::Duration;
 
@@ -9,7 +10,15 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
 use crate::common::{Reply, app_with, batch_with, memory_app, ok, post_json, send};
-use crate::postgres::postgres_app;
+use crate::engines::{Engine, engine_app, on_both_engines, postgres_app};
+
+on_both_engines!(
+    each_result_is_exactly_the_v1_body_of_its_statement,
+    a_failure_in_the_last_statement_rolls_back_everything_and_names_it,
+    a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied,
+    limits_on_statements_and_bytes,
+    a_keyed_batch_applies_once_and_replays_its_outcome,
+);
 
 const BATCH: &str = "/api/v1/batch";
 
@@ -31,8 +40,10 @@ async fn accounts(router: &Router) -> Value {
         .clone()
 }
 
-async fn with_accounts() -> Router {
-    let router = memory_app();
+/// An app on `engine` with two accounts, 100 and 0, whose balance may not go below zero; `None`
+/// when there is no PostgreSQL.
+async fn with_accounts(engine: Engine) -> Option<Router> {
+    let router = engine.app(|_| {}).await?;
     ok(
         &router,
         "CREATE TABLE accounts (id INTEGER PRIMARY KEY, balance INTEGER NOT NULL CHECK (balance >= 0))",
@@ -45,7 +56,17 @@ async fn with_accounts() -> Router {
         json!([]),
     )
     .await;
-    router
+    Some(router)
+}
+
+/// The app of [`with_accounts`], or `return` from the case when there is no PostgreSQL.
+macro_rules! with_accounts {
+    ($engine:expr) => {
+        match with_accounts($engine).await {
+            Some(router) => router,
+            None => return,
+        }
+    };
 }
 
 fn transfer(amount: i64) -> Value {
@@ -56,9 +77,8 @@ fn transfer(amount: i64) -> Value {
     ]})
 }
 
-#[tokio::test]
-async fn each_result_is_exactly_the_v1_body_of_its_statement() {
-    let router = with_accounts().await;
+async fn each_result_is_exactly_the_v1_body_of_its_statement(engine: Engine) {
+    let router = with_accounts!(engine);
     let reply = batch(&router, &transfer(30)).await;
     assert_eq!(
         reply.status,
@@ -67,22 +87,39 @@ async fn each_result_is_exactly_the_v1_body_of_its_statement() {
         String::from_utf8_lossy(&reply.body)
     );
     assert_eq!(reply.header("content-type"), Some("application/json"));
+    // An expression's type: none on SQLite, `sum(integer)`'s on PostgreSQL.
+    let total = engine.pick("", "int8");
     assert_eq!(
         String::from_utf8(reply.body).unwrap(),
-        concat!(
-            r#"{"results":["#,
-            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null},"#,
-            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null},"#,
-            r#"{"columns":[{"name":"total","type":""}],"rows":[[100]],"rows_affected":0,"last_insert_id":null}"#,
-            "]}"
+        format!(
+            concat!(
+                r#"{{"results":["#,
+                r#"{{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null}},"#,
+                r#"{{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null}},"#,
+                r#"{{"columns":[{{"name":"total","type":"{total}"}}],"rows":[[100]],"rows_affected":0,"last_insert_id":null}}"#,
+                "]}}"
+            ),
+            total = total
         )
     );
     assert_eq!(accounts(&router).await, json!([[1, 70], [2, 30]]));
+    // A statement sees what the statements before it in the batch wrote.
+    let reply = batch(
+        &router,
+        &statements(&[
+            "UPDATE accounts SET balance = balance - 5 WHERE id = 1",
+            "SELECT id, balance FROM accounts ORDER BY id",
+        ]),
+    )
+    .await;
+    assert_eq!(
+        reply.json()["results"][1]["rows"],
+        json!([[1, 65], [2, 30]])
+    );
 }
 
-#[tokio::test]
-async fn a_failure_in_the_last_statement_rolls_back_everything_and_names_it() {
-    let router = with_accounts().await;
+async fn a_failure_in_the_last_statement_rolls_back_everything_and_names_it(engine: Engine) {
+    let router = with_accounts!(engine);
     let body = json!({ "statements": [
         { "sql": "UPDATE accounts SET balance = balance + 50 WHERE id = 2" },
         { "sql": "INSERT INTO accounts VALUES (3, 10)" },
@@ -101,9 +138,8 @@ async fn a_failure_in_the_last_statement_rolls_back_everything_and_names_it() {
     assert_eq!(reply.json()["error"]["statement"], 1);
 }
 
-#[tokio::test]
-async fn a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied() {
-    let router = with_accounts().await;
+async fn a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied(engine: Engine) {
+    let router = with_accounts!(engine);
     let reads = json!({ "read_only": true, "statements": [
         { "sql": "SELECT balance FROM accounts WHERE id = ?", "params": [1] },
         { "sql": "SELECT count(*) FROM accounts" },
@@ -123,16 +159,11 @@ async fn a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied() {
     assert_eq!(accounts(&router).await, json!([[1, 100], [2, 0]]));
 }
 
-#[tokio::test]
-async fn limits_on_statements_and_bytes() {
-    let router = app_with(Config {
-        max_body_bytes: 200,
-        max_batch_bytes: 1_000,
-        limits: Limits {
-            max_batch_statements: 3,
-            ..Limits::default()
-        },
-        ..Config::default()
+async fn limits_on_statements_and_bytes(engine: Engine) {
+    let router = engine_app!(engine, |config| {
+        config.max_body_bytes = 200;
+        config.max_batch_bytes = 1_000;
+        config.limits.max_batch_statements = 3;
     });
     let four = batch(&router, &statements(&["SELECT 1"; 4])).await;
     assert_eq!(
@@ -216,7 +247,7 @@ async fn the_endpoint_speaks_the_protocol_like_the_sql_endpoint() {
 
 #[tokio::test]
 async fn the_sandbox_holds_inside_a_batch() {
-    let router = with_accounts().await;
+    let router = with_accounts!(Engine::Sqlite);
     let first = "UPDATE accounts SET balance = 0";
     let cases = [
         ("BEGIN", 400, "BAD_REQUEST"),
@@ -249,9 +280,8 @@ async fn the_sandbox_holds_inside_a_batch() {
     assert_eq!(accounts(&router).await, json!([[1, 100], [2, 0]]));
 }
 
-#[tokio::test]
-async fn a_keyed_batch_applies_once_and_replays_its_outcome() {
-    let router = with_accounts().await;
+async fn a_keyed_batch_applies_once_and_replays_its_outcome(engine: Engine) {
+    let router = with_accounts!(engine);
     let key = ("idempotency-key", "transfer-1");
     let first = batch_with(&router, &[key], &transfer(10)).await;
     assert_eq!(first.status, 200);

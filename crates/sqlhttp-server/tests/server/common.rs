@@ -232,3 +232,14 @@ pub(crate) fn start(args: &[&str]) -> (Child, String) {
     let url = read_url(&mut child);
     (child, url)
 }
+
+/// The headers of the full-access credential [`with_writer_and_reader`] configures.
+pub(crate) const WRITER: [(&str, &str); 1] = [("authorization", "Bearer writer")];
+/// The headers of the read-only credential [`with_writer_and_reader`] configures.
+pub(crate) const READER: [(&str, &str); 1] = [("authorization", "Bearer reader")];
+
+/// A full-access token `writer` and a read-only token `reader`.
+pub(crate) fn with_writer_and_reader(config: &mut Config) {
+    config.tokens = vec!["writer".into()];
+    config.read_tokens = vec!["reader".into()];
+}

@@ -1,5 +1,6 @@
 //! Idempotency-Key semantics in-process: replay with the same body, 422 on a different body,
-//! stored 4xx outcomes, unstored 5xx outcomes, TTL expiry, the off switch and key syntax.
+//! stored 4xx outcomes, unstored 5xx outcomes, TTL expiry, the off switch and key syntax. The
+//! cases that hold for both engines run on both (see [`crate::engines`]); the rest are SQLite's.
 
 use std::time::Duration;
 
@@ -7,6 +8,17 @@ use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Config, app};
 
 use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send, sql};
+use crate::engines::{Engine, engine_app, on_both_engines};
+
+on_both_engines!(
+    a_repeat_replays_the_stored_outcome_and_runs_once,
+    the_same_key_with_a_different_body_is_422,
+    malformed_keys_are_bad_request,
+    transaction_control_cannot_carry_a_key,
+    final_client_errors_are_stored_and_replayed,
+    keys_expire_after_the_ttl,
+    replicas_on_one_database_share_the_store,
+);
 
 fn body(sql: &str, params: Value) -> Value {
     json!({"sql": sql, "params": params})
@@ -20,12 +32,16 @@ async fn count(router: &axum::Router) -> Value {
     ok(router, "SELECT count(*) FROM t", json!([])).await["rows"][0][0].clone()
 }
 
-#[tokio::test]
-async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
-    let router = memory_app();
+async fn a_repeat_replays_the_stored_outcome_and_runs_once(engine: Engine) {
+    let router = engine_app!(engine);
+    // An id the engine assigns: a run again would answer another one.
+    let id = engine.pick(
+        "id INTEGER PRIMARY KEY",
+        "id integer PRIMARY KEY GENERATED ALWAYS AS IDENTITY",
+    );
     ok(
         &router,
-        "CREATE TABLE t (id INTEGER PRIMARY KEY, v TEXT)",
+        &format!("CREATE TABLE t ({id}, v TEXT)"),
         json!([]),
     )
     .await;
@@ -48,10 +64,9 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
     assert_eq!(count(&router).await, 2);
 }
 
-#[tokio::test]
-async fn the_same_key_with_a_different_body_is_422() {
-    let router = memory_app();
-    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+async fn the_same_key_with_a_different_body_is_422(engine: Engine) {
+    let router = engine_app!(engine);
+    ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
     let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([1]))).await;
     assert_eq!(first.status, 200);
     let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([2]))).await;
@@ -60,9 +75,8 @@ async fn the_same_key_with_a_different_body_is_422() {
     assert_eq!(count(&router).await, 1);
 }
 
-#[tokio::test]
-async fn final_client_errors_are_stored_and_replayed() {
-    let router = memory_app();
+async fn final_client_errors_are_stored_and_replayed(engine: Engine) {
+    let router = engine_app!(engine);
     ok(
         &router,
         "CREATE TABLE t (id INTEGER PRIMARY KEY)",
@@ -90,6 +104,21 @@ async fn final_client_errors_are_stored_and_replayed() {
     assert_eq!(replay.status, 400);
     assert_eq!(replay.code(), "SQL_ERROR");
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+
+    // An error the statement meets while it runs is stored too, and nothing of it is kept.
+    let failing = body(
+        engine.pick(
+            "INSERT INTO t VALUES (abs(-9223372036854775807 - 1))",
+            "INSERT INTO t VALUES (1/0)",
+        ),
+        json!([]),
+    );
+    let first = keyed(&router, "runtime", &failing).await;
+    assert_eq!(first.code(), "SQL_ERROR");
+    let replay = keyed(&router, "runtime", &failing).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+    assert_eq!(replay.body, first.body);
+    assert_eq!(count(&router).await, 0);
 }
 
 #[tokio::test]
@@ -139,13 +168,11 @@ async fn unavailable_outcomes_are_not_stored() {
     assert_eq!(count(&router).await, 1);
 }
 
-#[tokio::test]
-async fn keys_expire_after_the_ttl() {
-    let router = app_with(Config {
-        idempotency_ttl: Some(Duration::from_millis(1)),
-        ..Config::default()
+async fn keys_expire_after_the_ttl(engine: Engine) {
+    let router = engine_app!(engine, |config| {
+        config.idempotency_ttl = Some(Duration::from_millis(1));
     });
-    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
     let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", json!([]))).await;
     assert_eq!(first.status, 200);
     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -176,9 +203,8 @@ async fn the_off_switch_ignores_keys() {
     assert_eq!(planted.code(), "STATEMENT_NOT_ALLOWED");
 }
 
-#[tokio::test]
-async fn malformed_keys_are_bad_request() {
-    let router = memory_app();
+async fn malformed_keys_are_bad_request(engine: Engine) {
+    let router = engine_app!(engine);
     let select = body("SELECT 1", json!([]));
     let long = "k".repeat(256);
     for key in ["", "has space", long.as_str(), "caf\u{e9}"] {
@@ -201,9 +227,8 @@ async fn malformed_keys_are_bad_request() {
     assert_eq!(keyed(&router, "!~", &select).await.status, 200);
 }
 
-#[tokio::test]
-async fn transaction_control_cannot_carry_a_key() {
-    let router = memory_app();
+async fn transaction_control_cannot_carry_a_key(engine: Engine) {
+    let router = engine_app!(engine);
     for statement in [
         "BEGIN",
         "commit",
@@ -248,4 +273,37 @@ async fn clients_cannot_reach_the_store_and_keyed_writes_stay_exactly_once() {
     let replay = keyed(&router, "kept", &insert).await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
     assert_eq!(count(&router).await, 1);
+}
+
+/// Replicas of one server on one database share its store: one applies a keyed write, the
+/// other replays it.
+async fn replicas_on_one_database_share_the_store(engine: Engine) {
+    let Some(database) = engine.shared_database().await else {
+        return;
+    };
+    let a = database.app(|_| {});
+    let b = database.app(|_| {});
+    ok(&a, "CREATE TABLE t (x int)", json!([])).await;
+    let body = json!({"sql": "INSERT INTO t VALUES (1)"});
+    let key = [("idempotency-key", "shared")];
+    let (first, second) = tokio::join!(post_with(&a, &key, &body), post_with(&b, &key, &body));
+    // One replica applies; the other replays, or (while the first still runs) answers 409
+    // IDEMPOTENCY_KEY_IN_USE, as one replica's in-flight registry would.
+    let fresh = [&first, &second]
+        .iter()
+        .filter(|r| r.status == 200 && r.header("idempotent-replayed").is_none())
+        .count();
+    assert_eq!(fresh, 1, "exactly one replica applied the write");
+    for reply in [&first, &second] {
+        if reply.status != 200 {
+            assert_eq!(reply.code(), "IDEMPOTENCY_KEY_IN_USE");
+            assert_eq!(reply.header("retry-after"), Some("1"));
+        }
+    }
+    for replica in [&a, &b] {
+        let again = post_with(replica, &key, &body).await;
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    }
+    let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
+    assert_eq!(count["rows"], json!([[1]]));
 }

@@ -1,7 +1,15 @@
 //! Behavioural tests of `sqlhttpd` through its public API: the in-process app
 //! (`app(state)` driven with `oneshot`), real TCP servers, and the built binary.
+//!
+//! One module per area. A case that holds for both engines is written once and run on both by
+//! [`engines::on_both_engines!`] (tests `area::case::sqlite` and `area::case::postgres`); what
+//! only PostgreSQL has (its types, SQLSTATEs, sessions, roles, sandbox) is in the `pg_*` modules,
+//! what only SQLite has stays in its area's module. `engines` also says how PostgreSQL tests find
+//! a cluster (`SQLHTTPD_TEST_POSTGRES_URL`, or `scripts/start-postgres`) and are reported as
+//! ignored on a machine without one.
 
 mod abandoned;
+mod answers;
 mod api;
 mod batch;
 mod binary;
@@ -10,21 +18,33 @@ mod builtins;
 mod common;
 mod conformance;
 mod connections;
+mod engines;
 mod give_up;
 mod hardening;
+mod https_h2;
 mod idempotency;
 mod migrations;
+mod observability;
 mod openapi;
+mod openapi_schema;
 mod operations;
 mod pg_answers;
+mod pg_errors;
+mod pg_idempotency;
+mod pg_login;
 mod pg_pipeline;
+mod pg_reset;
+mod pg_sandbox;
 mod pg_session;
 mod pg_text;
-mod postgres;
+mod pg_timeouts;
+mod pg_tls;
+mod pg_types;
 mod reads;
 mod replicas;
 mod sandbox_effects;
 mod schema;
 mod streaming;
 mod tcp;
+mod timeouts;
 mod tls;

@@ -11,7 +11,7 @@ use sqlhttp::{Client, RetryPolicy};
 use sqlhttp_testkit::ServerProcess;
 
 use crate::common::sqlhttpd;
-use crate::postgres::{client_role, database};
+use crate::engines::{client_role, database};
 
 /// Migration 2 creates a table, then fills it for a few seconds, then creates another: the
 /// kill lands in its second statement.

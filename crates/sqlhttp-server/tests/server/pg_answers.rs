@@ -3,14 +3,14 @@
 //! never retried by the SDK, `rows_affected` counting changes only, `float4` at its own
 //! precision, `json` cells the SDK can read back, and years past 9999 with ISO 8601's `+`.
 //!
-//! Each test runs on a database of its own from [`crate::postgres::database`], and skips as the
+//! Each test runs on a database of its own from [`crate::engines::database`], and skips as the
 //! other PostgreSQL tests do when there is no PostgreSQL.
 
 use serde_json::{Value, json};
 use sqlhttp::{Client, RetryPolicy};
 
 use crate::common::{ok, serve, sql};
-use crate::postgres::{config, database, postgres_app};
+use crate::engines::{config, database, postgres_app};
 
 #[cfg_attr(
     sqlhttpd_no_postgres,

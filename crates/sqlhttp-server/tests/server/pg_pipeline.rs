@@ -8,7 +8,7 @@
 use serde_json::json;
 
 use crate::common::{batch_with as batch, ok, post_with};
-use crate::postgres::postgres_app;
+use crate::engines::postgres_app;
 
 fn one_connection(config: &mut sqlhttp_server::Config) {
     config.limits.read_connections = 0;
@@ -195,7 +195,7 @@ async fn a_pooled_session_is_read_only_outside_the_servers_transactions() {
 )]
 #[tokio::test]
 async fn a_write_behind_a_failed_begin_cannot_write() {
-    let Some(url) = crate::postgres::database("a_write_behind_a_failed_begin_cannot_write").await
+    let Some(url) = crate::engines::database("a_write_behind_a_failed_begin_cannot_write").await
     else {
         return;
     };

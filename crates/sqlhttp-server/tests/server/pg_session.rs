@@ -1,11 +1,11 @@
-//! The server owns the client role on PostgreSQL, and the reset resets (issue 27, ADR 0029):
-//! defaults a client's function plants on the client role, or an operator's `temp_file_limit`,
-//! do not take the server down once the pool's sessions end; a password a client's function
-//! sets is replaced by the server's (under SCRAM, as in production); user-defined types keep
-//! working on a reused connection; `setseed()` does not reach the next request; a sort past
-//! `temp_file_limit` answers a clear 400.
+//! The server owns the client role on PostgreSQL (issue 27, ADR 0029): defaults a client's
+//! function plants on the client role are removed (the next session is clean), and neither they
+//! nor an operator's `temp_file_limit` take the server down once the pool's sessions end; a
+//! password a client's function sets is replaced by the server's (under SCRAM, as in
+//! production); a sort past `temp_file_limit` answers a clear 400. What a request changes in its
+//! own session is `pg_reset.rs`; how the server logs in, `pg_login.rs`.
 //!
-//! Each test has a database of its own on the cluster of `postgres.rs` (the password test a
+//! Each test has a database of its own on the cluster of `engines.rs` (the password test a
 //! SCRAM cluster of its own), and talks to the server through its HTTP API only; the owner's
 //! side (ending the pool's sessions, reading the role's defaults) is a connection as the
 //! cluster's superuser, as an operator's would be.
@@ -18,14 +18,9 @@ use sqlhttp_server::{AppState, app};
 use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, sql};
-use crate::postgres::{client_role, config, database, database_on, password_cluster};
-
-/// A connection to the test database as the cluster's superuser (the server's owner).
-async fn owner(url: &str) -> Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
-    tokio::spawn(connection);
-    client
-}
+use crate::engines::{
+    client_role, config, database, database_on, owner, password_cluster, postgres_app,
+};
 
 /// A server on `url` whose pool holds one connection, so every request reuses it.
 fn one_connection_app(url: &str) -> axum::Router {
@@ -312,76 +307,61 @@ async fn a_password_a_client_sets_is_replaced_by_the_servers() {
     let _ = Command::new(stop).arg(&cluster).status();
 }
 
+/// A role may alter itself: a client's function can plant session defaults for every session
+/// to come. The connection that logs in with them is refused, they are removed, and the next
+/// one is clean.
 #[cfg_attr(
     sqlhttpd_no_postgres,
     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
 )]
 #[tokio::test]
-async fn user_defined_types_keep_working_on_a_reused_connection() {
-    let Some(url) = database("user_defined_types_keep_working_on_a_reused_connection").await else {
-        return;
-    };
-    let router = one_connection_app(&url);
-    for ddl in [
-        "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')",
-        "CREATE TYPE color AS ENUM ('red', 'green')",
-        "CREATE DOMAIN positive AS integer CHECK (VALUE > 0)",
-        "CREATE DOMAIN label AS text",
-    ] {
-        ok(&router, ddl, json!([])).await;
-    }
-    // Each request meets a type the connection has not looked up yet, and then again: the
-    // driver looks types up with statements it prepared on an earlier request.
-    let queries = [
-        ("SELECT 'happy'::mood AS m", json!([["happy"]])),
-        (
-            "SELECT ARRAY['red', 'green']::color[] AS c",
-            json!([[["red", "green"]]]),
-        ),
-        ("SELECT 3::positive AS p", json!([[3]])),
-        ("SELECT 'x'::label AS l", json!([["x"]])),
-    ];
-    for round in 0..2 {
-        for (query, rows) in &queries {
-            let reply = sql(&router, query, json!([])).await;
-            assert_eq!(
-                reply.status,
-                200,
-                "round {round}, {query}: {}",
-                String::from_utf8_lossy(&reply.body)
-            );
-            assert_eq!(&reply.json()["rows"], rows, "{query}");
+async fn defaults_a_client_plants_on_its_role_are_removed() {
+    let router = postgres_app!(
+        "defaults_a_client_plants_on_its_role_are_removed",
+        |config| config.limits.read_connections = 0
+    );
+    ok(
+        &router,
+        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET search_path = evil, public'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET application_name = planted'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) \
+             || ' SET default_transaction_read_only = on'; \
+         EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET statement_timeout = 1'; \
+         END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT plant()", json!([])).await;
+    // End this session: the pool logs in again, with whatever defaults the role has.
+    let _ = sql(
+        &router,
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+        json!([]),
+    )
+    .await;
+    let mut seen = None;
+    for _ in 0..5 {
+        let reply = sql(
+            &router,
+            "SELECT current_setting('application_name'), current_setting('search_path')",
+            json!([]),
+        )
+        .await;
+        if reply.status == 200 {
+            seen = Some(reply.json()["rows"].clone());
+            break;
         }
     }
-    let bound = ok(&router, "SELECT ?::mood::text AS m", json!(["sad"])).await;
-    assert_eq!(bound["rows"], json!([["sad"]]));
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_seed_a_request_sets_does_not_reach_the_next() {
-    let Some(url) = database("a_seed_a_request_sets_does_not_reach_the_next").await else {
-        return;
-    };
-    // What random() answers after setseed(0.5), on a session of its own.
-    let owner = owner(&url).await;
-    owner.batch_execute("SELECT setseed(0.5)").await.unwrap();
-    let seeded: f64 = owner
-        .query_one("SELECT random()", &[])
-        .await
-        .unwrap()
-        .get(0);
-
-    let router = one_connection_app(&url);
-    ok(&router, "SELECT setseed(0.5)", json!([])).await;
-    let next = ok(&router, "SELECT random() AS r", json!([])).await;
-    let next = next["rows"][0][0].as_f64().unwrap();
-    // The answer's digits may be fewer than the f64's: compare far above that.
-    assert!(
-        (next - seeded).abs() > 1e-9,
-        "the next request's random() was predictable: {next}"
-    );
+    assert_eq!(seen, Some(json!([["", "\"$user\", public"]])));
+    // The server's own temp_file_limit stays (ADR 0029).
+    let planted = ok(
+        &router,
+        "SELECT count(*) FROM pg_db_role_setting AS s, unnest(s.setconfig) AS c \
+         WHERE s.setrole = (SELECT oid FROM pg_roles WHERE rolname = session_user) \
+         AND c NOT LIKE 'temp\\_file\\_limit=%'",
+        json!([]),
+    )
+    .await;
+    assert_eq!(planted["rows"], json!([[0]]));
 }

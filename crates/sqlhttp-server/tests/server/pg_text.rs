@@ -4,7 +4,7 @@
 //! `COPY` to or from the client is refused with 403 and leaves the connection healthy. Ends
 //! with a property test that asks a real PostgreSQL what it runs.
 //!
-//! PostgreSQL tests use the cluster of `postgres.rs` (and skip without one, unless
+//! PostgreSQL tests use the cluster of `engines.rs` (and skip without one, unless
 //! `SQLHTTPD_TEST_REQUIRE_POSTGRES` is set).
 
 use std::time::{Duration, Instant};
@@ -14,7 +14,7 @@ use serde_json::json;
 use sqlhttp_server::{AppState, Config, app};
 
 use crate::common::{TempDb, app_with, batch_with, post_with};
-use crate::postgres::{config, database};
+use crate::engines::{config, database};
 
 const WRITER: [(&str, &str); 1] = [("authorization", "Bearer writer")];
 const READER: [(&str, &str); 1] = [("authorization", "Bearer reader")];

@@ -1,13 +1,18 @@
 //! Reads the server verifies: a statement sent with `"read_only": true` runs only if it cannot
 //! write; every write form is refused with `403 READ_ONLY` before anything changes, and every
-//! read form passes. On SQLite (memory and file) and, when there is one, PostgreSQL.
+//! read form passes. On SQLite (memory and file) and, when there is one, PostgreSQL. And what a
+//! read-only credential may do, on both engines.
 
 use axum::Router;
 use serde_json::{Value, json};
 use sqlhttp_server::Config;
 
-use crate::common::{TempDb, app_with, ok, post_with};
-use crate::postgres::app_on;
+use crate::common::{
+    READER, TempDb, WRITER, app_with, batch_with as batch, ok, post_with, with_writer_and_reader,
+};
+use crate::engines::{Engine, app_on, engine_app, on_both_engines};
+
+on_both_engines!(read_only_credentials_run_read_only_transactions);
 
 /// Sends `sql` marked read-only.
 async fn read_only(router: &Router, sql: &str) -> crate::common::Reply {
@@ -260,4 +265,42 @@ async fn a_keyed_read_only_write_is_refused_and_stores_nothing() {
         String::from_utf8_lossy(&written.body)
     );
     assert_eq!(written.header("idempotent-replayed"), None);
+}
+
+/// A read-only credential's statements run in a read-only transaction: every write is refused
+/// (alone or in a batch, with its index) and nothing of it is kept.
+async fn read_only_credentials_run_read_only_transactions(engine: Engine) {
+    let router = engine_app!(engine, with_writer_and_reader);
+    let (as_writer, as_reader) = (WRITER, READER);
+    let create = post_with(
+        &router,
+        &as_writer,
+        &json!({"sql": "CREATE TABLE t (x INTEGER)"}),
+    )
+    .await;
+    assert_eq!(create.status, 200);
+    for statement in [
+        "INSERT INTO t VALUES (1)",
+        "CREATE TABLE u (x INTEGER)",
+        "DROP TABLE t",
+    ] {
+        let reply = post_with(&router, &as_reader, &json!({ "sql": statement })).await;
+        assert_eq!(reply.status, 403, "{statement}");
+        assert_eq!(reply.code(), "READ_ONLY", "{statement}");
+    }
+    let count = post_with(
+        &router,
+        &as_reader,
+        &json!({"sql": "SELECT count(*) FROM t"}),
+    )
+    .await;
+    assert_eq!(count.json()["rows"], json!([[0]]));
+    let read_batch = batch(
+        &router,
+        &as_reader,
+        &json!({"statements": [{"sql": "SELECT 1"}, {"sql": "INSERT INTO t VALUES (1)"}]}),
+    )
+    .await;
+    assert_eq!(read_batch.code(), "READ_ONLY");
+    assert_eq!(read_batch.json()["error"]["statement"], 1);
 }

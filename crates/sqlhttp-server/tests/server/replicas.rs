@@ -17,8 +17,8 @@ use sqlhttp_testkit::{ChaosProxy, Fault, ServerProcess};
 use tokio::sync::watch;
 
 use crate::common::sqlhttpd;
-use crate::operations::sample;
-use crate::postgres::{client_role, database};
+use crate::engines::{client_role, database};
+use crate::observability::sample;
 
 /// Two replicas of `sqlhttpd` on the database at `url`, started together (killed on drop),
 /// logging warnings and errors only.

@@ -1,7 +1,7 @@
 //! The sandbox decides on what a statement does, not on how it is spelled (ADR 0023): no
 //! temporary object however it is named, no object whose old or new name is the server's, no
-//! look at the server's objects, and exactly-once whatever a client sends. On SQLite and, where
-//! the class applies, on PostgreSQL.
+//! look at the server's objects, and exactly-once whatever a client sends. On SQLite; where the
+//! class applies on PostgreSQL, in `pg_sandbox.rs`, with this file's helpers.
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
@@ -12,7 +12,8 @@ use sqlhttp_server::Config;
 
 use crate::common::{Reply, TempDb, app_with, memory_app, ok, send, sql};
 
-async fn batch(router: &Router, headers: &[(&str, &str)], sqls: &[&str]) -> Reply {
+/// Sends `sqls` as one batch with extra `headers`.
+pub(crate) async fn batch(router: &Router, headers: &[(&str, &str)], sqls: &[&str]) -> Reply {
     let body =
         json!({ "statements": sqls.iter().map(|sql| json!({ "sql": sql })).collect::<Vec<_>>() });
     let mut all = vec![("content-type", "application/json")];
@@ -20,7 +21,8 @@ async fn batch(router: &Router, headers: &[(&str, &str)], sqls: &[&str]) -> Repl
     send(router, "POST", "/api/v1/batch", &all, body.to_string()).await
 }
 
-async fn keyed(router: &Router, key: &str, body: &str) -> Reply {
+/// POSTs the JSON text `body` to the SQL endpoint under the idempotency key `key`.
+pub(crate) async fn keyed(router: &Router, key: &str, body: &str) -> Reply {
     send(
         router,
         "POST",
@@ -36,7 +38,7 @@ async fn keyed(router: &Router, key: &str, body: &str) -> Reply {
 
 /// Asserts a `403 STATEMENT_NOT_ALLOWED` for every statement, each sent on its own and as a
 /// batch of its own.
-async fn all_refused(router: &Router, statements: &[&str]) {
+pub(crate) async fn all_refused(router: &Router, statements: &[&str]) {
     for statement in statements {
         let reply = sql(router, statement, json!([])).await;
         assert_eq!(
@@ -66,7 +68,8 @@ async fn all_refused_on_the_writer(router: &Router, statements: &[&str]) {
     }
 }
 
-async fn rows(router: &Router, query: &str) -> Value {
+/// The rows `query` answers.
+pub(crate) async fn rows(router: &Router, query: &str) -> Value {
     ok(router, query, json!([])).await["rows"].clone()
 }
 
@@ -371,159 +374,5 @@ async fn the_stores_rows_size_and_layout_cannot_be_read() {
         "PRAGMA page_count",
     ] {
         ok(&router, allowed, json!([])).await;
-    }
-}
-
-/// The batch, the shadow table and the namespace on PostgreSQL: temporary objects never outlive
-/// their request (the session is reset before the next), the server's statements are qualified,
-/// so a temp table or a changed search path inside a keyed batch cannot reach the store, and
-/// nothing can be created in the server's schema `_sqlhttp`.
-mod postgres {
-    use serde_json::json;
-
-    use super::{all_refused, batch, keyed, rows};
-    use crate::common::ok;
-    use crate::postgres::app_on;
-
-    #[cfg_attr(
-        sqlhttpd_no_postgres,
-        ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-    )]
-    #[tokio::test]
-    async fn temp_objects_and_search_paths_never_reach_another_request_or_the_store() {
-        // One pooled connection, so every request gets the same session.
-        let Some(router) = app_on(
-            "temp_objects_and_search_paths_never_reach_another_request_or_the_store",
-            |config| config.limits.read_connections = 0,
-        )
-        .await
-        else {
-            return;
-        };
-        ok(&router, "CREATE TABLE orders (id int)", json!([])).await;
-        // A function that shadows `orders` and puts the temp schema first, as dynamic SQL
-        // (the text checks never see it).
-        ok(
-            &router,
-            "CREATE FUNCTION shadow() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
-             EXECUTE 'CREATE TEMP TABLE IF NOT EXISTS orders (id int)'; \
-             EXECUTE 'CREATE TABLE IF NOT EXISTS pg_temp.idempotency (key text)'; \
-             EXECUTE 'SELECT set_' || 'config(''search_path'', \
-             ''pg_temp, public, pg_catalog'', false)'; \
-             END $$",
-            json!([]),
-        )
-        .await;
-        for shadow in [
-            "CREATE TEMP TABLE orders (id int)",
-            "CREATE TABLE pg_temp.orders (id int)",
-            "CREATE TEMPORARY VIEW orders AS SELECT 1 AS id",
-            "SELECT shadow()",
-        ] {
-            ok(&router, shadow, json!([])).await;
-            let insert = ok(&router, "INSERT INTO orders VALUES (1)", json!([])).await;
-            assert_eq!(insert["rows_affected"], 1, "{shadow}");
-        }
-        assert_eq!(
-            rows(&router, "SELECT count(*) FROM public.orders").await,
-            json!([[4]]),
-            "every acknowledged write is in the real table"
-        );
-
-        // A keyed batch that shadows and moves the search path still applies once.
-        let write = ["SELECT shadow()", "INSERT INTO public.orders VALUES (2)"];
-        let first = batch(&router, &[("idempotency-key", "k")], &write).await;
-        assert_eq!(
-            first.status,
-            200,
-            "{}",
-            String::from_utf8_lossy(&first.body)
-        );
-        let retry = batch(&router, &[("idempotency-key", "k")], &write).await;
-        assert_eq!(retry.status, 200);
-        assert_eq!(retry.header("idempotent-replayed"), Some("true"));
-        let single =
-            serde_json::json!({"sql": "INSERT INTO orders VALUES (3)", "params": []}).to_string();
-        ok(&router, "SELECT shadow()", json!([])).await;
-        assert_eq!(keyed(&router, "s", &single).await.status, 200);
-        let again = keyed(&router, "s", &single).await;
-        assert_eq!(again.header("idempotent-replayed"), Some("true"));
-        assert_eq!(
-            rows(
-                &router,
-                "SELECT id, count(*) FROM public.orders GROUP BY id ORDER BY id"
-            )
-            .await,
-            json!([[1, 4], [2, 1], [3, 1]])
-        );
-        // The next request's session has no temporary object and the default search path.
-        assert_eq!(
-            rows(
-                &router,
-                "SELECT count(*) FROM pg_catalog.pg_class \
-                 WHERE relnamespace = pg_catalog.pg_my_temp_schema()"
-            )
-            .await,
-            json!([[0]])
-        );
-    }
-
-    #[cfg_attr(
-        sqlhttpd_no_postgres,
-        ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-    )]
-    #[tokio::test]
-    async fn nothing_can_be_created_in_or_moved_into_the_servers_schema() {
-        let Some(router) = app_on(
-            "nothing_can_be_created_in_or_moved_into_the_servers_schema",
-            |_| {},
-        )
-        .await
-        else {
-            return;
-        };
-        ok(&router, "CREATE TABLE t (id int)", json!([])).await;
-        ok(
-            &router,
-            "CREATE FUNCTION f() RETURNS int LANGUAGE sql AS 'SELECT 1'",
-            json!([]),
-        )
-        .await;
-        all_refused(
-            &router,
-            &[
-                "CREATE TABLE _sqlhttp.idempotency2 (key text)",
-                "CREATE TABLE \"_sqlhttp\".x (a int)",
-                "CREATE VIEW _sqlhttp.v AS SELECT 1",
-                "CREATE FUNCTION _sqlhttp.lookup(text, text, text) RETURNS int \
-                 LANGUAGE sql AS 'SELECT 1'",
-                "CREATE OR REPLACE FUNCTION _sqlhttp.authorize(p_store_key text) RETURNS void \
-                 LANGUAGE sql AS 'SELECT'",
-                "ALTER TABLE t SET SCHEMA _sqlhttp",
-                "ALTER FUNCTION f() SET SCHEMA _sqlhttp",
-                "CREATE INDEX i ON _sqlhttp.idempotency (status)",
-                "SELECT * FROM _sqlhttp.idempotency",
-                "SELECT * FROM _sqlhttp.secrets",
-                "SELECT * FROM _sqlhttp.lookup('guess', 'k')",
-                "CREATE SCHEMA _sqlhttp2",
-            ],
-        )
-        .await;
-        assert_eq!(
-            rows(
-                &router,
-                "SELECT c.relname::text FROM pg_catalog.pg_class AS c \
-                 JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace \
-                 WHERE n.nspname = '_sqlhttp' ORDER BY 1"
-            )
-            .await,
-            json!([
-                ["idempotency"],
-                ["idempotency_created_at"],
-                ["idempotency_pkey"],
-                ["secrets"],
-                ["secrets_pkey"]
-            ])
-        );
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::Config;
 
 use crate::common::{TempDb, app_with, batch_with as batch, ok, post_with, sql};
-use crate::postgres::app_on;
+use crate::engines::app_on;
 
 /// Requests sent at once to warm every reader connection (more than the default four).
 const WARM: usize = 12;

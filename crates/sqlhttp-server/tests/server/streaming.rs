@@ -1,6 +1,7 @@
 //! Streamed results (ADR 0016): a large success body is written while the statement runs, in
 //! the protocol's shape and key order; a failure after the head is signalled inside the body;
-//! a client that goes away mid-stream frees the engine connection at once; compression.
+//! a client that goes away mid-stream frees the engine connection at once; compression. The
+//! cases that hold for both engines run on both (see [`crate::engines`]).
 
 use std::time::Duration;
 
@@ -11,6 +12,13 @@ use sqlhttp_server::{Config, Limits};
 use tower::ServiceExt as _;
 
 use crate::common::{app_with, memory_app, post_with, sql};
+use crate::engines::{Engine, engine_app, on_both_engines};
+
+on_both_engines!(
+    a_large_result_streams_in_the_protocols_shape,
+    an_engine_error_after_the_head_ends_the_body_with_the_error,
+    a_client_gone_mid_stream_frees_the_connection,
+);
 
 /// `n` rows of two columns, computed (no table needed).
 fn counted(n: u64) -> String {
@@ -30,14 +38,13 @@ fn request(sql: &str) -> Request<Body> {
         .unwrap()
 }
 
-#[tokio::test]
-async fn a_large_result_streams_in_the_protocols_shape() {
-    let router = memory_app();
-    let response = router
-        .clone()
-        .oneshot(request(&counted(50_000)))
-        .await
-        .unwrap();
+async fn a_large_result_streams_in_the_protocols_shape(engine: Engine) {
+    let router = engine_app!(engine);
+    let rows = engine.pick(
+        counted(50_000),
+        "SELECT x, 'row ' || x AS label FROM generate_series(1, 50000) AS x".to_owned(),
+    );
+    let response = router.clone().oneshot(request(&rows)).await.unwrap();
     assert_eq!(response.status(), 200);
     assert!(
         response.body().size_hint().exact().is_none(),
@@ -47,13 +54,12 @@ async fn a_large_result_streams_in_the_protocols_shape() {
         .await
         .unwrap();
     let text = std::str::from_utf8(&body).unwrap();
-    assert!(
-        text.starts_with(
-            r#"{"columns":[{"name":"x","type":""},{"name":"label","type":""}],"rows":[[1,"row 1"],"#
-        ),
-        "{}",
-        &text[..100]
+    // No type for an expression on SQLite; PostgreSQL's own.
+    let (x, label) = engine.pick(("", ""), ("int4", "text"));
+    let head = format!(
+        r#"{{"columns":[{{"name":"x","type":"{x}"}},{{"name":"label","type":"{label}"}}],"rows":[[1,"row 1"],"#
     );
+    assert!(text.starts_with(&head), "{}", &text[..120]);
     assert!(
         text.ends_with(r#"[50000,"row 50000"]],"rows_affected":0,"last_insert_id":null}"#),
         "{}",
@@ -67,25 +73,33 @@ async fn a_large_result_streams_in_the_protocols_shape() {
     assert!(response.body().size_hint().exact().is_some());
 }
 
-#[tokio::test]
-async fn an_engine_error_after_the_head_ends_the_body_with_the_error() {
-    let router = memory_app();
-    // abs() of the smallest integer overflows: an engine error at row 20 000, after several
-    // chunks have gone out.
-    let reply = sql(
-        &router,
+async fn an_engine_error_after_the_head_ends_the_body_with_the_error(engine: Engine) {
+    let router = engine_app!(engine);
+    // An engine error at row 20 000, after several chunks have gone out: abs() of the smallest
+    // integer overflows on SQLite, a division by zero on PostgreSQL.
+    let failing = engine.pick(
         "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c LIMIT 30000) \
          SELECT CASE WHEN x < 20000 THEN x ELSE abs(-9223372036854775807 - 1) END AS v FROM c",
-        json!([]),
-    )
-    .await;
-    assert_eq!(reply.status, 200, "the head was sent before the error");
-    let text = String::from_utf8(reply.body.clone()).unwrap();
-    assert!(
-        text.ends_with(r#"[19999]],"error":{"code":"SQL_ERROR","message":"integer overflow"}}"#),
-        "{}",
-        &text[text.len() - 200..]
+        "SELECT CASE WHEN x < 20000 THEN x ELSE 1 / (x - x) END AS v \
+         FROM generate_series(1, 30000) AS x",
     );
+    let reply = sql(&router, failing, json!([])).await;
+    assert_eq!(
+        reply.status,
+        200,
+        "the head was sent before the error: {}",
+        String::from_utf8_lossy(&reply.body[..reply.body.len().min(300)])
+    );
+    let text = String::from_utf8(reply.body.clone()).unwrap();
+    if engine == Engine::Sqlite {
+        assert!(
+            text.ends_with(
+                r#"[19999]],"error":{"code":"SQL_ERROR","message":"integer overflow"}}"#
+            ),
+            "{}",
+            &text[text.len() - 200..]
+        );
+    }
     let json = reply.json();
     let mut keys: Vec<&str> = json
         .as_object()
@@ -99,15 +113,18 @@ async fn an_engine_error_after_the_head_ends_the_body_with_the_error() {
         ["columns", "rows", "error"],
         "no rows_affected, no last_insert_id"
     );
-    assert_eq!(json["error"]["code"], "SQL_ERROR");
+    assert_eq!(json["error"]["code"], "SQL_ERROR", "{}", json["error"]);
+    let message = engine.pick("integer overflow", "division by zero");
     assert!(
-        json["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("integer overflow"),
+        json["error"]["message"].as_str().unwrap().contains(message),
         "{json:?}",
     );
-    assert_eq!(json["rows"].as_array().unwrap().len(), 19_999);
+    // Every row SQLite made before the error; on PostgreSQL, the rows sent before it.
+    let rows = json["rows"].as_array().unwrap().len();
+    match engine {
+        Engine::Sqlite => assert_eq!(rows, 19_999),
+        Engine::Postgres => assert!(rows > 0 && rows < 20_000, "{rows}"),
+    }
 }
 
 #[tokio::test]
@@ -145,17 +162,21 @@ async fn a_statement_timeout_mid_stream_is_signalled_in_the_body() {
     assert!(!json["rows"].as_array().unwrap().is_empty());
 }
 
-#[tokio::test]
-async fn a_client_gone_mid_stream_frees_the_connection() {
-    let router = app_with(Config {
-        limits: Limits {
-            read_connections: 1,
-            ..Limits::default()
-        },
-        ..Config::default()
+async fn a_client_gone_mid_stream_frees_the_connection(engine: Engine) {
+    // One connection serves every read: a reader on SQLite, the writer alone on PostgreSQL.
+    let router = engine_app!(engine, |config| {
+        config.limits.read_connections = engine.pick(1, 0);
     });
+    // Rows that stream until the client goes. On PostgreSQL not one generate_series of 10^8 rows,
+    // which is materialized first (in temporary files past work_mem, beyond the server's
+    // temp_file_limit).
+    let endless = engine.pick(
+        ENDLESS,
+        "SELECT a * 10000 + b AS x FROM generate_series(0, 9999) AS a, \
+         generate_series(1, 10000) AS b",
+    );
     for read_first in [true, false] {
-        let response = router.clone().oneshot(request(ENDLESS)).await.unwrap();
+        let response = router.clone().oneshot(request(endless)).await.unwrap();
         assert_eq!(response.status(), 200);
         let mut body = response.into_body();
         if read_first {
@@ -167,7 +188,7 @@ async fn a_client_gone_mid_stream_frees_the_connection() {
         }
         // The client goes away: the body is dropped mid-stream.
         drop(body);
-        // The only reader is free again long before the 30 s statement timeout.
+        // The only connection is free again long before the 30 s statement timeout.
         let quick = tokio::time::timeout(
             Duration::from_secs(5),
             sql(&router, "SELECT 1 AS one", json!([])),

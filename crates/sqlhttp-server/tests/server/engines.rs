@@ -1,0 +1,314 @@
+//! How a test gets a server on each engine: the [`Engine`] a case runs on, SQLite in memory or a
+//! fresh PostgreSQL database (a [`SharedDatabase`] for several apps on one), and
+//! [`on_both_engines!`], which runs one case body on both. Also
+//! the PostgreSQL cluster itself, for the tests that only make sense there. No assertions about
+//! the server live here.
+//!
+//! The cluster is `SQLHTTPD_TEST_POSTGRES_URL` when set (CI starts one), else a throwaway one
+//! from `scripts/start-postgres` (never installing the package), stopped when the test process
+//! exits. On a machine with neither (no URL, no PostgreSQL binaries), the crate's build script
+//! sets `cfg(sqlhttpd_no_postgres)` and every test that needs PostgreSQL is reported as ignored,
+//! with the reason. If a cluster cannot be started all the same, the test says so on stderr and
+//! returns: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
+
+use std::process::{Command, Stdio};
+use std::sync::OnceLock;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use axum::Router;
+use sqlhttp_server::{AppState, Config, app};
+
+use crate::common::TempDb;
+
+/// The engine one run of an engine-neutral case uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Engine {
+    /// SQLite, in memory: every app is a database of its own.
+    Sqlite,
+    /// PostgreSQL: every app is a fresh database on the test cluster, logged in as its own
+    /// client role.
+    Postgres,
+}
+
+impl Engine {
+    /// `sqlite` or `postgres`, whichever this engine's is: for the few things an engine defines
+    /// itself (a column's type name, the SQL that fails or runs long there).
+    pub(crate) fn pick<T>(self, sqlite: T, postgres: T) -> T {
+        match self {
+            Engine::Sqlite => sqlite,
+            Engine::Postgres => postgres,
+        }
+    }
+
+    /// A configuration for a fresh database on this engine, or `None` (with a message, and a
+    /// failure under `SQLHTTPD_TEST_REQUIRE_POSTGRES`) when there is no PostgreSQL.
+    pub(crate) async fn config(self) -> Option<Config> {
+        match self {
+            Engine::Sqlite => Some(Config::default()),
+            Engine::Postgres => Some(config(&database(&current_test()).await?)),
+        }
+    }
+
+    /// An app on a fresh database on this engine, with `tweak` applied to its configuration;
+    /// `None` as for [`Engine::config`].
+    pub(crate) async fn app(self, tweak: impl FnOnce(&mut Config)) -> Option<Router> {
+        let mut config = self.config().await?;
+        tweak(&mut config);
+        Some(app(AppState::new(&config).unwrap()))
+    }
+}
+
+/// A fresh database that several apps open, as replicas of one server do: SQLite's is a file,
+/// removed when this drops.
+pub(crate) struct SharedDatabase {
+    config: Config,
+    _file: Option<TempDb>,
+}
+
+impl SharedDatabase {
+    /// One more app on this database, with `tweak` applied to its configuration.
+    pub(crate) fn app(&self, tweak: impl FnOnce(&mut Config)) -> Router {
+        let mut config = self.config.clone();
+        tweak(&mut config);
+        app(AppState::new(&config).unwrap())
+    }
+}
+
+impl Engine {
+    /// A [`SharedDatabase`] on this engine; `None` as for [`Engine::config`].
+    pub(crate) async fn shared_database(self) -> Option<SharedDatabase> {
+        match self {
+            Engine::Sqlite => {
+                let file = TempDb::new("shared");
+                Some(SharedDatabase {
+                    config: Config {
+                        database: file.database(),
+                        ..Config::default()
+                    },
+                    _file: Some(file),
+                })
+            }
+            Engine::Postgres => Some(SharedDatabase {
+                config: self.config().await?,
+                _file: None,
+            }),
+        }
+    }
+}
+
+/// The running test's name (libtest names each test's thread after it), for messages.
+fn current_test() -> String {
+    std::thread::current().name().unwrap_or("a test").to_owned()
+}
+
+/// The app of [`Engine::app`] (`$tweak` defaults to none), or `return` from the case when there
+/// is no PostgreSQL.
+macro_rules! engine_app {
+    ($engine:expr) => {
+        $crate::engines::engine_app!($engine, |_| {})
+    };
+    ($engine:expr, $tweak:expr) => {
+        match $engine.app($tweak).await {
+            Some(router) => router,
+            None => return,
+        }
+    };
+}
+pub(crate) use engine_app;
+
+/// Runs each named case, an `async fn case(engine: Engine)` in the same module, once per
+/// engine: as the tests `case::sqlite` and `case::postgres`, the latter gated like every other
+/// PostgreSQL test (ignored with the reason when this machine has no PostgreSQL). A leading
+/// `#[tokio::test(...)]` gives the runtime both tests run on (the default is `#[tokio::test]`).
+macro_rules! on_both_engines {
+    (#[$test:meta] $($case:ident),+ $(,)?) => {
+        $(
+            mod $case {
+                #[$test]
+                async fn sqlite() {
+                    super::$case($crate::engines::Engine::Sqlite).await;
+                }
+
+                #[cfg_attr(
+                    sqlhttpd_no_postgres,
+                    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+                )]
+                #[$test]
+                async fn postgres() {
+                    super::$case($crate::engines::Engine::Postgres).await;
+                }
+            }
+        )+
+    };
+    ($($case:ident),+ $(,)?) => {
+        $crate::engines::on_both_engines!(#[tokio::test] $($case),+);
+    };
+}
+pub(crate) use on_both_engines;
+
+/// The cluster's URL (its `postgres` database), started once per test process.
+fn cluster() -> Option<&'static str> {
+    static CLUSTER: OnceLock<Option<String>> = OnceLock::new();
+    CLUSTER
+        .get_or_init(|| {
+            if let Ok(url) = std::env::var("SQLHTTPD_TEST_POSTGRES_URL") {
+                return Some(url);
+            }
+            start_cluster("trust")
+        })
+        .as_deref()
+}
+
+/// Starts a throwaway cluster with `scripts/start-postgres` (`auth` for roles other than
+/// `postgres`), stopped when this process exits; `None` when there is no PostgreSQL here.
+pub(crate) fn start_cluster(auth: &str) -> Option<String> {
+    start_cluster_with(auth, &[])
+}
+
+/// [`start_cluster`], with more of `scripts/start-postgres`'s variables (`START_POSTGRES_SSL`).
+pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<String> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
+    // Tests never install system packages; .ci/run's own start-postgres may.
+    let output = Command::new(script)
+        .env("START_POSTGRES_NO_INSTALL", "1")
+        .env("START_POSTGRES_AUTH", auth)
+        .envs(env.iter().copied())
+        .stderr(Stdio::inherit())
+        .output();
+    let url = match output {
+        Ok(output) if output.status.success() => {
+            String::from_utf8(output.stdout).ok()?.trim().to_owned()
+        }
+        Ok(output) => {
+            eprintln!("scripts/start-postgres failed ({})", output.status);
+            return None;
+        }
+        Err(e) => {
+            eprintln!("cannot run scripts/start-postgres: {e}");
+            return None;
+        }
+    };
+    // Stop the cluster when this process exits, however it exits.
+    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+    let watcher = format!(
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{url}'",
+        pid = std::process::id()
+    );
+    let _ = Command::new("setsid")
+        .args(["sh", "-c", &watcher])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    Some(url)
+}
+
+/// A throwaway cluster that asks every role but `postgres` for its SCRAM password, or `None`
+/// (with a message, and a failure under `SQLHTTPD_TEST_REQUIRE_POSTGRES`) when it cannot start.
+pub(crate) fn password_cluster() -> Option<String> {
+    let cluster = start_cluster("scram-sha-256");
+    if cluster.is_none() {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "cannot start a password-checking cluster, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!("skipping: no PostgreSQL for scripts/start-postgres");
+    }
+    cluster
+}
+
+/// A fresh database on the cluster, or `None` (with a message) when there is no cluster.
+pub(crate) async fn database(test: &str) -> Option<String> {
+    let Some(url) = cluster() else {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "no PostgreSQL for {test}, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!(
+            "skipping {test}: no PostgreSQL (set SQLHTTPD_TEST_POSTGRES_URL, or install the \
+             postgresql package for scripts/start-postgres)"
+        );
+        return None;
+    };
+    Some(database_on(url).await)
+}
+
+/// A fresh database on the cluster at `url`.
+pub(crate) async fn database_on(url: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let name = format!(
+        "sqlhttp_{}_{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    );
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    let driver = tokio::spawn(connection);
+    client
+        .batch_execute(&format!("CREATE DATABASE {name}"))
+        .await
+        .unwrap();
+    drop(client);
+    let _ = driver.await;
+    let (base, _) = url.rsplit_once('/').unwrap();
+    format!("{base}/{name}")
+}
+
+/// The client role of the test database at `url`: each database has its own, as on a shared
+/// cluster in production where a client role's password is its database's (see
+/// `passwords_are_checked_as_in_production`).
+pub(crate) fn client_role(url: &str) -> String {
+    let (_, name) = url.rsplit_once('/').unwrap();
+    name.replacen("sqlhttp_", "client_", 1)
+}
+
+/// A server configuration for the test database at `url`.
+pub(crate) fn config(url: &str) -> Config {
+    with_role(url, &client_role(url))
+}
+
+/// A server configuration for the database at `url` whose clients log in as `role`.
+pub(crate) fn with_role(url: &str, role: &str) -> Config {
+    let sqlhttp_server::Database::Postgres(url) = url.parse().unwrap() else {
+        panic!("a PostgreSQL URL");
+    };
+    Config {
+        database: sqlhttp_server::Database::Postgres(url.with_client_role(role).unwrap()),
+        ..Config::default()
+    }
+}
+
+/// An app on a fresh PostgreSQL database for `test`, with `tweak` applied to its
+/// configuration; `None` (as [`database`]) when there is no PostgreSQL.
+pub(crate) async fn app_on(test: &str, tweak: impl FnOnce(&mut Config)) -> Option<Router> {
+    let url = database(test).await?;
+    let mut config = config(&url);
+    tweak(&mut config);
+    Some(app(AppState::new(&config).unwrap()))
+}
+
+/// The app for `$test` on a fresh PostgreSQL database (as [`app_on`]), or `return` from the
+/// test when there is no PostgreSQL.
+macro_rules! postgres_app {
+    ($test:expr) => {
+        $crate::engines::postgres_app!($test, |_| {})
+    };
+    ($test:expr, $tweak:expr) => {
+        match $crate::engines::app_on($test, $tweak).await {
+            Some(router) => router,
+            None => return,
+        }
+    };
+}
+pub(crate) use postgres_app;
+
+/// A connection to the test database at `url` as the cluster's superuser (the server's owner,
+/// as an operator's would be), its driver running in a task.
+pub(crate) async fn owner(url: &str) -> tokio_postgres::Client {
+    let (client, connection) = tokio_postgres::connect(url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+}

@@ -1,0 +1,162 @@
+//! Each request starts from a clean session on PostgreSQL, though the pool reuses connections:
+//! what a client's function changes in its session (settings, a temporary table shadowing a real
+//! one, the role), prepared statements it leaves behind and the seed it sets never reach the next
+//! request, and user-defined types keep working on a reused connection.
+//!
+//! Each test runs on a pool of one connection, so the next request gets the same session.
+
+use serde_json::json;
+use sqlhttp_server::{AppState, app};
+
+use crate::common::{ok, sql};
+use crate::engines::{config, database, owner, postgres_app};
+
+/// A server on `url` whose pool holds one connection, so every request reuses it.
+fn one_connection_app(url: &str) -> axum::Router {
+    let mut config = config(url);
+    config.limits.read_connections = 0;
+    app(AppState::new(&config).unwrap())
+}
+
+/// A client's function may change its session (a setting, a temporary table shadowing a real
+/// one); the next request on that connection starts from a clean session.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_session_changed_by_one_request_is_reset_for_the_next() {
+    // One pooled connection, so the next request gets the same session.
+    let router = postgres_app!(
+        "a_session_changed_by_one_request_is_reset_for_the_next",
+        |config| config.limits.read_connections = 0
+    );
+    ok(&router, "CREATE TABLE items (name text)", json!([])).await;
+    ok(&router, "INSERT INTO items VALUES ('real')", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'CREATE TEMPORARY TABLE items (name text)'; \
+         EXECUTE 'INSERT INTO items VALUES (''planted'')'; \
+         EXECUTE 'SELECT set_' || 'config(''search_path'', ''pg_temp, public'', false)'; \
+         EXECUTE 'SELECT set_' || 'config(''application_name'', ''planted'', false)'; \
+         EXECUTE 'SET ROLE ' || quote_ident(current_user); END $$",
+        json!([]),
+    )
+    .await;
+    ok(&router, "SELECT plant()", json!([])).await;
+    let seen = ok(
+        &router,
+        "SELECT name, current_setting('application_name'), current_setting('role') FROM items",
+        json!([]),
+    )
+    .await;
+    assert_eq!(seen["rows"], json!([["real", "", "none"]]));
+}
+
+/// Prepared statements a client's function leaves behind (even under the driver's own statement
+/// names) are gone before the next request.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
+    let router = postgres_app!(
+        "prepared_statements_a_client_leaves_behind_are_deallocated",
+        |config| config.limits.read_connections = 0
+    );
+    ok(
+        &router,
+        "CREATE FUNCTION squat() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+         FOR i IN 0..2000 LOOP EXECUTE format('PREPARE s%s AS SELECT 1', i); END LOOP; END $$",
+        json!([]),
+    )
+    .await;
+    // The squatting request itself may trip on its own statements; the next ones must not.
+    let _ = sql(&router, "SELECT squat()", json!([])).await;
+    for _ in 0..3 {
+        // Prepared by SQL, that is, not this request's own statement.
+        let left = ok(
+            &router,
+            "SELECT count(*) FROM pg_prepared_statements WHERE from_sql",
+            json!([]),
+        )
+        .await;
+        assert_eq!(left["rows"], json!([[0]]));
+    }
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn user_defined_types_keep_working_on_a_reused_connection() {
+    let Some(url) = database("user_defined_types_keep_working_on_a_reused_connection").await else {
+        return;
+    };
+    let router = one_connection_app(&url);
+    for ddl in [
+        "CREATE TYPE mood AS ENUM ('sad', 'ok', 'happy')",
+        "CREATE TYPE color AS ENUM ('red', 'green')",
+        "CREATE DOMAIN positive AS integer CHECK (VALUE > 0)",
+        "CREATE DOMAIN label AS text",
+    ] {
+        ok(&router, ddl, json!([])).await;
+    }
+    // Each request meets a type the connection has not looked up yet, and then again: the
+    // driver looks types up with statements it prepared on an earlier request.
+    let queries = [
+        ("SELECT 'happy'::mood AS m", json!([["happy"]])),
+        (
+            "SELECT ARRAY['red', 'green']::color[] AS c",
+            json!([[["red", "green"]]]),
+        ),
+        ("SELECT 3::positive AS p", json!([[3]])),
+        ("SELECT 'x'::label AS l", json!([["x"]])),
+    ];
+    for round in 0..2 {
+        for (query, rows) in &queries {
+            let reply = sql(&router, query, json!([])).await;
+            assert_eq!(
+                reply.status,
+                200,
+                "round {round}, {query}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            assert_eq!(&reply.json()["rows"], rows, "{query}");
+        }
+    }
+    let bound = ok(&router, "SELECT ?::mood::text AS m", json!(["sad"])).await;
+    assert_eq!(bound["rows"], json!([["sad"]]));
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_seed_a_request_sets_does_not_reach_the_next() {
+    let Some(url) = database("a_seed_a_request_sets_does_not_reach_the_next").await else {
+        return;
+    };
+    // What random() answers after setseed(0.5), on a session of its own.
+    let owner = owner(&url).await;
+    owner.batch_execute("SELECT setseed(0.5)").await.unwrap();
+    let seeded: f64 = owner
+        .query_one("SELECT random()", &[])
+        .await
+        .unwrap()
+        .get(0);
+
+    let router = one_connection_app(&url);
+    ok(&router, "SELECT setseed(0.5)", json!([])).await;
+    let next = ok(&router, "SELECT random() AS r", json!([])).await;
+    let next = next["rows"][0][0].as_f64().unwrap();
+    // The answer's digits may be fewer than the f64's: compare far above that.
+    assert!(
+        (next - seeded).abs() > 1e-9,
+        "the next request's random() was predictable: {next}"
+    );
+}
