@@ -80,8 +80,13 @@ const REFUSED_ALTER: &[&str] = &["ROLE", "USER", "GROUP", "SYSTEM", "DATABASE"];
 /// Functions that change session settings, refused wherever they appear in the text.
 const REFUSED_FUNCTIONS: &[&str] = &["set_config"];
 
-/// Checks a client's SQL text for PostgreSQL, after `engine::sandbox::check_text`.
+/// Checks a client's SQL text for PostgreSQL, after `engine::sandbox::check_text`. A text with
+/// no statement (blank, comments, `;`) is refused as SQLite refuses it: PostgreSQL would run it
+/// as an empty query and answer an empty success.
 pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
+    if sql_text::statement(sql, sql_text::Dialect::Postgres).is_none() {
+        return Err(ApiError::sql("the SQL text contains no statement"));
+    }
     for statement in sql_text::readings(sql) {
         if let Some((_, why)) = REFUSED
             .iter()
