@@ -358,6 +358,7 @@ impl TestServerBuilder {
 }
 
 #[cfg(feature = "harness")]
+#[cfg_attr(docsrs, doc(cfg(feature = "harness")))]
 impl TestServerBuilder {
     /// Applies the migrations of `dir` (as [`sqlhttp::migrate::Migrator::from_dir`] reads them)
     /// once the server is up, before the test gets it.

@@ -369,6 +369,7 @@ impl ClientBuilder {
     /// `simulation`): see the [`simulation`](crate::simulation) module. Everything but the network is
     /// the real client. Default: HTTP.
     #[cfg(feature = "simulation")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "simulation")))]
     pub fn simulated_server<F, Fut>(mut self, server: F) -> Self
     where
         F: Fn(crate::simulation::Request) -> Fut + Send + Sync + 'static,
@@ -417,6 +418,7 @@ impl ClientBuilder {
     /// Trusts this certificate authority too, beside the built-in roots (a private CA, say).
     /// Repeatable. Needs the `rustls` (default) or `native-tls` feature.
     #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
     pub fn add_root_certificate(mut self, certificate: reqwest::Certificate) -> Self {
         self.net.root_certificates.push(certificate);
         self.net.changed = true;
@@ -427,6 +429,7 @@ impl ClientBuilder {
     /// it with [`reqwest::Identity::from_pem`] (certificate chain and private key in one PEM); with
     /// `native-tls`, with `Identity::from_pkcs8_pem` or `from_pkcs12_der`. Default: none.
     #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
     pub fn identity(mut self, identity: reqwest::Identity) -> Self {
         self.net.identity = Some(identity);
         self.net.changed = true;

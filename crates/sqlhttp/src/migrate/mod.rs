@@ -956,6 +956,7 @@ fn not_in_a_batch(sql: &str) -> Option<&'static str> {
 /// migrator.run(&client).await?;
 /// ```
 #[macro_export]
+#[cfg_attr(docsrs, doc(cfg(feature = "migrate")))]
 macro_rules! migrations {
     ($($file:literal),+ $(,)?) => {
         $crate::migrate::Migrator::from_files([
