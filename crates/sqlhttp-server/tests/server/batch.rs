@@ -125,7 +125,7 @@ async fn a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied() {
 
 #[tokio::test]
 async fn limits_on_statements_and_bytes() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         max_body_bytes: 200,
         max_batch_bytes: 1_000,
         limits: Limits {
@@ -177,7 +177,7 @@ async fn limits_on_statements_and_bytes() {
 
 #[tokio::test]
 async fn the_endpoint_speaks_the_protocol_like_the_sql_endpoint() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["s3cret".into()],
         ..Config::default()
     });

@@ -8,7 +8,7 @@ use sqlhttp_server::{AppState, Config, app};
 
 use crate::common::{Reply, TempDb, app_with, memory_app, ok, post_with, send, sql};
 
-fn body(sql: &str, params: Value) -> Value {
+fn body(sql: &str, params: &Value) -> Value {
     json!({"sql": sql, "params": params})
 }
 
@@ -29,7 +29,7 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
         json!([]),
     )
     .await;
-    let insert = body("INSERT INTO t (v) VALUES (?) RETURNING id", json!(["a"]));
+    let insert = body("INSERT INTO t (v) VALUES (?) RETURNING id", &json!(["a"]));
 
     let first = keyed(&router, "key-1", &insert).await;
     assert_eq!(first.status, 200);
@@ -52,9 +52,9 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once() {
 async fn the_same_key_with_a_different_body_is_422() {
     let router = memory_app();
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([1]))).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", &json!([1]))).await;
     assert_eq!(first.status, 200);
-    let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([2]))).await;
+    let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", &json!([2]))).await;
     assert_eq!(reused.status, 422);
     assert_eq!(reused.code(), "IDEMPOTENCY_KEY_REUSED");
     assert_eq!(count(&router).await, 1);
@@ -70,7 +70,7 @@ async fn final_client_errors_are_stored_and_replayed() {
     )
     .await;
     ok(&router, "INSERT INTO t VALUES (1)", json!([])).await;
-    let duplicate = body("INSERT INTO t VALUES (1)", json!([]));
+    let duplicate = body("INSERT INTO t VALUES (1)", &json!([]));
     let first = keyed(&router, "dup", &duplicate).await;
     assert_eq!(first.status, 409);
     assert_eq!(first.code(), "CONSTRAINT_VIOLATION");
@@ -84,7 +84,7 @@ async fn final_client_errors_are_stored_and_replayed() {
     assert_eq!(replay.body, first.body);
     assert_eq!(count(&router).await, 0);
 
-    let typo = body("INSERT INTO nope VALUES (1)", json!([]));
+    let typo = body("INSERT INTO nope VALUES (1)", &json!([]));
     assert_eq!(keyed(&router, "typo", &typo).await.status, 400);
     let replay = keyed(&router, "typo", &typo).await;
     assert_eq!(replay.status, 400);
@@ -106,7 +106,7 @@ async fn a_partially_applied_statement_leaves_no_effects_when_its_error_is_store
     let reply = keyed(
         &router,
         "partial",
-        &body("INSERT OR FAIL INTO t VALUES (1), (2), (3)", json!([])),
+        &body("INSERT OR FAIL INTO t VALUES (1), (2), (3)", &json!([])),
     )
     .await;
     assert_eq!(reply.status, 409);
@@ -126,7 +126,7 @@ async fn unavailable_outcomes_are_not_stored() {
 
     let locker = rusqlite::Connection::open(db.path()).unwrap();
     locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     let busy = keyed(&router, "retry-me", &insert).await;
     assert_eq!(busy.status, 503);
     assert_eq!(busy.code(), "UNAVAILABLE");
@@ -141,15 +141,15 @@ async fn unavailable_outcomes_are_not_stored() {
 
 #[tokio::test]
 async fn keys_expire_after_the_ttl() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         idempotency_ttl: Some(Duration::from_millis(1)),
         ..Config::default()
     });
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", json!([]))).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", &json!([]))).await;
     assert_eq!(first.status, 200);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let after = keyed(&router, "k", &body("INSERT INTO t VALUES (2)", json!([]))).await;
+    let after = keyed(&router, "k", &body("INSERT INTO t VALUES (2)", &json!([]))).await;
     assert_eq!(after.status, 200, "an expired key is free again");
     assert_eq!(after.header("idempotent-replayed"), None);
     assert_eq!(count(&router).await, 2);
@@ -157,12 +157,12 @@ async fn keys_expire_after_the_ttl() {
 
 #[tokio::test]
 async fn the_off_switch_ignores_keys() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         idempotency_ttl: None,
         ..Config::default()
     });
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     for key in ["k", "k", "not a valid key"] {
         let reply = keyed(&router, key, &insert).await;
         assert_eq!(reply.status, 200);
@@ -179,7 +179,7 @@ async fn the_off_switch_ignores_keys() {
 #[tokio::test]
 async fn malformed_keys_are_bad_request() {
     let router = memory_app();
-    let select = body("SELECT 1", json!([]));
+    let select = body("SELECT 1", &json!([]));
     let long = "k".repeat(256);
     for key in ["", "has space", long.as_str(), "caf\u{e9}"] {
         let reply = send(
@@ -212,7 +212,7 @@ async fn transaction_control_cannot_carry_a_key() {
         "RELEASE s",
         "END",
     ] {
-        let reply = keyed(&router, "tx", &body(statement, json!([]))).await;
+        let reply = keyed(&router, "tx", &body(statement, &json!([]))).await;
         assert_eq!(reply.status, 400, "{statement}");
         assert_eq!(reply.code(), "BAD_REQUEST", "{statement}");
     }
@@ -222,7 +222,7 @@ async fn transaction_control_cannot_carry_a_key() {
 async fn clients_cannot_reach_the_store_and_keyed_writes_stay_exactly_once() {
     let router = memory_app();
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     assert_eq!(keyed(&router, "kept", &insert).await.status, 200);
     for attack in [
         "SELECT * FROM _sqlhttp_idempotency",

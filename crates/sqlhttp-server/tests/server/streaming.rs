@@ -126,7 +126,7 @@ async fn an_error_before_the_first_chunk_is_an_ordinary_error_response() {
 
 #[tokio::test]
 async fn a_statement_timeout_mid_stream_is_signalled_in_the_body() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         limits: Limits {
             statement_timeout: Duration::from_millis(200),
             ..Limits::default()
@@ -147,7 +147,7 @@ async fn a_statement_timeout_mid_stream_is_signalled_in_the_body() {
 
 #[tokio::test]
 async fn a_client_gone_mid_stream_frees_the_connection() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         limits: Limits {
             read_connections: 1,
             ..Limits::default()
