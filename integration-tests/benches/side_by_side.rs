@@ -174,7 +174,7 @@ fn middleware(http: reqwest::Client) -> reqwest_middleware::ClientWithMiddleware
         .build()
 }
 
-fn body(sql: &str, params: serde_json::Value) -> String {
+fn body(sql: &str, params: &serde_json::Value) -> String {
     serde_json::json!({ "sql": sql, "params": params }).to_string()
 }
 
@@ -308,7 +308,7 @@ async fn million_rows(
 
     reset_peak(me);
     let started = Instant::now();
-    let all = raw_rows(raw, url, body(WIDE, serde_json::json!([]))).await;
+    let all = raw_rows(raw, url, body(WIDE, &serde_json::json!([]))).await;
     let raw_time = started.elapsed();
     assert_eq!(all.len() as u64, TABLE_ROWS);
     drop(all);
@@ -319,7 +319,7 @@ async fn million_rows(
         mib(raw_peak)
     );
     let started = Instant::now();
-    let all = middleware_rows(mw, url, body(WIDE, serde_json::json!([]))).await;
+    let all = middleware_rows(mw, url, body(WIDE, &serde_json::json!([]))).await;
     let mw_time = started.elapsed();
     assert_eq!(all.len() as u64, TABLE_ROWS);
     drop(all);
@@ -349,11 +349,11 @@ async fn hundred_k_rows(
         sdk_best = sdk_best.min(started.elapsed());
         assert_eq!(rows.len(), 100_000);
         let started = Instant::now();
-        let rows = raw_rows(raw, url, body(&sql, serde_json::json!([]))).await;
+        let rows = raw_rows(raw, url, body(&sql, &serde_json::json!([]))).await;
         raw_best = raw_best.min(started.elapsed());
         assert_eq!(rows.len(), 100_000);
         let started = Instant::now();
-        let rows = middleware_rows(mw, url, body(&sql, serde_json::json!([]))).await;
+        let rows = middleware_rows(mw, url, body(&sql, &serde_json::json!([]))).await;
         mw_best = mw_best.min(started.elapsed());
         assert_eq!(rows.len(), 100_000);
     }
@@ -388,11 +388,11 @@ async fn point_queries(
         sdk_t.push(started.elapsed());
         assert_eq!(row.id, id as i64);
         let started = Instant::now();
-        let rows = raw_rows(raw, url, body(&sql, serde_json::json!([id]))).await;
+        let rows = raw_rows(raw, url, body(&sql, &serde_json::json!([id]))).await;
         raw_t.push(started.elapsed());
         assert_eq!(rows.len(), 1);
         let started = Instant::now();
-        let rows = middleware_rows(mw, url, body(&sql, serde_json::json!([id]))).await;
+        let rows = middleware_rows(mw, url, body(&sql, &serde_json::json!([id]))).await;
         mw_t.push(started.elapsed());
         assert_eq!(rows.len(), 1);
     }
@@ -447,7 +447,7 @@ async fn in_flight(
         tasks.spawn(async move {
             for i in 0..EACH {
                 let id = ((t * EACH + i) * 31 % TABLE_ROWS) * 7_919;
-                raw_rows(&client, &url, body(&sql, serde_json::json!([id]))).await;
+                raw_rows(&client, &url, body(&sql, &serde_json::json!([id]))).await;
             }
         });
     }
@@ -461,7 +461,7 @@ async fn in_flight(
         tasks.spawn(async move {
             for i in 0..EACH {
                 let id = ((t * EACH + i) * 31 % TABLE_ROWS) * 7_919;
-                middleware_rows(&client, &url, body(&sql, serde_json::json!([id]))).await;
+                middleware_rows(&client, &url, body(&sql, &serde_json::json!([id]))).await;
             }
         });
     }
@@ -519,7 +519,7 @@ async fn outage(url: &str) {
             let (sdk_client, raw, mw, proxied) =
                 (sdk_client.clone(), raw.clone(), mw.clone(), proxied.clone());
             tasks.spawn(async move {
-                let request = body("SELECT 1", serde_json::json!([]));
+                let request = body("SELECT 1", &serde_json::json!([]));
                 match name {
                     "sqlhttp" => {
                         let _ = sdk_client.query("SELECT 1").fetch_all::<i64>().await;
@@ -597,7 +597,7 @@ async fn http_raw_len(url: &str, sql: &str, encoding: &str) -> usize {
         .post(format!("{url}/api/v1/sql"))
         .header("content-type", "application/json")
         .header("accept-encoding", encoding)
-        .body(body(sql, serde_json::json!([])))
+        .body(body(sql, &serde_json::json!([])))
         .send()
         .await
         .unwrap()

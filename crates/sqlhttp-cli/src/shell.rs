@@ -67,13 +67,13 @@ impl Session<'_> {
     }
 
     /// Writes a result the shell made itself, in the session's format.
-    fn print(&self, columns: &[&str], rows: Vec<Vec<Value>>) -> anyhow::Result<()> {
+    fn print(&self, columns: &[&str], rows: &[Vec<Value>]) -> anyhow::Result<()> {
         let started = Instant::now();
         let mut stdout = io::stdout().lock();
         let names: Vec<String> = columns.iter().map(|c| (*c).to_owned()).collect();
         let mut writer = output::writer(self.format, &mut stdout);
         writer.start(&names)?;
-        for row in &rows {
+        for row in rows {
             writer.row(row)?;
         }
         writer.finish(rows.len() as u64, started.elapsed())?;
@@ -88,7 +88,7 @@ impl Session<'_> {
         match (command, argument) {
             ("\\q" | ".quit" | ".exit", _) => return Ok(Meta::Quit),
             ("\\d" | ".tables", None) => {
-                let rows = self
+                let rows: Vec<Vec<Value>> = self
                     .client
                     .tables()
                     .await?
@@ -98,7 +98,7 @@ impl Session<'_> {
                         vec![Value::Text(table.name), Value::Text(kind.to_owned())]
                     })
                     .collect();
-                self.print(&["name", "type"], rows)?;
+                self.print(&["name", "type"], &rows)?;
             }
             ("\\d" | ".schema", Some(table)) => {
                 let table = table.trim_end_matches(';');
@@ -106,7 +106,7 @@ impl Session<'_> {
                     anyhow::bail!("no such table or view: {table}");
                 };
                 let yes_no = |flag: bool| Value::Text(if flag { "yes" } else { "no" }.to_owned());
-                let rows = columns
+                let rows: Vec<Vec<Value>> = columns
                     .into_iter()
                     .map(|column| {
                         vec![
@@ -120,7 +120,7 @@ impl Session<'_> {
                     .collect();
                 self.print(
                     &["column", "type", "nullable", "default", "primary key"],
-                    rows,
+                    &rows,
                 )?;
             }
             ("\\i" | ".read", Some(file)) => {

@@ -204,11 +204,12 @@ fn sqlite_rows(path: &str, body: &SqlBody) -> Result<Value, String> {
             let mut cells = Vec::with_capacity(columns.len());
             for index in 0..columns.len() {
                 cells.push(match row.get_ref(index).map_err(|e| e.to_string())? {
-                    rusqlite::types::ValueRef::Null => Value::Null,
                     rusqlite::types::ValueRef::Integer(i) => json!(i),
                     rusqlite::types::ValueRef::Real(r) => json!(r),
                     rusqlite::types::ValueRef::Text(t) => json!(String::from_utf8_lossy(t)),
-                    rusqlite::types::ValueRef::Blob(_) => Value::Null,
+                    rusqlite::types::ValueRef::Null | rusqlite::types::ValueRef::Blob(_) => {
+                        Value::Null
+                    }
                 });
             }
             out.push(Value::Array(cells));

@@ -110,12 +110,14 @@ impl FaultConnector {
     }
 
     /// Appends `n` copies of `fault` to the plan (builder style).
+    #[must_use]
     pub fn fail_first(self, n: usize, fault: ConnectFault) -> Self {
         self.push_all(std::iter::repeat_n(fault, n));
         self
     }
 
     /// Appends one fault to the plan (builder style).
+    #[must_use]
     pub fn then(self, fault: ConnectFault) -> Self {
         self.push(fault);
         self
@@ -123,6 +125,7 @@ impl FaultConnector {
 
     /// Delays every connection attempt by `delay` before its planned fault (if any) applies
     /// (builder style). The delay is not counted as an injected fault.
+    #[must_use]
     pub fn delay_each(self, delay: Duration) -> Self {
         *self.shared.each_delay() = Some(delay);
         self

@@ -52,6 +52,10 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs` on nightly (Cargo.toml's `[package.metadata.docs.rs]`): there
+// the `harness` feature's methods carry its badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod connector;
 #[cfg(feature = "harness")]
 mod harness;

@@ -261,9 +261,19 @@ impl TestServer {
 
 /// How a [`TestServer`] starts, from [`TestServer::start`]; `.await` it to start the server.
 ///
-/// With the `harness` feature (the test harness for applications), it also applies
-/// [`migrations`](Self::migrations), loads [`fixture`](Self::fixture)s, and runs on a fresh
-/// PostgreSQL database instead of SQLite ([`postgres`](Self::postgres)):
+// The harness's methods exist only with the feature: link to them only then.
+#[cfg_attr(
+    feature = "harness",
+    doc = "With the `harness` feature (the test harness for applications), it also applies \
+           [`migrations`](Self::migrations), loads [`fixture`](Self::fixture)s, and runs on a \
+           fresh PostgreSQL database instead of SQLite ([`postgres`](Self::postgres)):"
+)]
+#[cfg_attr(
+    not(feature = "harness"),
+    doc = "With the `harness` feature (the test harness for applications), it also applies \
+           `migrations`, loads `fixture`s, and runs on a fresh PostgreSQL database instead of \
+           SQLite (`postgres`):"
+)]
 ///
 /// ```no_run
 /// # #[cfg(feature = "harness")]
@@ -348,6 +358,7 @@ impl TestServerBuilder {
 }
 
 #[cfg(feature = "harness")]
+#[cfg_attr(docsrs, doc(cfg(feature = "harness")))]
 impl TestServerBuilder {
     /// Applies the migrations of `dir` (as [`sqlhttp::migrate::Migrator::from_dir`] reads them)
     /// once the server is up, before the test gets it.

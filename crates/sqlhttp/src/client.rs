@@ -341,12 +341,14 @@ impl ClientBuilder {
 
     /// Sends `Authorization: Bearer <token>` on every request. The token never appears in `Debug`,
     /// `Display`, errors or logs. Default: none.
+    #[must_use]
     pub fn bearer_token(mut self, token: impl Into<String>) -> Self {
         self.bearer_token = Some(token.into());
         self
     }
 
     /// The `User-Agent` header. Default: `sqlhttp-rust/<version>`.
+    #[must_use]
     pub fn user_agent(mut self, user_agent: impl Into<String>) -> Self {
         self.user_agent = user_agent.into();
         self
@@ -360,6 +362,7 @@ impl ClientBuilder {
     /// below (connect timeout, pool, keepalive, proxy, certificates) are then yours to set on it:
     /// setting them here too is refused by [`build`](Self::build).
     /// Default: a client built by the SDK with both off.
+    #[must_use]
     pub fn http_client(mut self, client: reqwest::Client) -> Self {
         self.http_client = Some(client);
         self
@@ -369,6 +372,8 @@ impl ClientBuilder {
     /// `simulation`): see the [`simulation`](crate::simulation) module. Everything but the network is
     /// the real client. Default: HTTP.
     #[cfg(feature = "simulation")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "simulation")))]
+    #[must_use]
     pub fn simulated_server<F, Fut>(mut self, server: F) -> Self
     where
         F: Fn(crate::simulation::Request) -> Fut + Send + Sync + 'static,
@@ -383,6 +388,7 @@ impl ClientBuilder {
     /// How long establishing a connection (TCP and TLS) may take; `None` leaves it to the attempt's
     /// timeout. A failed connect sent nothing, so it is retried like a refused connection and
     /// [`Error::is_sent`](crate::Error::is_sent) is `false`. Default: 10 s.
+    #[must_use]
     pub fn connect_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.net.connect_timeout = timeout.into();
         self.net.changed = true;
@@ -392,6 +398,7 @@ impl ClientBuilder {
     /// How long an idle pooled connection is kept; `None` keeps it until the server closes it.
     /// Default: 50 s, below the 60 s idle timeout of common load balancers, so the client does not reuse
     /// a connection a balancer has silently dropped.
+    #[must_use]
     pub fn pool_idle_timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.net.pool_idle_timeout = timeout.into();
         self.net.changed = true;
@@ -400,6 +407,7 @@ impl ClientBuilder {
 
     /// TCP keepalive on every connection, probing after this long idle; `None` turns it off.
     /// Default: 30 s.
+    #[must_use]
     pub fn tcp_keepalive(mut self, interval: impl Into<Option<Duration>>) -> Self {
         self.net.tcp_keepalive = interval.into();
         self.net.changed = true;
@@ -408,6 +416,7 @@ impl ClientBuilder {
 
     /// Sends every request through this proxy (see [`reqwest::Proxy`]). Default: none; the
     /// environment's proxy variables are not read.
+    #[must_use]
     pub fn proxy(mut self, proxy: reqwest::Proxy) -> Self {
         self.net.proxy = Some(proxy);
         self.net.changed = true;
@@ -417,6 +426,8 @@ impl ClientBuilder {
     /// Trusts this certificate authority too, beside the built-in roots (a private CA, say).
     /// Repeatable. Needs the `rustls` (default) or `native-tls` feature.
     #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
+    #[must_use]
     pub fn add_root_certificate(mut self, certificate: reqwest::Certificate) -> Self {
         self.net.root_certificates.push(certificate);
         self.net.changed = true;
@@ -427,6 +438,8 @@ impl ClientBuilder {
     /// it with [`reqwest::Identity::from_pem`] (certificate chain and private key in one PEM); with
     /// `native-tls`, with `Identity::from_pkcs8_pem` or `from_pkcs12_der`. Default: none.
     #[cfg(any(feature = "rustls", feature = "native-tls"))]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
+    #[must_use]
     pub fn identity(mut self, identity: reqwest::Identity) -> Self {
         self.net.identity = Some(identity);
         self.net.changed = true;
@@ -439,6 +452,7 @@ impl ClientBuilder {
     /// the body (a stall), so a long download that keeps arriving is never cut. Each attempt gets all
     /// of it. `None` lets an attempt wait as long as the server takes (bounded only by
     /// [`RetryPolicy::max_elapsed`] while the call may still be retried). Default: 30 s.
+    #[must_use]
     pub fn timeout(mut self, timeout: impl Into<Option<Duration>>) -> Self {
         self.timeout = timeout.into();
         self
@@ -447,6 +461,7 @@ impl ClientBuilder {
     // Retry options
 
     /// Attempts, backoff and the elapsed-time ceiling. Default: [`RetryPolicy::new()`].
+    #[must_use]
     pub fn retry(mut self, policy: RetryPolicy) -> Self {
         self.policy = policy;
         self
@@ -459,6 +474,7 @@ impl ClientBuilder {
     /// server that ignores the key, a write whose response was lost after the server committed it is
     /// applied twice when retried.** Turn this on only for such servers if duplicates are harmless.
     /// `execute` is never retried, whatever this says.
+    #[must_use]
     pub fn retry_writes(mut self, enabled: bool) -> Self {
         self.retry_writes = enabled;
         self
@@ -466,6 +482,7 @@ impl ClientBuilder {
 
     /// The client-wide retry budget shared by all clones, or `None` to retry without one.
     /// Default: [`RetryBudget::new()`].
+    #[must_use]
     pub fn retry_budget(mut self, budget: impl Into<Option<RetryBudget>>) -> Self {
         self.budget = budget.into();
         self
@@ -474,6 +491,7 @@ impl ClientBuilder {
     /// Cancels every call of this client (and its clones) when `token` is cancelled. A cancelled token
     /// stays cancelled: from then on every call fails at once with `Cancelled`, so use a child token
     /// (`token.child_token()`) per client you may want to keep.
+    #[must_use]
     pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
         self.cancel = Some(token);
         self
@@ -482,6 +500,7 @@ impl ClientBuilder {
     // Insert options
 
     /// The most bound parameters one generated `INSERT` may carry. Default: 32 766 (SQLite's limit).
+    #[must_use]
     pub fn insert_max_params(mut self, max: usize) -> Self {
         self.insert_limits.max_params = max;
         self
@@ -489,6 +508,7 @@ impl ClientBuilder {
 
     /// The largest request body `insert` generates; match the server's limit. Default: 1 MiB (the
     /// reference server's default).
+    #[must_use]
     pub fn max_body_bytes(mut self, max: usize) -> Self {
         self.insert_limits.max_body_bytes = max;
         self
@@ -499,6 +519,7 @@ impl ClientBuilder {
     /// The most statements one [`batch`](Client::batch) (or [`atomic`](crate::Insert::atomic) insert)
     /// may hold; a larger one fails before anything is sent. Match the server's limit. Default: 100
     /// (the reference server's `--max-batch-statements`).
+    #[must_use]
     pub fn batch_max_statements(mut self, max: usize) -> Self {
         self.batch_limits.max_statements = max;
         self
@@ -506,6 +527,7 @@ impl ClientBuilder {
 
     /// The largest batch request body the client sends; a larger batch fails before anything is sent.
     /// Match the server's limit. Default: 8 MiB (the reference server's `--max-batch-bytes`).
+    #[must_use]
     pub fn batch_max_bytes(mut self, max: usize) -> Self {
         self.batch_limits.max_body_bytes = max;
         self

@@ -362,6 +362,10 @@ impl Error {
 
     /// A decode failure of the JSON parser, its message stripped of values and of the position in
     /// the body. The parser's error is not kept as the source: it quotes what it read.
+    #[allow(
+        clippy::needless_pass_by_value,
+        reason = "the adapter of `.map_err(Error::decode)`, which hands the error over by value"
+    )]
     pub(crate) fn decode(err: serde_json::Error) -> Self {
         Self::new(ErrorKind::Decode {
             row: None,

@@ -32,6 +32,10 @@
 //! # }
 //! ```
 
+// docs.rs builds with `--cfg docsrs` on nightly (Cargo.toml's `[package.metadata.docs.rs]`): there
+// the items of optional features carry their feature's badge.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 mod batch;
 mod client;
 mod cursor;
@@ -39,12 +43,14 @@ mod describe;
 mod error;
 mod insert;
 #[cfg(feature = "migrate")]
+#[cfg_attr(docsrs, doc(cfg(feature = "migrate")))]
 pub mod migrate;
 mod options;
 mod response;
 pub mod retry;
 pub mod script;
 #[cfg(feature = "simulation")]
+#[cfg_attr(docsrs, doc(cfg(feature = "simulation")))]
 pub mod simulation;
 mod statement;
 mod table;
@@ -63,6 +69,7 @@ pub use reqwest::Proxy;
 /// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and
 /// [`ClientBuilder::identity`] (reqwest's types).
 #[cfg(any(feature = "rustls", feature = "native-tls"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};

@@ -83,10 +83,9 @@ impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap as _;
         match self {
-            Value::Null => serializer.serialize_unit(),
             Value::Integer(i) => serializer.serialize_i64(*i),
             Value::Real(f) if f.is_finite() => serializer.serialize_f64(*f),
-            Value::Real(_) => serializer.serialize_unit(),
+            Value::Null | Value::Real(_) => serializer.serialize_unit(),
             Value::Text(s) => serializer.serialize_str(s),
             Value::Blob(bytes) => {
                 use base64::Engine as _;

@@ -56,7 +56,7 @@ async fn logged_call(level: tracing::Level) -> String {
 
     let server = server().await;
     respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
         .bearer_token("tok-do-not-log")
         .build()

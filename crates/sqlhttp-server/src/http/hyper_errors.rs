@@ -175,11 +175,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> JsonErrors<S> {
             }
             let mut buf = ReadBuf::new(&mut discard);
             match Pin::new(&mut self.inner).poll_read(cx, &mut buf) {
-                Poll::Ready(Ok(())) if buf.filled().is_empty() => return Poll::Ready(Ok(())),
-                Poll::Ready(Ok(())) => self.discarded = true,
-                Poll::Ready(Err(_)) => return Poll::Ready(Ok(())),
+                Poll::Ready(Ok(())) if !buf.filled().is_empty() => self.discarded = true,
                 Poll::Pending if self.discarded => return Poll::Pending,
-                Poll::Pending => return Poll::Ready(Ok(())),
+                // End of stream, a read error, or an idle peer (nothing read yet): close now.
+                Poll::Ready(_) | Poll::Pending => return Poll::Ready(Ok(())),
             }
         }
     }

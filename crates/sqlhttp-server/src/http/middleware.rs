@@ -106,6 +106,10 @@ pub(crate) async fn log_requests(
 
 /// The response for a panic anywhere in request handling: `500 INTERNAL`, details only in the
 /// server log.
+#[allow(
+    clippy::needless_pass_by_value,
+    reason = "tower-http's `CatchPanicLayer::custom` hands the panic over by value"
+)]
 pub(crate) fn panic_response(panic: Box<dyn Any + Send + 'static>) -> Response<Body> {
     tracing::error!(
         panic = crate::panic_message(panic.as_ref()),

@@ -9,7 +9,7 @@ use crate::common::{app_with, memory_app, post_with, send};
 
 #[tokio::test]
 async fn healthz_is_open_and_plain() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["t".into()],
         ..Config::default()
     });
@@ -69,7 +69,7 @@ async fn malformed_requests_are_bad_request() {
 
 #[tokio::test]
 async fn bearer_tokens_guard_the_sql_endpoint() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["alpha".into(), "beta".into()],
         ..Config::default()
     });
@@ -93,7 +93,7 @@ async fn bearer_tokens_guard_the_sql_endpoint() {
 
 #[tokio::test]
 async fn auth_is_checked_before_the_body_is_read() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["alpha".into()],
         max_body_bytes: 16,
         ..Config::default()
@@ -104,7 +104,7 @@ async fn auth_is_checked_before_the_body_is_read() {
 
 #[tokio::test]
 async fn oversized_bodies_are_413_with_a_json_body() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         max_body_bytes: 64,
         ..Config::default()
     });

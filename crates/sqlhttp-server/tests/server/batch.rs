@@ -208,7 +208,7 @@ async fn limits_on_statements_and_bytes(engine: Engine) {
 
 #[tokio::test]
 async fn the_endpoint_speaks_the_protocol_like_the_sql_endpoint() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["s3cret".into()],
         ..Config::default()
     });

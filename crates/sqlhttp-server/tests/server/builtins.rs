@@ -76,7 +76,7 @@ fn limits(statement_timeout: Duration) -> Limits {
 /// case), or why it failed: no answer within [`BOUND`] (rather than wait the minutes or hours
 /// such a call took).
 async fn answer(text: &str, params: Value) -> Result<Reply, String> {
-    let app = app_with(Config {
+    let app = app_with(&Config {
         limits: limits(TIMEOUT),
         ..Config::default()
     });
@@ -131,7 +131,7 @@ async fn a_long_builtin_call_ends_at_the_statement_timeout() {
 #[tokio::test]
 async fn a_client_that_leaves_frees_the_reader_its_call_held() {
     // The only reader, and a timeout that would not end the call in the test's lifetime.
-    let app = app_with(Config {
+    let app = app_with(&Config {
         limits: limits(Duration::from_secs(600)),
         ..Config::default()
     });
@@ -191,7 +191,7 @@ async fn shutdown_is_not_held_up_by_a_long_call() {
 /// of as many wildcards as the pattern limit allows (a first port overflowed its stack).
 #[tokio::test]
 async fn a_pattern_of_many_wildcards_answers() {
-    let app = app_with(Config::default());
+    let app = app_with(&Config::default());
     for (operator, wildcard) in [("LIKE", "%a"), ("GLOB", "*a")] {
         let text = format!(
             "SELECT printf('%.*c', 60000, 'a') {operator} \
@@ -244,7 +244,7 @@ async fn json_patch_of_many_keys_answers_at_once() {
 
 #[tokio::test]
 async fn json_patch_keeps_sqlite_results() {
-    let app = app_with(Config::default());
+    let app = app_with(&Config::default());
     for (call, expected) in [
         (
             r#"json_patch('{"a":1,"b":{"c":2}}', '{"b":{"c":null,"d":[1]},"e":"x","a":null}')"#,
@@ -275,7 +275,7 @@ async fn json_patch_keeps_sqlite_results() {
 
 #[tokio::test]
 async fn fts_snippet_and_highlight_are_refused_with_the_reason() {
-    let app = app_with(Config::default());
+    let app = app_with(&Config::default());
     for setup in [
         "CREATE VIRTUAL TABLE f5 USING fts5(body)",
         "CREATE VIRTUAL TABLE f4 USING fts4(body)",
@@ -330,7 +330,7 @@ async fn fts_snippet_and_highlight_are_refused_with_the_reason() {
 
 #[tokio::test]
 async fn a_call_with_too_many_arguments_is_a_clear_400() {
-    let app = app_with(Config::default());
+    let app = app_with(&Config::default());
     let paths = vec!["'$'"; 1000].join(", ");
     let reply = sql(
         &app,

@@ -44,12 +44,12 @@ impl Reply {
 }
 
 /// An app over a fresh in-memory database with the given configuration tweaks.
-pub(crate) fn app_with(config: Config) -> Router {
-    app(AppState::new(&config).unwrap())
+pub(crate) fn app_with(config: &Config) -> Router {
+    app(AppState::new(config).unwrap())
 }
 
 pub(crate) fn memory_app() -> Router {
-    app_with(Config::default())
+    app_with(&Config::default())
 }
 
 /// Sends one request in-process.

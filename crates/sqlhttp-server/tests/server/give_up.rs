@@ -69,7 +69,7 @@ fn limits(read_connections: usize, statement_timeout: Duration) -> Limits {
 }
 
 fn app(read_connections: usize) -> axum::Router {
-    app_with(Config {
+    app_with(&Config {
         limits: limits(read_connections, TIMEOUT),
         ..Config::default()
     })
@@ -196,7 +196,7 @@ async fn reads_are_served_while_every_reader_is_stuck() {
 #[tokio::test]
 async fn a_client_that_leaves_frees_its_reader_within_two_seconds() {
     // The only reader, and a timeout that would not end the statement.
-    let app = app_with(Config {
+    let app = app_with(&Config {
         limits: limits(1, Duration::from_secs(60)),
         ..Config::default()
     });
@@ -386,7 +386,7 @@ async fn more_stuck_statements_than_the_stray_cap_keep_the_server_bounded() {
 async fn fts5_rank_cannot_be_set_to_a_function() {
     // No readers: every statement runs on the writer, whose FTS5 table object saw the refused
     // setting in memory before it was undone.
-    let app = app_with(Config {
+    let app = app_with(&Config {
         limits: limits(0, TIMEOUT),
         ..Config::default()
     });

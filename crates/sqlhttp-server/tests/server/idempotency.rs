@@ -20,7 +20,7 @@ on_both_engines!(
     replicas_on_one_database_share_the_store,
 );
 
-fn body(sql: &str, params: Value) -> Value {
+fn body(sql: &str, params: &Value) -> Value {
     json!({"sql": sql, "params": params})
 }
 
@@ -45,7 +45,7 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once(engine: Engine) {
         json!([]),
     )
     .await;
-    let insert = body("INSERT INTO t (v) VALUES (?) RETURNING id", json!(["a"]));
+    let insert = body("INSERT INTO t (v) VALUES (?) RETURNING id", &json!(["a"]));
 
     let first = keyed(&router, "key-1", &insert).await;
     assert_eq!(first.status, 200);
@@ -67,9 +67,9 @@ async fn a_repeat_replays_the_stored_outcome_and_runs_once(engine: Engine) {
 async fn the_same_key_with_a_different_body_is_422(engine: Engine) {
     let router = engine_app!(engine);
     ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
-    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([1]))).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", &json!([1]))).await;
     assert_eq!(first.status, 200);
-    let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", json!([2]))).await;
+    let reused = keyed(&router, "k", &body("INSERT INTO t VALUES (?)", &json!([2]))).await;
     assert_eq!(reused.status, 422);
     assert_eq!(reused.code(), "IDEMPOTENCY_KEY_REUSED");
     assert_eq!(count(&router).await, 1);
@@ -84,7 +84,7 @@ async fn final_client_errors_are_stored_and_replayed(engine: Engine) {
     )
     .await;
     ok(&router, "INSERT INTO t VALUES (1)", json!([])).await;
-    let duplicate = body("INSERT INTO t VALUES (1)", json!([]));
+    let duplicate = body("INSERT INTO t VALUES (1)", &json!([]));
     let first = keyed(&router, "dup", &duplicate).await;
     assert_eq!(first.status, 409);
     assert_eq!(first.code(), "CONSTRAINT_VIOLATION");
@@ -98,7 +98,7 @@ async fn final_client_errors_are_stored_and_replayed(engine: Engine) {
     assert_eq!(replay.body, first.body);
     assert_eq!(count(&router).await, 0);
 
-    let typo = body("INSERT INTO nope VALUES (1)", json!([]));
+    let typo = body("INSERT INTO nope VALUES (1)", &json!([]));
     assert_eq!(keyed(&router, "typo", &typo).await.status, 400);
     let replay = keyed(&router, "typo", &typo).await;
     assert_eq!(replay.status, 400);
@@ -111,7 +111,7 @@ async fn final_client_errors_are_stored_and_replayed(engine: Engine) {
             "INSERT INTO t VALUES (abs(-9223372036854775807 - 1))",
             "INSERT INTO t VALUES (1/0)",
         ),
-        json!([]),
+        &json!([]),
     );
     let first = keyed(&router, "runtime", &failing).await;
     assert_eq!(first.code(), "SQL_ERROR");
@@ -135,7 +135,7 @@ async fn a_partially_applied_statement_leaves_no_effects_when_its_error_is_store
     let reply = keyed(
         &router,
         "partial",
-        &body("INSERT OR FAIL INTO t VALUES (1), (2), (3)", json!([])),
+        &body("INSERT OR FAIL INTO t VALUES (1), (2), (3)", &json!([])),
     )
     .await;
     assert_eq!(reply.status, 409);
@@ -155,7 +155,7 @@ async fn unavailable_outcomes_are_not_stored() {
 
     let locker = rusqlite::Connection::open(db.path()).unwrap();
     locker.execute_batch("BEGIN EXCLUSIVE").unwrap();
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     let busy = keyed(&router, "retry-me", &insert).await;
     assert_eq!(busy.status, 503);
     assert_eq!(busy.code(), "UNAVAILABLE");
@@ -173,10 +173,10 @@ async fn keys_expire_after_the_ttl(engine: Engine) {
         config.idempotency_ttl = Some(Duration::from_millis(1));
     });
     ok(&router, "CREATE TABLE t (v INTEGER)", json!([])).await;
-    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", json!([]))).await;
+    let first = keyed(&router, "k", &body("INSERT INTO t VALUES (1)", &json!([]))).await;
     assert_eq!(first.status, 200);
     tokio::time::sleep(Duration::from_millis(5)).await;
-    let after = keyed(&router, "k", &body("INSERT INTO t VALUES (2)", json!([]))).await;
+    let after = keyed(&router, "k", &body("INSERT INTO t VALUES (2)", &json!([]))).await;
     assert_eq!(after.status, 200, "an expired key is free again");
     assert_eq!(after.header("idempotent-replayed"), None);
     assert_eq!(count(&router).await, 2);
@@ -184,12 +184,12 @@ async fn keys_expire_after_the_ttl(engine: Engine) {
 
 #[tokio::test]
 async fn the_off_switch_ignores_keys() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         idempotency_ttl: None,
         ..Config::default()
     });
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     for key in ["k", "k", "not a valid key"] {
         let reply = keyed(&router, key, &insert).await;
         assert_eq!(reply.status, 200);
@@ -205,7 +205,7 @@ async fn the_off_switch_ignores_keys() {
 
 async fn malformed_keys_are_bad_request(engine: Engine) {
     let router = engine_app!(engine);
-    let select = body("SELECT 1", json!([]));
+    let select = body("SELECT 1", &json!([]));
     let long = "k".repeat(256);
     for key in ["", "has space", long.as_str(), "caf\u{e9}"] {
         let reply = send(
@@ -237,7 +237,7 @@ async fn transaction_control_cannot_carry_a_key(engine: Engine) {
         "RELEASE s",
         "END",
     ] {
-        let reply = keyed(&router, "tx", &body(statement, json!([]))).await;
+        let reply = keyed(&router, "tx", &body(statement, &json!([]))).await;
         assert_eq!(reply.status, 400, "{statement}");
         assert_eq!(reply.code(), "BAD_REQUEST", "{statement}");
     }
@@ -247,7 +247,7 @@ async fn transaction_control_cannot_carry_a_key(engine: Engine) {
 async fn clients_cannot_reach_the_store_and_keyed_writes_stay_exactly_once() {
     let router = memory_app();
     ok(&router, "CREATE TABLE t (v)", json!([])).await;
-    let insert = body("INSERT INTO t VALUES (1)", json!([]));
+    let insert = body("INSERT INTO t VALUES (1)", &json!([]));
     assert_eq!(keyed(&router, "kept", &insert).await.status, 200);
     for attack in [
         "SELECT * FROM _sqlhttp_idempotency",

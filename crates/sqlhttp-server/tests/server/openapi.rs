@@ -142,7 +142,7 @@ fn every_route_is_in_the_document_and_the_other_way_round() {
 #[tokio::test]
 async fn every_documented_operation_is_answered_and_the_document_is_served_without_a_token() {
     let doc = document();
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["tok-9f3a".into()],
         ..Config::default()
     });
@@ -173,7 +173,7 @@ async fn every_documented_operation_is_answered_and_the_document_is_served_witho
 #[tokio::test]
 async fn real_answers_validate_against_the_document() {
     let doc = document();
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["rw".into()],
         read_tokens: vec!["ro".into()],
         ..Config::default()
@@ -353,7 +353,7 @@ async fn real_answers_validate_against_the_document() {
 async fn an_options_request_that_is_no_preflight_is_routed_like_any_other_method() {
     // Found by Schemathesis: every OPTIONS, on any path, was answered `200` with an empty body
     // by the CORS layer, before authentication and routing.
-    let router = app_with(Config {
+    let router = app_with(&Config {
         tokens: vec!["rw".into()],
         http: HttpLimits {
             allow_origins: vec!["https://app.example".into()],
@@ -406,7 +406,7 @@ async fn a_describe_body_is_an_object_never_an_array() {
     // `["t"]` described table `t` and `[null]` listed the tables, though the document (and the
     // protocol) say the body is an object.
     let doc = document();
-    let router = app_with(Config::default());
+    let router = app_with(&Config::default());
     for body in [r#"["t"]"#, "[null]", " [] "] {
         let reply = send(
             &router,

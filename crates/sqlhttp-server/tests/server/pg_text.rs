@@ -263,9 +263,9 @@ async fn placeholders_past_the_parameters_are_refused_before_postgresql() {
 )]
 #[tokio::test]
 async fn copy_to_or_from_the_client_is_refused_and_the_server_goes_on() {
-    let url = match database("copy_to_or_from_the_client_is_refused_and_the_server_goes_on").await {
-        Some(url) => url,
-        None => return,
+    let Some(url) = database("copy_to_or_from_the_client_is_refused_and_the_server_goes_on").await
+    else {
+        return;
     };
     // One pooled connection: the next request gets the same session.
     let mut config = config(&url);
@@ -341,7 +341,7 @@ async fn sqlite_refuses_semicolon_prefixed_statements_as_postgresql_does() {
         ..Config::default()
     };
     tokens(&mut config);
-    let router = app_with(config);
+    let router = app_with(&config);
     assert_eq!(
         run(&router, &WRITER, "CREATE TABLE t (x)").await.status,
         200

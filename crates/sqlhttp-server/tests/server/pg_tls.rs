@@ -64,9 +64,8 @@ async fn postgres_tls_follows_sslmode() {
         assert_eq!(ssl["rows"], json!([[true]]), "{url}");
     };
     let refused = |url: String, says: &'static [&'static str]| {
-        let e = match start_on(&url) {
-            Ok(_) => panic!("{url} must not start"),
-            Err(e) => e,
+        let Err(e) = start_on(&url) else {
+            panic!("{url} must not start")
         };
         for words in says {
             assert!(e.contains(words), "{url}: expected {words:?} in: {e}");

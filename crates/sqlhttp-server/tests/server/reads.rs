@@ -118,10 +118,10 @@ const SQLITE_READS: &[&str] = &[
 async fn on_sqlite_every_write_form_is_refused_and_every_read_form_passes() {
     let file = TempDb::new("verified_reads");
     for (engine, router) in [
-        ("sqlite::memory:", app_with(Config::default())),
+        ("sqlite::memory:", app_with(&Config::default())),
         (
             "sqlite:FILE",
-            app_with(Config {
+            app_with(&Config {
                 database: file.database(),
                 ..Config::default()
             }),
@@ -207,7 +207,7 @@ async fn on_postgres_every_write_form_is_refused_and_every_read_form_passes() {
 
 #[tokio::test]
 async fn the_flag_is_a_boolean_and_belongs_to_a_batch_not_its_statements() {
-    let router = app_with(Config::default());
+    let router = app_with(&Config::default());
     let reply = post_with(
         &router,
         &[],
@@ -242,7 +242,7 @@ async fn the_flag_is_a_boolean_and_belongs_to_a_batch_not_its_statements() {
 
 #[tokio::test]
 async fn a_keyed_read_only_write_is_refused_and_stores_nothing() {
-    let router = app_with(Config::default());
+    let router = app_with(&Config::default());
     ok(
         &router,
         "CREATE TABLE t (id INTEGER PRIMARY KEY)",

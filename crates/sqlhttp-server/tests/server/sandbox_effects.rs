@@ -180,7 +180,7 @@ async fn a_temp_table_cannot_shadow_a_real_one() {
         database: db.database(),
         ..Config::default()
     };
-    let router = app_with(config());
+    let router = app_with(&config());
     ok(
         &router,
         "CREATE TABLE orders (id INTEGER, item TEXT)",
@@ -208,7 +208,7 @@ async fn a_temp_table_cannot_shadow_a_real_one() {
     assert_eq!(insert["rows_affected"], 1);
     drop(router);
 
-    let restarted = app_with(config());
+    let restarted = app_with(&config());
     assert_eq!(
         rows(&restarted, "SELECT id, item FROM orders").await,
         json!([[1, "kept"]])

@@ -26,10 +26,10 @@ struct Engines {
 async fn engines(test: &str) -> Engines {
     let file = TempDb::new(test);
     let mut cases = vec![
-        ("sqlite::memory:", app_with(Config::default())),
+        ("sqlite::memory:", app_with(&Config::default())),
         (
             "sqlite:FILE",
-            app_with(Config {
+            app_with(&Config {
                 database: file.database(),
                 ..Config::default()
             }),

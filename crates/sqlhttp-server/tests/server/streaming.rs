@@ -143,7 +143,7 @@ async fn an_error_before_the_first_chunk_is_an_ordinary_error_response() {
 
 #[tokio::test]
 async fn a_statement_timeout_mid_stream_is_signalled_in_the_body() {
-    let router = app_with(Config {
+    let router = app_with(&Config {
         limits: Limits {
             statement_timeout: Duration::from_millis(200),
             ..Limits::default()

@@ -358,6 +358,7 @@ impl Migrator {
 
     /// Names the history table (`sqlhttp_migrations` by default): an unquoted identifier of
     /// letters, digits and `_`, at most 63 bytes. Checked when the migrator is used.
+    #[must_use]
     pub fn table(mut self, name: impl Into<String>) -> Migrator {
         self.table = name.into();
         self
@@ -365,6 +366,7 @@ impl Migrator {
 
     /// Whether a pending migration below the highest applied version is applied (`true`) or
     /// refused with [`MigrateError::OutOfOrder`] (`false`, the default).
+    #[must_use]
     pub fn allow_out_of_order(mut self, allow: bool) -> Migrator {
         self.allow_out_of_order = allow;
         self
@@ -372,6 +374,7 @@ impl Migrator {
 
     /// Whether an applied version with no migration here is ignored (`true`) or refused with
     /// [`MigrateError::Missing`] (`false`, the default).
+    #[must_use]
     pub fn ignore_missing(mut self, ignore: bool) -> Migrator {
         self.ignore_missing = ignore;
         self
@@ -381,6 +384,7 @@ impl Migrator {
     /// answer was lost and the retry finds it at work), or, on PostgreSQL, for another run's
     /// record that holds the same event number (5 minutes by default); past it,
     /// [`MigrateError::Busy`].
+    #[must_use]
     pub fn lock_timeout(mut self, timeout: Duration) -> Migrator {
         self.lock_timeout = timeout;
         self
@@ -704,9 +708,8 @@ impl Migrator {
             if step.keys_at_commit {
                 batch = batch.foreign_keys_checked_at_commit();
             }
-            let error = match batch.idempotency_key(key.clone()).retry_writes(true).await {
-                Ok(_) => return Ok(Sent::Committed),
-                Err(error) => error,
+            let Err(error) = batch.idempotency_key(key.clone()).retry_writes(true).await else {
+                return Ok(Sent::Committed);
             };
             let waited = started.elapsed();
             let busy = || MigrateError::Busy {
@@ -956,6 +959,7 @@ fn not_in_a_batch(sql: &str) -> Option<&'static str> {
 /// migrator.run(&client).await?;
 /// ```
 #[macro_export]
+#[cfg_attr(docsrs, doc(cfg(feature = "migrate")))]
 macro_rules! migrations {
     ($($file:literal),+ $(,)?) => {
         $crate::migrate::Migrator::from_files([

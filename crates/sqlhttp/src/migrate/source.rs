@@ -56,6 +56,7 @@ impl Migration {
     }
 
     /// The same migration with `down` as the statements that revert it.
+    #[must_use]
     pub fn with_down(mut self, down: impl Into<String>) -> Migration {
         self.down = Some(down.into());
         self

@@ -45,24 +45,28 @@ impl RetryBudget {
     }
 
     /// Tokens the bucket holds when full (and when the client is built).
+    #[must_use]
     pub const fn with_capacity(mut self, tokens: u32) -> Self {
         self.capacity = tokens;
         self
     }
 
     /// Tokens withdrawn for a retry after an error.
+    #[must_use]
     pub const fn with_retry_cost(mut self, tokens: u32) -> Self {
         self.retry_cost = tokens;
         self
     }
 
     /// Tokens withdrawn for a retry after an attempt timed out.
+    #[must_use]
     pub const fn with_timeout_cost(mut self, tokens: u32) -> Self {
         self.timeout_cost = tokens;
         self
     }
 
     /// Tokens deposited by each successful call.
+    #[must_use]
     pub const fn with_success_deposit(mut self, tokens: u32) -> Self {
         self.success_deposit = tokens;
         self

@@ -41,9 +41,9 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::Unavailable { .. }
         | ErrorKind::IdempotencyKeyInUse { .. } => true,
         ErrorKind::Http { status, .. } => match *status {
-            408 | 429 => true,
+            // 501 Not Implemented will not change on a retry (matched before the 5xx range).
             501 => false,
-            500..=599 => true,
+            408 | 429 | 500..=599 => true,
             _ => false,
         },
         ErrorKind::Sql { .. }

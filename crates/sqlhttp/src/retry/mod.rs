@@ -128,36 +128,42 @@ impl RetryPolicy {
     }
 
     /// Attempts in all, the first included. `1` turns retrying off; `0` is rejected by `build()`.
+    #[must_use]
     pub const fn with_max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
     }
 
     /// The cap of the first backoff; each later one doubles, up to `max_backoff`.
+    #[must_use]
     pub const fn with_initial_backoff(mut self, delay: Duration) -> Self {
         self.initial_backoff = delay;
         self
     }
 
     /// The largest delay ever slept between attempts, a server's `Retry-After` included.
+    #[must_use]
     pub const fn with_max_backoff(mut self, delay: Duration) -> Self {
         self.max_backoff = delay;
         self
     }
 
     /// A ceiling on the whole call, attempts and backoff included.
+    #[must_use]
     pub const fn with_max_elapsed(mut self, limit: Duration) -> Self {
         self.max_elapsed = Some(limit);
         self
     }
 
     /// How the computed backoff is randomised.
+    #[must_use]
     pub const fn with_jitter(mut self, jitter: Jitter) -> Self {
         self.jitter = jitter;
         self
     }
 
     /// Seeds the jitter's random source, so that delays repeat from run to run (for tests).
+    #[must_use]
     pub const fn with_jitter_seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
         self

@@ -449,7 +449,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
         }
         if byte != b'[' {
             self.position.row.set(self.rows);
-            return Err(self.row_error(serde::de::Error::custom(
+            return Err(self.row_error(&serde::de::Error::custom(
                 "invalid type: expected a row (an array of cells)",
             )));
         }
@@ -469,13 +469,13 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             Err(err) if !self.eof && (err.is_eof() || !complete_value(slice)) => {
                 Ok(RowStep::NeedMore)
             }
-            Err(err) => Err(self.row_error(err)),
+            Err(err) => Err(self.row_error(&err)),
         }
     }
 
-    fn row_error(&self, err: serde_json::Error) -> Error {
+    fn row_error(&self, err: &serde_json::Error) -> Error {
         positioned::<T>(
-            &err,
+            err,
             &self.position,
             self.columns.as_deref().unwrap_or_default(),
         )

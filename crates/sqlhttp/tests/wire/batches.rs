@@ -12,7 +12,7 @@ use crate::support::*;
 
 const BATCH: &str = "/api/v1/batch";
 
-fn results(results: Value) -> ResponseTemplate {
+fn results(results: &Value) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(json!({ "results": results }))
 }
 
@@ -57,10 +57,10 @@ async fn a_batch_sends_its_statements_in_order_and_gets_one_table_each() {
     mount(
         &server,
         BATCH,
-        results(json!([
+        results(&json!([
             effect(1),
             effect(1),
-            rows_body(&["id", "balance"], json!([[1, 75], [2, 25]]))
+            rows_body(&["id", "balance"], &json!([[1, 75], [2, 25]]))
         ])),
         None,
     )
@@ -131,7 +131,7 @@ async fn a_write_batch_is_one_attempt_unless_retry_writes() {
 async fn a_write_batch_under_retry_writes_sends_one_key_on_every_attempt() {
     let server = server().await;
     mount(&server, BATCH, error(503, "UNAVAILABLE", "busy"), Some(2)).await;
-    mount(&server, BATCH, results(json!([effect(1)])), None).await;
+    mount(&server, BATCH, results(&json!([effect(1)])), None).await;
     let client = builder(&server)
         .retry(quick(3))
         .retry_writes(true)
@@ -150,7 +150,7 @@ async fn a_write_batch_under_retry_writes_sends_one_key_on_every_attempt() {
     // Per call, too.
     let server = crate::support::server().await;
     mount(&server, BATCH, error(503, "UNAVAILABLE", "busy"), Some(1)).await;
-    mount(&server, BATCH, results(json!([effect(1)])), None).await;
+    mount(&server, BATCH, results(&json!([effect(1)])), None).await;
     let client = client_with(&server, quick(3));
     client
         .batch()
@@ -172,7 +172,7 @@ async fn a_read_only_batch_is_a_read_retried_without_a_key() {
     mount(
         &server,
         BATCH,
-        results(json!([rows_body(&["n"], json!([[3]]))])),
+        results(&json!([rows_body(&["n"], &json!([[3]]))])),
         None,
     )
     .await;
@@ -317,7 +317,7 @@ async fn an_atomic_insert_sends_its_statements_as_one_batch_under_the_call_key()
     mount(
         &server,
         BATCH,
-        results(json!([effect(2), effect(2), effect(1)])),
+        results(&json!([effect(2), effect(2), effect(1)])),
         None,
     )
     .await;
@@ -407,7 +407,7 @@ async fn an_atomic_insert_that_does_not_fit_a_batch_says_so_before_sending() {
 #[tokio::test(start_paused = true)]
 async fn a_result_count_other_than_the_statements_is_a_decode_error() {
     let server = server().await;
-    mount(&server, BATCH, results(json!([effect(1)])), None).await;
+    mount(&server, BATCH, results(&json!([effect(1)])), None).await;
     let client = builder(&server).build().unwrap();
     let err = client
         .batch()

@@ -247,7 +247,7 @@ async fn a_per_call_timeout_wins_over_the_clients() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(5)),
     )
     .await;
     let client = builder(&server)
@@ -274,7 +274,7 @@ async fn a_per_call_timeout_wins_over_the_clients() {
     let server = crate::support::server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_millis(200)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_millis(200)),
     )
     .await;
     let short = builder(&server)
@@ -293,7 +293,7 @@ async fn a_per_call_timeout_wins_over_the_clients() {
 #[tokio::test]
 async fn settings_that_cannot_work_fail_the_call_before_sending() {
     let server = server().await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server).build().unwrap();
     let err = client
         .query("SELECT 1")
@@ -323,7 +323,7 @@ async fn execute_decodes_returning_rows() {
     Mock::given(method("POST"))
         .and(path("/api/v1/sql"))
         .and(header("content-type", "application/json"))
-        .respond_with(ok_rows(&["id", "name"], json!([[7, "ada"], [8, "grace"]])))
+        .respond_with(ok_rows(&["id", "name"], &json!([[7, "ada"], [8, "grace"]])))
         .mount(&server)
         .await;
     let client = builder(&server).build().unwrap();
@@ -362,7 +362,7 @@ async fn execute_decodes_returning_rows() {
 #[tokio::test]
 async fn execute_returning_no_rows() {
     let server = server().await;
-    respond_always(&server, ok_rows(&["id"], json!([]))).await;
+    respond_always(&server, ok_rows(&["id"], &json!([]))).await;
     let client = builder(&server).build().unwrap();
     let none: Option<i64> = client
         .execute("DELETE FROM t WHERE id = 1 RETURNING id")
@@ -476,7 +476,7 @@ async fn a_decode_failure_hides_the_cell_everywhere_in_its_chain() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1], ["cell-secret@example.com"]])),
+        ok_rows(&["n"], &json!([[1], ["cell-secret@example.com"]])),
     )
     .await;
     let client = builder(&server).build().unwrap();

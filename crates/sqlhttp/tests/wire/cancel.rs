@@ -14,7 +14,7 @@ async fn cancelling_mid_attempt_returns_at_once() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(5)),
     )
     .await;
     let client = builder(&server).build().unwrap();

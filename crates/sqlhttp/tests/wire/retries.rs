@@ -24,7 +24,7 @@ struct Row {
 async fn a_read_recovers_after_two_503s_and_returns_the_rows() {
     let server = server().await;
     respond_times(&server, unavailable(), 2).await;
-    respond_always(&server, ok_rows(&["n"], json!([[1], [2], [3]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1], [2], [3]]))).await;
     let client = builder(&server).build().unwrap();
     let rows: Vec<i64> = client.query("SELECT n FROM t").fetch_all().await.unwrap();
     assert_eq!(rows, vec![1, 2, 3]);
@@ -35,11 +35,11 @@ async fn a_read_recovers_after_two_503s_and_returns_the_rows() {
 async fn every_read_method_is_retried_by_default() {
     let server = server().await;
     respond_times(&server, unavailable(), 1).await;
-    respond_times(&server, ok_rows(&["n"], json!([[1]])), 1).await;
+    respond_times(&server, ok_rows(&["n"], &json!([[1]])), 1).await;
     respond_times(&server, ResponseTemplate::new(502), 1).await;
-    respond_times(&server, ok_rows(&["n"], json!([[1]])), 1).await;
+    respond_times(&server, ok_rows(&["n"], &json!([[1]])), 1).await;
     respond_times(&server, ResponseTemplate::new(504), 1).await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server).build().unwrap();
     client.ping().await.unwrap();
     client.query("SELECT n").fetch_one::<i64>().await.unwrap();
@@ -86,7 +86,7 @@ async fn a_408_and_a_500_are_retried() {
     let server = server().await;
     respond_times(&server, ResponseTemplate::new(408), 1).await;
     respond_times(&server, error(500, "INTERNAL", "oops"), 1).await;
-    respond_always(&server, ok_rows(&["n"], json!([[5]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[5]]))).await;
     let client = builder(&server).build().unwrap();
     assert_eq!(
         client.query("SELECT n").fetch_one::<i64>().await.unwrap(),
@@ -104,7 +104,7 @@ async fn retry_after_seconds_is_waited_for() {
         1,
     )
     .await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server).build().unwrap();
     let started = Instant::now();
     client.ping().await.unwrap();
@@ -144,7 +144,7 @@ async fn retry_after_as_an_http_date() {
         1,
     )
     .await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = client_with(
         &server,
         RetryPolicy::new().with_max_backoff(Duration::from_secs(10)),
@@ -169,7 +169,7 @@ async fn retry_after_in_the_past_means_no_wait() {
         1,
     )
     .await;
-    respond_always(&server, ok_rows(&["n"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server).build().unwrap();
     let started = Instant::now();
     client.ping().await.unwrap();
@@ -284,7 +284,7 @@ async fn each_attempt_gets_the_full_timeout() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(5)),
     )
     .await;
     let client = builder(&server)
@@ -314,7 +314,7 @@ async fn no_attempt_runs_past_max_elapsed() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(5)),
     )
     .await;
     let client = builder(&server)
@@ -420,7 +420,7 @@ async fn the_budget_is_shared_by_clones_and_stops_retries_when_empty() {
 
     // A success deposits enough for one more retry.
     server.reset().await;
-    respond_times(&server, ok_rows(&["n"], json!([[1]])), 1).await;
+    respond_times(&server, ok_rows(&["n"], &json!([[1]])), 1).await;
     respond_always(&server, unavailable()).await;
     clone.ping().await.unwrap();
     let err = client.ping().await.unwrap_err();
@@ -432,7 +432,7 @@ async fn a_timeout_costs_more_of_the_budget() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["n"], json!([[1]])).set_delay(Duration::from_secs(5)),
+        ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(5)),
     )
     .await;
     let client = builder(&server)

@@ -23,7 +23,7 @@ async fn query_sends_sql_and_bound_params_as_json() {
             "params": [1, "two", 3.5, null, true],
             "read_only": true,
         })))
-        .respond_with(ok_rows(&["id"], json!([[1]])))
+        .respond_with(ok_rows(&["id"], &json!([[1]])))
         .expect(1)
         .mount(&server)
         .await;
@@ -44,7 +44,7 @@ async fn query_sends_sql_and_bound_params_as_json() {
 #[tokio::test]
 async fn a_statement_without_params_omits_them_and_the_user_agent_is_set() {
     let server = server().await;
-    respond_always(&server, ok_rows(&["1"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["1"], &json!([[1]]))).await;
     let client = builder(&server).user_agent("my-app/1.0").build().unwrap();
     client.ping().await.unwrap();
     let requests = server.received_requests().await.unwrap();
@@ -58,7 +58,7 @@ async fn a_statement_without_params_omits_them_and_the_user_agent_is_set() {
 #[tokio::test]
 async fn reads_are_marked_read_only_and_statements_run_for_their_effect_are_not() {
     let server = server().await;
-    respond_always(&server, ok_rows(&["x"], json!([[1]]))).await;
+    respond_always(&server, ok_rows(&["x"], &json!([[1]]))).await;
     let client = builder(&server).build().unwrap();
     let _: Vec<i64> = client.query("SELECT 1 AS x").fetch_all().await.unwrap();
     let _: i64 = client.query("SELECT 1 AS x").fetch_one().await.unwrap();
@@ -102,7 +102,7 @@ async fn a_base_url_with_a_path_keeps_it() {
     let server = server().await;
     Mock::given(method("POST"))
         .and(path("/db/api/v1/sql"))
-        .respond_with(ok_rows(&["1"], json!([[1]])))
+        .respond_with(ok_rows(&["1"], &json!([[1]])))
         .expect(2)
         .mount(&server)
         .await;
@@ -132,7 +132,7 @@ async fn rows_decode_into_structs_tuples_and_scalars() {
         &server,
         ok_rows(
             &["id", "title", "year"],
-            json!([[1, "Dune", 1965], [9007199254740993_i64, "Emma", null]]),
+            &json!([[1, "Dune", 1965], [9007199254740993_i64, "Emma", null]]),
         ),
     )
     .await;
@@ -164,7 +164,7 @@ async fn rows_decode_into_structs_tuples_and_scalars() {
 #[tokio::test]
 async fn fetch_one_on_no_rows_is_a_typed_error_and_fetch_optional_is_none() {
     let server = server().await;
-    respond_always(&server, ok_rows(&["n"], json!([]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([]))).await;
     let client = builder(&server).build().unwrap();
     let err = client
         .query("SELECT n FROM t")
@@ -185,7 +185,7 @@ async fn a_body_that_does_not_decode_names_row_and_column_and_is_not_retried() {
     let server = server().await;
     respond_always(
         &server,
-        ok_rows(&["id", "title", "year"], json!([[1, "a", 2], [2, 3, 4]])),
+        ok_rows(&["id", "title", "year"], &json!([[1, "a", 2], [2, 3, 4]])),
     )
     .await;
     let client = builder(&server).build().unwrap();
@@ -454,9 +454,9 @@ async fn a_success_that_is_not_a_protocol_response_is_a_decode_error() {
 async fn errors_after_a_retried_exchange_carry_its_attempts() {
     let server = server().await;
     respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
-    respond_times(&server, ok_rows(&["n"], json!([["not a number"]])), 1).await;
+    respond_times(&server, ok_rows(&["n"], &json!([["not a number"]])), 1).await;
     respond_times(&server, error(503, "UNAVAILABLE", "busy"), 1).await;
-    respond_always(&server, ok_rows(&["n"], json!([]))).await;
+    respond_always(&server, ok_rows(&["n"], &json!([]))).await;
     let client = builder(&server).build().unwrap();
     let err = client
         .query("SELECT n")

@@ -15,7 +15,7 @@ async fn fetch_returns_a_stream_that_starts_when_read() {
     let server = server().await;
     Mock::given(method("POST"))
         .and(path("/api/v1/sql"))
-        .respond_with(ok_rows(&["n"], json!([[1], [2], [3]])))
+        .respond_with(ok_rows(&["n"], &json!([[1], [2], [3]])))
         .mount(&server)
         .await;
     let client = client_with(&server, quick(3));

@@ -15,7 +15,7 @@ pub(crate) async fn server() -> MockServer {
 }
 
 /// A success body with the given columns (all typed `""`) and rows.
-pub(crate) fn rows_body(columns: &[&str], rows: Value) -> Value {
+pub(crate) fn rows_body(columns: &[&str], rows: &Value) -> Value {
     json!({
         "columns": columns.iter().map(|c| json!({"name": c, "type": ""})).collect::<Vec<_>>(),
         "rows": rows,
@@ -25,7 +25,7 @@ pub(crate) fn rows_body(columns: &[&str], rows: Value) -> Value {
 }
 
 /// A success response carrying rows.
-pub(crate) fn ok_rows(columns: &[&str], rows: Value) -> ResponseTemplate {
+pub(crate) fn ok_rows(columns: &[&str], rows: &Value) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(rows_body(columns, rows))
 }
 

@@ -50,7 +50,7 @@ impl Inner {
         statements: &[SqlRequest],
     ) -> Result<Vec<u8>, ApiError> {
         let limit = self.limits.max_result_bytes;
-        let map = |e| self.map(e);
+        let map = |e| self.map(&e);
         let mut answer = BatchBody::new(limit, statements.len());
         for (index, statement) in statements.iter().enumerate() {
             let mut body = Vec::with_capacity(256);

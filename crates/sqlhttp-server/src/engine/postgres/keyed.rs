@@ -341,7 +341,7 @@ impl Inner {
         keyed: &Keyed,
         work: Work<'_>,
     ) -> Result<Outcome, ApiError> {
-        let map = |e| self.map(e);
+        let map = |e| self.map(&e);
         let run = async {
             match work {
                 Work::Statement(request) => {

@@ -236,7 +236,7 @@ impl Inner {
         .await;
         match undone {
             Ok(Ok(())) => Ok(lease),
-            Ok(Err(e)) => Err(self.map(e)),
+            Ok(Err(e)) => Err(self.map(&e)),
             Err(_) => Err(ApiError::interrupted()),
         }
     }

@@ -341,8 +341,8 @@ impl Inner {
 
     /// The protocol error for a PostgreSQL failure; once closing, a cancelled or lost
     /// statement is the shutdown's 503.
-    fn map(&self, err: tokio_postgres::Error) -> ApiError {
-        let mapped = errors::map_error(&err, self.timeout_ms());
+    fn map(&self, err: &tokio_postgres::Error) -> ApiError {
+        let mapped = errors::map_error(err, self.timeout_ms());
         if self.closing.load(Ordering::Acquire)
             && matches!(
                 mapped.code,
@@ -416,7 +416,7 @@ impl Inner {
             .client()
             .query_one("SELECT 1", &[])
             .await
-            .map_err(|e| self.map(e))?;
+            .map_err(|e| self.map(&e))?;
         lease.clean = true;
         Ok(())
     }

@@ -69,7 +69,7 @@ impl Inner {
         let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
         let must_stop = || job.is_cancelled();
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
-        let map = |e| self.map(e);
+        let map = |e| self.map(&e);
         loop {
             // BEGIN goes out with the statement (see `exec::write_result`).
             let opening: exec::Opening<'_> = Box::pin(self.begin(&lease, mode));

@@ -48,7 +48,7 @@ impl Inner {
             .client()
             .simple_query(&begin)
             .await
-            .map_err(|e| self.map(e))?;
+            .map_err(|e| self.map(&e))?;
         let opened = answer.iter().find_map(|message| match message {
             tokio_postgres::SimpleQueryMessage::Row(row) => Some((
                 row.get(0).and_then(|pid| pid.parse::<i32>().ok()),
@@ -167,7 +167,7 @@ impl Inner {
             Err(_) if result.is_err() => result,
             // The session is not reused (the lease is unclean): its state is the client's.
             Err(Ending::Tampered(err)) => Err(err),
-            Err(Ending::Postgres(e)) => Err(self.map(e)),
+            Err(Ending::Postgres(e)) => Err(self.map(&e)),
         }
     }
 }

@@ -438,14 +438,14 @@ fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
 
 fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
     match value {
-        ValueRef::Null => out.extend_from_slice(b"null"),
         ValueRef::Integer(i) => {
             let _ = write!(out, "{i}");
         }
         ValueRef::Real(f) if f.is_finite() => {
             let _ = serde_json::to_writer(&mut *out, &f);
         }
-        ValueRef::Real(_) => out.extend_from_slice(b"null"),
+        // JSON has no NaN or infinity: a REAL that is not finite is written as null.
+        ValueRef::Null | ValueRef::Real(_) => out.extend_from_slice(b"null"),
         ValueRef::Text(bytes) => match std::str::from_utf8(bytes) {
             Ok(s) => result::string(out, s),
             Err(_) => result::string(out, &String::from_utf8_lossy(bytes)),

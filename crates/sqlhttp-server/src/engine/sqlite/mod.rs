@@ -167,14 +167,14 @@ impl SqliteEngine {
             Some(pool("reader", readers, Role::Reader)?)
         };
         let closing_since = Arc::new(OnceLock::new());
-        let watched = std::iter::once(&writer)
+        let watched: Vec<Weak<Pool>> = std::iter::once(&writer)
             .chain(&readers)
             .map(Arc::downgrade)
             .collect();
         let watch_closing = Arc::clone(&closing_since);
         std::thread::Builder::new()
             .name("sqlhttpd-watchdog".to_owned())
-            .spawn(move || watchdog(watched, &watch_closing))
+            .spawn(move || watchdog(&watched, &watch_closing))
             .map_err(ServerError::EngineThread)?;
         Ok(SqliteEngine {
             writer,
@@ -458,7 +458,7 @@ impl Engine for SqliteEngine {
 
 /// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
 /// it. Ends when the engine is gone, or closed and settled.
-fn watchdog(pools: Vec<Weak<Pool>>, closing_since: &OnceLock<Instant>) {
+fn watchdog(pools: &[Weak<Pool>], closing_since: &OnceLock<Instant>) {
     loop {
         std::thread::sleep(WATCH_EVERY);
         let now = Instant::now();

@@ -157,9 +157,8 @@ fn canonical(value: ValueRef<'_>) -> rusqlite::Result<Option<Vec<u8>>> {
             .query_row([ToSqlOutput::Borrowed(value)], |row| {
                 Ok(match row.get_ref(0)? {
                     ValueRef::Text(text) | ValueRef::Blob(text) => Some(text.to_vec()),
-                    ValueRef::Null => None,
                     ValueRef::Integer(i) => Some(i.to_string().into_bytes()),
-                    ValueRef::Real(_) => None,
+                    ValueRef::Null | ValueRef::Real(_) => None,
                 })
             })
     })
