@@ -143,9 +143,13 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_QUEUE_DEPTH", value_name = "N", default_value_t = Limits::default().queue_depth)]
     queue_depth: usize,
 
-    /// Reader connections beside the one writer (0 runs everything on the writer).
+    /// Reader connections beside the one writer (0 runs everything on the writer); SQLite only.
     #[arg(long, env = "SQLHTTPD_READ_CONNECTIONS", value_name = "N", default_value_t = Limits::default().read_connections)]
     read_connections: usize,
+
+    /// Connections to PostgreSQL (default: twice the CPUs, at least 4, at most 32); PostgreSQL only.
+    #[arg(long, env = "SQLHTTPD_POOL_SIZE", value_name = "N", default_value_t = Limits::default_pool_size())]
+    pool_size: usize,
 
     /// Time a connection has to send a request head; also the longest idle keep-alive.
     #[arg(long, env = "SQLHTTPD_HEADER_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
@@ -285,6 +289,7 @@ impl Cli {
                 max_result_bytes: self.max_result_bytes,
                 queue_depth: self.queue_depth,
                 read_connections: self.read_connections,
+                pool_size: self.pool_size,
                 max_batch_statements: self.max_batch_statements,
                 max_engine_memory: self.max_engine_memory,
             },
@@ -439,6 +444,8 @@ mod tests {
             "2s",
             "--read-connections",
             "0",
+            "--pool-size",
+            "9",
             "--allow-origin",
             "https://a.example",
             "--allow-origin",
@@ -459,6 +466,7 @@ mod tests {
         assert_eq!(config.idempotency_ttl, Some(Duration::from_secs(900)));
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(2));
         assert_eq!(config.limits.read_connections, 0);
+        assert_eq!(config.limits.pool_size, 9);
         assert_eq!(config.http.max_connections, 7);
         assert_eq!(config.max_batch_bytes, 4096);
         assert_eq!(config.limits.max_batch_statements, 3);

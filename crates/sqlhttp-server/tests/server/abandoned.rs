@@ -34,6 +34,7 @@ async fn the_request_after_an_abandoned_stream_is_answered_as_if_alone(engine: E
     let handle = serve(Config {
         limits: Limits {
             read_connections: 0,
+            pool_size: 1,
             ..Limits::default()
         },
         ..config

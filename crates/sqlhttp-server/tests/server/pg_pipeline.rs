@@ -11,7 +11,7 @@ use crate::common::{batch_with as batch, ok, post_with};
 use crate::engines::postgres_app;
 
 fn one_connection(config: &mut sqlhttp_server::Config) {
-    config.limits.read_connections = 0;
+    config.limits.pool_size = 1;
 }
 
 #[cfg_attr(

@@ -14,7 +14,7 @@ use crate::engines::{config, database, owner, postgres_app};
 /// A server on `url` whose pool holds one connection, so every request reuses it.
 fn one_connection_app(url: &str) -> axum::Router {
     let mut config = config(url);
-    config.limits.read_connections = 0;
+    config.limits.pool_size = 1;
     app(AppState::new(&config).unwrap())
 }
 
@@ -29,7 +29,7 @@ async fn a_session_changed_by_one_request_is_reset_for_the_next() {
     // One pooled connection, so the next request gets the same session.
     let router = postgres_app!(
         "a_session_changed_by_one_request_is_reset_for_the_next",
-        |config| config.limits.read_connections = 0
+        |config| config.limits.pool_size = 1
     );
     ok(&router, "CREATE TABLE items (name text)", json!([])).await;
     ok(&router, "INSERT INTO items VALUES ('real')", json!([])).await;
@@ -64,7 +64,7 @@ async fn a_session_changed_by_one_request_is_reset_for_the_next() {
 async fn prepared_statements_a_client_leaves_behind_are_deallocated() {
     let router = postgres_app!(
         "prepared_statements_a_client_leaves_behind_are_deallocated",
-        |config| config.limits.read_connections = 0
+        |config| config.limits.pool_size = 1
     );
     ok(
         &router,

@@ -264,7 +264,7 @@ async fn temp_objects_and_search_paths_never_reach_another_request_or_the_store(
     // One pooled connection, so every request gets the same session.
     let Some(router) = app_on(
         "temp_objects_and_search_paths_never_reach_another_request_or_the_store",
-        |config| config.limits.read_connections = 0,
+        |config| config.limits.pool_size = 1,
     )
     .await
     else {

@@ -25,7 +25,7 @@ use crate::engines::{
 /// A server on `url` whose pool holds one connection, so every request reuses it.
 fn one_connection_app(url: &str) -> axum::Router {
     let mut config = config(url);
-    config.limits.read_connections = 0;
+    config.limits.pool_size = 1;
     app(AppState::new(&config).unwrap())
 }
 
@@ -153,7 +153,7 @@ async fn no_request_runs_with_a_default_planted_while_connections_open() {
     // A pool of several: connections that log in while the default is planted are checked
     // after another connection's check has removed it from the role.
     let mut config = config(&url);
-    config.limits.read_connections = 15;
+    config.limits.pool_size = 16;
     let router = app(AppState::new(&config).unwrap());
     ok(
         &router,
@@ -318,7 +318,7 @@ async fn a_password_a_client_sets_is_replaced_by_the_servers() {
 async fn defaults_a_client_plants_on_its_role_are_removed() {
     let router = postgres_app!(
         "defaults_a_client_plants_on_its_role_are_removed",
-        |config| config.limits.read_connections = 0
+        |config| config.limits.pool_size = 1
     );
     ok(
         &router,

@@ -270,7 +270,7 @@ async fn copy_to_or_from_the_client_is_refused_and_the_server_goes_on() {
     // One pooled connection: the next request gets the same session.
     let mut config = config(&url);
     tokens(&mut config);
-    config.limits.read_connections = 0;
+    config.limits.pool_size = 1;
     let router = app(AppState::new(&config).unwrap());
     assert_eq!(
         run(&router, &WRITER, "CREATE TABLE t (x int)").await.status,

@@ -165,7 +165,8 @@ async fn a_statement_timeout_mid_stream_is_signalled_in_the_body() {
 async fn a_client_gone_mid_stream_frees_the_connection(engine: Engine) {
     // One connection serves every read: a reader on SQLite, the writer alone on PostgreSQL.
     let router = engine_app!(engine, |config| {
-        config.limits.read_connections = engine.pick(1, 0);
+        config.limits.read_connections = 1;
+        config.limits.pool_size = 1;
     });
     // Rows that stream until the client goes. On PostgreSQL not one generate_series of 10^8 rows,
     // which is materialized first (in temporary files past work_mem, beyond the server's

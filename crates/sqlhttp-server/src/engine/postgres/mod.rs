@@ -149,7 +149,7 @@ impl PostgresEngine {
                 recycling_method: RecyclingMethod::Fast,
             },
         );
-        let connections = limits.read_connections + 1;
+        let connections = limits.pool_size.max(1);
         let pool = Pool::builder(manager)
             .max_size(connections)
             .runtime(Runtime::Tokio1)
