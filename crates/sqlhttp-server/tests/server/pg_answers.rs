@@ -62,6 +62,46 @@ async fn a_cell_past_the_value_limit_is_refused_and_the_server_goes_on() {
     ok(&router, "SELECT 1", json!([])).await;
 }
 
+/// A connection that answered an ordinary error (here in the middle of its rows) and is then
+/// cut for a cell past `--max-value-bytes` still says so: asking what a connection was cut for
+/// after the error did not forget the connection. The cut is the wire's (the cell passes both
+/// limits, so it is refused before it arrives), not the row writer's.
+#[tokio::test]
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+async fn a_cut_after_an_ordinary_error_on_the_same_connection_is_still_named() {
+    let router = postgres_app!(
+        "a_cut_after_an_ordinary_error_on_the_same_connection_is_still_named",
+        |config| {
+            config.limits.max_value_bytes = 100_000;
+            config.limits.max_result_bytes = 65_536;
+            config.limits.pool_size = 1;
+        }
+    );
+    for _ in 0..3 {
+        let failed = sql(
+            &router,
+            "SELECT g, 10 / (g - 5) AS v FROM generate_series(1, 20) AS g",
+            json!([]),
+        )
+        .await;
+        assert_eq!(
+            failed.status,
+            400,
+            "{}",
+            String::from_utf8_lossy(&failed.body)
+        );
+        let cut = sql(&router, "SELECT repeat('z', 2000000) AS big", json!([])).await;
+        assert_eq!(cut.status, 400, "{}", String::from_utf8_lossy(&cut.body));
+        assert_eq!(cut.code(), "SQL_ERROR");
+        let message = cut.json()["error"]["message"].as_str().unwrap().to_owned();
+        assert!(message.contains("--max-value-bytes"), "{message}");
+    }
+    ok(&router, "SELECT 1", json!([])).await;
+}
+
 #[cfg_attr(
     sqlhttpd_no_postgres,
     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"

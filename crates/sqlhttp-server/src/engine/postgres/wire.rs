@@ -94,14 +94,23 @@ pub(crate) struct Cuts {
 }
 
 impl Cuts {
-    /// What the connection of backend `pid` was cut for, once: the entry goes.
+    /// What the connection of backend `pid` was cut for, once: the entry of a cut connection
+    /// goes. A connection that was not cut keeps its entry: the lease asks on every error (a
+    /// division by zero as well), and the connection may serve many more requests, one of
+    /// which it may yet be cut for.
     pub(crate) fn take(&self, pid: i32) -> Option<Cut> {
-        let slot = self
+        let mut by_backend = self
             .by_backend
             .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&pid)?;
-        *slot.lock().unwrap_or_else(PoisonError::into_inner)
+            .unwrap_or_else(PoisonError::into_inner);
+        let cut = *by_backend
+            .get(&pid)?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if cut.is_some() {
+            by_backend.remove(&pid);
+        }
+        cut
     }
 
     fn register(&self, pid: i32, slot: &Arc<Mutex<Option<Cut>>>) {
