@@ -248,3 +248,55 @@ async fn what_a_read_changes_in_its_session_does_not_reach_the_next_request() {
         read("SELECT mess()").await;
     }
 }
+
+/// A client's function can deallocate the statements the driver prepared on its session
+/// (`DEALLOCATE ALL` through dynamic SQL, which the text checks cannot see), after which the
+/// driver cannot look a new type up there. The request that meets it runs again on another
+/// connection, and the broken session is closed: no later request fails for it.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_session_whose_driver_statements_a_function_deallocated_is_replaced() {
+    let router = postgres_app!(
+        "a_session_whose_driver_statements_a_function_deallocated_is_replaced",
+        |config| config.limits.pool_size = 1
+    );
+    ok(
+        &router,
+        "CREATE TYPE first_mood AS ENUM ('sad', 'happy')",
+        json!([]),
+    )
+    .await;
+    // The driver looks a new type up with statements it prepares once per connection.
+    ok(&router, "SELECT 'happy'::first_mood AS m", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION forget() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'DEALLOCATE ALL'; RETURN 1; END $$",
+        json!([]),
+    )
+    .await;
+    for read_only in [true, false] {
+        let forgot = post_with(
+            &router,
+            &[],
+            &json!({ "sql": "SELECT forget()", "params": [], "read_only": read_only }),
+        )
+        .await;
+        assert_eq!(forgot.status, 200, "{}", forgot.json());
+        let name = format!("mood_{read_only}");
+        ok(
+            &router,
+            &format!("CREATE TYPE {name} AS ENUM ('calm')"),
+            json!([]),
+        )
+        .await;
+        let next = ok(&router, &format!("SELECT 'calm'::{name} AS m"), json!([])).await;
+        assert_eq!(next["rows"], json!([["calm"]]));
+        // A statement the server had cached on that session is prepared again too.
+        let again = ok(&router, "SELECT 'happy'::first_mood AS m", json!([])).await;
+        assert_eq!(again["rows"], json!([["happy"]]));
+    }
+}

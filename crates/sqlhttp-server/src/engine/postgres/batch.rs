@@ -35,7 +35,7 @@ impl Inner {
                 )
                 .await;
             if ran.is_err() && lease.take_retry() {
-                lease = self.again(lease).await?;
+                lease = self.again(job, lease).await?;
                 continue;
             }
             break self.end(lease, mode, ran).await;

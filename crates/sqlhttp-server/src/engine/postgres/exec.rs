@@ -167,6 +167,22 @@ fn is_stale(e: &tokio_postgres::Error) -> bool {
     })
 }
 
+/// Whether `e` says a statement the driver prepared is gone (`26000`): a client's function
+/// deallocated it (the text checks refuse `DEALLOCATE`, not dynamic SQL in a function). The
+/// client's own statement text cannot raise it: `EXECUTE` is refused before it is sent.
+fn lost_driver_statement(e: &tokio_postgres::Error) -> bool {
+    e.code() == Some(&tokio_postgres::error::SqlState::INVALID_SQL_STATEMENT_NAME)
+}
+
+/// The answer when the request could not run again on another connection (see
+/// `Lease::lose_statements`): nothing of it ran.
+fn lost_statements() -> ApiError {
+    ApiError::unavailable(
+        "the database session lost the statements the server prepared on it (a function \
+         deallocated them); the connection was closed and nothing of the request ran: retry",
+    )
+}
+
 /// Runs the request's statement, writing its success body into `out` and handing it to `sink`
 /// after each row. On an error `out` ends after a whole row (or before the first row), so a
 /// caller that streamed part of it can close the body with the error. A cell larger than
@@ -221,6 +237,10 @@ pub(crate) async fn write_result(
         Ok(prepared) => prepared,
         Err(e) => {
             opened(&mut opening).await?;
+            if lost_driver_statement(&e) {
+                lease.lose_statements();
+                return Err(lost_statements());
+            }
             return Err(cut_or(&[], e));
         }
     };
@@ -228,6 +248,10 @@ pub(crate) async fn write_result(
     // A cached statement that fails as a stale one does, before anything was written: the
     // request runs again, prepared afresh (see `Lease::take_retry`).
     let stale_or = |e: tokio_postgres::Error| {
+        if lost_driver_statement(&e) {
+            lease.lose_statements();
+            return lost_statements();
+        }
         if cached && is_stale(&e) {
             tracing::debug!(error = %e, "a cached statement went stale; running the request again");
             lease.stale.store(true, Ordering::Release);

@@ -326,7 +326,7 @@ impl Inner {
             }
             let outcome = self.keyed_once(job, &lease, keyed, work).await;
             if outcome.is_err() && lease.take_retry() {
-                lease = self.again(lease).await?;
+                lease = self.again(job, lease).await?;
                 continue;
             }
             break self.end(lease, Access::ReadWrite, outcome).await;

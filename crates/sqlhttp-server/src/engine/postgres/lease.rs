@@ -49,6 +49,10 @@ pub(super) struct Lease {
     /// A cached statement failed as a stale one does (see `exec::prepare`): the request runs
     /// once more, in a new transaction, with every statement prepared afresh.
     pub(super) stale: AtomicBool,
+    /// The session lost statements the driver prepared (a client's function ran `DEALLOCATE`
+    /// through dynamic SQL): the driver cannot look types up on it any more, so it is closed
+    /// and the request runs once more on another connection (see [`Lease::lose_statements`]).
+    pub(super) lost_statements: AtomicBool,
     /// How to log in beside the pool, to end a session the server gave up on (and where to
     /// send a cancel request).
     pub(super) reaper: Arc<wire::Target>,
@@ -95,6 +99,19 @@ impl Lease {
     pub(super) fn wrapper(&self) -> &deadpool_postgres::ClientWrapper {
         // The object is taken only in drop.
         self.object.as_deref().expect("a live lease")
+    }
+
+    /// The session lost the driver's prepared statements (`26000` from one of them): it is
+    /// closed after this request, and the request runs once more on another connection, when it
+    /// has not run twice already (see [`Inner::again`]).
+    pub(super) fn lose_statements(&self) {
+        tracing::warn!(
+            "a session lost the driver's prepared statements (a function deallocated them); \
+             closing it"
+        );
+        self.lost_statements.store(true, Ordering::Release);
+        self.stale.store(true, Ordering::Release);
+        self.retire();
     }
 
     /// Whether a request that failed on this lease is to run once more: a cached statement
@@ -254,6 +271,7 @@ impl Inner {
             opened: Mutex::new(None),
             fresh: AtomicBool::new(false),
             stale: AtomicBool::new(false),
+            lost_statements: AtomicBool::new(false),
             reaper: Arc::clone(&self.reaper),
             cuts: Arc::clone(&self.cuts),
             _permit: permit,
@@ -262,8 +280,23 @@ impl Inner {
 
     /// Rolls back a run of a request that is to run once more on `lease` (see
     /// [`Lease::take_retry`]), and resets the session its statements may have changed, in one
-    /// round trip; a connection that cannot is discarded.
-    pub(super) async fn again(&self, lease: Lease) -> Result<Lease, ApiError> {
+    /// round trip; a connection that cannot is discarded. A session that lost the driver's
+    /// statements ([`Lease::lose_statements`]) is closed instead, and the request runs again
+    /// on another connection, prepared afresh there too (so it does not run a third time).
+    pub(super) async fn again(&self, job: &Job, mut lease: Lease) -> Result<Lease, ApiError> {
+        if lease.lost_statements.load(Ordering::Acquire) {
+            // Its transaction ends with the session (the lease is closed, not pooled).
+            let _ = tokio::time::timeout(
+                STOP_WITHIN,
+                lease.client().batch_execute(session::ROLLBACK_AND_RESET),
+            )
+            .await;
+            lease.clean = true;
+            drop(lease);
+            let next = self.lease(job).await?;
+            next.fresh.store(true, Ordering::Release);
+            return Ok(next);
+        }
         let client = lease.client();
         let undone = tokio::time::timeout(STOP_WITHIN, async {
             let (rolled_back, reset) = tokio::join!(

@@ -104,7 +104,7 @@ impl Inner {
             let started = sink.started();
             if !started && written.is_err() && lease.take_retry() {
                 // Nothing was sent: the first run is rolled back, and forgotten.
-                lease = self.again(lease).await?;
+                lease = self.again(job, lease).await?;
                 out.clear();
                 continue;
             }
