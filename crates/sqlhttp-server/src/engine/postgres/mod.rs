@@ -30,6 +30,7 @@ mod batch;
 mod catalog;
 mod errors;
 mod exec;
+pub(crate) mod interactive;
 mod keyed;
 mod lease;
 mod placeholders;
@@ -56,8 +57,9 @@ use tokio_postgres::CancelToken;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl};
+use crate::engine::interactive::{Session, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
-use crate::engine::keyed::PurgeClock;
+use crate::engine::keyed::{PurgeClock, Stored};
 use crate::engine::{
     Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply, shutting_down,
 };
@@ -302,6 +304,19 @@ impl Engine for PostgresEngine {
     /// None: PostgreSQL stops its statements itself (a cancel, or the session's end).
     fn given_up(&self) -> GivenUp {
         GivenUp::default()
+    }
+
+    /// Leases a connection and opens an interactive transaction on it (see `interactive`).
+    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+        interactive::Session::open(Arc::clone(&self.inner), options)
+            .await
+            .map(|session| Session::Postgres(Box::new(session)))
+    }
+
+    /// The outcome stored under `key`, read in a transaction of its own.
+    async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
+        self.spawn(|inner, job| async move { inner.recorded(&job, &key).await })
+            .await
     }
 
     /// Closes the pool: statements still running are cancelled (their requests answer 503),

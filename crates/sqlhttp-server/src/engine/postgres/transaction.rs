@@ -184,7 +184,7 @@ enum Ending {
 
 /// What `BEGIN`'s message reads last: the session's backend (see [`Lease::backend`]) and the
 /// transaction's start (see [`Opened`]).
-const OPENED: &str = "SELECT pg_catalog.pg_backend_pid(), \
+pub(super) const OPENED: &str = "SELECT pg_catalog.pg_backend_pid(), \
 EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
 
 /// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is

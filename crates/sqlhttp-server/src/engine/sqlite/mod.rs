@@ -20,6 +20,7 @@ mod control;
 mod errors;
 mod exec;
 mod functions;
+pub(crate) mod interactive;
 mod keyed;
 mod sandbox;
 mod stream;
@@ -32,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
+use crate::engine::interactive::{Session, TxOptions, sqlite_serializable_only};
 use crate::engine::job::CancelOnDrop;
+use crate::engine::keyed::Stored;
 use crate::engine::stream as chunks;
 use crate::engine::{Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
 use crate::error::ServerError;
@@ -88,6 +91,7 @@ pub(crate) struct SqliteEngine {
     /// Kept to remove a throwaway database that given-up connections still hold at close.
     target: Target,
     buffering: Buffering,
+    limits: Limits,
 }
 
 /// What one pool made of a streamed request.
@@ -184,6 +188,7 @@ impl SqliteEngine {
             strays,
             target,
             buffering: Buffering::new(budget, &limits),
+            limits,
         })
     }
 
@@ -415,6 +420,32 @@ impl Engine for SqliteEngine {
             .chain(&self.readers)
             .map(|pool| (pool.name(), pool.waiting()))
             .collect()
+    }
+
+    /// Opens an interactive transaction on a connection and thread of its own (see
+    /// `interactive`): serializable only, as every SQLite transaction is.
+    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+        sqlite_serializable_only(options.isolation)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(crate::engine::shutting_down());
+        }
+        interactive::Session::open(
+            &self.target,
+            self.limits,
+            Arc::clone(&self.closing),
+            options,
+        )
+        .await
+        .map(Session::Sqlite)
+    }
+
+    /// The outcome stored under `key`, read on a reader (the writer when there is none).
+    async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
+        let pool = self.readers.as_ref().unwrap_or(&self.writer);
+        Self::run(pool, move |conn| {
+            keyed::lookup(&conn.conn, &key).map_err(errors::map_engine_error)
+        })
+        .await
     }
 
     /// Given-up connections now and since the start.
