@@ -482,10 +482,15 @@ async fn isolation_levels_are_the_engines(engine: Engine) {
 }
 
 /// On SQLite a write transaction holds the one write lock: another writer waits at most the
-/// busy limit, then answers 503; reads go on beside it.
+/// busy limit, then answers 503; the next write transaction waits for it (at most the
+/// statement timeout, then 503) and opens once it ended; reads go on beside it.
 #[tokio::test]
 async fn on_sqlite_a_write_transaction_holds_the_writer_and_reads_go_on() {
-    let Some(router) = bank(Engine::Sqlite, |_| {}).await else {
+    let Some(router) = bank(Engine::Sqlite, |config| {
+        config.limits.statement_timeout = Duration::from_millis(400);
+    })
+    .await
+    else {
         return;
     };
     let tx = open(&router, None, &json!({})).await;
@@ -510,6 +515,12 @@ async fn on_sqlite_a_write_transaction_holds_the_writer_and_reads_go_on() {
     );
     let read = open(&router, None, &json!({ "read_only": true })).await;
     assert_eq!(end(&router, "commit", &read).await.status, 200);
-    assert_eq!(end(&router, "commit", &tx).await.status, 200);
+    let options = json!({});
+    let (next, ended) = tokio::join!(open(&router, None, &options), async {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        end(&router, "commit", &tx).await
+    });
+    assert_eq!(ended.status, 200);
+    assert_eq!(end(&router, "rollback", &next).await.status, 200);
     ok(&router, "UPDATE accounts SET balance = 1", json!([])).await;
 }

@@ -1,8 +1,9 @@
 //! Interactive transactions on SQLite: a [`Session`] is one connection of its own, opened for
 //! the transaction on a thread of its own, holding its transaction across requests. A write
 //! transaction begins with `BEGIN IMMEDIATE`, so it holds SQLite's one write lock from its
-//! open to its end: the engine's writer (and any other write transaction) waits for it at most
-//! the busy limit (`connection::BUSY_LIMIT`), then answers `503`. A read-only transaction is a
+//! open to its end: the engine's writer waits for it at most the busy limit
+//! (`connection::BUSY_LIMIT`), then answers `503`; the next write transaction's open waits for
+//! the engine's permit (which the session holds) instead. A read-only transaction is a
 //! reader's `BEGIN` whose snapshot is taken at its open, and never takes the write lock.
 //!
 //! Each statement runs through `exec::execute` (the sandbox, the result limit, the statement
@@ -19,7 +20,7 @@ use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::mpsc;
 
-use tokio::sync::oneshot;
+use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::config::Limits;
 use crate::engine::interactive::{CommitError, Record, StepError, TxOptions};
@@ -51,6 +52,8 @@ enum Command {
 #[derive(Debug)]
 pub(crate) struct Session {
     commands: mpsc::Sender<Command>,
+    /// The engine's one interactive write transaction, for a write transaction.
+    _writer: Option<OwnedSemaphorePermit>,
 }
 
 impl std::fmt::Debug for Command {
@@ -72,6 +75,7 @@ impl Session {
         limits: Limits,
         closing: Arc<AtomicBool>,
         options: TxOptions,
+        writer: Option<OwnedSemaphorePermit>,
     ) -> Result<Session, ApiError> {
         let access = options.access();
         let (commands, receiver) = mpsc::channel::<Command>();
@@ -104,7 +108,10 @@ impl Session {
                 ApiError::unavailable("the server cannot open a transaction now; retry later")
             })?;
         begun.await.map_err(|_| ApiError::internal())??;
-        Ok(Session { commands })
+        Ok(Session {
+            commands,
+            _writer: writer,
+        })
     }
 
     /// Runs one statement in the transaction.

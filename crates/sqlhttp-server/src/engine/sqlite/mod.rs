@@ -92,6 +92,9 @@ pub(crate) struct SqliteEngine {
     target: Target,
     buffering: Buffering,
     limits: Limits,
+    /// Held by the open interactive write transaction: one at a time, the others wait for it
+    /// (at most the statement timeout) instead of failing at SQLite's busy limit.
+    transaction_writer: Arc<tokio::sync::Semaphore>,
 }
 
 /// What one pool made of a streamed request.
@@ -189,6 +192,7 @@ impl SqliteEngine {
             target,
             buffering: Buffering::new(budget, &limits),
             limits,
+            transaction_writer: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
 
@@ -423,20 +427,36 @@ impl Engine for SqliteEngine {
     }
 
     /// Opens an interactive transaction on a connection and thread of its own (see
-    /// `interactive`): serializable only, as every SQLite transaction is.
+    /// `interactive`): serializable only, as every SQLite transaction is. A write transaction
+    /// first waits (at most the statement timeout) for the one before it to end.
     async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
         sqlite_serializable_only(options.isolation)?;
         if self.closing.load(Ordering::Acquire) {
             return Err(crate::engine::shutting_down());
         }
-        interactive::Session::open(
-            &self.target,
-            self.limits,
-            Arc::clone(&self.closing),
-            options,
-        )
-        .await
-        .map(Session::Sqlite)
+        let writer = if options.read_only {
+            None
+        } else {
+            let waited = tokio::time::timeout(
+                self.limits.statement_timeout,
+                Arc::clone(&self.transaction_writer).acquire_owned(),
+            )
+            .await;
+            match waited {
+                Ok(Ok(permit)) => Some(permit),
+                Ok(Err(_)) => return Err(crate::engine::shutting_down()),
+                Err(_) => {
+                    return Err(ApiError::unavailable(
+                        "the database is busy: another transaction held the write lock for \
+                         longer than this server's statement timeout; retry later",
+                    ));
+                }
+            }
+        };
+        let closing = Arc::clone(&self.closing);
+        interactive::Session::open(&self.target, self.limits, closing, options, writer)
+            .await
+            .map(Session::Sqlite)
     }
 
     /// The outcome stored under `key`, read on a reader (the writer when there is none).
