@@ -269,7 +269,7 @@ impl ErrorKind {
     /// The protocol's error code a kind stands for, when it comes from a response.
     pub(crate) fn wire_code(&self) -> Option<&str> {
         match self {
-            ErrorKind::Sql { code, .. } => Some(code),
+            ErrorKind::Sql { code, .. } | ErrorKind::TransactionLost { code, .. } => Some(code),
             ErrorKind::Http { code, .. } => code.as_deref(),
             ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
             ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
@@ -280,7 +280,6 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge { .. } => Some("PAYLOAD_TOO_LARGE"),
             ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
             ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
-            ErrorKind::TransactionLost { code, .. } => Some(code),
             _ => None,
         }
     }

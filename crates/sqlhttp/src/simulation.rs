@@ -40,7 +40,7 @@ use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use crate::ErrorKind;
 use crate::response::{self, Failure};
 use crate::transport::exchange::{
-    ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
+    ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
 };
 
 /// The request of one attempt, as the client would send it.

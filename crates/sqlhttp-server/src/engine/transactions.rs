@@ -682,9 +682,10 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
         (Op::Rollback, Ending::Committed(_)) => {
             Err(finished("committed: it cannot be rolled back"))
         }
-        (Op::Commit, Ending::Refused(err) | Ending::Aborted(err)) => Err(err.clone()),
+        (Op::Commit, Ending::Refused(err)) | (Op::Commit | Op::Step, Ending::Aborted(err)) => {
+            Err(err.clone())
+        }
         (Op::Step, Ending::Refused(_)) => Err(finished("rolled back at its COMMIT")),
-        (Op::Step, Ending::Aborted(err)) => Err(err.clone()),
         (Op::Commit | Op::Step, Ending::RolledBack) => Err(finished(
             "rolled back by its client; nothing of it was committed",
         )),

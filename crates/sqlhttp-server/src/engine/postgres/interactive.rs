@@ -276,21 +276,17 @@ impl Session {
                 )));
             }
         }
-        let (committed, reset) = match tokio::time::timeout(within, async {
+        let ending = async {
             tokio::join!(
                 client.batch_execute("COMMIT"),
                 client.batch_execute(session::RESET)
             )
-        })
-        .await
-        {
-            Ok(answers) => answers,
-            Err(_) => {
-                return Err(CommitError::Unknown(ApiError::unavailable(
-                    "the database did not answer the COMMIT in time: whether the transaction \
-                     committed is not known yet; send the COMMIT again",
-                )));
-            }
+        };
+        let Ok((committed, reset)) = tokio::time::timeout(within, ending).await else {
+            return Err(CommitError::Unknown(ApiError::unavailable(
+                "the database did not answer the COMMIT in time: whether the transaction \
+                 committed is not known yet; send the COMMIT again",
+            )));
         };
         match committed {
             Ok(()) => {
