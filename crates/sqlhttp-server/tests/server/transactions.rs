@@ -524,3 +524,87 @@ async fn on_sqlite_a_write_transaction_holds_the_writer_and_reads_go_on() {
     assert_eq!(end(&router, "rollback", &next).await.status, 200);
     ok(&router, "UPDATE accounts SET balance = 1", json!([])).await;
 }
+
+/// POSTs `body` to `path` on the real server at `url`: the status, whether it was replayed, and
+/// the JSON answer.
+async fn post_to(url: &str, path: &str, body: &Value) -> (u16, bool, Value) {
+    let response = crate::common::http_client()
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string())
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let replayed = response.headers().get("idempotent-replayed").is_some();
+    let bytes = response.bytes().await.unwrap();
+    (
+        status,
+        replayed,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+/// `sqlhttpd` killed (SIGKILL) mid-transaction commits nothing: after a restart on the same file
+/// the transaction is `410 TRANSACTION_EXPIRED`. Killed after a COMMIT (as when its answer is
+/// lost with the process), the commit record survives it: the re-sent COMMIT is answered `200`,
+/// replayed, and nothing is applied twice.
+#[tokio::test]
+async fn a_killed_server_commits_nothing_open_and_keeps_what_committed() {
+    let db = crate::common::TempDb::new("tx-kill");
+    let database = format!("sqlite:{}", db.path().display());
+    let args = ["--database", database.as_str()];
+    let (mut server, url) = crate::common::start(&args);
+    let created = post_to(
+        &url,
+        "/api/v1/sql",
+        &json!({ "sql": "CREATE TABLE t (x INTEGER)" }),
+    )
+    .await;
+    assert_eq!(created.0, 200);
+    let open = async |url: &str| {
+        let (status, _, opened) = post_to(url, "/api/v1/transaction/open", &json!({})).await;
+        assert_eq!(status, 200);
+        opened["transaction"].as_str().unwrap().to_owned()
+    };
+    let insert =
+        |tx: &str| json!({ "transaction": tx, "seq": 1, "sql": "INSERT INTO t VALUES (1)" });
+    let named = |tx: &str| json!({ "transaction": tx });
+
+    let open_one = open(&url).await;
+    let inserted = post_to(&url, "/api/v1/transaction/statement", &insert(&open_one)).await;
+    assert_eq!(inserted.0, 200);
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (mut server, url) = crate::common::start(&args);
+    let commit = post_to(&url, "/api/v1/transaction/commit", &named(&open_one)).await;
+    assert_eq!(
+        commit.0, 410,
+        "the killed server's transaction expired: {}",
+        commit.2
+    );
+
+    let committed = open(&url).await;
+    let inserted = post_to(&url, "/api/v1/transaction/statement", &insert(&committed)).await;
+    assert_eq!(inserted.0, 200);
+    let commit = post_to(&url, "/api/v1/transaction/commit", &named(&committed)).await;
+    assert_eq!((commit.0, commit.1), (200, false));
+    server.kill().unwrap();
+    server.wait().unwrap();
+    let (mut server, url) = crate::common::start(&args);
+    let again = post_to(&url, "/api/v1/transaction/commit", &named(&committed)).await;
+    assert_eq!((again.0, again.1), (200, true), "{}", again.2);
+    let count = post_to(
+        &url,
+        "/api/v1/sql",
+        &json!({ "sql": "SELECT count(*) FROM t" }),
+    )
+    .await;
+    assert_eq!(
+        count.2["rows"],
+        json!([[1]]),
+        "committed once, the open one not at all"
+    );
+    server.kill().unwrap();
+    server.wait().unwrap();
+}
