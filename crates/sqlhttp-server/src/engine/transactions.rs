@@ -109,6 +109,9 @@ struct Entry {
     _permit: OwnedSemaphorePermit,
 }
 
+/// The token an open under one key opened, `None` while it runs (or after it failed).
+type OpenSlot = Arc<tokio::sync::Mutex<Option<String>>>;
+
 /// Finished outcomes, oldest first.
 #[derive(Default)]
 struct Finished {
@@ -149,7 +152,9 @@ pub(crate) struct Transactions {
     instance: String,
     slots: Arc<Semaphore>,
     live: Mutex<HashMap<String, Arc<Entry>>>,
-    opens: Mutex<HashMap<(String, String), String>>,
+    /// Each `(owner, Idempotency-Key)` an open came with, and the token it opened: a re-sent
+    /// open waits here for the first one and answers its transaction.
+    opens: Mutex<HashMap<(String, String), OpenSlot>>,
     finished: Mutex<Finished>,
     counters: Counters,
     reaper: AtomicBool,
@@ -262,19 +267,47 @@ impl Transactions {
         }
         let options = options.check()?;
         self.start_reaper();
-        if let Some(key) = &key {
-            let token = lock(&self.opens)
-                .get(&(owner.to_owned(), key.clone()))
-                .cloned();
-            let entry = token.and_then(|token| lock(&self.live).get(&token).cloned());
-            if let Some(entry) = entry {
-                return Ok(Outcome {
-                    status: 200,
-                    body: entry.opened.clone(),
-                    replayed: true,
-                });
+        let Some(key) = key else {
+            return self
+                .open_now(engine, owner, None, options)
+                .await
+                .map(|(_, outcome)| outcome);
+        };
+        let slot_key = (owner.to_owned(), key.clone());
+        let slot = Arc::clone(lock(&self.opens).entry(slot_key.clone()).or_default());
+        // A re-sent open waits for the first one with its key, then answers its transaction.
+        let mut claim = Arc::clone(&slot).lock_owned().await;
+        if let Some(entry) = claim
+            .as_ref()
+            .and_then(|token| lock(&self.live).get(token).cloned())
+        {
+            return Ok(Outcome {
+                status: 200,
+                body: entry.opened.clone(),
+                replayed: true,
+            });
+        }
+        let opened = self.open_now(engine, owner, Some(key), options).await;
+        match &opened {
+            Ok((token, _)) => *claim = Some(token.clone()),
+            Err(_) => {
+                let mut opens = lock(&self.opens);
+                if opens.get(&slot_key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    opens.remove(&slot_key);
+                }
             }
         }
+        opened.map(|(_, outcome)| outcome)
+    }
+
+    /// Opens a transaction on the engine and registers it: its token and the open's answer.
+    async fn open_now(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        key: Option<String>,
+        options: TxOptions,
+    ) -> Result<(String, Outcome), ApiError> {
         let permit = Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
             ApiError::unavailable(format!(
                 "the server holds as many open transactions as it allows ({}, \
@@ -299,7 +332,7 @@ impl Transactions {
             owner: owner.to_owned(),
             options,
             opened_at: now,
-            open_key: key.clone(),
+            open_key: key,
             opened: opened.clone(),
             state: Arc::new(tokio::sync::Mutex::new(Live {
                 session: Some(session),
@@ -310,10 +343,7 @@ impl Transactions {
             _permit: permit,
         });
         lock(&self.live).insert(token.clone(), entry);
-        if let Some(key) = key {
-            lock(&self.opens).insert((owner.to_owned(), key), token);
-        }
-        Ok(Outcome::fresh(opened))
+        Ok((token, Outcome::fresh(opened)))
     }
 
     /// Runs statement `seq` of the transaction `token`.

@@ -23,6 +23,7 @@ on_both_engines!(
     a_token_is_its_credentials_and_a_read_credential_only_reads,
     another_server_answers_a_resent_commit_from_the_commit_record,
     isolation_levels_are_the_engines,
+    opens_under_one_key_answer_one_transaction,
 );
 
 async fn post(router: &Router, path: &str, token: Option<&str>, body: &Value) -> Reply {
@@ -440,6 +441,41 @@ async fn another_server_answers_a_resent_commit_from_the_commit_record(engine: E
     // A token of this server's own that it never issued is no transaction at all.
     let own = format!("{}.{}", tx.split('.').next().unwrap(), "0".repeat(32));
     assert_eq!(end(&first, "commit", &own).await.status, 404);
+}
+
+async fn opens_under_one_key_answer_one_transaction(engine: Engine) {
+    let Some(router) = bank(engine, |_| {}).await else {
+        return;
+    };
+    let open_with = |key: &'static str| {
+        let router = router.clone();
+        async move {
+            let headers = [
+                ("content-type", "application/json"),
+                ("idempotency-key", key),
+            ];
+            let path = "/api/v1/transaction/open";
+            let reply = send(&router, "POST", path, &headers, "{}").await;
+            assert_eq!(
+                reply.status,
+                200,
+                "{}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            let token = reply.json()["transaction"].as_str().unwrap().to_owned();
+            (token, reply.header("idempotent-replayed").is_some())
+        }
+    };
+    // Sent at once (a retry while the first still waits for the database), and again after.
+    let ((first, a), (second, b)) = tokio::join!(open_with("open-1"), open_with("open-1"));
+    assert_eq!(first, second, "one transaction for one key");
+    assert!(a ^ b, "one of them is the replay");
+    let (third, replayed) = open_with("open-1").await;
+    assert_eq!((third.as_str(), replayed), (first.as_str(), true));
+    assert_eq!(end(&router, "rollback", &first).await.status, 200);
+    let (other, _) = open_with("open-2").await;
+    assert_ne!(other, first);
+    assert_eq!(end(&router, "rollback", &other).await.status, 200);
 }
 
 async fn isolation_levels_are_the_engines(engine: Engine) {
