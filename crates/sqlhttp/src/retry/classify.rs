@@ -270,7 +270,26 @@ mod tests {
                 !should_retry(OpClass::Execute, false, &kind),
                 "execute: {kind:?}"
             );
+            // A transaction's step is sequenced by the server: retried as a read is, with or
+            // without retry_writes.
+            for retry_writes in [false, true] {
+                assert_eq!(
+                    should_retry(OpClass::Step, retry_writes, &kind),
+                    read,
+                    "step: {kind:?}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_lost_transaction_is_not_retried_as_a_step() {
+        let lost = ErrorKind::TransactionLost {
+            code: "TRANSACTION_EXPIRED".into(),
+            message: String::new(),
+        };
+        assert!(!is_transient(&lost));
+        assert!(!should_retry(OpClass::Step, true, &lost));
     }
 
     #[test]
