@@ -1,6 +1,7 @@
 //! Interactive transactions on PostgreSQL: a [`Session`] holds one pooled connection (a
 //! [`Lease`], with one of the engine's admission permits) from the transaction's open to its
-//! end. The open is one message, as the server's own transactions are (ADR 0034): `BEGIN` with
+//! end; at most all of the pool's connections but one are held so (the engine's transaction
+//! slots), so plain requests always find one. The open is one message, as the server's own transactions are (ADR 0034): `BEGIN` with
 //! the access, isolation and `DEFERRABLE` asked for, the statement timeout, a guard savepoint
 //! with a random name, and the session and transaction it is (checked again at COMMIT, ADR
 //! 0027).
@@ -19,6 +20,8 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
+
+use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::Access;
 use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions};
@@ -41,6 +44,8 @@ pub(crate) struct Session {
     read_only: bool,
     /// The last statement's savepoint is still to be released (with the next message).
     release_pending: bool,
+    /// One of the connections transactions may hold (see `PostgresEngine::begin`).
+    _slot: OwnedSemaphorePermit,
 }
 
 impl std::fmt::Debug for Session {
@@ -74,7 +79,11 @@ fn aborted(why: &str) -> ApiError {
 
 impl Session {
     /// Leases a connection and opens the transaction on it.
-    pub(super) async fn open(inner: Arc<Inner>, options: TxOptions) -> Result<Session, ApiError> {
+    pub(super) async fn open(
+        inner: Arc<Inner>,
+        options: TxOptions,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Session, ApiError> {
         let job = Job::default();
         let lease = inner.lease(&job).await?;
         let access = if options.read_only {
@@ -125,6 +134,7 @@ impl Session {
             lease: Some(lease),
             read_only: options.read_only,
             release_pending: false,
+            _slot: slot,
         })
     }
 

@@ -85,6 +85,9 @@ const STOP_WITHIN: Duration = Duration::from_secs(1);
 pub(crate) struct PostgresEngine {
     inner: Arc<Inner>,
     buffering: Buffering,
+    /// Connections interactive transactions may hold at once: all of the pool's but one, so
+    /// idle transactions can never take every connection from plain requests.
+    transaction_slots: Arc<Semaphore>,
 }
 
 /// What the tasks share.
@@ -189,6 +192,7 @@ impl PostgresEngine {
         Ok(PostgresEngine {
             inner: Arc::new(engine),
             buffering: Buffering::new(budget, &limits),
+            transaction_slots: Arc::new(Semaphore::new(connections.saturating_sub(1).max(1))),
         })
     }
 
@@ -306,9 +310,24 @@ impl Engine for PostgresEngine {
         GivenUp::default()
     }
 
-    /// Leases a connection and opens an interactive transaction on it (see `interactive`).
+    /// Leases a connection and opens an interactive transaction on it (see `interactive`), once
+    /// one of the connections transactions may hold is free (waiting at most the statement
+    /// timeout).
     async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
-        interactive::Session::open(Arc::clone(&self.inner), options)
+        let slot = tokio::time::timeout(
+            self.inner.limits.statement_timeout,
+            Arc::clone(&self.transaction_slots).acquire_owned(),
+        )
+        .await
+        .map_err(|_| {
+            ApiError::unavailable(
+                "the database is busy: every connection interactive transactions may hold \
+                 (all of --pool-size but one) stayed held for longer than this server's \
+                 statement timeout; retry later",
+            )
+        })?
+        .map_err(|_| shutting_down())?;
+        interactive::Session::open(Arc::clone(&self.inner), options, slot)
             .await
             .map(|session| Session::Postgres(Box::new(session)))
     }
