@@ -100,7 +100,8 @@ impl Limits {
 pub struct TransactionLimits {
     /// Transactions open at once; past it opening one answers `503 UNAVAILABLE` with
     /// `Retry-After`. 0 switches interactive transactions off. Default 16. On PostgreSQL each
-    /// open transaction holds one connection of the pool (`pool_size`).
+    /// open transaction holds one connection of the pool, and at most `pool_size - 1` are held
+    /// so (an open past them waits at most the statement timeout).
     pub max_open: usize,
     /// How long a transaction may wait for its client's next request; past it the server rolls
     /// it back, and later requests get `410 TRANSACTION_EXPIRED`. Default 10 s.
