@@ -8,7 +8,7 @@
 use serde_json::json;
 use sqlhttp_server::{AppState, app};
 
-use crate::common::{ok, sql};
+use crate::common::{ok, post_with, sql};
 use crate::engines::{config, database, owner, postgres_app};
 
 /// A server on `url` whose pool holds one connection, so every request reuses it.
@@ -159,4 +159,92 @@ async fn a_seed_a_request_sets_does_not_reach_the_next() {
         (next - seeded).abs() > 1e-9,
         "the next request's random() was predictable: {next}"
     );
+}
+
+/// A read ends with ROLLBACK and only what outlives a rollback is reset after it (ADR 0037):
+/// everything a read-only request's function can change in its session (settings, the search
+/// path, the read-only default, the role, a listen, the seed, a session advisory lock, a
+/// statement prepared from SQL text) is gone for the next request, read or write.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn what_a_read_changes_in_its_session_does_not_reach_the_next_request() {
+    let Some(url) = database("what_a_read_changes_in_its_session_does_not_reach_the_next").await
+    else {
+        return;
+    };
+    let owner = owner(&url).await;
+    owner.batch_execute("SELECT setseed(0.5)").await.unwrap();
+    let seeded: f64 = owner
+        .query_one("SELECT random()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let router = one_connection_app(&url);
+    ok(&router, "CREATE TABLE items (name text)", json!([])).await;
+    ok(&router, "INSERT INTO items VALUES ('real')", json!([])).await;
+    ok(
+        &router,
+        "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+         EXECUTE 'SELECT set_' || 'config(''search_path'', ''pg_catalog'', false)'; \
+         EXECUTE 'SELECT set_' || 'config(''default_transaction_read_only'', ''off'', false)'; \
+         EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''0'', false)'; \
+         EXECUTE 'SELECT set_' || 'config(''application_name'', ''planted'', false)'; \
+         EXECUTE 'SET ROLE ' || quote_ident(current_user); \
+         EXECUTE 'LISTEN planted'; \
+         EXECUTE 'PREPARE planted AS SELECT 1'; \
+         PERFORM setseed(0.5); \
+         PERFORM pg_advisory_lock(4242); \
+         RETURN 1; END $$",
+        json!([]),
+    )
+    .await;
+    let read = |sql: &'static str| {
+        let router = router.clone();
+        async move {
+            let reply = post_with(
+                &router,
+                &[],
+                &json!({"sql": sql, "params": [], "read_only": true}),
+            )
+            .await;
+            assert_eq!(reply.status, 200, "{sql}: {}", reply.json());
+            reply.json()
+        }
+    };
+    // Unqualified `items` fails under the planted search path.
+    let probe = "SELECT (SELECT name FROM items), current_setting('search_path'), \
+                 current_setting('application_name'), \
+                 current_setting('default_transaction_read_only'), \
+                 current_setting('statement_timeout'), current_setting('role'), \
+                 (SELECT count(*) FROM pg_listening_channels()), \
+                 (SELECT count(*) FROM pg_prepared_statements WHERE from_sql), \
+                 (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                  AND pid = pg_backend_pid()), random()";
+    let clean = read(probe).await["rows"][0].clone();
+    assert_eq!(clean[0], "real");
+    let messed = read("SELECT mess()").await;
+    assert_eq!(messed["rows"], json!([[1]]));
+    for next in [true, false] {
+        let seen = if next {
+            read(probe).await
+        } else {
+            ok(&router, probe, json!([])).await
+        };
+        let row = &seen["rows"][0];
+        assert_eq!(
+            row.as_array().unwrap()[..9],
+            clean.as_array().unwrap()[..9],
+            "read next: {next}"
+        );
+        let random = row[9].as_f64().unwrap();
+        assert!(
+            (random - seeded).abs() > 1e-9,
+            "the next request's random() was predictable: {random}"
+        );
+        // Mess again for the second probe.
+        read("SELECT mess()").await;
+    }
 }

@@ -56,10 +56,17 @@ impl Inner {
             let mut body = Vec::with_capacity(256);
             let mut sink = Sink::Buffered { limit };
             let limits = &self.limits;
-            let ran =
-                exec::write_result(lease, statement, limits, &mut body, &mut sink, &map, None)
-                    .await
-                    .map(|()| body);
+            let ran = exec::write_result(
+                lease,
+                statement,
+                limits,
+                &mut body,
+                &mut sink,
+                &map,
+                exec::Around::default(),
+            )
+            .await
+            .map(|()| body);
             answer.push_result(index, ran)?;
         }
         Ok(answer.finish())

@@ -79,6 +79,58 @@ async fn opened(opening: &mut Option<Opening<'_>>) -> Result<(), ApiError> {
     }
 }
 
+/// What is written in the same round trip as the statement: the server's `BEGIN` before it,
+/// a read's end behind it. Both empty for a statement inside a transaction the caller runs
+/// itself (a batch's, a keyed request's).
+#[derive(Default)]
+pub(crate) struct Around<'a, 'b> {
+    /// Written first, and waited for with the statement's answer.
+    pub(crate) before: Option<Opening<'a>>,
+    /// Written behind the statement, and waited for by the caller.
+    pub(crate) behind: Option<&'b mut Behind<'a>>,
+}
+
+/// What goes out behind the statement, written before any of the statement's answer is read
+/// and waited for after it: a read's end with the session's reset (`session::after_read`),
+/// so the read takes one round trip (ADR 0037). Written only once the statement's own messages
+/// are, so it never runs before the statement; when the statement is not sent (a refusal
+/// before it), it goes out when it is waited for.
+pub(crate) struct Behind<'a> {
+    message: Pin<Box<dyn Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a>>,
+    /// Its answer, when the poll that wrote it already had one (the connection was gone).
+    answered: Option<Result<(), tokio_postgres::Error>>,
+}
+
+impl<'a> Behind<'a> {
+    /// Holds `message` unsent.
+    pub(crate) fn new(
+        message: impl Future<Output = Result<(), tokio_postgres::Error>> + Send + 'a,
+    ) -> Behind<'a> {
+        Behind {
+            message: Box::pin(message),
+            answered: None,
+        }
+    }
+
+    /// Writes the message (tokio-postgres queues a request's messages on its first poll).
+    async fn send(&mut self) {
+        if self.answered.is_none()
+            && let Poll::Ready(answer) =
+                poll_fn(|cx| Poll::Ready(self.message.as_mut().poll(cx))).await
+        {
+            self.answered = Some(answer);
+        }
+    }
+
+    /// Its answer, sending it first if it was not sent.
+    pub(crate) async fn answer(mut self) -> Result<(), tokio_postgres::Error> {
+        match self.answered.take() {
+            Some(answer) => answer,
+            None => self.message.await,
+        }
+    }
+}
+
 /// The most statements a connection keeps prepared: past it, its cache is emptied (the
 /// statements are closed on the server), so a workload of ever new texts costs what it cost
 /// before statements were cached, a Parse each, and memory stays bounded on both sides.
@@ -127,8 +179,12 @@ pub(crate) async fn write_result(
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
-    mut opening: Option<Opening<'_>>,
+    around: Around<'_, '_>,
 ) -> Result<(), ApiError> {
+    let Around {
+        before: mut opening,
+        behind,
+    } = around;
     sandbox::check_text(&request.sql)?;
     let client = lease.client();
     let rewritten = placeholders::rewrite(&request.sql);
@@ -230,14 +286,25 @@ pub(crate) async fn write_result(
     // BEGIN aborts the transaction (the statement then fails `25P02`), and outside one, should
     // BEGIN itself fail, the session's default is read-only (see `session::RESET`), so it
     // cannot write; its answer is dropped either way, for BEGIN's error.
-    let query = client.query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql));
-    let rows = match opening.take() {
-        Some(begin) => {
+    // What goes behind it (a read's end) is written once the statement's messages are: this
+    // poll writes them.
+    let mut query = pin!(client.query_raw(&statement, bound.iter().map(|b| b as &dyn ToSql)));
+    let sent = poll_fn(|cx| Poll::Ready(query.as_mut().poll(cx))).await;
+    if let Some(behind) = behind {
+        behind.send().await;
+    }
+    let rows = match (sent, opening.take()) {
+        (Poll::Ready(rows), None) => rows,
+        (Poll::Ready(rows), Some(begin)) => {
+            begin.await?;
+            rows
+        }
+        (Poll::Pending, Some(begin)) => {
             let (begun, rows) = tokio::join!(begin, query);
             begun?;
             rows
         }
-        None => query.await,
+        (Poll::Pending, None) => query.await,
     }
     .map_err(stale_or)?;
     let mut rows = pin!(rows);

@@ -27,7 +27,7 @@ use crate::engine::Access;
 use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions};
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::transaction::{OPENED, Opened};
+use crate::engine::postgres::transaction::OPENED;
 use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
 use crate::engine::stream::Sink;
 use crate::protocol::error::{ApiError, ErrorCode};
@@ -107,28 +107,7 @@ impl Session {
             inner.timeout_ms(),
             lease.guard
         );
-        let answer = lease
-            .client()
-            .simple_query(&begin)
-            .await
-            .map_err(|e| inner.map(&e))?;
-        let opened = answer.iter().find_map(|message| match message {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some((
-                row.get(0).and_then(|pid| pid.parse::<i32>().ok()),
-                row.get(1).map(str::to_owned),
-            )),
-            _ => None,
-        });
-        let Some((Some(pid), Some(at))) = opened else {
-            tracing::error!("BEGIN's answer did not name the session and the transaction");
-            return Err(ApiError::internal());
-        };
-        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-            tracing::error!(at, "BEGIN's transaction start is not a number");
-            return Err(ApiError::internal());
-        }
-        lease.backend.store(pid, Ordering::Release);
-        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
+        inner.open_with(&lease, &begin).await?;
         Ok(Session {
             inner,
             lease: Some(lease),
@@ -179,7 +158,10 @@ impl Session {
                     &mut out,
                     &mut sink,
                     &map,
-                    Some(opening),
+                    exec::Around {
+                        before: Some(opening),
+                        behind: None,
+                    },
                 ),
             )
             .await;

@@ -350,8 +350,16 @@ impl Inner {
                         limit: self.limits.max_result_bytes,
                     };
                     let limits = &self.limits;
-                    exec::write_result(lease, request, limits, &mut out, &mut sink, &map, None)
-                        .await?;
+                    exec::write_result(
+                        lease,
+                        request,
+                        limits,
+                        &mut out,
+                        &mut sink,
+                        &map,
+                        exec::Around::default(),
+                    )
+                    .await?;
                     Ok(out)
                 }
                 Work::Batch(statements) => self.run_statements(lease, statements).await,

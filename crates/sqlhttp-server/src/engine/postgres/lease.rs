@@ -1,16 +1,17 @@
 //! [`Lease`]: one pooled PostgreSQL connection held by one request, and what happens to it
 //! when the request lets go (pooled when clean, its statement cancelled and its session ended
 //! when not), with [`Inner::lease`] that hands one out within the admission bound and
-//! [`Inner::again`] for a request that runs a second time on it.
+//! [`Inner::again`] for a request that runs a second time on it, and [`Backends`], each pooled
+//! connection's backend process, learned once when it logged in.
 //!
 //! Knows deadpool's objects, tokio-postgres's cancel tokens and `wire`'s cuts; nothing about
 //! what runs on the connection or about HTTP.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 
-use deadpool_postgres::Object;
+use deadpool_postgres::{ClientWrapper, Object, StatementCache};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{CancelToken, Client};
 
@@ -36,7 +37,7 @@ pub(super) struct Lease {
     /// it was meant for has ended, to the next one the session runs, so the connection never
     /// serves another request (it is closed, not returned to the pool).
     pub(super) cancel_sent: AtomicBool,
-    /// The session's backend process, once the transaction began (0 before).
+    /// The session's backend process (see [`Backends`]; 0 when it is not known).
     pub(super) backend: AtomicI32,
     /// This request's guard savepoint (see [`GUARD_PREFIX`]).
     pub(super) guard: String,
@@ -160,6 +161,43 @@ async fn terminate(target: &wire::Target, pid: i32) {
     }
 }
 
+/// Each pooled connection's backend process id, asked once when it logged in (it is the
+/// session's for its whole life), so a request needs no statement of its own to learn which
+/// session it holds: `wire` names what it cut by that id, and a session the server gives up on
+/// is terminated by it. A connection is known by its statement cache, which lives exactly as
+/// long as it does; entries of connections gone are dropped whenever another is learned, so
+/// this holds about as many entries as the pool has connections.
+#[derive(Debug, Default)]
+pub(super) struct Backends(Mutex<Vec<(Weak<StatementCache>, i32)>>);
+
+impl Backends {
+    /// Asks a connection that just logged in for its backend process id, and keeps it.
+    pub(super) async fn learn(&self, connection: &ClientWrapper) -> Result<(), String> {
+        let row = connection
+            .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
+            .await
+            .map_err(|e| format!("cannot ask a new connection for its backend: {e}"))?;
+        let pid: i32 = row.get(0);
+        let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        known.retain(|(cache, _)| cache.strong_count() > 0);
+        known.push((Arc::downgrade(&connection.statement_cache), pid));
+        Ok(())
+    }
+
+    /// The backend process id of `connection`, 0 when it was never learned.
+    pub(super) fn of(&self, connection: &ClientWrapper) -> i32 {
+        // A live entry's allocation cannot be reused while its Weak is held: the pointers name
+        // one connection each.
+        let cache = Arc::as_ptr(&connection.statement_cache);
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .find(|(known, _)| std::ptr::eq(known.as_ptr(), cache))
+            .map_or(0, |&(_, pid)| pid)
+    }
+}
+
 impl Inner {
     /// A connection for one request, or 503 when the server is closing, the queue is full or
     /// the database cannot be reached.
@@ -198,6 +236,7 @@ impl Inner {
             }
         })?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
+        let backend = self.backends.of(&object);
         let cancel = object.cancel_token();
         self.in_flight
             .lock()
@@ -210,7 +249,7 @@ impl Inner {
             in_flight: Arc::clone(&self.in_flight),
             clean: false,
             cancel_sent: AtomicBool::new(false),
-            backend: AtomicI32::new(0),
+            backend: AtomicI32::new(backend),
             guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
             opened: Mutex::new(None),
             fresh: AtomicBool::new(false),

@@ -13,9 +13,10 @@
 //! - The transaction that commits is checked to be the one the server opened
 //!   (`transaction_timestamp()` taken at BEGIN and checked again in COMMIT's own message),
 //!   whatever the text checks saw; the guard savepoint carries a random name per request (ADR
-//!   0027). Reads end with ROLLBACK. Each request takes three round trips: BEGIN, the statement
-//!   (prepared once per connection and cached: `exec::prepare`), and its end with the session's
-//!   reset (ADR 0034).
+//!   0027). Statements are prepared once per connection and cached (`exec::prepare`). A write
+//!   takes two round trips: BEGIN with the statement, then its end with the session's reset
+//!   (ADR 0034). A read takes one: BEGIN, the statement, and its ROLLBACK with what is left of
+//!   the reset after a rollback, written together (ADR 0037).
 //! - The pool's connections run over `wire`'s stream, which fails a connection as soon as
 //!   PostgreSQL declares a row or cell past the server's limits (ADR 0028), before it arrives.
 //! - `lease` hands out the pool's connections, `transaction` opens and ends the server's
@@ -69,7 +70,7 @@ use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
 use keyed::Work;
-use lease::Lease;
+use lease::{Backends, Lease};
 
 /// How long opening a new connection may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
@@ -111,6 +112,8 @@ struct Inner {
     keeper: Arc<setup::RoleKeeper>,
     /// What the pool's connections were cut for (see `wire`).
     cuts: Arc<wire::Cuts>,
+    /// Which backend process each pooled connection is (see `lease`).
+    backends: Arc<Backends>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -141,6 +144,8 @@ impl PostgresEngine {
         });
         let keeper = Arc::clone(&prepared.keeper);
         let cuts = Arc::new(wire::Cuts::default());
+        let backends = Arc::new(Backends::default());
+        let learning = Arc::clone(&backends);
         let manager = Manager::from_connect(
             prepared.client,
             wire::BoundedConnect {
@@ -163,8 +168,13 @@ impl PostgresEngine {
             .recycle_timeout(Some(CONNECT_WITHIN))
             .post_create(Hook::async_fn(move |client, _| {
                 let keeper = Arc::clone(&keeper);
+                let backends = Arc::clone(&learning);
                 Box::pin(async move {
                     session::check_new(client, &keeper)
+                        .await
+                        .map_err(|why| HookError::Message(why.into()))?;
+                    backends
+                        .learn(client)
                         .await
                         .map_err(|why| HookError::Message(why.into()))
                 })
@@ -185,6 +195,7 @@ impl PostgresEngine {
             reaper,
             keeper: prepared.keeper,
             cuts,
+            backends,
         };
         if idempotency_ttl.is_none() {
             engine.purges.purged_now();

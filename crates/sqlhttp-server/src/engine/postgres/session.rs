@@ -15,6 +15,14 @@ use tokio_postgres::error::SqlState;
 
 use super::setup::{self, RoleKeeper};
 
+/// The text of [`RESET`], for the consts built from it.
+macro_rules! reset_text {
+    () => {
+        "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
+         SELECT _sqlhttp.reset_request();"
+    };
+}
+
 /// Sent after every request's transaction ends, in the same round trip (and before a new
 /// session's first request): undoes whatever a client's function changed in the session
 /// for good (settings, the search path, temporary tables that would shadow the next client's,
@@ -30,8 +38,33 @@ use super::setup::{self, RoleKeeper};
 /// closed, not pooled, so a pooled session is always a reset one (ADR 0034). It leaves the
 /// session read-only by default: only the server's `BEGIN READ WRITE` opens a transaction that
 /// writes, so a statement written behind a `BEGIN` that failed cannot write in autocommit.
-pub(crate) const RESET: &str = "SET SESSION AUTHORIZATION DEFAULT; RESET ROLE; RESET ALL; \
-SELECT _sqlhttp.reset_request();";
+pub(crate) const RESET: &str = reset_text!();
+
+/// The end of a read's transaction and what is left of the session's reset after it, as one
+/// simple query: the engine writes it behind the read's statement before any of the
+/// statement's answer arrived, so the read takes one round trip (ADR 0037).
+///
+/// `ROLLBACK` ends the server's transaction whatever the statement did (it failed, or wrote
+/// nothing: the transaction is `READ ONLY`), and warns only when there was none (a `BEGIN`
+/// that never ran). The rollback undoes most of what [`RESET`] is for: settings and the search
+/// path set in the transaction, `SET ROLE`, listens and held cursors all go with it (checked by
+/// `tests/server/pg_reset.rs`), and a `READ ONLY` transaction cannot create temporary tables or
+/// advance sequences. What outlives a rollback is reset after it, outside the transaction, by
+/// `_sqlhttp.reset_after_read`: statements a client's function prepared from SQL text, the
+/// random seed (drawn here, from the server's CSPRNG), and session advisory locks. A failure
+/// anywhere in the string leaves the session unclean: it is closed, not pooled, as for
+/// [`RESET`].
+pub(crate) fn after_read() -> String {
+    // In [-1, 1], what `setseed` takes; drawn afresh so no client can know the next seed.
+    let seed = rand::random::<f64>().mul_add(2.0, -1.0);
+    format!("ROLLBACK; SELECT _sqlhttp.reset_after_read({seed:?}::pg_catalog.float8)")
+}
+
+/// The end of a failed write's transaction and the session's reset, as one simple query:
+/// `ROLLBACK` (a failed write keeps nothing), then [`RESET`] outside the transaction, in the
+/// string's own implicit transaction, so its transactional parts are kept. A failure anywhere
+/// in the string leaves the session unclean: it is closed, not pooled.
+pub(crate) const ROLLBACK_AND_RESET: &str = concat!("ROLLBACK; ", reset_text!());
 
 /// The settings this session took from role defaults at login (`ALTER ROLE ... SET`, for every
 /// database or this one), by name; asked before the session sets anything over them.

@@ -60,6 +60,8 @@ const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 /// listens, and the session's read-only default. It has no `SET search_path` clause, on
 /// purpose: a function with one puts the caller's settings back when it returns, which would
 /// undo its own `SET`; every name in it is qualified instead, and `RESET ALL` runs before it.
+/// `_sqlhttp.reset_after_read(seed)` is what is left to reset after a read's `ROLLBACK` (see
+/// `session::after_read`): the rollback itself undid the rest.
 /// `_sqlhttp.reset_session()` is the form of ADR 0029, kept for servers of an earlier version
 /// on the same database. `_sqlhttp.check_transaction(opened)` raises `SQLHT` when the
 /// transaction it runs in did not start at `opened` (read at BEGIN).
@@ -114,7 +116,20 @@ BEGIN
     UNLISTEN *;
     SET default_transaction_read_only = on;
 END $$;
-REVOKE ALL ON FUNCTION _sqlhttp.reset_request() FROM PUBLIC;";
+REVOKE ALL ON FUNCTION _sqlhttp.reset_request() FROM PUBLIC;
+CREATE OR REPLACE FUNCTION _sqlhttp.reset_after_read(seed pg_catalog.float8) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    statement text;
+BEGIN
+    FOR statement IN SELECT p.name FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql
+    LOOP
+        EXECUTE pg_catalog.format('DEALLOCATE %I', statement);
+    END LOOP;
+    PERFORM pg_catalog.setseed(seed);
+    PERFORM pg_catalog.pg_advisory_unlock_all();
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) FROM PUBLIC;";
 
 /// The client role's defaults that apply to a session of this database (`$1` the role).
 const ROLE_SETTINGS: &str = "SELECT s.setdatabase <> 0, c.entry \
@@ -459,7 +474,8 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
         .batch_execute(&format!(
             "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}; \
-             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_request() TO {role}"
+             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_request() TO {role}; \
+             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) TO {role}"
         ))
         .await
         .map_err(|e| fail("cannot create the server's session reset", e))?;

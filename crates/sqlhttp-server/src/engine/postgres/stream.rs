@@ -11,7 +11,8 @@ use bytes::Bytes;
 
 use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::{Inner, Job, PostgresEngine, exec};
+use crate::engine::postgres::transaction::SentEnd;
+use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, session};
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
 use crate::protocol::error::ApiError;
@@ -71,8 +72,18 @@ impl Inner {
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
         let map = |e| self.map(&e);
         loop {
-            // BEGIN goes out with the statement (see `exec::write_result`).
+            // BEGIN goes out with the statement, and a read's end behind it: one round trip
+            // (see `exec::write_result`).
             let opening: exec::Opening<'_> = Box::pin(self.begin(&lease, mode));
+            let mut behind = (mode == Access::ReadOnly).then(|| {
+                let client = lease.client();
+                let end = session::after_read();
+                exec::Behind::new(async move { client.batch_execute(&end).await })
+            });
+            let around = exec::Around {
+                before: Some(opening),
+                behind: behind.as_mut(),
+            };
             let written = self
                 .guarded(
                     job,
@@ -85,10 +96,11 @@ impl Inner {
                         &mut out,
                         &mut sink,
                         &map,
-                        Some(opening),
+                        around,
                     ),
                 )
                 .await;
+            let sent = self.sent_end(written.is_ok(), behind).await;
             let started = sink.started();
             if !started && written.is_err() && lease.take_retry() {
                 // Nothing was sent: the first run is rolled back, and forgotten.
@@ -96,26 +108,29 @@ impl Inner {
                 out.clear();
                 continue;
             }
+            if !started {
+                break self
+                    .end_or_ended(lease, mode, written.map(|()| Some(out)), sent)
+                    .await;
+            }
             break self
-                .finish(lease, mode, written, started, out, sender)
+                .finish_streamed(lease, mode, written, out, sender, sent)
                 .await;
         }
     }
 
-    /// Ends a streamed statement's transaction (see [`Inner::stream`]).
-    async fn finish(
+    /// Ends the transaction of a statement whose body started streaming (see
+    /// [`Inner::stream`]), and the body with it.
+    async fn finish_streamed(
         &self,
         lease: Lease,
         mode: Access,
         written: Result<(), ApiError>,
-        started: bool,
         mut out: Vec<u8>,
         sender: ChunkSender,
+        sent: Option<SentEnd>,
     ) -> Result<Option<Vec<u8>>, ApiError> {
-        if !started {
-            return self.end(lease, mode, written.map(|()| Some(out))).await;
-        }
-        let ended = self.end(lease, mode, written).await;
+        let ended = self.end_or_ended(lease, mode, written, sent).await;
         if let Err(err) = ended {
             if sender.is_gone() {
                 // Nobody reads the body any more.

@@ -7,11 +7,11 @@
 //! Knows SQL and the protocol's error codes; nothing about what ran inside or about HTTP.
 
 use std::sync::PoisonError;
-use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use crate::engine::Access;
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::{Inner, STOP_WITHIN, session};
+use crate::engine::postgres::{Inner, STOP_WITHIN, exec, session};
 use crate::protocol::error::ApiError;
 
 /// What [`Inner::begin`] saw of the transaction it opened, checked again before COMMIT.
@@ -31,33 +31,43 @@ impl Inner {
     /// savepoint, released just before COMMIT; a read ends with ROLLBACK, which cannot keep
     /// anything, and needs neither the guard nor the check of [`Opened`].
     pub(super) async fn begin(&self, lease: &Lease, mode: Access) -> Result<(), ApiError> {
-        let begin = match mode {
-            Access::ReadWrite => format!(
-                "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
-                 SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
-                self.timeout_ms(),
-                lease.guard
-            ),
-            Access::ReadOnly => format!(
-                "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
-                 SET LOCAL statement_timeout = {}; {OPENED}",
-                self.timeout_ms()
-            ),
-        };
+        let client = lease.client();
+        match mode {
+            // Nothing to read back: a read ends with ROLLBACK, whatever it began.
+            Access::ReadOnly => client
+                .batch_execute(&format!(
+                    "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
+                     SET LOCAL statement_timeout = {}",
+                    self.timeout_ms()
+                ))
+                .await
+                .map_err(|e| self.map(&e)),
+            Access::ReadWrite => {
+                let begin = format!(
+                    "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
+                     SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                    self.timeout_ms(),
+                    lease.guard
+                );
+                self.open_with(lease, &begin).await
+            }
+        }
+    }
+
+    /// Runs `begin`, a write's `BEGIN` message that ends with [`OPENED`], and keeps the
+    /// transaction's start it read, for the check in COMMIT's message (see [`Opened`]).
+    pub(super) async fn open_with(&self, lease: &Lease, begin: &str) -> Result<(), ApiError> {
         let answer = lease
             .client()
-            .simple_query(&begin)
+            .simple_query(begin)
             .await
             .map_err(|e| self.map(&e))?;
-        let opened = answer.iter().find_map(|message| match message {
-            tokio_postgres::SimpleQueryMessage::Row(row) => Some((
-                row.get(0).and_then(|pid| pid.parse::<i32>().ok()),
-                row.get(1).map(str::to_owned),
-            )),
+        let at = answer.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
             _ => None,
         });
-        let Some((Some(pid), Some(at))) = opened else {
-            tracing::error!("BEGIN's answer did not name the session and the transaction");
+        let Some(at) = at else {
+            tracing::error!("BEGIN's answer did not name the transaction");
             return Err(ApiError::internal());
         };
         // The text goes back into the COMMIT's message as a literal: digits and a point only.
@@ -65,7 +75,6 @@ impl Inner {
             tracing::error!(at, "BEGIN's transaction start is not a number");
             return Err(ApiError::internal());
         }
-        lease.backend.store(pid, Ordering::Release);
         *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
         Ok(())
     }
@@ -84,7 +93,7 @@ impl Inner {
     /// abandoned and the connection discarded (its transaction rolls back).
     pub(super) async fn end<T>(
         &self,
-        mut lease: Lease,
+        lease: Lease,
         mode: Access,
         result: Result<T, ApiError>,
     ) -> Result<T, ApiError> {
@@ -96,27 +105,36 @@ impl Inner {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let ending = async {
-            let end = match (&opened, commits) {
-                // Deferred constraints and triggers run here, under the timeout; session
-                // advisory locks a client took end with its request (the reset's unlock).
-                (Some(opened), true) => format!(
-                    "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
-                     RELEASE SAVEPOINT {}; \
-                     SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
-                    self.timeout_ms(),
-                    lease.guard,
-                    opened.at
-                ),
-                (None, true) => return Err(Ending::Tampered(tampered())),
-                (_, false) => "ROLLBACK".to_owned(),
+            if !commits {
+                // The reset runs once the transaction ended, in the same message.
+                let end = match mode {
+                    Access::ReadOnly => session::after_read(),
+                    Access::ReadWrite => session::ROLLBACK_AND_RESET.to_owned(),
+                };
+                return client.batch_execute(&end).await.map_err(Ending::Reset);
+            }
+            let Some(opened) = &opened else {
+                return Err(Ending::Tampered(tampered()));
             };
-            // One write: the reset runs once the transaction ended, whatever its end did.
+            // Deferred constraints and triggers run here, under the timeout; session advisory
+            // locks a client took end with its request (the reset's unlock).
+            let end = format!(
+                "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+                 RELEASE SAVEPOINT {}; \
+                 SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
+                self.timeout_ms(),
+                lease.guard,
+                opened.at
+            );
+            // One write: the reset runs once the transaction ended, whatever its end did (a
+            // failure abandons the rest of COMMIT's message, so the reset is a message of its
+            // own).
             let (ended, reset) = tokio::join!(
                 client.batch_execute(&end),
                 client.batch_execute(session::RESET)
             );
             match ended {
-                Err(e) if commits => {
+                Err(e) => {
                     // Whatever transaction the session is in now is not to be kept.
                     let _ = client.batch_execute("ROLLBACK").await;
                     if e.code()
@@ -126,20 +144,70 @@ impl Inner {
                     }
                     Err(Ending::Postgres(e))
                 }
-                Err(e) => Err(Ending::Postgres(e)),
                 // Ended as asked, but the session is not clean: not pooled again.
                 Ok(()) => reset.map_err(Ending::Reset),
             }
         };
-        // A rollback is quick unless the session is stuck in work that ignores cancels: then
-        // it is not waited for (the session is ended, which rolls back).
-        let within = match &result {
-            Ok(_) => self.limits.statement_timeout.saturating_add(STOP_WITHIN),
-            Err(_) => STOP_WITHIN,
-        };
-        let Ok(ended) = tokio::time::timeout(within, ending).await else {
-            if let Err(err) = result {
-                return Err(err);
+        let ended = tokio::time::timeout(self.end_within(result.is_ok()), ending)
+            .await
+            .ok();
+        self.ended(lease, mode, result, SentEnd(ended))
+    }
+
+    /// Waits for a read's end that was written behind its statement
+    /// (`session::after_read`, see `exec::Behind`) as [`Inner::end`] waits for its own,
+    /// for [`Inner::ended`]; `None` when there was none.
+    pub(super) async fn sent_end(
+        &self,
+        statement_ok: bool,
+        behind: Option<exec::Behind<'_>>,
+    ) -> Option<SentEnd> {
+        let behind = behind?;
+        let ended = tokio::time::timeout(self.end_within(statement_ok), behind.answer())
+            .await
+            .ok();
+        Some(SentEnd(ended.map(|answer| answer.map_err(Ending::Reset))))
+    }
+
+    /// [`Inner::ended`] when the end was `sent` behind the statement, else [`Inner::end`].
+    pub(super) async fn end_or_ended<T>(
+        &self,
+        lease: Lease,
+        mode: Access,
+        result: Result<T, ApiError>,
+        sent: Option<SentEnd>,
+    ) -> Result<T, ApiError> {
+        match sent {
+            Some(sent) => self.ended(lease, mode, result, sent),
+            None => self.end(lease, mode, result).await,
+        }
+    }
+
+    /// How long an end may take: a rollback is quick unless the session is stuck in work that
+    /// ignores cancels (then it is not waited for, and the session is ended, which rolls back);
+    /// a COMMIT runs deferred work under the statement timeout.
+    fn end_within(&self, statement_ok: bool) -> Duration {
+        if statement_ok {
+            self.limits.statement_timeout.saturating_add(STOP_WITHIN)
+        } else {
+            STOP_WITHIN
+        }
+    }
+
+    /// What a request whose transaction ended as `sent` says, and where its lease goes: back
+    /// to the pool when the end and the reset went as asked, closed when only the reset failed,
+    /// discarded (its session ended) when the end was abandoned or failed.
+    pub(super) fn ended<T>(
+        &self,
+        mut lease: Lease,
+        mode: Access,
+        result: Result<T, ApiError>,
+        sent: SentEnd,
+    ) -> Result<T, ApiError> {
+        let Some(ended) = sent.0 else {
+            // A read has nothing to keep: its rows are its answer whichever way it ended.
+            if result.is_err() || mode == Access::ReadOnly {
+                return result;
             }
             // Dropping the unclean lease cancels the statement and ends the session. COMMIT may
             // have completed meanwhile: the outcome is not known, and the answer says so (a
@@ -157,13 +225,14 @@ impl Inner {
                 result
             }
             Err(Ending::Reset(e)) => {
-                // The transaction ended as asked; the session is closed, not pooled.
-                tracing::warn!(error = %e, "cannot reset a session; closing it");
+                // The transaction ended as asked (or, for a rollback, could not have kept
+                // anything); the session is closed, not pooled.
+                tracing::warn!(error = %e, "cannot end or reset a session; closing it");
                 lease.retire();
                 lease.clean = true;
                 result
             }
-            // The statement's own error explains more than the failed rollback.
+            // The statement's own error explains more than the failed end.
             Err(_) if result.is_err() => result,
             // The session is not reused (the lease is unclean): its state is the client's.
             Err(Ending::Tampered(err)) => Err(err),
@@ -172,20 +241,24 @@ impl Inner {
     }
 }
 
+/// How a transaction's end went: `None` when it did not answer in time (see
+/// [`Inner::ended`]).
+pub(super) struct SentEnd(Option<Result<(), Ending>>);
+
 /// Why a transaction did not end as asked.
 #[derive(Debug)]
-enum Ending {
+pub(super) enum Ending {
     Postgres(tokio_postgres::Error),
     /// It was not the server's transaction any more (see [`Inner::end`]).
     Tampered(ApiError),
-    /// The transaction ended as asked, but the session's reset after it failed.
+    /// The transaction ended as asked, but the session's reset after it failed; or a
+    /// rollback and the reset in one message failed (a rollback keeps nothing either way).
     Reset(tokio_postgres::Error),
 }
 
-/// What `BEGIN`'s message reads last: the session's backend (see [`Lease::backend`]) and the
-/// transaction's start (see [`Opened`]).
-pub(super) const OPENED: &str = "SELECT pg_catalog.pg_backend_pid(), \
-EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
+/// What a write's `BEGIN` message reads last: the transaction's start (see [`Opened`]).
+pub(super) const OPENED: &str =
+    "SELECT EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
 
 /// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is
 /// not the one the server opened.
