@@ -44,7 +44,7 @@ pub enum Isolation {
 }
 
 impl Isolation {
-    fn as_str(self) -> &'static str {
+    pub(crate) fn as_str(self) -> &'static str {
         match self {
             Isolation::Serializable => "serializable",
             Isolation::RepeatableRead => "repeatable_read",

@@ -24,10 +24,10 @@ use std::sync::{Arc, PoisonError};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::Access;
-use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions};
+use crate::engine::interactive::{CommitError, Record, StepError, TxOptions};
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::transaction::OPENED;
+use crate::engine::postgres::transaction::{self, OPENED};
 use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
 use crate::engine::stream::Sink;
 use crate::protocol::error::{ApiError, ErrorCode};
@@ -91,11 +91,7 @@ impl Session {
         } else {
             "READ WRITE"
         };
-        let isolation = match options.isolation {
-            Isolation::Serializable => "SERIALIZABLE",
-            Isolation::RepeatableRead => "REPEATABLE READ",
-            Isolation::ReadCommitted => "READ COMMITTED",
-        };
+        let isolation = transaction::sql_level(options.isolation);
         let deferrable = if options.deferrable {
             ", DEFERRABLE"
         } else {

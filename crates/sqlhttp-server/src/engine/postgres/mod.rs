@@ -300,7 +300,7 @@ impl Engine for PostgresEngine {
     ) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
         self.spawn_buffered(|inner, job| async move {
-            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch.statements))).await
+            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch))).await
         })
         .await
     }

@@ -10,6 +10,7 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use crate::engine::Access;
+use crate::engine::interactive::Isolation;
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, STOP_WITHIN, exec, session};
 use crate::protocol::error::ApiError;
@@ -31,21 +32,34 @@ impl Inner {
     /// savepoint, released just before COMMIT; a read ends with ROLLBACK, which cannot keep
     /// anything, and needs neither the guard nor the check of [`Opened`].
     pub(super) async fn begin(&self, lease: &Lease, mode: Access) -> Result<(), ApiError> {
+        self.begin_at(lease, mode, None).await
+    }
+
+    /// [`Inner::begin`] at `isolation`; `None` is the request's default: `REPEATABLE READ` for
+    /// a read (one snapshot for all its statements), `READ COMMITTED` for a write.
+    pub(super) async fn begin_at(
+        &self,
+        lease: &Lease,
+        mode: Access,
+        isolation: Option<Isolation>,
+    ) -> Result<(), ApiError> {
         let client = lease.client();
+        let level = |default: &'static str| isolation.map_or(default, sql_level);
         match mode {
             // Nothing to read back: a read ends with ROLLBACK, whatever it began.
             Access::ReadOnly => client
                 .batch_execute(&format!(
-                    "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
-                     SET LOCAL statement_timeout = {}",
+                    "BEGIN READ ONLY, ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}",
+                    level("REPEATABLE READ"),
                     self.timeout_ms()
                 ))
                 .await
                 .map_err(|e| self.map(&e)),
             Access::ReadWrite => {
                 let begin = format!(
-                    "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
+                    "BEGIN READ WRITE, ISOLATION LEVEL {}; \
                      SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                    level("READ COMMITTED"),
                     self.timeout_ms(),
                     lease.guard
                 );
@@ -244,6 +258,15 @@ impl Inner {
 /// How a transaction's end went: `None` when it did not answer in time (see
 /// [`Inner::ended`]).
 pub(super) struct SentEnd(Option<Result<(), Ending>>);
+
+/// PostgreSQL's name for `isolation`.
+pub(super) fn sql_level(isolation: Isolation) -> &'static str {
+    match isolation {
+        Isolation::Serializable => "SERIALIZABLE",
+        Isolation::RepeatableRead => "REPEATABLE READ",
+        Isolation::ReadCommitted => "READ COMMITTED",
+    }
+}
 
 /// Why a transaction did not end as asked.
 #[derive(Debug)]

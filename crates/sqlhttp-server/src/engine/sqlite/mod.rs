@@ -376,6 +376,7 @@ impl Engine for SqliteEngine {
     /// Runs a batch in one transaction: a read-only one on a reader (on the writer when there
     /// are no readers), any other on the writer (see `batch`).
     async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        serializable_only(&batch)?;
         let (pool, access) = if batch.read_only {
             (
                 self.readers.as_ref().unwrap_or(&self.writer),
@@ -397,6 +398,7 @@ impl Engine for SqliteEngine {
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
+        serializable_only(&batch)?;
         self.run_buffered(&self.writer, move |writer| {
             batch::run_keyed(writer, &keyed, &batch)
         })
@@ -521,6 +523,15 @@ fn watchdog(pools: &[Weak<Pool>], closing_since: &OnceLock<Instant>) {
         if !open {
             return;
         }
+    }
+}
+
+/// A batch may ask for `serializable` only: every SQLite transaction is (one writer at a time,
+/// and a reader's snapshot is its transaction's).
+fn serializable_only(batch: &BatchRequest) -> Result<(), ApiError> {
+    match batch.isolation {
+        Some(isolation) => crate::engine::interactive::sqlite_serializable_only(isolation),
+        None => Ok(()),
     }
 }
 
