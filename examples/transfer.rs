@@ -11,7 +11,10 @@
 //! 2. a batch through two lost responses under `retry_writes`: applied exactly once;
 //! 3. a batch whose response is lost without `retry_writes`, re-sent later with the same key: replayed;
 //! 4. an overdraft refused by a `CHECK` constraint: the error names the statement, nothing applied;
-//! 5. twenty concurrent transfers through resets, `503`s and lost responses: every one applied once.
+//! 5. twenty concurrent transfers through resets, `503`s and lost responses: every one applied once;
+//! 6. the interactive way: twenty concurrent read-decide-write transfers through `transact` (read
+//!    the balance, decide in Rust, write), through lost responses at every kind of step: every
+//!    one applied once, the overdrafts refused by the application's own check.
 
 use std::time::Duration;
 
@@ -55,6 +58,7 @@ async fn main() -> Result {
     re_sent_later_with_the_same_key(&server, &direct).await?;
     overdraft_applies_nothing(&direct).await?;
     concurrent_transfers(&server, &direct).await?;
+    interactive_transfers(&server, &direct).await?;
     Ok(())
 }
 
@@ -240,4 +244,115 @@ async fn concurrent_transfers(server: &TestServer, direct: &Client) -> Result {
         .fetch_all()
         .await?;
     check(got == expected, "every transfer applied exactly once")
+}
+
+/// One interactive transfer: reads the balance, decides in the application, then writes both
+/// balances and the ledger row, all in one transaction; `Ok(false)` when the application refused
+/// it (too little money), having written nothing.
+async fn interactive_transfer(
+    client: &Client,
+    id: String,
+    from: i64,
+    to: i64,
+    amount: i64,
+) -> sqlhttp::Result<bool> {
+    client
+        .transact(|tx| {
+            let id = id.clone();
+            async move {
+                let balance: i64 = tx
+                    .query("SELECT balance FROM accounts WHERE id = ?")
+                    .bind(from)
+                    .fetch_one()
+                    .await?;
+                if balance < amount {
+                    return Ok(false);
+                }
+                tx.execute("UPDATE accounts SET balance = ? WHERE id = ?")
+                    .bind(balance - amount)
+                    .bind(from)
+                    .await?;
+                tx.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?")
+                    .bind(amount)
+                    .bind(to)
+                    .await?;
+                tx.execute(
+                    "INSERT INTO transfers (id, from_id, to_id, amount) VALUES (?, ?, ?, ?)",
+                )
+                .bind(id)
+                .bind(from)
+                .bind(to)
+                .bind(amount)
+                .await?;
+                Ok(true)
+            }
+        })
+        .await
+}
+
+async fn interactive_transfers(server: &TestServer, direct: &Client) -> Result {
+    println!("\n6. the interactive way: twenty concurrent read-decide-write transactions");
+    let proxy = server.proxy().await;
+    proxy.push_all([
+        Fault::DropAfterForward,
+        Fault::Pass,
+        Fault::DropAfterForward,
+        Fault::ResetBeforeForward,
+        Fault::unavailable(0),
+        Fault::DropAfterForward,
+        Fault::status(502),
+    ]);
+    // Every step of a transaction is safe to send again: no retry_writes needed.
+    let client = server
+        .proxied_client_builder(&proxy)
+        .retry(quick().with_max_attempts(20))
+        .build()?;
+    let before: Vec<i64> = direct
+        .query("SELECT balance FROM accounts ORDER BY id")
+        .fetch_all()
+        .await?;
+    // Every fourth one asks for more than any account holds: the application refuses it.
+    let plan: Vec<(i64, i64, i64)> = (0..20)
+        .map(|i| {
+            let from = i % ACCOUNTS;
+            let amount = if i % 4 == 3 { 1_000_000 } else { 7 + i };
+            (from, (from + 1) % ACCOUNTS, amount)
+        })
+        .collect();
+    let tasks: Vec<_> = plan
+        .iter()
+        .enumerate()
+        .map(|(n, &(from, to, amount))| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                interactive_transfer(&client, format!("t-6-{n}"), from, to, amount).await
+            })
+        })
+        .collect();
+    let mut expected = before;
+    for (task, &(from, to, amount)) in tasks.into_iter().zip(&plan) {
+        if task.await?? {
+            expected[from as usize] -= amount;
+            expected[to as usize] += amount;
+        } else {
+            check(amount == 1_000_000, "only the overdrafts are refused")?;
+        }
+    }
+    println!(
+        "   the proxy saw {} requests, the server {}",
+        proxy.requests(),
+        proxy.forwarded()
+    );
+    let total = report(direct, "after").await?;
+    check(total == ACCOUNTS * OPENING, "the total is whole")?;
+    let got: Vec<i64> = direct
+        .query("SELECT balance FROM accounts ORDER BY id")
+        .fetch_all()
+        .await?;
+    check(got == expected, "every transfer applied exactly once")?;
+    let ledger: i64 = direct
+        .query("SELECT count(*) FROM transfers WHERE id LIKE 't-6-%'")
+        .fetch_one()
+        .await?;
+    check(ledger == 15, "one ledger row per transfer made")
 }

@@ -17,6 +17,7 @@ mod params;
 mod progress;
 mod run;
 mod shell;
+mod tx_control;
 
 use std::io::{self, IsTerminal as _, Read as _, Write as _};
 use std::process::ExitCode;

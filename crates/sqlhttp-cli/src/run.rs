@@ -11,7 +11,7 @@ use std::io::Write;
 use std::time::Instant;
 
 use serde_json::Value as Param;
-use sqlhttp::{Client, ErrorKind, RowStream, Value};
+use sqlhttp::{Client, ErrorKind, RowStream, Transaction, Value};
 
 use crate::args::Format;
 use crate::output;
@@ -54,6 +54,40 @@ pub(crate) async fn statement(
         Err(err) => return Err(err.into()),
     };
     print_rows(rows, format, out, started).await
+}
+
+/// Runs `sql` in the open transaction `tx` and prints what it gave, as [`statement`] does. Its
+/// answer comes whole (the server keeps each step's answer, to send it again to a retry), and
+/// every step of a transaction is safe to retry, so it needs no read first.
+pub(crate) async fn in_transaction(
+    tx: &Transaction,
+    sql: &str,
+    params: &[Param],
+    format: Format,
+    out: &mut dyn Write,
+) -> anyhow::Result<Ran> {
+    let started = Instant::now();
+    let mut statement = tx.execute(sql);
+    for param in params {
+        statement = statement.bind(param);
+    }
+    let table = statement.await?;
+    if table.columns().is_empty() {
+        return Ok(Ran::Changed(table.rows_affected()));
+    }
+    let columns: Vec<String> = table
+        .columns()
+        .iter()
+        .map(|c| c.name().to_owned())
+        .collect();
+    let rows: Vec<Vec<Value>> = table.rows_as()?;
+    let mut writer = output::writer(format, out);
+    writer.start(&columns)?;
+    for row in &rows {
+        writer.row(row)?;
+    }
+    writer.finish(rows.len() as u64, started.elapsed())?;
+    Ok(Ran::Rows(rows.len() as u64))
 }
 
 /// Writes a result's rows as they arrive; a result without columns is a count of changed rows.

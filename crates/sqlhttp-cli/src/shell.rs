@@ -4,7 +4,12 @@
 //!
 //! Meta commands: `\d` or `.tables` (tables and views), `\d NAME` or `.schema NAME` (a table's
 //! columns, from the server's describe call: the same on every engine), `\i FILE` or `.read FILE`
-//! (run a script), `\timing`, `\format FORMAT`, `\q` or `.quit`, `\?` or `.help`. Knows the
+//! (run a script), `\timing`, `\format FORMAT`, `\q` or `.quit`, `\?` or `.help`.
+//!
+//! `BEGIN`, `COMMIT` and `ROLLBACK` (see `tx_control`) drive one of the server's interactive
+//! transactions: the statements between them run in it, and the prompt says so (`sqlhttp*> `, as
+//! psql marks one). A script stops at its first error and rolls back the transaction it opened;
+//! a script or a shell that ends with a transaction open rolls it back and says so. Knows the
 //! terminal and the script format; statements run through `run`.
 
 use std::io::{self, IsTerminal as _, Read as _, Write};
@@ -14,11 +19,12 @@ use std::time::Instant;
 use anyhow::Context as _;
 use rustyline::DefaultEditor;
 use rustyline::error::ReadlineError;
-use sqlhttp::{Client, Value};
+use sqlhttp::{Client, Transaction, Value};
 
 use crate::args::Format;
 use crate::output::{self, format_elapsed};
 use crate::run::{self, Ran};
+use crate::tx_control::{self, TxCommand};
 use sqlhttp::script;
 
 const HELP: &str = "\
@@ -28,7 +34,9 @@ Statements end with `;` and may span lines. Meta commands:
   \\i FILE, .read FILE   run the statements of a file (stops at its first error)
   \\timing               show the time each statement takes (on/off)
   \\format FORMAT        table, csv, json or ndjson
-  \\q, .quit             leave (or Ctrl-D)";
+  \\q, .quit             leave (or Ctrl-D)
+BEGIN [READ ONLY] [ISOLATION LEVEL ...], COMMIT and ROLLBACK run the statements between them in
+one transaction of the server's (the prompt shows `*` while one is open).";
 
 /// The shell's state between statements.
 struct Session<'c> {
@@ -37,6 +45,8 @@ struct Session<'c> {
     timing: bool,
     /// The script files being run, outermost first (`\i` inside `\i`).
     including: Vec<PathBuf>,
+    /// The transaction `BEGIN` opened, until `COMMIT` or `ROLLBACK`.
+    transaction: Option<Transaction>,
 }
 
 /// How deep `\i` may nest.
@@ -51,11 +61,33 @@ enum Meta {
 }
 
 impl Session<'_> {
-    /// Runs one statement, printing its rows or its effect.
+    /// Runs one statement, printing its rows or its effect: a transaction command drives the
+    /// session's transaction; any other statement runs in it when one is open.
     async fn statement(&mut self, sql: &str, params: &[serde_json::Value]) -> anyhow::Result<()> {
         let started = Instant::now();
+        if let Some(command) = tx_control::parse(sql).map_err(anyhow::Error::msg)? {
+            return self.transaction_command(command).await;
+        }
         let mut stdout = io::stdout().lock();
-        match run::statement(self.client, sql, params, self.format, &mut stdout).await? {
+        let ran = match &self.transaction {
+            Some(tx) => {
+                match run::in_transaction(tx, sql, params, self.format, &mut stdout).await {
+                    Err(e)
+                        if e.downcast_ref::<sqlhttp::Error>()
+                            .is_some_and(sqlhttp::Error::is_transaction_lost) =>
+                    {
+                        // The server rolled it back: nothing of it was committed.
+                        self.transaction = None;
+                        return Err(e.context(
+                            "the transaction was lost and rolled back: nothing of it was committed",
+                        ));
+                    }
+                    ran => ran?,
+                }
+            }
+            None => run::statement(self.client, sql, params, self.format, &mut stdout).await?,
+        };
+        match ran {
             Ran::Changed(rows) => writeln!(stdout, "{rows} row{} affected", plural(rows))?,
             Ran::Rows(_) => {}
         }
@@ -64,6 +96,58 @@ impl Session<'_> {
         }
         stdout.flush()?;
         Ok(())
+    }
+
+    /// `BEGIN`, `COMMIT` or `ROLLBACK`.
+    async fn transaction_command(&mut self, command: TxCommand) -> anyhow::Result<()> {
+        match command {
+            TxCommand::Begin(options) => {
+                if self.transaction.is_some() {
+                    anyhow::bail!("a transaction is already open: COMMIT or ROLLBACK it first");
+                }
+                let mut open = self.client.transaction();
+                if options.read_only {
+                    open = open.read_only();
+                }
+                if let Some(isolation) = options.isolation {
+                    open = open.isolation(isolation);
+                }
+                if options.deferrable {
+                    open = open.deferrable();
+                }
+                self.transaction = Some(open.await?);
+                println!("BEGIN");
+            }
+            TxCommand::Commit => {
+                let Some(tx) = self.transaction.take() else {
+                    anyhow::bail!("no transaction is open: COMMIT has nothing to commit");
+                };
+                tx.commit().await?;
+                println!("COMMIT");
+            }
+            TxCommand::Rollback => {
+                let Some(tx) = self.transaction.take() else {
+                    anyhow::bail!("no transaction is open: ROLLBACK has nothing to roll back");
+                };
+                tx.rollback().await?;
+                println!("ROLLBACK");
+            }
+        }
+        Ok(())
+    }
+
+    /// Rolls back a transaction left open (the script failed or ended, the shell is leaving),
+    /// saying so on stderr.
+    async fn roll_back_open(&mut self, why: &str) {
+        if let Some(tx) = self.transaction.take() {
+            match tx.rollback().await {
+                Ok(()) => eprintln!("{why}: the open transaction was rolled back"),
+                Err(e) => eprintln!(
+                    "{why}: the open transaction could not be rolled back ({e}); the server \
+                     rolls it back when it expires"
+                ),
+            }
+        }
     }
 
     /// Writes a result the shell made itself, in the session's format.
@@ -183,11 +267,11 @@ pub(crate) async fn run(
         format: format.unwrap_or(default),
         timing: false,
         including: Vec::new(),
+        transaction: None,
     };
-    if let Some(file) = file {
-        return include(&mut session, file).await;
-    }
-    if interactive {
+    let ran = if let Some(file) = file {
+        include(&mut session, file).await
+    } else if interactive {
         interactive_loop(&mut session, url).await
     } else {
         let mut script = String::new();
@@ -195,7 +279,14 @@ pub(crate) async fn run(
             .read_to_string(&mut script)
             .context("cannot read the script from stdin")?;
         run_script(&mut session, &script).await
-    }
+    };
+    let why = match &ran {
+        Ok(()) if interactive => "leaving the shell",
+        Ok(()) => "the script ended inside a transaction",
+        Err(_) => "the script stopped at an error",
+    };
+    session.roll_back_open(why).await;
+    ran
 }
 
 /// Runs the script in `file`, naming the file in its errors.
@@ -298,10 +389,11 @@ async fn interactive_loop(session: &mut Session<'_>, url: &str) -> anyhow::Resul
     );
     let mut buffer = String::new();
     loop {
-        let prompt = if buffer.is_empty() {
-            "sqlhttp> "
-        } else {
-            "     ...> "
+        let prompt = match (buffer.is_empty(), session.transaction.is_some()) {
+            (true, false) => "sqlhttp> ",
+            (true, true) => "sqlhttp*> ",
+            (false, false) => "     ...> ",
+            (false, true) => "     ..*> ",
         };
         let line = match editor.readline(prompt) {
             Ok(line) => line,

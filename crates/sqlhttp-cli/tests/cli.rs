@@ -785,3 +785,133 @@ async fn migrate_add_run_info_revert() {
         stderr(&misnamed)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn begin_commit_and_rollback_drive_a_transaction_in_the_shell() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let setup = "CREATE TABLE acct (id INTEGER PRIMARY KEY, balance INTEGER);\n\
+                 INSERT INTO acct VALUES (1, 100), (2, 0);\n";
+    assert_exit(&sqlhttp(&url, &["shell"], Some(setup)).await, 0);
+    let balances = || async {
+        ok(
+            &url,
+            &[
+                "query",
+                "SELECT id, balance FROM acct ORDER BY id",
+                "--format",
+                "csv",
+            ],
+        )
+        .await
+    };
+
+    // Read, decide, write: one transaction, committed whole.
+    let transfer = "BEGIN;\n\
+                    UPDATE acct SET balance = balance - 30 WHERE id = 1;\n\
+                    SELECT balance FROM acct WHERE id = 1;\n\
+                    UPDATE acct SET balance = balance + 30 WHERE id = 2;\n\
+                    COMMIT;\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(transfer)).await;
+    assert_exit(&output, 0);
+    assert_eq!(
+        stdout(&output),
+        "BEGIN\n1 row affected\nbalance\n70\n1 row affected\nCOMMIT\n"
+    );
+    assert_eq!(balances().await, "id,balance\n1,70\n2,30\n");
+
+    // A script stops at its first error and rolls back what its transaction did.
+    let failing = "BEGIN;\n\
+                   UPDATE acct SET balance = 0 WHERE id = 1;\n\
+                   INSERT INTO nowhere VALUES (1);\n\
+                   UPDATE acct SET balance = 0 WHERE id = 2;\n\
+                   COMMIT;\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(failing)).await;
+    assert_exit(&output, 1);
+    assert!(
+        stderr(&output).contains("no such table: nowhere")
+            && stderr(&output).contains("the open transaction was rolled back"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(
+        balances().await,
+        "id,balance\n1,70\n2,30\n",
+        "nothing was kept"
+    );
+
+    // A script that ends inside a transaction rolls it back, and says so.
+    let unfinished = "BEGIN;\nDELETE FROM acct;\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(unfinished)).await;
+    assert_exit(&output, 0);
+    assert!(
+        stderr(&output)
+            .contains("ended inside a transaction: the open transaction was rolled back"),
+        "{}",
+        stderr(&output)
+    );
+    assert_eq!(balances().await, "id,balance\n1,70\n2,30\n");
+
+    // Explicit ROLLBACK; and the commands out of place are errors that say why.
+    let rolled = "BEGIN;\nDELETE FROM acct;\nROLLBACK;\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(rolled)).await;
+    assert_exit(&output, 0);
+    assert_eq!(stdout(&output), "BEGIN\n2 rows affected\nROLLBACK\n");
+    assert_eq!(balances().await, "id,balance\n1,70\n2,30\n");
+    for (script, why) in [
+        ("COMMIT;\n", "no transaction is open"),
+        ("BEGIN;\nBEGIN;\n", "a transaction is already open"),
+        ("BEGIN;\nSAVEPOINT a;\n", "savepoints are not available"),
+    ] {
+        let output = sqlhttp(&url, &["shell"], Some(script)).await;
+        assert_exit(&output, 1);
+        assert!(
+            stderr(&output).contains(why),
+            "{script}: {}",
+            stderr(&output)
+        );
+    }
+
+    // A read-only transaction refuses a write.
+    let read_only = "BEGIN READ ONLY;\nSELECT count(*) AS n FROM acct;\nDELETE FROM acct;\n";
+    let output = sqlhttp(&url, &["shell", "--format", "csv"], Some(read_only)).await;
+    assert_exit(&output, 1);
+    assert!(
+        stdout(&output).starts_with("BEGIN\nn\n2\n"),
+        "{}",
+        stdout(&output)
+    );
+    assert_eq!(balances().await, "id,balance\n1,70\n2,30\n");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shell_prompt_shows_an_open_transaction() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    let dir = tempfile::tempdir().unwrap();
+    let history = dir.path().join("history");
+    let binary = assert_cmd::cargo::cargo_bin("sqlhttp");
+    let transcript = tokio::task::spawn_blocking(move || {
+        let mut command = std::process::Command::new(binary);
+        command
+            .args(["--url", &url, "shell"])
+            .env("SQLHTTP_HISTORY", &history)
+            .env("TERM", "dumb");
+        let mut shell = rexpect::session::spawn_command(command, Some(20_000)).unwrap();
+        shell.exp_string("sqlhttp> ").unwrap();
+        shell.send_line("CREATE TABLE t (x INTEGER);").unwrap();
+        shell.exp_string("sqlhttp> ").unwrap();
+        shell.send_line("BEGIN;").unwrap();
+        shell.exp_string("sqlhttp*> ").unwrap();
+        shell.send_line("INSERT INTO t VALUES (1);").unwrap();
+        shell.exp_string("sqlhttp*> ").unwrap();
+        shell.send_line("COMMIT;").unwrap();
+        let before = shell.exp_string("sqlhttp> ").unwrap();
+        shell.send_line("\\q").unwrap();
+        shell.exp_eof().unwrap();
+        before
+    })
+    .await
+    .unwrap();
+    assert!(transcript.contains("COMMIT"), "{transcript}");
+}

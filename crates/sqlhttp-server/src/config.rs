@@ -94,6 +94,32 @@ impl Limits {
     }
 }
 
+/// What interactive transactions may hold (see `docs/adr/0036-interactive-transactions.md`),
+/// with defaults in [`TransactionLimits::default`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TransactionLimits {
+    /// Transactions open at once; past it opening one answers `503 UNAVAILABLE` with
+    /// `Retry-After`. 0 switches interactive transactions off. Default 16. On PostgreSQL each
+    /// open transaction holds one connection of the pool, and at most `pool_size - 1` are held
+    /// so (an open past them waits at most the statement timeout).
+    pub max_open: usize,
+    /// How long a transaction may wait for its client's next request; past it the server rolls
+    /// it back, and later requests get `410 TRANSACTION_EXPIRED`. Default 10 s.
+    pub idle_timeout: Duration,
+    /// How long a transaction may stay open in all, however busy. Default 60 s.
+    pub max_lifetime: Duration,
+}
+
+impl Default for TransactionLimits {
+    fn default() -> Self {
+        TransactionLimits {
+            max_open: 16,
+            idle_timeout: Duration::from_secs(10),
+            max_lifetime: Duration::from_secs(60),
+        }
+    }
+}
+
 /// Connection-level protection against slow and hostile HTTP clients, with defaults in
 /// [`HttpLimits::default`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -216,6 +242,8 @@ pub struct Config {
     pub limits: Limits,
     /// What one HTTP connection may cost: timeouts, the connection cap, allowed origins.
     pub http: HttpLimits,
+    /// What interactive transactions may hold: how many, for how long.
+    pub transactions: TransactionLimits,
     /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) with these files; `None` (the default) serves
     /// plain HTTP/1.1.
     pub tls: Option<TlsFiles>,
@@ -236,6 +264,7 @@ impl Default for Config {
             idempotency_ttl: Some(DEFAULT_IDEMPOTENCY_TTL),
             limits: Limits::default(),
             http: HttpLimits::default(),
+            transactions: TransactionLimits::default(),
             tls: None,
         }
     }

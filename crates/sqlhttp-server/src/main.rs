@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use sqlhttp_server::{
-    Config, Database, HttpLimits, Limits, RateLimit, Server, TlsFiles, TlsReloader, parse_duration,
-    read_token_file,
+    Config, Database, HttpLimits, Limits, RateLimit, Server, TlsFiles, TlsReloader,
+    TransactionLimits, parse_duration, read_token_file,
 };
 
 /// Environment variable with comma-separated tokens, used when no `--token` is given.
@@ -121,6 +121,18 @@ struct Cli {
     /// Ignore Idempotency-Key headers.
     #[arg(long, env = "SQLHTTPD_NO_IDEMPOTENCY")]
     no_idempotency: bool,
+
+    /// Interactive transactions open at once (503 past it); 0 switches them off.
+    #[arg(long, env = "SQLHTTPD_MAX_TRANSACTIONS", value_name = "N", default_value_t = TransactionLimits::default().max_open)]
+    max_transactions: usize,
+
+    /// How long an interactive transaction may wait for its client before it is rolled back.
+    #[arg(long, env = "SQLHTTPD_TRANSACTION_IDLE_TIMEOUT", value_name = "DURATION", default_value = "10s", value_parser = parse_positive_duration)]
+    transaction_idle_timeout: Duration,
+
+    /// How long an interactive transaction may stay open in all before it is rolled back.
+    #[arg(long, env = "SQLHTTPD_TRANSACTION_MAX_LIFETIME", value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
+    transaction_max_lifetime: Duration,
 
     /// How long one statement may run before it is interrupted (422 STATEMENT_TIMEOUT).
     #[arg(long, env = "SQLHTTPD_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
@@ -292,6 +304,11 @@ impl Cli {
                 pool_size: self.pool_size,
                 max_batch_statements: self.max_batch_statements,
                 max_engine_memory: self.max_engine_memory,
+            },
+            transactions: TransactionLimits {
+                max_open: self.max_transactions,
+                idle_timeout: self.transaction_idle_timeout,
+                max_lifetime: self.transaction_max_lifetime,
             },
             http: HttpLimits {
                 header_timeout: self.header_timeout,

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use crate::budget::Budget;
 use crate::config::{Config, Limits};
+use crate::engine::transactions::Transactions;
 use crate::engine::{Backend, Engine as _};
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
@@ -46,6 +47,8 @@ pub(crate) struct Shared {
     pub(crate) limits: Limits,
     pub(crate) allow_origins: Vec<String>,
     pub(crate) idempotency_ttl: Option<Duration>,
+    /// The open interactive transactions and the finished ones' outcomes.
+    pub(crate) transactions: Arc<Transactions>,
     in_flight: Mutex<HashSet<String>>,
 }
 
@@ -83,11 +86,17 @@ impl AppState {
                 metrics: Metrics::new(),
                 max_body_bytes: config.max_body_bytes,
                 max_batch_bytes: config.max_batch_bytes,
-                budget,
+                budget: budget.clone(),
                 body_timeout: config.http.body_timeout,
                 limits: config.limits,
                 allow_origins: config.http.allow_origins.clone(),
                 idempotency_ttl: config.idempotency_ttl,
+                transactions: Arc::new(Transactions::new(
+                    config.transactions,
+                    config.idempotency_ttl,
+                    config.limits.max_result_bytes,
+                    budget.clone(),
+                )),
                 in_flight: Mutex::new(HashSet::new()),
             }),
         })
@@ -96,6 +105,7 @@ impl AppState {
     /// Closes the database: waits for queued work, interrupts a statement still running, and
     /// returns once the connection is dropped. Requests after this answer 503.
     pub(crate) async fn close(&self) {
+        self.inner.transactions.close().await;
         self.inner.engine.close().await;
     }
 }

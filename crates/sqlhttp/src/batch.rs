@@ -19,6 +19,7 @@ use crate::options::{CallOptions, call_settings, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, Statement};
 use crate::table::Table;
+use crate::transaction::Isolation;
 use crate::transport::{Call, Endpoint};
 
 /// How large a batch the client sends (see `ClientBuilder::batch_max_statements` and
@@ -64,11 +65,17 @@ pub(crate) fn check_limits(
 
 /// `{"statements":[<body>,...],"read_only":<bool>}`, each body a `POST /api/v1/sql` request body.
 pub(crate) fn encode(bodies: &[Bytes], read_only: bool) -> Bytes {
-    encode_with(bodies, read_only, false)
+    encode_with(bodies, read_only, false, None)
 }
 
-/// [`encode`], with `"foreign_keys":"checked_at_commit"` when `keys_at_commit`.
-fn encode_with(bodies: &[Bytes], read_only: bool, keys_at_commit: bool) -> Bytes {
+/// [`encode`], with `"foreign_keys":"checked_at_commit"` when `keys_at_commit`, and the
+/// `"isolation"` asked for.
+fn encode_with(
+    bodies: &[Bytes],
+    read_only: bool,
+    keys_at_commit: bool,
+    isolation: Option<Isolation>,
+) -> Bytes {
     let size = bodies.iter().map(|b| b.len() + 1).sum::<usize>() + 48;
     let mut out = Vec::with_capacity(size);
     out.extend_from_slice(b"{\"statements\":[");
@@ -85,6 +92,11 @@ fn encode_with(bodies: &[Bytes], read_only: bool, keys_at_commit: bool) -> Bytes
     });
     if keys_at_commit {
         out.extend_from_slice(b",\"foreign_keys\":\"checked_at_commit\"");
+    }
+    if let Some(isolation) = isolation {
+        out.extend_from_slice(b",\"isolation\":\"");
+        out.extend_from_slice(isolation.as_str().as_bytes());
+        out.push(b'"');
     }
     out.push(b'}');
     Bytes::from(out)
@@ -189,6 +201,7 @@ pub struct Batch {
     statements: Vec<Statement>,
     read_only: bool,
     keys_at_commit: bool,
+    isolation: Option<Isolation>,
     /// `bind` was called before any `statement`.
     stray_bind: bool,
     options: CallOptions,
@@ -205,6 +218,7 @@ impl Batch {
             statements: Vec::new(),
             read_only: false,
             keys_at_commit: false,
+            isolation: None,
             stray_bind: false,
             options: CallOptions::default(),
         }
@@ -259,6 +273,32 @@ impl Batch {
     /// ```
     pub fn foreign_keys_checked_at_commit(mut self) -> Self {
         self.keys_at_commit = true;
+        self
+    }
+
+    /// Runs the batch's transaction at `isolation`. Without it a write batch runs at the
+    /// engine's default (`READ COMMITTED` on PostgreSQL) and a read-only one sees one snapshot
+    /// (`REPEATABLE READ`); SQLite's transactions are serializable, and the server refuses the
+    /// other levels there (`400`). On PostgreSQL a [`Isolation::Serializable`] batch may fail to
+    /// serialize against a concurrent transaction: nothing of it is kept, and it is answered as
+    /// unavailable, so it is retried under the client's policy when it is a read
+    /// ([`read_only`](Self::read_only)) or carries an idempotency key; an unkeyed write batch is
+    /// not retried (see `retry_writes`).
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// use sqlhttp::Isolation;
+    /// client
+    ///     .batch()
+    ///     .statement("INSERT INTO ledger (account, delta) SELECT 1, -25 WHERE (SELECT sum(delta) FROM ledger WHERE account = 1) >= 25")
+    ///     .isolation(Isolation::Serializable)
+    ///     .idempotency_key("withdraw-42")
+    ///     .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn isolation(mut self, isolation: Isolation) -> Self {
+        self.isolation = Some(isolation);
         self
     }
 
@@ -338,7 +378,7 @@ impl Batch {
                 .encode()
             })
             .collect();
-        let body = encode_with(&bodies, self.read_only, self.keys_at_commit);
+        let body = encode_with(&bodies, self.read_only, self.keys_at_commit, self.isolation);
         check_limits(count, body.len(), self.client.batch_limits()).map_err(|message| {
             Error::new(ErrorKind::PayloadTooLarge {
                 message: format!("the batch cannot be sent: {message}"),
@@ -403,6 +443,7 @@ impl fmt::Debug for Batch {
             .field("statements", &self.statements)
             .field("read_only", &self.read_only)
             .field("foreign_keys_checked_at_commit", &self.keys_at_commit)
+            .field("isolation", &self.isolation)
             .field("options", &self.options)
             .finish_non_exhaustive()
     }
@@ -428,7 +469,7 @@ mod tests {
     fn foreign_keys_checked_at_commit_are_said_once() {
         let bodies = [Bytes::from_static(br#"{"sql":"SELECT 1"}"#)];
         assert_eq!(
-            &encode_with(&bodies, false, true)[..],
+            &encode_with(&bodies, false, true, None)[..],
             br#"{"statements":[{"sql":"SELECT 1"}],"read_only":false,"foreign_keys":"checked_at_commit"}"#
         );
     }

@@ -157,6 +157,12 @@ impl Client {
         self.inner.batch_limits
     }
 
+    /// The client's transport: its retry policy, budget and random source (for
+    /// [`Client::transact`]'s runs).
+    pub(crate) fn transport(&self) -> &crate::transport::Transport {
+        &self.inner.transport
+    }
+
     /// Sends a call the request builders made, handing the response body to `receiver` until it is
     /// served; a setting that cannot work fails before anything is sent.
     pub(crate) async fn send(

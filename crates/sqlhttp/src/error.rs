@@ -160,6 +160,18 @@ pub enum ErrorKind {
     /// The caller cancelled the call (through a `CancellationToken`).
     #[error("cancelled")]
     Cancelled,
+    /// An interactive transaction cannot go on, and **nothing of it was committed**: the server
+    /// rolled it back because it was idle or open too long, or its server restarted
+    /// (`410 TRANSACTION_EXPIRED`), or it failed to serialize, deadlocked or lost its database
+    /// connection (`409 TRANSACTION_ABORTED`). Run the whole transaction again:
+    /// [`Client::transact`](crate::Client::transact) does.
+    #[error("transaction lost ({code}): {message}")]
+    TransactionLost {
+        /// The protocol's error code, `TRANSACTION_EXPIRED` or `TRANSACTION_ABORTED`.
+        code: String,
+        /// The server's explanation.
+        message: String,
+    },
 }
 
 impl ErrorKind {
@@ -176,6 +188,11 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge { .. } => Some(413),
             ErrorKind::RateLimited { .. } => Some(429),
             ErrorKind::Unavailable { .. } => Some(503),
+            ErrorKind::TransactionLost { code, .. } => Some(if code == "TRANSACTION_EXPIRED" {
+                410
+            } else {
+                409
+            }),
             ErrorKind::Http { status, .. } => Some(*status),
             _ => None,
         }
@@ -252,7 +269,7 @@ impl ErrorKind {
     /// The protocol's error code a kind stands for, when it comes from a response.
     pub(crate) fn wire_code(&self) -> Option<&str> {
         match self {
-            ErrorKind::Sql { code, .. } => Some(code),
+            ErrorKind::Sql { code, .. } | ErrorKind::TransactionLost { code, .. } => Some(code),
             ErrorKind::Http { code, .. } => code.as_deref(),
             ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
             ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
@@ -574,6 +591,12 @@ impl Error {
     /// Whether the connection failed (refused, reset, closed early).
     pub fn is_connection(&self) -> bool {
         matches!(self.inner.kind, ErrorKind::Connection { .. })
+    }
+
+    /// Whether an interactive transaction was lost before it committed
+    /// ([`ErrorKind::TransactionLost`]): nothing of it was committed, and it may be run again.
+    pub fn is_transaction_lost(&self) -> bool {
+        matches!(self.inner.kind, ErrorKind::TransactionLost { .. })
     }
 }
 

@@ -94,6 +94,19 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
         (401, _) => ErrorKind::Unauthorized { message },
         (403, Some("STATEMENT_NOT_ALLOWED")) => ErrorKind::StatementNotAllowed { message },
         (403, Some("READ_ONLY")) => ErrorKind::ReadOnly { message },
+        (409 | 410, Some(code @ ("TRANSACTION_EXPIRED" | "TRANSACTION_ABORTED"))) => {
+            ErrorKind::TransactionLost {
+                code: code.to_owned(),
+                message,
+            }
+        }
+        (409, Some(code @ ("TRANSACTION_FINISHED" | "TRANSACTION_STEP_OUT_OF_ORDER"))) => {
+            ErrorKind::Http {
+                status,
+                code: Some(code.to_owned()),
+                message,
+            }
+        }
         (409, Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE)) => {
             ErrorKind::IdempotencyKeyInUse {
                 retry_after: wait(),

@@ -40,7 +40,7 @@ use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 use crate::ErrorKind;
 use crate::response::{self, Failure};
 use crate::transport::exchange::{
-    ATTEMPT_HEADER, AttemptRequest, Endpoint, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
+    ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
 };
 
 /// The request of one attempt, as the client would send it.
@@ -87,11 +87,11 @@ pub(crate) struct SimulatedExchange {
 
 impl Exchange for SimulatedExchange {
     fn send<'a>(&'a self, request: AttemptRequest<'a>) -> ExchangeFuture<'a> {
-        let url = match request.endpoint {
-            Endpoint::Sql => &self.endpoint,
-            Endpoint::Batch => &self.batch_endpoint,
-            Endpoint::Describe => &self.describe_endpoint,
-        };
+        let url = request.endpoint.url(
+            &self.endpoint,
+            &self.batch_endpoint,
+            &self.describe_endpoint,
+        );
         let mut builder = http::Request::post(url.as_str())
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")

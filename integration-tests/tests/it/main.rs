@@ -25,4 +25,5 @@ mod operations;
 mod restart;
 mod streams;
 mod timing;
+mod transactions;
 mod writes;

@@ -8,6 +8,8 @@ use std::time::Duration;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
+use crate::engine::interactive::{Session, TxOptions};
+use crate::engine::keyed::Stored;
 #[cfg(feature = "postgres")]
 use crate::engine::postgres::PostgresEngine;
 use crate::engine::sqlite::SqliteEngine;
@@ -90,6 +92,14 @@ impl Engine for Backend {
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
         dispatch!(self, engine => engine.batch_keyed(keyed, batch).await)
+    }
+
+    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+        dispatch!(self, engine => engine.begin(options).await)
+    }
+
+    async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
+        dispatch!(self, engine => engine.recorded(key).await)
     }
 
     async fn ready(&self) -> Result<(), ApiError> {

@@ -14,6 +14,10 @@
 //!   `keyed` module's, in the same transaction as the work.
 //! - [`Engine::batch`]: several statements in one transaction of the server's own, answered by
 //!   [`batch_body::BatchBody`].
+//! - [`Engine::begin`]: an interactive transaction, one connection held across requests
+//!   ([`interactive::Session`]); the registry of open transactions, their sequenced statements
+//!   and exactly-once commits is [`transactions`]'s, and [`Engine::recorded`] reads a commit's
+//!   record back after a restart.
 //! - [`Engine::ready`], [`Engine::queue_depths`], [`Engine::given_up`], [`Engine::close`]: for
 //!   `/readyz`, `/metrics` and shutdown ([`shutting_down`] is the one answer a closed engine
 //!   gives).
@@ -31,6 +35,7 @@
 
 mod backend;
 pub(crate) mod batch_body;
+pub(crate) mod interactive;
 pub(crate) mod job;
 pub(crate) mod keyed;
 #[cfg(feature = "postgres")]
@@ -39,6 +44,7 @@ pub(crate) mod sandbox;
 pub(crate) mod sql_text;
 mod sqlite;
 pub(crate) mod stream;
+pub(crate) mod transactions;
 
 use std::time::Duration;
 
@@ -79,6 +85,17 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError>;
+
+    /// Opens an interactive transaction: one of the engine's connections, held until the
+    /// returned session commits, rolls back or is dropped (which rolls back).
+    async fn begin(
+        &self,
+        options: interactive::TxOptions,
+    ) -> Result<interactive::Session, ApiError>;
+
+    /// The outcome stored under `key` in the engine's idempotency store (an interactive
+    /// transaction's commit record, looked up after its server lost it).
+    async fn recorded(&self, key: String) -> Result<Option<keyed::Stored>, ApiError>;
 
     /// Whether the engine answers a trivial statement.
     async fn ready(&self) -> Result<(), ApiError>;

@@ -1,7 +1,8 @@
 //! The server's numbers for `GET /metrics`, in the OpenMetrics text format Prometheus scrapes
 //! (the `prometheus-client` crate's encoder): requests by endpoint and status, a latency
 //! histogram per endpoint, engine queue depth per pool, engine connections given up (ADR 0032),
-//! and counts of rate-limited requests, replayed idempotent outcomes and statement timeouts.
+//! counts of rate-limited requests, replayed idempotent outcomes and statement timeouts, and
+//! the interactive transactions open, committed, rolled back, expired and aborted.
 //!
 //! Knows metric names and label sets; the request log feeds it one observation per request. No
 //! label ever carries a credential, a statement or a value: endpoints are route patterns, so
@@ -20,6 +21,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
+use crate::engine::transactions::TransactionCounts;
 use crate::engine::{Engine as _, GivenUp};
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
@@ -77,6 +79,67 @@ pub(crate) struct Metrics {
     rate_limited: Counter,
     replayed: Counter,
     statement_timeouts: Counter,
+    transactions: TransactionMetrics,
+}
+
+/// The interactive transactions' series, brought up to the registry's counts at each render.
+#[derive(Debug, Default)]
+struct TransactionMetrics {
+    open: Gauge,
+    commits: Counter,
+    rollbacks: Counter,
+    expirations: Counter,
+    aborts: Counter,
+    sync: Mutex<()>,
+}
+
+impl TransactionMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "transactions_open",
+            "Interactive transactions open now",
+            self.open.clone(),
+        );
+        registry.register(
+            "transaction_commits",
+            "Interactive transactions committed",
+            self.commits.clone(),
+        );
+        registry.register(
+            "transaction_rollbacks",
+            "Interactive transactions rolled back by their clients (or by a failed COMMIT)",
+            self.rollbacks.clone(),
+        );
+        registry.register(
+            "transaction_expirations",
+            "Interactive transactions the server rolled back: idle past the timeout, open past \
+             the lifetime cap, or at shutdown",
+            self.expirations.clone(),
+        );
+        registry.register(
+            "transaction_aborts",
+            "Interactive transactions that could not go on: serialization failures, deadlocks, \
+             lost connections",
+            self.aborts.clone(),
+        );
+    }
+
+    fn update(&self, counts: TransactionCounts) {
+        let _sync = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+        self.open
+            .set(i64::try_from(counts.open).unwrap_or(i64::MAX));
+        for (counter, total) in [
+            (&self.commits, counts.commits),
+            (&self.rollbacks, counts.rollbacks),
+            (&self.expirations, counts.expirations),
+            (&self.aborts, counts.aborts),
+        ] {
+            let counted = counter.get();
+            if total > counted {
+                counter.inc_by(total - counted);
+            }
+        }
+    }
 }
 
 impl Metrics {
@@ -133,7 +196,10 @@ impl Metrics {
             "Statements interrupted by the statement timeout (422 STATEMENT_TIMEOUT)",
             statement_timeouts.clone(),
         );
+        let transactions = TransactionMetrics::default();
+        transactions.register(&mut registry);
         Metrics {
+            transactions,
             registry,
             requests,
             latency,
@@ -175,7 +241,9 @@ impl Metrics {
         &self,
         queue_depths: &[(&'static str, usize)],
         given_up: GivenUp,
+        transactions: TransactionCounts,
     ) -> String {
+        self.transactions.update(transactions);
         {
             let _sync = self
                 .given_up_sync
@@ -204,9 +272,11 @@ impl Metrics {
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let shared = &state.inner;
-    let text = shared
-        .metrics
-        .render(&shared.engine.queue_depths(), shared.engine.given_up());
+    let text = shared.metrics.render(
+        &shared.engine.queue_depths(),
+        shared.engine.given_up(),
+        shared.transactions.counts(),
+    );
     let mut response = text.into_response();
     response
         .headers_mut()
@@ -260,6 +330,13 @@ mod tests {
                 running: 1,
                 total: 3,
             },
+            TransactionCounts {
+                open: 2,
+                commits: 5,
+                rollbacks: 1,
+                expirations: 3,
+                aborts: 4,
+            },
         );
         for line in [
             "# TYPE sqlhttpd_requests counter",
@@ -278,6 +355,11 @@ mod tests {
             "sqlhttpd_rate_limited_total 1",
             "sqlhttpd_idempotent_replays_total 1",
             "sqlhttpd_statement_timeouts_total 1",
+            "sqlhttpd_transactions_open 2",
+            "sqlhttpd_transaction_commits_total 5",
+            "sqlhttpd_transaction_rollbacks_total 1",
+            "sqlhttpd_transaction_expirations_total 3",
+            "sqlhttpd_transaction_aborts_total 4",
             "# EOF",
         ] {
             assert!(

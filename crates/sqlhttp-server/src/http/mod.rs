@@ -2,7 +2,8 @@
 //! `POST /api/v1/sql` handler, which takes an admitted statement (see `admit`: credential, JSON,
 //! Idempotency-Key, body, text checks) and hands it to the engine through the engine contract
 //! (read-only for a read credential, exactly once under a key). `POST /api/v1/batch` (atomic
-//! batches) lives in `batch`, `POST /api/v1/describe` in `describe`.
+//! batches) lives in `batch`, `POST /api/v1/describe` in `describe`, and the interactive
+//! transactions' `POST /api/v1/transaction/...` in `transaction`.
 //!
 //! Knows HTTP and the protocol; it does not know either engine (only `engine::Engine`).
 
@@ -21,6 +22,7 @@ mod openapi;
 pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 mod rows;
+mod transaction;
 
 use axum::Router;
 use axum::extract::State;
@@ -85,6 +87,26 @@ pub fn app(state: AppState) -> Router {
         .route(
             describe::DESCRIBE_PATH,
             post(describe::describe).fallback(sql_method_not_allowed),
+        )
+        .route(
+            transaction::OPEN_PATH,
+            post(transaction::open).fallback(sql_method_not_allowed),
+        )
+        .route(
+            transaction::STATEMENT_PATH,
+            post(transaction::statement).fallback(sql_method_not_allowed),
+        )
+        .route(
+            transaction::COMMIT_PATH,
+            post(transaction::commit).fallback(sql_method_not_allowed),
+        )
+        .route(
+            transaction::ROLLBACK_PATH,
+            post(transaction::rollback).fallback(sql_method_not_allowed),
+        )
+        .route(
+            transaction::OUTCOME_PATH,
+            post(transaction::outcome).fallback(sql_method_not_allowed),
         )
         .route(
             openapi::OPENAPI_PATH,

@@ -8,6 +8,7 @@
 use serde::Deserialize;
 use serde_json::value::RawValue;
 
+use crate::engine::interactive::Isolation;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -19,6 +20,8 @@ pub(crate) struct BatchRequest {
     pub(crate) read_only: bool,
     /// How foreign keys are enforced while it runs.
     pub(crate) foreign_keys: ForeignKeys,
+    /// The isolation it asked for (`"isolation"`); `None` is the engine's default for a batch.
+    pub(crate) isolation: Option<Isolation>,
 }
 
 /// How a write batch's foreign keys are enforced (`"foreign_keys"` in the body).
@@ -41,9 +44,11 @@ struct Wire<'a> {
     read_only: Option<bool>,
     #[serde(default)]
     foreign_keys: Option<&'a str>,
+    #[serde(default)]
+    isolation: Option<&'a str>,
 }
 
-const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool, \"foreign_keys\": \"enforced\" | \"checked_at_commit\"}";
+const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool, \"foreign_keys\": \"enforced\" | \"checked_at_commit\", \"isolation\": \"serializable\" | \"repeatable_read\" | \"read_committed\"}";
 
 impl BatchRequest {
     /// Decodes and validates a batch body of at most `max_statements` statements. A malformed
@@ -109,10 +114,23 @@ impl BatchRequest {
                 )));
             }
         };
+        let isolation = match wire.isolation {
+            None => None,
+            Some("serializable") => Some(Isolation::Serializable),
+            Some("repeatable_read") => Some(Isolation::RepeatableRead),
+            Some("read_committed") => Some(Isolation::ReadCommitted),
+            Some(other) => {
+                return Err(ApiError::bad_request(format!(
+                    "`isolation` is \"serializable\", \"repeatable_read\" or \"read_committed\", \
+                     not {other:?}"
+                )));
+            }
+        };
         Ok(BatchRequest {
             statements,
             read_only,
             foreign_keys,
+            isolation,
         })
     }
 }
@@ -124,6 +142,33 @@ mod tests {
 
     fn bad(body: &str) -> ApiError {
         BatchRequest::parse(body.as_bytes(), 3).unwrap_err()
+    }
+
+    #[test]
+    fn decodes_the_isolation_asked_for() {
+        let parse = |isolation: &str| {
+            BatchRequest::parse(
+                format!(r#"{{"statements":[{{"sql":"SELECT 1"}}],"isolation":{isolation}}}"#)
+                    .as_bytes(),
+                3,
+            )
+        };
+        assert_eq!(parse("null").unwrap().isolation, None);
+        assert_eq!(
+            parse(r#""serializable""#).unwrap().isolation,
+            Some(Isolation::Serializable)
+        );
+        assert_eq!(
+            parse(r#""repeatable_read""#).unwrap().isolation,
+            Some(Isolation::RepeatableRead)
+        );
+        assert_eq!(
+            parse(r#""read_committed""#).unwrap().isolation,
+            Some(Isolation::ReadCommitted)
+        );
+        for bad in [r#""snapshot""#, "1", r#""""#] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

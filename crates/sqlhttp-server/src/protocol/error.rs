@@ -32,6 +32,17 @@ pub(crate) enum ErrorCode {
     ResultTooLarge,
     ReadOnly,
     RateLimited,
+    /// An interactive transaction was rolled back by the server (idle, too old, its server gone):
+    /// final, nothing of it was committed.
+    TransactionExpired,
+    /// An interactive transaction cannot go on (a serialization failure, a deadlock, its
+    /// connection lost): it was rolled back, nothing of it was committed; run it again.
+    TransactionAborted,
+    /// A transaction's statement carries a sequence number other than the next one (or the
+    /// last one, which replays).
+    TransactionStepOutOfOrder,
+    /// The transaction has ended (committed, or rolled back by its client): nothing more runs in it.
+    TransactionFinished,
 }
 
 /// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
@@ -84,6 +95,10 @@ impl ErrorCode {
             ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
             ErrorCode::ReadOnly => "READ_ONLY",
             ErrorCode::RateLimited => "RATE_LIMITED",
+            ErrorCode::TransactionExpired => "TRANSACTION_EXPIRED",
+            ErrorCode::TransactionAborted => "TRANSACTION_ABORTED",
+            ErrorCode::TransactionStepOutOfOrder => "TRANSACTION_STEP_OUT_OF_ORDER",
+            ErrorCode::TransactionFinished => "TRANSACTION_FINISHED",
         }
     }
 
@@ -93,7 +108,12 @@ impl ErrorCode {
             ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
             ErrorCode::NotFound => StatusCode::NOT_FOUND,
             ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::ConstraintViolation | ErrorCode::IdempotencyKeyInUse => StatusCode::CONFLICT,
+            ErrorCode::ConstraintViolation
+            | ErrorCode::IdempotencyKeyInUse
+            | ErrorCode::TransactionAborted
+            | ErrorCode::TransactionStepOutOfOrder
+            | ErrorCode::TransactionFinished => StatusCode::CONFLICT,
+            ErrorCode::TransactionExpired => StatusCode::GONE,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::IdempotencyKeyReused
             | ErrorCode::StatementTimeout
@@ -331,6 +351,10 @@ mod tests {
             (ErrorCode::ResultTooLarge, 422, None),
             (ErrorCode::ReadOnly, 403, None),
             (ErrorCode::RateLimited, 429, Some(("retry-after", "1"))),
+            (ErrorCode::TransactionExpired, 410, None),
+            (ErrorCode::TransactionAborted, 409, None),
+            (ErrorCode::TransactionStepOutOfOrder, 409, None),
+            (ErrorCode::TransactionFinished, 409, None),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();

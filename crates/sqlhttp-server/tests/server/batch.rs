@@ -18,6 +18,7 @@ on_both_engines!(
     a_read_only_batch_reads_and_refuses_a_write_with_nothing_applied,
     limits_on_statements_and_bytes,
     a_keyed_batch_applies_once_and_replays_its_outcome,
+    a_batch_runs_at_the_isolation_it_asks_for,
 );
 
 const BATCH: &str = "/api/v1/batch";
@@ -480,4 +481,146 @@ async fn foreign_keys_checked_at_commit_are_refused_on_postgres() {
     )
     .await;
     assert_eq!(none["rows"], json!([[0]]));
+}
+
+/// `"isolation"` sets a batch's transaction level: every level on PostgreSQL (the defaults are
+/// `READ COMMITTED` for a write and `REPEATABLE READ` for a read-only batch), `serializable`
+/// only on SQLite, whose transactions all are; anything else is refused before it runs.
+async fn a_batch_runs_at_the_isolation_it_asks_for(engine: Engine) {
+    let router = with_accounts!(engine);
+    let level = "SELECT current_setting('transaction_isolation') AS level";
+    let asked = |isolation: Option<&str>, read_only: bool| {
+        let mut body = json!({ "statements": [{ "sql": level }], "read_only": read_only });
+        if let Some(isolation) = isolation {
+            body["isolation"] = json!(isolation);
+        }
+        body
+    };
+    for bad in ["snapshot", "SERIALIZABLE", ""] {
+        let reply = batch(&router, &asked(Some(bad), false)).await;
+        assert_eq!(
+            (reply.status, reply.code()),
+            (400, "BAD_REQUEST".to_owned()),
+            "{bad}"
+        );
+    }
+    if engine == Engine::Sqlite {
+        let body = json!({
+            "statements": [{ "sql": "UPDATE accounts SET balance = balance - 1 WHERE id = 1" }],
+            "isolation": "serializable",
+        });
+        assert_eq!(batch(&router, &body).await.status, 200);
+        for level in ["repeatable_read", "read_committed"] {
+            for read_only in [false, true] {
+                let reply = batch(&router, &asked(Some(level), read_only)).await;
+                assert_eq!(reply.status, 400, "{level}");
+                assert!(
+                    reply.json()["error"]["message"]
+                        .as_str()
+                        .unwrap()
+                        .contains("serializable only")
+                );
+            }
+        }
+        assert_eq!(accounts(&router).await, json!([[1, 99], [2, 0]]));
+        return;
+    }
+    let seen = |reply: Reply| {
+        assert_eq!(reply.status, 200, "{}", reply.json());
+        reply.json()["results"][0]["rows"][0][0].clone()
+    };
+    for (isolation, read_only, expected) in [
+        (None, false, "read committed"),
+        (None, true, "repeatable read"),
+        (Some("serializable"), false, "serializable"),
+        (Some("serializable"), true, "serializable"),
+        (Some("repeatable_read"), false, "repeatable read"),
+        (Some("read_committed"), true, "read committed"),
+    ] {
+        let reply = batch(&router, &asked(isolation, read_only)).await;
+        assert_eq!(
+            seen(reply),
+            json!(expected),
+            "{isolation:?} read_only={read_only}"
+        );
+    }
+    // A keyed batch too.
+    let keyed = batch_with(
+        &router,
+        &[("idempotency-key", "isolated-1")],
+        &asked(Some("serializable"), false),
+    )
+    .await;
+    assert_eq!(seen(keyed), json!("serializable"));
+}
+
+/// On PostgreSQL, serializable batches that conflict (each reads and writes the same row) fail
+/// to serialize against each other; nothing of a failed one is kept, it is answered as
+/// unavailable, and the SDK runs it again under its key: every one ends applied exactly once.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk() {
+    let Some(url) = crate::engines::database(
+        "conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk",
+    )
+    .await
+    else {
+        return;
+    };
+    let server = crate::common::serve(crate::engines::config(&url)).await;
+    let client = sqlhttp::Client::builder(server.url())
+        .retry_writes(true)
+        .retry(
+            sqlhttp::RetryPolicy::new()
+                .with_max_attempts(30)
+                .with_initial_backoff(Duration::from_millis(5))
+                .with_max_backoff(Duration::from_millis(50)),
+        )
+        .build()
+        .unwrap();
+    client
+        .execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        .await
+        .unwrap();
+    client
+        .execute("INSERT INTO counter VALUES (1, 0)")
+        .await
+        .unwrap();
+    client
+        .execute("CREATE TABLE seen (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+        .await
+        .unwrap();
+    let runs = (0..8).map(|k| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            client
+                .batch()
+                .statement("INSERT INTO seen SELECT ?, n FROM counter WHERE id = 1")
+                .bind(k)
+                .statement("UPDATE counter SET n = n + 1 WHERE id = 1")
+                .isolation(sqlhttp::Isolation::Serializable)
+                .idempotency_key(format!("bump-{k}"))
+                .await
+        })
+    });
+    for run in runs.collect::<Vec<_>>() {
+        run.await.unwrap().unwrap();
+    }
+    let counter: Vec<(i64,)> = client
+        .query("SELECT n FROM counter")
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(counter, vec![(8,)], "each batch applied exactly once");
+    // Serializable: each saw a different count, as if they ran one after another.
+    let mut seen: Vec<(i64,)> = client
+        .query("SELECT n FROM seen ORDER BY n")
+        .fetch_all()
+        .await
+        .unwrap();
+    seen.dedup();
+    assert_eq!(seen.len(), 8, "{seen:?}");
 }

@@ -48,3 +48,4 @@ mod streaming;
 mod tcp;
 mod timeouts;
 mod tls;
+mod transactions;

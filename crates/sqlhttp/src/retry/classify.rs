@@ -15,6 +15,10 @@ pub(crate) enum OpClass {
     Write,
     /// `execute`: arbitrary statements, never retried.
     Execute,
+    /// A step of an interactive transaction (open, a statement, commit, rollback): sequenced by
+    /// the server, so safe to send twice; retried as the policy allows, with one idempotency key
+    /// for every attempt.
+    Step,
 }
 
 impl OpClass {
@@ -23,6 +27,7 @@ impl OpClass {
             OpClass::Read => "read",
             OpClass::Write => "write",
             OpClass::Execute => "execute",
+            OpClass::Step => "transaction",
         }
     }
 }
@@ -58,6 +63,7 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::RowNotFound
         | ErrorKind::InvalidParameter { .. }
         | ErrorKind::Config { .. }
+        | ErrorKind::TransactionLost { .. }
         | ErrorKind::Cancelled => false,
     }
 }
@@ -65,7 +71,7 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
 /// Whether an operation of `class` that failed with `kind` may be attempted again.
 pub(crate) fn should_retry(class: OpClass, retry_writes: bool, kind: &ErrorKind) -> bool {
     let class_allows = match class {
-        OpClass::Read => true,
+        OpClass::Read | OpClass::Step => true,
         OpClass::Write => retry_writes,
         OpClass::Execute => false,
     };
@@ -264,7 +270,26 @@ mod tests {
                 !should_retry(OpClass::Execute, false, &kind),
                 "execute: {kind:?}"
             );
+            // A transaction's step is sequenced by the server: retried as a read is, with or
+            // without retry_writes.
+            for retry_writes in [false, true] {
+                assert_eq!(
+                    should_retry(OpClass::Step, retry_writes, &kind),
+                    read,
+                    "step: {kind:?}"
+                );
+            }
         }
+    }
+
+    #[test]
+    fn a_lost_transaction_is_not_retried_as_a_step() {
+        let lost = ErrorKind::TransactionLost {
+            code: "TRANSACTION_EXPIRED".into(),
+            message: String::new(),
+        };
+        assert!(!is_transient(&lost));
+        assert!(!should_retry(OpClass::Step, true, &lost));
     }
 
     #[test]

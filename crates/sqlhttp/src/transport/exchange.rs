@@ -30,6 +30,44 @@ pub(crate) enum Endpoint {
     Batch,
     /// `POST /api/v1/describe`: the tables, or one table's columns.
     Describe,
+    /// `POST /api/v1/transaction/...`: a step of an interactive transaction.
+    Transaction(TxStep),
+}
+
+/// Which step of an interactive transaction a request is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TxStep {
+    Open,
+    Statement,
+    Commit,
+    Rollback,
+}
+
+impl Endpoint {
+    /// The endpoint's URL, for a client whose SQL endpoint is `sql` (the others are its
+    /// siblings).
+    pub(crate) fn url(
+        self,
+        sql: &reqwest::Url,
+        batch: &reqwest::Url,
+        describe: &reqwest::Url,
+    ) -> reqwest::Url {
+        match self {
+            Endpoint::Sql => sql.clone(),
+            Endpoint::Batch => batch.clone(),
+            Endpoint::Describe => describe.clone(),
+            Endpoint::Transaction(step) => {
+                let path = match step {
+                    TxStep::Open => "transaction/open",
+                    TxStep::Statement => "transaction/statement",
+                    TxStep::Commit => "transaction/commit",
+                    TxStep::Rollback => "transaction/rollback",
+                };
+                // A sibling of `/api/v1/sql` always joins.
+                sql.join(path).unwrap_or_else(|_| sql.clone())
+            }
+        }
+    }
 }
 
 /// One attempt's request, as the exchange sends it.
@@ -80,11 +118,11 @@ impl HttpExchange {
         } = request;
         let mut request = self
             .http
-            .post(match endpoint {
-                Endpoint::Sql => self.endpoint.clone(),
-                Endpoint::Batch => self.batch_endpoint.clone(),
-                Endpoint::Describe => self.describe_endpoint.clone(),
-            })
+            .post(endpoint.url(
+                &self.endpoint,
+                &self.batch_endpoint,
+                &self.describe_endpoint,
+            ))
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, "application/json")
             .header(USER_AGENT, self.user_agent.clone())

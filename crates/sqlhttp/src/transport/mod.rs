@@ -27,7 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 pub(crate) use self::body::{Body, Receive};
-pub(crate) use self::exchange::{AttemptRequest, Endpoint, Exchange, HttpExchange};
+pub(crate) use self::exchange::{AttemptRequest, Endpoint, Exchange, HttpExchange, TxStep};
 use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
 use crate::response::Failure;
@@ -160,12 +160,12 @@ impl Transport {
             .max_elapsed
             .and_then(|limit| started.checked_add(limit));
         let max_attempts = match call.class {
-            OpClass::Read => policy.max_attempts,
+            OpClass::Read | OpClass::Step => policy.max_attempts,
             OpClass::Write if retry_writes => policy.max_attempts,
             OpClass::Write | OpClass::Execute => 1,
         };
         let idempotency_key = match call.class {
-            OpClass::Write => Some(call.idempotency_key.unwrap_or_else(|| {
+            OpClass::Write | OpClass::Step => Some(call.idempotency_key.unwrap_or_else(|| {
                 HeaderValue::try_from(new_idempotency_key()).expect("hex is a valid header value")
             })),
             OpClass::Read | OpClass::Execute => None,

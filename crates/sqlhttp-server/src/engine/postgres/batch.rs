@@ -23,7 +23,7 @@ impl Inner {
         };
         let mut lease = self.lease(job).await?;
         loop {
-            if let Err(err) = self.begin(&lease, mode).await {
+            if let Err(err) = self.begin_at(&lease, mode, batch.isolation).await {
                 return self.end(lease, mode, Err(err)).await;
             }
             let ran = self

@@ -29,6 +29,7 @@ use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, Job, exec};
 use crate::engine::stream::Sink;
 use crate::engine::{Access, Keyed, Outcome};
+use crate::protocol::batch::BatchRequest;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
@@ -306,7 +307,7 @@ where
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Work<'a> {
     Statement(&'a SqlRequest),
-    Batch(&'a [SqlRequest]),
+    Batch(&'a BatchRequest),
 }
 
 impl Inner {
@@ -321,7 +322,11 @@ impl Inner {
         self.purge_if_due(job, keyed.ttl).await;
         let mut lease = self.lease(job).await?;
         loop {
-            if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+            let isolation = match work {
+                Work::Batch(batch) => batch.isolation,
+                Work::Statement(_) => None,
+            };
+            if let Err(err) = self.begin_at(&lease, Access::ReadWrite, isolation).await {
                 return self.end(lease, Access::ReadWrite, Err(err)).await;
             }
             let outcome = self.keyed_once(job, &lease, keyed, work).await;
@@ -362,7 +367,7 @@ impl Inner {
                     .await?;
                     Ok(out)
                 }
-                Work::Batch(statements) => self.run_statements(lease, statements).await,
+                Work::Batch(batch) => self.run_statements(lease, &batch.statements).await,
             }
         };
         self.guarded(
@@ -370,7 +375,7 @@ impl Inner {
             lease,
             match work {
                 Work::Statement(_) => 1,
-                Work::Batch(statements) => statements.len(),
+                Work::Batch(batch) => batch.statements.len(),
             },
             // Boxed: the keyed work's future is large.
             Box::pin(run_with_key(

@@ -31,6 +31,7 @@ mod batch;
 mod catalog;
 mod errors;
 mod exec;
+pub(crate) mod interactive;
 mod keyed;
 mod lease;
 mod placeholders;
@@ -57,8 +58,9 @@ use tokio_postgres::CancelToken;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl};
+use crate::engine::interactive::{Session, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
-use crate::engine::keyed::PurgeClock;
+use crate::engine::keyed::{PurgeClock, Stored};
 use crate::engine::{
     Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply, shutting_down,
 };
@@ -84,6 +86,9 @@ const STOP_WITHIN: Duration = Duration::from_secs(1);
 pub(crate) struct PostgresEngine {
     inner: Arc<Inner>,
     buffering: Buffering,
+    /// Connections interactive transactions may hold at once: all of the pool's but one, so
+    /// idle transactions can never take every connection from plain requests.
+    transaction_slots: Arc<Semaphore>,
 }
 
 /// What the tasks share.
@@ -198,6 +203,7 @@ impl PostgresEngine {
         Ok(PostgresEngine {
             inner: Arc::new(engine),
             buffering: Buffering::new(budget, &limits),
+            transaction_slots: Arc::new(Semaphore::new(connections.saturating_sub(1).max(1))),
         })
     }
 
@@ -294,7 +300,7 @@ impl Engine for PostgresEngine {
     ) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
         self.spawn_buffered(|inner, job| async move {
-            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch.statements))).await
+            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch))).await
         })
         .await
     }
@@ -313,6 +319,34 @@ impl Engine for PostgresEngine {
     /// None: PostgreSQL stops its statements itself (a cancel, or the session's end).
     fn given_up(&self) -> GivenUp {
         GivenUp::default()
+    }
+
+    /// Leases a connection and opens an interactive transaction on it (see `interactive`), once
+    /// one of the connections transactions may hold is free (waiting at most the statement
+    /// timeout).
+    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+        let slot = tokio::time::timeout(
+            self.inner.limits.statement_timeout,
+            Arc::clone(&self.transaction_slots).acquire_owned(),
+        )
+        .await
+        .map_err(|_| {
+            ApiError::unavailable(
+                "the database is busy: every connection interactive transactions may hold \
+                 (all of --pool-size but one) stayed held for longer than this server's \
+                 statement timeout; retry later",
+            )
+        })?
+        .map_err(|_| shutting_down())?;
+        interactive::Session::open(Arc::clone(&self.inner), options, slot)
+            .await
+            .map(|session| Session::Postgres(Box::new(session)))
+    }
+
+    /// The outcome stored under `key`, read in a transaction of its own.
+    async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
+        self.spawn(|inner, job| async move { inner.recorded(&job, &key).await })
+            .await
     }
 
     /// Closes the pool: statements still running are cancelled (their requests answer 503),

@@ -10,6 +10,7 @@ use std::sync::PoisonError;
 use std::time::Duration;
 
 use crate::engine::Access;
+use crate::engine::interactive::Isolation;
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, STOP_WITHIN, exec, session};
 use crate::protocol::error::ApiError;
@@ -31,46 +32,65 @@ impl Inner {
     /// savepoint, released just before COMMIT; a read ends with ROLLBACK, which cannot keep
     /// anything, and needs neither the guard nor the check of [`Opened`].
     pub(super) async fn begin(&self, lease: &Lease, mode: Access) -> Result<(), ApiError> {
+        self.begin_at(lease, mode, None).await
+    }
+
+    /// [`Inner::begin`] at `isolation`; `None` is the request's default: `REPEATABLE READ` for
+    /// a read (one snapshot for all its statements), `READ COMMITTED` for a write.
+    pub(super) async fn begin_at(
+        &self,
+        lease: &Lease,
+        mode: Access,
+        isolation: Option<Isolation>,
+    ) -> Result<(), ApiError> {
         let client = lease.client();
+        let level = |default: &'static str| isolation.map_or(default, sql_level);
         match mode {
             // Nothing to read back: a read ends with ROLLBACK, whatever it began.
             Access::ReadOnly => client
                 .batch_execute(&format!(
-                    "BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ; \
-                     SET LOCAL statement_timeout = {}",
+                    "BEGIN READ ONLY, ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}",
+                    level("REPEATABLE READ"),
                     self.timeout_ms()
                 ))
                 .await
                 .map_err(|e| self.map(&e)),
             Access::ReadWrite => {
                 let begin = format!(
-                    "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; \
+                    "BEGIN READ WRITE, ISOLATION LEVEL {}; \
                      SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                    level("READ COMMITTED"),
                     self.timeout_ms(),
                     lease.guard
                 );
-                let answer = client
-                    .simple_query(&begin)
-                    .await
-                    .map_err(|e| self.map(&e))?;
-                let at = answer.iter().find_map(|message| match message {
-                    tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
-                    _ => None,
-                });
-                let Some(at) = at else {
-                    tracing::error!("BEGIN's answer did not name the transaction");
-                    return Err(ApiError::internal());
-                };
-                // The text goes back into the COMMIT's message as a literal: digits and a
-                // point only.
-                if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-                    tracing::error!(at, "BEGIN's transaction start is not a number");
-                    return Err(ApiError::internal());
-                }
-                *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
-                Ok(())
+                self.open_with(lease, &begin).await
             }
         }
+    }
+
+    /// Runs `begin`, a write's `BEGIN` message that ends with [`OPENED`], and keeps the
+    /// transaction's start it read, for the check in COMMIT's message (see [`Opened`]).
+    pub(super) async fn open_with(&self, lease: &Lease, begin: &str) -> Result<(), ApiError> {
+        let answer = lease
+            .client()
+            .simple_query(begin)
+            .await
+            .map_err(|e| self.map(&e))?;
+        let at = answer.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
+            _ => None,
+        });
+        let Some(at) = at else {
+            tracing::error!("BEGIN's answer did not name the transaction");
+            return Err(ApiError::internal());
+        };
+        // The text goes back into the COMMIT's message as a literal: digits and a point only.
+        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            tracing::error!(at, "BEGIN's transaction start is not a number");
+            return Err(ApiError::internal());
+        }
+        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
+        Ok(())
     }
 
     /// Ends the transaction: a write that succeeded commits (with the statement timeout set
@@ -239,6 +259,15 @@ impl Inner {
 /// [`Inner::ended`]).
 pub(super) struct SentEnd(Option<Result<(), Ending>>);
 
+/// PostgreSQL's name for `isolation`.
+pub(super) fn sql_level(isolation: Isolation) -> &'static str {
+    match isolation {
+        Isolation::Serializable => "SERIALIZABLE",
+        Isolation::RepeatableRead => "REPEATABLE READ",
+        Isolation::ReadCommitted => "READ COMMITTED",
+    }
+}
+
 /// Why a transaction did not end as asked.
 #[derive(Debug)]
 pub(super) enum Ending {
@@ -251,7 +280,7 @@ pub(super) enum Ending {
 }
 
 /// What a write's `BEGIN` message reads last: the transaction's start (see [`Opened`]).
-const OPENED: &str =
+pub(super) const OPENED: &str =
     "SELECT EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text";
 
 /// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is

@@ -196,6 +196,7 @@ mod tests {
 
     fn batch(read_only: bool, sqls: &[&str]) -> BatchRequest {
         BatchRequest {
+            isolation: None,
             statements: sqls.iter().map(|sql| statement(sql, vec![])).collect(),
             read_only,
             foreign_keys: ForeignKeys::Enforced,

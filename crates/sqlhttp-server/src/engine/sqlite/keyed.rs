@@ -47,7 +47,7 @@ pub(crate) fn purge_expired(conn: &Connection, ttl: Duration) -> rusqlite::Resul
 
 const STATEMENT: &str = "_sqlhttp_statement";
 
-fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<Stored>> {
+pub(crate) fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<Stored>> {
     conn.prepare_cached(
         "SELECT request_hash, status, body, created_at FROM main._sqlhttp_idempotency \
          WHERE key = ?1",
@@ -63,7 +63,7 @@ fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<Stored>> {
     .optional()
 }
 
-fn store(
+pub(crate) fn store(
     conn: &Connection,
     key: &str,
     hash: &[u8],

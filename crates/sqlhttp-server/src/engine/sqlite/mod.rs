@@ -20,6 +20,7 @@ mod control;
 mod errors;
 mod exec;
 mod functions;
+pub(crate) mod interactive;
 mod keyed;
 mod sandbox;
 mod stream;
@@ -32,7 +33,9 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
+use crate::engine::interactive::{Session, TxOptions, sqlite_serializable_only};
 use crate::engine::job::CancelOnDrop;
+use crate::engine::keyed::Stored;
 use crate::engine::stream as chunks;
 use crate::engine::{Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
 use crate::error::ServerError;
@@ -88,6 +91,10 @@ pub(crate) struct SqliteEngine {
     /// Kept to remove a throwaway database that given-up connections still hold at close.
     target: Target,
     buffering: Buffering,
+    limits: Limits,
+    /// Held by the open interactive write transaction: one at a time, the others wait for it
+    /// (at most the statement timeout) instead of failing at SQLite's busy limit.
+    transaction_writer: Arc<tokio::sync::Semaphore>,
 }
 
 /// What one pool made of a streamed request.
@@ -184,6 +191,8 @@ impl SqliteEngine {
             strays,
             target,
             buffering: Buffering::new(budget, &limits),
+            limits,
+            transaction_writer: Arc::new(tokio::sync::Semaphore::new(1)),
         })
     }
 
@@ -367,6 +376,7 @@ impl Engine for SqliteEngine {
     /// Runs a batch in one transaction: a read-only one on a reader (on the writer when there
     /// are no readers), any other on the writer (see `batch`).
     async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+        serializable_only(&batch)?;
         let (pool, access) = if batch.read_only {
             (
                 self.readers.as_ref().unwrap_or(&self.writer),
@@ -388,6 +398,7 @@ impl Engine for SqliteEngine {
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
+        serializable_only(&batch)?;
         self.run_buffered(&self.writer, move |writer| {
             batch::run_keyed(writer, &keyed, &batch)
         })
@@ -415,6 +426,48 @@ impl Engine for SqliteEngine {
             .chain(&self.readers)
             .map(|pool| (pool.name(), pool.waiting()))
             .collect()
+    }
+
+    /// Opens an interactive transaction on a connection and thread of its own (see
+    /// `interactive`): serializable only, as every SQLite transaction is. A write transaction
+    /// first waits (at most the statement timeout) for the one before it to end.
+    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+        sqlite_serializable_only(options.isolation)?;
+        if self.closing.load(Ordering::Acquire) {
+            return Err(crate::engine::shutting_down());
+        }
+        let writer = if options.read_only {
+            None
+        } else {
+            let waited = tokio::time::timeout(
+                self.limits.statement_timeout,
+                Arc::clone(&self.transaction_writer).acquire_owned(),
+            )
+            .await;
+            match waited {
+                Ok(Ok(permit)) => Some(permit),
+                Ok(Err(_)) => return Err(crate::engine::shutting_down()),
+                Err(_) => {
+                    return Err(ApiError::unavailable(
+                        "the database is busy: another transaction held the write lock for \
+                         longer than this server's statement timeout; retry later",
+                    ));
+                }
+            }
+        };
+        let closing = Arc::clone(&self.closing);
+        interactive::Session::open(&self.target, self.limits, closing, options, writer)
+            .await
+            .map(Session::Sqlite)
+    }
+
+    /// The outcome stored under `key`, read on a reader (the writer when there is none).
+    async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
+        let pool = self.readers.as_ref().unwrap_or(&self.writer);
+        Self::run(pool, move |conn| {
+            keyed::lookup(&conn.conn, &key).map_err(errors::map_engine_error)
+        })
+        .await
     }
 
     /// Given-up connections now and since the start.
@@ -470,6 +523,15 @@ fn watchdog(pools: &[Weak<Pool>], closing_since: &OnceLock<Instant>) {
         if !open {
             return;
         }
+    }
+}
+
+/// A batch may ask for `serializable` only: every SQLite transaction is (one writer at a time,
+/// and a reader's snapshot is its transaction's).
+fn serializable_only(batch: &BatchRequest) -> Result<(), ApiError> {
+    match batch.isolation {
+        Some(isolation) => crate::engine::interactive::sqlite_serializable_only(isolation),
+        None => Ok(()),
     }
 }
 

@@ -1,0 +1,357 @@
+//! Interactive transactions on PostgreSQL: a [`Session`] holds one pooled connection (a
+//! [`Lease`], with one of the engine's admission permits) from the transaction's open to its
+//! end; at most all of the pool's connections but one are held so (the engine's transaction
+//! slots), so plain requests always find one. The open is one message, as the server's own transactions are (ADR 0034): `BEGIN` with
+//! the access, isolation and `DEFERRABLE` asked for, the statement timeout, a guard savepoint
+//! with a random name, and the session and transaction it is (checked again at COMMIT, ADR
+//! 0027).
+//!
+//! Each statement goes out behind its savepoint in one write (the previous statement's release
+//! rides with it): a statement that fails is rolled back to it and the transaction goes on; a
+//! serialization failure or a deadlock (SQLSTATE class `40`), or a connection lost, aborts the
+//! transaction. The commit records the transaction's outcome through the store's
+//! `_sqlhttp.record` inside the transaction, then commits, so a crash of either process leaves
+//! it committed and recorded, or neither; a commit whose answer was lost is `Unknown`, for the
+//! registry to read the record. A session dropped unended is discarded (its lease cancels and
+//! ends the backend), which rolls it back.
+//!
+//! Knows SQL, tokio-postgres and the protocol's error codes; nothing about HTTP, tokens or the
+//! registry (`engine::transactions`).
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, PoisonError};
+
+use tokio::sync::OwnedSemaphorePermit;
+
+use crate::engine::Access;
+use crate::engine::interactive::{CommitError, Record, StepError, TxOptions};
+use crate::engine::keyed::{Stored, now_millis};
+use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::transaction::{self, OPENED};
+use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
+use crate::engine::stream::Sink;
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
+
+/// Each statement's savepoint (clients cannot name savepoints: transaction control is refused).
+const STEP: &str = "_sqlhttp_step";
+
+/// One open PostgreSQL transaction on a held connection.
+pub(crate) struct Session {
+    inner: Arc<Inner>,
+    /// `None` once the transaction is lost (the lease was dropped, which rolled it back).
+    lease: Option<Lease>,
+    read_only: bool,
+    /// The last statement's savepoint is still to be released (with the next message).
+    release_pending: bool,
+    /// One of the connections transactions may hold (see `PostgresEngine::begin`).
+    _slot: OwnedSemaphorePermit,
+}
+
+impl std::fmt::Debug for Session {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("read_only", &self.read_only)
+            .field("open", &self.lease.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether a PostgreSQL error ends the transaction: class `40` (serialization failure,
+/// deadlock), or no answer at all (the connection is gone).
+fn aborts(e: &tokio_postgres::Error) -> bool {
+    match e.code() {
+        Some(code) => code.code().starts_with("40"),
+        None => true,
+    }
+}
+
+/// The answer for a transaction PostgreSQL rolled back, with why.
+fn aborted(why: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::TransactionAborted,
+        format!(
+            "the transaction cannot go on and was rolled back; nothing of it was committed: \
+             {why}. Run the whole transaction again"
+        ),
+    )
+}
+
+impl Session {
+    /// Leases a connection and opens the transaction on it.
+    pub(super) async fn open(
+        inner: Arc<Inner>,
+        options: TxOptions,
+        slot: OwnedSemaphorePermit,
+    ) -> Result<Session, ApiError> {
+        let job = Job::default();
+        let lease = inner.lease(&job).await?;
+        let access = if options.read_only {
+            "READ ONLY"
+        } else {
+            "READ WRITE"
+        };
+        let isolation = transaction::sql_level(options.isolation);
+        let deferrable = if options.deferrable {
+            ", DEFERRABLE"
+        } else {
+            ""
+        };
+        let begin = format!(
+            "BEGIN {access}, ISOLATION LEVEL {isolation}{deferrable}; \
+             SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+            inner.timeout_ms(),
+            lease.guard
+        );
+        inner.open_with(&lease, &begin).await?;
+        Ok(Session {
+            inner,
+            lease: Some(lease),
+            read_only: options.read_only,
+            release_pending: false,
+            _slot: slot,
+        })
+    }
+
+    /// Runs one statement inside its savepoint.
+    pub(crate) async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
+        let inner = Arc::clone(&self.inner);
+        let Some(lease) = self.lease.as_ref() else {
+            return Err(StepError::Aborted(aborted("its connection was lost")));
+        };
+        if self.read_only {
+            sandbox::check_read_only_text(&request.sql).map_err(StepError::Statement)?;
+        }
+        let ended = AtomicBool::new(false);
+        let map = |e: tokio_postgres::Error| {
+            if aborts(&e) {
+                ended.store(true, Ordering::Release);
+            }
+            inner.map(&e)
+        };
+        let open_step = if self.release_pending {
+            format!("RELEASE SAVEPOINT {STEP}; SAVEPOINT {STEP}")
+        } else {
+            format!("SAVEPOINT {STEP}")
+        };
+        let client = lease.client();
+        let mut out = Vec::with_capacity(256);
+        let mut sink = Sink::Buffered {
+            limit: inner.limits.max_result_bytes,
+        };
+        let opening: exec::Opening<'_> =
+            Box::pin(async { client.batch_execute(&open_step).await.map_err(&map) });
+        let job = Job::default();
+        let ran = inner
+            .guarded(
+                &job,
+                lease,
+                1,
+                exec::write_result(
+                    lease,
+                    &request,
+                    &inner.limits,
+                    &mut out,
+                    &mut sink,
+                    &map,
+                    exec::Around {
+                        before: Some(opening),
+                        behind: None,
+                    },
+                ),
+            )
+            .await;
+        match ran {
+            Ok(()) => {
+                self.release_pending = true;
+                Ok(out)
+            }
+            Err(err) if ended.load(Ordering::Acquire) || client.is_closed() => {
+                self.lease = None;
+                Err(StepError::Aborted(aborted(&err.message)))
+            }
+            Err(err) => {
+                self.release_pending = false;
+                let undo = format!("ROLLBACK TO SAVEPOINT {STEP}; RELEASE SAVEPOINT {STEP}");
+                match tokio::time::timeout(STOP_WITHIN, client.batch_execute(&undo)).await {
+                    Ok(Ok(())) => Err(StepError::Statement(err)),
+                    _ => {
+                        self.lease = None;
+                        Err(StepError::Aborted(aborted(&err.message)))
+                    }
+                }
+            }
+        }
+    }
+
+    /// Checks that the transaction is still the one the server opened, stores `record` in it,
+    /// and commits; a read-only transaction ends with ROLLBACK (it wrote nothing). The session
+    /// is reset and pooled again.
+    pub(crate) async fn commit(mut self, record: Option<Record>) -> Result<(), CommitError> {
+        let Some(mut lease) = self.lease.take() else {
+            return Err(CommitError::RolledBack(aborted("its connection was lost")));
+        };
+        let inner = Arc::clone(&self.inner);
+        if self.read_only {
+            return end(&inner, lease, "ROLLBACK")
+                .await
+                .map_err(CommitError::RolledBack);
+        }
+        let Some(opened) = lease
+            .opened
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+        else {
+            return Err(CommitError::RolledBack(ApiError::internal()));
+        };
+        let within = inner.limits.statement_timeout.saturating_add(STOP_WITHIN);
+        let client = lease.client();
+        let prologue = format!(
+            "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+             RELEASE SAVEPOINT {}; SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric)",
+            inner.timeout_ms(),
+            lease.guard,
+            opened.at
+        );
+        let checked = async {
+            client.batch_execute(&prologue).await?;
+            if let Some(record) = &record {
+                let hash = &record.request_hash[..];
+                client
+                    .execute(
+                        "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
+                        &[
+                            &inner.store_key,
+                            &record.key,
+                            &hash,
+                            &200_i32,
+                            &record.body,
+                            &now_millis(),
+                        ],
+                    )
+                    .await?;
+            }
+            Ok::<(), tokio_postgres::Error>(())
+        };
+        match tokio::time::timeout(within, checked).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                let err = if aborts(&e) {
+                    aborted(&inner.map(&e).message)
+                } else if e.code().is_some_and(|c| c.code() == "SQLHT") {
+                    ApiError::bad_request(
+                        "the transaction's statements ended or replaced it: it was rolled back \
+                         and nothing was kept",
+                    )
+                } else {
+                    inner.map(&e)
+                };
+                // Nothing committed: end it and pool the session again when it is clean.
+                if client.is_closed() {
+                    return Err(CommitError::RolledBack(err));
+                }
+                return match end(&inner, lease, "ROLLBACK").await {
+                    Ok(()) | Err(_) => Err(CommitError::RolledBack(err)),
+                };
+            }
+            // The lease is dropped unclean: its backend is ended, which rolls back.
+            Err(_) => {
+                return Err(CommitError::RolledBack(ApiError::new(
+                    ErrorCode::StatementTimeout,
+                    "the transaction's deferred work ran past this server's statement timeout; \
+                     it was rolled back and nothing was kept",
+                )));
+            }
+        }
+        let ending = async {
+            tokio::join!(
+                client.batch_execute("COMMIT"),
+                client.batch_execute(session::RESET)
+            )
+        };
+        let Ok((committed, reset)) = tokio::time::timeout(within, ending).await else {
+            return Err(CommitError::Unknown(ApiError::unavailable(
+                "the database did not answer the COMMIT in time: whether the transaction \
+                 committed is not known yet; send the COMMIT again",
+            )));
+        };
+        match committed {
+            Ok(()) => {
+                if let Err(e) = reset {
+                    tracing::warn!(error = %e, "cannot reset a session; closing it");
+                    lease.retire();
+                }
+                lease.clean = true;
+                Ok(())
+            }
+            Err(e) if e.code().is_none() => Err(CommitError::Unknown(ApiError::unavailable(
+                "the connection to the database was lost during COMMIT: whether the \
+                 transaction committed is not known yet; send the COMMIT again",
+            ))),
+            Err(e) if aborts(&e) => Err(CommitError::RolledBack(aborted(&inner.map(&e).message))),
+            Err(e) => Err(CommitError::RolledBack(inner.map(&e))),
+        }
+    }
+
+    /// Rolls back; the session is reset and pooled again.
+    pub(crate) async fn rollback(mut self) {
+        if let Some(lease) = self.lease.take() {
+            let _ = end(&self.inner, lease, "ROLLBACK").await;
+        }
+    }
+}
+
+/// Ends the transaction on `lease` with `end` and resets the session, pooling it again when
+/// both went well (else it is discarded, which ends whatever is left).
+async fn end(inner: &Inner, mut lease: Lease, end: &str) -> Result<(), ApiError> {
+    let client = lease.client();
+    let ended = tokio::time::timeout(STOP_WITHIN, async {
+        tokio::join!(
+            client.batch_execute(end),
+            client.batch_execute(session::RESET)
+        )
+    })
+    .await;
+    match ended {
+        Ok((Ok(()), Ok(()))) => {
+            lease.clean = true;
+            Ok(())
+        }
+        Ok((Ok(()), Err(e))) => {
+            tracing::warn!(error = %e, "cannot reset a session; closing it");
+            lease.retire();
+            lease.clean = true;
+            Ok(())
+        }
+        Ok((Err(e), _)) => Err(inner.map(&e)),
+        Err(_) => Err(ApiError::interrupted()),
+    }
+}
+
+impl Inner {
+    /// The outcome stored under `key` in the server's store, read in a read-only transaction.
+    pub(super) async fn recorded(&self, job: &Job, key: &str) -> Result<Option<Stored>, ApiError> {
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, Access::ReadOnly).await {
+            return self.end(lease, Access::ReadOnly, Err(err)).await;
+        }
+        let found = lease
+            .client()
+            .query_opt(
+                "SELECT request_hash, status, body, created_at FROM _sqlhttp.lookup($1, $2)",
+                &[&self.store_key, &key],
+            )
+            .await
+            .map(|row| {
+                row.map(|row| Stored {
+                    request_hash: row.get(0),
+                    status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
+                    body: row.get(2),
+                    created_at: row.get(3),
+                })
+            })
+            .map_err(|e| self.map(&e));
+        self.end(lease, Access::ReadOnly, found).await
+    }
+}

@@ -1,0 +1,728 @@
+//! The registry of interactive transactions ([`Transactions`]): which open transaction a token
+//! names and whose it is, each one's sequence of statements, its exactly-once commit, its
+//! bounds, and the outcomes of finished ones.
+//!
+//! - **Tokens** are `<instance>.<128 random bits>` in hex: `instance` names the process that
+//!   holds the transaction (drawn at start), so a server that does not know a token can tell
+//!   one of its own that never existed (`404`) from another server's or an earlier run's (whose
+//!   commit record it reads; nothing recorded means nothing committed: `TRANSACTION_EXPIRED`).
+//!   A token is bound to the credential that opened it: any other one gets `404`.
+//! - **Statements** carry their sequence number: the next one runs, the last one is answered
+//!   from its stored result (a re-send after a lost answer), any other is
+//!   `TRANSACTION_STEP_OUT_OF_ORDER`. Only the last statement's result is kept (within
+//!   `--max-result-bytes`, held against the server's budget). A failure that depends on load
+//!   (a timeout, `503`) is not stored and does not advance the sequence: the statement was
+//!   undone, and its re-send runs it again.
+//! - **Commit** stores the transaction's outcome with its effects through the engine (see
+//!   [`Record`]); a re-sent COMMIT, and the outcome endpoint, answer from the finished outcomes
+//!   (kept for the idempotency TTL in memory, and the commit record in the database).
+//! - **Bounds**: `--max-transactions` open at once (`503` past it), an idle timeout and a
+//!   lifetime cap (then rolled back: `TRANSACTION_EXPIRED`), checked when a transaction is
+//!   used and by a reaper task.
+//!
+//! Each statement and commit runs as a task of its own: a client that goes away mid-statement
+//! does not cut it short, so its re-send finds the stored result. Knows the engine contract and
+//! the protocol's error codes; nothing about HTTP or either engine's SQL.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest as _, Sha256};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::budget::{Budget, Held};
+use crate::config::TransactionLimits;
+use crate::engine::interactive::{CommitError, Record, Session, StepError, TxOptions};
+use crate::engine::keyed::millis;
+use crate::engine::{Backend, Engine as _, Outcome};
+use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::request::SqlRequest;
+
+/// How long finished outcomes are kept in memory when the server keeps no idempotency keys.
+const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
+
+/// The most finished outcomes kept in memory (the oldest go first past it).
+const MAX_FINISHED: usize = 65_536;
+
+/// How a transaction ended, as later requests for it are answered.
+#[derive(Debug, Clone)]
+enum Ending {
+    /// Committed: the COMMIT's answer body.
+    Committed(Vec<u8>),
+    /// Its COMMIT failed and it was rolled back: the COMMIT's error.
+    Refused(ApiError),
+    /// Its client rolled it back.
+    RolledBack,
+    /// The server rolled it back (idle, too old, shut down).
+    Expired,
+    /// It could not go on (serialization failure, deadlock, lost connection).
+    Aborted(ApiError),
+    /// Its COMMIT's answer from the database was lost: the commit record tells.
+    Unknown,
+}
+
+impl Ending {
+    fn name(&self) -> &'static str {
+        match self {
+            Ending::Committed(_) => "committed",
+            Ending::Refused(_) | Ending::RolledBack => "rolled_back",
+            Ending::Expired => "expired",
+            Ending::Aborted(_) => "aborted",
+            Ending::Unknown => "unknown",
+        }
+    }
+}
+
+/// What a request asks of a transaction that has ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Step,
+    Commit,
+    Rollback,
+    Outcome,
+}
+
+/// The transaction's state, one request at a time.
+struct Live {
+    /// `None` once it ended.
+    session: Option<Session>,
+    /// The sequence number of the last statement run (0 before the first).
+    seq: u64,
+    /// The last statement's answer, for its re-send.
+    last: Option<(u16, Vec<u8>, Held)>,
+    last_used: Instant,
+}
+
+/// One open transaction.
+struct Entry {
+    token: String,
+    owner: String,
+    options: TxOptions,
+    opened_at: Instant,
+    /// The Idempotency-Key it was opened under, if any.
+    open_key: Option<String>,
+    /// Its open's answer, for a re-sent open.
+    opened: Vec<u8>,
+    state: Arc<tokio::sync::Mutex<Live>>,
+    _permit: OwnedSemaphorePermit,
+}
+
+/// The token an open under one key opened, `None` while it runs (or after it failed).
+type OpenSlot = Arc<tokio::sync::Mutex<Option<String>>>;
+
+/// Finished outcomes, oldest first.
+#[derive(Default)]
+struct Finished {
+    by_token: HashMap<String, (String, Ending, Instant)>,
+    order: VecDeque<(String, Instant)>,
+}
+
+/// Counts for the metrics.
+#[derive(Debug, Default)]
+struct Counters {
+    commits: AtomicU64,
+    rollbacks: AtomicU64,
+    expirations: AtomicU64,
+    aborts: AtomicU64,
+}
+
+/// Transaction counts for `/metrics`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct TransactionCounts {
+    /// Open now.
+    pub(crate) open: usize,
+    /// Committed since the start.
+    pub(crate) commits: u64,
+    /// Rolled back by their clients (or by a failed COMMIT) since the start.
+    pub(crate) rollbacks: u64,
+    /// Rolled back by the server (idle, too old, shutdown) since the start.
+    pub(crate) expirations: u64,
+    /// Aborted (serialization failure, deadlock, lost connection) since the start.
+    pub(crate) aborts: u64,
+}
+
+/// The registry of interactive transactions.
+pub(crate) struct Transactions {
+    limits: TransactionLimits,
+    ttl: Option<Duration>,
+    max_result_bytes: usize,
+    budget: Budget,
+    instance: String,
+    slots: Arc<Semaphore>,
+    live: Mutex<HashMap<String, Arc<Entry>>>,
+    /// Each `(owner, Idempotency-Key)` an open came with, and the token it opened: a re-sent
+    /// open waits here for the first one and answers its transaction.
+    opens: Mutex<HashMap<(String, String), OpenSlot>>,
+    finished: Mutex<Finished>,
+    counters: Counters,
+    reaper: AtomicBool,
+}
+
+impl std::fmt::Debug for Transactions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Transactions")
+            .field("limits", &self.limits)
+            .field("open", &lock(&self.live).len())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// `{"outcome": name}`.
+fn outcome_body(name: &str) -> Vec<u8> {
+    format!("{{\"outcome\":\"{name}\"}}").into_bytes()
+}
+
+/// The answer for a transaction the server rolled back.
+pub(crate) fn expired() -> ApiError {
+    ApiError::new(
+        ErrorCode::TransactionExpired,
+        "the transaction expired and was rolled back by the server (it was idle too long, open \
+         too long, or its server restarted or is another one); nothing of it was committed",
+    )
+}
+
+fn not_found() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "no such transaction")
+}
+
+fn finished(how: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::TransactionFinished,
+        format!("the transaction has ended ({how}); nothing more runs in it"),
+    )
+}
+
+/// The commit record's key in the idempotency store: a space keeps it apart from every
+/// Idempotency-Key a client can send (visible ASCII only).
+fn record_key(token: &str) -> String {
+    format!("sqlhttp transaction {token}")
+}
+
+/// The commit record's identity: the owner's, so another credential's lookup finds nothing.
+fn record_hash(owner: &str, token: &str) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(b"sqlhttp transaction\n")
+        .chain_update(owner)
+        .chain_update(b"\n")
+        .chain_update(token)
+        .finalize()
+        .into()
+}
+
+impl Transactions {
+    /// An empty registry under `limits`; finished outcomes and commit records are kept for
+    /// `ttl` (the idempotency TTL; without one, commits are not recorded in the database).
+    pub(crate) fn new(
+        limits: TransactionLimits,
+        ttl: Option<Duration>,
+        max_result_bytes: usize,
+        budget: Budget,
+    ) -> Transactions {
+        Transactions {
+            limits,
+            ttl,
+            max_result_bytes,
+            budget,
+            instance: format!("{:08x}", rand::random::<u32>()),
+            slots: Arc::new(Semaphore::new(limits.max_open)),
+            live: Mutex::new(HashMap::new()),
+            opens: Mutex::new(HashMap::new()),
+            finished: Mutex::new(Finished::default()),
+            counters: Counters::default(),
+            reaper: AtomicBool::new(false),
+        }
+    }
+
+    /// The counts for the metrics.
+    pub(crate) fn counts(&self) -> TransactionCounts {
+        TransactionCounts {
+            open: lock(&self.live).len(),
+            commits: self.counters.commits.load(Ordering::Relaxed),
+            rollbacks: self.counters.rollbacks.load(Ordering::Relaxed),
+            expirations: self.counters.expirations.load(Ordering::Relaxed),
+            aborts: self.counters.aborts.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Opens a transaction for `owner` with `options`; a re-sent open under the same `key`
+    /// answers the same transaction while it is open.
+    pub(crate) async fn open(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        key: Option<String>,
+        options: TxOptions,
+    ) -> Result<Outcome, ApiError> {
+        if self.limits.max_open == 0 {
+            return Err(ApiError::new(
+                ErrorCode::NotFound,
+                "this server does not offer interactive transactions (--max-transactions 0)",
+            ));
+        }
+        let options = options.check()?;
+        self.start_reaper();
+        let Some(key) = key else {
+            return self
+                .open_now(engine, owner, None, options)
+                .await
+                .map(|(_, outcome)| outcome);
+        };
+        let slot_key = (owner.to_owned(), key.clone());
+        let slot = Arc::clone(lock(&self.opens).entry(slot_key.clone()).or_default());
+        // A re-sent open waits for the first one with its key, then answers its transaction.
+        let mut claim = Arc::clone(&slot).lock_owned().await;
+        if let Some(entry) = claim
+            .as_ref()
+            .and_then(|token| lock(&self.live).get(token).cloned())
+        {
+            return Ok(Outcome {
+                status: 200,
+                body: entry.opened.clone(),
+                replayed: true,
+            });
+        }
+        let opened = self.open_now(engine, owner, Some(key), options).await;
+        match &opened {
+            Ok((token, _)) => *claim = Some(token.clone()),
+            Err(_) => {
+                let mut opens = lock(&self.opens);
+                if opens.get(&slot_key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
+                    opens.remove(&slot_key);
+                }
+            }
+        }
+        opened.map(|(_, outcome)| outcome)
+    }
+
+    /// Opens a transaction on the engine and registers it: its token and the open's answer.
+    async fn open_now(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        key: Option<String>,
+        options: TxOptions,
+    ) -> Result<(String, Outcome), ApiError> {
+        let permit = Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
+            ApiError::unavailable(format!(
+                "the server holds as many open transactions as it allows ({}, \
+                 --max-transactions); retry later",
+                self.limits.max_open
+            ))
+        })?;
+        let session = engine.begin(options).await?;
+        let token = format!("{}.{:032x}", self.instance, rand::random::<u128>());
+        let opened = serde_json::json!({
+            "transaction": token,
+            "read_only": options.read_only,
+            "isolation": options.isolation.as_str(),
+            "idle_timeout_ms": millis(self.limits.idle_timeout),
+            "max_lifetime_ms": millis(self.limits.max_lifetime),
+        })
+        .to_string()
+        .into_bytes();
+        let now = Instant::now();
+        let entry = Arc::new(Entry {
+            token: token.clone(),
+            owner: owner.to_owned(),
+            options,
+            opened_at: now,
+            open_key: key,
+            opened: opened.clone(),
+            state: Arc::new(tokio::sync::Mutex::new(Live {
+                session: Some(session),
+                seq: 0,
+                last: None,
+                last_used: now,
+            })),
+            _permit: permit,
+        });
+        lock(&self.live).insert(token.clone(), entry);
+        Ok((token, Outcome::fresh(opened)))
+    }
+
+    /// Runs statement `seq` of the transaction `token`.
+    pub(crate) async fn step(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+        seq: u64,
+        request: SqlRequest,
+    ) -> Result<Outcome, ApiError> {
+        let Some(entry) = self.find(owner, token) else {
+            return self.ended(engine, owner, token, Op::Step).await;
+        };
+        let registry = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let mut live = Arc::clone(&entry.state).lock_owned().await;
+            if registry.expire_if_due(&entry, &mut live) {
+                return Err(expired());
+            }
+            if live.session.is_none() {
+                return Err(registry.ending_of(&entry.token).map_or_else(expired, |e| {
+                    answer(Op::Step, &e).err().unwrap_or_else(expired)
+                }));
+            }
+            if seq == live.seq
+                && let Some((status, body, _)) = &live.last
+            {
+                return Ok(Outcome {
+                    status: *status,
+                    body: body.clone(),
+                    replayed: true,
+                });
+            }
+            if seq != live.seq + 1 {
+                return Err(ApiError::new(
+                    ErrorCode::TransactionStepOutOfOrder,
+                    format!(
+                        "this transaction's next statement is number {} (the last one, {}, is \
+                         answered again); statement {seq} was not run",
+                        live.seq + 1,
+                        live.seq
+                    ),
+                ));
+            }
+            // The stored result's share of the budget, reserved before anything runs.
+            let mut held = Held::default();
+            registry
+                .budget
+                .cover(&mut held, registry.max_result_bytes)?;
+            let Some(session) = live.session.as_mut() else {
+                return Err(expired());
+            };
+            let ran = session.step(request).await;
+            live.last_used = Instant::now();
+            let (status, body) = match ran {
+                Ok(body) => (200, body),
+                Err(StepError::Statement(err)) if err.code.is_stored_outcome() => {
+                    (err.code.status().as_u16(), err.body())
+                }
+                Err(StepError::Statement(err)) => return Err(err),
+                Err(StepError::Aborted(err)) => {
+                    live.session = None;
+                    live.last = None;
+                    registry.finish(&entry, Ending::Aborted(err.clone()));
+                    return Err(err);
+                }
+            };
+            Budget::shrink(&mut held, body.len());
+            live.seq = seq;
+            live.last = Some((status, body.clone(), held));
+            Ok(Outcome {
+                status,
+                body,
+                replayed: false,
+            })
+        });
+        task.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a transaction's statement task failed");
+            Err(ApiError::internal())
+        })
+    }
+
+    /// Commits the transaction `token`, exactly once.
+    pub(crate) async fn commit(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+    ) -> Result<Outcome, ApiError> {
+        let Some(entry) = self.find(owner, token) else {
+            return self.ended(engine, owner, token, Op::Commit).await;
+        };
+        let registry = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let mut live = Arc::clone(&entry.state).lock_owned().await;
+            if registry.expire_if_due(&entry, &mut live) {
+                return Err(expired());
+            }
+            let Some(session) = live.session.take() else {
+                drop(live);
+                let ending = registry.ending_of(&entry.token).unwrap_or(Ending::Expired);
+                return answer(Op::Commit, &ending);
+            };
+            live.last = None;
+            let body = outcome_body("committed");
+            let record = (registry.ttl.is_some() && !entry.options.read_only).then(|| Record {
+                key: record_key(&entry.token),
+                request_hash: record_hash(&entry.owner, &entry.token),
+                body: body.clone(),
+            });
+            match session.commit(record).await {
+                Ok(()) => {
+                    registry.finish(&entry, Ending::Committed(body.clone()));
+                    Ok(Outcome::fresh(body))
+                }
+                Err(CommitError::RolledBack(err)) => {
+                    let ending = if err.code == ErrorCode::TransactionAborted {
+                        Ending::Aborted(err.clone())
+                    } else {
+                        Ending::Refused(err.clone())
+                    };
+                    registry.finish(&entry, ending);
+                    Err(err)
+                }
+                Err(CommitError::Unknown(err)) => {
+                    registry.finish(&entry, Ending::Unknown);
+                    Err(err)
+                }
+            }
+        });
+        task.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a transaction's commit task failed");
+            Err(ApiError::internal())
+        })
+    }
+
+    /// Rolls the transaction `token` back (answering how it ended when it already has).
+    pub(crate) async fn rollback(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+    ) -> Result<Outcome, ApiError> {
+        let Some(entry) = self.find(owner, token) else {
+            return self.ended(engine, owner, token, Op::Rollback).await;
+        };
+        let registry = Arc::clone(self);
+        let task = tokio::spawn(async move {
+            let mut live = Arc::clone(&entry.state).lock_owned().await;
+            if registry.expire_if_due(&entry, &mut live) {
+                return answer(Op::Rollback, &Ending::Expired);
+            }
+            let Some(session) = live.session.take() else {
+                drop(live);
+                let ending = registry.ending_of(&entry.token).unwrap_or(Ending::Expired);
+                return answer(Op::Rollback, &ending);
+            };
+            live.last = None;
+            session.rollback().await;
+            registry.finish(&entry, Ending::RolledBack);
+            Ok(Outcome::fresh(outcome_body("rolled_back")))
+        });
+        task.await.unwrap_or_else(|e| {
+            tracing::error!(error = %e, "a transaction's rollback task failed");
+            Err(ApiError::internal())
+        })
+    }
+
+    /// How the transaction `token` stands: `open`, or how it ended.
+    pub(crate) async fn outcome(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+    ) -> Result<Outcome, ApiError> {
+        if self.find(owner, token).is_some() {
+            return Ok(Outcome::fresh(outcome_body("open")));
+        }
+        self.ended(engine, owner, token, Op::Outcome).await
+    }
+
+    /// Rolls back every open transaction (the server is shutting down).
+    pub(crate) async fn close(&self) {
+        let entries: Vec<Arc<Entry>> = lock(&self.live).values().cloned().collect();
+        for entry in entries {
+            let mut live = entry.state.lock().await;
+            if let Some(session) = live.session.take() {
+                live.last = None;
+                session.rollback().await;
+                self.finish(&entry, Ending::Expired);
+            }
+        }
+    }
+
+    /// The open transaction `token` if `owner` holds it.
+    fn find(&self, owner: &str, token: &str) -> Option<Arc<Entry>> {
+        lock(&self.live)
+            .get(token)
+            .filter(|entry| entry.owner == owner)
+            .cloned()
+    }
+
+    /// Answers a request for a transaction that is not open here: from the finished outcomes,
+    /// or, for another server's (or an earlier run's) token, from its commit record.
+    async fn ended(
+        &self,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+        op: Op,
+    ) -> Result<Outcome, ApiError> {
+        let known = {
+            let finished = lock(&self.finished);
+            finished
+                .by_token
+                .get(token)
+                .map(|(whose, ending, _)| (whose == owner).then(|| ending.clone()))
+        };
+        let ending = match known {
+            Some(None) => return Err(not_found()),
+            Some(Some(Ending::Unknown)) => self.read_record(engine, owner, token).await?,
+            Some(Some(ending)) => ending,
+            None if token.split('.').next() == Some(self.instance.as_str()) => {
+                return Err(not_found());
+            }
+            None => self.read_record(engine, owner, token).await?,
+        };
+        answer(op, &ending)
+    }
+
+    /// The commit record of `token`: committed, or (nothing recorded) expired.
+    async fn read_record(
+        &self,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+    ) -> Result<Ending, ApiError> {
+        let Some(ttl) = self.ttl else {
+            return Ok(Ending::Expired);
+        };
+        let stored = engine.recorded(record_key(token)).await?;
+        let fresh = |created_at: i64| {
+            crate::engine::keyed::now_millis().saturating_sub(created_at) < millis(ttl)
+        };
+        Ok(match stored {
+            Some(stored)
+                if stored.request_hash == record_hash(owner, token) && fresh(stored.created_at) =>
+            {
+                let ending = Ending::Committed(stored.body);
+                self.remember(token, owner, ending.clone());
+                ending
+            }
+            _ => Ending::Expired,
+        })
+    }
+
+    fn ending_of(&self, token: &str) -> Option<Ending> {
+        lock(&self.finished)
+            .by_token
+            .get(token)
+            .map(|(_, ending, _)| ending.clone())
+    }
+
+    /// Rolls the transaction back if it was idle or open too long; `true` if it did.
+    fn expire_if_due(self: &Arc<Self>, entry: &Arc<Entry>, live: &mut Live) -> bool {
+        if live.session.is_none() {
+            return false;
+        }
+        let now = Instant::now();
+        let idle = now.saturating_duration_since(live.last_used) >= self.limits.idle_timeout;
+        let old = now.saturating_duration_since(entry.opened_at) >= self.limits.max_lifetime;
+        if !(idle || old) {
+            return false;
+        }
+        if let Some(session) = live.session.take() {
+            live.last = None;
+            tokio::spawn(session.rollback());
+        }
+        tracing::debug!(idle, old, "an interactive transaction expired; rolled back");
+        self.finish(entry, Ending::Expired);
+        true
+    }
+
+    /// Moves `entry` from the open transactions to the finished ones.
+    fn finish(&self, entry: &Entry, ending: Ending) {
+        let counter = match &ending {
+            Ending::Committed(_) => &self.counters.commits,
+            Ending::Refused(_) | Ending::RolledBack => &self.counters.rollbacks,
+            Ending::Expired => &self.counters.expirations,
+            Ending::Aborted(_) | Ending::Unknown => &self.counters.aborts,
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(ending = ending.name(), "an interactive transaction ended");
+        lock(&self.live).remove(&entry.token);
+        if let Some(key) = &entry.open_key {
+            lock(&self.opens).remove(&(entry.owner.clone(), key.clone()));
+        }
+        self.remember(&entry.token, &entry.owner, ending);
+    }
+
+    /// Keeps how `token` ended, for the TTL, dropping what is older (or past the cap).
+    fn remember(&self, token: &str, owner: &str, ending: Ending) {
+        let kept = self.ttl.unwrap_or(KEPT_WITHOUT_TTL);
+        let now = Instant::now();
+        let mut finished = lock(&self.finished);
+        while let Some((old, at)) = finished.order.front().cloned() {
+            if now.saturating_duration_since(at) < kept && finished.order.len() < MAX_FINISHED {
+                break;
+            }
+            finished.order.pop_front();
+            if finished
+                .by_token
+                .get(&old)
+                .is_some_and(|(_, _, when)| *when == at)
+            {
+                finished.by_token.remove(&old);
+            }
+        }
+        finished.order.push_back((token.to_owned(), now));
+        finished
+            .by_token
+            .insert(token.to_owned(), (owner.to_owned(), ending, now));
+    }
+
+    /// Starts the task that expires idle and old transactions, once (from the first open:
+    /// the registry may be built outside a runtime).
+    fn start_reaper(self: &Arc<Self>) {
+        if self.reaper.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let every = (self.limits.idle_timeout.min(self.limits.max_lifetime) / 4)
+            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+        let registry: Weak<Transactions> = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(registry) = registry.upgrade() else {
+                    return;
+                };
+                let entries: Vec<Arc<Entry>> = lock(&registry.live).values().cloned().collect();
+                for entry in entries {
+                    // A transaction running a statement now is not idle.
+                    if let Ok(mut live) = Arc::clone(&entry.state).try_lock_owned() {
+                        registry.expire_if_due(&entry, &mut live);
+                    }
+                }
+            }
+        });
+    }
+}
+
+/// How a request `op` for a transaction that ended as `ending` is answered.
+fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
+    let replayed = |body: Vec<u8>| {
+        Ok(Outcome {
+            status: 200,
+            body,
+            replayed: true,
+        })
+    };
+    match (op, ending) {
+        (Op::Outcome, ending) => Ok(Outcome::fresh(outcome_body(ending.name()))),
+        (Op::Commit, Ending::Committed(body)) => replayed(body.clone()),
+        (Op::Step, Ending::Committed(_)) => Err(finished("committed")),
+        (Op::Rollback, Ending::Committed(_)) => {
+            Err(finished("committed: it cannot be rolled back"))
+        }
+        (Op::Commit, Ending::Refused(err)) | (Op::Commit | Op::Step, Ending::Aborted(err)) => {
+            Err(err.clone())
+        }
+        (Op::Step, Ending::Refused(_)) => Err(finished("rolled back at its COMMIT")),
+        (Op::Commit | Op::Step, Ending::RolledBack) => Err(finished(
+            "rolled back by its client; nothing of it was committed",
+        )),
+        (Op::Commit | Op::Step, Ending::Expired) => Err(expired()),
+        (Op::Commit | Op::Step, Ending::Unknown) => Err(ApiError::unavailable(
+            "whether the transaction committed is not known yet; send the COMMIT again",
+        )),
+        (Op::Rollback, ending) => replayed(outcome_body(ending.name())),
+    }
+}
