@@ -158,6 +158,8 @@ pub(crate) struct Transactions {
     finished: Mutex<Finished>,
     counters: Counters,
     reaper: AtomicBool,
+    /// The server is shutting down: no transaction opens any more.
+    closed: AtomicBool,
 }
 
 impl std::fmt::Debug for Transactions {
@@ -236,6 +238,7 @@ impl Transactions {
             finished: Mutex::new(Finished::default()),
             counters: Counters::default(),
             reaper: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
         }
     }
 
@@ -266,6 +269,9 @@ impl Transactions {
             ));
         }
         let options = options.check()?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(crate::engine::shutting_down());
+        }
         self.start_reaper();
         let Some(key) = key else {
             return self
@@ -316,6 +322,10 @@ impl Transactions {
             ))
         })?;
         let session = engine.begin(options).await?;
+        if self.closed.load(Ordering::Acquire) {
+            session.rollback().await;
+            return Err(crate::engine::shutting_down());
+        }
         let token = format!("{}.{:032x}", self.instance, rand::random::<u128>());
         let opened = serde_json::json!({
             "transaction": token,
@@ -526,8 +536,9 @@ impl Transactions {
         self.ended(engine, owner, token, Op::Outcome).await
     }
 
-    /// Rolls back every open transaction (the server is shutting down).
+    /// Rolls back every open transaction and opens no more (the server is shutting down).
     pub(crate) async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let entries: Vec<Arc<Entry>> = lock(&self.live).values().cloned().collect();
         for entry in entries {
             let mut live = entry.state.lock().await;
