@@ -70,7 +70,10 @@ fn token_of(token: Option<String>) -> Result<String, ApiError> {
         {
             Ok(token)
         }
-        Some(_) => Err(ApiError::new(ErrorCode::NotFound, "no such transaction")),
+        Some(_) => Err(ApiError::bad_request(format!(
+            "`transaction` is not a token this server issues: 1 to {MAX_TOKEN_LEN} letters, \
+             digits and dots"
+        ))),
         None => Err(ApiError::bad_request(
             "`transaction` (the token the open answered) is missing",
         )),
