@@ -160,6 +160,10 @@ pub(crate) struct Transactions {
     reaper: AtomicBool,
     /// The server is shutting down: no transaction opens any more.
     closed: AtomicBool,
+    /// Where the other replicas reach this one (`--advertise-url`), and when that was last
+    /// stored for them.
+    advertise: Option<String>,
+    advertised: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Transactions {
@@ -200,6 +204,19 @@ fn finished(how: &str) -> ApiError {
     )
 }
 
+/// How often a replica stores its `--advertise-url` again.
+const ADVERTISE_EVERY: Duration = Duration::from_secs(600);
+
+/// The key under which replica `instance` stores where it is reached.
+fn replica_key(instance: &str) -> String {
+    format!("sqlhttp replica {instance}")
+}
+
+/// A replica record's identity.
+fn replica_hash() -> [u8; 32] {
+    Sha256::digest(b"sqlhttp replica").into()
+}
+
 /// The commit record's key in the idempotency store: a space keeps it apart from every
 /// Idempotency-Key a client can send (visible ASCII only).
 fn record_key(token: &str) -> String {
@@ -225,6 +242,7 @@ impl Transactions {
         ttl: Option<Duration>,
         max_result_bytes: usize,
         budget: Budget,
+        advertise: Option<String>,
     ) -> Transactions {
         Transactions {
             limits,
@@ -239,7 +257,51 @@ impl Transactions {
             counters: Counters::default(),
             reaper: AtomicBool::new(false),
             closed: AtomicBool::new(false),
+            advertise,
+            advertised: Mutex::new(None),
         }
+    }
+
+    /// Stores where the other replicas reach this one (once, then again each
+    /// [`ADVERTISE_EVERY`], so the record outlives no TTL), before the first transaction opens.
+    pub(crate) async fn advertise(&self, engine: &Backend) {
+        let Some(url) = &self.advertise else { return };
+        {
+            let mut at = lock(&self.advertised);
+            if at.is_some_and(|at| at.elapsed() < ADVERTISE_EVERY) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        let stored = engine
+            .store_record(
+                replica_key(&self.instance),
+                replica_hash(),
+                url.clone().into_bytes(),
+            )
+            .await;
+        if let Err(err) = stored {
+            tracing::warn!(error = %err.message, "cannot record this replica's --advertise-url");
+            *lock(&self.advertised) = None;
+        }
+    }
+
+    /// Where to forward a request for `token`: the `--advertise-url` of the replica that holds
+    /// it, when that is another one (this one neither holds it nor knows how it ended).
+    pub(crate) async fn owner_url(&self, engine: &Backend, token: &str) -> Option<String> {
+        let instance = token.split('.').next()?;
+        if instance == self.instance
+            || lock(&self.live).contains_key(token)
+            || lock(&self.finished).by_token.contains_key(token)
+        {
+            return None;
+        }
+        let stored = engine.recorded(replica_key(instance)).await.ok()??;
+        if stored.request_hash != replica_hash() {
+            return None;
+        }
+        let url = String::from_utf8(stored.body).ok()?;
+        (self.advertise.as_deref() != Some(url.as_str())).then_some(url)
     }
 
     /// The counts for the metrics.
