@@ -640,8 +640,13 @@ impl Transactions {
             Some(None) => return Err(not_found()),
             Some(Some(Ending::Unknown)) => self.read_record(engine, owner, token).await?,
             Some(Some(ending)) => ending,
+            // One of this server's own that it no longer remembers (past the cap of finished
+            // outcomes): committed if its record says so, else never one it issued.
             None if token.split('.').next() == Some(self.instance.as_str()) => {
-                return Err(not_found());
+                match self.read_record(engine, owner, token).await? {
+                    committed @ Ending::Committed(_) => committed,
+                    _ => return Err(not_found()),
+                }
             }
             None => self.read_record(engine, owner, token).await?,
         };
