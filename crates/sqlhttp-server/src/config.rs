@@ -244,6 +244,11 @@ pub struct Config {
     pub http: HttpLimits,
     /// What interactive transactions may hold: how many, for how long.
     pub transactions: TransactionLimits,
+    /// Where the other replicas on the same database reach this one (`http://HOST:PORT`): a
+    /// request for an interactive transaction this server holds that reaches another replica
+    /// is forwarded here. `None` (the default): not forwarded (the other replica answers `410
+    /// TRANSACTION_EXPIRED`).
+    pub advertise_url: Option<String>,
     /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) with these files; `None` (the default) serves
     /// plain HTTP/1.1.
     pub tls: Option<TlsFiles>,
@@ -265,6 +270,7 @@ impl Default for Config {
             limits: Limits::default(),
             http: HttpLimits::default(),
             transactions: TransactionLimits::default(),
+            advertise_url: None,
             tls: None,
         }
     }

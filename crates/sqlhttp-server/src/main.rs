@@ -122,6 +122,11 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_NO_IDEMPOTENCY")]
     no_idempotency: bool,
 
+    /// Where the other replicas on the same database reach this one (http://HOST:PORT): they
+    /// forward requests for the interactive transactions it holds.
+    #[arg(long, env = "SQLHTTPD_ADVERTISE_URL", value_name = "URL", value_parser = parse_advertise_url)]
+    advertise_url: Option<String>,
+
     /// Interactive transactions open at once (503 past it); 0 switches them off.
     #[arg(long, env = "SQLHTTPD_MAX_TRANSACTIONS", value_name = "N", default_value_t = TransactionLimits::default().max_open)]
     max_transactions: usize,
@@ -237,6 +242,23 @@ fn parse_token(token: &str) -> Result<String, String> {
     }
 }
 
+fn parse_advertise_url(input: &str) -> Result<String, String> {
+    let url = input.trim().trim_end_matches('/');
+    match url.parse::<http::Uri>() {
+        Ok(uri)
+            if uri.scheme_str() == Some("http")
+                && uri.authority().is_some()
+                && uri.path() == "/" =>
+        {
+            Ok(url.to_owned())
+        }
+        _ => Err(
+            "an http://HOST:PORT URL (replicas forward over plain HTTP, inside the network)"
+                .to_owned(),
+        ),
+    }
+}
+
 fn parse_positive_duration(input: &str) -> Result<Duration, String> {
     parse_duration(input).map_err(|e| e.to_string())
 }
@@ -305,6 +327,7 @@ impl Cli {
                 max_batch_statements: self.max_batch_statements,
                 max_engine_memory: self.max_engine_memory,
             },
+            advertise_url: self.advertise_url,
             transactions: TransactionLimits {
                 max_open: self.max_transactions,
                 idle_timeout: self.transaction_idle_timeout,

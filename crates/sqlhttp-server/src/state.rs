@@ -96,6 +96,7 @@ impl AppState {
                     config.idempotency_ttl,
                     config.limits.max_result_bytes,
                     budget.clone(),
+                    config.advertise_url.clone(),
                 )),
                 in_flight: Mutex::new(HashSet::new()),
             }),

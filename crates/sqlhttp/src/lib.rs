@@ -3,7 +3,9 @@
 //! * [`Client::query`] decodes rows straight from the response bytes into any `T: Deserialize`;
 //!   [`Client::query_table`] returns columns with their types and dynamically typed rows;
 //!   [`Client::execute`] runs a statement for its effect; [`Client::insert`] writes typed rows in bulk;
-//!   [`Client::batch`] runs several statements in one transaction, all or nothing.
+//!   [`Client::batch`] runs several statements in one transaction, all or nothing;
+//!   [`Client::transaction`] opens an interactive one (read, decide, write), every step safe to
+//!   retry, and [`Client::transact`] runs a closure in one, again when it is lost before it commits.
 //! * [`Query::fetch`] streams rows of any number as they arrive ([`RowStream`]); every call decodes the
 //!   body incrementally, and a result the server ends with an error is never taken for a whole one.
 //! * Parameters are always bound (`.bind(value)`), never spliced into SQL; a BLOB is a [`Blob`] (or any

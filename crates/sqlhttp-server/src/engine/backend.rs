@@ -102,6 +102,15 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.recorded(key).await)
     }
 
+    async fn store_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        body: Vec<u8>,
+    ) -> Result<(), ApiError> {
+        dispatch!(self, engine => engine.store_record(key, request_hash, body).await)
+    }
+
     async fn ready(&self) -> Result<(), ApiError> {
         dispatch!(self, engine => engine.ready().await)
     }

@@ -97,6 +97,15 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     /// transaction's commit record, looked up after its server lost it).
     async fn recorded(&self, key: String) -> Result<Option<keyed::Stored>, ApiError>;
 
+    /// Stores `body` under `key` (identified by `request_hash`) in the idempotency store, in a
+    /// transaction of its own: where this replica is reached, for the others to forward to.
+    async fn store_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        body: Vec<u8>,
+    ) -> Result<(), ApiError>;
+
     /// Whether the engine answers a trivial statement.
     async fn ready(&self) -> Result<(), ApiError>;
 

@@ -158,6 +158,12 @@ pub(crate) struct Transactions {
     finished: Mutex<Finished>,
     counters: Counters,
     reaper: AtomicBool,
+    /// The server is shutting down: no transaction opens any more.
+    closed: AtomicBool,
+    /// Where the other replicas reach this one (`--advertise-url`), and when that was last
+    /// stored for them.
+    advertise: Option<String>,
+    advertised: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Transactions {
@@ -198,6 +204,19 @@ fn finished(how: &str) -> ApiError {
     )
 }
 
+/// How often a replica stores its `--advertise-url` again.
+const ADVERTISE_EVERY: Duration = Duration::from_secs(600);
+
+/// The key under which replica `instance` stores where it is reached.
+fn replica_key(instance: &str) -> String {
+    format!("sqlhttp replica {instance}")
+}
+
+/// A replica record's identity.
+fn replica_hash() -> [u8; 32] {
+    Sha256::digest(b"sqlhttp replica").into()
+}
+
 /// The commit record's key in the idempotency store: a space keeps it apart from every
 /// Idempotency-Key a client can send (visible ASCII only).
 fn record_key(token: &str) -> String {
@@ -223,6 +242,7 @@ impl Transactions {
         ttl: Option<Duration>,
         max_result_bytes: usize,
         budget: Budget,
+        advertise: Option<String>,
     ) -> Transactions {
         Transactions {
             limits,
@@ -236,7 +256,52 @@ impl Transactions {
             finished: Mutex::new(Finished::default()),
             counters: Counters::default(),
             reaper: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            advertise,
+            advertised: Mutex::new(None),
         }
+    }
+
+    /// Stores where the other replicas reach this one (once, then again each
+    /// [`ADVERTISE_EVERY`], so the record outlives no TTL), before the first transaction opens.
+    pub(crate) async fn advertise(&self, engine: &Backend) {
+        let Some(url) = &self.advertise else { return };
+        {
+            let mut at = lock(&self.advertised);
+            if at.is_some_and(|at| at.elapsed() < ADVERTISE_EVERY) {
+                return;
+            }
+            *at = Some(Instant::now());
+        }
+        let stored = engine
+            .store_record(
+                replica_key(&self.instance),
+                replica_hash(),
+                url.clone().into_bytes(),
+            )
+            .await;
+        if let Err(err) = stored {
+            tracing::warn!(error = %err.message, "cannot record this replica's --advertise-url");
+            *lock(&self.advertised) = None;
+        }
+    }
+
+    /// Where to forward a request for `token`: the `--advertise-url` of the replica that holds
+    /// it, when that is another one (this one neither holds it nor knows how it ended).
+    pub(crate) async fn owner_url(&self, engine: &Backend, token: &str) -> Option<String> {
+        let instance = token.split('.').next()?;
+        if instance == self.instance
+            || lock(&self.live).contains_key(token)
+            || lock(&self.finished).by_token.contains_key(token)
+        {
+            return None;
+        }
+        let stored = engine.recorded(replica_key(instance)).await.ok()??;
+        if stored.request_hash != replica_hash() {
+            return None;
+        }
+        let url = String::from_utf8(stored.body).ok()?;
+        (self.advertise.as_deref() != Some(url.as_str())).then_some(url)
     }
 
     /// The counts for the metrics.
@@ -266,6 +331,9 @@ impl Transactions {
             ));
         }
         let options = options.check()?;
+        if self.closed.load(Ordering::Acquire) {
+            return Err(crate::engine::shutting_down());
+        }
         self.start_reaper();
         let Some(key) = key else {
             return self
@@ -316,6 +384,10 @@ impl Transactions {
             ))
         })?;
         let session = engine.begin(options).await?;
+        if self.closed.load(Ordering::Acquire) {
+            session.rollback().await;
+            return Err(crate::engine::shutting_down());
+        }
         let token = format!("{}.{:032x}", self.instance, rand::random::<u128>());
         let opened = serde_json::json!({
             "transaction": token,
@@ -526,8 +598,9 @@ impl Transactions {
         self.ended(engine, owner, token, Op::Outcome).await
     }
 
-    /// Rolls back every open transaction (the server is shutting down).
+    /// Rolls back every open transaction and opens no more (the server is shutting down).
     pub(crate) async fn close(&self) {
+        self.closed.store(true, Ordering::Release);
         let entries: Vec<Arc<Entry>> = lock(&self.live).values().cloned().collect();
         for entry in entries {
             let mut live = entry.state.lock().await;
@@ -567,8 +640,13 @@ impl Transactions {
             Some(None) => return Err(not_found()),
             Some(Some(Ending::Unknown)) => self.read_record(engine, owner, token).await?,
             Some(Some(ending)) => ending,
+            // One of this server's own that it no longer remembers (past the cap of finished
+            // outcomes): committed if its record says so, else never one it issued.
             None if token.split('.').next() == Some(self.instance.as_str()) => {
-                return Err(not_found());
+                match self.read_record(engine, owner, token).await? {
+                    committed @ Ending::Committed(_) => committed,
+                    _ => return Err(not_found()),
+                }
             }
             None => self.read_record(engine, owner, token).await?,
         };

@@ -49,3 +49,4 @@ mod tcp;
 mod timeouts;
 mod tls;
 mod transactions;
+mod tx_replicas;

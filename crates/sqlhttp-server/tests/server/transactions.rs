@@ -441,6 +441,12 @@ async fn another_server_answers_a_resent_commit_from_the_commit_record(engine: E
     // A token of this server's own that it never issued is no transaction at all.
     let own = format!("{}.{}", tx.split('.').next().unwrap(), "0".repeat(32));
     assert_eq!(end(&first, "commit", &own).await.status, 404);
+    let malformed = end(&first, "commit", "not a token!").await;
+    assert_eq!(
+        malformed.code(),
+        "BAD_REQUEST",
+        "a malformed token is no token at all"
+    );
 }
 
 async fn opens_under_one_key_answer_one_transaction(engine: Engine) {

@@ -330,6 +330,31 @@ async fn end(inner: &Inner, mut lease: Lease, end: &str) -> Result<(), ApiError>
 }
 
 impl Inner {
+    /// Stores a `200` with `body` under `key` in the server's store, in a transaction of its own.
+    pub(super) async fn store_record(
+        &self,
+        job: &Job,
+        key: &str,
+        request_hash: &[u8; 32],
+        body: &[u8],
+    ) -> Result<(), ApiError> {
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+            return self.end(lease, Access::ReadWrite, Err(err)).await;
+        }
+        let hash = &request_hash[..];
+        let stored = lease
+            .client()
+            .execute(
+                "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
+                &[&self.store_key, &key, &hash, &200_i32, &body, &now_millis()],
+            )
+            .await
+            .map(drop)
+            .map_err(|e| self.map(&e));
+        self.end(lease, Access::ReadWrite, stored).await
+    }
+
     /// The outcome stored under `key` in the server's store, read in a read-only transaction.
     pub(super) async fn recorded(&self, job: &Job, key: &str) -> Result<Option<Stored>, ApiError> {
         let lease = self.lease(job).await?;

@@ -349,6 +349,19 @@ impl Engine for PostgresEngine {
             .await
     }
 
+    /// Stores a record in a transaction of its own.
+    async fn store_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        body: Vec<u8>,
+    ) -> Result<(), ApiError> {
+        self.spawn(|inner, job| async move {
+            inner.store_record(&job, &key, &request_hash, &body).await
+        })
+        .await
+    }
+
     /// Closes the pool: statements still running are cancelled (their requests answer 503),
     /// and this returns once every request has let go of its connection. Later requests
     /// answer 503.

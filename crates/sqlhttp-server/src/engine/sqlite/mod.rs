@@ -470,6 +470,20 @@ impl Engine for SqliteEngine {
         .await
     }
 
+    /// Stores a record on the writer, in a transaction of its own.
+    async fn store_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        body: Vec<u8>,
+    ) -> Result<(), ApiError> {
+        Self::run(&self.writer, move |conn| {
+            keyed::store(&conn.conn, &key, &request_hash, 200, &body)
+                .map_err(errors::map_engine_error)
+        })
+        .await
+    }
+
     /// Given-up connections now and since the start.
     fn given_up(&self) -> GivenUp {
         GivenUp {
