@@ -46,6 +46,11 @@ const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
 /// The most finished outcomes kept in memory (the oldest go first past it).
 const MAX_FINISHED: usize = 65_536;
 
+/// The longest error message a finished outcome keeps (a trigger's `RAISE` may carry
+/// megabytes): the rest is cut, so what the registry holds of finished transactions is bounded
+/// by bytes as well as by count.
+const MAX_KEPT_MESSAGE: usize = 4096;
+
 /// How a transaction ended, as later requests for it are answered.
 #[derive(Debug, Clone)]
 enum Ending {
@@ -91,8 +96,42 @@ struct Live {
     /// The sequence number of the last statement run (0 before the first).
     seq: u64,
     /// The last statement's answer, for its re-send.
-    last: Option<(u16, Vec<u8>, Held)>,
+    last: Option<Kept>,
     last_used: Instant,
+}
+
+/// The last statement's answer, kept for its re-send: the statement it answered (a digest of
+/// its text and parameters: a re-send under the same number must be the same statement), and
+/// its shares of the server's budget and of the part of it transactions may hold.
+struct Kept {
+    status: u16,
+    body: Vec<u8>,
+    statement: [u8; 32],
+    _held: Held,
+    _share: Held,
+}
+
+/// What a statement is, for [`Kept::statement`].
+fn statement_digest(request: &SqlRequest) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(request.sql.as_bytes())
+        .chain_update(b"\n")
+        .chain_update(format!("{:?}", request.params))
+        .finalize()
+        .into()
+}
+
+/// `err` with its message cut to [`MAX_KEPT_MESSAGE`] bytes, for a finished outcome.
+fn bounded(mut err: ApiError) -> ApiError {
+    if err.message.len() > MAX_KEPT_MESSAGE {
+        let mut end = MAX_KEPT_MESSAGE;
+        while !err.message.is_char_boundary(end) {
+            end -= 1;
+        }
+        err.message.truncate(end);
+        err.message.push_str(" ... (cut)");
+    }
+    err
 }
 
 /// One open transaction.
@@ -149,6 +188,10 @@ pub(crate) struct Transactions {
     ttl: Option<Duration>,
     max_result_bytes: usize,
     budget: Budget,
+    /// The part of `budget` transactions' stored results may hold together (half of it), so
+    /// transactions that are open, whatever they run, always leave the rest to plain
+    /// requests, keyed ones and batches.
+    share: Budget,
     instance: String,
     slots: Arc<Semaphore>,
     live: Mutex<HashMap<String, Arc<Entry>>>,
@@ -248,6 +291,7 @@ impl Transactions {
             limits,
             ttl,
             max_result_bytes,
+            share: Budget::new(budget.bytes() / 2),
             budget,
             instance: format!("{:08x}", rand::random::<u32>()),
             slots: Arc::new(Semaphore::new(limits.max_open)),
@@ -349,6 +393,14 @@ impl Transactions {
             .as_ref()
             .and_then(|token| lock(&self.live).get(token).cloned())
         {
+            if entry.options != options {
+                return Err(ApiError::new(
+                    ErrorCode::IdempotencyKeyReused,
+                    "this Idempotency-Key opened a transaction with other options (read_only, \
+                     isolation, deferrable): a re-sent open must ask for the same; use a new key \
+                     for another transaction",
+                ));
+            }
             return Ok(Outcome {
                 status: 200,
                 body: entry.opened.clone(),
@@ -442,11 +494,22 @@ impl Transactions {
                 }));
             }
             if seq == live.seq
-                && let Some((status, body, _)) = &live.last
+                && let Some(kept) = &live.last
             {
+                if kept.statement != statement_digest(&request) {
+                    return Err(ApiError::new(
+                        ErrorCode::IdempotencyKeyReused,
+                        format!(
+                            "statement {seq} of this transaction was another statement (other \
+                             text or parameters): a re-sent statement must be the same one; \
+                             this one was not run (the next number is {})",
+                            seq + 1
+                        ),
+                    ));
+                }
                 return Ok(Outcome {
-                    status: *status,
-                    body: body.clone(),
+                    status: kept.status,
+                    body: kept.body.clone(),
                     replayed: true,
                 });
             }
@@ -461,11 +524,24 @@ impl Transactions {
                     ),
                 ));
             }
-            // The stored result's share of the budget, reserved before anything runs.
+            // The stored result's share of the budget, reserved before anything runs, within
+            // the part transactions may hold.
+            let mut share = Held::default();
+            registry
+                .share
+                .cover(&mut share, registry.max_result_bytes)
+                .map_err(|_| {
+                    ApiError::unavailable(format!(
+                        "the server's open transactions hold as much memory for their results \
+                         as they may (half of --max-buffered-bytes); statement {seq} was not \
+                         run; retry later"
+                    ))
+                })?;
             let mut held = Held::default();
             registry
                 .budget
                 .cover(&mut held, registry.max_result_bytes)?;
+            let digest = statement_digest(&request);
             let Some(session) = live.session.as_mut() else {
                 return Err(expired());
             };
@@ -485,8 +561,15 @@ impl Transactions {
                 }
             };
             Budget::shrink(&mut held, body.len());
+            Budget::shrink(&mut share, body.len());
             live.seq = seq;
-            live.last = Some((status, body.clone(), held));
+            live.last = Some(Kept {
+                status,
+                body: body.clone(),
+                statement: digest,
+                _held: held,
+                _share: share,
+            });
             Ok(Outcome {
                 status,
                 body,
@@ -661,7 +744,12 @@ impl Transactions {
         token: &str,
     ) -> Result<Ending, ApiError> {
         let Some(ttl) = self.ttl else {
-            return Ok(Ending::Expired);
+            // Without the store, commits are not recorded: "nothing committed" would be a guess.
+            return Err(ApiError::unavailable(
+                "this server keeps no commit records (--no-idempotency), and it does not know how \
+                 this transaction ended (another server's, or one from before a restart): whether \
+                 it committed cannot be told here",
+            ));
         };
         let stored = engine.recorded(record_key(token)).await?;
         let fresh = |created_at: i64| {
@@ -723,8 +811,14 @@ impl Transactions {
         self.remember(&entry.token, &entry.owner, ending);
     }
 
-    /// Keeps how `token` ended, for the TTL, dropping what is older (or past the cap).
+    /// Keeps how `token` ended, for the TTL, dropping what is older (or past the cap); an
+    /// error is kept with its message cut to [`MAX_KEPT_MESSAGE`].
     fn remember(&self, token: &str, owner: &str, ending: Ending) {
+        let ending = match ending {
+            Ending::Refused(err) => Ending::Refused(bounded(err)),
+            Ending::Aborted(err) => Ending::Aborted(bounded(err)),
+            other => other,
+        };
         let kept = self.ttl.unwrap_or(KEPT_WITHOUT_TTL);
         let now = Instant::now();
         let mut finished = lock(&self.finished);

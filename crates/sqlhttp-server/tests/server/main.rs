@@ -49,4 +49,5 @@ mod tcp;
 mod timeouts;
 mod tls;
 mod transactions;
+mod tx_hardening;
 mod tx_replicas;
