@@ -25,6 +25,7 @@
 //! the protocol's error codes; nothing about HTTP or either engine's SQL.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -479,107 +480,97 @@ impl Transactions {
         seq: u64,
         request: SqlRequest,
     ) -> Result<Outcome, ApiError> {
-        let Some(entry) = self.find(owner, token) else {
-            return self.ended(engine, owner, token, Op::Step).await;
-        };
-        let registry = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let mut live = Arc::clone(&entry.state).lock_owned().await;
-            if registry.expire_if_due(&entry, &mut live) {
-                return Err(expired());
-            }
-            if live.session.is_none() {
-                return Err(registry.ending_of(&entry.token).map_or_else(expired, |e| {
-                    answer(Op::Step, &e).err().unwrap_or_else(expired)
-                }));
-            }
-            if seq == live.seq
-                && let Some(kept) = &live.last
-            {
-                if kept.statement != statement_digest(&request) {
-                    return Err(ApiError::new(
-                        ErrorCode::IdempotencyKeyReused,
-                        format!(
-                            "statement {seq} of this transaction was another statement (other \
+        self.on_open(
+            engine,
+            owner,
+            token,
+            Op::Step,
+            move |registry, entry, mut live| async move {
+                if seq == live.seq
+                    && let Some(kept) = &live.last
+                {
+                    if kept.statement != statement_digest(&request) {
+                        return Err(ApiError::new(
+                            ErrorCode::IdempotencyKeyReused,
+                            format!(
+                                "statement {seq} of this transaction was another statement (other \
                              text or parameters): a re-sent statement must be the same one; \
                              this one was not run (the next number is {})",
-                            seq + 1
+                                seq + 1
+                            ),
+                        ));
+                    }
+                    return Ok(Outcome {
+                        status: kept.status,
+                        body: kept.body.clone(),
+                        replayed: true,
+                    });
+                }
+                if seq != live.seq + 1 {
+                    return Err(ApiError::new(
+                        ErrorCode::TransactionStepOutOfOrder,
+                        format!(
+                            "this transaction's next statement is number {} (the last one, {}, is \
+                         answered again); statement {seq} was not run",
+                            live.seq + 1,
+                            live.seq
                         ),
                     ));
                 }
-                return Ok(Outcome {
-                    status: kept.status,
-                    body: kept.body.clone(),
-                    replayed: true,
-                });
-            }
-            if seq != live.seq + 1 {
-                return Err(ApiError::new(
-                    ErrorCode::TransactionStepOutOfOrder,
-                    format!(
-                        "this transaction's next statement is number {} (the last one, {}, is \
-                         answered again); statement {seq} was not run",
-                        live.seq + 1,
-                        live.seq
-                    ),
-                ));
-            }
-            // The stored result's share of the budget, reserved before anything runs, within
-            // the part transactions may hold.
-            let mut share = Held::default();
-            registry
-                .share
-                .cover(&mut share, registry.max_result_bytes)
-                .map_err(|_| {
-                    ApiError::unavailable(format!(
-                        "the server's open transactions hold as much memory for their results \
+                // The stored result's share of the budget, reserved before anything runs, within
+                // the part transactions may hold.
+                let mut share = Held::default();
+                registry
+                    .share
+                    .cover(&mut share, registry.max_result_bytes)
+                    .map_err(|_| {
+                        ApiError::unavailable(format!(
+                            "the server's open transactions hold as much memory for their results \
                          as they may (half of --max-buffered-bytes); statement {seq} was not \
                          run; retry later"
-                    ))
-                })?;
-            let mut held = Held::default();
-            registry
-                .budget
-                .cover(&mut held, registry.max_result_bytes)?;
-            let digest = statement_digest(&request);
-            let Some(session) = live.session.as_mut() else {
-                return Err(expired());
-            };
-            let ran = session.step(request).await;
-            live.last_used = Instant::now();
-            let (status, body) = match ran {
-                Ok(body) => (200, body),
-                Err(StepError::Statement(err)) if err.code.is_stored_outcome() => {
-                    (err.code.status().as_u16(), err.body())
-                }
-                Err(StepError::Statement(err)) => return Err(err),
-                Err(StepError::Aborted(err)) => {
-                    live.session = None;
-                    live.last = None;
-                    registry.finish(&entry, Ending::Aborted(err.clone()));
-                    return Err(err);
-                }
-            };
-            Budget::shrink(&mut held, body.len());
-            Budget::shrink(&mut share, body.len());
-            live.seq = seq;
-            live.last = Some(Kept {
-                status,
-                body: body.clone(),
-                statement: digest,
-                _held: held,
-                _share: share,
-            });
-            Ok(Outcome {
-                status,
-                body,
-                replayed: false,
-            })
-        });
-        task.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "a transaction's statement task failed");
-            Err(ApiError::internal())
-        })
+                        ))
+                    })?;
+                let mut held = Held::default();
+                registry
+                    .budget
+                    .cover(&mut held, registry.max_result_bytes)?;
+                let digest = statement_digest(&request);
+                let Some(session) = live.session.as_mut() else {
+                    return Err(expired());
+                };
+                let ran = session.step(request).await;
+                live.last_used = Instant::now();
+                let (status, body) = match ran {
+                    Ok(body) => (200, body),
+                    Err(StepError::Statement(err)) if err.code.is_stored_outcome() => {
+                        (err.code.status().as_u16(), err.body())
+                    }
+                    Err(StepError::Statement(err)) => return Err(err),
+                    Err(StepError::Aborted(err)) => {
+                        live.session = None;
+                        live.last = None;
+                        registry.finish(&entry, Ending::Aborted(err.clone()));
+                        return Err(err);
+                    }
+                };
+                Budget::shrink(&mut held, body.len());
+                Budget::shrink(&mut share, body.len());
+                live.seq = seq;
+                live.last = Some(Kept {
+                    status,
+                    body: body.clone(),
+                    statement: digest,
+                    _held: held,
+                    _share: share,
+                });
+                Ok(Outcome {
+                    status,
+                    body,
+                    replayed: false,
+                })
+            },
+        )
+        .await
     }
 
     /// Commits the transaction `token`, exactly once.
@@ -589,51 +580,44 @@ impl Transactions {
         owner: &str,
         token: &str,
     ) -> Result<Outcome, ApiError> {
-        let Some(entry) = self.find(owner, token) else {
-            return self.ended(engine, owner, token, Op::Commit).await;
-        };
-        let registry = Arc::clone(self);
-        let task = tokio::spawn(async move {
-            let mut live = Arc::clone(&entry.state).lock_owned().await;
-            if registry.expire_if_due(&entry, &mut live) {
-                return Err(expired());
-            }
-            let Some(session) = live.session.take() else {
-                drop(live);
-                let ending = registry.ending_of(&entry.token).unwrap_or(Ending::Expired);
-                return answer(Op::Commit, &ending);
-            };
-            live.last = None;
-            let body = outcome_body("committed");
-            let record = (registry.ttl.is_some() && !entry.options.read_only).then(|| Record {
-                key: record_key(&entry.token),
-                request_hash: record_hash(&entry.owner, &entry.token),
-                body: body.clone(),
-            });
-            match session.commit(record).await {
-                Ok(()) => {
-                    registry.finish(&entry, Ending::Committed(body.clone()));
-                    Ok(Outcome::fresh(body))
+        self.on_open(
+            engine,
+            owner,
+            token,
+            Op::Commit,
+            |registry, entry, mut live| async move {
+                let Some(session) = live.session.take() else {
+                    return Err(expired());
+                };
+                live.last = None;
+                let body = outcome_body("committed");
+                let record = (registry.ttl.is_some() && !entry.options.read_only).then(|| Record {
+                    key: record_key(&entry.token),
+                    request_hash: record_hash(&entry.owner, &entry.token),
+                    body: body.clone(),
+                });
+                match session.commit(record).await {
+                    Ok(()) => {
+                        registry.finish(&entry, Ending::Committed(body.clone()));
+                        Ok(Outcome::fresh(body))
+                    }
+                    Err(CommitError::RolledBack(err)) => {
+                        let ending = if err.code == ErrorCode::TransactionAborted {
+                            Ending::Aborted(err.clone())
+                        } else {
+                            Ending::Refused(err.clone())
+                        };
+                        registry.finish(&entry, ending);
+                        Err(err)
+                    }
+                    Err(CommitError::Unknown(err)) => {
+                        registry.finish(&entry, Ending::Unknown);
+                        Err(err)
+                    }
                 }
-                Err(CommitError::RolledBack(err)) => {
-                    let ending = if err.code == ErrorCode::TransactionAborted {
-                        Ending::Aborted(err.clone())
-                    } else {
-                        Ending::Refused(err.clone())
-                    };
-                    registry.finish(&entry, ending);
-                    Err(err)
-                }
-                Err(CommitError::Unknown(err)) => {
-                    registry.finish(&entry, Ending::Unknown);
-                    Err(err)
-                }
-            }
-        });
-        task.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "a transaction's commit task failed");
-            Err(ApiError::internal())
-        })
+            },
+        )
+        .await
     }
 
     /// Rolls the transaction `token` back (answering how it ended when it already has).
@@ -643,27 +627,60 @@ impl Transactions {
         owner: &str,
         token: &str,
     ) -> Result<Outcome, ApiError> {
+        self.on_open(
+            engine,
+            owner,
+            token,
+            Op::Rollback,
+            |registry, entry, mut live| async move {
+                let Some(session) = live.session.take() else {
+                    return Err(expired());
+                };
+                live.last = None;
+                session.rollback().await;
+                registry.finish(&entry, Ending::RolledBack);
+                Ok(Outcome::fresh(outcome_body("rolled_back")))
+            },
+        )
+        .await
+    }
+
+    /// Runs `work` on the open transaction `token` of `owner`, as a task of its own (a client
+    /// that goes away mid-way does not cut it short, so its re-send finds what it did), with
+    /// the transaction's state locked and its session there. A transaction that is not open
+    /// here, or that expired or ended meanwhile, is answered by how it ended, as `op` is.
+    async fn on_open<F, Fut>(
+        self: &Arc<Self>,
+        engine: &Backend,
+        owner: &str,
+        token: &str,
+        op: Op,
+        work: F,
+    ) -> Result<Outcome, ApiError>
+    where
+        F: FnOnce(Arc<Self>, Arc<Entry>, tokio::sync::OwnedMutexGuard<Live>) -> Fut
+            + Send
+            + 'static,
+        Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
+    {
         let Some(entry) = self.find(owner, token) else {
-            return self.ended(engine, owner, token, Op::Rollback).await;
+            return self.ended(engine, owner, token, op).await;
         };
         let registry = Arc::clone(self);
         let task = tokio::spawn(async move {
             let mut live = Arc::clone(&entry.state).lock_owned().await;
             if registry.expire_if_due(&entry, &mut live) {
-                return answer(Op::Rollback, &Ending::Expired);
+                return answer(op, &Ending::Expired);
             }
-            let Some(session) = live.session.take() else {
+            if live.session.is_none() {
                 drop(live);
                 let ending = registry.ending_of(&entry.token).unwrap_or(Ending::Expired);
-                return answer(Op::Rollback, &ending);
-            };
-            live.last = None;
-            session.rollback().await;
-            registry.finish(&entry, Ending::RolledBack);
-            Ok(Outcome::fresh(outcome_body("rolled_back")))
+                return answer(op, &ending);
+            }
+            work(registry, entry, live).await
         });
         task.await.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "a transaction's rollback task failed");
+            tracing::error!(error = %e, "a transaction's task failed");
             Err(ApiError::internal())
         })
     }
