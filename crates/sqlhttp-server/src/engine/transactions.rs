@@ -47,6 +47,12 @@ const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
 /// The most finished outcomes kept in memory (the oldest go first past it).
 const MAX_FINISHED: usize = 65_536;
 
+/// How long after a COMMIT's answer from the database was lost its outcome stays "unknown"
+/// when no commit record is found: the session that ran it is cancelled and terminated when
+/// the answer is lost (within the engine's connect limit, 5 s), and until it is gone the COMMIT
+/// may still land, record and all. Past this, no record means it did not commit.
+const UNKNOWN_SETTLES: Duration = Duration::from_secs(10);
+
 /// The longest error message a finished outcome keeps (a trigger's `RAISE` may carry
 /// megabytes): the rest is cut, so what the registry holds of finished transactions is bounded
 /// by bytes as well as by count. A finished outcome costs about 1 KiB with this (measured: the
@@ -66,8 +72,9 @@ enum Ending {
     Expired,
     /// It could not go on (serialization failure, deadlock, lost connection).
     Aborted(ApiError),
-    /// Its COMMIT's answer from the database was lost: the commit record tells.
-    Unknown,
+    /// Its COMMIT's answer from the database was lost (at this instant): the commit record
+    /// tells, once the COMMIT cannot be in flight any more (see [`UNKNOWN_SETTLES`]).
+    Unknown(Instant),
 }
 
 impl Ending {
@@ -77,7 +84,7 @@ impl Ending {
             Ending::Refused(_) | Ending::RolledBack => "rolled_back",
             Ending::Expired => "expired",
             Ending::Aborted(_) => "aborted",
-            Ending::Unknown => "unknown",
+            Ending::Unknown(_) => "unknown",
         }
     }
 }
@@ -612,7 +619,7 @@ impl Transactions {
                         Err(err)
                     }
                     Err(CommitError::Unknown(err)) => {
-                        registry.finish(&entry, Ending::Unknown);
+                        registry.finish(&entry, Ending::Unknown(Instant::now()));
                         Err(err)
                     }
                 }
@@ -739,7 +746,15 @@ impl Transactions {
         };
         let ending = match known {
             Some(None) => return Err(not_found()),
-            Some(Some(Ending::Unknown)) => self.read_record(engine, owner, token).await?,
+            Some(Some(Ending::Unknown(since))) => {
+                match self.read_record(engine, owner, token).await? {
+                    committed @ Ending::Committed(_) => committed,
+                    // The COMMIT whose answer was lost may still be finishing on the database
+                    // (its session is being ended): no record yet is not "never committed".
+                    _ if since.elapsed() < UNKNOWN_SETTLES => Ending::Unknown(since),
+                    not_committed => not_committed,
+                }
+            }
             Some(Some(ending)) => ending,
             // One of this server's own that it no longer remembers (past the cap of finished
             // outcomes): committed if its record says so, else never one it issued.
@@ -818,7 +833,7 @@ impl Transactions {
             Ending::Committed(_) => &self.counters.commits,
             Ending::Refused(_) | Ending::RolledBack => &self.counters.rollbacks,
             Ending::Expired => &self.counters.expirations,
-            Ending::Aborted(_) | Ending::Unknown => &self.counters.aborts,
+            Ending::Aborted(_) | Ending::Unknown(_) => &self.counters.aborts,
         };
         counter.fetch_add(1, Ordering::Relaxed);
         tracing::debug!(ending = ending.name(), "an interactive transaction ended");
@@ -910,7 +925,7 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
             "rolled back by its client; nothing of it was committed",
         )),
         (Op::Commit | Op::Step, Ending::Expired) => Err(expired()),
-        (Op::Commit | Op::Step, Ending::Unknown) => Err(ApiError::unavailable(
+        (Op::Commit | Op::Step, Ending::Unknown(_)) => Err(ApiError::unavailable(
             "whether the transaction committed is not known yet; send the COMMIT again",
         )),
         (Op::Rollback, ending) => replayed(outcome_body(ending.name())),
