@@ -10,6 +10,11 @@
 //! sets `cfg(sqlhttpd_no_postgres)` and every test that needs PostgreSQL is reported as ignored,
 //! with the reason. If a cluster cannot be started all the same, the test says so on stderr and
 //! returns: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
+//!
+//! The read-replica tests use a [`ReplicaCluster`], a primary with streaming replicas:
+//! `SQLHTTPD_TEST_POSTGRES_URL` with `SQLHTTPD_TEST_POSTGRES_REPLICA_URLS` (the replicas' URLs,
+//! separated by spaces) when both are set, else one `scripts/start-postgres --replica 2` of their
+//! own, started once per test process and stopped as the other is.
 
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -167,18 +172,30 @@ pub(crate) fn start_cluster(auth: &str) -> Option<String> {
 
 /// [`start_cluster`], with more of `scripts/start-postgres`'s variables (`START_POSTGRES_SSL`).
 pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<String> {
+    start_postgres(&[], auth, env)?.into_iter().next()
+}
+
+/// Runs `scripts/start-postgres` with `args`, and arranges for every cluster it started to be
+/// stopped when this process exits: the URLs it printed, one a line (the primary's first), or
+/// `None` (with a message) when it failed.
+fn start_postgres(args: &[&str], auth: &str, env: &[(&str, &str)]) -> Option<Vec<String>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
     // Tests never install system packages; .ci/run's own start-postgres may.
     let output = Command::new(script)
+        .args(args)
         .env("START_POSTGRES_NO_INSTALL", "1")
         .env("START_POSTGRES_AUTH", auth)
         .envs(env.iter().copied())
         .stderr(Stdio::inherit())
         .output();
-    let url = match output {
-        Ok(output) if output.status.success() => {
-            String::from_utf8(output.stdout).ok()?.trim().to_owned()
-        }
+    let urls: Vec<String> = match output {
+        Ok(output) if output.status.success() => String::from_utf8(output.stdout)
+            .ok()?
+            .lines()
+            .map(str::trim)
+            .filter(|line| !line.is_empty())
+            .map(str::to_owned)
+            .collect(),
         Ok(output) => {
             eprintln!("scripts/start-postgres failed ({})", output.status);
             return None;
@@ -188,11 +205,17 @@ pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<Str
             return None;
         }
     };
-    // Stop the cluster when this process exits, however it exits.
+    if urls.is_empty() {
+        eprintln!("scripts/start-postgres printed no URL");
+        return None;
+    }
+    // Stop the clusters when this process exits, however it exits.
     let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+    let quoted: Vec<String> = urls.iter().map(|url| format!("'{url}'")).collect();
     let watcher = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{url}'",
-        pid = std::process::id()
+        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} {urls}",
+        pid = std::process::id(),
+        urls = quoted.join(" ")
     );
     let _ = Command::new("setsid")
         .args(["sh", "-c", &watcher])
@@ -200,7 +223,7 @@ pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<Str
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn();
-    Some(url)
+    Some(urls)
 }
 
 /// A throwaway cluster that asks every role but `postgres` for its SCRAM password, or `None`
@@ -311,4 +334,130 @@ pub(crate) async fn owner(url: &str) -> tokio_postgres::Client {
         .unwrap();
     tokio::spawn(connection);
     client
+}
+
+/// A primary and its streaming replicas (hot standbys of the whole cluster), for the
+/// read-replica tests: the URL of the `postgres` database on each, as the superuser.
+#[derive(Debug)]
+pub(crate) struct ReplicaCluster {
+    /// The primary.
+    pub(crate) primary: String,
+    /// Its replicas, at least one.
+    pub(crate) replicas: Vec<String>,
+}
+
+/// The replica cluster of this test process (see the module doc), or `None` (with a message,
+/// and a failure under `SQLHTTPD_TEST_REQUIRE_POSTGRES`) when there is none for `test`.
+pub(crate) fn replica_cluster(test: &str) -> Option<&'static ReplicaCluster> {
+    static CLUSTER: OnceLock<Option<ReplicaCluster>> = OnceLock::new();
+    let cluster = CLUSTER
+        .get_or_init(|| {
+            if let (Ok(primary), Ok(replicas)) = (
+                std::env::var("SQLHTTPD_TEST_POSTGRES_URL"),
+                std::env::var("SQLHTTPD_TEST_POSTGRES_REPLICA_URLS"),
+            ) {
+                let replicas: Vec<String> =
+                    replicas.split_whitespace().map(str::to_owned).collect();
+                if replicas.is_empty() {
+                    eprintln!("SQLHTTPD_TEST_POSTGRES_REPLICA_URLS names no replica");
+                    return None;
+                }
+                return Some(ReplicaCluster { primary, replicas });
+            }
+            let mut urls = start_postgres(&["--replica", "2"], "trust", &[])?;
+            let primary = urls.remove(0);
+            if urls.is_empty() {
+                eprintln!("scripts/start-postgres --replica 2 printed no replica");
+                return None;
+            }
+            Some(ReplicaCluster {
+                primary,
+                replicas: urls,
+            })
+        })
+        .as_ref();
+    if cluster.is_none() {
+        assert!(
+            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+            "no PostgreSQL with replicas for {test}, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+        );
+        eprintln!(
+            "skipping {test}: no PostgreSQL with replicas (set SQLHTTPD_TEST_POSTGRES_URL and \
+             SQLHTTPD_TEST_POSTGRES_REPLICA_URLS, or install the postgresql package for \
+             scripts/start-postgres --replica 2)"
+        );
+    }
+    cluster
+}
+
+/// A fresh database on a [`ReplicaCluster`]: its URL on the primary, and the same database's
+/// URL on each replica (as the superuser).
+#[derive(Debug)]
+pub(crate) struct ReplicaDatabase {
+    /// The database on the primary.
+    pub(crate) primary: String,
+    /// The same database on each replica, in the cluster's order.
+    pub(crate) replicas: Vec<String>,
+}
+
+/// How long a replica may take to replay what the primary did before a test gives up on it.
+const REPLAY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(30);
+
+impl ReplicaCluster {
+    /// A fresh database on the primary, returned once every replica has replayed its creation.
+    pub(crate) async fn database(&self) -> ReplicaDatabase {
+        let primary = database_on(&self.primary).await;
+        let (_, name) = primary.rsplit_once('/').unwrap();
+        let replicas: Vec<String> = self
+            .replicas
+            .iter()
+            .map(|replica| format!("{}/{name}", replica.rsplit_once('/').unwrap().0))
+            .collect();
+        let database = ReplicaDatabase { primary, replicas };
+        database.caught_up().await;
+        database
+    }
+}
+
+impl ReplicaDatabase {
+    /// Returns once every replica has replayed everything the primary had written when this
+    /// was called (its `pg_current_wal_lsn()`); panics past a generous deadline.
+    pub(crate) async fn caught_up(&self) {
+        let primary = owner(&self.primary).await;
+        let position: String = primary
+            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .await
+            .unwrap()
+            .get(0);
+        for replica in &self.replicas {
+            let started = std::time::Instant::now();
+            loop {
+                if replayed(replica, &position).await {
+                    break;
+                }
+                assert!(
+                    started.elapsed() < REPLAY_DEADLINE,
+                    "the replica {replica} did not replay up to {position} in {REPLAY_DEADLINE:?}"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
+/// Whether the replica database at `url` exists there and has replayed up to `position` (an
+/// LSN in PostgreSQL's text form).
+async fn replayed(url: &str, position: &str) -> bool {
+    let Ok((client, connection)) = tokio_postgres::connect(url, tokio_postgres::NoTls).await else {
+        // Not there yet: its CREATE DATABASE has not been replayed.
+        return false;
+    };
+    tokio::spawn(connection);
+    client
+        .query_one(
+            "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn",
+            &[&position],
+        )
+        .await
+        .is_ok_and(|row| row.get::<_, Option<bool>>(0) == Some(true))
 }
