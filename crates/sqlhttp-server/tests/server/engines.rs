@@ -420,12 +420,25 @@ impl ReplicaCluster {
 }
 
 impl ReplicaDatabase {
-    /// Returns once every replica has replayed everything the primary had written when this
-    /// was called (its `pg_current_wal_lsn()`); panics past a generous deadline.
+    /// Returns once every replica has replayed everything committed on the primary before
+    /// this was called; panics past a generous deadline.
     pub(crate) async fn caught_up(&self) {
         let primary = owner(&self.primary).await;
+        // The test clusters commit asynchronously: a commit's record may wait for the WAL
+        // writer (up to `wal_writer_delay`) before it is flushed and sent. A transaction of our
+        // own that writes (a logical message: no object is touched) and commits synchronously
+        // flushes everything before it, and the flushed position is then past every commit
+        // before this call. (A transaction that writes nothing but its commit is not flushed.)
+        primary
+            .batch_execute("SET synchronous_commit = on")
+            .await
+            .unwrap();
+        primary
+            .batch_execute("SELECT pg_logical_emit_message(true, 'sqlhttp-test', '')")
+            .await
+            .unwrap();
         let position: String = primary
-            .query_one("SELECT pg_current_wal_lsn()::text", &[])
+            .query_one("SELECT pg_current_wal_flush_lsn()::text", &[])
             .await
             .unwrap()
             .get(0);
