@@ -903,8 +903,8 @@ async fn consistency_primary_is_served_by_the_primary_and_malformed_headers_are_
     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
 )]
 #[tokio::test]
-async fn read_only_batches_go_to_a_replica_and_keyed_reads_to_the_primary() {
-    let test = "read_only_batches_go_to_a_replica_and_keyed_reads_to_the_primary";
+async fn read_only_batches_go_to_a_replica_and_write_batches_to_the_primary() {
+    let test = "read_only_batches_go_to_a_replica_and_write_batches_to_the_primary";
     let cluster = replica_cluster_or_return!(test);
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
@@ -931,10 +931,27 @@ async fn read_only_batches_go_to_a_replica_and_keyed_reads_to_the_primary() {
     assert_ne!(batch.served_by(), Some("replica"), "{batch:?}");
     assert_eq!(batch.body["results"][1]["rows"][0][0], 2);
     batch.bookmark();
+}
 
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_keyed_read_is_served_by_the_primary() {
+    let cluster = replica_cluster_or_return!("a_keyed_read_is_served_by_the_primary");
+    let _shared = REPLICAS.read().await;
+    let database = cluster.database().await;
+    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
+    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let url = server.url();
+    prepared(url, &database, replicas.len(), "k").await;
+
+    // Keyed requests go to the primary, a verified read among them.
     let keyed = read_value(url, &[("idempotency-key", "a-keyed-read")]).await;
     assert_eq!(keyed.served_by(), Some("primary"), "{keyed:?}");
-    assert_eq!(keyed.cell(), "b");
+    assert_eq!(keyed.cell(), "k");
+    keyed.bookmark();
 }
 
 #[tokio::test]
