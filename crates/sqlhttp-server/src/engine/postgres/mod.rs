@@ -702,6 +702,14 @@ impl Inner {
                 () = self.node.gone() => gone = true,
             }
         }
+        // A replica the watcher found gone: the read is served elsewhere (see `read`) at once;
+        // its session is not waited for (it is discarded with the lease, never pooled).
+        let gone_error =
+            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
+        if gone {
+            lease.retire();
+            return Err(gone_error());
+        }
         lease.cancel_statement().await;
         let overran_error = || {
             ApiError::new(
@@ -713,11 +721,7 @@ impl Inner {
                 ),
             )
         };
-        // A replica the watcher found gone: the read is served elsewhere (see `read`).
-        let gone_error =
-            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
         match tokio::time::timeout(STOP_WITHIN, work).await {
-            Ok(Err(_)) | Err(_) if gone => Err(gone_error()),
             Ok(Err(_)) if overran => Err(overran_error()),
             Ok(out) => out,
             Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),

@@ -230,6 +230,10 @@ impl Inner {
         behind: Option<exec::Behind<'_>>,
     ) -> Option<SentEnd> {
         let behind = behind?;
+        if !statement_ok && self.node.is_gone() {
+            // Not waited for: the session is discarded (its transaction ends with it).
+            return Some(SentEnd(None));
+        }
         let ended = tokio::time::timeout(self.end_within(statement_ok), behind.answer())
             .await
             .ok();
