@@ -383,7 +383,7 @@ impl Watcher {
                 self.sample(position);
             }
             let seen = look(&mut replica, &self.monitor).await;
-            self.learn(seen, first);
+            self.learn(seen.as_ref(), first);
             first = false;
             self.learned.notify_waiters();
             if self.waiting.load(Ordering::Acquire) > 0 {
@@ -422,7 +422,7 @@ impl Watcher {
             .map_or(Duration::ZERO, |&(when, _)| when.elapsed())
     }
 
-    fn learn(&self, seen: Option<Seen>, first: bool) {
+    fn learn(&self, seen: Option<&Seen>, first: bool) {
         if first && let Some(Seen { replayed: None }) = seen {
             tracing::warn!(
                 replica = self.index,
@@ -437,7 +437,7 @@ impl Watcher {
                  no reads until it answers"
             );
         }
-        let replayed = seen.as_ref().and_then(|seen| seen.replayed);
+        let replayed = seen.and_then(|seen| seen.replayed);
         let healthy = replayed.is_some();
         if let Some(replayed) = replayed {
             // Not the greatest seen: a replica that restarted may be back further (and its
