@@ -938,8 +938,9 @@ async fn read_only_batches_go_to_a_replica_and_write_batches_to_the_primary() {
     ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
 )]
 #[tokio::test]
-async fn a_keyed_read_is_served_by_the_primary() {
-    let cluster = replica_cluster_or_return!("a_keyed_read_is_served_by_the_primary");
+async fn keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read() {
+    let test = "keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read";
+    let cluster = replica_cluster_or_return!(test);
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
     let replicas: Vec<usize> = (0..database.replicas.len()).collect();
@@ -947,11 +948,47 @@ async fn a_keyed_read_is_served_by_the_primary() {
     let url = server.url();
     prepared(url, &database, replicas.len(), "k").await;
 
-    // Keyed requests go to the primary, a verified read among them.
-    let keyed = read_value(url, &[("idempotency-key", "a-keyed-read")]).await;
-    assert_eq!(keyed.served_by(), Some("primary"), "{keyed:?}");
-    assert_eq!(keyed.cell(), "k");
-    keyed.bookmark();
+    let key = [("idempotency-key", "a-keyed-write")];
+    let written = write(
+        url,
+        "UPDATE kv SET v = 'keyed' WHERE k = 1",
+        json!([]),
+        &key,
+    )
+    .await
+    .ok();
+    assert_eq!(written.served_by(), Some("primary"), "{written:?}");
+    let bookmark = written.bookmark();
+    // Sent again, it is replayed from the primary's store: the same answer, the same bookmark.
+    let replayed = write(
+        url,
+        "UPDATE kv SET v = 'keyed' WHERE k = 1",
+        json!([]),
+        &key,
+    )
+    .await
+    .ok();
+    assert_eq!(
+        replayed.header("idempotent-replayed"),
+        Some("true"),
+        "{replayed:?}"
+    );
+    assert_ne!(replayed.served_by(), Some("replica"), "{replayed:?}");
+
+    // A verified read ignores its key (ADR 0039): a read like any other, which a replica may
+    // serve, and which sees the write its bookmark names.
+    database.caught_up().await;
+    let keyed_read = read_value(
+        url,
+        &[
+            ("idempotency-key", "a-keyed-read"),
+            ("sqlhttp-bookmark", &bookmark),
+        ],
+    )
+    .await;
+    assert_eq!(keyed_read.served_by(), Some("replica"), "{keyed_read:?}");
+    assert_eq!(keyed_read.cell(), "keyed");
+    assert!(keyed_read.bookmark() >= bookmark, "{keyed_read:?}");
 }
 
 #[tokio::test]
