@@ -1050,3 +1050,84 @@ async fn sqlite_accepts_a_bookmark_and_answers_none() {
 async fn post_sql(url: &str, body: Value, headers: &[(&str, &str)]) -> Answer {
     post(url, "/api/v1/sql", headers, &body).await
 }
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark() {
+    let test =
+        "a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark";
+    let cluster = replica_cluster_or_return!(test);
+    let _exclusive = REPLICAS.write().await;
+    let database = cluster.database().await;
+    let server = sqlhttpd_on(
+        &database,
+        &[0],
+        &["--replica-wait", "50ms", "--max-replica-lag", "1h"],
+    )
+    .await;
+    let url = server.url();
+    prepared(url, &database, 1, "old").await;
+    let written = set_value(url, "new").await.bookmark();
+    database.caught_up().await;
+
+    let open = |headers: Vec<(&'static str, String)>, isolation: &'static str| {
+        let url = url.to_owned();
+        async move {
+            let mut all: Vec<(&str, &str)> = WRITER.to_vec();
+            all.extend(headers.iter().map(|(name, value)| (*name, value.as_str())));
+            post(
+                &url,
+                "/api/v1/transaction/open",
+                &all,
+                &json!({"read_only": true, "isolation": isolation}),
+            )
+            .await
+            .ok()
+        }
+    };
+    let statement = |token: String| {
+        let url = url.to_owned();
+        async move {
+            post(
+                &url,
+                "/api/v1/transaction/statement",
+                &WRITER,
+                &json!({"transaction": token, "seq": 1, "sql": "SELECT v FROM kv WHERE k = 1"}),
+            )
+            .await
+            .ok()
+        }
+    };
+    let token = |answer: &Answer| answer.body["transaction"].as_str().unwrap().to_owned();
+
+    // Its open takes the snapshot on the replica, after the replay check, and names its
+    // position: at or past the write its bookmark named, which it sees.
+    let opened = open(
+        vec![("sqlhttp-bookmark", written.clone())],
+        "repeatable_read",
+    )
+    .await;
+    assert_eq!(opened.served_by(), Some("replica"), "{opened:?}");
+    assert!(opened.bookmark() >= written, "{opened:?}");
+    assert_eq!(statement(token(&opened)).await.cell(), "new");
+
+    // A serializable one (the default) stays on the primary: a hot standby refuses the level.
+    let serializable = open(Vec::new(), "serializable").await;
+    assert_eq!(
+        serializable.served_by(),
+        Some("primary"),
+        "{serializable:?}"
+    );
+    assert_eq!(statement(token(&serializable)).await.cell(), "new");
+
+    // A replica that has not replayed the bookmark hands the transaction to the primary.
+    let paused = Paused::pause(&database.replicas[0]).await;
+    let newer = set_value(url, "newer").await.bookmark();
+    let behind = open(vec![("sqlhttp-bookmark", newer.clone())], "repeatable_read").await;
+    assert_eq!(behind.served_by(), Some("primary"), "{behind:?}");
+    assert_eq!(statement(token(&behind)).await.cell(), "newer");
+    paused.resume().await;
+}
