@@ -120,6 +120,31 @@ impl Default for TransactionLimits {
     }
 }
 
+/// PostgreSQL streaming replicas that serve verified reads (see
+/// `docs/adr/0039-read-replicas-and-bookmarks.md`), with defaults in [`ReadReplicas::default`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadReplicas {
+    /// Each replica's URL: its host, port, database and TLS settings (the server logs in there
+    /// as its client role, whose password replicates from the primary; the URL's own role
+    /// watches the replica's health and lag). Default: none, every request goes to the primary.
+    pub urls: Vec<PostgresUrl>,
+    /// A replica further behind the primary than this is skipped. Default 5 s.
+    pub max_lag: Duration,
+    /// How long a read that carries a bookmark waits for a replica to replay that far before
+    /// the primary serves it instead. Default 100 ms.
+    pub wait: Duration,
+}
+
+impl Default for ReadReplicas {
+    fn default() -> Self {
+        ReadReplicas {
+            urls: Vec::new(),
+            max_lag: Duration::from_secs(5),
+            wait: Duration::from_millis(100),
+        }
+    }
+}
+
 /// Connection-level protection against slow and hostile HTTP clients, with defaults in
 /// [`HttpLimits::default`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -249,6 +274,9 @@ pub struct Config {
     /// is forwarded here. `None` (the default): not forwarded (the other replica answers `410
     /// TRANSACTION_EXPIRED`).
     pub advertise_url: Option<String>,
+    /// Streaming replicas of a PostgreSQL `database` that serve verified reads; none by
+    /// default. Refused with a SQLite database.
+    pub read_replicas: ReadReplicas,
     /// Serve HTTPS (HTTP/1.1 and HTTP/2 by ALPN) with these files; `None` (the default) serves
     /// plain HTTP/1.1.
     pub tls: Option<TlsFiles>,
@@ -271,6 +299,7 @@ impl Default for Config {
             http: HttpLimits::default(),
             transactions: TransactionLimits::default(),
             advertise_url: None,
+            read_replicas: ReadReplicas::default(),
             tls: None,
         }
     }

@@ -42,7 +42,7 @@ mod tls;
 pub use config::{
     Config, DEFAULT_CLIENT_ROLE, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,
     DEFAULT_MAX_BODY_BYTES, DEFAULT_MAX_BUFFERED_BYTES, Database, HttpLimits, Limits, PostgresUrl,
-    RateLimit, TlsFiles, TransactionLimits, parse_duration,
+    RateLimit, ReadReplicas, TlsFiles, TransactionLimits, parse_duration,
 };
 pub use error::ServerError;
 pub use http::app;

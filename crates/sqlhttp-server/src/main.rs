@@ -13,8 +13,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use sqlhttp_server::{
-    Config, Database, HttpLimits, Limits, RateLimit, Server, TlsFiles, TlsReloader,
-    TransactionLimits, parse_duration, read_token_file,
+    Config, Database, HttpLimits, Limits, PostgresUrl, RateLimit, ReadReplicas, Server, TlsFiles,
+    TlsReloader, TransactionLimits, parse_duration, read_token_file,
 };
 
 /// Environment variable with comma-separated tokens, used when no `--token` is given.
@@ -22,6 +22,9 @@ const TOKENS_ENV: &str = "SQLHTTPD_TOKENS";
 /// Environment variable with comma-separated read-only tokens, used when no `--read-token` is
 /// given.
 const READ_TOKENS_ENV: &str = "SQLHTTPD_READ_TOKENS";
+/// Environment variable with the read replicas' URLs (separated by spaces or commas), used when
+/// no `--read-replica` is given.
+const READ_REPLICAS_ENV: &str = "SQLHTTPD_READ_REPLICAS";
 
 /// sqlhttpd: the reference server for the sqlhttp wire protocol, on embedded SQLite.
 ///
@@ -126,6 +129,20 @@ struct Cli {
     /// forward requests for the interactive transactions it holds.
     #[arg(long, env = "SQLHTTPD_ADVERTISE_URL", value_name = "URL", value_parser = parse_advertise_url)]
     advertise_url: Option<String>,
+
+    /// A streaming replica of the PostgreSQL --database (repeatable; or SQLHTTPD_READ_REPLICAS,
+    /// URLs separated by spaces or commas): verified reads go to a healthy one.
+    #[arg(long = "read-replica", value_name = "URL", value_parser = parse_replica)]
+    read_replicas: Vec<PostgresUrl>,
+
+    /// A replica further behind the primary than this serves no reads.
+    #[arg(long, env = "SQLHTTPD_MAX_REPLICA_LAG", value_name = "DURATION", default_value = "5s", value_parser = parse_positive_duration)]
+    max_replica_lag: Duration,
+
+    /// How long a read carrying a bookmark waits for a replica that far before the primary
+    /// serves it.
+    #[arg(long, env = "SQLHTTPD_REPLICA_WAIT", value_name = "DURATION", default_value = "100ms", value_parser = parse_duration_or_zero)]
+    replica_wait: Duration,
 
     /// Interactive transactions open at once (503 past it); 0 switches them off.
     #[arg(long, env = "SQLHTTPD_MAX_TRANSACTIONS", value_name = "N", default_value_t = TransactionLimits::default().max_open)]
@@ -233,6 +250,33 @@ fn parse_database(url: &str) -> Result<Database, String> {
         .map_err(|e: sqlhttp_server::ServerError| e.to_string())
 }
 
+fn parse_replica(url: &str) -> Result<PostgresUrl, String> {
+    match parse_database(url.trim())? {
+        Database::Postgres(url) => Ok(url),
+        _ => Err("a read replica is a postgres:// URL".to_owned()),
+    }
+}
+
+fn parse_duration_or_zero(input: &str) -> Result<Duration, String> {
+    if input.trim() == "0" {
+        return Ok(Duration::ZERO);
+    }
+    parse_positive_duration(input)
+}
+
+/// The replicas of the flags, or else of `SQLHTTPD_READ_REPLICAS`.
+fn gather_replicas(flags: Vec<PostgresUrl>) -> Result<Vec<PostgresUrl>, String> {
+    if !flags.is_empty() {
+        return Ok(flags);
+    }
+    std::env::var(READ_REPLICAS_ENV)
+        .unwrap_or_default()
+        .split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|url| !url.is_empty())
+        .map(|url| parse_replica(url).map_err(|e| format!("{READ_REPLICAS_ENV}: {e}")))
+        .collect()
+}
+
 fn parse_token(token: &str) -> Result<String, String> {
     let token = token.trim();
     if token.is_empty() {
@@ -296,6 +340,21 @@ impl Cli {
             }
             (database, None) => database,
         };
+        let mut replicas = gather_replicas(self.read_replicas)?;
+        match &database {
+            Database::Postgres(primary) => {
+                for replica in &mut replicas {
+                    *replica = replica
+                        .clone()
+                        .with_client_role(primary.client_role())
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            _ if !replicas.is_empty() => {
+                return Err("--read-replica is for a PostgreSQL --database".to_owned());
+            }
+            _ => {}
+        }
         let tls = match (self.tls_cert, self.tls_key) {
             (Some(cert), Some(key)) => Some(TlsFiles {
                 cert,
@@ -328,6 +387,11 @@ impl Cli {
                 max_engine_memory: self.max_engine_memory,
             },
             advertise_url: self.advertise_url,
+            read_replicas: ReadReplicas {
+                urls: replicas,
+                max_lag: self.max_replica_lag,
+                wait: self.replica_wait,
+            },
             transactions: TransactionLimits {
                 max_open: self.max_transactions,
                 idle_timeout: self.transaction_idle_timeout,

@@ -74,6 +74,7 @@ impl AppState {
         let budget = Budget::new(config.max_buffered_bytes);
         let engine = Backend::start(
             &config.database,
+            &config.read_replicas,
             config.idempotency_ttl,
             config.limits,
             budget.clone(),

@@ -15,7 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
-use crate::options::{CallOptions, call_settings, retry_setting, write_settings};
+use crate::options::{CallOptions, call_settings, read_settings, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, Statement};
 use crate::table::Table;
@@ -210,6 +210,7 @@ pub struct Batch {
 call_settings!(impl[] Batch);
 retry_setting!(impl[] Batch);
 write_settings!(impl[] Batch);
+read_settings!(impl[] Batch);
 
 impl Batch {
     pub(crate) fn new(client: Client) -> Self {

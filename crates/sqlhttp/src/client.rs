@@ -1,7 +1,7 @@
 //! [`Client`], the entry point, and [`ClientBuilder`], which validates its configuration.
 //!
 //! A `Client` is an `Arc` around the transport and its settings: cloning it is cheap, and clones share
-//! one connection pool, one random source and one retry budget. The methods here only say what to send
+//! one connection pool, one random source, one retry budget and one bookmark session. The methods here only say what to send
 //! and with which operation class; the transport decides how.
 
 use std::fmt;
@@ -13,6 +13,7 @@ use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{Batch, BatchLimits};
+use crate::bookmark::{Bookmark, Session};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
@@ -28,8 +29,8 @@ const DESCRIBE_ENDPOINT: &str = "api/v1/describe";
 
 /// A client for a server speaking the sqlhttp protocol.
 ///
-/// Cheap to clone: you do not have to wrap it in an `Rc` or `Arc`. Clones share the connection pool and
-/// the retry budget.
+/// Cheap to clone: you do not have to wrap it in an `Rc` or `Arc`. Clones share the connection pool,
+/// the retry budget and the bookmark session ([`bookmark`](Self::bookmark)).
 ///
 /// ```no_run
 /// # async fn run() -> sqlhttp::Result<()> {
@@ -149,6 +150,38 @@ impl Client {
         Batch::new(self.clone())
     }
 
+    /// The greatest [`Bookmark`] this client and its clones have seen in an answer (or were given),
+    /// `None` before the first (and always against SQLite, which sends none).
+    ///
+    /// Every request carries it (`Sqlhttp-Bookmark`), so a read served by a replica reflects every
+    /// write this client made or saw, and never goes back before an earlier read. Hand it to another
+    /// process (a cookie, a job's payload, as its string) to carry the guarantee there:
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> Result<(), Box<dyn std::error::Error>> {
+    /// client.execute("UPDATE users SET name = 'Ada' WHERE id = 1").await?;
+    /// let handed_over: Option<String> = client.bookmark().map(|b| b.to_string());
+    ///
+    /// // In the process that receives it (a web request's cookie, say):
+    /// let bookmark: Option<sqlhttp::Bookmark> = handed_over.map(|text| text.parse()).transpose()?;
+    /// let other = sqlhttp::Client::builder("http://127.0.0.1:8080").bookmark(bookmark).build()?;
+    /// let name: String = other.query("SELECT name FROM users WHERE id = 1").fetch_one().await?;
+    /// assert_eq!(name, "Ada");
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn bookmark(&self) -> Option<Bookmark> {
+        self.inner.transport.session.get()
+    }
+
+    /// Merges `bookmark` into this client's session (shared with its clones): from now on every
+    /// request is at least as fresh as it. One older than the session's changes nothing. For a
+    /// long-lived client that receives a bookmark from elsewhere (a job, a message); a single call
+    /// can take one with [`Query::bookmark`](crate::Query::bookmark) instead.
+    pub fn observe_bookmark(&self, bookmark: Bookmark) {
+        self.inner.transport.session.observe(bookmark);
+    }
+
     pub(crate) fn insert_limits(&self) -> InsertLimits {
         self.inner.insert_limits
     }
@@ -184,6 +217,7 @@ impl fmt::Debug for Client {
             .field("retry", &t.policy)
             .field("retry_writes", &t.retry_writes)
             .field("retry_budget", &t.budget.as_ref().map(|b| b.settings()))
+            .field("bookmark", &t.session.get())
             .finish_non_exhaustive()
     }
 }
@@ -218,6 +252,7 @@ pub struct ClientBuilder {
     insert_limits: InsertLimits,
     batch_limits: BatchLimits,
     net: NetSettings,
+    bookmark: Option<Bookmark>,
 }
 
 /// Settings of the HTTP client the SDK builds (none apply to a caller-supplied one).
@@ -340,6 +375,7 @@ impl ClientBuilder {
             insert_limits: InsertLimits::default(),
             batch_limits: BatchLimits::default(),
             net: NetSettings::default(),
+            bookmark: None,
         }
     }
 
@@ -520,6 +556,17 @@ impl ClientBuilder {
         self
     }
 
+    // Consistency options
+
+    /// Starts the client's bookmark session at `bookmark` (one handed over from another process: a
+    /// cookie, a job's payload), so its first request is already at least as fresh as it; see
+    /// [`Client::bookmark`]. `None` starts empty. Default: `None`.
+    #[must_use]
+    pub fn bookmark(mut self, bookmark: impl Into<Option<Bookmark>>) -> Self {
+        self.bookmark = bookmark.into();
+        self
+    }
+
     // Batch options
 
     /// The most statements one [`batch`](Client::batch) (or [`atomic`](crate::Insert::atomic) insert)
@@ -642,6 +689,7 @@ impl ClientBuilder {
             budget: self.budget.map(TokenBucket::new),
             rng: Mutex::new(Transport::new_rng(self.policy.seed)),
             cancel: self.cancel,
+            session: Session::new(self.bookmark),
         };
         Ok(Client {
             inner: Arc::new(Inner {
@@ -697,6 +745,7 @@ impl fmt::Debug for ClientBuilder {
             .field("tcp_keepalive", &self.net.tcp_keepalive)
             .field("proxy", &self.net.proxy.is_some())
             .field("custom_http_client", &self.http_client.is_some())
+            .field("bookmark", &self.bookmark)
             .finish_non_exhaustive()
     }
 }

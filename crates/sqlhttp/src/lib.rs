@@ -16,6 +16,9 @@
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
 //!   fleet cannot turn an outage into a retry storm. The rules are in the [`retry`] module.
+//! * Read-your-writes behind read replicas: a client and its clones keep the greatest [`Bookmark`]
+//!   the server answered with and send it on every request; [`Client::bookmark`] hands it to another
+//!   process, and a read's [`Consistency`] may ask for any replica or the primary instead.
 //!
 //! ```no_run
 //! # async fn run() -> sqlhttp::Result<()> {
@@ -39,6 +42,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod batch;
+mod bookmark;
 mod client;
 mod cursor;
 mod describe;
@@ -62,6 +66,7 @@ mod value;
 mod wire;
 
 pub use batch::{Batch, BatchReport};
+pub use bookmark::{Bookmark, Consistency, ParseBookmarkError};
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
 pub use describe::{ColumnInfo, TableInfo};
@@ -102,6 +107,7 @@ fn _assert_impls() {
     send::<ResponseFuture<'static, u64>>();
     send::<Insert<'static, u8>>();
     send_sync::<Batch>();
+    send_sync::<Bookmark>();
     send::<RowStream<u8>>();
     fn stream<S: futures_core::Stream<Item = Result<u8>> + Unpin>() {}
     stream::<RowStream<u8>>();

@@ -1,5 +1,6 @@
 //! Per-call settings: what one request builder may override of the client's configuration (timeout,
-//! retry policy, cancellation and, for writes, `retry_writes` and a caller-held idempotency key).
+//! retry policy, cancellation; for writes, `retry_writes` and a caller-held idempotency key; for
+//! reads, a bookmark to be at least as fresh as and the consistency asked for).
 //!
 //! Every request builder holds one [`CallOptions`] and gets its setters from the macros below, so a new
 //! builder (a batch, say) gains the same settings, with the same documentation, by invoking them. The
@@ -10,6 +11,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::bookmark::{Bookmark, Consistency};
 use crate::error::{Error, Result};
 use crate::retry::RetryPolicy;
 
@@ -26,6 +28,10 @@ pub(crate) struct CallOptions {
     /// A caller-held key (writes only).
     pub(crate) idempotency_key: Option<String>,
     pub(crate) cancel: Option<CancellationToken>,
+    /// A bookmark this call must be at least as fresh as, beside the session's (reads only).
+    pub(crate) bookmark: Option<Bookmark>,
+    /// Which server may answer (reads only); `None` is [`Consistency::Session`].
+    pub(crate) consistency: Option<Consistency>,
 }
 
 impl CallOptions {
@@ -76,6 +82,12 @@ impl fmt::Debug for CallOptions {
         }
         if let Some(key) = &self.idempotency_key {
             d.field("idempotency_key", key);
+        }
+        if let Some(bookmark) = &self.bookmark {
+            d.field("bookmark", bookmark);
+        }
+        if let Some(consistency) = &self.consistency {
+            d.field("consistency", consistency);
         }
         d.field("cancellable", &self.cancel.is_some()).finish()
     }
@@ -155,4 +167,29 @@ macro_rules! write_settings {
     };
 }
 
-pub(crate) use {call_settings, retry_setting, write_settings};
+/// `.bookmark` and `.consistency`, for the builders of reads (and batches: a read-only one is a read).
+macro_rules! read_settings {
+    (impl[$($generics:tt)*] $builder:ty) => {
+        impl<$($generics)*> $builder {
+            /// Makes this call's answer at least as fresh as `bookmark` too (one handed over from
+            /// another process, say), beside the client's own session: the request carries the
+            /// greater of the two. The client's session is not raised by it, only by the bookmark
+            /// the answer carries. `None` adds nothing. Not sent under
+            /// [`Consistency::AnyReplica`](crate::Consistency::AnyReplica).
+            pub fn bookmark(mut self, bookmark: impl Into<Option<crate::Bookmark>>) -> Self {
+                self.options.bookmark = bookmark.into();
+                self
+            }
+
+            /// Which server may answer this read and how fresh it must be (default
+            /// [`Consistency::Session`](crate::Consistency::Session): it reads the client's own
+            /// writes). Writes go to the primary whatever this says.
+            pub fn consistency(mut self, consistency: crate::Consistency) -> Self {
+                self.options.consistency = Some(consistency);
+                self
+            }
+        }
+    };
+}
+
+pub(crate) use {call_settings, read_settings, retry_setting, write_settings};

@@ -3,8 +3,9 @@
 //!
 //! [`ClientBuilder::simulated_server`](crate::ClientBuilder::simulated_server) hands every attempt to a
 //! function of yours instead of the network: it receives the request the client would have sent (method,
-//! URL, headers such as `Sqlhttp-Attempt` and `Idempotency-Key`, the JSON body) and answers with a
-//! response, or with an I/O error standing for a failed connection. Everything else is the real client:
+//! URL, headers such as `Sqlhttp-Attempt`, `Idempotency-Key` and `Sqlhttp-Bookmark`, the JSON body)
+//! and answers with a response (whose `Sqlhttp-Bookmark` header, if any, the client keeps as a real
+//! server's), or with an I/O error standing for a failed connection. Everything else is the real client:
 //! the retry rules, backoff and jitter, `Retry-After`, timeouts, the retry budget, the mapping of
 //! statuses to [`ErrorKind`]s, decoding. No socket is opened, so on tokio's paused
 //! clock (`tokio::time::pause`) a simulation is deterministic and runs as fast as the CPU allows.
@@ -38,7 +39,9 @@ use http::HeaderValue;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
 use crate::ErrorKind;
+use crate::bookmark;
 use crate::response::{self, Failure};
+use crate::transport::Body;
 use crate::transport::exchange::{
     ATTEMPT_HEADER, AttemptRequest, Exchange, ExchangeFuture, IDEMPOTENCY_KEY_HEADER,
 };
@@ -106,13 +109,19 @@ impl Exchange for SimulatedExchange {
         if let Some(key) = request.idempotency_key {
             builder = builder.header(IDEMPOTENCY_KEY_HEADER, key.clone());
         }
+        for (name, value) in request.freshness_headers() {
+            builder = builder.header(name, value);
+        }
         let built = builder
             .body(request.body.clone())
             .expect("the endpoint and headers were validated by build()");
         let answer = (self.server.handler)(built);
         Box::pin(async move {
             match answer.await {
-                Ok(response) if response.status().is_success() => Ok(response.into_body().into()),
+                Ok(response) if response.status().is_success() => {
+                    let bookmark = bookmark::from_headers(response.headers());
+                    Ok(Body::from(response.into_body()).with_bookmark(bookmark))
+                }
                 Ok(response) => {
                     let status = response.status().as_u16();
                     Err(response::failure_from_status(
@@ -133,5 +142,47 @@ impl Exchange for SimulatedExchange {
                 }),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use super::*;
+
+    /// A simulated server's `Sqlhttp-Bookmark` is kept as a real one's, and sent on the next request.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_simulated_answer_s_bookmark_is_kept_and_sent() {
+        let seen: Arc<Mutex<Vec<Option<String>>>> = Arc::default();
+        let log = seen.clone();
+        let client = crate::Client::builder("http://simulated")
+            .simulated_server(move |request: Request| {
+                let sent = request
+                    .headers()
+                    .get("sqlhttp-bookmark")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                log.lock().unwrap().push(sent);
+                async move {
+                    let body = r#"{"columns":[{"name":"n","type":""}],"rows":[[1]],"rows_affected":0,"last_insert_id":null}"#;
+                    let response = http::Response::builder()
+                        .header("sqlhttp-bookmark", "00000000000000ff")
+                        .body(Bytes::from_static(body.as_bytes()))
+                        .unwrap();
+                    Ok(response)
+                }
+            })
+            .build()
+            .unwrap();
+        client.ping().await.unwrap();
+        client.ping().await.unwrap();
+        assert_eq!(
+            client.bookmark().map(|b| b.to_string()).as_deref(),
+            Some("00000000000000ff")
+        );
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [None, Some("00000000000000ff".to_owned())]
+        );
     }
 }

@@ -18,7 +18,7 @@ use serde::de::IgnoredAny;
 use crate::client::Client;
 use crate::cursor::{Collect, First, RowStream};
 use crate::error::{Error, ErrorKind, Result};
-use crate::options::{CallOptions, call_settings, retry_setting};
+use crate::options::{CallOptions, call_settings, read_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table};
 use crate::transport::{Call, Delivered, Endpoint, Receive};
@@ -285,6 +285,7 @@ pub struct Query {
 bind_params!(Query);
 call_settings!(impl[] Query);
 retry_setting!(impl[] Query);
+read_settings!(impl[] Query);
 
 impl Query {
     pub(crate) fn new(client: Client, sql: String) -> Self {
@@ -396,6 +397,7 @@ pub struct TableQuery {
 bind_params!(TableQuery);
 call_settings!(impl[] TableQuery);
 retry_setting!(impl[] TableQuery);
+read_settings!(impl[] TableQuery);
 
 impl TableQuery {
     pub(crate) fn new(client: Client, sql: String) -> Self {

@@ -7,15 +7,16 @@
 use std::time::Duration;
 
 use crate::budget::{Budget, Held};
-use crate::config::{Database, Limits};
+use crate::config::{Database, Limits, ReadReplicas};
 use crate::engine::interactive::{Session, TxOptions};
 use crate::engine::keyed::Stored;
 #[cfg(feature = "postgres")]
 use crate::engine::postgres::PostgresEngine;
 use crate::engine::sqlite::SqliteEngine;
-use crate::engine::{Access, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
+use crate::engine::{Access, Catalog, Engine, GivenUp, Keyed, Outcome, ReplicaReport, Reply};
 use crate::error::ServerError;
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
@@ -41,9 +42,10 @@ macro_rules! dispatch {
 }
 
 impl Backend {
-    /// Starts the engine for `database`.
+    /// Starts the engine for `database`, with its read `replicas` (PostgreSQL only).
     pub(crate) fn start(
         database: &Database,
+        replicas: &ReadReplicas,
         idempotency_ttl: Option<Duration>,
         limits: Limits,
         budget: Budget,
@@ -51,8 +53,13 @@ impl Backend {
         match database {
             #[cfg(feature = "postgres")]
             Database::Postgres(url) => {
-                PostgresEngine::start(url, idempotency_ttl, limits, budget).map(Backend::Postgres)
+                PostgresEngine::start(url, replicas, idempotency_ttl, limits, budget)
+                    .map(Backend::Postgres)
             }
+            _ if !replicas.urls.is_empty() => Err(ServerError::InvalidDatabaseUrl {
+                url: replicas.urls[0].to_string(),
+                reason: "read replicas are for a PostgreSQL database".to_owned(),
+            }),
             // Never parsed without the feature (see `Database::from_str`).
             #[cfg(not(feature = "postgres"))]
             Database::Postgres(url) => Err(ServerError::InvalidDatabaseUrl {
@@ -70,8 +77,13 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.catalog())
     }
 
-    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError> {
-        dispatch!(self, engine => engine.execute(request, access).await)
+    async fn execute(
+        &self,
+        request: SqlRequest,
+        access: Access,
+        at: ReadAt,
+    ) -> Result<Reply, ApiError> {
+        dispatch!(self, engine => engine.execute(request, access, at).await)
     }
 
     async fn execute_keyed(
@@ -82,8 +94,8 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.execute_keyed(keyed, request).await)
     }
 
-    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
-        dispatch!(self, engine => engine.batch(batch).await)
+    async fn batch(&self, batch: BatchRequest, at: ReadAt) -> Result<(Outcome, Held), ApiError> {
+        dispatch!(self, engine => engine.batch(batch, at).await)
     }
 
     async fn batch_keyed(
@@ -121,6 +133,10 @@ impl Engine for Backend {
 
     fn given_up(&self) -> GivenUp {
         dispatch!(self, engine => engine.given_up())
+    }
+
+    fn replicas(&self) -> ReplicaReport {
+        dispatch!(self, engine => engine.replicas())
     }
 
     async fn close(&self) {

@@ -8,6 +8,7 @@
 //! outcomes are the registry's (`engine::transactions`). Knows the protocol's error codes;
 //! nothing about HTTP, tokens or either engine's SQL.
 
+use crate::protocol::bookmark::Bookmark;
 use serde::Deserialize;
 
 use crate::engine::Access;
@@ -126,10 +127,14 @@ impl Session {
         }
     }
 
-    /// Commits, with `record` stored in the same transaction.
-    pub(crate) async fn commit(self, record: Option<Record>) -> Result<(), CommitError> {
+    /// Commits, with `record` stored in the same transaction; the position after the commit
+    /// when the engine has one (see `protocol::bookmark`).
+    pub(crate) async fn commit(
+        self,
+        record: Option<Record>,
+    ) -> Result<Option<Bookmark>, CommitError> {
         match self {
-            Session::Sqlite(session) => session.commit(record).await,
+            Session::Sqlite(session) => session.commit(record).await.map(|()| None),
             #[cfg(feature = "postgres")]
             Session::Postgres(session) => session.commit(record).await,
         }

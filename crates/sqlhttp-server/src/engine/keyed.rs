@@ -65,6 +65,7 @@ pub(crate) fn decide(
         status: stored.status,
         body: stored.body,
         replayed: true,
+        position: None,
     }))
 }
 
@@ -173,7 +174,8 @@ mod tests {
             Decision::Replay(Outcome {
                 status: 409,
                 body: b"{}".to_vec(),
-                replayed: true
+                replayed: true,
+                position: None,
             })
         );
         let err = decide(Some(stored(b"a", Duration::ZERO)), b"b", ttl).unwrap_err();

@@ -51,6 +51,7 @@ use std::time::Duration;
 use crate::budget::{Budget, Held};
 use crate::config::Limits;
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::{Position, ReadAt};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
@@ -64,8 +65,14 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     fn catalog(&self) -> Catalog;
 
     /// Runs one statement without an Idempotency-Key, as `access` allows; a large success body
-    /// streams.
-    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError>;
+    /// streams. A read ([`Access::ReadOnly`]) is consistent with at least `at` (an engine
+    /// with read replicas may serve it from one that far).
+    async fn execute(
+        &self,
+        request: SqlRequest,
+        access: Access,
+        at: ReadAt,
+    ) -> Result<Reply, ApiError>;
 
     /// Runs one keyed statement exactly once. Its whole answer comes with its share of the
     /// server's budget, to hold until the answer is sent.
@@ -76,8 +83,8 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     ) -> Result<(Outcome, Held), ApiError>;
 
     /// Runs a batch without an Idempotency-Key in one transaction (a read-only batch's
-    /// statements see one snapshot).
-    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError>;
+    /// statements see one snapshot), a read-only one consistent with at least `at`.
+    async fn batch(&self, batch: BatchRequest, at: ReadAt) -> Result<(Outcome, Held), ApiError>;
 
     /// Runs a keyed write batch exactly once.
     async fn batch_keyed(
@@ -114,6 +121,12 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
 
     /// Connections given up because their statement did not stop in time.
     fn given_up(&self) -> GivenUp;
+
+    /// The read replicas' state and the reads routed so far, for the metrics (none when the
+    /// engine has no replicas).
+    fn replicas(&self) -> ReplicaReport {
+        ReplicaReport::default()
+    }
 
     /// Closes the engine: running statements are interrupted, later requests answer 503.
     async fn close(&self);
@@ -162,6 +175,8 @@ pub(crate) struct Outcome {
     pub(crate) status: u16,
     pub(crate) body: Vec<u8>,
     pub(crate) replayed: bool,
+    /// Where the answer stands (`Sqlhttp-Bookmark`), when the engine knows.
+    pub(crate) position: Option<Position>,
 }
 
 impl Outcome {
@@ -171,7 +186,16 @@ impl Outcome {
             status: 200,
             body,
             replayed: false,
+            position: None,
         }
+    }
+
+    /// The outcome, standing at `position` when it is known.
+    pub(crate) fn at(mut self, position: Option<Position>) -> Outcome {
+        if position.is_some() {
+            self.position = position;
+        }
+        self
     }
 }
 
@@ -181,8 +205,9 @@ impl Outcome {
 pub(crate) enum Reply {
     /// The whole outcome.
     Whole(Outcome),
-    /// A `200` whose body is still being written; dropping it stops the statement.
-    Stream(ChunkReceiver),
+    /// A `200` whose body is still being written; dropping it stops the statement. Its position
+    /// is known before its first byte.
+    Stream(ChunkReceiver, Option<Position>),
 }
 
 /// An engine's catalog queries: its tables and views, and one table's columns (the name bound
@@ -191,6 +216,23 @@ pub(crate) enum Reply {
 pub(crate) struct Catalog {
     pub(crate) tables: &'static str,
     pub(crate) columns: &'static str,
+}
+
+/// One read replica's state, for the metrics.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ReplicaState {
+    /// Whether it answers, replays the primary's log, and serves reads.
+    pub(crate) healthy: bool,
+    /// How far behind the primary it was when last asked, in seconds.
+    pub(crate) lag_seconds: f64,
+}
+
+/// The read replicas' state, and reads counted by who served them and why.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ReplicaReport {
+    pub(crate) replicas: Vec<ReplicaState>,
+    /// `(served_by, reason, count)`.
+    pub(crate) reads: Vec<(&'static str, &'static str, u64)>,
 }
 
 /// Given-up connections, for the metrics.

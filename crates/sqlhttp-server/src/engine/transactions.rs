@@ -38,6 +38,7 @@ use crate::config::TransactionLimits;
 use crate::engine::interactive::{CommitError, Record, Session, StepError, TxOptions};
 use crate::engine::keyed::millis;
 use crate::engine::{Backend, Engine as _, Outcome};
+use crate::protocol::bookmark::{Position, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -414,6 +415,7 @@ impl Transactions {
                 status: 200,
                 body: entry.opened.clone(),
                 replayed: true,
+                position: None,
             });
         }
         let opened = self.open_now(engine, owner, Some(key), options).await;
@@ -512,6 +514,7 @@ impl Transactions {
                         status: kept.status,
                         body: kept.body.clone(),
                         replayed: true,
+                        position: None,
                     });
                 }
                 if seq != live.seq + 1 {
@@ -575,6 +578,7 @@ impl Transactions {
                     status,
                     body,
                     replayed: false,
+                    position: None,
                 })
             },
         )
@@ -605,9 +609,13 @@ impl Transactions {
                     body: body.clone(),
                 });
                 match session.commit(record).await {
-                    Ok(()) => {
+                    Ok(bookmark) => {
                         registry.finish(&entry, Ending::Committed(body.clone()));
-                        Ok(Outcome::fresh(body))
+                        let position = bookmark.map(|bookmark| Position {
+                            bookmark,
+                            served_by: ServedBy::Primary,
+                        });
+                        Ok(Outcome::fresh(body).at(position))
                     }
                     Err(CommitError::RolledBack(err)) => {
                         let ending = if err.code == ErrorCode::TransactionAborted {
@@ -908,6 +916,7 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
             status: 200,
             body,
             replayed: true,
+            position: None,
         })
     };
     match (op, ending) {

@@ -6,14 +6,16 @@
 //! a batch's transaction is run.
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use sha2::{Digest, Sha256};
 
 use crate::budget::Held;
 use crate::engine::{Engine as _, Keyed, Outcome};
 use crate::http::admit::{self, Admitted};
-use crate::http::outcome_response;
+use crate::http::{outcome_response, read_at};
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
 
@@ -22,9 +24,14 @@ pub(crate) const BATCH_PATH: &str = "/api/v1/batch";
 
 pub(crate) async fn batch(
     State(state): State<AppState>,
+    headers: HeaderMap,
     admitted: Admitted<BatchRequest>,
 ) -> Response {
-    match run_batch(&state, admitted).await {
+    let at = match read_at(&headers) {
+        Ok(at) => at,
+        Err(err) => return err.into_response(),
+    };
+    match run_batch(&state, admitted, at).await {
         Ok((outcome, held)) => outcome_response(outcome, held),
         Err(err) => err.into_response(),
     }
@@ -33,6 +40,7 @@ pub(crate) async fn batch(
 async fn run_batch(
     state: &AppState,
     admitted: Admitted<BatchRequest>,
+    at: ReadAt,
 ) -> Result<(Outcome, Held), ApiError> {
     let shared = &state.inner;
     // `_held`: the body's share of the server's budget, until the request is answered.
@@ -51,7 +59,7 @@ async fn run_batch(
 
     // A read-only batch writes nothing, so there is nothing to apply once: its key is ignored.
     let Some((ttl, key)) = key.filter(|_| !batch.read_only) else {
-        return shared.engine.batch(batch).await;
+        return shared.engine.batch(batch, at).await;
     };
     let claim = admit::claim(state, &key)?;
     let keyed = Keyed {

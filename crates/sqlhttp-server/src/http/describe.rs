@@ -16,6 +16,7 @@ use serde::Deserialize;
 use crate::engine::{Access, Engine as _};
 use crate::http::admit::{Admissible, Admitted};
 use crate::http::credentials::Credential;
+use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::{Param, SqlRequest};
 use crate::state::{AppState, Shared};
@@ -84,6 +85,9 @@ async fn run(state: &AppState, asked: Describe) -> Result<Response, ApiError> {
         params,
         read_only: true,
     };
-    let reply = shared.engine.execute(request, Access::ReadOnly).await?;
+    let reply = shared
+        .engine
+        .execute(request, Access::ReadOnly, ReadAt::default())
+        .await?;
     Ok(super::reply_response(reply, crate::budget::Held::default()))
 }

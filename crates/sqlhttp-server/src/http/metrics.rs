@@ -2,7 +2,8 @@
 //! (the `prometheus-client` crate's encoder): requests by endpoint and status, a latency
 //! histogram per endpoint, engine queue depth per pool, engine connections given up (ADR 0032),
 //! counts of rate-limited requests, replayed idempotent outcomes and statement timeouts, and
-//! the interactive transactions open, committed, rolled back, expired and aborted.
+//! the interactive transactions open, committed, rolled back, expired and aborted, and the read
+//! replicas' health and lag with the reads each kind of node served.
 //!
 //! Knows metric names and label sets; the request log feeds it one observation per request. No
 //! label ever carries a credential, a statement or a value: endpoints are route patterns, so
@@ -22,7 +23,7 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
 use crate::engine::transactions::TransactionCounts;
-use crate::engine::{Engine as _, GivenUp};
+use crate::engine::{Engine as _, GivenUp, ReplicaReport};
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
 
@@ -48,6 +49,69 @@ struct EndpointLabels {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct PoolLabels {
     pool: &'static str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReplicaLabels {
+    replica: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+struct ReadLabels {
+    served_by: &'static str,
+    reason: &'static str,
+}
+
+/// The read replicas' series, brought up to the engine's report at each render.
+#[derive(Debug, Default)]
+struct ReplicaMetrics {
+    healthy: Family<ReplicaLabels, Gauge>,
+    lag: Family<ReplicaLabels, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    reads: Family<ReadLabels, Counter>,
+    sync: Mutex<()>,
+}
+
+impl ReplicaMetrics {
+    fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "replica_healthy",
+            "Whether each read replica answers and replays the primary's log (1) or not (0)",
+            self.healthy.clone(),
+        );
+        registry.register_with_unit(
+            "replica_lag",
+            "How far behind the primary each read replica was when last asked",
+            Unit::Seconds,
+            self.lag.clone(),
+        );
+        registry.register(
+            "replica_reads",
+            "Reads by who served them (replica, primary) and why (routed: a replica was fit; \
+             asked: Sqlhttp-Consistency: primary; no_replica: none healthy and close enough; \
+             behind: none had replayed the bookmark in time; failed: the replica failed it)",
+            self.reads.clone(),
+        );
+    }
+
+    fn update(&self, report: &ReplicaReport) {
+        let _sync = self.sync.lock().unwrap_or_else(PoisonError::into_inner);
+        for (index, replica) in report.replicas.iter().enumerate() {
+            let labels = ReplicaLabels {
+                replica: index.to_string(),
+            };
+            self.healthy
+                .get_or_create(&labels)
+                .set(i64::from(replica.healthy));
+            self.lag.get_or_create(&labels).set(replica.lag_seconds);
+        }
+        for &(served_by, reason, total) in &report.reads {
+            let counter = self.reads.get_or_create(&ReadLabels { served_by, reason });
+            let counted = counter.get();
+            if total > counted {
+                counter.inc_by(total - counted);
+            }
+        }
+    }
 }
 
 fn latency_histogram() -> Histogram {
@@ -80,6 +144,7 @@ pub(crate) struct Metrics {
     replayed: Counter,
     statement_timeouts: Counter,
     transactions: TransactionMetrics,
+    replicas: ReplicaMetrics,
 }
 
 /// The interactive transactions' series, brought up to the registry's counts at each render.
@@ -198,7 +263,10 @@ impl Metrics {
         );
         let transactions = TransactionMetrics::default();
         transactions.register(&mut registry);
+        let replicas = ReplicaMetrics::default();
+        replicas.register(&mut registry);
         Metrics {
+            replicas,
             transactions,
             registry,
             requests,
@@ -242,8 +310,10 @@ impl Metrics {
         queue_depths: &[(&'static str, usize)],
         given_up: GivenUp,
         transactions: TransactionCounts,
+        replicas: &ReplicaReport,
     ) -> String {
         self.transactions.update(transactions);
+        self.replicas.update(replicas);
         {
             let _sync = self
                 .given_up_sync
@@ -276,6 +346,7 @@ pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
         &shared.engine.queue_depths(),
         shared.engine.given_up(),
         shared.transactions.counts(),
+        &shared.engine.replicas(),
     );
     let mut response = text.into_response();
     response
@@ -337,6 +408,13 @@ mod tests {
                 expirations: 3,
                 aborts: 4,
             },
+            &ReplicaReport {
+                replicas: vec![crate::engine::ReplicaState {
+                    healthy: true,
+                    lag_seconds: 0.25,
+                }],
+                reads: vec![("replica", "routed", 7), ("primary", "behind", 2)],
+            },
         );
         for line in [
             "# TYPE sqlhttpd_requests counter",
@@ -360,6 +438,10 @@ mod tests {
             "sqlhttpd_transaction_rollbacks_total 1",
             "sqlhttpd_transaction_expirations_total 3",
             "sqlhttpd_transaction_aborts_total 4",
+            r#"sqlhttpd_replica_healthy{replica="0"} 1"#,
+            r#"sqlhttpd_replica_lag_seconds{replica="0"} 0.25"#,
+            r#"sqlhttpd_replica_reads_total{served_by="replica",reason="routed"} 7"#,
+            r#"sqlhttpd_replica_reads_total{served_by="primary",reason="behind"} 2"#,
             "# EOF",
         ] {
             assert!(

@@ -26,7 +26,7 @@ mod transaction;
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use sha2::{Digest, Sha256};
@@ -34,6 +34,9 @@ use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::budget::Held;
 use crate::engine::{Access, Engine as _, Keyed, Outcome, Reply};
+use crate::protocol::bookmark::{
+    BOOKMARK_HEADER, CONSISTENCY_HEADER, Position, ReadAt, SERVED_BY_HEADER,
+};
 use crate::protocol::error::{ApiError, ErrorCode, json_response};
 use crate::protocol::request::SqlRequest;
 use crate::state::AppState;
@@ -166,8 +169,16 @@ async fn probe_method_not_allowed() -> ApiError {
     ApiError::method_not_allowed("GET, HEAD")
 }
 
-async fn sql(State(state): State<AppState>, admitted: Admitted<SqlRequest>) -> Response {
-    match run_sql(&state, admitted).await {
+async fn sql(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    admitted: Admitted<SqlRequest>,
+) -> Response {
+    let at = match read_at(&headers) {
+        Ok(at) => at,
+        Err(err) => return err.into_response(),
+    };
+    match run_sql(&state, admitted, at).await {
         Ok((reply, held)) => reply_response(reply, held),
         Err(err) => err.into_response(),
     }
@@ -178,8 +189,44 @@ async fn sql(State(state): State<AppState>, admitted: Admitted<SqlRequest>) -> R
 pub(crate) fn reply_response(reply: Reply, held: Held) -> Response {
     match reply {
         Reply::Whole(outcome) => outcome_response(outcome, held),
-        Reply::Stream(body) => streamed_response(body),
+        Reply::Stream(body, position) => streamed_response(body, position),
     }
+}
+
+/// Where a request's read may run: its `Sqlhttp-Bookmark` and `Sqlhttp-Consistency` headers
+/// (`400 BAD_REQUEST` when either is malformed or repeated).
+pub(crate) fn read_at(headers: &HeaderMap) -> Result<ReadAt, ApiError> {
+    let one = |name: &str| {
+        let mut values = headers.get_all(name).iter();
+        let first = values.next();
+        if values.next().is_some() {
+            return Err(ApiError::bad_request(format!(
+                "the {name} header is given twice"
+            )));
+        }
+        first
+            .map(|value| {
+                value.to_str().map_err(|_| {
+                    ApiError::bad_request(format!("the {name} header is not visible ASCII"))
+                })
+            })
+            .transpose()
+    };
+    ReadAt::parse(one(BOOKMARK_HEADER)?, one(CONSISTENCY_HEADER)?)
+}
+
+/// Says where an answer stands: its bookmark and who served it.
+pub(crate) fn add_position(headers: &mut HeaderMap, position: Option<Position>) {
+    let Some(position) = position else {
+        return;
+    };
+    if let Ok(value) = HeaderValue::from_str(&position.bookmark.to_string()) {
+        headers.insert(BOOKMARK_HEADER, value);
+    }
+    headers.insert(
+        SERVED_BY_HEADER,
+        HeaderValue::from_static(position.served_by.as_str()),
+    );
 }
 
 /// Runs one admitted statement; a whole answer comes with its share of the server's budget
@@ -187,6 +234,7 @@ pub(crate) fn reply_response(reply: Reply, held: Held) -> Response {
 async fn run_sql(
     state: &AppState,
     admitted: Admitted<SqlRequest>,
+    at: ReadAt,
 ) -> Result<(Reply, Held), ApiError> {
     let shared = &state.inner;
     // `_held`: the body's share of the server's budget, until the request is answered.
@@ -205,7 +253,7 @@ async fn run_sql(
         let asked = request.read_only;
         return shared
             .engine
-            .execute(request, Access::ReadOnly)
+            .execute(request, Access::ReadOnly, at)
             .await
             .map(|reply| (reply, Held::default()))
             .map_err(|err| {
@@ -217,7 +265,10 @@ async fn run_sql(
             });
     }
     let Some((ttl, key)) = key else {
-        let reply = shared.engine.execute(request, Access::ReadWrite).await?;
+        let reply = shared
+            .engine
+            .execute(request, Access::ReadWrite, at)
+            .await?;
         return Ok((reply, Held::default()));
     };
     let claim = admit::claim(state, &key)?;
@@ -240,15 +291,17 @@ const READ_ONLY_HINT: &str = "the request was sent with \"read_only\": true; sen
      `query`)";
 
 /// A `200` whose JSON body streams from the engine (chunked); see ADR 0016.
-fn streamed_response(body: crate::engine::ChunkReceiver) -> Response {
-    Response::builder()
+fn streamed_response(body: crate::engine::ChunkReceiver, position: Option<Position>) -> Response {
+    let mut response = Response::builder()
         .status(StatusCode::OK)
         .header(
             axum::http::header::CONTENT_TYPE,
             HeaderValue::from_static("application/json"),
         )
         .body(axum::body::Body::from_stream(body))
-        .unwrap_or_else(|_| ApiError::internal().into_response())
+        .unwrap_or_else(|_| ApiError::internal().into_response());
+    add_position(response.headers_mut(), position);
+    response
 }
 
 /// The response for a whole outcome; `held` (its share of the server's budget) is given back
@@ -263,6 +316,7 @@ fn outcome_response(outcome: Outcome, held: Held) -> Response {
     if let Some(count) = counted {
         response.extensions_mut().insert(rows::Rows(count));
     }
+    add_position(response.headers_mut(), outcome.position);
     if outcome.replayed {
         response
             .headers_mut()

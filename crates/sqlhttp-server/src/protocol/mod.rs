@@ -6,6 +6,7 @@
 //! The protocol itself is documented in `docs/protocol.md`.
 
 pub(crate) mod batch;
+pub(crate) mod bookmark;
 pub(crate) mod error;
 pub(crate) mod request;
 pub(crate) mod result;

@@ -1,7 +1,7 @@
 //! The success body of one attempt and what a call does with it: [`Body`] yields a response's
 //! pieces as they arrive (or a whole body, from a simulated server or a scripted test), and
 //! [`Receive`] is the seam through which the retry loop hands those pieces to the call's receiver
-//! until it can serve the caller.
+//! until it can serve the caller. A body keeps the [`Bookmark`] its response's head carried.
 //!
 //! It knows nothing of retries, timeouts or the request (the loop and the exchange do), nor of what
 //! the pieces mean (the receivers in `cursor` decode them).
@@ -11,11 +11,15 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::bookmark::{self, Bookmark};
 use crate::error::ErrorKind;
 use crate::response::Failure;
 
-/// A success response's body, read piece by piece as it arrives.
-pub(crate) struct Body(BodyInner);
+/// A success response's body, read piece by piece as it arrives, and the bookmark of its head.
+pub(crate) struct Body {
+    inner: BodyInner,
+    bookmark: Option<Bookmark>,
+}
 
 enum BodyInner {
     /// A body already whole (a simulated server, a scripted test).
@@ -29,7 +33,10 @@ enum BodyInner {
 
 impl From<Bytes> for Body {
     fn from(bytes: Bytes) -> Self {
-        Body(BodyInner::Whole(Some(bytes)))
+        Body {
+            inner: BodyInner::Whole(Some(bytes)),
+            bookmark: None,
+        }
     }
 }
 
@@ -42,13 +49,29 @@ impl std::fmt::Debug for Body {
 impl Body {
     /// The body of a success response, still arriving.
     pub(super) fn http(response: reqwest::Response) -> Body {
-        Body(BodyInner::Http(response))
+        Body {
+            bookmark: bookmark::from_headers(response.headers()),
+            inner: BodyInner::Http(response),
+        }
+    }
+
+    /// The body with the bookmark its response's head carried (a simulated server's).
+    #[cfg(feature = "simulation")]
+    pub(crate) fn with_bookmark(mut self, bookmark: Option<Bookmark>) -> Body {
+        self.bookmark = bookmark;
+        self
+    }
+
+    /// The position the answer is consistent with (`Sqlhttp-Bookmark`), when the server named a
+    /// valid one.
+    pub(crate) fn bookmark(&self) -> Option<Bookmark> {
+        self.bookmark
     }
 
     /// Whether the server answered with a stored outcome (`Idempotent-Replayed: true`): the
     /// request's key had been applied before, and nothing ran this time.
     pub(crate) fn replayed(&self) -> bool {
-        match &self.0 {
+        match &self.inner {
             BodyInner::Http(response) => response
                 .headers()
                 .get("idempotent-replayed")
@@ -60,13 +83,16 @@ impl Body {
     /// A body whose pieces arrive each after its pause.
     #[cfg(test)]
     pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {
-        Body(BodyInner::Scripted(pieces.into_iter().collect()))
+        Body {
+            inner: BodyInner::Scripted(pieces.into_iter().collect()),
+            bookmark: None,
+        }
     }
 
     /// The next piece, or `None` at the body's clean end. A body cut short (the connection lost,
     /// a chunked body without its end) is a connection failure.
     pub(crate) async fn chunk(&mut self) -> Result<Option<Bytes>, Failure> {
-        match &mut self.0 {
+        match &mut self.inner {
             BodyInner::Whole(bytes) => Ok(bytes.take()),
             #[cfg(test)]
             BodyInner::Scripted(pieces) => match pieces.pop_front() {

@@ -14,6 +14,7 @@ use http::HeaderValue;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
 use super::body::Body;
+use crate::bookmark::{BOOKMARK_HEADER, Bookmark, CONSISTENCY_HEADER, Consistency};
 use crate::response::{self, Failure};
 
 /// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
@@ -77,6 +78,26 @@ pub(crate) struct AttemptRequest<'a> {
     pub(crate) attempt: u32,
     pub(crate) max_attempts: u32,
     pub(crate) idempotency_key: Option<&'a HeaderValue>,
+    /// The least position the answer must be consistent with: the greatest bookmark known when
+    /// this attempt is sent.
+    pub(crate) bookmark: Option<Bookmark>,
+    /// Which server may answer; only [`Consistency::Primary`] is sent (the others are the server's
+    /// default once the bookmark says how fresh).
+    pub(crate) consistency: Consistency,
+}
+
+impl AttemptRequest<'_> {
+    /// The bookmark and consistency headers of this attempt, as the exchanges send them.
+    pub(crate) fn freshness_headers(
+        &self,
+    ) -> impl Iterator<Item = (&'static str, HeaderValue)> + use<> {
+        let bookmark = self
+            .bookmark
+            .map(|bookmark| (BOOKMARK_HEADER, bookmark.header_value()));
+        let primary = (self.consistency == Consistency::Primary)
+            .then(|| (CONSISTENCY_HEADER, HeaderValue::from_static("primary")));
+        bookmark.into_iter().chain(primary)
+    }
 }
 
 /// The future of one exchange.
@@ -109,12 +130,14 @@ impl Exchange for HttpExchange {
 impl HttpExchange {
     /// One HTTP exchange: the request, the status, and a success body to read (an error's whole).
     async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Body, Failure> {
+        let freshness = request.freshness_headers();
         let AttemptRequest {
             endpoint,
             body,
             attempt,
             max_attempts,
             idempotency_key,
+            ..
         } = request;
         let mut request = self
             .http
@@ -133,6 +156,9 @@ impl HttpExchange {
         }
         if let Some(key) = idempotency_key {
             request = request.header(IDEMPOTENCY_KEY_HEADER, key.clone());
+        }
+        for (name, value) in freshness {
+            request = request.header(name, value);
         }
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();

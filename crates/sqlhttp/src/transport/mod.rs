@@ -11,6 +11,8 @@
 //!
 //! This file is the attempt loop (what a [`Call`] is, how often and when it is sent, what a caller gets
 //! back); one attempt's HTTP is in `exchange`, and the success body with the receiver seam in `body`.
+//! It also keeps the client's bookmark session: each attempt carries the greatest bookmark known when
+//! it is sent, and each success's bookmark is merged before the caller sees the answer.
 
 mod body;
 pub(crate) mod exchange;
@@ -28,6 +30,7 @@ use tracing::Instrument;
 
 pub(crate) use self::body::{Body, Receive};
 pub(crate) use self::exchange::{AttemptRequest, Endpoint, Exchange, HttpExchange, TxStep};
+use crate::bookmark::Session;
 use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
 use crate::response::Failure;
@@ -43,6 +46,8 @@ pub(crate) struct Transport {
     pub(crate) budget: Option<TokenBucket>,
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) cancel: Option<CancellationToken>,
+    /// The greatest bookmark any answer to this client (or a clone) carried.
+    pub(crate) session: Session,
 }
 
 /// One call: a request body sent as many times as the rules allow. The request builders (statement,
@@ -149,6 +154,7 @@ impl Transport {
         let timeout = options.timeout.unwrap_or(self.timeout);
         let policy = options.retry.unwrap_or(self.policy);
         let retry_writes = options.retry_writes.unwrap_or(self.retry_writes);
+        let consistency = options.consistency.unwrap_or_default();
         // A per-call policy with a seed of its own draws from its own source, so its delays repeat.
         let mut call_rng = options
             .retry
@@ -193,6 +199,10 @@ impl Transport {
                 attempt,
                 max_attempts,
                 idempotency_key: idempotency_key.as_ref(),
+                // Read now, not at the call's start: an answer to another call (or a clone's)
+                // during the backoff raises it.
+                bookmark: self.session.for_request(consistency, options.bookmark),
+                consistency,
             };
             let outcome = tokio::select! {
                 biased;
@@ -207,6 +217,9 @@ impl Transport {
                 request_id,
             } = match outcome {
                 Ok(body) => {
+                    if let Some(bookmark) = body.bookmark() {
+                        self.session.observe(bookmark);
+                    }
                     if let Some(bucket) = &self.budget {
                         bucket.deposit();
                     }

@@ -140,6 +140,7 @@ impl Harness {
             budget: Some(TokenBucket::new(RetryBudget::new())),
             rng: Mutex::new(Transport::new_rng(Some(1))),
             cancel: None,
+            session: crate::bookmark::Session::default(),
         };
         Self {
             transport: configure(transport),

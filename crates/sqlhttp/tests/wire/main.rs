@@ -8,6 +8,7 @@
 //! exchange in `src/transport/tests.rs`.
 
 mod batches;
+mod bookmarks;
 mod calls;
 mod cancel;
 mod errors;

@@ -30,6 +30,7 @@ use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::{self, OPENED};
 use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
 use crate::engine::stream::Sink;
+use crate::protocol::bookmark::Bookmark;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -187,7 +188,10 @@ impl Session {
     /// Checks that the transaction is still the one the server opened, stores `record` in it,
     /// and commits; a read-only transaction ends with ROLLBACK (it wrote nothing). The session
     /// is reset and pooled again.
-    pub(crate) async fn commit(mut self, record: Option<Record>) -> Result<(), CommitError> {
+    pub(crate) async fn commit(
+        mut self,
+        record: Option<Record>,
+    ) -> Result<Option<Bookmark>, CommitError> {
         let Some(mut lease) = self.lease.take() else {
             return Err(CommitError::RolledBack(aborted("its connection was lost")));
         };
@@ -195,6 +199,7 @@ impl Session {
         if self.read_only {
             return end(&inner, lease, "ROLLBACK")
                 .await
+                .map(|()| None)
                 .map_err(CommitError::RolledBack);
         }
         let Some(opened) = lease
@@ -264,9 +269,11 @@ impl Session {
                 )));
             }
         }
+        // The position read after COMMIT is at or past its record (see `transaction`).
+        let commit = format!("COMMIT; SELECT {}", transaction::COMMITTED_AT);
         let ending = async {
             tokio::join!(
-                client.batch_execute("COMMIT"),
+                client.simple_query(&commit),
                 client.batch_execute(session::RESET)
             )
         };
@@ -277,13 +284,13 @@ impl Session {
             )));
         };
         match committed {
-            Ok(()) => {
+            Ok(answer) => {
                 if let Err(e) = reset {
                     tracing::warn!(error = %e, "cannot reset a session; closing it");
                     lease.retire();
                 }
                 lease.clean = true;
-                Ok(())
+                Ok(transaction::first_position(&answer))
             }
             Err(e) if e.code().is_none() => Err(CommitError::Unknown(ApiError::unavailable(
                 "the connection to the database was lost during COMMIT: whether the \

@@ -300,6 +300,7 @@ where
         status,
         body,
         replayed: false,
+        position: None,
     })
 }
 

@@ -8,7 +8,7 @@
 //! what runs on the connection or about HTTP.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 
 use deadpool_postgres::{ClientWrapper, Object, StatementCache};
@@ -58,6 +58,10 @@ pub(super) struct Lease {
     pub(super) reaper: Arc<wire::Target>,
     /// What the connections were cut for (see `wire`).
     pub(super) cuts: Arc<wire::Cuts>,
+    /// How far the request has seen the log (its job's: see `Job::position`).
+    pub(super) position: Arc<AtomicU64>,
+    /// The least position the request's read must see (its bookmark; 0 for none).
+    pub(super) min: u64,
     pub(super) _permit: OwnedSemaphorePermit,
 }
 
@@ -274,6 +278,8 @@ impl Inner {
             lost_statements: AtomicBool::new(false),
             reaper: Arc::clone(&self.reaper),
             cuts: Arc::clone(&self.cuts),
+            position: Arc::clone(&job.position),
+            min: job.min.load(Ordering::Acquire),
             _permit: permit,
         })
     }

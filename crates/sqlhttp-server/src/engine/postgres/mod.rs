@@ -17,6 +17,11 @@
 //!   takes two round trips: BEGIN with the statement, then its end with the session's reset
 //!   (ADR 0034). A read takes one: BEGIN, the statement, and its ROLLBACK with what is left of
 //!   the reset after a rollback, written together (ADR 0037).
+//! - With `--read-replica`, verified reads (a read-only statement, a read-only batch) run on a
+//!   streaming replica's pool of its own when one is fit and has replayed as far as the read's
+//!   bookmark asks (`replicas` chooses, ADR 0039), else on the primary, which also serves every
+//!   read a replica fails before its answer started. Every answer learns the log position it
+//!   stands at (`transaction`), for its `Sqlhttp-Bookmark`.
 //! - The pool's connections run over `wire`'s stream, which fails a connection as soon as
 //!   PostgreSQL declares a row or cell past the server's limits (ADR 0028), before it arrives.
 //! - `lease` hands out the pool's connections, `transaction` opens and ends the server's
@@ -35,6 +40,7 @@ pub(crate) mod interactive;
 mod keyed;
 mod lease;
 mod placeholders;
+mod replicas;
 mod sandbox;
 mod session;
 mod setup;
@@ -57,20 +63,23 @@ use tokio::sync::Semaphore;
 use tokio_postgres::CancelToken;
 
 use crate::budget::{Budget, Held};
-use crate::config::{Limits, PostgresUrl};
+use crate::config::{Limits, PostgresUrl, ReadReplicas};
 use crate::engine::interactive::{Session, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::keyed::{PurgeClock, Stored};
 use crate::engine::{
-    Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply, shutting_down,
+    Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, ReplicaReport, Reply,
+    shutting_down,
 };
 use crate::error::ServerError;
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::{Bookmark, Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
 use keyed::Work;
 use lease::{Backends, Lease};
+use replicas::{Node, Reason, Replica, Replicas, Route};
 
 /// How long opening a new connection may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
@@ -89,6 +98,8 @@ pub(crate) struct PostgresEngine {
     /// Connections interactive transactions may hold at once: all of the pool's but one, so
     /// idle transactions can never take every connection from plain requests.
     transaction_slots: Arc<Semaphore>,
+    /// The read replicas, when there are any.
+    replicas: Option<Arc<Replicas>>,
 }
 
 /// What the tasks share.
@@ -114,6 +125,8 @@ struct Inner {
     cuts: Arc<wire::Cuts>,
     /// Which backend process each pooled connection is (see `lease`).
     backends: Arc<Backends>,
+    /// The primary, or a replica (see `replicas`).
+    node: Node,
 }
 
 impl std::fmt::Debug for Inner {
@@ -129,29 +142,130 @@ impl PostgresEngine {
     /// builds the pool of client-role connections; they open on first use.
     pub(crate) fn start(
         url: &PostgresUrl,
+        read_replicas: &ReadReplicas,
         idempotency_ttl: Option<Duration>,
         limits: Limits,
         budget: Budget,
     ) -> Result<PostgresEngine, ServerError> {
+        let prepared = setup::prepare(url)?;
+        let closing = Arc::new(AtomicBool::new(false));
+        let primary = Inner::open(
+            url,
+            wire::Target {
+                config: prepared.client.clone(),
+                tls: Arc::clone(&prepared.tls),
+            },
+            &prepared,
+            limits,
+            Arc::clone(&closing),
+            Node::Primary,
+        )?;
+        if idempotency_ttl.is_none() {
+            primary.purges.purged_now();
+        }
+        let replicas = (!read_replicas.urls.is_empty())
+            .then(|| Self::replicas(&prepared, read_replicas, limits, &closing))
+            .transpose()?
+            .map(Arc::new);
+        if let Some(replicas) = &replicas {
+            replicas.watch();
+        }
+        let connections = limits.pool_size.max(1);
+        Ok(PostgresEngine {
+            inner: Arc::new(primary),
+            buffering: Buffering::new(budget, &limits),
+            transaction_slots: Arc::new(Semaphore::new(connections.saturating_sub(1).max(1))),
+            replicas,
+        })
+    }
+
+    /// The read replicas' pools: each logs in as the client role (its password and rights
+    /// replicate from the primary) at its URL's host, port and database, with its URL's TLS.
+    fn replicas(
+        prepared: &setup::Prepared,
+        read_replicas: &ReadReplicas,
+        limits: Limits,
+        closing: &Arc<AtomicBool>,
+    ) -> Result<Replicas, ServerError> {
+        let mut nodes = Vec::new();
+        for url in &read_replicas.urls {
+            let failed = |reason: String| ServerError::Postgres {
+                database: url.to_string(),
+                reason,
+            };
+            let mut monitor: tokio_postgres::Config = url
+                .secret()
+                .parse()
+                .map_err(|e: tokio_postgres::Error| failed(e.to_string()))?;
+            // TLS is `tls`'s, on the socket, before the driver sees it.
+            monitor.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            let tls = Arc::new(tls::PgTls::new(url.ssl()).map_err(failed)?);
+            let mut client = monitor.clone();
+            client.user(url.client_role());
+            if let Some(password) = prepared.client.get_password() {
+                client.password(password);
+            }
+            let watch = Arc::new(replicas::Watch::default());
+            let inner = Inner::open(
+                url,
+                wire::Target {
+                    config: client,
+                    tls: Arc::clone(&tls),
+                },
+                prepared,
+                limits,
+                Arc::clone(closing),
+                Node::Replica(Arc::clone(&watch)),
+            )?;
+            // Its store is the primary's, read-only here: nothing is purged on a replica.
+            inner.purges.purged_now();
+            nodes.push(Replica::new(
+                Arc::new(inner),
+                watch,
+                wire::Target {
+                    config: monitor,
+                    tls,
+                },
+            ));
+        }
+        Ok(Replicas::new(
+            nodes,
+            prepared.keeper.owner_target(),
+            read_replicas.max_lag,
+            read_replicas.wait,
+        ))
+    }
+}
+
+impl Inner {
+    /// A pool of client-role connections to `target` (the primary, or a replica of it, as
+    /// `node` says); they open on first use.
+    fn open(
+        url: &PostgresUrl,
+        target: wire::Target,
+        prepared: &setup::Prepared,
+        limits: Limits,
+        closing: Arc<AtomicBool>,
+        node: Node,
+    ) -> Result<Inner, ServerError> {
         let failed = |reason: String| ServerError::Postgres {
             database: url.to_string(),
             reason,
         };
-        let prepared = setup::prepare(url)?;
         let reaper = Arc::new(wire::Target {
-            config: prepared.client.clone(),
-            tls: Arc::clone(&prepared.tls),
+            config: target.config.clone(),
+            tls: Arc::clone(&target.tls),
         });
         let keeper = Arc::clone(&prepared.keeper);
         let cuts = Arc::new(wire::Cuts::default());
         let backends = Arc::new(Backends::default());
         let learning = Arc::clone(&backends);
         let manager = Manager::from_connect(
-            prepared.client,
+            target.config,
             wire::BoundedConnect {
                 bounds: wire::Bounds::new(limits.max_value_bytes, limits.max_result_bytes),
                 cuts: Arc::clone(&cuts),
-                tls: Arc::clone(&prepared.tls),
+                tls: target.tls,
             },
             ManagerConfig {
                 // A client's function may change its session (settings, temporary tables that
@@ -181,32 +295,27 @@ impl PostgresEngine {
             }))
             .build()
             .map_err(|e| failed(e.to_string()))?;
-        let engine = Inner {
+        Ok(Inner {
             pool,
             admission: Arc::new(Semaphore::new(connections + limits.queue_depth)),
             limits,
-            closing: Arc::new(AtomicBool::new(false)),
+            closing,
             shutdown: tokio::sync::Notify::new(),
             in_flight: Arc::default(),
             next_lease: AtomicU64::new(0),
             // The first keyed request purges.
             purges: PurgeClock::default(),
-            store_key: prepared.store_key,
+            store_key: prepared.store_key.clone(),
             reaper,
-            keeper: prepared.keeper,
+            keeper: Arc::clone(&prepared.keeper),
             cuts,
             backends,
-        };
-        if idempotency_ttl.is_none() {
-            engine.purges.purged_now();
-        }
-        Ok(PostgresEngine {
-            inner: Arc::new(engine),
-            buffering: Buffering::new(budget, &limits),
-            transaction_slots: Arc::new(Semaphore::new(connections.saturating_sub(1).max(1))),
+            node,
         })
     }
+}
 
+impl PostgresEngine {
     /// Runs `work` as a task of its own and waits for it. Dropping the returned future (the
     /// requester went away) cancels the statement the task is running; the task then rolls
     /// back, unless its statement had already finished, in which case it commits.
@@ -216,8 +325,23 @@ impl PostgresEngine {
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     {
-        let job = Arc::new(Job::default());
-        let task = tokio::spawn(work(Arc::clone(&self.inner), Arc::clone(&job)));
+        self.spawn_on(&self.inner, Arc::new(Job::default()), work)
+            .await
+    }
+
+    /// [`PostgresEngine::spawn`] on `node`'s pool, for `job`.
+    async fn spawn_on<T, F, Fut>(
+        &self,
+        node: &Arc<Inner>,
+        job: Arc<Job>,
+        work: F,
+    ) -> Result<T, ApiError>
+    where
+        T: Send + 'static,
+        F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
+    {
+        let task = tokio::spawn(work(Arc::clone(node), Arc::clone(&job)));
         let cancel = CancelOnDrop::new(job);
         let result = task.await;
         cancel.disarm();
@@ -229,21 +353,77 @@ impl PostgresEngine {
     /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes its share of the
     /// server's budget when its task starts (see [`Buffering`]) and keeps what the outcome needs,
     /// to hold until the answer is sent.
+    /// The outcome comes with the position its job learned, served by the primary.
     async fn spawn_buffered<F, Fut>(&self, work: F) -> Result<(Outcome, Held), ApiError>
     where
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
     {
+        self.spawn_buffered_on(&self.inner, Job::default(), ServedBy::Primary, work)
+            .await
+    }
+
+    /// [`PostgresEngine::spawn_buffered`] on `node`'s pool, for `job`, which `served_by` names.
+    async fn spawn_buffered_on<F, Fut>(
+        &self,
+        node: &Arc<Inner>,
+        job: Job,
+        served_by: ServedBy,
+        work: F,
+    ) -> Result<(Outcome, Held), ApiError>
+    where
+        F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
+        Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
+    {
         let buffering = self.buffering.clone();
-        self.spawn(|inner, job| {
-            let work = work(inner, job);
-            async move {
-                let held = buffering.start()?;
-                let outcome = work.await?;
-                Ok(Buffering::kept(held, outcome))
+        let job = Arc::new(job);
+        let (outcome, held) = self
+            .spawn_on(node, Arc::clone(&job), |inner, job| {
+                let work = work(inner, job);
+                async move {
+                    let held = buffering.start()?;
+                    let outcome = work.await?;
+                    Ok(Buffering::kept(held, outcome))
+                }
+            })
+            .await?;
+        Ok((outcome.at(job.position_as(served_by)), held))
+    }
+
+    /// Runs a read where the replicas choose (see `replicas`), consistent with at least `at`:
+    /// on a replica when one is fit and far enough, and on the primary when none is or when
+    /// the replica fails it with `503` (it is down, behind after all, or in a recovery
+    /// conflict) before any of its answer was sent. `run` is called with the node, its name and
+    /// the least position it must see (0 on the primary, which has everything committed).
+    async fn read<T, F, Fut>(&self, at: ReadAt, run: F) -> Result<T, ApiError>
+    where
+        F: Fn(Arc<Inner>, ServedBy, u64) -> Fut,
+        Fut: Future<Output = Result<T, ApiError>>,
+    {
+        let Some(replicas) = &self.replicas else {
+            return run(Arc::clone(&self.inner), ServedBy::Primary, 0).await;
+        };
+        let min = at.min.map_or(0, |bookmark| bookmark.0);
+        let reason = match replicas.choose(at).await {
+            Route::Replica(replica) => {
+                match run(Arc::clone(&replica.inner), ServedBy::Replica, min).await {
+                    Err(err)
+                        if err.code == ErrorCode::Unavailable
+                            && !self.inner.closing.load(Ordering::Acquire) =>
+                    {
+                        tracing::debug!(error = %err.message, "a replica failed a read; the primary serves it");
+                        Reason::Failed
+                    }
+                    served => {
+                        replicas.served(ServedBy::Replica, Reason::Routed);
+                        return served;
+                    }
+                }
             }
-        })
-        .await
+            Route::Primary(reason) => reason,
+        };
+        replicas.served(ServedBy::Primary, reason);
+        run(Arc::clone(&self.inner), ServedBy::Primary, 0).await
     }
 }
 
@@ -256,11 +436,28 @@ impl Engine for PostgresEngine {
     /// chunk while the rows arrive (see `stream`): in a read-write transaction, or for
     /// [`Access::ReadOnly`] in a `READ ONLY` one, where a statement that writes is refused by
     /// PostgreSQL (`403 READ_ONLY`; nothing was written).
-    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError> {
-        if access == Access::ReadOnly {
-            sandbox::check_read_only_text(&request.sql)?;
+    async fn execute(
+        &self,
+        request: SqlRequest,
+        access: Access,
+        at: ReadAt,
+    ) -> Result<Reply, ApiError> {
+        if access == Access::ReadWrite {
+            return self
+                .streamed(
+                    Arc::clone(&self.inner),
+                    request,
+                    access,
+                    ServedBy::Primary,
+                    0,
+                )
+                .await;
         }
-        self.streamed(request, access).await
+        sandbox::check_read_only_text(&request.sql)?;
+        self.read(at, |node, served_by, min| {
+            self.streamed(node, request.clone(), access, served_by, min)
+        })
+        .await
     }
 
     /// Runs one keyed request exactly once (see `keyed`); the key's claim is held until the
@@ -279,15 +476,30 @@ impl Engine for PostgresEngine {
 
     /// Runs a batch in one transaction (`READ ONLY, REPEATABLE READ` for a read-only one, whose
     /// statements are read by PostgreSQL's own text rules first; see `batch`).
-    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+    async fn batch(&self, batch: BatchRequest, at: ReadAt) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
-        if batch.read_only {
-            for (index, statement) in batch.statements.iter().enumerate() {
-                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
-            }
+        if !batch.read_only {
+            return self
+                .spawn_buffered(|inner, job| async move {
+                    inner.batch(&job, &batch).await.map(Outcome::fresh)
+                })
+                .await;
         }
-        self.spawn_buffered(|inner, job| async move {
-            inner.batch(&job, &batch).await.map(Outcome::fresh)
+        for (index, statement) in batch.statements.iter().enumerate() {
+            sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
+        }
+        let batch = Arc::new(batch);
+        self.read(at, |node, served_by, min| {
+            let batch = Arc::clone(&batch);
+            async move {
+                self.spawn_buffered_on(
+                    &node,
+                    Job::requiring(min),
+                    served_by,
+                    |inner, job| async move { inner.batch(&job, &batch).await.map(Outcome::fresh) },
+                )
+                .await
+            }
         })
         .await
     }
@@ -319,6 +531,13 @@ impl Engine for PostgresEngine {
     /// None: PostgreSQL stops its statements itself (a cancel, or the session's end).
     fn given_up(&self) -> GivenUp {
         GivenUp::default()
+    }
+
+    fn replicas(&self) -> ReplicaReport {
+        self.replicas
+            .as_ref()
+            .map(|replicas| replicas.report())
+            .unwrap_or_default()
     }
 
     /// Leases a connection and opens an interactive transaction on it (see `interactive`), once
@@ -366,7 +585,16 @@ impl Engine for PostgresEngine {
     /// and this returns once every request has let go of its connection. Later requests
     /// answer 503.
     async fn close(&self) {
-        self.inner.close().await;
+        match &self.replicas {
+            Some(replicas) => {
+                let pools = replicas.pools().map(|pool| pool.close());
+                let closed = std::iter::once(self.inner.close()).chain(pools);
+                for closing in closed {
+                    closing.await;
+                }
+            }
+            None => self.inner.close().await,
+        }
     }
 }
 
@@ -377,11 +605,36 @@ impl Engine for PostgresEngine {
 struct Job {
     cancelled: AtomicBool,
     notify: tokio::sync::Notify,
+    /// How far the request has seen the log: its read's snapshot, or its commit (0 until it
+    /// learned it).
+    position: Arc<AtomicU64>,
+    /// The least position its read must see (a replica checks before its snapshot; 0 for
+    /// none).
+    min: AtomicU64,
 }
 
 impl Job {
     fn is_cancelled(&self) -> bool {
         self.cancelled.load(Ordering::Acquire)
+    }
+
+    /// A job whose read must see at least `min`.
+    fn requiring(min: u64) -> Job {
+        Job {
+            min: AtomicU64::new(min),
+            ..Job::default()
+        }
+    }
+
+    /// Where the job's answer stands, served by `served_by`, once it learned a position.
+    fn position_as(&self, served_by: ServedBy) -> Option<Position> {
+        match self.position.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(Position {
+                bookmark: Bookmark(at),
+                served_by,
+            }),
+        }
     }
 }
 
@@ -439,12 +692,14 @@ impl Inner {
             .saturating_mul(u32::try_from(statements.max(1)).unwrap_or(u32::MAX))
             .saturating_add(STOP_WITHIN);
         let mut overran = false;
+        let mut gone = false;
         if !self.closing.load(Ordering::Acquire) {
             tokio::select! {
                 out = &mut work => return out,
                 () = job.notify.notified() => {}
                 () = &mut shutdown => {}
                 () = tokio::time::sleep(backstop) => overran = true,
+                () = self.node.gone() => gone = true,
             }
         }
         lease.cancel_statement().await;
@@ -458,7 +713,11 @@ impl Inner {
                 ),
             )
         };
+        // A replica the watcher found gone: the read is served elsewhere (see `read`).
+        let gone_error =
+            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
         match tokio::time::timeout(STOP_WITHIN, work).await {
+            Ok(Err(_)) | Err(_) if gone => Err(gone_error()),
             Ok(Err(_)) if overran => Err(overran_error()),
             Ok(out) => out,
             Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),

@@ -306,6 +306,14 @@ impl RoleKeeper {
     /// function ran `ALTER ROLE CURRENT_USER PASSWORD ...`): the client's password no longer
     /// logs in, the server's does again. Only for a role this database's server created
     /// (another database's is that server's to keep). Whether a login is worth retrying.
+    /// How to log in as the owner (the `--database` URL's role).
+    pub(crate) fn owner_target(&self) -> Target {
+        Target {
+            config: self.owner.config.clone(),
+            tls: std::sync::Arc::clone(&self.owner.tls),
+        }
+    }
+
     pub(crate) async fn restore_password(&self) -> bool {
         let mut restored_at = self.restored_at.lock().await;
         if restored_at.is_some_and(|at| at.elapsed() < RESTORE_EVERY) {

@@ -15,34 +15,45 @@ use crate::engine::postgres::transaction::SentEnd;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, session};
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
+use crate::protocol::bookmark::ServedBy;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 use crate::protocol::result;
 
 impl PostgresEngine {
+    /// Runs `request` on `node`'s pool (which `served_by` names), its read seeing at least
+    /// `min`; the reply says where it stands, known before its first byte (a read's position
+    /// comes with its `BEGIN`; a write's with its COMMIT, so a write whose body streams before
+    /// it committed has none).
     pub(super) async fn streamed(
         &self,
+        node: Arc<Inner>,
         request: SqlRequest,
         mode: Access,
+        served_by: ServedBy,
+        min: u64,
     ) -> Result<Reply, ApiError> {
-        let job = Arc::new(Job::default());
+        let job = Arc::new(Job::requiring(min));
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
-        let inner = Arc::clone(&self.inner);
+        let inner = node;
         let task_job = Arc::clone(&job);
         let task =
             tokio::spawn(async move { inner.stream(&task_job, &request, mode, sender).await });
-        let cancel = CancelOnDrop::new(job);
+        let cancel = CancelOnDrop::new(Arc::clone(&job));
         match receiver.start().await {
             stream::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.
+                let position = job.position_as(served_by);
                 receiver.hold(cancel);
-                Ok(Reply::Stream(receiver))
+                Ok(Reply::Stream(receiver, position))
             }
             stream::Start::Nothing => {
                 let ran = task.await;
                 cancel.disarm();
                 match ran {
-                    Ok(Ok(Some(body))) => Ok(Reply::Whole(Outcome::fresh(body))),
+                    Ok(Ok(Some(body))) => Ok(Reply::Whole(
+                        Outcome::fresh(body).at(job.position_as(served_by)),
+                    )),
                     Ok(Ok(None)) => Err(ApiError::internal()),
                     Ok(Err(err)) => Err(err),
                     Err(e) => {

@@ -4,15 +4,24 @@
 //! committing is the one the server opened, and resets the session in the same round trip (ADR
 //! 0027, ADR 0034). Reads end with ROLLBACK.
 //!
+//! Each also learns where the request stands (ADR 0039): a read's `BEGIN` message reads the log
+//! position once its snapshot is taken (an upper bound of everything it sees), on a replica
+//! after checking, before the snapshot, that the replica has replayed as far as the request's
+//! bookmark asks; a write's COMMIT message reads it once the commit is in the log.
+//!
 //! Knows SQL and the protocol's error codes; nothing about what ran inside or about HTTP.
 
 use std::sync::PoisonError;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use tokio_postgres::SimpleQueryMessage;
 
 use crate::engine::Access;
 use crate::engine::interactive::Isolation;
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, STOP_WITHIN, exec, session};
+use crate::protocol::bookmark::Bookmark;
 use crate::protocol::error::ApiError;
 
 /// What [`Inner::begin`] saw of the transaction it opened, checked again before COMMIT.
@@ -46,15 +55,31 @@ impl Inner {
         let client = lease.client();
         let level = |default: &'static str| isolation.map_or(default, sql_level);
         match mode {
-            // Nothing to read back: a read ends with ROLLBACK, whatever it began.
-            Access::ReadOnly => client
-                .batch_execute(&format!(
-                    "BEGIN READ ONLY, ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}",
+            // A read ends with ROLLBACK, whatever it began. The position is read by the first
+            // statement that takes a snapshot, after taking it: in `REPEATABLE READ` (a read's
+            // default) that snapshot is the one every statement of the read sees.
+            Access::ReadOnly => {
+                let begin = format!(
+                    "BEGIN READ ONLY, ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}; \
+                     SELECT {}",
                     level("REPEATABLE READ"),
-                    self.timeout_ms()
-                ))
-                .await
-                .map_err(|e| self.map(&e)),
+                    self.timeout_ms(),
+                    self.node.position_sql()
+                );
+                if !self.node.is_replica() {
+                    let begun = client.simple_query(&begin).await;
+                    return self.learn_position(lease, begun);
+                }
+                // On a replica, how far it has replayed is asked first, in a transaction of its
+                // own, before the read's snapshot: a snapshot taken after it sees at least that.
+                let (replayed, begun) =
+                    tokio::join!(client.simple_query(REPLAYED), client.simple_query(&begin));
+                let replayed = replayed.map_err(|e| self.map(&e))?;
+                if first_position(&replayed).unwrap_or_default().0 < lease.min {
+                    return Err(behind());
+                }
+                self.learn_position(lease, begun)
+            }
             Access::ReadWrite => {
                 let begin = format!(
                     "BEGIN READ WRITE, ISOLATION LEVEL {}; \
@@ -64,6 +89,26 @@ impl Inner {
                     lease.guard
                 );
                 self.open_with(lease, &begin).await
+            }
+        }
+    }
+
+    /// Keeps the position a message's answer names (its first row's first cell, a `pg_lsn`'s
+    /// text) as the request's, when it is further than what the request saw so far.
+    pub(super) fn learn_position(
+        &self,
+        lease: &Lease,
+        answer: Result<Vec<SimpleQueryMessage>, tokio_postgres::Error>,
+    ) -> Result<(), ApiError> {
+        let answer = answer.map_err(|e| self.map(&e))?;
+        match first_position(&answer) {
+            Some(position) => {
+                lease.position.fetch_max(position.0, Ordering::AcqRel);
+                Ok(())
+            }
+            None => {
+                tracing::error!("the database did not name its log position");
+                Err(ApiError::internal())
             }
         }
     }
@@ -131,11 +176,14 @@ impl Inner {
                 return Err(Ending::Tampered(tampered()));
             };
             // Deferred constraints and triggers run here, under the timeout; session advisory
-            // locks a client took end with its request (the reset's unlock).
+            // locks a client took end with its request (the reset's unlock). The position read
+            // after COMMIT is at or past the commit's record: a replica that replayed that far
+            // shows the write.
             let end = format!(
                 "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
                  RELEASE SAVEPOINT {}; \
-                 SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
+                 SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT; \
+                 SELECT {COMMITTED_AT}",
                 self.timeout_ms(),
                 lease.guard,
                 opened.at
@@ -144,9 +192,14 @@ impl Inner {
             // failure abandons the rest of COMMIT's message, so the reset is a message of its
             // own).
             let (ended, reset) = tokio::join!(
-                client.batch_execute(&end),
+                client.simple_query(&end),
                 client.batch_execute(session::RESET)
             );
+            let ended = ended.map(|answer| {
+                if let Some(position) = first_position(&answer) {
+                    lease.position.fetch_max(position.0, Ordering::AcqRel);
+                }
+            });
             match ended {
                 Err(e) => {
                     // Whatever transaction the session is in now is not to be kept.
@@ -277,6 +330,29 @@ pub(super) enum Ending {
     /// The transaction ended as asked, but the session's reset after it failed; or a
     /// rollback and the reset in one message failed (a rollback keeps nothing either way).
     Reset(tokio_postgres::Error),
+}
+
+/// The log position after a commit: its record's end or later (`pg_lsn` text).
+pub(super) const COMMITTED_AT: &str = "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text";
+
+/// How far a replica has replayed the primary's log (`pg_lsn` text), asked before a read's
+/// snapshot.
+const REPLAYED: &str = "SELECT pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.text";
+
+/// The first cell of the first row of a simple query's answer, as a log position.
+pub(super) fn first_position(answer: &[SimpleQueryMessage]) -> Option<Bookmark> {
+    answer.iter().find_map(|message| match message {
+        SimpleQueryMessage::Row(row) => row.get(0).and_then(Bookmark::from_lsn),
+        _ => None,
+    })
+}
+
+/// The answer of a replica that has not replayed as far as the request's bookmark asks: the
+/// engine serves the read elsewhere (see `replicas`).
+fn behind() -> ApiError {
+    ApiError::unavailable(
+        "the read replica has not replayed as far as the request's bookmark; retry",
+    )
 }
 
 /// What a write's `BEGIN` message reads last: the transaction's start (see [`Opened`]).

@@ -174,6 +174,7 @@ mod tests {
 
     use crate::engine::Engine as _;
     use crate::engine::sqlite::SqliteEngine;
+    use crate::protocol::bookmark::ReadAt;
     use crate::protocol::request::Param;
 
     fn engine_with(limits: Limits) -> SqliteEngine {
@@ -217,14 +218,17 @@ mod tests {
     async fn statements_run_in_order_and_commit_together() {
         let engine = engine_with(Limits::default());
         let ok = engine
-            .batch(batch(
-                false,
-                &[
-                    "CREATE TABLE t (x INTEGER PRIMARY KEY)",
-                    "INSERT INTO t VALUES (1), (2)",
-                    "SELECT count(*) AS n FROM t",
-                ],
-            ))
+            .batch(
+                batch(
+                    false,
+                    &[
+                        "CREATE TABLE t (x INTEGER PRIMARY KEY)",
+                        "INSERT INTO t VALUES (1), (2)",
+                        "SELECT count(*) AS n FROM t",
+                    ],
+                ),
+                ReadAt::default(),
+            )
             .await
             .unwrap()
             .0;
@@ -243,14 +247,17 @@ mod tests {
             .await
             .unwrap();
         let err = engine
-            .batch(batch(
-                false,
-                &[
-                    "INSERT INTO t VALUES (1)",
-                    "INSERT INTO t VALUES (2)",
-                    "INSERT OR ROLLBACK INTO t VALUES (1)",
-                ],
-            ))
+            .batch(
+                batch(
+                    false,
+                    &[
+                        "INSERT INTO t VALUES (1)",
+                        "INSERT INTO t VALUES (2)",
+                        "INSERT OR ROLLBACK INTO t VALUES (1)",
+                    ],
+                ),
+                ReadAt::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ConstraintViolation);
@@ -266,10 +273,13 @@ mod tests {
             .await
             .unwrap();
         let err = engine
-            .batch(batch(
-                true,
-                &["SELECT count(*) FROM t", "INSERT INTO t VALUES (1)"],
-            ))
+            .batch(
+                batch(
+                    true,
+                    &["SELECT count(*) FROM t", "INSERT INTO t VALUES (1)"],
+                ),
+                ReadAt::default(),
+            )
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::ReadOnly);
@@ -292,7 +302,10 @@ mod tests {
                     INSERT INTO t SELECT x FROM c";
         let many = vec![slow; 100];
         let started = std::time::Instant::now();
-        let err = engine.batch(batch(false, &many)).await.unwrap_err();
+        let err = engine
+            .batch(batch(false, &many), ReadAt::default())
+            .await
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::StatementTimeout);
         assert!(err.statement.is_some_and(|i| i > 0), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
@@ -306,7 +319,10 @@ mod tests {
             ..Limits::default()
         });
         let query = "SELECT zeroblob(100) AS b";
-        let err = engine.batch(batch(true, &[query; 10])).await.unwrap_err();
+        let err = engine
+            .batch(batch(true, &[query; 10]), ReadAt::default())
+            .await
+            .unwrap_err();
         assert_eq!(err.code, ErrorCode::ResultTooLarge);
         assert!(err.statement.is_some_and(|i| i > 0 && i < 9), "{err:?}");
     }

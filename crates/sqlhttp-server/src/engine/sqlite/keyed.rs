@@ -182,6 +182,7 @@ pub(crate) fn run_with_key(
         status,
         body,
         replayed: false,
+        position: None,
     })
 }
 

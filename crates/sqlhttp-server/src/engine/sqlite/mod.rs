@@ -40,6 +40,7 @@ use crate::engine::stream as chunks;
 use crate::engine::{Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, Reply};
 use crate::error::ServerError;
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -331,7 +332,7 @@ impl SqliteEngine {
             chunks::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.
                 receiver.hold(cancel);
-                Ok(Streamed::Reply(Reply::Stream(receiver)))
+                Ok(Streamed::Reply(Reply::Stream(receiver, None)))
             }
             chunks::Start::Nothing => {
                 let ran = result.await;
@@ -353,7 +354,14 @@ impl Engine for SqliteEngine {
         catalog::CATALOG
     }
 
-    async fn execute(&self, request: SqlRequest, access: Access) -> Result<Reply, ApiError> {
+    /// Runs one statement; a bookmark (`at`) is always satisfied here: one database, no
+    /// replicas.
+    async fn execute(
+        &self,
+        request: SqlRequest,
+        access: Access,
+        _at: ReadAt,
+    ) -> Result<Reply, ApiError> {
         match access {
             Access::ReadOnly => self.execute_read_only(request).await,
             Access::ReadWrite => self.execute_streamed(request).await,
@@ -375,7 +383,7 @@ impl Engine for SqliteEngine {
 
     /// Runs a batch in one transaction: a read-only one on a reader (on the writer when there
     /// are no readers), any other on the writer (see `batch`).
-    async fn batch(&self, batch: BatchRequest) -> Result<(Outcome, Held), ApiError> {
+    async fn batch(&self, batch: BatchRequest, _at: ReadAt) -> Result<(Outcome, Held), ApiError> {
         serializable_only(&batch)?;
         let (pool, access) = if batch.read_only {
             (

@@ -1,0 +1,503 @@
+//! Read replicas (ADR 0039): [`Replicas`], the streaming replicas of the primary that serve
+//! verified reads, each a pool of its own (an [`Inner`] whose [`Node`] is a replica), with
+//! [`Watch`], what a watcher task keeps learning of each (whether it answers and replays, how
+//! far it has replayed, how far behind the primary it is), and [`Replicas::choose`], which picks
+//! the node for one read: a fit replica that has replayed as far as the read's bookmark asks
+//! (waiting at most `--replica-wait` for one), else the primary.
+//!
+//! Knows the replicas' pools and how to ask PostgreSQL for log positions; nothing about what a
+//! read runs or about HTTP. The engine (`mod.rs`) runs the read where this chose and serves it
+//! from the primary when a replica fails it.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::Notify;
+use tokio_postgres::Client;
+
+use crate::engine::postgres::{Inner, wire};
+use crate::engine::{ReplicaReport, ReplicaState};
+use crate::protocol::bookmark::{Bookmark, ReadAt, ServedBy};
+
+/// How often a replica is asked how it is, when no read waits for it.
+const WATCH_EVERY: Duration = Duration::from_millis(250);
+
+/// How often it is asked while a read waits for it to replay further.
+const WATCH_WAITED_EVERY: Duration = Duration::from_millis(2);
+
+/// How long one question to a replica (or the primary) may take before the replica counts as
+/// not answering.
+const PROBE_WITHIN: Duration = Duration::from_secs(1);
+
+/// How often a waiting read looks at what the watchers learned.
+const WAIT_STEP: Duration = Duration::from_millis(1);
+
+/// The least time between two samples of the primary's position kept for the lag.
+const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Which database a pool serves.
+#[derive(Debug)]
+pub(super) enum Node {
+    /// The `--database`: every write, and reads no replica serves.
+    Primary,
+    /// A `--read-replica`, with what its watcher learns.
+    Replica(Arc<Watch>),
+}
+
+impl Node {
+    pub(super) fn is_replica(&self) -> bool {
+        matches!(self, Node::Replica(_))
+    }
+
+    /// What a read's `BEGIN` message selects, once its snapshot is taken, as its position: how
+    /// far a replica has replayed; on the primary, the end of its log (everything committed
+    /// before the snapshot is before it).
+    pub(super) fn position_sql(&self) -> &'static str {
+        match self {
+            Node::Primary => "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text",
+            Node::Replica(_) => "pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.text",
+        }
+    }
+
+    /// Resolves when the replica's watcher finds it gone (never on the primary): its reads are
+    /// abandoned and served elsewhere.
+    pub(super) async fn gone(&self) {
+        match self {
+            Node::Primary => std::future::pending().await,
+            Node::Replica(watch) => watch.gone.notified().await,
+        }
+    }
+}
+
+/// What a replica's watcher knows of it.
+#[derive(Debug, Default)]
+pub(super) struct Watch {
+    healthy: AtomicBool,
+    /// How far it has replayed, when last asked.
+    replayed: AtomicU64,
+    /// How far behind the primary it was, in milliseconds.
+    lag_ms: AtomicU64,
+    /// Woken when the watcher finds the replica gone.
+    gone: Notify,
+}
+
+impl Watch {
+    fn fit(&self, max_lag: Duration) -> bool {
+        self.healthy.load(Ordering::Acquire)
+            && Duration::from_millis(self.lag_ms.load(Ordering::Acquire)) <= max_lag
+    }
+
+    fn replayed(&self) -> u64 {
+        self.replayed.load(Ordering::Acquire)
+    }
+}
+
+/// One read replica: its pool and what is known of it.
+pub(super) struct Replica {
+    pub(super) inner: Arc<Inner>,
+    watch: Arc<Watch>,
+    /// How the watcher logs in (the replica's URL, its own role).
+    monitor: wire::Target,
+}
+
+impl Replica {
+    pub(super) fn new(inner: Arc<Inner>, watch: Arc<Watch>, monitor: wire::Target) -> Replica {
+        Replica {
+            inner,
+            watch,
+            monitor,
+        }
+    }
+}
+
+/// Where [`Replicas::choose`] sends a read, and why.
+pub(super) enum Route<'a> {
+    Replica(&'a Replica),
+    Primary(Reason),
+}
+
+/// Why a read was served where it was (the metrics' `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Reason {
+    /// A replica was fit and far enough.
+    Routed,
+    /// `Sqlhttp-Consistency: primary`.
+    Asked,
+    /// No replica was healthy and close enough.
+    NoReplica,
+    /// None had replayed as far as the bookmark within `--replica-wait`.
+    Behind,
+    /// The replica failed it before its answer started.
+    Failed,
+}
+
+impl Reason {
+    const ALL: [Reason; 5] = [
+        Reason::Routed,
+        Reason::Asked,
+        Reason::NoReplica,
+        Reason::Behind,
+        Reason::Failed,
+    ];
+
+    fn as_str(self) -> &'static str {
+        match self {
+            Reason::Routed => "routed",
+            Reason::Asked => "asked",
+            Reason::NoReplica => "no_replica",
+            Reason::Behind => "behind",
+            Reason::Failed => "failed",
+        }
+    }
+}
+
+/// The read replicas, their watchers and the reads they served.
+pub(super) struct Replicas {
+    nodes: Vec<Replica>,
+    /// How the watchers ask the primary for its position (the `--database` URL's role).
+    primary: wire::Target,
+    max_lag: Duration,
+    wait: Duration,
+    next: AtomicUsize,
+    /// Reads waiting for a replica to replay further: the watchers then ask more often.
+    waiting: Arc<AtomicUsize>,
+    /// Wakes the watchers when a read starts waiting.
+    wake: Arc<Notify>,
+    watching: AtomicBool,
+    /// Reads served, by who served them and why: `[replica, primary]` × [`Reason::ALL`].
+    served: [[AtomicU64; 5]; 2],
+}
+
+impl Replicas {
+    pub(super) fn new(
+        nodes: Vec<Replica>,
+        primary: wire::Target,
+        max_lag: Duration,
+        wait: Duration,
+    ) -> Replicas {
+        Replicas {
+            nodes,
+            primary,
+            max_lag,
+            wait,
+            next: AtomicUsize::new(0),
+            waiting: Arc::default(),
+            wake: Arc::default(),
+            watching: AtomicBool::new(false),
+            served: Default::default(),
+        }
+    }
+
+    /// Starts the watchers, once, on the current runtime (when there is one).
+    pub(super) fn watch(&self) {
+        if tokio::runtime::Handle::try_current().is_err()
+            || self.watching.swap(true, Ordering::AcqRel)
+        {
+            return;
+        }
+        for (index, replica) in self.nodes.iter().enumerate() {
+            let watcher = Watcher {
+                index,
+                replica: Arc::downgrade(&replica.inner),
+                watch: Arc::clone(&replica.watch),
+                monitor: wire::Target {
+                    config: replica.monitor.config.clone(),
+                    tls: Arc::clone(&replica.monitor.tls),
+                },
+                primary: wire::Target {
+                    config: self.primary.config.clone(),
+                    tls: Arc::clone(&self.primary.tls),
+                },
+                waiting: Arc::clone(&self.waiting),
+                wake: Arc::clone(&self.wake),
+                samples: Mutex::new(VecDeque::new()),
+                keep: samples_for(self.max_lag),
+            };
+            tokio::spawn(watcher.run());
+        }
+    }
+
+    /// Where a read consistent with at least `at` runs: a fit replica (round robin) that has
+    /// replayed that far, waiting at most `--replica-wait` for one, else the primary.
+    pub(super) async fn choose(&self, at: ReadAt) -> Route<'_> {
+        if at.primary {
+            return Route::Primary(Reason::Asked);
+        }
+        self.watch();
+        let min = at.min.map_or(0, |bookmark| bookmark.0);
+        if let Some(replica) = self.far_enough(min) {
+            return Route::Replica(replica);
+        }
+        if !self.nodes.iter().any(|r| r.watch.fit(self.max_lag)) {
+            return Route::Primary(Reason::NoReplica);
+        }
+        if self.wait.is_zero() {
+            return Route::Primary(Reason::Behind);
+        }
+        let _waiting = Waiting::start(&self.waiting, &self.wake);
+        let deadline = tokio::time::Instant::now() + self.wait;
+        while tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(WAIT_STEP).await;
+            if let Some(replica) = self.far_enough(min) {
+                return Route::Replica(replica);
+            }
+        }
+        Route::Primary(Reason::Behind)
+    }
+
+    /// A fit replica that has replayed at least `min`, the next in turn.
+    fn far_enough(&self, min: u64) -> Option<&Replica> {
+        let count = self.nodes.len();
+        let start = self.next.fetch_add(1, Ordering::Relaxed);
+        (0..count)
+            .map(|offset| &self.nodes[(start + offset) % count])
+            .find(|r| r.watch.fit(self.max_lag) && r.watch.replayed() >= min)
+    }
+
+    /// Counts one read served by `served_by` for `reason`.
+    pub(super) fn served(&self, served_by: ServedBy, reason: Reason) {
+        let by = usize::from(served_by == ServedBy::Primary);
+        let why = Reason::ALL
+            .iter()
+            .position(|&r| r == reason)
+            .unwrap_or_default();
+        self.served[by][why].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The replicas' state and the reads counted, for the metrics.
+    pub(super) fn report(&self) -> ReplicaReport {
+        self.watch();
+        let replicas = self
+            .nodes
+            .iter()
+            .map(|r| ReplicaState {
+                healthy: r.watch.healthy.load(Ordering::Acquire),
+                #[expect(
+                    clippy::cast_precision_loss,
+                    reason = "milliseconds of lag are far below 2^52"
+                )]
+                lag_seconds: r.watch.lag_ms.load(Ordering::Acquire) as f64 / 1000.0,
+            })
+            .collect();
+        let mut reads = Vec::new();
+        for (by, name) in [(0, "replica"), (1, "primary")] {
+            for (why, reason) in Reason::ALL.iter().enumerate() {
+                let count = self.served[by][why].load(Ordering::Relaxed);
+                if count > 0 {
+                    reads.push((name, reason.as_str(), count));
+                }
+            }
+        }
+        ReplicaReport { replicas, reads }
+    }
+
+    /// The replicas' pools, to close with the engine.
+    pub(super) fn pools(&self) -> impl Iterator<Item = &Arc<Inner>> {
+        self.nodes.iter().map(|r| &r.inner)
+    }
+}
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas")
+            .field("replicas", &self.nodes.len())
+            .field("max_lag", &self.max_lag)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How many samples of the primary's position a watcher keeps: enough to tell a lag of twice
+/// `--max-replica-lag`.
+fn samples_for(max_lag: Duration) -> usize {
+    let span = max_lag.saturating_mul(2).as_millis() / SAMPLE_EVERY.as_millis();
+    usize::try_from(span).unwrap_or(usize::MAX).clamp(16, 4096)
+}
+
+/// A read waiting for a replica, counted while it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl<'a> Waiting<'a> {
+    fn start(waiting: &'a AtomicUsize, wake: &Notify) -> Waiting<'a> {
+        waiting.fetch_add(1, Ordering::AcqRel);
+        wake.notify_waiters();
+        Waiting(waiting)
+    }
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The task that keeps one replica's [`Watch`] up to date, until its pool is gone or closed.
+struct Watcher {
+    index: usize,
+    replica: Weak<Inner>,
+    watch: Arc<Watch>,
+    monitor: wire::Target,
+    primary: wire::Target,
+    waiting: Arc<AtomicUsize>,
+    wake: Arc<Notify>,
+    /// When the primary was where: `(when, position)`, oldest first.
+    samples: Mutex<VecDeque<(Instant, u64)>>,
+    keep: usize,
+}
+
+/// What one look at a replica found.
+struct Seen {
+    /// It is in recovery (still a replica, not promoted) and has replayed this far.
+    replayed: Option<u64>,
+}
+
+impl Watcher {
+    async fn run(self) {
+        let mut replica: Option<Client> = None;
+        let mut primary: Option<Client> = None;
+        loop {
+            match self.replica.upgrade() {
+                Some(inner) if !inner.closing.load(Ordering::Acquire) => {}
+                _ => return,
+            }
+            if let Some(position) = ask(&mut primary, &self.primary, PRIMARY_POSITION).await {
+                self.sample(position);
+            }
+            let seen = look(&mut replica, &self.monitor).await;
+            self.learn(seen);
+            if self.waiting.load(Ordering::Acquire) > 0 {
+                tokio::time::sleep(WATCH_WAITED_EVERY).await;
+            } else {
+                tokio::select! {
+                    () = tokio::time::sleep(WATCH_EVERY) => {}
+                    () = self.wake.notified() => {}
+                }
+            }
+        }
+    }
+
+    fn sample(&self, position: u64) {
+        let mut samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        let now = Instant::now();
+        match samples.back_mut() {
+            // Within a sample's span only the latest position is kept.
+            Some((when, at)) if now.duration_since(*when) < SAMPLE_EVERY => {
+                *at = (*at).max(position)
+            }
+            _ => samples.push_back((now, position)),
+        }
+        while samples.len() > self.keep {
+            samples.pop_front();
+        }
+    }
+
+    /// How far behind the primary a replica that replayed `replayed` is: since the earliest
+    /// sample where the primary was past it (nothing when it has what the primary last had).
+    fn lag(&self, replayed: u64) -> Duration {
+        let samples = self.samples.lock().unwrap_or_else(PoisonError::into_inner);
+        samples
+            .iter()
+            .find(|&&(_, at)| at > replayed)
+            .map_or(Duration::ZERO, |&(when, _)| when.elapsed())
+    }
+
+    fn learn(&self, seen: Option<Seen>) {
+        let replayed = seen.and_then(|seen| seen.replayed);
+        let healthy = replayed.is_some();
+        if let Some(replayed) = replayed {
+            // Not the greatest seen: a replica that restarted may be back further (and its
+            // reads check again how far it is, before their snapshot).
+            self.watch.replayed.store(replayed, Ordering::Release);
+            let lag = u64::try_from(self.lag(replayed).as_millis()).unwrap_or(u64::MAX);
+            self.watch.lag_ms.store(lag, Ordering::Release);
+        }
+        let was = self.watch.healthy.swap(healthy, Ordering::AcqRel);
+        if was && !healthy {
+            tracing::warn!(
+                replica = self.index,
+                "a read replica stopped answering or replaying; its reads go elsewhere"
+            );
+            self.watch.gone.notify_waiters();
+        } else if !was && healthy {
+            tracing::info!(replica = self.index, "a read replica serves reads");
+        }
+    }
+}
+
+/// The primary's position now.
+const PRIMARY_POSITION: &str = "SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text";
+
+/// Asks `sql` (one position) on the connection `client`, opening it to `target` when needed;
+/// `None` (and the connection dropped) when there is no answer in time.
+async fn ask(client: &mut Option<Client>, target: &wire::Target, sql: &str) -> Option<u64> {
+    let answer = tokio::time::timeout(PROBE_WITHIN, async {
+        let connection = connected(client, target).await?;
+        let rows = connection.simple_query(sql).await.ok()?;
+        super::transaction::first_position(&rows).map(|b| b.0)
+    })
+    .await
+    .ok()
+    .flatten();
+    if answer.is_none() {
+        *client = None;
+    }
+    answer
+}
+
+/// How a replica is: `None` when it does not answer in time.
+async fn look(client: &mut Option<Client>, target: &wire::Target) -> Option<Seen> {
+    let seen = tokio::time::timeout(PROBE_WITHIN, async {
+        let connection = connected(client, target).await?;
+        let rows = connection
+            .simple_query(
+                "SELECT pg_catalog.pg_is_in_recovery()::pg_catalog.text, \
+                 pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.text",
+            )
+            .await
+            .ok()?;
+        let row = rows.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })?;
+        let in_recovery = row.get(0) == Some("true");
+        let replayed = row.get(1).and_then(Bookmark::from_lsn).map(|b| b.0);
+        Some(Seen {
+            replayed: replayed.filter(|_| in_recovery),
+        })
+    })
+    .await
+    .ok()
+    .flatten();
+    if seen.is_none() {
+        *client = None;
+    }
+    seen
+}
+
+async fn connected<'a>(
+    client: &'a mut Option<Client>,
+    target: &wire::Target,
+) -> Option<&'a Client> {
+    if client.as_ref().is_some_and(Client::is_closed) {
+        *client = None;
+    }
+    if client.is_none() {
+        let (connection, _driver) = wire::connect(target).await.ok()?;
+        *client = Some(connection);
+    }
+    client.as_ref()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lag_samples_cover_twice_the_limit() {
+        assert_eq!(samples_for(Duration::from_secs(5)), 100);
+        assert_eq!(samples_for(Duration::ZERO), 16);
+        assert_eq!(samples_for(Duration::from_secs(86_400)), 4096);
+    }
+}

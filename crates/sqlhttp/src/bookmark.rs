@@ -1,0 +1,275 @@
+//! Read-your-writes across read replicas: the server's [`Bookmark`] (a position in the database's
+//! history), the [`Consistency`] a read asks for, and the session a client and its clones share,
+//! which keeps the greatest bookmark any response carried and sends it on every request.
+//!
+//! This module knows the two headers' text and the rule "keep the greatest"; it does not know when
+//! a request is sent or retried (the transport reads the session before each attempt and merges each
+//! success's bookmark), nor what the server does with a bookmark (the protocol says: a replica
+//! serves a read only once it has replayed that far, else the primary does).
+
+use std::fmt;
+use std::str::FromStr;
+use std::sync::Mutex;
+
+use http::{HeaderMap, HeaderValue};
+
+/// The header carrying a bookmark: on a response, the position its answer is consistent with; on a
+/// request, the least position the answer must be consistent with.
+pub(crate) const BOOKMARK_HEADER: &str = "sqlhttp-bookmark";
+/// The request header asking for the primary (`primary`).
+pub(crate) const CONSISTENCY_HEADER: &str = "sqlhttp-consistency";
+
+/// A position in the database's history, as the server names it in the `Sqlhttp-Bookmark` header:
+/// what an answer is consistent with (a write: at or after its commit; a read: at or after everything
+/// it saw).
+///
+/// Opaque but ordered: a greater bookmark is a later position. A [`Client`](crate::Client) keeps the
+/// greatest it has seen and sends it on every request, so it reads its own writes even from a read
+/// replica; carry one to another process as its string (a cookie, a job's payload) and hand it to
+/// [`ClientBuilder::bookmark`](crate::ClientBuilder::bookmark),
+/// [`Client::observe_bookmark`](crate::Client::observe_bookmark) or a call's
+/// [`bookmark`](crate::Query::bookmark) there. Its text is 16 hexadecimal digits (written in lower
+/// case; upper case parses too), and it serializes (serde) as that string.
+///
+/// ```
+/// use sqlhttp::Bookmark;
+///
+/// let earlier: Bookmark = "000000000169a3f8".parse()?;
+/// let later: Bookmark = "00000000016a0010".parse()?;
+/// assert!(earlier < later);
+/// assert_eq!(later.to_string(), "00000000016a0010");
+/// assert!("not a bookmark".parse::<Bookmark>().is_err());
+/// # Ok::<(), sqlhttp::ParseBookmarkError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Bookmark(u64);
+
+/// The length of a bookmark's text.
+const BOOKMARK_DIGITS: usize = 16;
+
+impl fmt::Display for Bookmark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:016x}", self.0)
+    }
+}
+
+impl fmt::Debug for Bookmark {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Bookmark({self})")
+    }
+}
+
+/// Why a text is not a [`Bookmark`]: it is not exactly 16 hexadecimal digits.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("a bookmark is exactly 16 hexadecimal digits; this text is not one ({len} bytes)")]
+pub struct ParseBookmarkError {
+    len: usize,
+}
+
+impl FromStr for Bookmark {
+    type Err = ParseBookmarkError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        let invalid = ParseBookmarkError { len: text.len() };
+        // `from_str_radix` alone would take a leading `+`.
+        if text.len() != BOOKMARK_DIGITS || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(invalid);
+        }
+        u64::from_str_radix(text, 16)
+            .map(Bookmark)
+            .map_err(|_| invalid)
+    }
+}
+
+impl serde::Serialize for Bookmark {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Bookmark {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Text;
+        impl serde::de::Visitor<'_> for Text {
+            type Value = Bookmark;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a bookmark (16 hexadecimal digits)")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Bookmark, E> {
+                text.parse().map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_str(Text)
+    }
+}
+
+impl Bookmark {
+    /// The bookmark as a request header's value.
+    pub(crate) fn header_value(self) -> HeaderValue {
+        HeaderValue::try_from(self.to_string()).expect("hex digits are a valid header value")
+    }
+}
+
+/// Which server may answer a read, and how fresh it must be: set per call with
+/// [`Query::consistency`](crate::Query::consistency) (and on the other read builders).
+///
+/// Writes and interactive transactions always go to the primary; this chooses for reads only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[non_exhaustive]
+pub enum Consistency {
+    /// The session's guarantee (the default): the request carries the greatest bookmark the client
+    /// has seen (or the call's own, if greater), so the answer reflects every write the client made
+    /// or saw, and never one older than a read before it. A replica that has not replayed that far
+    /// within the server's `--replica-wait` hands the read to the primary.
+    #[default]
+    Session,
+    /// Any healthy replica, at once: no bookmark is sent (neither the session's nor the call's), so
+    /// the answer may miss the client's latest writes. The bookmark of the answer is still merged
+    /// into the session, so a later `Session` read never goes back before it.
+    AnyReplica,
+    /// The primary serves the read (`Sqlhttp-Consistency: primary`): the latest committed state,
+    /// at the primary's cost. The session's bookmark is sent as for `Session`.
+    Primary,
+}
+
+/// The greatest bookmark a client and its clones have seen; empty until a response carries one
+/// (or the builder gave one).
+#[derive(Debug, Default)]
+pub(crate) struct Session {
+    greatest: Mutex<Option<Bookmark>>,
+}
+
+impl Session {
+    pub(crate) fn new(start: Option<Bookmark>) -> Self {
+        Self {
+            greatest: Mutex::new(start),
+        }
+    }
+
+    /// The greatest bookmark seen so far.
+    pub(crate) fn get(&self) -> Option<Bookmark> {
+        *self
+            .greatest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Keeps `bookmark` if it is greater than any seen before; an older one changes nothing.
+    pub(crate) fn observe(&self, bookmark: Bookmark) {
+        let mut greatest = self
+            .greatest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if greatest.is_none_or(|known| known < bookmark) {
+            *greatest = Some(bookmark);
+        }
+    }
+
+    /// The bookmark an attempt sent now carries: the greatest of the session's and the call's own,
+    /// none at all under [`Consistency::AnyReplica`].
+    pub(crate) fn for_request(
+        &self,
+        consistency: Consistency,
+        call: Option<Bookmark>,
+    ) -> Option<Bookmark> {
+        match consistency {
+            Consistency::AnyReplica => None,
+            Consistency::Session | Consistency::Primary => self.get().max(call),
+        }
+    }
+}
+
+/// The bookmark a response carries, if it carries a valid one. A malformed one (a server's bug, a
+/// proxy's rewrite) is logged and ignored: it must not fail an answer that is otherwise good, and
+/// it cannot be compared with the others.
+pub(crate) fn from_headers(headers: &HeaderMap) -> Option<Bookmark> {
+    let value = headers.get(BOOKMARK_HEADER)?;
+    let parsed = value
+        .to_str()
+        .ok()
+        .and_then(|text| text.parse::<Bookmark>().ok());
+    if parsed.is_none() {
+        tracing::warn!(
+            value = %String::from_utf8_lossy(value.as_bytes()),
+            "the server sent a malformed Sqlhttp-Bookmark header; ignored"
+        );
+    }
+    parsed
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn text_round_trips_and_orders_as_the_positions() {
+        let low: Bookmark = "0000000000000001".parse().unwrap();
+        let high: Bookmark = "00000001000000A0".parse().unwrap();
+        assert!(low < high);
+        assert_eq!(high.to_string(), "00000001000000a0");
+        assert_eq!(high.to_string().parse::<Bookmark>().unwrap(), high);
+        for bad in [
+            "",
+            "1",
+            "000000000000000g",
+            "+000000000000001",
+            "00000000000000001",
+            " 000000000000001",
+            "００００",
+        ] {
+            assert!(bad.parse::<Bookmark>().is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn serde_carries_the_string() {
+        let bookmark: Bookmark = "00000000016a0010".parse().unwrap();
+        let json = serde_json::to_string(&bookmark).unwrap();
+        assert_eq!(json, "\"00000000016a0010\"");
+        assert_eq!(serde_json::from_str::<Bookmark>(&json).unwrap(), bookmark);
+        assert!(serde_json::from_str::<Bookmark>("\"xyz\"").is_err());
+        assert!(serde_json::from_str::<Bookmark>("23").is_err());
+    }
+
+    #[test]
+    fn the_session_keeps_the_greatest() {
+        let b = |n: u64| Bookmark(n);
+        let session = Session::new(None);
+        assert_eq!(session.get(), None);
+        for n in [5, 3, 9, 1, 9, 7] {
+            session.observe(b(n));
+        }
+        assert_eq!(session.get(), Some(b(9)));
+        assert_eq!(
+            session.for_request(Consistency::Session, Some(b(4))),
+            Some(b(9))
+        );
+        assert_eq!(
+            session.for_request(Consistency::Primary, Some(b(12))),
+            Some(b(12))
+        );
+        assert_eq!(
+            session.for_request(Consistency::AnyReplica, Some(b(12))),
+            None
+        );
+        assert_eq!(
+            Session::new(None).for_request(Consistency::Session, None),
+            None
+        );
+    }
+
+    #[test]
+    fn a_malformed_header_is_none() {
+        let mut headers = HeaderMap::new();
+        assert_eq!(from_headers(&headers), None);
+        headers.insert(BOOKMARK_HEADER, HeaderValue::from_static("0/16B3748"));
+        assert_eq!(from_headers(&headers), None);
+        headers.insert(
+            BOOKMARK_HEADER,
+            HeaderValue::from_static("00000000016b3748"),
+        );
+        assert_eq!(from_headers(&headers), Some(Bookmark(0x16b_3748)));
+    }
+}
