@@ -8,6 +8,9 @@ use std::fmt::Write as _;
 use crate::history::{AttemptResult, FaultKind, Op, WriteOutcome};
 use crate::{Outcome, RunConfig};
 
+/// A read this slow is counted apart (a replica frozen while it served the read holds it).
+const SLOW_READ_US: u64 = 1_000_000;
+
 /// Counts and latencies of a run.
 #[derive(Debug, Default)]
 pub(crate) struct Figures {
@@ -128,7 +131,7 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
     let _ = writeln!(
         out,
         "operations: {} ({writes} writes: {} acknowledged ({} by a replay), {} unknown, {} refused; \
-         {reads} reads: {} answered, {} failed; {} hand-overs, {} reads checked right after one)",
+         {reads} reads: {} answered, {} failed; {} hand-overs, {} reads by a new process before its first write)",
         writes + reads + figures.hand_overs,
         figures.acknowledged,
         figures.replayed,
