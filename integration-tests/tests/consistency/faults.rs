@@ -25,6 +25,9 @@ pub(crate) struct Topology {
     pub(crate) replication_network: Option<String>,
     /// The sqlhttpd containers, by the index the history gives their servers, with their URLs.
     pub(crate) servers: Vec<(String, String)>,
+    /// How long a fault on a replica is held, in milliseconds (`None`: 1-6 s). Longer than the
+    /// client's read timeout, it asks whether a read a frozen replica holds still gets answered.
+    pub(crate) replica_hold_ms: Option<(u64, u64)>,
 }
 
 impl Topology {
@@ -56,7 +59,7 @@ pub(crate) struct Planned {
     pub(crate) hold: Duration,
 }
 
-/// The longest any fault is held.
+/// The longest any fault is held, unless the topology says otherwise for replicas.
 pub(crate) const MAX_HOLD: Duration = Duration::from_secs(6);
 /// The longest a restarted sqlhttpd may take to answer `/readyz` before the fault is logged as
 /// failed.
@@ -65,7 +68,8 @@ pub(crate) const RESTART_ALLOWANCE: Duration = Duration::from_secs(30);
 pub(crate) const RESTART_BUDGET: Duration = Duration::from_secs(5);
 
 /// The next fault: a kind among `kinds` (each about equally likely), a target, a gap of 0.5-3 s
-/// before it and a hold of 1-6 s (replicas) or 0.5-3 s (sqlhttpd down). `None` without kinds.
+/// before it and a hold of 1-6 s (replicas; or the topology's `replica_hold_ms`) or 0.5-3 s
+/// (sqlhttpd down). `None` without kinds.
 pub(crate) fn plan(rng: &mut Rng, kinds: &[FaultKind], topology: &Topology) -> Option<Planned> {
     if kinds.is_empty() {
         return None;
@@ -81,7 +85,8 @@ pub(crate) fn plan(rng: &mut Rng, kinds: &[FaultKind], topology: &Topology) -> O
     let hold = if kind.downs_a_server() {
         Duration::from_millis(rng.between(500, 3_000))
     } else {
-        Duration::from_millis(rng.between(1_000, 6_000))
+        let (low, high) = topology.replica_hold_ms.unwrap_or((1_000, 6_000));
+        Duration::from_millis(rng.between(low, high))
     };
     Some(Planned {
         kind,
@@ -252,6 +257,7 @@ mod tests {
                 ("sqlhttpd-a".to_owned(), "http://127.0.0.1:1".to_owned()),
                 ("sqlhttpd-b".to_owned(), "http://127.0.0.1:2".to_owned()),
             ],
+            replica_hold_ms: None,
         }
     }
 
@@ -282,6 +288,20 @@ mod tests {
                 .filter(|p| p.kind.downs_a_server())
                 .all(|p| p.hold <= Duration::from_secs(3))
         );
+    }
+
+    #[test]
+    fn replica_faults_can_be_held_longer_than_a_read_may_take() {
+        let topology = Topology {
+            replica_hold_ms: Some((12_000, 15_000)),
+            ..topology()
+        };
+        let mut rng = Rng::seeded(3);
+        let kinds = [FaultKind::Pause];
+        for _ in 0..50 {
+            let planned = plan(&mut rng, &kinds, &topology).unwrap();
+            assert!((12_000..=15_000).contains(&(planned.hold.as_millis() as u64)));
+        }
     }
 
     #[test]

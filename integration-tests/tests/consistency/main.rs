@@ -20,6 +20,7 @@
 //! * `SQLHTTP_CONSISTENCY_REPLICAS` — the replicas' container names (comma-separated), and
 //!   `SQLHTTP_CONSISTENCY_REPLICATION_NETWORK` the network they replicate on.
 //! * `SQLHTTP_CONSISTENCY_FAULTS` — `partition,pause,kill,stop` (the default: all), or `none`.
+//! * `SQLHTTP_CONSISTENCY_REPLICA_HOLD_MS` — `LOW-HIGH`: how long replica faults last (1000-6000).
 //! * `SQLHTTP_CONSISTENCY_SECONDS` (30), `SQLHTTP_CONSISTENCY_SESSIONS` (6),
 //!   `SQLHTTP_CONSISTENCY_SEED` (from the clock; printed, so a run can be replayed).
 //! * `SQLHTTP_CONSISTENCY_HISTORY` — a file to write the history to (JSON lines).
@@ -123,6 +124,19 @@ impl RunConfig {
                 replicas: list("SQLHTTP_CONSISTENCY_REPLICAS"),
                 replication_network: var("SQLHTTP_CONSISTENCY_REPLICATION_NETWORK"),
                 servers,
+                replica_hold_ms: match var("SQLHTTP_CONSISTENCY_REPLICA_HOLD_MS") {
+                    None => None,
+                    Some(range) => Some(
+                        range
+                            .split_once('-')
+                            .and_then(|(low, high)| Some((low.parse().ok()?, high.parse().ok()?)))
+                            .ok_or_else(|| {
+                                format!(
+                                    "SQLHTTP_CONSISTENCY_REPLICA_HOLD_MS={range} is not LOW-HIGH"
+                                )
+                            })?,
+                    ),
+                },
             },
             token: var("SQLHTTP_CONSISTENCY_TOKEN"),
             primary: var("SQLHTTP_CONSISTENCY_PRIMARY"),

@@ -193,6 +193,16 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
         "read latency: {}",
         latency_line(&figures.read_latencies())
     );
+    let slow = figures
+        .read_latencies()
+        .iter()
+        .filter(|&&us| us >= SLOW_READ_US)
+        .count();
+    let _ = writeln!(
+        out,
+        "  reads that took {} s or more: {slow}",
+        SLOW_READ_US / 1_000_000
+    );
     for (served_by, latencies) in &figures.served_by {
         let _ = writeln!(out, "  served by {served_by}: {}", latency_line(latencies));
     }
