@@ -24,6 +24,8 @@
 //! * `SQLHTTP_CONSISTENCY_SECONDS` (30), `SQLHTTP_CONSISTENCY_SESSIONS` (6),
 //!   `SQLHTTP_CONSISTENCY_SEED` (from the clock; printed, so a run can be replayed).
 //! * `SQLHTTP_CONSISTENCY_HISTORY` — a file to write the history to (JSON lines).
+//! * `SQLHTTP_CONSISTENCY_NO_BOOKMARKS=1` — requests carry no bookmark: with replicas, the
+//!   checker must then find stale reads (it shows the checker can).
 //!
 //! `history` records, `session` drives the workload, `faults` schedules faults, `check`
 //! judges, `summary` prints the figures.
@@ -57,6 +59,7 @@ struct RunConfig {
     sessions: usize,
     seed: u64,
     history_file: Option<String>,
+    send_bookmarks: bool,
 }
 
 impl RunConfig {
@@ -146,6 +149,7 @@ impl RunConfig {
                 .map_err(|err| err.to_string())?,
             seed,
             history_file: var("SQLHTTP_CONSISTENCY_HISTORY"),
+            send_bookmarks: var("SQLHTTP_CONSISTENCY_NO_BOOKMARKS").as_deref() != Some("1"),
         }))
     }
 }
@@ -219,6 +223,7 @@ async fn run(config: &RunConfig) -> Result<Outcome, String> {
     );
     let bookmark = session::create_table(&context).await?;
     context.deadline_us = clock.now_us().saturating_add(run_us);
+    context.send_bookmarks = config.send_bookmarks;
     let context = Arc::new(context);
 
     // Faults stop a little before the traffic, so the last one is healed under traffic.
@@ -318,6 +323,7 @@ async fn a_short_run_against_an_in_process_server_finds_no_anomaly() {
         sessions: 3,
         seed: 24,
         history_file: None,
+        send_bookmarks: true,
     };
     let outcome = run(&config).await.unwrap();
     let text = summary::summary(&config, &outcome);

@@ -45,6 +45,9 @@ pub(crate) struct Context {
     pub(crate) history: Arc<History>,
     /// Sessions start no operation past this instant of the clock.
     pub(crate) deadline_us: u64,
+    /// Whether requests carry the process's bookmark. Off, a replica may serve a read older
+    /// than the session's writes: a run that shows the checker catches that.
+    pub(crate) send_bookmarks: bool,
     next_process: AtomicUsize,
 }
 
@@ -65,6 +68,7 @@ impl Context {
             clock,
             history,
             deadline_us,
+            send_bookmarks: true,
             next_process: AtomicUsize::new(0),
         }
     }
@@ -122,7 +126,7 @@ impl Process {
         timeout: Duration,
     ) -> Answer {
         let start_us = context.clock.now_us();
-        let sent_bookmark = self.bookmark.clone();
+        let sent_bookmark = self.bookmark.clone().filter(|_| context.send_bookmarks);
         let mut request = self
             .http
             .post(format!("{}/api/v1/sql", context.servers[server]))

@@ -119,12 +119,17 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
     let _ = writeln!(out, "== consistency check");
     let _ = writeln!(
         out,
-        "run: {} s, {} sessions, {} sqlhttpd, {} replica containers, seed {}",
+        "run: {} s, {} sessions, {} sqlhttpd, {} replica containers, seed {}{}",
         config.seconds,
         config.sessions,
         config.topology.servers.len(),
         config.topology.replicas.len(),
-        config.seed
+        config.seed,
+        if config.send_bookmarks {
+            ""
+        } else {
+            ", NO bookmarks sent"
+        }
     );
     let writes = figures.acknowledged + figures.unknown + figures.refused;
     let reads = figures.reads_ok + figures.reads_failed;
