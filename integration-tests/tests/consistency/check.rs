@@ -615,7 +615,7 @@ mod tests {
 
     #[test]
     fn bookmarks_must_be_sixteen_hex_digits() {
-        assert_eq!(parse_bookmark("000000000100002A"), Some(0x1_0000_2A));
+        assert_eq!(parse_bookmark("000000000100002A"), Some(0x0100_002A));
         assert_eq!(parse_bookmark("0/1000028"), None);
         assert_eq!(parse_bookmark("00000000010000280"), None);
         let mut event = write(0, 0, 100, 0, WriteOutcome::Acknowledged);
