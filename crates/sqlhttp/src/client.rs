@@ -164,7 +164,7 @@ impl Client {
     ///
     /// // In the process that receives it (a web request's cookie, say):
     /// let bookmark: Option<sqlhttp::Bookmark> = handed_over.map(|text| text.parse()).transpose()?;
-    /// let other = sqlhttp::Client::builder("http://127.0.0.1:8080").bookmark(bookmark).build()?;
+    /// let other = sqlhttp::Client::builder("http://127.0.0.1:8080").with_bookmark(bookmark).build()?;
     /// let name: String = other.query("SELECT name FROM users WHERE id = 1").fetch_one().await?;
     /// assert_eq!(name, "Ada");
     /// # Ok(())
@@ -562,7 +562,7 @@ impl ClientBuilder {
     /// cookie, a job's payload), so its first request is already at least as fresh as it; see
     /// [`Client::bookmark`]. `None` starts empty. Default: `None`.
     #[must_use]
-    pub fn bookmark(mut self, bookmark: impl Into<Option<Bookmark>>) -> Self {
+    pub fn with_bookmark(mut self, bookmark: impl Into<Option<Bookmark>>) -> Self {
         self.bookmark = bookmark.into();
         self
     }

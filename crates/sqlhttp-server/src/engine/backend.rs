@@ -106,8 +106,8 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.batch_keyed(keyed, batch).await)
     }
 
-    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
-        dispatch!(self, engine => engine.begin(options).await)
+    async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
+        dispatch!(self, engine => engine.begin(options, at).await)
     }
 
     async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {

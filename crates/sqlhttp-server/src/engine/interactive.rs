@@ -8,7 +8,7 @@
 //! outcomes are the registry's (`engine::transactions`). Knows the protocol's error codes;
 //! nothing about HTTP, tokens or either engine's SQL.
 
-use crate::protocol::bookmark::Bookmark;
+use crate::protocol::bookmark::{Bookmark, Position};
 use serde::Deserialize;
 
 use crate::engine::Access;
@@ -118,6 +118,16 @@ pub(crate) enum Session {
 }
 
 impl Session {
+    /// Where the transaction's snapshot stands, when the engine learned it at the open (a
+    /// read-only `REPEATABLE READ` one on PostgreSQL: every statement of it sees that snapshot).
+    pub(crate) fn position(&self) -> Option<Position> {
+        match self {
+            Session::Sqlite(_) => None,
+            #[cfg(feature = "postgres")]
+            Session::Postgres(session) => session.position(),
+        }
+    }
+
     /// Runs one statement in the transaction.
     pub(crate) async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
         match self {

@@ -94,10 +94,13 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     ) -> Result<(Outcome, Held), ApiError>;
 
     /// Opens an interactive transaction: one of the engine's connections, held until the
-    /// returned session commits, rolls back or is dropped (which rolls back).
+    /// returned session commits, rolls back or is dropped (which rolls back). A read-only one
+    /// whose snapshot is the whole transaction's may be served by a read replica as far as
+    /// `at` asks.
     async fn begin(
         &self,
         options: interactive::TxOptions,
+        at: ReadAt,
     ) -> Result<interactive::Session, ApiError>;
 
     /// The outcome stored under `key` in the engine's idempotency store (an interactive

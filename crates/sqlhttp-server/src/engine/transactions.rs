@@ -38,7 +38,7 @@ use crate::config::TransactionLimits;
 use crate::engine::interactive::{CommitError, Record, Session, StepError, TxOptions};
 use crate::engine::keyed::millis;
 use crate::engine::{Backend, Engine as _, Outcome};
-use crate::protocol::bookmark::{Position, ServedBy};
+use crate::protocol::bookmark::{Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -377,6 +377,7 @@ impl Transactions {
         owner: &str,
         key: Option<String>,
         options: TxOptions,
+        at: ReadAt,
     ) -> Result<Outcome, ApiError> {
         if self.limits.max_open == 0 {
             return Err(ApiError::new(
@@ -391,7 +392,7 @@ impl Transactions {
         self.start_reaper();
         let Some(key) = key else {
             return self
-                .open_now(engine, owner, None, options)
+                .open_now(engine, owner, None, options, at)
                 .await
                 .map(|(_, outcome)| outcome);
         };
@@ -418,7 +419,7 @@ impl Transactions {
                 position: None,
             });
         }
-        let opened = self.open_now(engine, owner, Some(key), options).await;
+        let opened = self.open_now(engine, owner, Some(key), options, at).await;
         match &opened {
             Ok((token, _)) => *claim = Some(token.clone()),
             Err(_) => {
@@ -438,6 +439,7 @@ impl Transactions {
         owner: &str,
         key: Option<String>,
         options: TxOptions,
+        at: ReadAt,
     ) -> Result<(String, Outcome), ApiError> {
         let permit = Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
             ApiError::unavailable(format!(
@@ -446,7 +448,8 @@ impl Transactions {
                 self.limits.max_open
             ))
         })?;
-        let session = engine.begin(options).await?;
+        let session = engine.begin(options, at).await?;
+        let position = session.position();
         if self.closed.load(Ordering::Acquire) {
             session.rollback().await;
             return Err(crate::engine::shutting_down());
@@ -478,7 +481,7 @@ impl Transactions {
             _permit: permit,
         });
         lock(&self.live).insert(token.clone(), entry);
-        Ok((token, Outcome::fresh(opened)))
+        Ok((token, Outcome::fresh(opened).at(position)))
     }
 
     /// Runs statement `seq` of the transaction `token`.

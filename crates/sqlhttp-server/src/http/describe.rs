@@ -10,6 +10,7 @@
 //! API call.
 
 use axum::extract::State;
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
@@ -59,16 +60,23 @@ impl Admissible for Describe {
 /// Answers a describe call.
 pub(crate) async fn describe(
     State(state): State<AppState>,
+    headers: HeaderMap,
     admitted: Admitted<Describe>,
 ) -> Response {
-    match run(&state, admitted.body).await {
+    // A describe is a read like any other: a bookmark keeps it as fresh as the client's last
+    // write (a table it just created), wherever it is served.
+    let at = match super::read_at(&headers) {
+        Ok(at) => at,
+        Err(err) => return err.into_response(),
+    };
+    match run(&state, admitted.body, at).await {
         Ok(response) => response,
         Err(err) => err.into_response(),
     }
 }
 
 /// A key, if any, has nothing to apply once: a describe only reads.
-async fn run(state: &AppState, asked: Describe) -> Result<Response, ApiError> {
+async fn run(state: &AppState, asked: Describe, at: ReadAt) -> Result<Response, ApiError> {
     let shared = &state.inner;
     let catalog = shared.engine.catalog();
     let (sql, params) = match asked.table {
@@ -85,9 +93,6 @@ async fn run(state: &AppState, asked: Describe) -> Result<Response, ApiError> {
         params,
         read_only: true,
     };
-    let reply = shared
-        .engine
-        .execute(request, Access::ReadOnly, ReadAt::default())
-        .await?;
+    let reply = shared.engine.execute(request, Access::ReadOnly, at).await?;
     Ok(super::reply_response(reply, crate::budget::Held::default()))
 }

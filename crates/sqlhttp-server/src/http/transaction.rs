@@ -296,8 +296,13 @@ fn respond(result: Result<Outcome, ApiError>) -> Response {
 
 pub(crate) async fn open(
     State(state): State<AppState>,
+    headers: HeaderMap,
     admitted: Admitted<OpenRequest>,
 ) -> Response {
+    let at = match crate::http::read_at(&headers) {
+        Ok(at) => at,
+        Err(err) => return err.into_response(),
+    };
     let shared = &state.inner;
     let key = admitted.key.map(|(_, key)| key);
     let OpenRequest(options) = admitted.body;
@@ -305,7 +310,13 @@ pub(crate) async fn open(
     respond(
         shared
             .transactions
-            .open(&shared.engine, &owner(&admitted.credential), key, options)
+            .open(
+                &shared.engine,
+                &owner(&admitted.credential),
+                key,
+                options,
+                at,
+            )
             .await,
     )
 }

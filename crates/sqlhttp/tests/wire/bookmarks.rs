@@ -205,7 +205,7 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
     let server = server().await;
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
-        .bookmark(bookmark("0000000000000500"))
+        .with_bookmark(bookmark("0000000000000500"))
         .build()
         .unwrap();
     assert_eq!(client.bookmark(), Some(bookmark("0000000000000500")));
@@ -213,14 +213,14 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
     // A greater bookmark for one call is sent on that call...
     client
         .query("SELECT 1")
-        .bookmark(bookmark("0000000000000900"))
+        .with_bookmark(bookmark("0000000000000900"))
         .fetch_all::<i64>()
         .await
         .unwrap();
     // ...a lesser one does not lower what is sent...
     client
         .query_table("SELECT 1")
-        .bookmark(bookmark("0000000000000001"))
+        .with_bookmark(bookmark("0000000000000001"))
         .await
         .unwrap();
     // ...and neither changes the session (these answers carry none).
@@ -235,7 +235,7 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
         ]
     );
     // The builder's `None` starts empty.
-    let empty = builder(&server).bookmark(None).build().unwrap();
+    let empty = builder(&server).with_bookmark(None).build().unwrap();
     assert_eq!(empty.bookmark(), None);
 }
 
@@ -248,12 +248,12 @@ async fn any_replica_sends_no_bookmark_but_keeps_the_answer_s() {
     let batch = ResponseTemplate::new(200).set_body_json(results);
     mount(&server, "/api/v1/batch", batch, 1).await;
     let client = builder(&server)
-        .bookmark(bookmark("0000000000000600"))
+        .with_bookmark(bookmark("0000000000000600"))
         .build()
         .unwrap();
     client
         .query("SELECT 1")
-        .bookmark(bookmark("0000000000000650"))
+        .with_bookmark(bookmark("0000000000000650"))
         .consistency(Consistency::AnyReplica)
         .fetch_all::<i64>()
         .await
@@ -281,7 +281,7 @@ async fn primary_sends_the_consistency_header_and_session_sends_none() {
     let server = server().await;
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
-        .bookmark(bookmark("0000000000000042"))
+        .with_bookmark(bookmark("0000000000000042"))
         .build()
         .unwrap();
     client
@@ -356,7 +356,7 @@ impl Respond for RaisedDuringTheFirstAttempt {
 async fn each_retried_attempt_carries_the_greatest_bookmark_known_when_it_is_sent() {
     let server = server().await;
     let client = builder(&server)
-        .bookmark(bookmark("0000000000000111"))
+        .with_bookmark(bookmark("0000000000000111"))
         .build()
         .unwrap();
     Mock::given(method("POST"))

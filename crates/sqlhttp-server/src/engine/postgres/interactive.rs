@@ -24,13 +24,13 @@ use std::sync::{Arc, PoisonError};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::Access;
-use crate::engine::interactive::{CommitError, Record, StepError, TxOptions};
+use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions};
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::{self, OPENED};
 use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
 use crate::engine::stream::Sink;
-use crate::protocol::bookmark::Bookmark;
+use crate::protocol::bookmark::{Bookmark, Position, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
@@ -79,13 +79,17 @@ fn aborted(why: &str) -> ApiError {
 }
 
 impl Session {
-    /// Leases a connection and opens the transaction on it.
+    /// Leases a connection of `inner`'s pool and opens the transaction on it; on a replica,
+    /// once it has replayed at least `min` (checked before the transaction's snapshot, see
+    /// `transaction`). A read-only transaction with one snapshot (not `READ COMMITTED`) learns
+    /// the snapshot's position at its open.
     pub(super) async fn open(
         inner: Arc<Inner>,
         options: TxOptions,
         slot: OwnedSemaphorePermit,
+        min: u64,
     ) -> Result<Session, ApiError> {
-        let job = Job::default();
+        let job = Job::requiring(min);
         let lease = inner.lease(&job).await?;
         let access = if options.read_only {
             "READ ONLY"
@@ -98,9 +102,15 @@ impl Session {
         } else {
             ""
         };
+        // `OPENED` takes the snapshot; the position read after it is at or past all it sees.
+        let position = if options.read_only && options.isolation != Isolation::ReadCommitted {
+            format!("; SELECT {}", inner.node.position_sql())
+        } else {
+            String::new()
+        };
         let begin = format!(
             "BEGIN {access}, ISOLATION LEVEL {isolation}{deferrable}; \
-             SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+             SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}{position}",
             inner.timeout_ms(),
             lease.guard
         );
@@ -112,6 +122,22 @@ impl Session {
             release_pending: false,
             _slot: slot,
         })
+    }
+
+    /// Where the transaction's snapshot stands, when its open learned it.
+    pub(crate) fn position(&self) -> Option<Position> {
+        let lease = self.lease.as_ref()?;
+        match lease.position.load(Ordering::Acquire) {
+            0 => None,
+            at => Some(Position {
+                bookmark: Bookmark(at),
+                served_by: if self.inner.node.is_replica() {
+                    ServedBy::Replica
+                } else {
+                    ServedBy::Primary
+                },
+            }),
+        }
     }
 
     /// Runs one statement inside its savepoint.

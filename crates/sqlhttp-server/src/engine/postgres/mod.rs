@@ -64,7 +64,7 @@ use tokio_postgres::CancelToken;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl, ReadReplicas};
-use crate::engine::interactive::{Session, TxOptions};
+use crate::engine::interactive::{Isolation, Session, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::keyed::{PurgeClock, Stored};
 use crate::engine::{
@@ -425,6 +425,24 @@ impl PostgresEngine {
         replicas.served(ServedBy::Primary, reason);
         run(Arc::clone(&self.inner), ServedBy::Primary, 0).await
     }
+
+    /// One of the connections interactive transactions may hold, once one is free (waiting at
+    /// most the statement timeout).
+    async fn transaction_slot(&self) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        tokio::time::timeout(
+            self.inner.limits.statement_timeout,
+            Arc::clone(&self.transaction_slots).acquire_owned(),
+        )
+        .await
+        .map_err(|_| {
+            ApiError::unavailable(
+                "the database is busy: every connection interactive transactions may hold \
+                 (all of --pool-size but one) stayed held for longer than this server's \
+                 statement timeout; retry later",
+            )
+        })?
+        .map_err(|_| shutting_down())
+    }
 }
 
 impl Engine for PostgresEngine {
@@ -543,23 +561,27 @@ impl Engine for PostgresEngine {
     /// Leases a connection and opens an interactive transaction on it (see `interactive`), once
     /// one of the connections transactions may hold is free (waiting at most the statement
     /// timeout).
-    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
-        let slot = tokio::time::timeout(
-            self.inner.limits.statement_timeout,
-            Arc::clone(&self.transaction_slots).acquire_owned(),
-        )
+    ///
+    /// A read-only `REPEATABLE READ` transaction (one snapshot for all its statements, taken at
+    /// its open) is a verified read: a replica may serve it, as far as `at` asks, and its open
+    /// answers the snapshot's position. Others run on the primary (`SERIALIZABLE` cannot run
+    /// on a hot standby, and a `READ COMMITTED` one's statements each see a newer snapshot than
+    /// any position its open could name).
+    async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
+        let on_replica = options.read_only && options.isolation == Isolation::RepeatableRead;
+        if !on_replica {
+            let slot = self.transaction_slot().await?;
+            return interactive::Session::open(Arc::clone(&self.inner), options, slot, 0)
+                .await
+                .map(|session| Session::Postgres(Box::new(session)));
+        }
+        self.read(at, |node, _, min| async move {
+            let slot = self.transaction_slot().await?;
+            interactive::Session::open(node, options, slot, min)
+                .await
+                .map(|session| Session::Postgres(Box::new(session)))
+        })
         .await
-        .map_err(|_| {
-            ApiError::unavailable(
-                "the database is busy: every connection interactive transactions may hold \
-                 (all of --pool-size but one) stayed held for longer than this server's \
-                 statement timeout; retry later",
-            )
-        })?
-        .map_err(|_| shutting_down())?;
-        interactive::Session::open(Arc::clone(&self.inner), options, slot)
-            .await
-            .map(|session| Session::Postgres(Box::new(session)))
     }
 
     /// The outcome stored under `key`, read in a transaction of its own.
@@ -702,6 +724,14 @@ impl Inner {
                 () = self.node.gone() => gone = true,
             }
         }
+        // A replica the watcher found gone: the read is served elsewhere (see `read`) at once;
+        // its session is not waited for (it is discarded with the lease, never pooled).
+        let gone_error =
+            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
+        if gone {
+            lease.retire();
+            return Err(gone_error());
+        }
         lease.cancel_statement().await;
         let overran_error = || {
             ApiError::new(
@@ -713,11 +743,7 @@ impl Inner {
                 ),
             )
         };
-        // A replica the watcher found gone: the read is served elsewhere (see `read`).
-        let gone_error =
-            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
         match tokio::time::timeout(STOP_WITHIN, work).await {
-            Ok(Err(_)) | Err(_) if gone => Err(gone_error()),
             Ok(Err(_)) if overran => Err(overran_error()),
             Ok(out) => out,
             Err(_) if self.closing.load(Ordering::Acquire) => Err(shutting_down()),

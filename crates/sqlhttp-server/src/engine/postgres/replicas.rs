@@ -31,9 +31,6 @@ const WATCH_WAITED_EVERY: Duration = Duration::from_millis(2);
 /// not answering.
 const PROBE_WITHIN: Duration = Duration::from_secs(1);
 
-/// How often a waiting read looks at what the watchers learned.
-const WAIT_STEP: Duration = Duration::from_millis(1);
-
 /// The least time between two samples of the primary's position kept for the lag.
 const SAMPLE_EVERY: Duration = Duration::from_millis(100);
 
@@ -58,6 +55,14 @@ impl Node {
         match self {
             Node::Primary => "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text",
             Node::Replica(_) => "pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.text",
+        }
+    }
+
+    /// Whether this is a replica its watcher finds gone (it does not answer or replay).
+    pub(super) fn is_gone(&self) -> bool {
+        match self {
+            Node::Primary => false,
+            Node::Replica(watch) => !watch.healthy.load(Ordering::Acquire),
         }
     }
 
@@ -165,6 +170,8 @@ pub(super) struct Replicas {
     waiting: Arc<AtomicUsize>,
     /// Wakes the watchers when a read starts waiting.
     wake: Arc<Notify>,
+    /// Woken by the watchers each time they learned something: waiting reads look again.
+    learned: Arc<Notify>,
     watching: AtomicBool,
     /// Reads served, by who served them and why: `[replica, primary]` × [`Reason::ALL`].
     served: [[AtomicU64; 5]; 2],
@@ -185,6 +192,7 @@ impl Replicas {
             next: AtomicUsize::new(0),
             waiting: Arc::default(),
             wake: Arc::default(),
+            learned: Arc::default(),
             watching: AtomicBool::new(false),
             served: Default::default(),
         }
@@ -212,6 +220,7 @@ impl Replicas {
                 },
                 waiting: Arc::clone(&self.waiting),
                 wake: Arc::clone(&self.wake),
+                learned: Arc::clone(&self.learned),
                 samples: Mutex::new(VecDeque::new()),
                 keep: samples_for(self.max_lag),
             };
@@ -236,15 +245,21 @@ impl Replicas {
         if self.wait.is_zero() {
             return Route::Primary(Reason::Behind);
         }
+        // A waiting read costs a wake-up each time a watcher learned something (every
+        // `WATCH_WAITED_EVERY` per replica while reads wait), however many reads wait.
         let _waiting = Waiting::start(&self.waiting, &self.wake);
         let deadline = tokio::time::Instant::now() + self.wait;
-        while tokio::time::Instant::now() < deadline {
-            tokio::time::sleep(WAIT_STEP).await;
+        loop {
+            let learned = self.learned.notified();
+            let mut learned = std::pin::pin!(learned);
+            learned.as_mut().enable();
             if let Some(replica) = self.far_enough(min) {
                 return Route::Replica(replica);
             }
+            if tokio::time::timeout_at(deadline, learned).await.is_err() {
+                return Route::Primary(Reason::Behind);
+            }
         }
-        Route::Primary(Reason::Behind)
     }
 
     /// A fit replica that has replayed at least `min`, the next in turn.
@@ -342,6 +357,7 @@ struct Watcher {
     primary: wire::Target,
     waiting: Arc<AtomicUsize>,
     wake: Arc<Notify>,
+    learned: Arc<Notify>,
     /// When the primary was where: `(when, position)`, oldest first.
     samples: Mutex<VecDeque<(Instant, u64)>>,
     keep: usize,
@@ -357,6 +373,7 @@ impl Watcher {
     async fn run(self) {
         let mut replica: Option<Client> = None;
         let mut primary: Option<Client> = None;
+        let mut first = true;
         loop {
             match self.replica.upgrade() {
                 Some(inner) if !inner.closing.load(Ordering::Acquire) => {}
@@ -366,7 +383,9 @@ impl Watcher {
                 self.sample(position);
             }
             let seen = look(&mut replica, &self.monitor).await;
-            self.learn(seen);
+            self.learn(seen.as_ref(), first);
+            first = false;
+            self.learned.notify_waiters();
             if self.waiting.load(Ordering::Acquire) > 0 {
                 tokio::time::sleep(WATCH_WAITED_EVERY).await;
             } else {
@@ -403,7 +422,21 @@ impl Watcher {
             .map_or(Duration::ZERO, |&(when, _)| when.elapsed())
     }
 
-    fn learn(&self, seen: Option<Seen>) {
+    fn learn(&self, seen: Option<&Seen>, first: bool) {
+        if first && let Some(Seen { replayed: None }) = seen {
+            tracing::warn!(
+                replica = self.index,
+                "a --read-replica is not in recovery (not a streaming replica, or promoted): it \
+                 serves no reads"
+            );
+        }
+        if first && seen.is_none() {
+            tracing::warn!(
+                replica = self.index,
+                "cannot reach a --read-replica (its URL's role logs in to watch it): it serves \
+                 no reads until it answers"
+            );
+        }
         let replayed = seen.and_then(|seen| seen.replayed);
         let healthy = replayed.is_some();
         if let Some(replayed) = replayed {

@@ -11,6 +11,7 @@
 //!
 //! Knows SQL and the protocol's error codes; nothing about what ran inside or about HTTP.
 
+use std::future::Future;
 use std::sync::PoisonError;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
@@ -66,18 +67,9 @@ impl Inner {
                     self.timeout_ms(),
                     self.node.position_sql()
                 );
-                if !self.node.is_replica() {
-                    let begun = client.simple_query(&begin).await;
-                    return self.learn_position(lease, begun);
-                }
-                // On a replica, how far it has replayed is asked first, in a transaction of its
-                // own, before the read's snapshot: a snapshot taken after it sees at least that.
-                let (replayed, begun) =
-                    tokio::join!(client.simple_query(REPLAYED), client.simple_query(&begin));
-                let replayed = replayed.map_err(|e| self.map(&e))?;
-                if first_position(&replayed).unwrap_or_default().0 < lease.min {
-                    return Err(behind());
-                }
+                let begun = self
+                    .replayed_before(lease, client.simple_query(&begin))
+                    .await?;
                 self.learn_position(lease, begun)
             }
             Access::ReadWrite => {
@@ -91,6 +83,26 @@ impl Inner {
                 self.open_with(lease, &begin).await
             }
         }
+    }
+
+    /// Runs `opening` (a read's `BEGIN` message, written at its first poll); on a replica, first
+    /// asks how far it has replayed, in a transaction of its own written just before, so a
+    /// snapshot the opening takes sees at least that: short of the request's bookmark
+    /// (`Lease::min`), the read is refused `503` (served elsewhere, see `PostgresEngine::read`).
+    pub(super) async fn replayed_before<T>(
+        &self,
+        lease: &Lease,
+        opening: impl Future<Output = Result<T, tokio_postgres::Error>>,
+    ) -> Result<Result<T, tokio_postgres::Error>, ApiError> {
+        if !self.node.is_replica() {
+            return Ok(opening.await);
+        }
+        let (replayed, opened) = tokio::join!(lease.client().simple_query(REPLAYED), opening);
+        let replayed = replayed.map_err(|e| self.map(&e))?;
+        if first_position(&replayed).unwrap_or_default().0 < lease.min {
+            return Err(behind());
+        }
+        Ok(opened)
     }
 
     /// Keeps the position a message's answer names (its first row's first cell, a `pg_lsn`'s
@@ -115,12 +127,25 @@ impl Inner {
 
     /// Runs `begin`, a write's `BEGIN` message that ends with [`OPENED`], and keeps the
     /// transaction's start it read, for the check in COMMIT's message (see [`Opened`]).
+    /// A message that selects the log position after it (a read-only transaction's open)
+    /// keeps that too, from its last row (see [`Inner::learn_position`]).
     pub(super) async fn open_with(&self, lease: &Lease, begin: &str) -> Result<(), ApiError> {
-        let answer = lease
-            .client()
-            .simple_query(begin)
-            .await
+        let answer = self
+            .replayed_before(lease, lease.client().simple_query(begin))
+            .await?
             .map_err(|e| self.map(&e))?;
+        let rows: Vec<&tokio_postgres::SimpleQueryRow> = answer
+            .iter()
+            .filter_map(|message| match message {
+                SimpleQueryMessage::Row(row) => Some(row),
+                _ => None,
+            })
+            .collect();
+        if let [_, .., last] = rows.as_slice()
+            && let Some(position) = last.get(0).and_then(Bookmark::from_lsn)
+        {
+            lease.position.fetch_max(position.0, Ordering::AcqRel);
+        }
         let at = answer.iter().find_map(|message| match message {
             tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
             _ => None,
@@ -230,6 +255,10 @@ impl Inner {
         behind: Option<exec::Behind<'_>>,
     ) -> Option<SentEnd> {
         let behind = behind?;
+        if !statement_ok && self.node.is_gone() {
+            // Not waited for: the session is discarded (its transaction ends with it).
+            return Some(SentEnd(None));
+        }
         let ended = tokio::time::timeout(self.end_within(statement_ok), behind.answer())
             .await
             .ok();

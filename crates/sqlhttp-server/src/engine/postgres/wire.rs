@@ -610,13 +610,20 @@ async fn within<T>(
 /// Cancels the statement a session runs, over a socket of the server's own (a connection
 /// opened by `connect_raw` has no address in its cancel token), under TLS as the session is.
 pub(crate) async fn cancel(token: &CancelToken, target: &Target) {
-    let cancelled = match open(target).await {
-        Ok(socket) => token
-            .cancel_query_raw(socket, NoTls)
-            .await
-            .map_err(|e| e.to_string()),
-        Err(e) => Err(e.to_string()),
+    // A server that stopped answering (paused, cut off) never closes the cancel's connection:
+    // the cancel is given up after [`STOP_WITHIN`], and its session with it by the caller.
+    let sent = async {
+        match open(target).await {
+            Ok(socket) => token
+                .cancel_query_raw(socket, NoTls)
+                .await
+                .map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
     };
+    let cancelled = tokio::time::timeout(super::STOP_WITHIN, sent)
+        .await
+        .unwrap_or_else(|_| Err("no answer in time".to_owned()));
     if let Err(why) = cancelled {
         tracing::debug!(error = %why, "cannot cancel a statement");
     }

@@ -439,7 +439,7 @@ impl Engine for SqliteEngine {
     /// Opens an interactive transaction on a connection and thread of its own (see
     /// `interactive`): serializable only, as every SQLite transaction is. A write transaction
     /// first waits (at most the statement timeout) for the one before it to end.
-    async fn begin(&self, options: TxOptions) -> Result<Session, ApiError> {
+    async fn begin(&self, options: TxOptions, _at: ReadAt) -> Result<Session, ApiError> {
         sqlite_serializable_only(options.isolation)?;
         if self.closing.load(Ordering::Acquire) {
             return Err(crate::engine::shutting_down());
