@@ -1,0 +1,610 @@
+//! The client sessions of a run: each speaks the protocol directly over its own HTTP client
+//! (reqwest, no retries of its own), keeps the greatest `Sqlhttp-Bookmark` it has seen and sends
+//! it on every request, alternates between the sqlhttpd's, and records every attempt in the
+//! [history](crate::history). Writes are keyed inserts of unique `(session, seq)` rows, retried
+//! with the same key until acknowledged or given up; reads are `"read_only": true` selects of the
+//! session's own rows and of everyone's. Now and then a session's process hands its bookmark to
+//! a new process (a new HTTP client, nothing else carried over) and ends.
+//!
+//! This module knows the wire protocol and the workload; it must not know how faults are made
+//! nor how the history is judged.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::check::parse_bookmark;
+use crate::history::{
+    Attempt, AttemptResult, Clock, Event, History, Op, ReadKind, Seen, TransportKind, WriteOutcome,
+};
+use crate::rng::Rng;
+
+/// The longest one write attempt may take.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The longest one read attempt may take.
+const READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many attempts a write gets before its outcome is called unknown.
+const WRITE_ATTEMPTS: u32 = 40;
+/// How many attempts a read gets (alternating servers) before it is recorded as failed.
+const READ_ATTEMPTS: u32 = 4;
+/// The longest pause between two attempts of one operation.
+const MAX_BACKOFF: Duration = Duration::from_secs(1);
+
+/// What every session shares: the servers, the table, the clock and the history.
+#[derive(Debug)]
+pub(crate) struct Context {
+    /// The sqlhttpd base URLs, in the order the history numbers them.
+    pub(crate) servers: Vec<String>,
+    pub(crate) token: Option<String>,
+    /// The table the run writes (`session`, `seq`), unique to the run.
+    pub(crate) table: String,
+    pub(crate) clock: Clock,
+    pub(crate) history: Arc<History>,
+    /// Sessions start no operation past this instant of the clock.
+    pub(crate) deadline_us: u64,
+    /// Whether requests carry the process's bookmark. Off, a replica may serve a read older
+    /// than the session's writes: a run that shows the checker catches that.
+    pub(crate) send_bookmarks: bool,
+    next_process: AtomicUsize,
+}
+
+impl Context {
+    /// A context for a run on `servers` writing `table`, ending at `deadline_us`.
+    pub(crate) fn new(
+        servers: Vec<String>,
+        token: Option<String>,
+        table: String,
+        clock: Clock,
+        history: Arc<History>,
+        deadline_us: u64,
+    ) -> Context {
+        Context {
+            servers,
+            token,
+            table,
+            clock,
+            history,
+            deadline_us,
+            send_bookmarks: true,
+            next_process: AtomicUsize::new(0),
+        }
+    }
+
+    fn new_process(&self, bookmark: Option<String>) -> Process {
+        Process::new(self.next_process.fetch_add(1, Ordering::Relaxed), bookmark)
+    }
+}
+
+/// One process of a session: an HTTP client of its own and the greatest bookmark it has seen.
+#[derive(Debug)]
+pub(crate) struct Process {
+    id: usize,
+    http: reqwest::Client,
+    bookmark: Option<String>,
+}
+
+/// What one attempt brought back, besides its record.
+struct Answer {
+    attempt: Attempt,
+    body: Option<Value>,
+    retry_after: Option<Duration>,
+}
+
+impl Process {
+    fn new(id: usize, bookmark: Option<String>) -> Process {
+        let http = reqwest::Client::builder()
+            .retry(reqwest::retry::never())
+            .no_proxy()
+            .connect_timeout(Duration::from_secs(2))
+            .pool_idle_timeout(Duration::from_secs(5))
+            .build()
+            .unwrap_or_else(|_| reqwest::Client::new());
+        Process { id, http, bookmark }
+    }
+
+    /// Keeps `received` when it is a bookmark greater than the one held.
+    fn keep(&mut self, received: &str) {
+        let Some(new) = parse_bookmark(received) else {
+            return;
+        };
+        let held = self.bookmark.as_deref().and_then(parse_bookmark);
+        if held.is_none_or(|held| new > held) {
+            self.bookmark = Some(received.to_ascii_lowercase());
+        }
+    }
+
+    /// One POST of `body` to `/api/v1/sql` on server `server`.
+    async fn send(
+        &mut self,
+        context: &Context,
+        server: usize,
+        body: &str,
+        key: Option<&str>,
+        timeout: Duration,
+    ) -> Answer {
+        let start_us = context.clock.now_us();
+        let sent_bookmark = self.bookmark.clone().filter(|_| context.send_bookmarks);
+        let mut request = self
+            .http
+            .post(format!("{}/api/v1/sql", context.servers[server]))
+            .header("content-type", "application/json")
+            .timeout(timeout)
+            .body(body.to_owned());
+        if let Some(token) = &context.token {
+            request = request.header("authorization", format!("Bearer {token}"));
+        }
+        if let Some(bookmark) = &sent_bookmark {
+            request = request.header("sqlhttp-bookmark", bookmark);
+        }
+        if let Some(key) = key {
+            request = request.header("idempotency-key", key);
+        }
+        let (result, body, retry_after) = match request.send().await {
+            Err(err) => (transport(&err), None, None),
+            Ok(response) => {
+                let status = response.status().as_u16();
+                let header = |name: &str| {
+                    response
+                        .headers()
+                        .get(name)
+                        .and_then(|v| v.to_str().ok())
+                        .map(str::to_owned)
+                };
+                let bookmark = header("sqlhttp-bookmark");
+                let served_by = header("sqlhttp-served-by");
+                let replayed = header("idempotent-replayed").as_deref() == Some("true");
+                let retry_after = header("retry-after")
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+                    .map(Duration::from_secs);
+                match response.text().await {
+                    Err(err) => (transport(&err), None, retry_after),
+                    Ok(text) => {
+                        let value: Option<Value> = serde_json::from_str(&text).ok();
+                        let result =
+                            judge(status, value.as_ref(), &text, bookmark, served_by, replayed);
+                        (result, value, retry_after)
+                    }
+                }
+            }
+        };
+        if let AttemptResult::Ok {
+            bookmark: Some(bookmark),
+            ..
+        } = &result
+        {
+            self.keep(bookmark);
+        }
+        Answer {
+            attempt: Attempt {
+                server,
+                start_us,
+                end_us: context.clock.now_us(),
+                sent_bookmark,
+                result,
+            },
+            body,
+            retry_after,
+        }
+    }
+}
+
+fn transport(err: &reqwest::Error) -> AttemptResult {
+    let kind = if err.is_timeout() {
+        TransportKind::Timeout
+    } else if err.is_connect() {
+        TransportKind::Connect
+    } else {
+        TransportKind::Broken
+    };
+    // The whole chain: reqwest's own message rarely says what the socket said.
+    let mut message = err.to_string();
+    let mut source = std::error::Error::source(err);
+    while let Some(cause) = source {
+        message.push_str(": ");
+        message.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    AttemptResult::Transport { kind, message }
+}
+
+/// A whole answer's verdict: a `200` is a success only with a whole body (`rows_affected`, no
+/// `error` member: a streamed body may end with one).
+fn judge(
+    status: u16,
+    value: Option<&Value>,
+    text: &str,
+    bookmark: Option<String>,
+    served_by: Option<String>,
+    replayed: bool,
+) -> AttemptResult {
+    let error = value.and_then(|v| v.get("error"));
+    if status == 200 && error.is_none() && value.is_some_and(|v| v.get("rows_affected").is_some()) {
+        return AttemptResult::Ok {
+            bookmark,
+            served_by,
+            replayed,
+        };
+    }
+    let field = |name: &str| {
+        error
+            .and_then(|e| e.get(name))
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (code, message) = if error.is_some() {
+        (field("code"), field("message"))
+    } else {
+        (
+            "UNPARSED".to_owned(),
+            text.chars().take(200).collect::<String>(),
+        )
+    };
+    AttemptResult::Status {
+        status,
+        code,
+        message,
+    }
+}
+
+/// Whether a write that failed so may be sent again with its key (protocol: 503, 429, 408,
+/// 409 IDEMPOTENCY_KEY_IN_USE, transport failures; a keyed 5xx was not stored either).
+fn write_may_retry(result: &AttemptResult) -> bool {
+    match result {
+        AttemptResult::Ok { .. } => false,
+        AttemptResult::Transport { .. } => true,
+        AttemptResult::Status { status, code, .. } => {
+            *status >= 500
+                || *status == 429
+                || *status == 408
+                || (*status == 409 && code == "IDEMPOTENCY_KEY_IN_USE")
+        }
+    }
+}
+
+fn backoff(attempt: u32, retry_after: Option<Duration>) -> Duration {
+    let exponential = Duration::from_millis(50u64 << attempt.min(5));
+    retry_after.unwrap_or(exponential).min(MAX_BACKOFF)
+}
+
+/// The statements of a run on `table`.
+pub(crate) fn create_table_sql(table: &str) -> String {
+    format!("CREATE TABLE {table} (session BIGINT NOT NULL, seq BIGINT NOT NULL)")
+}
+
+fn insert_body(table: &str, session: usize, seq: i64) -> String {
+    json!({
+        "sql": format!("INSERT INTO {table} (session, seq) VALUES (?, ?)"),
+        "params": [session, seq],
+    })
+    .to_string()
+}
+
+fn read_body(table: &str, kind: ReadKind, session: usize) -> String {
+    match kind {
+        ReadKind::Own => json!({
+            "sql": format!(
+                "SELECT session, count(*), max(seq) FROM {table} WHERE session = ? GROUP BY session"
+            ),
+            "params": [session],
+            "read_only": true,
+        }),
+        ReadKind::All => json!({
+            "sql": format!("SELECT session, count(*), max(seq) FROM {table} GROUP BY session"),
+            "read_only": true,
+        }),
+    }
+    .to_string()
+}
+
+/// The `(session, count, max)` rows of a read's answer.
+fn parse_seen(body: &Value) -> Option<BTreeMap<usize, Seen>> {
+    let rows = body.get("rows")?.as_array()?;
+    let mut seen = BTreeMap::new();
+    for row in rows {
+        let cells = row.as_array()?;
+        let session = usize::try_from(cells.first()?.as_i64()?).ok()?;
+        let count = cells.get(1)?.as_i64()?;
+        let max = cells.get(2)?.as_i64()?;
+        seen.insert(session, Seen { count, max });
+    }
+    Some(seen)
+}
+
+/// One session of the workload, from its first process to the deadline.
+#[derive(Debug)]
+pub(crate) struct Session {
+    context: Arc<Context>,
+    id: usize,
+    rng: Rng,
+    process: Process,
+    turn: usize,
+    next_seq: i64,
+}
+
+impl Session {
+    /// Session `id`, its first process starting with `bookmark` (the deployment's, say).
+    pub(crate) fn new(
+        context: Arc<Context>,
+        id: usize,
+        rng: Rng,
+        bookmark: Option<String>,
+    ) -> Session {
+        let process = context.new_process(bookmark);
+        Session {
+            turn: id,
+            context,
+            id,
+            rng,
+            process,
+            next_seq: 0,
+        }
+    }
+
+    /// Runs operations until the deadline: about 40% writes, 30% own reads, 27% reads of
+    /// everyone, 3% hand-overs (each followed by a read of the session's own rows).
+    pub(crate) async fn run(mut self) {
+        while self.context.clock.now_us() < self.context.deadline_us {
+            let roll = self.rng.below(100);
+            let event = if roll < 40 {
+                self.write().await
+            } else if roll < 70 {
+                self.read(ReadKind::Own).await
+            } else if roll < 97 {
+                self.read(ReadKind::All).await
+            } else {
+                let event = self.hand_over();
+                self.context.history.push(event);
+                self.read(ReadKind::Own).await
+            };
+            self.context.history.push(event);
+            let pause = self.rng.between(0, 20);
+            tokio::time::sleep(Duration::from_millis(pause)).await;
+        }
+    }
+
+    fn next_server(&mut self) -> usize {
+        self.turn = (self.turn + 1) % self.context.servers.len();
+        self.turn
+    }
+
+    async fn write(&mut self) -> Event {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let context = Arc::clone(&self.context);
+        let key = format!("{}-{}-{seq}", context.table, self.id);
+        let body = insert_body(&context.table, self.id, seq);
+        let start_us = context.clock.now_us();
+        let mut attempts = Vec::new();
+        let mut outcome = WriteOutcome::Unknown;
+        for n in 0..WRITE_ATTEMPTS {
+            let server = self.next_server();
+            let answer = self
+                .process
+                .send(&context, server, &body, Some(&key), WRITE_TIMEOUT)
+                .await;
+            let result = answer.attempt.result.clone();
+            attempts.push(answer.attempt);
+            if matches!(result, AttemptResult::Ok { .. }) {
+                outcome = WriteOutcome::Acknowledged;
+                break;
+            }
+            if !write_may_retry(&result) {
+                outcome = WriteOutcome::Refused;
+                break;
+            }
+            tokio::time::sleep(backoff(n, answer.retry_after)).await;
+        }
+        Event {
+            session: self.id,
+            process: self.process.id,
+            start_us,
+            end_us: context.clock.now_us(),
+            op: Op::Write {
+                seq,
+                outcome,
+                attempts,
+            },
+        }
+    }
+
+    async fn read(&mut self, kind: ReadKind) -> Event {
+        let context = Arc::clone(&self.context);
+        let body = read_body(&context.table, kind, self.id);
+        let start_us = context.clock.now_us();
+        let mut attempts = Vec::new();
+        let mut seen = None;
+        for n in 0..READ_ATTEMPTS {
+            let server = self.next_server();
+            let answer = self
+                .process
+                .send(&context, server, &body, None, READ_TIMEOUT)
+                .await;
+            let ok = matches!(answer.attempt.result, AttemptResult::Ok { .. });
+            let parsed = answer.body.as_ref().and_then(parse_seen);
+            let retry_after = answer.retry_after;
+            attempts.push(answer.attempt);
+            if ok {
+                if parsed.is_none() {
+                    // A 200 whose rows are not what was asked: recorded as a failed attempt.
+                    if let Some(last) = attempts.last_mut() {
+                        last.result = AttemptResult::Status {
+                            status: 200,
+                            code: "UNEXPECTED_ROWS".to_owned(),
+                            message: answer.body.map(|b| b.to_string()).unwrap_or_default(),
+                        };
+                    }
+                } else {
+                    seen = parsed;
+                    break;
+                }
+            }
+            tokio::time::sleep(backoff(n, retry_after)).await;
+        }
+        Event {
+            session: self.id,
+            process: self.process.id,
+            start_us,
+            end_us: context.clock.now_us(),
+            op: Op::Read {
+                kind,
+                seen,
+                attempts,
+            },
+        }
+    }
+
+    /// Ends this process and starts another with nothing but its bookmark.
+    fn hand_over(&mut self) -> Event {
+        let at_us = self.context.clock.now_us();
+        let bookmark = self.process.bookmark.clone();
+        let next = self.context.new_process(bookmark.clone());
+        let from = std::mem::replace(&mut self.process, next);
+        Event {
+            session: self.id,
+            process: from.id,
+            start_us: at_us,
+            end_us: at_us,
+            op: Op::HandOver {
+                to_process: self.process.id,
+                bookmark,
+            },
+        }
+    }
+}
+
+/// Creates the run's table through server 0, retrying while the servers start; returns the
+/// bookmark of its answer, the one every first process starts with.
+pub(crate) async fn create_table(context: &Context) -> Result<Option<String>, String> {
+    let mut process = context.new_process(None);
+    let body = json!({ "sql": create_table_sql(&context.table) }).to_string();
+    let mut last = String::new();
+    for n in 0..40 {
+        let answer = process
+            .send(
+                context,
+                n % context.servers.len(),
+                &body,
+                None,
+                WRITE_TIMEOUT,
+            )
+            .await;
+        match &answer.attempt.result {
+            AttemptResult::Ok { .. } => return Ok(process.bookmark),
+            other => last = crate::check::describe(other),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("cannot create {}: {last}", context.table))
+}
+
+/// The final table as the primary holds it, read through server `server` with a request that
+/// is not read-only (so it is served by the primary): the count of each `(session, seq)`.
+pub(crate) async fn final_table_via(
+    context: &Context,
+    server: usize,
+) -> Result<BTreeMap<(usize, i64), u64>, String> {
+    let mut process = context.new_process(None);
+    let body = json!({
+        "sql": format!(
+            "SELECT session, seq, count(*) FROM {} GROUP BY session, seq",
+            context.table
+        ),
+    })
+    .to_string();
+    let mut last = String::new();
+    for _ in 0..20 {
+        let answer = process
+            .send(context, server, &body, None, READ_TIMEOUT)
+            .await;
+        if let (AttemptResult::Ok { .. }, Some(body)) = (&answer.attempt.result, &answer.body) {
+            return table_rows(body).ok_or_else(|| format!("unexpected rows: {body}"));
+        }
+        last = crate::check::describe(&answer.attempt.result);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    Err(format!("cannot read the final table: {last}"))
+}
+
+fn table_rows(body: &Value) -> Option<BTreeMap<(usize, i64), u64>> {
+    let mut table = BTreeMap::new();
+    for row in body.get("rows")?.as_array()? {
+        let cells = row.as_array()?;
+        let session = usize::try_from(cells.first()?.as_i64()?).ok()?;
+        let seq = cells.get(1)?.as_i64()?;
+        let count = cells.get(2)?.as_u64()?;
+        table.insert((session, seq), count);
+    }
+    Some(table)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_keeps_the_greatest_bookmark_whatever_the_order() {
+        let mut process = Process::new(0, None);
+        process.keep("0000000000000010");
+        process.keep("00000000000000FF");
+        process.keep("0000000000000020");
+        process.keep("not a bookmark");
+        assert_eq!(process.bookmark.as_deref(), Some("00000000000000ff"));
+    }
+
+    #[test]
+    fn a_streamed_body_that_ended_with_an_error_is_not_a_success() {
+        let body: Value = serde_json::from_str(
+            r#"{"columns":[],"rows":[],"error":{"code":"UNAVAILABLE","message":"shutting down"}}"#,
+        )
+        .unwrap();
+        let result = judge(200, Some(&body), "", None, None, false);
+        assert!(
+            matches!(&result, AttemptResult::Status { code, .. } if code == "UNAVAILABLE"),
+            "{result:?}"
+        );
+        let whole: Value = serde_json::from_str(
+            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null}"#,
+        )
+        .unwrap();
+        assert!(matches!(
+            judge(
+                200,
+                Some(&whole),
+                "",
+                Some("0000000000000001".into()),
+                None,
+                true
+            ),
+            AttemptResult::Ok { replayed: true, .. }
+        ));
+    }
+
+    #[test]
+    fn writes_retry_only_what_the_protocol_lets_a_keyed_write_retry() {
+        let status = |status: u16, code: &str| AttemptResult::Status {
+            status,
+            code: code.to_owned(),
+            message: String::new(),
+        };
+        assert!(write_may_retry(&status(503, "UNAVAILABLE")));
+        assert!(write_may_retry(&status(409, "IDEMPOTENCY_KEY_IN_USE")));
+        assert!(!write_may_retry(&status(409, "CONSTRAINT_VIOLATION")));
+        assert!(!write_may_retry(&status(422, "IDEMPOTENCY_KEY_REUSED")));
+        assert_eq!(backoff(0, None), Duration::from_millis(50));
+        assert_eq!(backoff(9, None), MAX_BACKOFF);
+        assert_eq!(backoff(0, Some(Duration::from_secs(5))), MAX_BACKOFF);
+    }
+
+    #[test]
+    fn reads_answer_one_row_per_session_with_rows() {
+        let body: Value = serde_json::from_str(r#"{"rows":[[0,3,2],[4,1,0]]}"#).unwrap();
+        let seen = parse_seen(&body).unwrap();
+        assert_eq!(seen[&0], Seen { count: 3, max: 2 });
+        assert_eq!(seen[&4], Seen { count: 1, max: 0 });
+        assert!(parse_seen(&serde_json::from_str(r#"{"rows":[["x"]]}"#).unwrap()).is_none());
+    }
+}
