@@ -110,19 +110,34 @@ pub(crate) async fn serve(config: Config) -> ServerHandle {
 /// POSTs a JSON `body` to `path` on the real server at `url`: the status and the JSON answer
 /// (`null` when the answer is not JSON).
 pub(crate) async fn post_json(url: &str, path: &str, body: &Value) -> (u16, Value) {
-    let response = http_client()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    let bytes = response.bytes().await.unwrap();
+    let (status, _, bytes) = post_over_http(&http_client(), url, path, &[], body).await;
     (
         status,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     )
+}
+
+/// POSTs a JSON `body` with `headers` to `path` on the real server at `url` through `client`:
+/// the status, the headers and the body's bytes.
+pub(crate) async fn post_over_http(
+    client: &reqwest::Client,
+    url: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> (u16, reqwest::header::HeaderMap, Vec<u8>) {
+    let mut request = client
+        .post(format!("{url}{path}"))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = request.send().await.unwrap();
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let bytes = response.bytes().await.unwrap();
+    (status, headers, bytes.to_vec())
 }
 
 /// POSTs `{"sql": sql, "params": params}`.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, HttpLimits, Limits, ServerHandle};
 
-use crate::common::{http_client, serve, start as start_binary};
+use crate::common::{http_client, post_over_http, serve, start as start_binary};
 
 const ENDLESS: &str =
     "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c) SELECT count(*) FROM c";
@@ -19,17 +19,8 @@ async fn post_to(
     headers: &[(&str, &str)],
     body: &Value,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut request = http_client()
-        .post(format!("{url}/api/v1/sql"))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await.unwrap();
+    let (status, headers, bytes) =
+        post_over_http(&http_client(), url, "/api/v1/sql", headers, body).await;
     let json = serde_json::from_slice(&bytes)
         .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)));
     (status, headers, json)

@@ -10,7 +10,7 @@ use std::process::Child;
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, RateLimit, Server, ServerError};
 
-use crate::common::{http_client, read_url, serve, sqlhttpd, start};
+use crate::common::{http_client, post_over_http, read_url, serve, sqlhttpd, start};
 
 /// One exchange with the SQL endpoint: status, headers, JSON body.
 pub(crate) struct Answer {
@@ -39,20 +39,14 @@ pub(crate) async fn call(
     headers: &[(&str, &str)],
     sql: &str,
 ) -> Answer {
-    let mut request = client
-        .post(format!("{url}/api/v1/sql"))
-        .header("content-type", "application/json")
-        .body(json!({ "sql": sql }).to_string());
-    if let Some(token) = token {
-        request = request.bearer_auth(token);
-    }
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await.unwrap();
+    let bearer = token.map(|token| format!("Bearer {token}"));
+    let mut all: Vec<(&str, &str)> = bearer
+        .iter()
+        .map(|bearer| ("authorization", bearer.as_str()))
+        .collect();
+    all.extend_from_slice(headers);
+    let (status, headers, bytes) =
+        post_over_http(client, url, "/api/v1/sql", &all, &json!({ "sql": sql })).await;
     Answer {
         status,
         headers,

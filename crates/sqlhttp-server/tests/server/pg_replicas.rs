@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use sqlhttp_testkit::ServerProcess;
 use tokio::sync::RwLock;
 
-use crate::common::{READER, WRITER, http_client, sqlhttpd};
+use crate::common::{READER, WRITER, http_client, post_over_http, sqlhttpd};
 use crate::engines::{ReplicaDatabase, client_role, owner, replica_cluster};
 
 /// Held shared by the tests that leave the replicas alone, exclusively by those that pause or
@@ -91,17 +91,7 @@ impl Answer {
 
 /// POSTs `body` to `path` on the server at `url` with `headers`.
 async fn post(url: &str, path: &str, headers: &[(&str, &str)], body: &Value) -> Answer {
-    let mut request = http_client()
-        .post(format!("{url}{path}"))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await.unwrap();
+    let (status, headers, bytes) = post_over_http(&http_client(), url, path, headers, body).await;
     Answer {
         status,
         headers,
@@ -168,6 +158,17 @@ async fn sqlhttpd_on(
     // ServerProcess reads stdout; stderr goes to the test's output, not to a pipe nobody reads.
     command.args(extra).stderr(Stdio::inherit());
     ServerProcess::spawn_command(command).await.unwrap()
+}
+
+/// `sqlhttpd` with the first replica only, which its lag never sends reads away from (only a
+/// bookmark does), waiting 50 ms for it.
+async fn one_replica_never_too_far(database: &ReplicaDatabase) -> ServerProcess {
+    sqlhttpd_on(
+        database,
+        &[0],
+        &["--replica-wait", "50ms", "--max-replica-lag", "1h"],
+    )
+    .await
 }
 
 /// One `/metrics` answer, parsed enough to read series by name and labels (in any order).
@@ -580,13 +581,7 @@ async fn a_paused_replica_hands_a_fresh_bookmark_to_the_primary_and_serves_stale
     let cluster = replica_cluster_or_return!(test);
     let _exclusive = REPLICAS.write().await;
     let database = cluster.database().await;
-    // One replica, never skipped for its lag here: only the bookmark sends a read away from it.
-    let server = sqlhttpd_on(
-        &database,
-        &[0],
-        &["--replica-wait", "50ms", "--max-replica-lag", "1h"],
-    )
-    .await;
+    let server = one_replica_never_too_far(&database).await;
     let url = server.url();
     prepared(url, &database, 1, "old").await;
     let old = set_value(url, "old").await.bookmark();
@@ -1062,12 +1057,7 @@ async fn a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_a
     let cluster = replica_cluster_or_return!(test);
     let _exclusive = REPLICAS.write().await;
     let database = cluster.database().await;
-    let server = sqlhttpd_on(
-        &database,
-        &[0],
-        &["--replica-wait", "50ms", "--max-replica-lag", "1h"],
-    )
-    .await;
+    let server = one_replica_never_too_far(&database).await;
     let url = server.url();
     prepared(url, &database, 1, "old").await;
     let written = set_value(url, "new").await.bookmark();

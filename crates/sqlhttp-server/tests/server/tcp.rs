@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use serde_json::{Value, json};
 use sqlhttp_server::{Config, Database, Server, ServerHandle};
 
-use crate::common::{TempDb, http_client, serve};
+use crate::common::{TempDb, http_client, post_over_http, serve};
 
 async fn post(
     client: &reqwest::Client,
@@ -15,17 +15,8 @@ async fn post(
     headers: &[(&str, &str)],
     body: Value,
 ) -> (u16, reqwest::header::HeaderMap, Value) {
-    let mut request = client
-        .post(format!("{}/api/v1/sql", handle.url()))
-        .header("content-type", "application/json")
-        .body(body.to_string());
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let response = request.send().await.unwrap();
-    let status = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response.bytes().await.unwrap();
+    let (status, headers, bytes) =
+        post_over_http(client, &handle.url(), "/api/v1/sql", headers, &body).await;
     (status, headers, serde_json::from_slice(&bytes).unwrap())
 }
 
