@@ -66,12 +66,22 @@ impl Node {
         }
     }
 
-    /// Resolves when the replica's watcher finds it gone (never on the primary): its reads are
-    /// abandoned and served elsewhere.
+    /// Resolves when the replica's watcher finds it gone (never on the primary), or at once
+    /// when it is found gone already: its reads are abandoned and served elsewhere. A read
+    /// that chose the replica just before its watcher found it gone missed the watcher's wake
+    /// and would otherwise wait for a replica that does not answer.
     pub(super) async fn gone(&self) {
         match self {
             Node::Primary => std::future::pending().await,
-            Node::Replica(watch) => watch.gone.notified().await,
+            Node::Replica(watch) => {
+                let notified = watch.gone.notified();
+                let mut notified = std::pin::pin!(notified);
+                // Registered before the flag is read: a watcher that clears it after wakes this.
+                notified.as_mut().enable();
+                if watch.healthy.load(Ordering::Acquire) {
+                    notified.await;
+                }
+            }
         }
     }
 }
