@@ -33,6 +33,7 @@ mod pg_errors;
 mod pg_idempotency;
 mod pg_login;
 mod pg_pipeline;
+mod pg_replica_hardening;
 mod pg_replicas;
 mod pg_reset;
 mod pg_sandbox;

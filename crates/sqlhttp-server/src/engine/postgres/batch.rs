@@ -23,16 +23,12 @@ impl Inner {
         };
         let mut lease = self.lease(job).await?;
         loop {
-            if let Err(err) = self.begin_at(&lease, mode, batch.isolation).await {
-                return self.end(lease, mode, Err(err)).await;
-            }
+            // The BEGIN is guarded too: on a replica that stops answering, it is what waits.
             let ran = self
-                .guarded(
-                    job,
-                    &lease,
-                    batch.statements.len(),
-                    self.run_statements(&lease, &batch.statements),
-                )
+                .guarded(job, &lease, batch.statements.len(), async {
+                    self.begin_at(&lease, mode, batch.isolation).await?;
+                    self.run_statements(&lease, &batch.statements).await
+                })
                 .await;
             if ran.is_err() && lease.take_retry() {
                 lease = self.again(job, lease).await?;

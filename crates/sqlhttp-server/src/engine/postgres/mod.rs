@@ -406,7 +406,15 @@ impl PostgresEngine {
         let min = at.min.map_or(0, |bookmark| bookmark.0);
         let reason = match replicas.choose(at).await {
             Route::Replica(replica) => {
-                match run(Arc::clone(&replica.inner), ServedBy::Replica, min).await {
+                // Until its answer starts, a read is abandoned as soon as the replica's watcher
+                // finds it gone, wherever it is: waiting for a connection, its BEGIN, its end.
+                let served = tokio::select! {
+                    served = run(Arc::clone(&replica.inner), ServedBy::Replica, min) => served,
+                    () = replica.inner.node.gone() => Err(ApiError::unavailable(
+                        "the read replica stopped answering; its read was abandoned",
+                    )),
+                };
+                match served {
                     Err(err)
                         if err.code == ErrorCode::Unavailable
                             && !self.inner.closing.load(Ordering::Acquire) =>

@@ -48,13 +48,24 @@ impl Node {
         matches!(self, Node::Replica(_))
     }
 
-    /// What a read's `BEGIN` message selects, once its snapshot is taken, as its position: how
-    /// far a replica has replayed; on the primary, the end of its log (everything committed
-    /// before the snapshot is before it).
+    /// What a read's `BEGIN` message selects, once its snapshot is taken, as its position: on
+    /// the primary, the end of its log (everything committed before the snapshot is before it);
+    /// on a replica, how far it has received the log, or replayed it when that is further.
+    ///
+    /// Not how far it has replayed alone: a replica shows a commit to new snapshots while it
+    /// still applies the commit's record, before its replay position moves past that record
+    /// (a commit that drops files, or carries many invalidations, is applied for a while). A
+    /// snapshot taken then sees the commit, and a replay position read after it can still be
+    /// short of it: another replica that replayed only that far would pass for consistent with
+    /// the read without the commit. A record being applied has been received whole, so the
+    /// received position is past it.
     pub(super) fn position_sql(&self) -> &'static str {
         match self {
             Node::Primary => "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text",
-            Node::Replica(_) => "pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.text",
+            Node::Replica(_) => {
+                "GREATEST(pg_catalog.pg_last_wal_replay_lsn(), \
+                 pg_catalog.pg_last_wal_receive_lsn())::pg_catalog.text"
+            }
         }
     }
 
@@ -66,12 +77,22 @@ impl Node {
         }
     }
 
-    /// Resolves when the replica's watcher finds it gone (never on the primary): its reads are
-    /// abandoned and served elsewhere.
+    /// Resolves when the replica's watcher finds it gone (never on the primary), or at once
+    /// when it is found gone already: its reads are abandoned and served elsewhere. A read
+    /// that chose the replica just before its watcher found it gone missed the watcher's wake
+    /// and would otherwise wait for a replica that does not answer.
     pub(super) async fn gone(&self) {
         match self {
             Node::Primary => std::future::pending().await,
-            Node::Replica(watch) => watch.gone.notified().await,
+            Node::Replica(watch) => {
+                let notified = watch.gone.notified();
+                let mut notified = std::pin::pin!(notified);
+                // Registered before the flag is read: a watcher that clears it after wakes this.
+                notified.as_mut().enable();
+                if watch.healthy.load(Ordering::Acquire) {
+                    notified.await;
+                }
+            }
         }
     }
 }
