@@ -160,6 +160,14 @@ async fn sqlhttpd_on(
     ServerProcess::spawn_command(command).await.unwrap()
 }
 
+/// `sqlhttpd` with every replica, once `kv` holds `value` on all of them.
+async fn every_replica(database: &ReplicaDatabase, value: &str) -> ServerProcess {
+    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
+    let server = sqlhttpd_on(database, &replicas, &[]).await;
+    prepared(server.url(), database, replicas.len(), value).await;
+    server
+}
+
 /// `sqlhttpd` with the first replica only, which its lag never sends reads away from (only a
 /// bookmark does), waiting 50 ms for it.
 async fn one_replica_never_too_far(database: &ReplicaDatabase) -> ServerProcess {
@@ -475,10 +483,8 @@ async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
         replica_cluster_or_return!("reads_are_served_by_a_replica_and_writes_by_the_primary");
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "one").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "one").await;
 
     let written = set_value(url, "two").await;
     assert_ne!(written.served_by(), Some("replica"), "{written:?}");
@@ -526,10 +532,10 @@ async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
         ),
         5.0
     );
-    assert_eq!(after.healthy(), vec![1.0; replicas.len()]);
+    assert_eq!(after.healthy(), vec![1.0; database.replicas.len()]);
     assert_eq!(
         after.series("sqlhttpd_replica_lag_seconds").len(),
-        replicas.len()
+        database.replicas.len()
     );
 }
 
@@ -542,10 +548,8 @@ async fn a_read_with_the_bookmark_of_a_write_sees_that_write() {
     let cluster = replica_cluster_or_return!("a_read_with_the_bookmark_of_a_write_sees_that_write");
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "0").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "0").await;
 
     let mut by_replica = 0;
     let mut bookmark = String::new();
@@ -562,7 +566,7 @@ async fn a_read_with_the_bookmark_of_a_write_sees_that_write() {
     eprintln!("{by_replica} of 200 reads with a fresh bookmark were served by a replica");
     // Once every replica has replayed the last write, its bookmark is no reason to leave them.
     database.caught_up().await;
-    for _ in 0..replicas.len() {
+    for _ in 0..database.replicas.len() {
         let answer = read_value(url, &[("sqlhttp-bookmark", &bookmark)]).await;
         assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
         assert_eq!(answer.cell(), "200");
@@ -629,10 +633,8 @@ async fn bookmarks_are_ordered_and_never_go_back() {
     let cluster = replica_cluster_or_return!("bookmarks_are_ordered_and_never_go_back");
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "0").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "0").await;
 
     // A client that keeps the greatest bookmark it saw and sends it on everything.
     let mut greatest = set_value(url, "0").await.bookmark();
@@ -838,10 +840,8 @@ async fn consistency_primary_is_served_by_the_primary_and_malformed_headers_are_
     let cluster = replica_cluster_or_return!(test);
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "v").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "v").await;
 
     let asked = [("served_by", "primary"), ("reason", "asked")];
     let before = Metrics::of(url).await;
@@ -903,10 +903,8 @@ async fn read_only_batches_go_to_a_replica_and_write_batches_to_the_primary() {
     let cluster = replica_cluster_or_return!(test);
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "b").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "b").await;
 
     let reads = json!({"read_only": true, "statements": [
         {"sql": "SELECT v FROM kv WHERE k = 1"},
@@ -938,10 +936,8 @@ async fn keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read() {
     let cluster = replica_cluster_or_return!(test);
     let _shared = REPLICAS.read().await;
     let database = cluster.database().await;
-    let replicas: Vec<usize> = (0..database.replicas.len()).collect();
-    let server = sqlhttpd_on(&database, &replicas, &[]).await;
+    let server = every_replica(&database, "k").await;
     let url = server.url();
-    prepared(url, &database, replicas.len(), "k").await;
 
     let key = [("idempotency-key", "a-keyed-write")];
     let written = write(
@@ -1120,4 +1116,32 @@ async fn a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_a
     assert_eq!(behind.served_by(), Some("primary"), "{behind:?}");
     assert_eq!(statement(token(&behind)).await.cell(), "newer");
     paused.resume().await;
+}
+
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_read_a_replica_cannot_run_is_served_by_the_primary() {
+    let test = "a_read_a_replica_cannot_run_is_served_by_the_primary";
+    let cluster = replica_cluster_or_return!(test);
+    let _shared = REPLICAS.read().await;
+    let database = cluster.database().await;
+    let server = sqlhttpd_on(&database, &[0], &[]).await;
+    let url = server.url();
+    prepared(url, &database, 1, "v").await;
+
+    // A hot standby refuses what needs a primary ("recovery is in progress"): the primary
+    // answers instead of the replica's refusal.
+    let position = read(url, "SELECT pg_current_wal_lsn()::text", json!([]), &[])
+        .await
+        .ok();
+    assert_eq!(position.served_by(), Some("primary"), "{position:?}");
+    // A write sent as a read is refused by the primary as it always was.
+    let write = read(url, "INSERT INTO kv VALUES (9, 'w')", json!([]), &[]).await;
+    assert_eq!(write.status, 403, "{write:?}");
+    assert_eq!(write.body["error"]["code"], "READ_ONLY");
+    // Whatever a replica can run, it still serves.
+    assert_eq!(read_value(url, &[]).await.served_by(), Some("replica"));
 }

@@ -628,6 +628,16 @@ impl Engine for PostgresEngine {
     }
 }
 
+/// Whether a replica refused `err`'s statement because it is a replica: `55000` (a function
+/// that needs a primary, `pg_current_wal_lsn()`: "recovery is in progress") or `25006` (one
+/// that would assign a transaction id, `txid_current()`: "cannot execute ... during
+/// recovery"). On the primary the same statement gets its own answer, a write's `403` included
+/// (it runs there in a read-only transaction too), so nothing is lost by asking it there.
+fn replica_refuses(err: &tokio_postgres::Error) -> bool {
+    err.code()
+        .is_some_and(|code| matches!(code.code(), "55000" | "25006"))
+}
+
 /// One request's job: whether its requester went away. The task that holds the connection
 /// cancels its own statement (see [`Inner::guarded`]), so a cancel request can never reach a
 /// connection that already serves another request.
@@ -683,6 +693,13 @@ impl Inner {
     /// The protocol error for a PostgreSQL failure; once closing, a cancelled or lost
     /// statement is the shutdown's 503.
     fn map(&self, err: &tokio_postgres::Error) -> ApiError {
+        if self.node.is_replica() && replica_refuses(err) {
+            // The primary runs it (see `PostgresEngine::read`), and answers for itself.
+            return ApiError::unavailable(
+                "the statement cannot run on a read replica (it is in recovery); retry on the \
+                 primary",
+            );
+        }
         let mapped = errors::map_error(err, self.timeout_ms());
         if self.closing.load(Ordering::Acquire)
             && matches!(
