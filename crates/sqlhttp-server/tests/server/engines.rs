@@ -178,7 +178,11 @@ pub(crate) fn start_cluster_with(auth: &str, env: &[(&str, &str)]) -> Option<Str
 /// Runs `scripts/start-postgres` with `args`, and arranges for every cluster it started to be
 /// stopped when this process exits: the URLs it printed, one a line (the primary's first), or
 /// `None` (with a message) when it failed.
-fn start_postgres(args: &[&str], auth: &str, env: &[(&str, &str)]) -> Option<Vec<String>> {
+pub(crate) fn start_postgres(
+    args: &[&str],
+    auth: &str,
+    env: &[(&str, &str)],
+) -> Option<Vec<String>> {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
     // Tests never install system packages; .ci/run's own start-postgres may.
     let output = Command::new(script)

@@ -4,7 +4,7 @@
 //! its own with one streaming replica (`scripts/start-postgres --replica 1`), stopped when the
 //! test process exits.
 
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use axum::Router;
@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Database, ReadReplicas, app};
 
 use crate::common::{Reply, batch_with, post_with};
-use crate::engines::{client_role, config, database_on, owner};
+use crate::engines::{client_role, config, database_on, owner, start_postgres};
 
 /// A cluster of the test's own, the primary's and the replica's URLs (their `postgres`
 /// database): the tests freeze and pause their replica. `None` (with a message, and a failure
@@ -30,30 +30,11 @@ fn cluster() -> Option<(String, String)> {
 }
 
 fn start_replicated() -> Option<(String, String)> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/start-postgres");
-    let output = Command::new(script)
-        .args(["--replica", "1"])
-        .env("START_POSTGRES_NO_INSTALL", "1")
-        .stderr(Stdio::inherit())
-        .output()
-        .ok()
-        .filter(|output| output.status.success())?;
-    let text = String::from_utf8(output.stdout).ok()?;
-    let mut lines = text.lines().map(str::trim);
-    let (primary, replica) = (lines.next()?.to_owned(), lines.next()?.to_owned());
-    // Stop both when this process exits, however it exits.
-    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
-    let watcher = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; {stop} '{primary}' '{replica}'",
-        pid = std::process::id()
-    );
-    let _ = Command::new("setsid")
-        .args(["sh", "-c", &watcher])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn();
-    Some((primary, replica))
+    let urls = start_postgres(&["--replica", "1"], "trust", &[])?;
+    match urls.as_slice() {
+        [primary, replica] => Some((primary.clone(), replica.clone())),
+        _ => None,
+    }
 }
 
 /// A test's database on the primary, its name on the replica, and an app that reads there.
