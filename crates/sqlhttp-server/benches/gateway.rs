@@ -15,7 +15,10 @@
 //! Run with `cargo bench -p sqlhttp-server --bench gateway`, and with
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres)` for PostgreSQL too (a superuser's URL
 //! on loopback; the bench makes a database of its own and drops it). `SQLHTTPD_GATEWAY_SECONDS`
-//! sets a round's length.
+//! sets a round's length; `SQLHTTPD_GATEWAY_ENGINES=postgres` (or `sqlite`) runs one engine.
+//! Each round also prints the machine's busy CPU time per request on each side (Linux's
+//! `/proc/stat`: the load generator, the server and the database together), which holds still
+//! where requests per second follow a shared machine's speed.
 
 #[path = "support/scratch_database.rs"]
 mod scratch_database;
@@ -85,6 +88,54 @@ async fn read_body(mut body: hyper::body::Incoming) -> Vec<u8> {
     out
 }
 
+/// The machine's busy CPU time so far (every core's user, system and interrupt time, not idle
+/// or stolen time), from `/proc/stat`; `None` where there is none.
+fn busy_cpu() -> Option<Duration> {
+    let stat = std::fs::read_to_string("/proc/stat").ok()?;
+    let ticks: Vec<u64> = stat
+        .lines()
+        .next()?
+        .split_whitespace()
+        .skip(1)
+        .map(|field| field.parse().ok())
+        .collect::<Option<_>>()?;
+    // user, nice, system, irq, softirq; at the kernel's usual 100 ticks a second.
+    let busy = ticks.first()? + ticks.get(1)? + ticks.get(2)? + ticks.get(5)? + ticks.get(6)?;
+    Some(Duration::from_millis(busy * 10))
+}
+
+/// What one side served in a round: requests per second, and the machine's busy CPU time per
+/// request (load generator, server and database together) when it can be read. The second
+/// holds still on a machine whose speed varies from minute to minute, as a shared one's does.
+struct Served {
+    per_second: f64,
+    cpu_per_request: Option<Duration>,
+}
+
+/// [`load`], with the machine's CPU time it took.
+async fn measured(addr: SocketAddr, sql: &str, token: Option<&str>, length: Duration) -> Served {
+    let before = busy_cpu();
+    let started = Instant::now();
+    let per_second = load(addr, sql, token, length).await;
+    let requests = per_second * started.elapsed().as_secs_f64();
+    let cpu_per_request = before
+        .zip(busy_cpu())
+        .filter(|_| requests >= 1.0)
+        .map(|(before, after)| after.saturating_sub(before).div_f64(requests));
+    Served {
+        per_second,
+        cpu_per_request,
+    }
+}
+
+/// A [`Served`]'s CPU time per request, in microseconds, for the report.
+fn micros(served: &Served) -> String {
+    served.cpu_per_request.map_or_else(
+        || "?".to_owned(),
+        |cpu| format!("{:.0}", cpu.as_secs_f64() * 1e6),
+    )
+}
+
 /// Requests per second of `addr` under [`IN_FLIGHT`] concurrent point reads for `length`, each
 /// on a keep-alive connection of its own, with `sql` (its placeholder as the server wants it)
 /// as a verified read; every answer is checked.
@@ -142,15 +193,19 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
     load(theirs.0, theirs.1, None, Duration::from_secs(1)).await;
     let (mut best_ours, mut best_theirs) = (0.0_f64, 0.0_f64);
     for round in 1..=ROUNDS {
-        let gateway = load(theirs.0, theirs.1, None, length).await;
-        let sqlhttpd = load(ours.0, ours.1, Some(TOKEN), length).await;
+        let gateway = measured(theirs.0, theirs.1, None, length).await;
+        let sqlhttpd = measured(ours.0, ours.1, Some(TOKEN), length).await;
         println!(
-            "  {engine} round {round}: hand-written gateway {gateway:>8.0} req/s, sqlhttpd \
-             {sqlhttpd:>8.0} req/s ({:.2}x)",
-            sqlhttpd / gateway
+            "  {engine} round {round}: hand-written gateway {:>8.0} req/s ({} us CPU/req), \
+             sqlhttpd {:>8.0} req/s ({} us CPU/req): {:.2}x",
+            gateway.per_second,
+            micros(&gateway),
+            sqlhttpd.per_second,
+            micros(&sqlhttpd),
+            sqlhttpd.per_second / gateway.per_second
         );
-        best_ours = best_ours.max(sqlhttpd);
-        best_theirs = best_theirs.max(gateway);
+        best_ours = best_ours.max(sqlhttpd.per_second);
+        best_theirs = best_theirs.max(gateway.per_second);
     }
     println!(
         "{engine}: sqlhttpd {best_ours:.0} req/s, hand-written gateway {best_theirs:.0} req/s: \
@@ -373,7 +428,14 @@ fn main() {
             "point reads, {IN_FLIGHT} in flight, best of {ROUNDS} rounds of {:?}",
             round_length()
         );
-        sqlite().await;
+        // `SQLHTTPD_GATEWAY_ENGINES=postgres` compares PostgreSQL alone.
+        let engines = std::env::var("SQLHTTPD_GATEWAY_ENGINES").unwrap_or_default();
+        if engines.is_empty() || engines.contains("sqlite") {
+            sqlite().await;
+        }
+        if !engines.is_empty() && !engines.contains("postgres") {
+            return;
+        }
         match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {
             Ok(url) => postgres(&url).await,
             Err(_) => println!("PostgreSQL: set SQLHTTPD_BENCH_POSTGRES_URL to compare it too"),
