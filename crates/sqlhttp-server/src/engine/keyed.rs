@@ -27,6 +27,9 @@ pub(crate) struct Stored {
     pub(crate) body: Vec<u8>,
     /// When it was stored, in milliseconds since the epoch ([`now_millis`]).
     pub(crate) created_at: i64,
+    /// Where the database's log stood when it was read, at or past the commit that stored it
+    /// (PostgreSQL, where a lookup reads it: a bookmark for an answer built from it).
+    pub(crate) position: Option<crate::protocol::bookmark::Bookmark>,
 }
 
 /// What to do with a keyed request, given what is stored under its key.
@@ -162,6 +165,7 @@ mod tests {
             status: 409,
             body: b"{}".to_vec(),
             created_at: now_millis() - millis(age),
+            position: None,
         }
     }
 

@@ -38,6 +38,7 @@ pub(crate) mod batch_body;
 pub(crate) mod interactive;
 pub(crate) mod job;
 pub(crate) mod keyed;
+mod outcomes;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod sandbox;

@@ -24,7 +24,7 @@
 //! does not cut it short, so its re-send finds the stored result. Knows the engine contract and
 //! the protocol's error codes; nothing about HTTP or either engine's SQL.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -37,6 +37,7 @@ use crate::budget::{Budget, Held};
 use crate::config::TransactionLimits;
 use crate::engine::interactive::{CommitError, Record, Session, StepError, TxOptions};
 use crate::engine::keyed::millis;
+use crate::engine::outcomes::Finished;
 use crate::engine::{Backend, Engine as _, Outcome};
 use crate::protocol::bookmark::{Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
@@ -45,7 +46,8 @@ use crate::protocol::request::SqlRequest;
 /// How long finished outcomes are kept in memory when the server keeps no idempotency keys.
 const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
 
-/// The most finished outcomes kept in memory (the oldest go first past it).
+/// The most finished outcomes kept in memory, all owners together: past it, the oldest of the
+/// owner that holds the most goes first (see `engine::outcomes`).
 const MAX_FINISHED: usize = 65_536;
 
 /// How long after a COMMIT's answer from the database was lost its outcome stays "unknown"
@@ -63,8 +65,10 @@ const MAX_KEPT_MESSAGE: usize = 512;
 /// How a transaction ended, as later requests for it are answered.
 #[derive(Debug, Clone)]
 enum Ending {
-    /// Committed: the COMMIT's answer body.
-    Committed(Vec<u8>),
+    /// Committed: the COMMIT's answer body, and where the commit stands in the log (the
+    /// COMMIT's own bookmark, or a position read after its record was found), so every answer
+    /// that reports it carries a bookmark at or past it.
+    Committed(Vec<u8>, Option<Position>),
     /// Its COMMIT failed and it was rolled back: the COMMIT's error.
     Refused(ApiError),
     /// Its client rolled it back.
@@ -81,7 +85,7 @@ enum Ending {
 impl Ending {
     fn name(&self) -> &'static str {
         match self {
-            Ending::Committed(_) => "committed",
+            Ending::Committed(..) => "committed",
             Ending::Refused(_) | Ending::RolledBack => "rolled_back",
             Ending::Expired => "expired",
             Ending::Aborted(_) => "aborted",
@@ -152,21 +156,15 @@ struct Entry {
     opened_at: Instant,
     /// The Idempotency-Key it was opened under, if any.
     open_key: Option<String>,
-    /// Its open's answer, for a re-sent open.
+    /// Its open's answer, for a re-sent open, with the snapshot's position when it has one.
     opened: Vec<u8>,
+    opened_at_position: Option<Position>,
     state: Arc<tokio::sync::Mutex<Live>>,
     _permit: OwnedSemaphorePermit,
 }
 
 /// The token an open under one key opened, `None` while it runs (or after it failed).
 type OpenSlot = Arc<tokio::sync::Mutex<Option<String>>>;
-
-/// Finished outcomes, oldest first.
-#[derive(Default)]
-struct Finished {
-    by_token: HashMap<String, (String, Ending, Instant)>,
-    order: VecDeque<(String, Instant)>,
-}
 
 /// Counts for the metrics.
 #[derive(Debug, Default)]
@@ -208,7 +206,8 @@ pub(crate) struct Transactions {
     /// Each `(owner, Idempotency-Key)` an open came with, and the token it opened: a re-sent
     /// open waits here for the first one and answers its transaction.
     opens: Mutex<HashMap<(String, String), OpenSlot>>,
-    finished: Mutex<Finished>,
+    /// How finished transactions ended, a share per owner (see `engine::outcomes`).
+    finished: Mutex<Finished<Ending>>,
     counters: Counters,
     reaper: AtomicBool,
     /// The server is shutting down: no transaction opens any more.
@@ -307,7 +306,10 @@ impl Transactions {
             slots: Arc::new(Semaphore::new(limits.max_open)),
             live: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
-            finished: Mutex::new(Finished::default()),
+            finished: Mutex::new(Finished::new(
+                MAX_FINISHED,
+                ttl.unwrap_or(KEPT_WITHOUT_TTL),
+            )),
             counters: Counters::default(),
             reaper: AtomicBool::new(false),
             closed: AtomicBool::new(false),
@@ -346,7 +348,7 @@ impl Transactions {
         let instance = token.split('.').next()?;
         if instance == self.instance
             || lock(&self.live).contains_key(token)
-            || lock(&self.finished).by_token.contains_key(token)
+            || lock(&self.finished).contains(token)
         {
             return None;
         }
@@ -416,7 +418,7 @@ impl Transactions {
                 status: 200,
                 body: entry.opened.clone(),
                 replayed: true,
-                position: None,
+                position: entry.opened_at_position,
             });
         }
         let opened = self.open_now(engine, owner, Some(key), options, at).await;
@@ -472,6 +474,7 @@ impl Transactions {
             opened_at: now,
             open_key: key,
             opened: opened.clone(),
+            opened_at_position: position,
             state: Arc::new(tokio::sync::Mutex::new(Live {
                 session: Some(session),
                 seq: 0,
@@ -613,11 +616,11 @@ impl Transactions {
                 });
                 match session.commit(record).await {
                     Ok(bookmark) => {
-                        registry.finish(&entry, Ending::Committed(body.clone()));
                         let position = bookmark.map(|bookmark| Position {
                             bookmark,
                             served_by: ServedBy::Primary,
                         });
+                        registry.finish(&entry, Ending::Committed(body.clone(), position));
                         Ok(Outcome::fresh(body).at(position))
                     }
                     Err(CommitError::RolledBack(err)) => {
@@ -751,15 +754,14 @@ impl Transactions {
         let known = {
             let finished = lock(&self.finished);
             finished
-                .by_token
                 .get(token)
-                .map(|(whose, ending, _)| (whose == owner).then(|| ending.clone()))
+                .map(|(whose, ending)| (whose == owner).then(|| ending.clone()))
         };
         let ending = match known {
             Some(None) => return Err(not_found()),
             Some(Some(Ending::Unknown(since))) => {
                 match self.read_record(engine, owner, token).await? {
-                    committed @ Ending::Committed(_) => committed,
+                    committed @ Ending::Committed(..) => committed,
                     // The COMMIT whose answer was lost may still be finishing on the database
                     // (its session is being ended): no record yet is not "never committed".
                     _ if since.elapsed() < UNKNOWN_SETTLES => Ending::Unknown(since),
@@ -771,7 +773,7 @@ impl Transactions {
             // outcomes): committed if its record says so, else never one it issued.
             None if token.split('.').next() == Some(self.instance.as_str()) => {
                 match self.read_record(engine, owner, token).await? {
-                    committed @ Ending::Committed(_) => committed,
+                    committed @ Ending::Committed(..) => committed,
                     _ => return Err(not_found()),
                 }
             }
@@ -803,7 +805,12 @@ impl Transactions {
             Some(stored)
                 if stored.request_hash == record_hash(owner, token) && fresh(stored.created_at) =>
             {
-                let ending = Ending::Committed(stored.body);
+                // Read with the record: at or past the commit that made it visible.
+                let position = stored.position.map(|bookmark| Position {
+                    bookmark,
+                    served_by: ServedBy::Primary,
+                });
+                let ending = Ending::Committed(stored.body, position);
                 self.remember(token, owner, ending.clone());
                 ending
             }
@@ -813,9 +820,8 @@ impl Transactions {
 
     fn ending_of(&self, token: &str) -> Option<Ending> {
         lock(&self.finished)
-            .by_token
             .get(token)
-            .map(|(_, ending, _)| ending.clone())
+            .map(|(_, ending)| ending.clone())
     }
 
     /// Rolls the transaction back if it was idle or open too long; `true` if it did.
@@ -841,7 +847,7 @@ impl Transactions {
     /// Moves `entry` from the open transactions to the finished ones.
     fn finish(&self, entry: &Entry, ending: Ending) {
         let counter = match &ending {
-            Ending::Committed(_) => &self.counters.commits,
+            Ending::Committed(..) => &self.counters.commits,
             Ending::Refused(_) | Ending::RolledBack => &self.counters.rollbacks,
             Ending::Expired => &self.counters.expirations,
             Ending::Aborted(_) | Ending::Unknown(_) => &self.counters.aborts,
@@ -863,26 +869,7 @@ impl Transactions {
             Ending::Aborted(err) => Ending::Aborted(bounded(err)),
             other => other,
         };
-        let kept = self.ttl.unwrap_or(KEPT_WITHOUT_TTL);
-        let now = Instant::now();
-        let mut finished = lock(&self.finished);
-        while let Some((old, at)) = finished.order.front().cloned() {
-            if now.saturating_duration_since(at) < kept && finished.order.len() < MAX_FINISHED {
-                break;
-            }
-            finished.order.pop_front();
-            if finished
-                .by_token
-                .get(&old)
-                .is_some_and(|(_, _, when)| *when == at)
-            {
-                finished.by_token.remove(&old);
-            }
-        }
-        finished.order.push_back((token.to_owned(), now));
-        finished
-            .by_token
-            .insert(token.to_owned(), (owner.to_owned(), ending, now));
+        lock(&self.finished).keep(token, owner, ending, Instant::now());
     }
 
     /// Starts the task that expires idle and old transactions, once (from the first open:
@@ -900,6 +887,7 @@ impl Transactions {
                 let Some(registry) = registry.upgrade() else {
                     return;
                 };
+                lock(&registry.finished).expire(Instant::now());
                 let entries: Vec<Arc<Entry>> = lock(&registry.live).values().cloned().collect();
                 for entry in entries {
                     // A transaction running a statement now is not idle.
@@ -914,19 +902,22 @@ impl Transactions {
 
 /// How a request `op` for a transaction that ended as `ending` is answered.
 fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
-    let replayed = |body: Vec<u8>| {
+    let replayed = |body: Vec<u8>, position: Option<Position>| {
         Ok(Outcome {
             status: 200,
             body,
             replayed: true,
-            position: None,
+            position,
         })
     };
     match (op, ending) {
+        (Op::Outcome, Ending::Committed(_, position)) => {
+            Ok(Outcome::fresh(outcome_body(ending.name())).at(*position))
+        }
         (Op::Outcome, ending) => Ok(Outcome::fresh(outcome_body(ending.name()))),
-        (Op::Commit, Ending::Committed(body)) => replayed(body.clone()),
-        (Op::Step, Ending::Committed(_)) => Err(finished("committed")),
-        (Op::Rollback, Ending::Committed(_)) => {
+        (Op::Commit, Ending::Committed(body, position)) => replayed(body.clone(), *position),
+        (Op::Step, Ending::Committed(..)) => Err(finished("committed")),
+        (Op::Rollback, Ending::Committed(..)) => {
             Err(finished("committed: it cannot be rolled back"))
         }
         (Op::Commit, Ending::Refused(err)) | (Op::Commit | Op::Step, Ending::Aborted(err)) => {
@@ -937,9 +928,10 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
             "rolled back by its client; nothing of it was committed",
         )),
         (Op::Commit | Op::Step, Ending::Expired) => Err(expired()),
-        (Op::Commit | Op::Step, Ending::Unknown(_)) => Err(ApiError::unavailable(
-            "whether the transaction committed is not known yet; send the COMMIT again",
+        (Op::Commit | Op::Step, Ending::Unknown(_)) => Err(ApiError::outcome_unknown(
+            "whether the transaction committed is not known yet; send the COMMIT again (or ask \
+             for its outcome) until it is",
         )),
-        (Op::Rollback, ending) => replayed(outcome_body(ending.name())),
+        (Op::Rollback, ending) => replayed(outcome_body(ending.name()), None),
     }
 }

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
 use crate::error::ServerError;
-use crate::http::credentials::{Credential, Label};
+use crate::http::credentials::{Credential, Identity, Label};
 use crate::protocol::error::{ApiError, ErrorCode};
 
 /// The accepted tokens, as digests with the credential each stands for; empty means the API is
@@ -41,10 +41,9 @@ impl Tokens {
             .into_iter()
             .enumerate()
             .map(|(index, t)| {
-                (
-                    digest(t.as_bytes()),
-                    Credential::full(Label::Token(index + 1)),
-                )
+                let digest = digest(t.as_bytes());
+                let identity = Identity::of_token_digest(&digest);
+                (digest, Credential::full(Label::Token(index + 1), identity))
             })
             .collect();
         for (index, token) in read.into_iter().enumerate() {
@@ -57,7 +56,8 @@ impl Tokens {
                     read_index: index + 1,
                 });
             }
-            digests.push((read, Credential::read_only(Label::Read(index + 1))));
+            let identity = Identity::of_token_digest(&read);
+            digests.push((read, Credential::read_only(Label::Read(index + 1), identity)));
         }
         Ok(Tokens { digests })
     }

@@ -52,11 +52,66 @@ impl fmt::Display for Label {
     }
 }
 
+/// Who a credential is, in a way that does not move: derived from the token itself (a digest
+/// of its digest, under a name of its own), so it is the same after a restart, after other
+/// tokens are added or revoked, and on every server that accepts the token. What the server
+/// holds for a caller across requests (its interactive transactions, their commit records)
+/// belongs to this, never to the [`Label`], which is a position in the configuration and moves
+/// when an earlier token is revoked. Not the token: nothing of it can be turned back into one.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Identity([u8; 16]);
+
+impl Identity {
+    /// The identity of every caller of an open server.
+    pub(crate) const ANONYMOUS: Identity = Identity(*b"sqlhttp-anonymus");
+
+    /// The identity of the token whose SHA-256 digest is `digest`.
+    pub(crate) fn of_token_digest(digest: &[u8; 32]) -> Identity {
+        use sha2::{Digest as _, Sha256};
+        let derived: [u8; 32] = Sha256::new()
+            .chain_update(b"sqlhttp credential identity\n")
+            .chain_update(digest)
+            .finalize()
+            .into();
+        let mut identity = [0; 16];
+        identity.copy_from_slice(&derived[..16]);
+        Identity(identity)
+    }
+
+    /// The identity from its text ([`fmt::Display`]: 32 lower-case hex digits).
+    pub(crate) fn parse(text: &str) -> Option<Identity> {
+        if text.len() != 32 {
+            return None;
+        }
+        let mut identity = [0; 16];
+        for (byte, pair) in identity.iter_mut().zip(text.as_bytes().chunks(2)) {
+            let pair = std::str::from_utf8(pair).ok()?;
+            *byte = u8::from_str_radix(pair, 16).ok()?;
+        }
+        Some(Identity(identity))
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.iter().try_for_each(|byte| write!(f, "{byte:02x}"))
+    }
+}
+
+impl fmt::Debug for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Identity(..)")
+    }
+}
+
 /// The authenticated caller of one request, in its extensions for every `/api/` endpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Credential {
+    /// For logs and metrics.
     pub(crate) label: Label,
     pub(crate) role: Role,
+    /// Whose state it is (see [`Identity`]).
+    pub(crate) identity: Identity,
 }
 
 impl Credential {
@@ -64,20 +119,23 @@ impl Credential {
         Credential {
             label: Label::Anonymous,
             role: Role::ReadWrite,
+            identity: Identity::ANONYMOUS,
         }
     }
 
-    pub(crate) fn full(label: Label) -> Credential {
+    pub(crate) fn full(label: Label, identity: Identity) -> Credential {
         Credential {
             label,
             role: Role::ReadWrite,
+            identity,
         }
     }
 
-    pub(crate) fn read_only(label: Label) -> Credential {
+    pub(crate) fn read_only(label: Label, identity: Identity) -> Credential {
         Credential {
             label,
             role: Role::ReadOnly,
+            identity,
         }
     }
 
@@ -164,8 +222,22 @@ mod tests {
 
     #[test]
     fn roles() {
+        let identity = Identity::of_token_digest(&[7; 32]);
         assert!(Credential::anonymous().may_write());
-        assert!(Credential::full(Label::Token(1)).may_write());
-        assert!(!Credential::read_only(Label::Read(1)).may_write());
+        assert!(Credential::full(Label::Token(1), identity).may_write());
+        assert!(!Credential::read_only(Label::Read(1), identity).may_write());
+    }
+
+    #[test]
+    fn an_identity_depends_on_the_token_alone_and_reads_back() {
+        let a = Identity::of_token_digest(&[1; 32]);
+        assert_eq!(a, Identity::of_token_digest(&[1; 32]));
+        assert_ne!(a, Identity::of_token_digest(&[2; 32]));
+        assert_ne!(a, Identity::ANONYMOUS);
+        let text = a.to_string();
+        assert_eq!(text.len(), 32);
+        assert_eq!(Identity::parse(&text), Some(a));
+        assert_eq!(Identity::parse("zz"), None);
+        assert_eq!(format!("{a:?}"), "Identity(..)");
     }
 }

@@ -282,9 +282,10 @@ impl Admissible for Named {
     }
 }
 
-/// A transaction's owner: the credential's label (never the token itself).
+/// A transaction's owner: the credential's identity, which does not move when other tokens
+/// are added or revoked (never the token itself, never its position: see `Identity`).
 fn owner(credential: &Credential) -> String {
-    credential.label.to_string()
+    credential.identity.to_string()
 }
 
 fn respond(result: Result<Outcome, ApiError>) -> Response {

@@ -43,6 +43,14 @@ pub(crate) enum ErrorCode {
     TransactionStepOutOfOrder,
     /// The transaction has ended (committed, or rolled back by its client): nothing more runs in it.
     TransactionFinished,
+    /// The server cannot know whether a write (or a COMMIT) took effect: the database did not
+    /// answer it in time, or the process holding the transaction cannot be reached. Not "busy,
+    /// nothing ran" (`UNAVAILABLE`): a keyed write or a COMMIT sent again (or the transaction's
+    /// outcome asked for) tells.
+    OutcomeUnknown,
+    /// The request's `Sqlhttp-Bookmark` is past everything the primary has written: a bookmark
+    /// from another cluster, or from before a failover. Nothing ran; drop the bookmark.
+    BookmarkAhead,
 }
 
 /// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
@@ -99,6 +107,8 @@ impl ErrorCode {
             ErrorCode::TransactionAborted => "TRANSACTION_ABORTED",
             ErrorCode::TransactionStepOutOfOrder => "TRANSACTION_STEP_OUT_OF_ORDER",
             ErrorCode::TransactionFinished => "TRANSACTION_FINISHED",
+            ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
+            ErrorCode::BookmarkAhead => "BOOKMARK_AHEAD",
         }
     }
 
@@ -112,14 +122,15 @@ impl ErrorCode {
             | ErrorCode::IdempotencyKeyInUse
             | ErrorCode::TransactionAborted
             | ErrorCode::TransactionStepOutOfOrder
-            | ErrorCode::TransactionFinished => StatusCode::CONFLICT,
+            | ErrorCode::TransactionFinished
+            | ErrorCode::BookmarkAhead => StatusCode::CONFLICT,
             ErrorCode::TransactionExpired => StatusCode::GONE,
             ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             ErrorCode::IdempotencyKeyReused
             | ErrorCode::StatementTimeout
             | ErrorCode::ResultTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
             ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+            ErrorCode::Unavailable | ErrorCode::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::StatementNotAllowed | ErrorCode::OriginNotAllowed | ErrorCode::ReadOnly => {
                 StatusCode::FORBIDDEN
             }
@@ -234,6 +245,11 @@ impl ApiError {
         Self::new(ErrorCode::Unavailable, message)
     }
 
+    /// The server cannot know whether the write took effect (see [`ErrorCode::OutcomeUnknown`]).
+    pub(crate) fn outcome_unknown(message: impl Into<String>) -> Self {
+        Self::new(ErrorCode::OutcomeUnknown, message)
+    }
+
     pub(crate) fn method_not_allowed(allow: &'static str) -> Self {
         ApiError {
             allow,
@@ -292,9 +308,10 @@ impl IntoResponse for ApiError {
         let extra: Option<(HeaderName, &'static str)> = match self.code {
             ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
-            ErrorCode::IdempotencyKeyInUse | ErrorCode::Unavailable | ErrorCode::RateLimited => {
-                Some((header::RETRY_AFTER, "1"))
-            }
+            ErrorCode::IdempotencyKeyInUse
+            | ErrorCode::Unavailable
+            | ErrorCode::OutcomeUnknown
+            | ErrorCode::RateLimited => Some((header::RETRY_AFTER, "1")),
             _ => None,
         };
         if let Some((name, value)) = extra {
@@ -355,6 +372,12 @@ mod tests {
             (ErrorCode::TransactionAborted, 409, None),
             (ErrorCode::TransactionStepOutOfOrder, 409, None),
             (ErrorCode::TransactionFinished, 409, None),
+            (
+                ErrorCode::OutcomeUnknown,
+                503,
+                Some(("retry-after", "1")),
+            ),
+            (ErrorCode::BookmarkAhead, 409, None),
         ];
         for (code, status, header) in cases {
             let response = ApiError::new(code, "m").into_response();
@@ -403,6 +426,7 @@ mod tests {
         assert!(ErrorCode::SqlError.is_stored_outcome());
         assert!(ErrorCode::ConstraintViolation.is_stored_outcome());
         assert!(!ErrorCode::Unavailable.is_stored_outcome());
+        assert!(!ErrorCode::OutcomeUnknown.is_stored_outcome());
         assert!(!ErrorCode::Internal.is_stored_outcome());
         assert!(!ErrorCode::BadRequest.is_stored_outcome());
     }

@@ -58,6 +58,15 @@ impl std::fmt::Debug for Session {
     }
 }
 
+/// How far a statement's savepoint got (see `Session::step`).
+#[derive(Default)]
+struct Savepoint {
+    /// Its message was written (it runs, whatever follows).
+    sent: AtomicBool,
+    /// PostgreSQL answered it: the statement can be undone to it.
+    taken: AtomicBool,
+}
+
 /// Whether a PostgreSQL error ends the transaction: class `40` (serialization failure,
 /// deadlock), or no answer at all (the connection is gone).
 fn aborts(e: &tokio_postgres::Error) -> bool {
@@ -166,8 +175,16 @@ impl Session {
         let mut sink = Sink::Buffered {
             limit: inner.limits.max_result_bytes,
         };
-        let opening: exec::Opening<'_> =
-            Box::pin(async { client.batch_execute(&open_step).await.map_err(&map) });
+        // Whether this statement's savepoint message went out, and whether it was taken: a
+        // statement refused before it (the text checks, a parameter count) has nothing to undo,
+        // and undoing it would roll back to the *previous* statement's savepoint.
+        let savepoint = Savepoint::default();
+        let opening: exec::Opening<'_> = Box::pin(async {
+            savepoint.sent.store(true, Ordering::Release);
+            client.batch_execute(&open_step).await.map_err(&map)?;
+            savepoint.taken.store(true, Ordering::Release);
+            Ok(())
+        });
         let job = Job::default();
         let ran = inner
             .guarded(
@@ -194,6 +211,15 @@ impl Session {
                 Ok(out)
             }
             Err(err) if ended.load(Ordering::Acquire) || client.is_closed() => {
+                self.lease = None;
+                Err(StepError::Aborted(aborted(&err.message)))
+            }
+            // Refused before anything was sent: the transaction is as it was, the previous
+            // statement's savepoint still to be released.
+            Err(err) if !savepoint.sent.load(Ordering::Acquire) => Err(StepError::Statement(err)),
+            // The savepoint message itself failed: what it left (the previous savepoint
+            // released, no new one) cannot be undone to a known point.
+            Err(err) if !savepoint.taken.load(Ordering::Acquire) => {
                 self.lease = None;
                 Err(StepError::Aborted(aborted(&err.message)))
             }
@@ -304,7 +330,7 @@ impl Session {
             )
         };
         let Ok((committed, reset)) = tokio::time::timeout(within, ending).await else {
-            return Err(CommitError::Unknown(ApiError::unavailable(
+            return Err(CommitError::Unknown(ApiError::outcome_unknown(
                 "the database did not answer the COMMIT in time: whether the transaction \
                  committed is not known yet; send the COMMIT again",
             )));
@@ -318,7 +344,7 @@ impl Session {
                 lease.clean = true;
                 Ok(transaction::first_position(&answer))
             }
-            Err(e) if e.code().is_none() => Err(CommitError::Unknown(ApiError::unavailable(
+            Err(e) if e.code().is_none() => Err(CommitError::Unknown(ApiError::outcome_unknown(
                 "the connection to the database was lost during COMMIT: whether the \
                  transaction committed is not known yet; send the COMMIT again",
             ))),
@@ -397,16 +423,23 @@ impl Inner {
         let found = lease
             .client()
             .query_opt(
-                "SELECT request_hash, status, body, created_at FROM _sqlhttp.lookup($1, $2)",
+                &format!(
+                    "SELECT request_hash, status, body, created_at, {} \
+                     FROM _sqlhttp.lookup($1, $2)",
+                    transaction::COMMITTED_AT
+                ),
                 &[&self.store_key, &key],
             )
             .await
             .map(|row| {
+                // The position is read once the lookup saw the record: at or past the commit
+                // that stored it.
                 row.map(|row| Stored {
                     request_hash: row.get(0),
                     status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
                     body: row.get(2),
                     created_at: row.get(3),
+                    position: row.get::<_, Option<&str>>(4).and_then(Bookmark::from_lsn),
                 })
             })
             .map_err(|e| self.map(&e));

@@ -249,6 +249,7 @@ where
         status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
         body: row.get(2),
         created_at: row.get(3),
+        position: None,
     });
     // An expired outcome is replaced by the new one's record (an upsert).
     if let Decision::Replay(outcome) = rule::decide(stored, request_hash, keyed.ttl)? {

@@ -102,7 +102,16 @@ pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
         }
     }
     let lower = sql.to_ascii_lowercase();
-    if let Some(function) = REFUSED_FUNCTIONS.iter().find(|f| lower.contains(*f)) {
+    // Under both readings of a backslash in a plain string literal: refusing more than
+    // PostgreSQL would run is safe, missing what it runs is not.
+    let code = [
+        outside_string_literals(&lower, false),
+        outside_string_literals(&lower, true),
+    ];
+    if let Some(function) = REFUSED_FUNCTIONS
+        .iter()
+        .find(|f| code.iter().any(|code| code.contains(*f)))
+    {
         return Err(ApiError::not_allowed(format!(
             "{function} is not allowed: the server's session settings are its own"
         )));
@@ -114,6 +123,46 @@ pub(crate) fn check_text(sql: &str) -> Result<(), ApiError> {
         ));
     }
     Ok(())
+}
+
+/// `sql` with the body of each single-quoted string literal blanked, so a function named
+/// inside data (`'dataset_configuration'`) is not taken for a call. Everything else is kept as
+/// it is, so a name is still found in identifiers, comments and dollar-quoted bodies (a
+/// function's body runs later): each of those is skipped whole only so that a quote inside it
+/// does not open a literal. A literal's backslashes escape when it is an `E'...'` string, or
+/// everywhere when `backslash_escapes` (`standard_conforming_strings` off, which no session of
+/// this server has: read both ways by the caller).
+fn outside_string_literals(sql: &str, backslash_escapes: bool) -> String {
+    let bytes = sql.as_bytes();
+    let mut kept = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let start = i;
+        let byte = bytes[i];
+        let after_ident = i > 0 && sql_text::is_ident_char(bytes[i - 1]);
+        i = match byte {
+            b'-' if bytes.get(i + 1) == Some(&b'-') => bytes[i..]
+                .iter()
+                .position(|&b| b == b'\n' || b == b'\r')
+                .map_or(bytes.len(), |end| i + end + 1),
+            b'/' if bytes.get(i + 1) == Some(&b'*') => sql_text::skip_block_comment(bytes, i),
+            b'"' => sql_text::skip_quoted(bytes, i + 1, b'"', false),
+            b'$' if !after_ident => sql_text::skip_dollar_quoted(bytes, i),
+            b'\'' => {
+                let escape_string = i > 0
+                    && matches!(bytes[i - 1], b'e' | b'E')
+                    && !(i > 1 && sql_text::is_ident_char(bytes[i - 2]));
+                let end =
+                    sql_text::skip_quoted(bytes, i + 1, b'\'', backslash_escapes || escape_string);
+                kept.extend(std::iter::repeat_n(b' ', end - i));
+                i = end;
+                continue;
+            }
+            _ => i + 1,
+        };
+        kept.extend_from_slice(&bytes[start..i.min(bytes.len())]);
+    }
+    String::from_utf8_lossy(&kept).into_owned()
 }
 
 /// Leading keywords that change the database or other sessions although a `READ ONLY`
@@ -233,6 +282,33 @@ mod tests {
             ";ALTER ROLE CURRENT_USER SET work_mem = '1GB'",
             "/* x */;-- y\r;COPY t TO STDOUT",
             "copy t from stdin",
+        ] {
+            let err = check_text(sql).unwrap_err();
+            assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");
+        }
+    }
+
+    #[test]
+    fn a_refused_function_named_in_data_is_data() {
+        for sql in [
+            "SELECT 'dataset_configuration'",
+            "INSERT INTO t (k) VALUES ('set_config') RETURNING k",
+            "SELECT 'it''s set_config'",
+            "SELECT E'\\' set_config \\''",
+            "SELECT x'00', 'set_config'",
+        ] {
+            assert_eq!(check_text(sql), Ok(()), "{sql}");
+        }
+        for sql in [
+            // The backslash does not escape in a plain literal: the call is outside it.
+            "SELECT 'a\\', set_config('role', 'x', false), '--'",
+            "SELECT \"set_config\"('role', 'x', false)",
+            "SELECT $$ ' $$, set_config('role', 'x', false)",
+            "-- it's\nSELECT set_config('role', 'x', false)",
+            "/* ' */ SELECT set_config('role', 'x', false)",
+            "SELECT pg_catalog.set_config('role', 'x', false) AS \"'\"",
+            // A function body runs later: a name in it is refused.
+            "CREATE FUNCTION f() RETURNS text LANGUAGE sql AS $$ SELECT set_config('role', 'x', false) $$",
         ] {
             let err = check_text(sql).unwrap_err();
             assert_eq!(err.code, ErrorCode::StatementNotAllowed, "{sql}");

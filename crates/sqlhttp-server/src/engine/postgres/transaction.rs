@@ -308,7 +308,7 @@ impl Inner {
             // Dropping the unclean lease cancels the statement and ends the session. COMMIT may
             // have completed meanwhile: the outcome is not known, and the answer says so (a
             // keyed retry replays it, or runs it if it was not kept).
-            return Err(ApiError::unavailable(format!(
+            return Err(ApiError::outcome_unknown(format!(
                 "the transaction did not finish ending within this server's limit of {} ms \
                  (--statement-timeout); whether it was kept is unknown: retry with the same \
                  Idempotency-Key, or check",
@@ -332,6 +332,11 @@ impl Inner {
             Err(_) if result.is_err() => result,
             // The session is not reused (the lease is unclean): its state is the client's.
             Err(Ending::Tampered(err)) => Err(err),
+            // The connection went during COMMIT's message: it may have committed.
+            Err(Ending::Postgres(e)) if e.code().is_none() => Err(ApiError::outcome_unknown(
+                "the connection to the database was lost while the transaction committed; \
+                 whether it was kept is unknown: retry with the same Idempotency-Key, or check",
+            )),
             Err(Ending::Postgres(e)) => Err(self.map(&e)),
         }
     }

@@ -58,6 +58,7 @@ pub(crate) fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<St
             status: row.get(1)?,
             body: row.get(2)?,
             created_at: row.get(3)?,
+            position: None,
         })
     })
     .optional()
