@@ -116,11 +116,7 @@ fn refused(engine: Engine) -> Vec<(&'static str, Value, &'static str)> {
                 json!([]),
                 "STATEMENT_NOT_ALLOWED",
             ),
-            (
-                "PREPARE p AS SELECT 1",
-                json!([]),
-                "STATEMENT_NOT_ALLOWED",
-            ),
+            ("PREPARE p AS SELECT 1", json!([]), "STATEMENT_NOT_ALLOWED"),
             (
                 "UPDATE accounts SET balance = $1 WHERE id = $2",
                 json!([5]),
@@ -305,10 +301,7 @@ async fn a_transaction_belongs_to_its_token_not_to_the_tokens_position(engine: E
     )
     .await;
     assert_eq!(inserted.status, 200, "{}", text(&inserted));
-    assert_eq!(
-        end(&before, Some("owner"), "commit", &tx).await.status,
-        200
-    );
+    assert_eq!(end(&before, Some("owner"), "commit", &tx).await.status, 200);
 
     // After a restart that revoked "early": "owner" is token#1 now, and "late" token#2.
     let after = shared.app(tokens(&["owner", "late"]));
