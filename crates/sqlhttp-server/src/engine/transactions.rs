@@ -166,6 +166,30 @@ struct Entry {
 /// The token an open under one key opened, `None` while it runs (or after it failed).
 type OpenSlot = Arc<tokio::sync::Mutex<Option<String>>>;
 
+/// Removes an open's slot from the registry when the open ends without a transaction: it
+/// failed, or its future was dropped (the client went away mid-open).
+struct OpenGuard<'a> {
+    opens: &'a Mutex<HashMap<(String, String), OpenSlot>>,
+    key: (String, String),
+    slot: OpenSlot,
+    armed: bool,
+}
+
+impl Drop for OpenGuard<'_> {
+    fn drop(&mut self) {
+        if !self.armed {
+            return;
+        }
+        let mut opens = lock(self.opens);
+        if opens
+            .get(&self.key)
+            .is_some_and(|slot| Arc::ptr_eq(slot, &self.slot))
+        {
+            opens.remove(&self.key);
+        }
+    }
+}
+
 /// Counts for the metrics.
 #[derive(Debug, Default)]
 struct Counters {
@@ -212,10 +236,6 @@ pub(crate) struct Transactions {
     reaper: AtomicBool,
     /// The server is shutting down: no transaction opens any more.
     closed: AtomicBool,
-    /// Where the other replicas reach this one (`--advertise-url`), and when that was last
-    /// stored for them.
-    advertise: Option<String>,
-    advertised: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Transactions {
@@ -256,19 +276,6 @@ fn finished(how: &str) -> ApiError {
     )
 }
 
-/// How often a replica stores its `--advertise-url` again.
-const ADVERTISE_EVERY: Duration = Duration::from_secs(600);
-
-/// The key under which replica `instance` stores where it is reached.
-fn replica_key(instance: &str) -> String {
-    format!("sqlhttp replica {instance}")
-}
-
-/// A replica record's identity.
-fn replica_hash() -> [u8; 32] {
-    Sha256::digest(b"sqlhttp replica").into()
-}
-
 /// The commit record's key in the idempotency store: a space keeps it apart from every
 /// Idempotency-Key a client can send (visible ASCII only).
 fn record_key(token: &str) -> String {
@@ -294,7 +301,6 @@ impl Transactions {
         ttl: Option<Duration>,
         max_result_bytes: usize,
         budget: Budget,
-        advertise: Option<String>,
     ) -> Transactions {
         Transactions {
             limits,
@@ -306,58 +312,26 @@ impl Transactions {
             slots: Arc::new(Semaphore::new(limits.max_open)),
             live: Mutex::new(HashMap::new()),
             opens: Mutex::new(HashMap::new()),
-            finished: Mutex::new(Finished::new(
-                MAX_FINISHED,
-                ttl.unwrap_or(KEPT_WITHOUT_TTL),
-            )),
+            finished: Mutex::new(Finished::new(MAX_FINISHED, ttl.unwrap_or(KEPT_WITHOUT_TTL))),
             counters: Counters::default(),
             reaper: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            advertise,
-            advertised: Mutex::new(None),
         }
     }
 
-    /// Stores where the other replicas reach this one (once, then again each
-    /// [`ADVERTISE_EVERY`], so the record outlives no TTL), before the first transaction opens.
-    pub(crate) async fn advertise(&self, engine: &Backend) {
-        let Some(url) = &self.advertise else { return };
-        {
-            let mut at = lock(&self.advertised);
-            if at.is_some_and(|at| at.elapsed() < ADVERTISE_EVERY) {
-                return;
-            }
-            *at = Some(Instant::now());
-        }
-        let stored = engine
-            .store_record(
-                replica_key(&self.instance),
-                replica_hash(),
-                url.clone().into_bytes(),
-            )
-            .await;
-        if let Err(err) = stored {
-            tracing::warn!(error = %err.message, "cannot record this replica's --advertise-url");
-            *lock(&self.advertised) = None;
-        }
+    /// This process's instance: the first part of its tokens.
+    pub(crate) fn instance(&self) -> &str {
+        &self.instance
     }
 
-    /// Where to forward a request for `token`: the `--advertise-url` of the replica that holds
-    /// it, when that is another one (this one neither holds it nor knows how it ended).
-    pub(crate) async fn owner_url(&self, engine: &Backend, token: &str) -> Option<String> {
+    /// The instance that holds `token`, when that is another process: this one neither holds
+    /// it nor knows how it ended (the request may be forwarded there: `http::peers`).
+    pub(crate) fn held_elsewhere<'t>(&self, token: &'t str) -> Option<&'t str> {
         let instance = token.split('.').next()?;
-        if instance == self.instance
-            || lock(&self.live).contains_key(token)
-            || lock(&self.finished).contains(token)
-        {
-            return None;
-        }
-        let stored = engine.recorded(replica_key(instance)).await.ok()??;
-        if stored.request_hash != replica_hash() {
-            return None;
-        }
-        let url = String::from_utf8(stored.body).ok()?;
-        (self.advertise.as_deref() != Some(url.as_str())).then_some(url)
+        let elsewhere = instance != self.instance
+            && !lock(&self.live).contains_key(token)
+            && !lock(&self.finished).contains(token);
+        elsewhere.then_some(instance)
     }
 
     /// The counts for the metrics.
@@ -421,15 +395,19 @@ impl Transactions {
                 position: entry.opened_at_position,
             });
         }
+        // Until this open has a transaction, the slot goes with it, however it ends (an error,
+        // or its client gone mid-open, which drops this future): nothing of a cut open stays.
+        let mut guard = OpenGuard {
+            opens: &self.opens,
+            key: slot_key,
+            slot: Arc::clone(&slot),
+            armed: true,
+        };
         let opened = self.open_now(engine, owner, Some(key), options, at).await;
-        match &opened {
-            Ok((token, _)) => *claim = Some(token.clone()),
-            Err(_) => {
-                let mut opens = lock(&self.opens);
-                if opens.get(&slot_key).is_some_and(|s| Arc::ptr_eq(s, &slot)) {
-                    opens.remove(&slot_key);
-                }
-            }
+        if let Ok((token, _)) = &opened {
+            // The transaction's end removes the slot (see `finish`).
+            *claim = Some(token.clone());
+            guard.armed = false;
         }
         opened.map(|(_, outcome)| outcome)
     }
