@@ -44,9 +44,9 @@ pub(crate) enum ErrorCode {
     /// The transaction has ended (committed, or rolled back by its client): nothing more runs in it.
     TransactionFinished,
     /// The server cannot know whether a write (or a COMMIT) took effect: the database did not
-    /// answer it in time, or the process holding the transaction cannot be reached. Not "busy,
-    /// nothing ran" (`UNAVAILABLE`): a keyed write or a COMMIT sent again (or the transaction's
-    /// outcome asked for) tells.
+    /// answer it in time, or the process holding the transaction cannot be reached. Unlike
+    /// `UNAVAILABLE` (nothing ran), a keyed write or a COMMIT sent again tells (or the
+    /// transaction's outcome, asked for).
     OutcomeUnknown,
     /// The request's `Sqlhttp-Bookmark` is past everything the primary has written: a bookmark
     /// from another cluster, or from before a failover. Nothing ran; drop the bookmark.
@@ -372,11 +372,7 @@ mod tests {
             (ErrorCode::TransactionAborted, 409, None),
             (ErrorCode::TransactionStepOutOfOrder, 409, None),
             (ErrorCode::TransactionFinished, 409, None),
-            (
-                ErrorCode::OutcomeUnknown,
-                503,
-                Some(("retry-after", "1")),
-            ),
+            (ErrorCode::OutcomeUnknown, 503, Some(("retry-after", "1"))),
             (ErrorCode::BookmarkAhead, 409, None),
         ];
         for (code, status, header) in cases {
