@@ -97,6 +97,29 @@ pub enum ErrorKind {
         /// The server's explanation.
         message: String,
     },
+    /// The server could not learn whether the write or the COMMIT took effect
+    /// (`503 OUTCOME_UNKNOWN`): the database did not answer it in time, say. Unlike
+    /// [`Unavailable`](Self::Unavailable) ("busy, nothing ran"), it may have been applied, so a call
+    /// that ends on it has [`Error::is_outcome_unknown`] set. Transient: a transaction's steps are
+    /// retried (a re-sent COMMIT reads the commit record), and so are keyed writes under
+    /// [`retry_writes`](crate::ClientBuilder::retry_writes) (the key applies them at most once);
+    /// `execute` never is.
+    #[error("outcome unknown: {message}")]
+    OutcomeUnknown {
+        /// The server's explanation.
+        message: String,
+    },
+    /// The request's bookmark is past anything the server's primary has written
+    /// (`409 BOOKMARK_AHEAD`): a bookmark from another cluster, or from before a failover to a
+    /// primary whose log is behind. Nothing ran. The SDK drops the session's bookmark on it (as
+    /// [`Client::reset_bookmark`](crate::Client::reset_bookmark) does) and sends a read, a write
+    /// or a transaction's step again without it; an `execute` returns this error, and its next
+    /// call goes out without the bookmark.
+    #[error("bookmark ahead of the server: {message}")]
+    BookmarkAhead {
+        /// The server's explanation.
+        message: String,
+    },
     /// Any other non-success status.
     #[error("HTTP {status}{}: {message}", code.as_deref().map(|c| format!(" {c}")).unwrap_or_default())]
     Http {
@@ -163,13 +186,18 @@ pub enum ErrorKind {
     /// An interactive transaction cannot go on, and **nothing of it was committed**: the server
     /// rolled it back because it was idle or open too long, or its server restarted
     /// (`410 TRANSACTION_EXPIRED`), or it failed to serialize, deadlocked or lost its database
-    /// connection (`409 TRANSACTION_ABORTED`). Run the whole transaction again:
-    /// [`Client::transact`](crate::Client::transact) does.
+    /// connection (`409 TRANSACTION_ABORTED`); or a COMMIT whose answer was lost was found
+    /// `rolled_back`, `expired` or `aborted` when the SDK asked the server how it ended; or the SDK
+    /// ended it itself because one of its statements has an unknown outcome (that statement's call
+    /// failed with [`Error::is_outcome_unknown`]; the SDK rolled the transaction back and never
+    /// sends its COMMIT: every later step fails with this, [`Error::is_sent`] `false`). Run the
+    /// whole transaction again: [`Client::transact`](crate::Client::transact) does.
     #[error("transaction lost ({code}): {message}")]
     TransactionLost {
-        /// The protocol's error code, `TRANSACTION_EXPIRED` or `TRANSACTION_ABORTED`.
+        /// The protocol's error code, `TRANSACTION_EXPIRED` or `TRANSACTION_ABORTED` (also for a
+        /// transaction the SDK ended itself, or found rolled back).
         code: String,
-        /// The server's explanation.
+        /// The server's explanation, or the SDK's.
         message: String,
     },
 }
@@ -180,14 +208,14 @@ impl ErrorKind {
         match self {
             ErrorKind::Sql { .. } => Some(400),
             ErrorKind::Unauthorized { .. } => Some(401),
-            ErrorKind::ConstraintViolation { .. } | ErrorKind::IdempotencyKeyInUse { .. } => {
-                Some(409)
-            }
+            ErrorKind::ConstraintViolation { .. }
+            | ErrorKind::IdempotencyKeyInUse { .. }
+            | ErrorKind::BookmarkAhead { .. } => Some(409),
             ErrorKind::StatementNotAllowed { .. } | ErrorKind::ReadOnly { .. } => Some(403),
             ErrorKind::StatementTimeout { .. } => Some(422),
             ErrorKind::PayloadTooLarge { .. } => Some(413),
             ErrorKind::RateLimited { .. } => Some(429),
-            ErrorKind::Unavailable { .. } => Some(503),
+            ErrorKind::Unavailable { .. } | ErrorKind::OutcomeUnknown { .. } => Some(503),
             ErrorKind::TransactionLost { code, .. } => Some(if code == "TRANSACTION_EXPIRED" {
                 410
             } else {
@@ -280,6 +308,8 @@ impl ErrorKind {
             ErrorKind::PayloadTooLarge { .. } => Some("PAYLOAD_TOO_LARGE"),
             ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
             ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
+            ErrorKind::OutcomeUnknown { .. } => Some("OUTCOME_UNKNOWN"),
+            ErrorKind::BookmarkAhead { .. } => Some("BOOKMARK_AHEAD"),
             _ => None,
         }
     }
@@ -423,6 +453,12 @@ impl Error {
         self
     }
 
+    /// Marks a call whose effect may have happened (a COMMIT still unknown after asking).
+    pub(crate) fn with_outcome_unknown(mut self) -> Self {
+        self.inner.outcome_unknown = true;
+        self
+    }
+
     pub(crate) fn with_idempotency_key(mut self, key: Option<String>) -> Self {
         self.inner.idempotency_key = key;
         self
@@ -492,13 +528,19 @@ impl Error {
         self.inner.sent
     }
 
-    /// For `insert` and `execute`: whether the statement may have been applied although the call
-    /// failed. True when an attempt was sent and no answer settled it: it timed out, its connection was
-    /// lost after sending, it was cancelled mid-flight, or the server reported it still running
-    /// (`409 IDEMPOTENCY_KEY_IN_USE`), and no later attempt got a final answer. Always `false` for reads.
+    /// For writes (`insert`, `execute`, a write batch) and a transaction's steps: whether the
+    /// statement (or the COMMIT) may have been applied although the call failed. True when an
+    /// attempt was sent and no answer settled it: it timed out, its connection was lost after
+    /// sending, it was cancelled mid-flight, a gateway answered `502`/`504`, or the server reported
+    /// it still running (`409 IDEMPOTENCY_KEY_IN_USE`), and no later attempt got a final answer;
+    /// and always when the call ends on the server's own [`ErrorKind::OutcomeUnknown`], whatever
+    /// earlier attempts met. Always `false` for reads.
     ///
     /// For a write, re-send it with the same key ([`idempotency_key`](Self::idempotency_key)): a server
-    /// that honours keys applies it at most once. For `execute`, check before running it again.
+    /// that honours keys applies it at most once. For `execute`, check before running it again. For
+    /// a transaction's statement, the SDK has rolled the transaction back (nothing of it will be
+    /// committed). For a COMMIT, the SDK has already asked the server how the transaction ended for
+    /// as long as the retry policy allows ([`Transaction::commit`](crate::Transaction::commit)).
     pub fn is_outcome_unknown(&self) -> bool {
         self.inner.outcome_unknown
     }
@@ -549,23 +591,34 @@ impl Error {
     /// The HTTP status of the response that failed, when there was one.
     pub fn status(&self) -> Option<u16> {
         match &self.inner.kind {
-            // An insert row over the body limit is found before anything is sent.
-            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts == 0 => None,
+            // An insert row over the body limit is found before anything is sent; a transaction
+            // the SDK ended itself fails its later steps before they are sent.
+            ErrorKind::PayloadTooLarge { .. } | ErrorKind::TransactionLost { .. }
+                if self.inner.attempts == 0 =>
+            {
+                None
+            }
             kind => kind.response_status(),
         }
     }
 
-    /// The protocol's error code (`SQL_ERROR`, `CONSTRAINT_VIOLATION`, ...), when the server sent one.
+    /// The protocol's error code (`SQL_ERROR`, `CONSTRAINT_VIOLATION`, `OUTCOME_UNKNOWN`,
+    /// `BOOKMARK_AHEAD`, ...), when the server sent one.
     pub fn code(&self) -> Option<&str> {
         match &self.inner.kind {
-            // An insert row over the body limit is found before anything is sent.
-            ErrorKind::PayloadTooLarge { .. } if self.inner.attempts == 0 => None,
+            // As for `status`: found before anything was sent.
+            ErrorKind::PayloadTooLarge { .. } | ErrorKind::TransactionLost { .. }
+                if self.inner.attempts == 0 =>
+            {
+                None
+            }
             kind => kind.wire_code(),
         }
     }
 
     /// The wait the server asked for with `Retry-After` (on `429`, `503` and
-    /// `409 IDEMPOTENCY_KEY_IN_USE`), uncapped.
+    /// `409 IDEMPOTENCY_KEY_IN_USE`), uncapped. Not kept for [`ErrorKind::OutcomeUnknown`],
+    /// though honoured between its attempts.
     pub fn retry_after(&self) -> Option<Duration> {
         match &self.inner.kind {
             ErrorKind::RateLimited { retry_after, .. }

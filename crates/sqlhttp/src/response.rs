@@ -26,6 +26,8 @@ pub(crate) struct Failure {
     pub(crate) statement: Option<usize>,
     /// The server's `X-Request-Id`, when a response carried a sane one.
     pub(crate) request_id: Option<String>,
+    /// The server's `Retry-After`, for a kind that does not carry it (`503 OUTCOME_UNKNOWN`).
+    pub(crate) retry_after: Option<std::time::Duration>,
 }
 
 /// A failure known only by its kind (a response, a timeout) may have reached the server.
@@ -37,6 +39,7 @@ impl From<ErrorKind> for Failure {
             source: None,
             statement: None,
             request_id: None,
+            retry_after: None,
         }
     }
 }
@@ -54,6 +57,7 @@ impl From<Error> for Failure {
             source,
             statement,
             request_id,
+            retry_after: None,
         }
     }
 }
@@ -107,6 +111,7 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
                 message,
             }
         }
+        (409, Some("BOOKMARK_AHEAD")) => ErrorKind::BookmarkAhead { message },
         (409, Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE)) => {
             ErrorKind::IdempotencyKeyInUse {
                 retry_after: wait(),
@@ -126,6 +131,7 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
             retry_after: wait(),
             message,
         },
+        (503, Some("OUTCOME_UNKNOWN")) => ErrorKind::OutcomeUnknown { message },
         (503, _) => ErrorKind::Unavailable {
             retry_after: wait(),
             message,
@@ -169,11 +175,11 @@ pub(crate) fn from_body_error(raw_error: &str) -> ErrorKind {
         Some("SQL_ERROR" | "BAD_REQUEST") => 400,
         Some("UNAUTHORIZED") => 401,
         Some("STATEMENT_NOT_ALLOWED" | "READ_ONLY" | "ORIGIN_NOT_ALLOWED") => 403,
-        Some("CONSTRAINT_VIOLATION" | "IDEMPOTENCY_KEY_IN_USE") => 409,
+        Some("CONSTRAINT_VIOLATION" | "IDEMPOTENCY_KEY_IN_USE" | "BOOKMARK_AHEAD") => 409,
         Some("PAYLOAD_TOO_LARGE") => 413,
         Some("STATEMENT_TIMEOUT" | "RESULT_TOO_LARGE" | "IDEMPOTENCY_KEY_REUSED") => 422,
         Some("RATE_LIMITED") => 429,
-        Some("UNAVAILABLE") => 503,
+        Some("UNAVAILABLE" | "OUTCOME_UNKNOWN") => 503,
         // INTERNAL, and codes this version does not know: a server failure.
         _ => 500,
     };
@@ -231,16 +237,22 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
         source: Some(Box::new(err)),
         statement: None,
         request_id: None,
+        retry_after: None,
     }
 }
 
 /// The failure for a non-success response, with the batch statement its body names and the
 /// server's request id, if any.
 pub(crate) fn failure_from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> Failure {
+    let kind = from_status(status, headers, body);
+    let retry_after = matches!(kind, ErrorKind::OutcomeUnknown { .. })
+        .then(|| retry_after::from_headers(headers, SystemTime::now()))
+        .flatten();
     Failure {
         statement: statement_index(body),
         request_id: request_id(headers),
-        ..from_status(status, headers, body).into()
+        retry_after,
+        ..kind.into()
     }
 }
 
@@ -420,6 +432,29 @@ mod tests {
             );
         }
         assert_eq!(
+            from_status(
+                503,
+                &h,
+                &body("OUTCOME_UNKNOWN", "the COMMIT did not answer")
+            ),
+            ErrorKind::OutcomeUnknown {
+                message: "the COMMIT did not answer".into()
+            }
+        );
+        assert_eq!(
+            from_status(503, &h, &body("UNAVAILABLE", "busy")),
+            ErrorKind::Unavailable {
+                retry_after: None,
+                message: "busy".into()
+            }
+        );
+        assert_eq!(
+            from_status(409, &h, &body("BOOKMARK_AHEAD", "past the primary")),
+            ErrorKind::BookmarkAhead {
+                message: "past the primary".into()
+            }
+        );
+        assert_eq!(
             from_status(413, &h, &body("PAYLOAD_TOO_LARGE", "big")),
             ErrorKind::PayloadTooLarge {
                 message: "big".into()
@@ -494,6 +529,14 @@ mod tests {
                 retry_after: None,
                 ..
             }
+        ));
+        assert!(matches!(
+            from_body_error(r#"{"code":"OUTCOME_UNKNOWN","message":"m"}"#),
+            ErrorKind::OutcomeUnknown { .. }
+        ));
+        assert!(matches!(
+            from_body_error(r#"{"code":"BOOKMARK_AHEAD","message":"m"}"#),
+            ErrorKind::BookmarkAhead { .. }
         ));
         assert!(matches!(
             from_body_error(r#"{"code":"INTERNAL","message":"m"}"#),

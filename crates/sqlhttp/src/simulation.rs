@@ -138,6 +138,7 @@ impl Exchange for SimulatedExchange {
                     sent: err.kind() != io::ErrorKind::ConnectionRefused,
                     source: Some(Box::new(err)),
                     statement: None,
+                    retry_after: None,
                     request_id: None,
                 }),
             }

@@ -36,14 +36,19 @@ impl OpClass {
 pub(crate) const IDEMPOTENCY_KEY_IN_USE: &str = "IDEMPOTENCY_KEY_IN_USE";
 
 /// Whether the same request could succeed later: connection failures, attempt timeouts, `408`, `429`,
-/// every `5xx` except `501`, and a `409 IDEMPOTENCY_KEY_IN_USE` (only writes carry a key, so only
-/// writes meet it).
+/// every `5xx` except `501` (`503 OUTCOME_UNKNOWN` included: a re-sent COMMIT reads the commit
+/// record, a re-sent keyed write its stored outcome), and a `409 IDEMPOTENCY_KEY_IN_USE` (only
+/// writes carry a key, so only writes meet it).
+///
+/// `409 BOOKMARK_AHEAD` is not: the same request, with the same bookmark, is refused again. The
+/// loop sends it once more without the bookmark (see `transport`), whatever this says.
 pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
     match kind {
         ErrorKind::Connection { .. }
         | ErrorKind::Timeout { .. }
         | ErrorKind::RateLimited { .. }
         | ErrorKind::Unavailable { .. }
+        | ErrorKind::OutcomeUnknown { .. }
         | ErrorKind::IdempotencyKeyInUse { .. } => true,
         ErrorKind::Http { status, .. } => match *status {
             // 501 Not Implemented will not change on a retry (matched before the 5xx range).
@@ -64,6 +69,7 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::InvalidParameter { .. }
         | ErrorKind::Config { .. }
         | ErrorKind::TransactionLost { .. }
+        | ErrorKind::BookmarkAhead { .. }
         | ErrorKind::Cancelled => false,
     }
 }
@@ -145,6 +151,11 @@ mod tests {
                 true,
             ),
             (http(504, None), true, true),
+            // The server cannot tell whether it took effect: a step is re-sent (a COMMIT reads
+            // the commit record), a keyed write under retry_writes too; never an execute.
+            (ErrorKind::OutcomeUnknown { message: msg() }, true, true),
+            // Nothing ran, but the same bookmark is refused again: the loop re-sends without it.
+            (ErrorKind::BookmarkAhead { message: msg() }, false, false),
             (http(507, None), true, true),
             (http(599, None), true, true),
             (http(501, None), false, false),

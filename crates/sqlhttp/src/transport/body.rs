@@ -112,6 +112,7 @@ impl Body {
                     source: Some(Box::new(err)),
                     statement: None,
                     request_id: None,
+                    retry_after: None,
                 }
             }),
         }
@@ -129,4 +130,9 @@ pub(crate) trait Receive: Send {
     fn reset(&mut self);
     /// Takes the next piece (`None`: the body ended). `Ok(true)` once the caller can be served.
     fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure>;
+    /// The bookmark the body named at its end (`"bookmark"` after `last_insert_id`), once read:
+    /// merged into the session as the head's is.
+    fn bookmark(&self) -> Option<Bookmark> {
+        None
+    }
 }

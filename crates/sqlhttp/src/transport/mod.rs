@@ -215,9 +215,10 @@ impl Transport {
                 source,
                 statement,
                 request_id,
+                retry_after,
             } = match outcome {
                 Ok(body) => {
-                    if let Some(bookmark) = body.bookmark() {
+                    for bookmark in [body.bookmark(), receiver.bookmark()].into_iter().flatten() {
                         self.session.observe(bookmark);
                     }
                     if let Some(bucket) = &self.budget {
@@ -272,13 +273,13 @@ impl Transport {
                 return Err(finish(kind, history, source));
             }
             let delay = match call_rng.as_mut() {
-                Some(rng) => delay_before_retry(&policy, attempt, &kind, rng),
+                Some(rng) => delay_before_retry(&policy, attempt, &kind, retry_after, rng),
                 None => {
                     let mut rng = self
                         .rng
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    delay_before_retry(&policy, attempt, &kind, &mut *rng)
+                    delay_before_retry(&policy, attempt, &kind, retry_after, &mut *rng)
                 }
             };
             let wakes = Instant::now().checked_add(delay);
@@ -326,18 +327,20 @@ impl Transport {
 }
 
 /// The server's `Retry-After` when it gave a valid one (on `429`, `503` and `409
-/// IDEMPOTENCY_KEY_IN_USE`), capped by `max_backoff`; else the computed backoff.
+/// IDEMPOTENCY_KEY_IN_USE`; `other_wait` for a kind that does not carry it, `503
+/// OUTCOME_UNKNOWN`), capped by `max_backoff`; else the computed backoff.
 fn delay_before_retry<R: rand::Rng + ?Sized>(
     policy: &RetryPolicy,
     attempt: u32,
     kind: &ErrorKind,
+    other_wait: Option<Duration>,
     rng: &mut R,
 ) -> Duration {
     let server_wait = match kind {
         ErrorKind::RateLimited { retry_after, .. }
         | ErrorKind::Unavailable { retry_after, .. }
         | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
-        _ => None,
+        _ => other_wait,
     };
     match server_wait {
         Some(wait) => wait.min(policy.max_backoff),
@@ -346,13 +349,14 @@ fn delay_before_retry<R: rand::Rng + ?Sized>(
 }
 
 /// A failure after which the statement may or may not have run: no answer came back from the server
-/// itself (a timeout, a lost connection, a cancellation, a gateway's `502`/`504`), or the server said
-/// an earlier attempt is still running.
+/// itself (a timeout, a lost connection, a cancellation, a gateway's `502`/`504`), the server said
+/// an earlier attempt is still running, or that it cannot know (`503 OUTCOME_UNKNOWN`).
 fn is_unanswered(kind: &ErrorKind) -> bool {
     match kind {
         ErrorKind::Timeout { .. }
         | ErrorKind::Connection { .. }
         | ErrorKind::Cancelled
+        | ErrorKind::OutcomeUnknown { .. }
         | ErrorKind::IdempotencyKeyInUse { .. } => true,
         ErrorKind::Http { status, .. } => matches!(status, 502 | 504),
         _ => false,

@@ -24,6 +24,8 @@ enum Step {
     FailWithId(ErrorKind, &'static str),
     /// Answers after this long.
     Slow(Duration),
+    /// Fails after this long.
+    SlowFail(Duration, ErrorKind),
     /// Never answers.
     Hang,
     /// Fails after this long as the HTTP client's own timeout does (no duration).
@@ -70,10 +72,15 @@ impl Exchange for Scripted {
                     source: Some("connection refused (os error 111)".into()),
                     statement: None,
                     request_id: None,
+                    retry_after: None,
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
                     Ok(Bytes::from_static(b"ok").into())
+                }
+                Step::SlowFail(after, kind) => {
+                    tokio::time::sleep(after).await;
+                    Err(kind.into())
                 }
                 Step::Hang => std::future::pending().await,
                 Step::Trickle(pauses) => Ok(Body::scripted(

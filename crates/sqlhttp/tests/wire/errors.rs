@@ -232,6 +232,71 @@ async fn internal_and_unavailable() {
 }
 
 #[tokio::test]
+async fn outcome_unknown_is_its_own_kind_and_says_the_write_may_have_been_applied() {
+    let server = server().await;
+    respond_always(
+        &server,
+        error(503, "OUTCOME_UNKNOWN", "the COMMIT did not answer in time")
+            .insert_header("retry-after", "1"),
+    )
+    .await;
+    let client = client_with(&server, quick(3));
+    let err = client.execute("UPDATE t SET n = 1").await.unwrap_err();
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::OutcomeUnknown {
+            message: "the COMMIT did not answer in time".into()
+        }
+    );
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(503), Some("OUTCOME_UNKNOWN"), true)
+    );
+    assert!(err.is_sent() && err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(err.attempts(), 1, "execute is never retried");
+    assert!(err.to_string().contains("outcome unknown"), "{err}");
+
+    // A read is never "outcome unknown", whatever it met.
+    let err = client
+        .query("SELECT 1")
+        .fetch_all::<i64>()
+        .await
+        .unwrap_err();
+    assert!(!err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(err.attempts(), 3, "a read is retried");
+}
+
+#[tokio::test]
+async fn unavailable_stays_busy_nothing_ran() {
+    let err = {
+        let server = server().await;
+        respond_always(&server, error(503, "UNAVAILABLE", "busy")).await;
+        let client = client_with(&server, quick(1));
+        client.execute("UPDATE t SET n = 1").await.unwrap_err()
+    };
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable { .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_outcome_unknown(), "{err:?}");
+}
+
+#[tokio::test]
+async fn bookmark_ahead_is_its_own_kind() {
+    let err = failure(error(409, "BOOKMARK_AHEAD", "past the primary")).await;
+    assert_eq!(
+        err.kind(),
+        &ErrorKind::BookmarkAhead {
+            message: "past the primary".into()
+        }
+    );
+    assert_eq!(
+        (err.status(), err.code(), err.is_retryable()),
+        (Some(409), Some("BOOKMARK_AHEAD"), false)
+    );
+}
+
+#[tokio::test]
 async fn statuses_without_a_protocol_body() {
     let err = failure(ResponseTemplate::new(502).set_body_string("<html>bad gateway</html>")).await;
     assert_eq!(

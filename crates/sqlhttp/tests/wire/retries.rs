@@ -464,3 +464,75 @@ async fn without_a_budget_retries_are_limited_by_attempts_only() {
         assert_eq!(client.ping().await.unwrap_err().attempts(), 6);
     }
 }
+
+fn outcome_unknown() -> ResponseTemplate {
+    error(503, "OUTCOME_UNKNOWN", "the COMMIT did not answer in time")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_keyed_write_is_retried_on_outcome_unknown_under_retry_writes_with_its_key() {
+    let server = server().await;
+    respond_times(&server, outcome_unknown(), 1).await;
+    respond_always(&server, ok_effect(1, None)).await;
+    let client = builder(&server).retry_writes(true).build().unwrap();
+    assert_eq!(client.insert("t", &[Row { n: 1 }]).await.unwrap(), 1);
+    let keys = header_values(&server, "idempotency-key").await;
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "the same key: applied at most once");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_ending_on_outcome_unknown_says_so_whatever_came_before() {
+    // Without retry_writes: one attempt.
+    let server = crate::support::server().await;
+    respond_always(&server, outcome_unknown()).await;
+    let client = builder(&server).build().unwrap();
+    let err = client.insert("t", &[Row { n: 1 }]).await.unwrap_err();
+    assert!(
+        err.is_outcome_unknown() && err.idempotency_key().is_some(),
+        "{err:?}"
+    );
+    assert_eq!(hits(&server).await, 1);
+
+    // Under retry_writes, after attempts the server answered "busy, nothing ran".
+    let server = crate::support::server().await;
+    respond_times(&server, unavailable(), 2).await;
+    respond_always(&server, outcome_unknown()).await;
+    let client = builder(&server)
+        .retry(RetryPolicy::new().with_max_attempts(3).with_jitter_seed(7))
+        .retry_writes(true)
+        .build()
+        .unwrap();
+    let err = client.insert("t", &[Row { n: 1 }]).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert!(err.is_outcome_unknown(), "{err:?}");
+
+    // Execute: never retried, outcome unknown.
+    let server = crate::support::server().await;
+    respond_times(&server, outcome_unknown(), 1).await;
+    respond_always(&server, ok_effect(1, None)).await;
+    let client = builder(&server).retry_writes(true).build().unwrap();
+    let err = client.execute("UPDATE t SET n = n + 1").await.unwrap_err();
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(hits(&server).await, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcome_unknown_s_retry_after_is_honoured() {
+    let server = server().await;
+    respond_times(
+        &server,
+        outcome_unknown().insert_header("retry-after", "2"),
+        1,
+    )
+    .await;
+    respond_always(&server, outcome_unknown()).await;
+    let client = builder(&server)
+        .retry(RetryPolicy::new().with_max_attempts(2).with_jitter_seed(7))
+        .retry_writes(true)
+        .build()
+        .unwrap();
+    let err = client.insert("t", &[Row { n: 1 }]).await.unwrap_err();
+    assert_eq!(err.history()[0].retry_delay, Some(Duration::from_secs(2)));
+    assert!(err.is_outcome_unknown(), "{err:?}");
+}
