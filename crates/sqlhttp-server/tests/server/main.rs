@@ -55,5 +55,6 @@ mod timeouts;
 mod tls;
 mod transactions;
 mod tx_hardening;
+mod tx_history;
 mod tx_replicas;
 mod tx_retry_path;

@@ -28,7 +28,7 @@ use crate::engines::{ReplicaDatabase, client_role, owner, replica_cluster};
 
 /// Held shared by the tests that leave the replicas alone, exclusively by those that pause or
 /// stop one.
-static REPLICAS: RwLock<()> = RwLock::const_new(());
+pub(crate) static REPLICAS: RwLock<()> = RwLock::const_new(());
 
 /// How long a test waits for something a replica or the server does in the background (a
 /// health check, a restart) before it fails.
