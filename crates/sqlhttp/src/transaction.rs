@@ -9,6 +9,12 @@
 //! from its stored result), the open and the COMMIT carry an idempotency key (the server answers
 //! a re-sent one with the same transaction, or the stored outcome). This module knows the
 //! transaction endpoints' bodies and the order of steps; the retry rules are the transport's.
+//!
+//! Two rules keep a retry from reporting what did not happen. A statement whose outcome is
+//! unknown after every retry (no answer, a gateway's `504`, `503 OUTCOME_UNKNOWN`) ends the
+//! transaction: it is rolled back and its COMMIT is never sent, since the statement may or may
+//! not be in it. A COMMIT whose outcome is unknown is settled by asking the server how the
+//! transaction ended (`/outcome`), within the call's retry policy, before the SDK gives up.
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
@@ -26,6 +32,7 @@ use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, Statement};
 use crate::table::Table;
 use crate::transport::{Call, Endpoint, TxStep};
+use tokio::time::Instant;
 
 /// A transaction's isolation level. SQLite's transactions are serializable only (the server
 /// refuses the others there); PostgreSQL offers all three.
@@ -164,6 +171,18 @@ impl IntoFuture for TransactionBuilder {
 /// Sends one transaction step (retried as the client's policy allows) and returns its whole
 /// success body.
 async fn send(client: &Client, step: TxStep, body: Bytes, sql: &str) -> Result<Vec<u8>> {
+    send_since(client, step, body, sql, None).await
+}
+
+/// [`send`], for a step whose retry policy's `max_elapsed` counts from `started` (the asks after
+/// a COMMIT share the COMMIT's).
+async fn send_since(
+    client: &Client,
+    step: TxStep,
+    body: Bytes,
+    sql: &str,
+    started: Option<Instant>,
+) -> Result<Vec<u8>> {
     let options = CallOptions::default();
     let mut whole = crate::cursor::Whole::default();
     let call = Call {
@@ -173,7 +192,7 @@ async fn send(client: &Client, step: TxStep, body: Bytes, sql: &str) -> Result<V
         sql,
         options: &options,
         idempotency_key: None,
-        started: None,
+        started,
     };
     client.send(call, &mut whole).await?;
     Ok(whole.0)
@@ -190,6 +209,15 @@ async fn send(client: &Client, step: TxStep, body: Bytes, sql: &str) -> Result<V
 /// transaction that cannot go on fails with [`ErrorKind::TransactionLost`] (nothing of it was
 /// committed): it expired on the server (idle longer than the server's
 /// `--transaction-idle-timeout`, 10 s by default), failed to serialize, or deadlocked.
+///
+/// **A statement whose outcome is unknown** (every attempt timed out, lost its connection, or
+/// was answered `504` by a gateway or `503 OUTCOME_UNKNOWN` by the server: its error's
+/// [`Error::is_outcome_unknown`] is set) ends the transaction: the SDK rolls it back, and every
+/// later statement and [`commit`](Self::commit) fails with [`ErrorKind::TransactionLost`]
+/// without being sent. The statement may or may not be in the transaction, so committing it
+/// would commit what the SDK reported as failed. A statement the server refused with a final
+/// verdict (`SQL_ERROR`, `CONSTRAINT_VIOLATION`, `STATEMENT_NOT_ALLOWED`, `READ_ONLY`,
+/// `STATEMENT_TIMEOUT`, `IDEMPOTENCY_KEY_REUSED`, ...) was undone, and the transaction goes on.
 ///
 /// **Dropping** an uncommitted transaction rolls it back: in a background task when a tokio
 /// runtime is at hand, else by the server's idle timeout. Until then, on SQLite, a write
@@ -211,6 +239,30 @@ struct State {
     seq: u64,
     /// Committed, rolled back, or lost: nothing more is sent.
     ended: bool,
+    /// Why it was lost, when it was: every later step fails with
+    /// [`ErrorKind::TransactionLost`] saying so.
+    lost: Option<(String, String)>,
+}
+
+impl State {
+    /// The error for a step of a transaction that has ended.
+    fn ended(&self) -> Error {
+        match &self.lost {
+            Some((code, message)) => Error::new(ErrorKind::TransactionLost {
+                code: code.clone(),
+                message: message.clone(),
+            }),
+            None => Error::config(
+                "this transaction has ended (committed or rolled back); nothing more runs in it",
+            ),
+        }
+    }
+
+    /// Ends the transaction as lost: later steps fail with `code` and `message`.
+    fn lose(&mut self, code: &str, message: String) {
+        self.ended = true;
+        self.lost = Some((code.to_owned(), message));
+    }
 }
 
 impl fmt::Debug for Transaction {
@@ -242,13 +294,6 @@ fn named(token: &str) -> Bytes {
     Bytes::from(format!("{{\"transaction\":\"{token}\"}}"))
 }
 
-/// The error for a step of a transaction that has ended.
-fn ended() -> Error {
-    Error::config(
-        "this transaction has ended (committed, rolled back, or lost); nothing more runs in it",
-    )
-}
-
 impl Transaction {
     /// A statement that reads in the transaction; bind its parameters, then fetch its rows
     /// ([`TxStatement::fetch_all`], ...) or await it for its [`Table`].
@@ -269,13 +314,124 @@ impl Transaction {
     /// Commits. Once this returns `Ok`, the transaction committed, exactly once, however many
     /// attempts it took.
     ///
+    /// When the COMMIT's outcome is unknown after its retries (`503 OUTCOME_UNKNOWN`, timeouts,
+    /// lost connections, a `5xx` after an attempt was sent), the SDK asks the server how the
+    /// transaction ended (`POST /api/v1/transaction/outcome`), with backoff, until the server knows
+    /// or the client's retry policy allows no more: until `max_elapsed` from the COMMIT's start
+    /// when the policy has one, else `max_attempts` asks; the client's cancellation token and
+    /// retry budget stop it too. `committed` returns `Ok` (and its bookmark is taken);
+    /// `rolled_back`, `expired` or `aborted` return [`ErrorKind::TransactionLost`].
+    ///
     /// # Errors
     ///
     /// [`ErrorKind::TransactionLost`] when it was lost before it committed (nothing of it was
-    /// kept); a constraint checked at commit; or the failure of the call after retries, whose
-    /// [`Error::is_outcome_unknown`] says when the commit may have happened.
+    /// kept: [`Client::transact`] runs it again); a constraint checked at commit; or the failure
+    /// of the call after retries. When the server still could not say whether it committed, the
+    /// error has [`Error::is_outcome_unknown`] set: it may have committed, and
+    /// [`Client::transact`] does not run it again.
     pub async fn commit(&self) -> Result<()> {
-        self.end(TxStep::Commit, "COMMIT").await
+        let mut state = self.shared.state.lock().await;
+        if state.ended {
+            return Err(state.ended());
+        }
+        state.ended = true;
+        let client = &self.shared.client;
+        let started = Instant::now();
+        let committed = send_since(
+            client,
+            TxStep::Commit,
+            named(&self.shared.token),
+            "COMMIT",
+            Some(started),
+        )
+        .await;
+        match committed {
+            Ok(_) => Ok(()),
+            Err(err) if commit_unsettled(&err) => self.settle(err, started).await,
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Asks the server how the transaction ended after a COMMIT whose outcome is unknown, until
+    /// it knows or the retry policy, the budget or a cancellation allows no more; then the
+    /// COMMIT's error, its outcome marked unknown.
+    async fn settle(&self, err: Error, started: Instant) -> Result<()> {
+        #[derive(Deserialize)]
+        struct Answer {
+            outcome: String,
+        }
+        let client = &self.shared.client;
+        let transport = client.transport();
+        let policy = transport.policy;
+        let deadline = policy
+            .max_elapsed
+            .and_then(|limit| started.checked_add(limit));
+        let mut asked: u32 = 0;
+        loop {
+            // Without a ceiling in time, the policy's attempts bound the asks.
+            if deadline.is_none() && asked >= policy.max_attempts {
+                break;
+            }
+            let delay = {
+                let mut rng = transport
+                    .rng
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                backoff::delay(&policy, asked + 1, &mut *rng)
+            };
+            let wakes = Instant::now().checked_add(delay);
+            if let Some(deadline) = deadline
+                && wakes.is_none_or(|wakes| wakes >= deadline)
+            {
+                break;
+            }
+            if let Some(bucket) = &transport.budget
+                && !bucket.withdraw(false)
+            {
+                return Err(err.with_outcome_unknown().with_budget_exhausted());
+            }
+            tokio::select! {
+                biased;
+                () = crate::transport::cancelled(None, transport.cancel.as_ref()) => break,
+                () = tokio::time::sleep(delay) => {}
+            }
+            asked += 1;
+            let answer = send_since(
+                client,
+                TxStep::Outcome,
+                named(&self.shared.token),
+                "OUTCOME",
+                Some(started),
+            )
+            .await;
+            let outcome = match answer {
+                Ok(body) => match serde_json::from_slice::<Answer>(&body) {
+                    Ok(Answer { outcome }) => outcome,
+                    // Not an answer this version reads: ask again.
+                    Err(_) => continue,
+                },
+                Err(asking) if asking.is_retryable() => continue,
+                // The server cannot tell (it no longer knows the transaction, say), or the
+                // client was cancelled.
+                Err(_) => break,
+            };
+            tracing::debug!(asked, outcome = %outcome, "asked how the transaction ended");
+            match outcome.as_str() {
+                "committed" => return Ok(()),
+                "rolled_back" | "aborted" => {
+                    return Err(lost_at_commit(&err, "TRANSACTION_ABORTED", &outcome));
+                }
+                "expired" => return Err(lost_at_commit(&err, "TRANSACTION_EXPIRED", &outcome)),
+                // `unknown`, `open`, or an outcome this version does not know: not known yet.
+                _ => {}
+            }
+        }
+        tracing::warn!(
+            asked,
+            error = %err,
+            "the COMMIT's outcome is still unknown; giving up"
+        );
+        Err(err.with_outcome_unknown())
     }
 
     /// Rolls back: nothing of the transaction is kept.
@@ -290,7 +446,7 @@ impl Transaction {
     async fn end(&self, step: TxStep, sql: &str) -> Result<()> {
         let mut state = self.shared.state.lock().await;
         if state.ended {
-            return Err(ended());
+            return Err(state.ended());
         }
         state.ended = true;
         send(&self.shared.client, step, named(&self.shared.token), sql)
@@ -305,7 +461,7 @@ impl Transaction {
         }
         let mut state = self.shared.state.lock().await;
         if state.ended {
-            return Err(ended());
+            return Err(state.ended());
         }
         let seq = state.seq + 1;
         let encoded = RequestBody {
@@ -331,37 +487,115 @@ impl Transaction {
                 crate::wire::decode::table(&answer)
             }
             Err(err) => {
-                match err.kind() {
-                    // The server's verdict on the statement: stored as its answer, the
-                    // transaction goes on after it.
-                    ErrorKind::Sql { .. }
-                    | ErrorKind::ConstraintViolation { .. }
-                    | ErrorKind::StatementNotAllowed { .. } => state.seq = seq,
-                    // Refused before it ran (or undone): the transaction goes on before it.
-                    ErrorKind::ReadOnly { .. }
-                    | ErrorKind::StatementTimeout { .. }
-                    | ErrorKind::PayloadTooLarge { .. }
-                    | ErrorKind::InvalidParameter { .. }
-                    | ErrorKind::Http { .. } => {}
-                    ErrorKind::TransactionLost { .. } => state.ended = true,
-                    // No answer after every retry: whether it ran is unknown, so nothing
-                    // more may follow it. The transaction is rolled back.
-                    _ => {
-                        state.ended = true;
+                match step_verdict(&err) {
+                    Verdict::Stored => state.seq = seq,
+                    Verdict::Undone => {}
+                    Verdict::Lost => {
+                        let message = match err.kind() {
+                            ErrorKind::TransactionLost { message, .. } => message.clone(),
+                            _ => String::new(),
+                        };
+                        let code = err.code().unwrap_or("TRANSACTION_ABORTED");
+                        state.lose(code, message);
+                    }
+                    Verdict::Unknown => {
+                        // Whether it ran is unknown, so nothing more may follow it, and the
+                        // transaction must never commit: it is rolled back.
+                        state.lose(
+                            "TRANSACTION_ABORTED",
+                            format!(
+                                "statement {seq} of this transaction has an unknown outcome \
+                                 ({err}); the SDK rolled the transaction back, and nothing of it \
+                                 was committed"
+                            ),
+                        );
                         drop(state);
-                        let _ = send(
+                        if let Err(rollback) = send(
                             &self.shared.client,
                             TxStep::Rollback,
                             named(&self.shared.token),
                             "ROLLBACK",
                         )
-                        .await;
+                        .await
+                        {
+                            tracing::debug!(error = %rollback, "cannot roll back a transaction whose statement has an unknown outcome; the server's idle timeout will");
+                        }
                     }
                 }
                 Err(err)
             }
         }
     }
+}
+
+/// What a failed statement's error says of the transaction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Verdict {
+    /// The server's final verdict on the statement, stored as its answer: the transaction goes
+    /// on after it (the next statement takes the next number).
+    Stored,
+    /// Refused before it ran, or undone and not stored: the transaction goes on before it.
+    Undone,
+    /// The server ended the transaction (`TRANSACTION_EXPIRED`, `TRANSACTION_ABORTED`).
+    Lost,
+    /// Whether it ran is unknown (or nothing the server said settles it): the transaction must
+    /// end uncommitted.
+    Unknown,
+}
+
+fn step_verdict(err: &Error) -> Verdict {
+    if err.is_outcome_unknown() {
+        return Verdict::Unknown;
+    }
+    match err.kind() {
+        ErrorKind::Sql { .. }
+        | ErrorKind::ConstraintViolation { .. }
+        | ErrorKind::StatementNotAllowed { .. } => Verdict::Stored,
+        ErrorKind::ReadOnly { .. }
+        | ErrorKind::StatementTimeout { .. }
+        | ErrorKind::PayloadTooLarge { .. }
+        | ErrorKind::InvalidParameter { .. }
+        | ErrorKind::BookmarkAhead { .. } => Verdict::Undone,
+        // A refusal of the request (`IDEMPOTENCY_KEY_REUSED`, `RESULT_TOO_LARGE`,
+        // `BAD_REQUEST`, `TRANSACTION_STEP_OUT_OF_ORDER`, ...); not a request timeout, which
+        // a gateway may answer after forwarding the request.
+        ErrorKind::Http { status, .. } if (400..500).contains(status) && *status != 408 => {
+            Verdict::Undone
+        }
+        ErrorKind::TransactionLost { .. } => Verdict::Lost,
+        _ => Verdict::Unknown,
+    }
+}
+
+/// Whether a COMMIT's failure leaves its outcome to be asked: an attempt was sent and no answer
+/// settled it (timeouts, lost connections, `502`/`504`, `503 OUTCOME_UNKNOWN`), or the server
+/// failed (`5xx`) after it was sent. A cancellation is the caller's limit: not asked.
+fn commit_unsettled(err: &Error) -> bool {
+    if !err.is_sent() || matches!(err.kind(), ErrorKind::Cancelled) {
+        return false;
+    }
+    err.is_outcome_unknown()
+        || matches!(err.kind(), ErrorKind::Http { status, .. } if (500..600).contains(status))
+}
+
+/// The error of a COMMIT the server says ended without committing (`outcome` is its word).
+fn lost_at_commit(err: &Error, code: &str, outcome: &str) -> Error {
+    let attempts = err.attempts();
+    let history = err.history().to_vec();
+    Error::new(ErrorKind::TransactionLost {
+        code: code.to_owned(),
+        message: format!(
+            "the COMMIT's answer was lost, and the server says the transaction {}: nothing of \
+             it was committed",
+            match outcome {
+                "rolled_back" => "was rolled back",
+                "expired" => "expired",
+                _ => "was aborted",
+            }
+        ),
+    })
+    .with_attempts(attempts, history)
+    .with_sent(true, false)
 }
 
 /// A statement in a [`Transaction`]: bind its parameters, then fetch its rows, or await it
@@ -485,7 +719,14 @@ impl Client {
                 }
             };
             let err = match outcome {
-                Err(err) if err.is_transaction_lost() && run < policy.max_attempts => err,
+                // A COMMIT whose outcome is unknown may have committed: never run again.
+                Err(err)
+                    if err.is_transaction_lost()
+                        && !err.is_outcome_unknown()
+                        && run < policy.max_attempts =>
+                {
+                    err
+                }
                 other => return other,
             };
             let delay = {

@@ -42,6 +42,8 @@ pub(crate) enum TxStep {
     Statement,
     Commit,
     Rollback,
+    /// `/outcome`: how the transaction ended, asked after a COMMIT whose outcome is unknown.
+    Outcome,
 }
 
 impl Endpoint {
@@ -63,6 +65,7 @@ impl Endpoint {
                     TxStep::Statement => "transaction/statement",
                     TxStep::Commit => "transaction/commit",
                     TxStep::Rollback => "transaction/rollback",
+                    TxStep::Outcome => "transaction/outcome",
                 };
                 // A sibling of `/api/v1/sql` always joins.
                 sql.join(path).unwrap_or_else(|_| sql.clone())

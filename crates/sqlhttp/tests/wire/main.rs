@@ -16,3 +16,4 @@ mod retries;
 mod shape;
 mod streams;
 mod support;
+mod transactions;
