@@ -123,6 +123,10 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.store_record(key, request_hash, body).await)
     }
 
+    async fn check_bookmark(&self, at: ReadAt) -> Result<(), ApiError> {
+        dispatch!(self, engine => engine.check_bookmark(at).await)
+    }
+
     async fn ready(&self) -> Result<(), ApiError> {
         dispatch!(self, engine => engine.ready().await)
     }

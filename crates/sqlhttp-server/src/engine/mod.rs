@@ -117,6 +117,16 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         body: Vec<u8>,
     ) -> Result<(), ApiError>;
 
+    /// Refuses a request whose bookmark (`at`) is past everything the database has written
+    /// (`409 BOOKMARK_AHEAD`), before anything of it runs. [`Engine::execute`],
+    /// [`Engine::batch`] and [`Engine::begin`] check their own; a keyed request, which does
+    /// not hand its bookmark on, is checked with this. An engine without log positions (SQLite)
+    /// satisfies every bookmark.
+    async fn check_bookmark(&self, at: ReadAt) -> Result<(), ApiError> {
+        let _ = at;
+        Ok(())
+    }
+
     /// Whether the engine answers a trivial statement.
     async fn ready(&self) -> Result<(), ApiError>;
 

@@ -61,6 +61,9 @@ async fn run_batch(
     let Some((ttl, key)) = key.filter(|_| !batch.read_only) else {
         return shared.engine.batch(batch, at).await;
     };
+    // A keyed batch does not hand its bookmark to the engine: it is checked here, before the
+    // key is claimed.
+    shared.engine.check_bookmark(at).await?;
     let claim = admit::claim(state, &key)?;
     let keyed = Keyed {
         ttl,

@@ -271,6 +271,9 @@ async fn run_sql(
             .await?;
         return Ok((reply, Held::default()));
     };
+    // A keyed write does not hand its bookmark to the engine: it is checked here, before the
+    // key is claimed.
+    shared.engine.check_bookmark(at).await?;
     let claim = admit::claim(state, &key)?;
     let keyed = Keyed {
         ttl,

@@ -15,6 +15,7 @@ use deadpool_postgres::{ClientWrapper, Object, StatementCache};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{CancelToken, Client};
 
+use crate::engine::postgres::ahead::PrimaryLog;
 use crate::engine::postgres::transaction::Opened;
 use crate::engine::postgres::{CONNECT_WITHIN, Inner, Job, STOP_WITHIN, session, wire};
 use crate::engine::shutting_down;
@@ -62,6 +63,9 @@ pub(super) struct Lease {
     pub(super) position: Arc<AtomicU64>,
     /// The least position the request's read must see (its bookmark; 0 for none).
     pub(super) min: u64,
+    /// On the primary: where [`Lease::position`] goes when the lease ends, so a bookmark this
+    /// process answered is never past what it has seen (see `ahead`).
+    pub(super) log: Option<Arc<PrimaryLog>>,
     pub(super) _permit: OwnedSemaphorePermit,
 }
 
@@ -129,6 +133,9 @@ impl Lease {
 
 impl Drop for Lease {
     fn drop(&mut self) {
+        if let Some(log) = &self.log {
+            log.saw(self.position.load(Ordering::Acquire));
+        }
         self.in_flight
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -280,6 +287,7 @@ impl Inner {
             cuts: Arc::clone(&self.cuts),
             position: Arc::clone(&job.position),
             min: job.min.load(Ordering::Acquire),
+            log: self.log.clone(),
             _permit: permit,
         })
     }

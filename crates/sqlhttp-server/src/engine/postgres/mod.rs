@@ -21,7 +21,8 @@
 //!   streaming replica's pool of its own when one is fit and has replayed as far as the read's
 //!   bookmark asks (`replicas` chooses, ADR 0039), else on the primary, which also serves every
 //!   read a replica fails before its answer started. Every answer learns the log position it
-//!   stands at (`transaction`), for its `Sqlhttp-Bookmark`.
+//!   stands at (`transaction`), for its `Sqlhttp-Bookmark`. A request whose bookmark is past
+//!   everything the primary has written is refused before anything runs (`ahead`).
 //! - The pool's connections run over `wire`'s stream, which fails a connection as soon as
 //!   PostgreSQL declares a row or cell past the server's limits (ADR 0028), before it arrives.
 //! - `lease` hands out the pool's connections, `transaction` opens and ends the server's
@@ -32,6 +33,7 @@
 //!
 //! Knows nothing about HTTP. See `docs/adr/0018-postgresql-engine.md`.
 
+mod ahead;
 mod batch;
 mod catalog;
 mod errors;
@@ -77,6 +79,7 @@ use crate::protocol::bookmark::{Bookmark, Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
+use ahead::PrimaryLog;
 use keyed::Work;
 use lease::{Backends, Lease};
 use replicas::{Node, Reason, Replica, Replicas, Route};
@@ -100,6 +103,8 @@ pub(crate) struct PostgresEngine {
     transaction_slots: Arc<Semaphore>,
     /// The read replicas, when there are any.
     replicas: Option<Arc<Replicas>>,
+    /// How far the primary's log is known to reach: bookmarks past it are refused.
+    log: Arc<PrimaryLog>,
 }
 
 /// What the tasks share.
@@ -127,6 +132,8 @@ struct Inner {
     backends: Arc<Backends>,
     /// The primary, or a replica (see `replicas`).
     node: Node,
+    /// On the primary: where the positions its requests read go (see `ahead`).
+    log: Option<Arc<PrimaryLog>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -149,6 +156,7 @@ impl PostgresEngine {
     ) -> Result<PostgresEngine, ServerError> {
         let prepared = setup::prepare(url)?;
         let closing = Arc::new(AtomicBool::new(false));
+        let log = Arc::new(PrimaryLog::new(prepared.keeper.owner_target()));
         let primary = Inner::open(
             url,
             wire::Target {
@@ -159,12 +167,13 @@ impl PostgresEngine {
             limits,
             Arc::clone(&closing),
             Node::Primary,
+            Some(Arc::clone(&log)),
         )?;
         if idempotency_ttl.is_none() {
             primary.purges.purged_now();
         }
         let replicas = (!read_replicas.urls.is_empty())
-            .then(|| Self::replicas(&prepared, read_replicas, limits, &closing))
+            .then(|| Self::replicas(&prepared, read_replicas, limits, &closing, &log))
             .transpose()?
             .map(Arc::new);
         if let Some(replicas) = &replicas {
@@ -176,6 +185,7 @@ impl PostgresEngine {
             buffering: Buffering::new(budget, &limits),
             transaction_slots: Arc::new(Semaphore::new(connections.saturating_sub(1).max(1))),
             replicas,
+            log,
         })
     }
 
@@ -186,6 +196,7 @@ impl PostgresEngine {
         read_replicas: &ReadReplicas,
         limits: Limits,
         closing: &Arc<AtomicBool>,
+        log: &Arc<PrimaryLog>,
     ) -> Result<Replicas, ServerError> {
         let mut nodes = Vec::new();
         for url in &read_replicas.urls {
@@ -216,6 +227,7 @@ impl PostgresEngine {
                 limits,
                 Arc::clone(closing),
                 Node::Replica(Arc::clone(&watch)),
+                None,
             )?;
             // Its store is the primary's, read-only here: nothing is purged on a replica.
             inner.purges.purged_now();
@@ -231,6 +243,7 @@ impl PostgresEngine {
         Ok(Replicas::new(
             nodes,
             prepared.keeper.owner_target(),
+            Arc::clone(log),
             read_replicas.max_lag,
             read_replicas.wait,
         ))
@@ -239,7 +252,8 @@ impl PostgresEngine {
 
 impl Inner {
     /// A pool of client-role connections to `target` (the primary, or a replica of it, as
-    /// `node` says); they open on first use.
+    /// `node` says); they open on first use. The positions the primary's requests read are
+    /// kept in `log`.
     fn open(
         url: &PostgresUrl,
         target: wire::Target,
@@ -247,6 +261,7 @@ impl Inner {
         limits: Limits,
         closing: Arc<AtomicBool>,
         node: Node,
+        log: Option<Arc<PrimaryLog>>,
     ) -> Result<Inner, ServerError> {
         let failed = |reason: String| ServerError::Postgres {
             database: url.to_string(),
@@ -311,6 +326,7 @@ impl Inner {
             cuts,
             backends,
             node,
+            log,
         })
     }
 }
@@ -468,6 +484,7 @@ impl Engine for PostgresEngine {
         access: Access,
         at: ReadAt,
     ) -> Result<Reply, ApiError> {
+        self.check_bookmark(at).await?;
         if access == Access::ReadWrite {
             return self
                 .streamed(
@@ -503,6 +520,7 @@ impl Engine for PostgresEngine {
     /// Runs a batch in one transaction (`READ ONLY, REPEATABLE READ` for a read-only one, whose
     /// statements are read by PostgreSQL's own text rules first; see `batch`).
     async fn batch(&self, batch: BatchRequest, at: ReadAt) -> Result<(Outcome, Held), ApiError> {
+        self.check_bookmark(at).await?;
         batch::only_enforced(&batch)?;
         if !batch.read_only {
             return self
@@ -543,6 +561,12 @@ impl Engine for PostgresEngine {
         .await
     }
 
+    /// `409 BOOKMARK_AHEAD` for a bookmark past everything the primary has written (see
+    /// `ahead`): cheap unless the bookmark is past every position this process has seen.
+    async fn check_bookmark(&self, at: ReadAt) -> Result<(), ApiError> {
+        self.log.check(at).await
+    }
+
     /// Whether a connection answers a trivial statement.
     async fn ready(&self) -> Result<(), ApiError> {
         self.spawn(|inner, job| async move { inner.ready(&job).await })
@@ -576,6 +600,7 @@ impl Engine for PostgresEngine {
     /// on a hot standby, and a `READ COMMITTED` one's statements each see a newer snapshot than
     /// any position its open could name).
     async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
+        self.check_bookmark(at).await?;
         let on_replica = options.read_only && options.isolation == Isolation::RepeatableRead;
         if !on_replica {
             let slot = self.transaction_slot().await?;

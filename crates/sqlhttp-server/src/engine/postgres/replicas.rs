@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_postgres::Client;
 
+use crate::engine::postgres::ahead::PrimaryLog;
 use crate::engine::postgres::{Inner, wire};
 use crate::engine::{ReplicaReport, ReplicaState};
 use crate::protocol::bookmark::{Bookmark, ReadAt, ServedBy};
@@ -184,6 +185,8 @@ pub(super) struct Replicas {
     nodes: Vec<Replica>,
     /// How the watchers ask the primary for its position (the `--database` URL's role).
     primary: wire::Target,
+    /// Where the watchers' samples of the primary's position go (see `ahead`).
+    log: Arc<PrimaryLog>,
     max_lag: Duration,
     wait: Duration,
     next: AtomicUsize,
@@ -202,12 +205,14 @@ impl Replicas {
     pub(super) fn new(
         nodes: Vec<Replica>,
         primary: wire::Target,
+        log: Arc<PrimaryLog>,
         max_lag: Duration,
         wait: Duration,
     ) -> Replicas {
         Replicas {
             nodes,
             primary,
+            log,
             max_lag,
             wait,
             next: AtomicUsize::new(0),
@@ -239,6 +244,7 @@ impl Replicas {
                     config: self.primary.config.clone(),
                     tls: Arc::clone(&self.primary.tls),
                 },
+                log: Arc::clone(&self.log),
                 waiting: Arc::clone(&self.waiting),
                 wake: Arc::clone(&self.wake),
                 learned: Arc::clone(&self.learned),
@@ -376,6 +382,7 @@ struct Watcher {
     watch: Arc<Watch>,
     monitor: wire::Target,
     primary: wire::Target,
+    log: Arc<PrimaryLog>,
     waiting: Arc<AtomicUsize>,
     wake: Arc<Notify>,
     learned: Arc<Notify>,
@@ -401,6 +408,7 @@ impl Watcher {
                 _ => return,
             }
             if let Some(position) = ask(&mut primary, &self.primary, PRIMARY_POSITION).await {
+                self.log.saw(position);
                 self.sample(position);
             }
             let seen = look(&mut replica, &self.monitor).await;
@@ -485,7 +493,11 @@ const PRIMARY_POSITION: &str = "SELECT pg_catalog.pg_current_wal_lsn()::pg_catal
 
 /// Asks `sql` (one position) on the connection `client`, opening it to `target` when needed;
 /// `None` (and the connection dropped) when there is no answer in time.
-async fn ask(client: &mut Option<Client>, target: &wire::Target, sql: &str) -> Option<u64> {
+pub(super) async fn ask(
+    client: &mut Option<Client>,
+    target: &wire::Target,
+    sql: &str,
+) -> Option<u64> {
     let answer = tokio::time::timeout(PROBE_WITHIN, async {
         let connection = connected(client, target).await?;
         let rows = connection.simple_query(sql).await.ok()?;
