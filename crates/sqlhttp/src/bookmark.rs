@@ -116,6 +116,23 @@ impl Bookmark {
 /// [`Query::consistency`](crate::Query::consistency) (and on the other read builders).
 ///
 /// Writes and interactive transactions always go to the primary; this chooses for reads only.
+///
+/// # Starting afresh
+///
+/// A bookmark belongs to one primary's log. After a **failover** (a new primary whose log may be
+/// behind the old one's), or when a client is pointed at **another cluster**, the session's
+/// bookmark can be past anything the new primary has written: call
+/// [`Client::reset_bookmark`](crate::Client::reset_bookmark) then, and drop any bookmark handed
+/// over from before (a cookie, a job's payload). A server that gets such a bookmark answers
+/// `409 BOOKMARK_AHEAD` ([`ErrorKind::BookmarkAhead`](crate::ErrorKind::BookmarkAhead)) and runs
+/// nothing; the SDK then drops the session's bookmark itself and sends the call again without it
+/// (an `execute` returns the error instead, and its next call goes out without it). Reads right
+/// after a reset may miss writes made before it on the old primary: that is the price of the
+/// failover, not of the reset.
+///
+/// An answer whose body streamed carries its bookmark at the end of the body instead of in its
+/// `Sqlhttp-Bookmark` header (a write that committed after its headers were sent): the SDK takes
+/// it from there, when the body has been read to its end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[non_exhaustive]
 pub enum Consistency {
@@ -167,6 +184,26 @@ impl Session {
         }
     }
 
+    /// Forgets the bookmark: the next request carries none (unless its call has one of its own).
+    pub(crate) fn reset(&self) {
+        *self
+            .greatest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+    }
+
+    /// Forgets the bookmark after a server refused `refused` as ahead of its primary, unless the
+    /// session has since gone back below it (another call reset it and saw a valid one since).
+    pub(crate) fn drop_refused(&self, refused: Bookmark) {
+        let mut greatest = self
+            .greatest
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if greatest.is_some_and(|known| known >= refused) {
+            *greatest = None;
+        }
+    }
+
     /// The bookmark an attempt sent now carries: the greatest of the session's and the call's own,
     /// none at all under [`Consistency::AnyReplica`].
     pub(crate) fn for_request(
@@ -194,6 +231,23 @@ pub(crate) fn from_headers(headers: &HeaderMap) -> Option<Bookmark> {
         tracing::warn!(
             value = %String::from_utf8_lossy(value.as_bytes()),
             "the server sent a malformed Sqlhttp-Bookmark header; ignored"
+        );
+    }
+    parsed
+}
+
+/// The bookmark a success body names at its end (`"bookmark": "..."`, after `last_insert_id`: an
+/// answer that committed after its headers were sent), given the member's raw JSON value. Taken
+/// as the header's is; an ill-formed one (not a string of 16 hexadecimal digits) is logged and
+/// ignored, never an error.
+pub(crate) fn from_body_member(raw: &str) -> Option<Bookmark> {
+    let parsed = serde_json::from_str::<&str>(raw)
+        .ok()
+        .and_then(|text| text.parse::<Bookmark>().ok());
+    if parsed.is_none() {
+        tracing::warn!(
+            length = raw.len(),
+            "the server ended a body with a malformed bookmark; ignored"
         );
     }
     parsed
@@ -258,6 +312,46 @@ mod tests {
             Session::new(None).for_request(Consistency::Session, None),
             None
         );
+    }
+
+    #[test]
+    fn a_refused_bookmark_is_dropped_unless_the_session_went_below_it() {
+        let b = |n: u64| Bookmark(n);
+        let session = Session::new(Some(b(9)));
+        session.drop_refused(b(9));
+        assert_eq!(session.get(), None);
+        // Reset by another call, then raised to a valid position: a late refusal of the old
+        // bookmark keeps it.
+        session.observe(b(3));
+        session.drop_refused(b(9));
+        assert_eq!(session.get(), Some(b(3)));
+        // Raised past the refused one: dropped too (it is further ahead still).
+        session.observe(b(12));
+        session.drop_refused(b(9));
+        assert_eq!(session.get(), None);
+        session.observe(b(4));
+        session.reset();
+        assert_eq!(session.get(), None);
+        assert_eq!(session.for_request(Consistency::Session, None), None);
+    }
+
+    #[test]
+    fn a_body_s_bookmark_member_is_taken_when_well_formed() {
+        assert_eq!(
+            from_body_member("\"00000000016b3a28\""),
+            Some(Bookmark(0x16b_3a28))
+        );
+        for bad in [
+            "null",
+            "42",
+            "\"16b3a28\"",
+            "\"0/16B3A28\"",
+            "[\"00000000016b3a28\"]",
+            "{}",
+            "\"00000000016b3a28 \"",
+        ] {
+            assert_eq!(from_body_member(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -182,6 +182,27 @@ impl Client {
         self.inner.transport.session.observe(bookmark);
     }
 
+    /// Forgets this client's bookmark, for it and every clone (they share one session): the next
+    /// request carries none, and the session starts again from the next answer's.
+    ///
+    /// Call it when the bookmark may belong to another history: **after a failover** to a new
+    /// primary (whose log may be behind the old one's), or when the client is **moved to another
+    /// cluster**. Otherwise a bookmark past everything the new primary wrote makes each request
+    /// wait for a position that never comes. The SDK also drops it by itself when a server
+    /// answers `409 BOOKMARK_AHEAD` ([`ErrorKind::BookmarkAhead`](crate::ErrorKind::BookmarkAhead)).
+    /// Reads after a reset may miss writes made before it; see [`Consistency`](crate::Consistency).
+    ///
+    /// ```no_run
+    /// # fn run(client: sqlhttp::Client) {
+    /// // The operator failed the database over to its standby:
+    /// client.reset_bookmark();
+    /// assert_eq!(client.bookmark(), None);
+    /// # }
+    /// ```
+    pub fn reset_bookmark(&self) {
+        self.inner.transport.session.reset();
+    }
+
     pub(crate) fn insert_limits(&self) -> InsertLimits {
         self.inner.insert_limits
     }
@@ -689,7 +710,7 @@ impl ClientBuilder {
             budget: self.budget.map(TokenBucket::new),
             rng: Mutex::new(Transport::new_rng(self.policy.seed)),
             cancel: self.cancel,
-            session: Session::new(self.bookmark),
+            session: Arc::new(Session::new(self.bookmark)),
         };
         Ok(Client {
             inner: Arc::new(Inner {

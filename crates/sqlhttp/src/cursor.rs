@@ -4,12 +4,14 @@
 //! first row, for `fetch`, `fetch_one` and `fetch_optional`).
 //!
 //! Every one decodes through the same incremental [`Decoder`], so a buffered call and a stream
-//! read rows alike. This module knows the transport's body and receiver seam; it does not know
-//! retry rules or HTTP.
+//! read rows alike, and take the bookmark a body names at its end alike: a receiver hands it to
+//! the transport, a stream merges it into the client's session when it reaches the end. This
+//! module knows the transport's body and receiver seam; it does not know retry rules or HTTP.
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use bytes::Bytes;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+use crate::bookmark::{Bookmark, Session};
 use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::response::Failure;
 use crate::table::Column;
@@ -54,6 +57,10 @@ impl<T: DeserializeOwned + Send> Receive for Collect<T> {
             Step::End => Ok(true),
             Step::Row(()) => unreachable!("drain_into gives rows to the vector"),
         }
+    }
+
+    fn bookmark(&self) -> Option<Bookmark> {
+        self.decoder.bookmark()
     }
 }
 
@@ -132,6 +139,10 @@ impl<T: DeserializeOwned + Send> Receive for First<T> {
             }
         }
     }
+
+    fn bookmark(&self) -> Option<Bookmark> {
+        self.decoder.bookmark()
+    }
 }
 
 /// How much of the body [`RowStream::close`] reads past the rows it was asked for before it gives
@@ -193,6 +204,10 @@ struct Started<T> {
     cancel: [Option<CancellationToken>; 2],
     attempts: u32,
     history: Vec<AttemptFailure>,
+    /// The client's bookmark session, which takes the bookmark the body names at its end.
+    session: Arc<Session>,
+    /// Whether the call may write: a body it ends with `OUTCOME_UNKNOWN` leaves that unknown.
+    may_write: bool,
     done: bool,
 }
 
@@ -341,6 +356,8 @@ impl<T: DeserializeOwned> Started<T> {
             history,
             stall,
             cancel,
+            session,
+            may_write,
         } = delivered;
         Self {
             decoder,
@@ -351,11 +368,15 @@ impl<T: DeserializeOwned> Started<T> {
             cancel,
             attempts,
             history,
+            session,
+            may_write,
             done: false,
         }
     }
 
     /// Reads the rest of a small body so its connection can be reused, or drops it.
+    /// The rest is decoded as it is read (and dropped), so that a bookmark the body names at its
+    /// end is taken.
     async fn close(mut self) {
         let Some(mut body) = self.body.take() else {
             return;
@@ -363,8 +384,37 @@ impl<T: DeserializeOwned> Started<T> {
         let mut read = 0;
         while read <= DRAIN_LIMIT {
             match with_timeout(self.stall, body.chunk()).await {
-                Ok(Some(piece)) => read += piece.len(),
-                Ok(None) | Err(_) => return,
+                Ok(Some(piece)) => {
+                    read += piece.len();
+                    self.decoder.push(&piece);
+                    if !self.skip_rows() {
+                        return;
+                    }
+                }
+                Ok(None) => {
+                    self.decoder.finish();
+                    self.skip_rows();
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+    }
+
+    /// Decodes and drops the rows the bytes read so far hold; at the body's end, takes its
+    /// bookmark. `false` once nothing more can be read (the end, or a body that is not a result).
+    fn skip_rows(&mut self) -> bool {
+        loop {
+            match self.decoder.next() {
+                Ok(Step::Row(_)) => {}
+                Ok(Step::NeedMore) => return true,
+                Ok(Step::End) => {
+                    if let Some(bookmark) = self.decoder.bookmark() {
+                        self.session.observe(bookmark);
+                    }
+                    return false;
+                }
+                Err(_) => return false,
             }
         }
     }
@@ -379,9 +429,12 @@ impl<T: DeserializeOwned> Started<T> {
         self.done = true;
         self.body = None;
         self.reading = None;
+        // A write that streamed its rows and then could not learn whether it committed.
+        let outcome_unknown =
+            self.may_write && matches!(err.kind(), ErrorKind::OutcomeUnknown { .. });
         let err = err
             .with_attempts(self.attempts, self.history.clone())
-            .with_sent(true, false);
+            .with_sent(true, outcome_unknown);
         Poll::Ready(Some(Err(err)))
     }
 
@@ -398,6 +451,11 @@ impl<T: DeserializeOwned> Started<T> {
                 Ok(Step::End) => {
                     self.done = true;
                     self.body = None;
+                    // A write that committed after its headers were sent names its bookmark
+                    // here, at the end of the body.
+                    if let Some(bookmark) = self.decoder.bookmark() {
+                        self.session.observe(bookmark);
+                    }
                     return Poll::Ready(None);
                 }
                 Ok(Step::NeedMore) => {}
@@ -478,6 +536,8 @@ mod tests {
             history: Vec::new(),
             stall: Some(ms(1_000)),
             cancel: [None, None],
+            session: Arc::default(),
+            may_write: false,
         };
         let mut rows = RowStream::new(first, delivered);
         assert_eq!(rows.columns()[0].name(), "n");
@@ -489,6 +549,82 @@ mod tests {
         assert_eq!(err.attempts(), 1);
         assert_eq!(started.elapsed(), ms(1_900));
         assert_eq!(rows.try_next().await.unwrap(), None);
+    }
+
+    /// A streamed write names its bookmark at the end of its body: the session takes it when the
+    /// stream reaches the end, not before.
+    #[tokio::test(start_paused = true)]
+    async fn a_stream_takes_the_bookmark_its_body_ends_with() {
+        let mut first = First::<i64>::new();
+        assert!(
+            first
+                .take(Some(br#"{"columns":[{"name":"n","type":""}],"rows":[[1]"#))
+                .unwrap()
+        );
+        let session = Arc::new(Session::new(Some("0000000000000010".parse().unwrap())));
+        let delivered = Delivered {
+            body: Body::scripted([
+                (ms(10), Bytes::from_static(b",[2]],\"rows_affected\":2,")),
+                (
+                    ms(10),
+                    Bytes::from_static(b"\"last_insert_id\":2,\"bookmark\":\"00000000016b3a28\"}"),
+                ),
+            ]),
+            attempts: 1,
+            history: Vec::new(),
+            stall: None,
+            cancel: [None, None],
+            session: Arc::clone(&session),
+            may_write: true,
+        };
+        let mut rows = RowStream::new(first, delivered);
+        assert_eq!(rows.try_next().await.unwrap(), Some(1));
+        assert_eq!(rows.try_next().await.unwrap(), Some(2));
+        assert_eq!(
+            session.get().map(|b| b.to_string()).as_deref(),
+            Some("0000000000000010"),
+            "not before the end"
+        );
+        assert_eq!(rows.try_next().await.unwrap(), None);
+        assert_eq!(
+            session.get().map(|b| b.to_string()).as_deref(),
+            Some("00000000016b3a28")
+        );
+    }
+
+    /// A streamed write that cannot learn whether it committed says so.
+    #[tokio::test(start_paused = true)]
+    async fn a_streamed_write_ending_on_outcome_unknown_says_so() {
+        for may_write in [true, false] {
+            let mut first = First::<i64>::new();
+            assert!(
+                first
+                    .take(Some(br#"{"columns":[{"name":"n","type":""}],"rows":[[1]"#))
+                    .unwrap()
+            );
+            let delivered = Delivered {
+                body: Body::scripted([(
+                    ms(10),
+                    Bytes::from_static(
+                        b"],\"error\":{\"code\":\"OUTCOME_UNKNOWN\",\"message\":\"m\"}}",
+                    ),
+                )]),
+                attempts: 1,
+                history: Vec::new(),
+                stall: None,
+                cancel: [None, None],
+                session: Arc::default(),
+                may_write,
+            };
+            let mut rows = RowStream::new(first, delivered);
+            assert_eq!(rows.try_next().await.unwrap(), Some(1));
+            let err = rows.try_next().await.unwrap_err();
+            assert!(
+                matches!(err.kind(), ErrorKind::OutcomeUnknown { .. }),
+                "{err:?}"
+            );
+            assert_eq!(err.is_outcome_unknown(), may_write, "{err:?}");
+        }
     }
 
     /// A body that trickles in slowly but steadily streams to its end.
@@ -509,6 +645,8 @@ mod tests {
             history: Vec::new(),
             stall: Some(ms(1_000)),
             cancel: [None, None],
+            session: Arc::default(),
+            may_write: false,
         };
         let mut rows = RowStream::new(first, delivered);
         let mut got = Vec::new();

@@ -1,7 +1,8 @@
 //! The success body of one attempt and what a call does with it: [`Body`] yields a response's
 //! pieces as they arrive (or a whole body, from a simulated server or a scripted test), and
 //! [`Receive`] is the seam through which the retry loop hands those pieces to the call's receiver
-//! until it can serve the caller. A body keeps the [`Bookmark`] its response's head carried.
+//! until it can serve the caller. A body keeps the [`Bookmark`] its response's head carried; a
+//! receiver gives the one a body names at its end.
 //!
 //! It knows nothing of retries, timeouts or the request (the loop and the exchange do), nor of what
 //! the pieces mean (the receivers in `cursor` decode them).

@@ -12,12 +12,15 @@
 //! This file is the attempt loop (what a [`Call`] is, how often and when it is sent, what a caller gets
 //! back); one attempt's HTTP is in `exchange`, and the success body with the receiver seam in `body`.
 //! It also keeps the client's bookmark session: each attempt carries the greatest bookmark known when
-//! it is sent, and each success's bookmark is merged before the caller sees the answer.
+//! it is sent, and each success's bookmark (its header's, and the one its body names at its end
+//! when the receiver has read that far) is merged before the caller sees the answer; a stream
+//! merges its body's when it reaches the end. An attempt refused `409 BOOKMARK_AHEAD` drops the
+//! session's bookmark and, except for an `execute`, is sent once more without it (nothing ran).
 
 mod body;
 pub(crate) mod exchange;
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -46,8 +49,9 @@ pub(crate) struct Transport {
     pub(crate) budget: Option<TokenBucket>,
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) cancel: Option<CancellationToken>,
-    /// The greatest bookmark any answer to this client (or a clone) carried.
-    pub(crate) session: Session,
+    /// The greatest bookmark any answer to this client (or a clone) carried; shared with the
+    /// streams still reading a body (which may name one at its end).
+    pub(crate) session: Arc<Session>,
 }
 
 /// One call: a request body sent as many times as the rules allow. The request builders (statement,
@@ -85,6 +89,11 @@ pub(crate) struct Delivered {
     pub(crate) stall: Option<Duration>,
     /// The call's and the client's cancellation tokens, which end the rest of the body too.
     pub(crate) cancel: [Option<CancellationToken>; 2],
+    /// The client's bookmark session, for a bookmark the rest of the body names at its end.
+    pub(crate) session: Arc<Session>,
+    /// Whether the call may write (any class but a read): a body it ends with
+    /// `OUTCOME_UNKNOWN` leaves the write's outcome unknown.
+    pub(crate) may_write: bool,
 }
 
 impl Delivered {
@@ -165,7 +174,7 @@ impl Transport {
         let deadline = policy
             .max_elapsed
             .and_then(|limit| started.checked_add(limit));
-        let max_attempts = match call.class {
+        let mut max_attempts = match call.class {
             OpClass::Read | OpClass::Step => policy.max_attempts,
             OpClass::Write if retry_writes => policy.max_attempts,
             OpClass::Write | OpClass::Execute => 1,
@@ -182,6 +191,9 @@ impl Transport {
         // that settles the statement's outcome.
         let mut sent = false;
         let mut unsettled = false;
+        // Set once an attempt was refused `409 BOOKMARK_AHEAD`: later attempts carry no bookmark
+        // of the call's own, and no second free attempt is made.
+        let mut bookmark_refused = false;
         if [cancel, self.cancel.as_ref()]
             .into_iter()
             .flatten()
@@ -193,15 +205,17 @@ impl Transport {
         loop {
             attempt += 1;
             span.record("attempts", attempt);
+            // Read now, not at the call's start: an answer to another call (or a clone's)
+            // during the backoff raises it.
+            let call_bookmark = options.bookmark.filter(|_| !bookmark_refused);
+            let bookmark = self.session.for_request(consistency, call_bookmark);
             let request = AttemptRequest {
                 endpoint: call.endpoint,
                 body: &call.body,
                 attempt,
                 max_attempts,
                 idempotency_key: idempotency_key.as_ref(),
-                // Read now, not at the call's start: an answer to another call (or a clone's)
-                // during the backoff raises it.
-                bookmark: self.session.for_request(consistency, options.bookmark),
+                bookmark,
                 consistency,
             };
             let outcome = tokio::select! {
@@ -230,6 +244,8 @@ impl Transport {
                         history,
                         stall: timeout,
                         cancel: [cancel.cloned(), self.cancel.clone()],
+                        session: Arc::clone(&self.session),
+                        may_write: call.class != OpClass::Read,
                     });
                 }
                 Err(failure) => failure,
@@ -266,6 +282,29 @@ impl Transport {
                     .with_statement_index(statement)
                     .with_request_id(request_id.clone())
             };
+            if matches!(kind, ErrorKind::BookmarkAhead { .. })
+                && let Some(refused) = bookmark
+            {
+                // Nothing ran: the bookmark is past the server's primary (another cluster, or
+                // from before a failover). Drop it from the session, and send the call once more
+                // without it, unless it is an execute (never sent twice) or out of time.
+                self.session.drop_refused(refused);
+                let out_of_time = deadline.is_some_and(|deadline| Instant::now() >= deadline);
+                if call.class != OpClass::Execute && !bookmark_refused && !out_of_time {
+                    bookmark_refused = true;
+                    // A free attempt: it counts in the history, not against the policy's.
+                    max_attempts = max_attempts.saturating_add(1);
+                    let failure = record(attempt, &kind, Some(Duration::ZERO), request_id.clone());
+                    tracing::info!(
+                        attempt,
+                        refused = %refused,
+                        request_id = failure.request_id.as_deref(),
+                        "the server's primary is behind the bookmark; dropped it, sending again without it"
+                    );
+                    history.push(failure);
+                    continue;
+                }
+            }
             if kind == ErrorKind::Cancelled
                 || attempt >= max_attempts
                 || !should_retry(call.class, retry_writes, &kind)

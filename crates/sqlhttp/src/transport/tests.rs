@@ -40,6 +40,7 @@ struct Seen {
     at: Duration,
     attempt: String,
     key: Option<String>,
+    bookmark: Option<crate::Bookmark>,
 }
 
 struct Scripted {
@@ -56,6 +57,7 @@ impl Exchange for Scripted {
             key: request
                 .idempotency_key
                 .map(|k| k.to_str().unwrap().to_owned()),
+            bookmark: request.bookmark,
         });
         let step = self.steps.lock().unwrap().pop_front().unwrap_or(Step::Ok);
         Box::pin(async move {
@@ -147,7 +149,7 @@ impl Harness {
             budget: Some(TokenBucket::new(RetryBudget::new())),
             rng: Mutex::new(Transport::new_rng(Some(1))),
             cancel: None,
-            session: crate::bookmark::Session::default(),
+            session: Arc::default(),
         };
         Self {
             transport: configure(transport),
@@ -1035,4 +1037,131 @@ async fn a_body_stalled_before_the_call_is_served_is_retried() {
     assert_eq!(times[0], ms(0));
     assert!(times[1] >= ms(1_100), "{times:?}");
     assert!(started.elapsed() >= ms(1_100));
+}
+
+fn outcome_unknown() -> Step {
+    Step::Fail(ErrorKind::OutcomeUnknown {
+        message: String::new(),
+    })
+}
+
+fn bookmark_ahead() -> Step {
+    Step::Fail(ErrorKind::BookmarkAhead {
+        message: String::new(),
+    })
+}
+
+fn at(n: u64) -> crate::Bookmark {
+    format!("{n:016x}").parse().unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn outcome_unknown_is_retried_for_steps_and_keyed_writes_and_said_at_the_end() {
+    let h = Harness::new([outcome_unknown(), Step::Ok]);
+    h.send(OpClass::Step).await.unwrap();
+    assert_eq!(h.seen().len(), 2);
+
+    let h = Harness::new([outcome_unknown(), outcome_unknown(), outcome_unknown()]);
+    let err = h.send(OpClass::Step).await.unwrap_err();
+    assert_eq!(err.attempts(), 3);
+    assert!(err.is_outcome_unknown(), "{err:?}");
+
+    let h = Harness::with([outcome_unknown(), Step::Ok], retrying_writes());
+    h.send(OpClass::Write).await.unwrap();
+    assert_eq!(h.keys()[0], h.keys()[1]);
+
+    // A settled answer before it does not settle it.
+    let h = Harness::with(
+        [unavailable(), unavailable(), outcome_unknown()],
+        retrying_writes(),
+    );
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(err.is_outcome_unknown(), "{err:?}");
+
+    let h = Harness::with([outcome_unknown(), Step::Ok], retrying_writes());
+    let err = h.send(OpClass::Execute).await.unwrap_err();
+    assert_eq!(h.seen().len(), 1);
+    assert!(err.is_outcome_unknown(), "{err:?}");
+
+    let h = Harness::new(std::iter::repeat_n(outcome_unknown(), 3));
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert!(!err.is_outcome_unknown(), "never for a read: {err:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bookmark_ahead_is_dropped_and_the_attempt_sent_again_at_once_without_it() {
+    for class in [OpClass::Read, OpClass::Write, OpClass::Step] {
+        let h = Harness::with([bookmark_ahead(), Step::Ok], |mut t| {
+            t.session = Arc::new(crate::bookmark::Session::new(Some(at(900))));
+            t.policy = RetryPolicy::never();
+            t
+        });
+        h.send(class).await.unwrap();
+        let seen = h.seen();
+        assert_eq!(
+            seen.iter()
+                .map(|s| (s.at, s.attempt.as_str(), s.bookmark))
+                .collect::<Vec<_>>(),
+            [(ms(0), "1/1", Some(at(900))), (ms(0), "2/2", None)],
+            "{class:?}"
+        );
+        assert_eq!(seen[0].key, seen[1].key, "{class:?}");
+        assert_eq!(h.transport.session.get(), None);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bookmark_ahead_is_sent_again_once_and_an_execute_never() {
+    // Refused again without one (the server's bug): the error, after one free attempt.
+    let h = Harness::with([bookmark_ahead(), bookmark_ahead(), Step::Ok], |mut t| {
+        t.session = Arc::new(crate::bookmark::Session::new(Some(at(900))));
+        t
+    });
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::BookmarkAhead { .. }),
+        "{err:?}"
+    );
+    assert_eq!(err.attempts(), 2);
+    assert_eq!(err.history()[0].retry_delay, Some(Duration::ZERO));
+
+    // Without a bookmark sent, the answer is the server's error as is.
+    let h = Harness::new([bookmark_ahead(), Step::Ok]);
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert_eq!(err.attempts(), 1, "{err:?}");
+
+    let h = Harness::with([bookmark_ahead(), Step::Ok], |mut t| {
+        t.session = Arc::new(crate::bookmark::Session::new(Some(at(900))));
+        t
+    });
+    let err = h.send(OpClass::Execute).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::BookmarkAhead { .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(h.seen().len(), 1);
+    assert_eq!(
+        h.transport.session.get(),
+        None,
+        "the next call goes without"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_bookmark_ahead_at_max_elapsed_is_not_sent_again() {
+    let refused_late = Step::SlowFail(ms(1_000), bookmark_ahead().kind());
+    let h = Harness::with([refused_late, Step::Ok], |mut t| {
+        t.session = Arc::new(crate::bookmark::Session::new(Some(at(900))));
+        t.policy = t.policy.with_max_elapsed(ms(1_000));
+        t.timeout = Some(ms(5_000));
+        t
+    });
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::BookmarkAhead { .. }),
+        "{err:?}"
+    );
+    assert_eq!(h.seen().len(), 1);
+    assert_eq!(h.transport.session.get(), None, "dropped all the same");
 }

@@ -1,7 +1,8 @@
 //! The protocol v1 success body read as it arrives: [`Decoder`] takes the body in pieces of any
-//! size, finds the envelope's members (`columns`, `rows`, `rows_affected`, `last_insert_id`, and
-//! the `error` a streamed body may end with) and hands each complete row to the typed row decoder
-//! in `decode`, one row at a time.
+//! size, finds the envelope's members (`columns`, `rows`, `rows_affected`, `last_insert_id`, the
+//! `bookmark` a write that committed after its headers were sent ends with, and the `error` a
+//! streamed body may end with) and hands each complete row to the typed row decoder in `decode`,
+//! one row at a time.
 //!
 //! It holds at most the row being received and the piece that completed it, whatever the result's
 //! size. It knows the envelope's grammar and nothing of HTTP, retries or the caller's types beyond
@@ -16,6 +17,7 @@ use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny};
 use serde_json::value::RawValue;
 
 use super::decode::{Position, RowSeed, RowsSeed, positioned};
+use crate::bookmark::{self, Bookmark};
 use crate::error::{Error, ErrorKind};
 use crate::table::Column;
 
@@ -68,6 +70,7 @@ enum Member {
     Rows,
     RowsAffected,
     LastInsertId,
+    Bookmark,
     Error,
     Other,
 }
@@ -95,6 +98,8 @@ pub(crate) struct Decoder<'a, T> {
     early: Option<Box<RawValue>>,
     ready: VecDeque<T>,
     effect: Effect,
+    /// The position the answer is consistent with, when the body named a valid one at its end.
+    bookmark: Option<Bookmark>,
     /// The server's error, once the body said the result ends with one.
     failed: Option<ErrorKind>,
     marker: PhantomData<fn() -> T>,
@@ -130,6 +135,11 @@ impl<T> Decoder<'_, T> {
     pub(crate) fn rows_given(&self) -> usize {
         self.rows
     }
+
+    /// The bookmark the body named (its `bookmark` member), once read and when well formed.
+    pub(crate) fn bookmark(&self) -> Option<Bookmark> {
+        self.bookmark
+    }
 }
 
 /// A JSON value could not be read from the buffer yet, or not at all.
@@ -152,6 +162,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             early: None,
             ready: VecDeque::new(),
             effect: Effect::default(),
+            bookmark: None,
             failed: None,
             marker: PhantomData,
         }
@@ -334,6 +345,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
                     "rows" => Member::Rows,
                     "rows_affected" => Member::RowsAffected,
                     "last_insert_id" => Member::LastInsertId,
+                    "bookmark" => Member::Bookmark,
                     "error" => Member::Error,
                     _ => Member::Other,
                 };
@@ -391,6 +403,13 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             Member::LastInsertId => {
                 let id: Option<i64> = value!(Option<i64>);
                 self.effect.last_insert_id = id;
+            }
+            Member::Bookmark => {
+                // Any JSON value is read; only a well-formed bookmark is kept.
+                let raw: Box<RawValue> = value!(Box<RawValue>);
+                if let Some(found) = bookmark::from_body_member(raw.get()) {
+                    self.bookmark = self.bookmark.max(Some(found));
+                }
             }
             Member::Error => {
                 let raw: Box<RawValue> = value!(Box<RawValue>);
@@ -633,6 +652,46 @@ mod tests {
             .next()
             .unwrap();
             assert!(!ended, "cut at {cut} ended cleanly");
+        }
+    }
+
+    #[test]
+    fn a_bookmark_member_at_the_end_is_read_in_any_split_and_a_bad_one_ignored() {
+        let body = r#"{"columns":[{"name":"n","type":""}],"rows":[[1],[2]],"rows_affected":2,"last_insert_id":7,"bookmark":"00000000016b3a28"}"#;
+        for cut in 0..=body.len() {
+            let mut decoder = Decoder::<i64>::new();
+            let mut rows = Vec::new();
+            for piece in [&body.as_bytes()[..cut], &body.as_bytes()[cut..]] {
+                decoder.push(piece);
+                while let Step::Row(row) = decoder.next().unwrap() {
+                    rows.push(row);
+                }
+            }
+            decoder.finish();
+            assert!(matches!(decoder.next().unwrap(), Step::End), "cut at {cut}");
+            assert_eq!(rows, [1, 2]);
+            assert_eq!(
+                decoder.bookmark().map(|b| b.to_string()).as_deref(),
+                Some("00000000016b3a28"),
+                "cut at {cut}"
+            );
+            assert_eq!(decoder.effect().last_insert_id, Some(7));
+        }
+        for bad in [
+            r#""16b3a28""#,
+            r#""00000000016B3A2G""#,
+            "null",
+            "12",
+            r#"{"lsn":"0/16B3A28"}"#,
+            r#"["00000000016b3a28"]"#,
+        ] {
+            let body = format!(
+                r#"{{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null,"bookmark":{bad}}}"#
+            );
+            let mut decoder = Decoder::<i64>::whole(body.as_bytes());
+            assert!(matches!(decoder.next().unwrap(), Step::End), "{bad}");
+            assert_eq!(decoder.bookmark(), None, "{bad}");
+            assert_eq!(decoder.effect().rows_affected, Some(1), "{bad}");
         }
     }
 

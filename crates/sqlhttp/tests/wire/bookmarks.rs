@@ -404,3 +404,287 @@ fn a_bookmark_travels_as_its_string() {
     let err = "16A0010".parse::<Bookmark>().unwrap_err();
     assert!(err.to_string().contains("16 hexadecimal digits"), "{err}");
 }
+
+/// A server whose primary is behind any bookmark: `409 BOOKMARK_AHEAD` to a request carrying one,
+/// `answer` to one without.
+struct BehindAnyBookmark(ResponseTemplate);
+
+impl Respond for BehindAnyBookmark {
+    fn respond(&self, request: &Request) -> ResponseTemplate {
+        if request.headers.contains_key(BOOKMARK) {
+            error(
+                409,
+                "BOOKMARK_AHEAD",
+                "the bookmark is past this primary's log",
+            )
+        } else {
+            self.0.clone()
+        }
+    }
+}
+
+async fn behind(server: &MockServer, route: &str, answer: ResponseTemplate) {
+    Mock::given(method("POST"))
+        .and(path(route))
+        .respond_with(BehindAnyBookmark(answer))
+        .mount(server)
+        .await;
+}
+
+const FAR: &str = "00000000ffff0000";
+
+#[tokio::test(start_paused = true)]
+async fn a_read_refused_for_a_bookmark_ahead_drops_it_and_is_sent_again_without_it() {
+    let server = server().await;
+    behind(&server, "/api/v1/sql", rows_at("0000000000000010")).await;
+    let client = builder(&server)
+        .with_bookmark(bookmark(FAR))
+        .retry(sqlhttp::RetryPolicy::never())
+        .build()
+        .unwrap();
+    let clone = client.clone();
+    assert_eq!(read(&client).await, Some(bookmark("0000000000000010")));
+    assert_eq!(header_values(&server, BOOKMARK).await, [FAR, ""]);
+    // A free attempt, even under a policy of one.
+    assert_eq!(attempt_headers(&server).await, ["1/1", "2/2"]);
+    // The clones share the session: theirs is dropped too.
+    assert_eq!(clone.bookmark(), Some(bookmark("0000000000000010")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_s_own_bookmark_ahead_is_dropped_for_its_next_attempt() {
+    let server = server().await;
+    behind(&server, "/api/v1/sql", ok_rows(&["n"], &json!([[1]]))).await;
+    let client = builder(&server).build().unwrap();
+    client
+        .query("SELECT 1")
+        .with_bookmark(bookmark(FAR))
+        .fetch_all::<i64>()
+        .await
+        .unwrap();
+    assert_eq!(header_values(&server, BOOKMARK).await, [FAR, ""]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn keyed_writes_and_transaction_steps_are_sent_again_without_it() {
+    #[derive(Serialize)]
+    struct Row {
+        n: i64,
+    }
+    let server = server().await;
+    let effect = json!({"columns": [], "rows": [], "rows_affected": 1, "last_insert_id": null});
+    behind(
+        &server,
+        "/api/v1/sql",
+        ResponseTemplate::new(200).set_body_json(effect.clone()),
+    )
+    .await;
+    behind(
+        &server,
+        "/api/v1/transaction/open",
+        ResponseTemplate::new(200).set_body_json(json!({"transaction": "tx1"})),
+    )
+    .await;
+    behind(
+        &server,
+        "/api/v1/transaction/statement",
+        ResponseTemplate::new(200).set_body_json(effect),
+    )
+    .await;
+    behind(
+        &server,
+        "/api/v1/transaction/commit",
+        ResponseTemplate::new(200).set_body_json(json!({"outcome": "committed"})),
+    )
+    .await;
+    // Without retry_writes: the write is refused before it ran, so it is sent again all the same.
+    let client = builder(&server)
+        .with_bookmark(bookmark(FAR))
+        .build()
+        .unwrap();
+    assert_eq!(client.insert("t", &[Row { n: 1 }]).await.unwrap(), 1);
+    let keys = header_values(&server, "idempotency-key").await;
+    assert_eq!(keys.len(), 2);
+    assert_eq!(keys[0], keys[1], "one key on both attempts");
+
+    // Each step in turn meets the bookmark: the open, a statement, the COMMIT.
+    for step in ["open", "statement", "commit"] {
+        client.reset_bookmark();
+        let far = || client.observe_bookmark(bookmark(FAR));
+        if step == "open" {
+            far();
+        }
+        let tx = client.transaction().await.unwrap();
+        if step == "statement" {
+            far();
+        }
+        tx.execute("UPDATE t SET n = 3").await.unwrap();
+        if step == "commit" {
+            far();
+        }
+        tx.commit().await.unwrap();
+        assert_eq!(client.bookmark(), None, "{step}");
+    }
+    let refused = server
+        .received_requests()
+        .await
+        .unwrap()
+        .iter()
+        .filter(|r| r.headers.contains_key(BOOKMARK))
+        .map(|r| r.url.path().to_owned())
+        .collect::<Vec<_>>();
+    assert_eq!(
+        refused,
+        [
+            "/api/v1/sql",
+            "/api/v1/transaction/open",
+            "/api/v1/transaction/statement",
+            "/api/v1/transaction/commit",
+        ]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_execute_refused_for_its_bookmark_returns_the_error_and_its_next_call_goes_without() {
+    let server = server().await;
+    behind(
+        &server,
+        "/api/v1/sql",
+        ok_effect(1, None).insert_header(BOOKMARK, "0000000000000020"),
+    )
+    .await;
+    let client = builder(&server)
+        .with_bookmark(bookmark(FAR))
+        .build()
+        .unwrap();
+    let err = client.execute("UPDATE t SET n = 1").await.unwrap_err();
+    assert!(
+        matches!(err.kind(), sqlhttp::ErrorKind::BookmarkAhead { .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_outcome_unknown(), "nothing ran: {err:?}");
+    assert_eq!(hits(&server).await, 1, "an execute is never sent twice");
+    assert_eq!(client.bookmark(), None);
+    client.execute("UPDATE t SET n = 1").await.unwrap();
+    assert_eq!(header_values(&server, BOOKMARK).await, [FAR, ""]);
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000020")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn reset_bookmark_forgets_it_for_every_clone() {
+    let server = server().await;
+    respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
+    let client = builder(&server)
+        .with_bookmark(bookmark("0000000000000042"))
+        .build()
+        .unwrap();
+    let clone = client.clone();
+    clone.reset_bookmark();
+    assert_eq!(client.bookmark(), None);
+    read(&client).await;
+    assert_eq!(header_values(&server, BOOKMARK).await, [""]);
+}
+
+/// A success body that names its bookmark at its end, after `last_insert_id` (a write that
+/// committed after its headers were sent).
+fn ending_with(bookmark: &str) -> ResponseTemplate {
+    let body = format!(
+        r#"{{"columns":[{{"name":"id","type":"INTEGER"}}],"rows":[[1],[2]],"rows_affected":2,"last_insert_id":2,"bookmark":{bookmark}}}"#
+    );
+    ResponseTemplate::new(200).set_body_raw(body, "application/json")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_s_bookmark_is_taken_on_every_buffered_call() {
+    let server = server().await;
+    respond_times(&server, ending_with(r#""0000000000000100""#), 1).await;
+    respond_times(&server, ending_with(r#""0000000000000200""#), 1).await;
+    respond_times(&server, ending_with(r#""0000000000000300""#), 1).await;
+    // A header and a body that both name one: the greater is kept.
+    respond_times(
+        &server,
+        ending_with(r#""0000000000000400""#).insert_header(BOOKMARK, "0000000000000350"),
+        1,
+    )
+    .await;
+    let client = builder(&server).build().unwrap();
+    let effect = client
+        .execute("INSERT INTO t VALUES (1), (2)")
+        .await
+        .unwrap();
+    assert_eq!(effect.rows_affected, 2);
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000100")));
+    let ids: Vec<i64> = client
+        .execute("INSERT INTO t VALUES (1), (2) RETURNING id")
+        .fetch_all()
+        .await
+        .unwrap();
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000200")));
+    client.query_table("SELECT id FROM t").await.unwrap();
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000300")));
+    client.execute("UPDATE t SET n = 1").await.unwrap();
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000400")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_body_s_bookmark_is_taken_at_its_end() {
+    let server = server().await;
+    respond_times(&server, ending_with(r#""0000000000000100""#), 1).await;
+    respond_times(&server, ending_with(r#""0000000000000200""#), 1).await;
+    respond_times(&server, ending_with(r#""0000000000000300""#), 1).await;
+    let client = builder(&server).build().unwrap();
+    let mut rows = client
+        .execute("INSERT INTO t VALUES (1), (2) RETURNING id")
+        .fetch::<i64>();
+    let mut ids = Vec::new();
+    while let Some(id) = rows.try_next().await.unwrap() {
+        ids.push(id);
+    }
+    assert_eq!(ids, [1, 2]);
+    assert_eq!(rows.rows_affected(), Some(2));
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000100")));
+    // The first row only: the rest is read past to its end.
+    let id: i64 = client
+        .execute("INSERT INTO t VALUES (1), (2) RETURNING id")
+        .fetch_one()
+        .await
+        .unwrap();
+    assert_eq!(id, 1);
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000200")));
+    let id: Option<i64> = client
+        .execute("INSERT INTO t VALUES (1), (2) RETURNING id")
+        .fetch_optional()
+        .await
+        .unwrap();
+    assert_eq!(id, Some(1));
+    assert_eq!(client.bookmark(), Some(bookmark("0000000000000300")));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_ill_formed_or_older_body_bookmark_changes_nothing_and_fails_nothing() {
+    let server = server().await;
+    for member in [
+        r#""0/16B3A28""#,
+        r#""16b3a28""#,
+        "null",
+        "42",
+        r#"{"lsn":"0000000000000900"}"#,
+        r#""0000000000000001""#,
+    ] {
+        respond_times(&server, ending_with(member), 2).await;
+    }
+    let client = builder(&server)
+        .with_bookmark(bookmark("0000000000000500"))
+        .build()
+        .unwrap();
+    for _ in 0..6 {
+        client
+            .execute("INSERT INTO t VALUES (1), (2)")
+            .await
+            .unwrap();
+        let mut rows = client.query("SELECT id FROM t").fetch::<i64>();
+        while rows.try_next().await.unwrap().is_some() {}
+        assert_eq!(client.bookmark(), Some(bookmark("0000000000000500")));
+    }
+}
