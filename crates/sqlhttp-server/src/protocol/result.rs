@@ -3,12 +3,14 @@
 //!
 //! An engine writes the [`header`], then each row through a [`RowWriter`] (it writes each cell's
 //! JSON itself, in its own type mapping, and the writer frames the row and bounds its size), then
-//! the [`end`]; a body cut after a whole row (streamed, then stopped) is closed with
-//! [`error_tail`]. [`within_buffered_limit`] is the limit of a body held whole. Knows the wire
-//! format and the protocol's errors; nothing about HTTP or any engine.
+//! the [`end`] (or [`end_at`], which names the body's bookmark after the rest); a body cut after
+//! a whole row (streamed, then stopped) is closed with [`error_tail`]. [`within_buffered_limit`]
+//! is the limit of a body held whole. Knows the wire format and the protocol's errors; nothing
+//! about HTTP or any engine.
 
 use std::io::Write as _;
 
+use crate::protocol::bookmark::Bookmark;
 use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Writes `{"columns":[{"name":..,"type":..},...],"rows":[` for `columns`, each a name and its
@@ -115,6 +117,18 @@ impl RowWriter {
 /// Closes a body whose rows are all written: `],"rows_affected":N,"last_insert_id":ID}`, the id
 /// `null` when there is none (PostgreSQL has no rowid).
 pub(crate) fn end(out: &mut Vec<u8>, rows_affected: u64, last_insert_id: Option<i64>) {
+    end_at(out, rows_affected, last_insert_id, None);
+}
+
+/// [`end`], with the position the answer stands at as a last member when there is one:
+/// `...,"last_insert_id":ID,"bookmark":"0000000001a2b3c4"}`. A body that streamed before its
+/// position was known (a write's, whose headers went out before it committed) says it here.
+pub(crate) fn end_at(
+    out: &mut Vec<u8>,
+    rows_affected: u64,
+    last_insert_id: Option<i64>,
+    bookmark: Option<Bookmark>,
+) {
     let _ = write!(
         out,
         "],\"rows_affected\":{rows_affected},\"last_insert_id\":"
@@ -124,6 +138,9 @@ pub(crate) fn end(out: &mut Vec<u8>, rows_affected: u64, last_insert_id: Option<
             let _ = write!(out, "{id}");
         }
         None => out.extend_from_slice(b"null"),
+    }
+    if let Some(bookmark) = bookmark {
+        let _ = write!(out, ",\"bookmark\":\"{bookmark}\"");
     }
     out.push(b'}');
 }
@@ -176,6 +193,21 @@ mod tests {
             String::from_utf8(out).unwrap(),
             r#"{"columns":[{"name":"a","type":"INTEGER"},{"name":"b","type":""}],"rows":[[1,"x"],[2,null]],"rows_affected":2,"last_insert_id":7}"#
         );
+    }
+
+    #[test]
+    fn a_bookmark_is_the_last_member_when_there_is_one() {
+        let mut out = Vec::new();
+        header(&mut out, [("a", "")]);
+        end_at(&mut out, 3, None, Some(Bookmark(0x1a2b_3c4d)));
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            r#"{"columns":[{"name":"a","type":""}],"rows":[],"rows_affected":3,"last_insert_id":null,"bookmark":"000000001a2b3c4d"}"#
+        );
+        let mut out = Vec::new();
+        header(&mut out, [("a", "")]);
+        end_at(&mut out, 0, Some(1), None);
+        assert!(out.ends_with(br#""last_insert_id":1}"#));
     }
 
     #[test]

@@ -60,8 +60,13 @@ async fn a_large_result_streams_in_the_protocols_shape(engine: Engine) {
         r#"{{"columns":[{{"name":"x","type":"{x}"}},{{"name":"label","type":"{label}"}}],"rows":[[1,"row 1"],"#
     );
     assert!(text.starts_with(&head), "{}", &text[..120]);
+    // Sent without `read_only`, it ran as a write: on PostgreSQL its body ends with the bookmark
+    // its headers could not carry (they went out before it committed).
+    let tail = engine.pick("}", r#","bookmark":""#);
     assert!(
-        text.ends_with(r#"[50000,"row 50000"]],"rows_affected":0,"last_insert_id":null}"#),
+        text.contains(&format!(
+            r#"[50000,"row 50000"]],"rows_affected":0,"last_insert_id":null{tail}"#
+        )) && text.ends_with('}'),
         "{}",
         &text[text.len() - 100..]
     );

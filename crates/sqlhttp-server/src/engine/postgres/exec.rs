@@ -197,6 +197,24 @@ pub(crate) async fn write_result(
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
     around: Around<'_, '_>,
 ) -> Result<(), ApiError> {
+    let rows_affected = write_rows(lease, request, limits, out, sink, map, around).await?;
+    // PostgreSQL has no rowid: `last_insert_id` is always null (use RETURNING).
+    result::end(out, rows_affected, None);
+    Ok(())
+}
+
+/// [`write_result`] without the body's end: `out` ends after the last whole row, and the rows
+/// the statement changed are returned, for a caller that closes the body itself once the
+/// transaction ended (a streamed write's body ends with its commit's bookmark).
+pub(crate) async fn write_rows(
+    lease: &Lease,
+    request: &SqlRequest,
+    limits: &Limits,
+    out: &mut Vec<u8>,
+    sink: &mut Sink<'_>,
+    map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
+    around: Around<'_, '_>,
+) -> Result<u64, ApiError> {
     let Around {
         before: mut opening,
         behind,
@@ -383,12 +401,9 @@ pub(crate) async fn write_result(
     }
     // The tag's count is rows returned for a SELECT (`WITH ... SELECT` included): only a
     // change's tag counts changes.
-    let rows_affected = if tag::counts_changed_rows(&request.sql) {
+    Ok(if tag::counts_changed_rows(&request.sql) {
         rows.rows_affected().unwrap_or(0)
     } else {
         0
-    };
-    // PostgreSQL has no rowid: `last_insert_id` is always null (use RETURNING).
-    result::end(out, rows_affected, None);
-    Ok(())
+    })
 }

@@ -1,11 +1,15 @@
 //! Streaming one PostgreSQL statement's success body while its rows arrive: the engine's
 //! [`PostgresEngine::streamed`] runs the statement as a task of its own through the row writer
-//! into the shared chunk `Sink`, commits before the body's last bytes are sent, and ends a body
-//! that failed after its first chunk with the error (see `docs/adr/0016-streamed-results.md`).
+//! into the shared chunk `Sink`, commits before the body's last bytes are written, and ends a
+//! body that failed after its first chunk with the error (see
+//! `docs/adr/0016-streamed-results.md`). A streamed write's body ends with its bookmark (issue
+//! 35): its headers went out before it committed, so they could not name it. (A read's headers
+//! name its position, known from its `BEGIN`; its body is unchanged.)
 //!
 //! Knows the request's transaction and the chunk channel; nothing about HTTP.
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
@@ -15,7 +19,7 @@ use crate::engine::postgres::transaction::SentEnd;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, session};
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
-use crate::protocol::bookmark::ServedBy;
+use crate::protocol::bookmark::{Bookmark, ServedBy};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 use crate::protocol::result;
@@ -24,7 +28,7 @@ impl PostgresEngine {
     /// Runs `request` on `node`'s pool (which `served_by` names), its read seeing at least
     /// `min`; the reply says where it stands, known before its first byte (a read's position
     /// comes with its `BEGIN`; a write's with its COMMIT, so a write whose body streams before
-    /// it committed has none).
+    /// it committed has none there: its body's last member names it).
     pub(super) async fn streamed(
         &self,
         node: Arc<Inner>,
@@ -99,12 +103,13 @@ impl Inner {
                 before: Some(opening),
                 behind: behind.as_mut(),
             };
+            // The body's end is written once the transaction ended (see `finish_streamed`).
             let written = self
                 .guarded(
                     job,
                     &lease,
                     1,
-                    exec::write_result(
+                    exec::write_rows(
                         &lease,
                         request,
                         &self.limits,
@@ -124,36 +129,58 @@ impl Inner {
                 continue;
             }
             if !started {
-                break self
-                    .end_or_ended(lease, mode, written.map(|()| Some(out)), sent)
-                    .await;
+                // Nothing was sent: the whole body is the answer, its position in the headers.
+                let whole = written.map(|rows_affected| {
+                    result::end(&mut out, rows_affected, None);
+                    Some(out)
+                });
+                break self.end_or_ended(lease, mode, whole, sent).await;
             }
             break self
-                .finish_streamed(lease, mode, written, out, sender, sent)
+                .finish_streamed(job, lease, mode, written, out, sender, sent)
                 .await;
         }
     }
 
     /// Ends the transaction of a statement whose body started streaming (see
-    /// [`Inner::stream`]), and the body with it.
+    /// [`Inner::stream`]), and the body with it, once the transaction ended: on success with
+    /// the rows it changed and, for a write, its bookmark (the position read after its COMMIT:
+    /// at or past the commit); on failure (its COMMIT's included) with the error, which no
+    /// success member precedes.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "the parts of one streamed request, handed over from `stream`'s loop"
+    )]
     async fn finish_streamed(
         &self,
+        job: &Job,
         lease: Lease,
         mode: Access,
-        written: Result<(), ApiError>,
+        written: Result<u64, ApiError>,
         mut out: Vec<u8>,
         sender: ChunkSender,
         sent: Option<SentEnd>,
     ) -> Result<Option<Vec<u8>>, ApiError> {
-        let ended = self.end_or_ended(lease, mode, written, sent).await;
-        if let Err(err) = ended {
-            if sender.is_gone() {
-                // Nobody reads the body any more.
-                return Err(err);
+        // `out` ends after the last whole row until the transaction has ended.
+        match self.end_or_ended(lease, mode, written, sent).await {
+            Ok(rows_affected) => {
+                // A read's headers named its position already.
+                let position = match job.position.load(Ordering::Acquire) {
+                    0 => None,
+                    _ if mode == Access::ReadOnly => None,
+                    at => Some(Bookmark(at)),
+                };
+                result::end_at(&mut out, rows_affected, None, position);
             }
-            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
-            // `out` ends after a whole row: close the rows and say why the body ends here.
-            result::error_tail(&mut out, &err);
+            Err(err) => {
+                if sender.is_gone() {
+                    // Nobody reads the body any more.
+                    return Err(err);
+                }
+                tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+                // Close the rows and say why the body ends here.
+                result::error_tail(&mut out, &err);
+            }
         }
         sender.finish(Bytes::from(out));
         Ok(None)
