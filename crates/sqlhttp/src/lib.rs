@@ -17,8 +17,13 @@
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
 //!   fleet cannot turn an outage into a retry storm. The rules are in the [`retry`] module.
 //! * Read-your-writes behind read replicas: a client and its clones keep the greatest [`Bookmark`]
-//!   the server answered with and send it on every request; [`Client::bookmark`] hands it to another
-//!   process, and a read's [`Consistency`] may ask for any replica or the primary instead.
+//!   the server answered with (in its `Sqlhttp-Bookmark` header, or at the end of a body that
+//!   streamed) and send it on every request; [`Client::bookmark`] hands it to another process, a
+//!   read's [`Consistency`] may ask for any replica or the primary instead, and
+//!   [`Client::reset_bookmark`] starts afresh after a failover or a move to another cluster.
+//! * An outcome the client cannot know is reported as such ([`Error::is_outcome_unknown`]): an
+//!   interactive transaction whose statement has one is rolled back, never committed, and a COMMIT
+//!   whose answer was lost is settled by asking the server how the transaction ended.
 //!
 //! ```no_run
 //! # async fn run() -> sqlhttp::Result<()> {

@@ -9,6 +9,7 @@
 //! | read | `ping`, `query`, `query_table`, a [`read_only`](crate::Batch::read_only) `batch` | by default |
 //! | write | `insert`, `batch` (one key for the whole batch) | only with `retry_writes(true)`, [client-wide](crate::ClientBuilder::retry_writes) or on the call ([insert](crate::Insert::retry_writes), [batch](crate::Batch::retry_writes)) |
 //! | execute | `execute`, and its `fetch_*` for `RETURNING` rows | never, whatever the configuration |
+//! | transaction step | an interactive [`Transaction`](crate::Transaction)'s open, statements, COMMIT and rollback | by default (the server sequences them: a re-sent statement or COMMIT is answered from its stored result) |
 //!
 //! A failure is retried when it is transient: a connection refused, reset or closed before a complete
 //! response (or, for a stream, before its first row); a streamed body that the server ends with a
@@ -17,6 +18,26 @@
 //! other `4xx` (bad SQL, bad credentials, a constraint violation, an oversized payload), `501`, a complete
 //! `2xx` body that does not decode, a TLS certificate failure, a configuration error and the caller's
 //! cancellation are final: the server would decide them the same way next time.
+//!
+//! **`503 OUTCOME_UNKNOWN`** (the server could not learn whether the write or COMMIT took effect)
+//! is transient like any `5xx`: a keyed write under `retry_writes` is re-sent with its key (applied
+//! at most once), a transaction's step too (a re-sent COMMIT reads the commit record); `execute`
+//! is not. A call other than a read that ends on it has
+//! [`Error::is_outcome_unknown`](crate::Error::is_outcome_unknown) set, whatever earlier attempts
+//! met. `503 UNAVAILABLE` stays "busy, nothing ran".
+//!
+//! **`409 BOOKMARK_AHEAD`** (the request's bookmark is past the server's primary: nothing ran) drops
+//! the client's session bookmark and sends the call once more at once, without it, for every class
+//! but `execute`; that attempt is free (it is not counted against `max_attempts` nor paid from the
+//! budget, but stays within `max_elapsed`). An `execute` returns the error, and its next call goes
+//! out without the bookmark.
+//!
+//! **A transaction whose step or COMMIT has an unknown outcome.** A statement whose outcome is
+//! unknown after its retries ends the transaction: the SDK rolls it back and never sends its COMMIT.
+//! A COMMIT whose outcome is unknown (`OUTCOME_UNKNOWN`, a timeout, a lost connection, a `5xx` after
+//! it was sent) is settled by asking the server (`/api/v1/transaction/outcome`) with backoff until
+//! it knows, within `max_elapsed` (or `max_attempts` asks without it), the budget and the client's
+//! cancellation; see [`Transaction::commit`](crate::Transaction::commit).
 //!
 //! **A request must not be retried unless the server can safely take it twice.** Reads can. A write
 //! carries an `Idempotency-Key` that is the same on every attempt, so a server that honours it (the
