@@ -115,6 +115,21 @@ pub(crate) fn in_use() -> ApiError {
     )
 }
 
+/// The key of the secret the server processes sharing a database prove themselves to each
+/// other with (`http::peers`): each engine stores 256 random bits under it at start unless one
+/// is there, so the first process to start draws it and every other reads that one back. A
+/// space keeps it apart from every Idempotency-Key a client can send.
+pub(crate) const PEER_SECRET_KEY: &str = "sqlhttp peer secret";
+
+/// The peer secret's `created_at`: past every purge, so it never expires.
+pub(crate) const NEVER_EXPIRES: i64 = i64::MAX;
+
+/// The peer secret's identity (its `request_hash`).
+pub(crate) fn peer_secret_hash() -> [u8; 32] {
+    use sha2::{Digest as _, Sha256};
+    Sha256::digest(PEER_SECRET_KEY).into()
+}
+
 /// Milliseconds since the epoch, the stored outcomes' clock.
 pub(crate) fn now_millis() -> i64 {
     SystemTime::now()

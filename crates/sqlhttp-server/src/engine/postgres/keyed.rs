@@ -147,6 +147,26 @@ pub(crate) async fn secrets(owner: &Client) -> Result<(String, String), tokio_po
     Ok((row.get(0), row.get(1)))
 }
 
+/// Stores the peer secret (`engine::keyed::PEER_SECRET_KEY`: 256 random bits, never expiring)
+/// unless one is there: the first server to prepare the database draws it, every other keeps
+/// it. Written by the owner, like the other secrets; read back through `lookup`.
+pub(crate) async fn create_peer_secret(owner: &Client) -> Result<(), tokio_postgres::Error> {
+    let secret: [u8; 32] = rand::random();
+    owner
+        .execute(
+            "INSERT INTO _sqlhttp.idempotency (key, request_hash, status, body, created_at) \
+             VALUES ($1, $2, 200, $3, $4) ON CONFLICT (key) DO NOTHING",
+            &[
+                &rule::PEER_SECRET_KEY,
+                &&rule::peer_secret_hash()[..],
+                &&secret[..],
+                &rule::NEVER_EXPIRES,
+            ],
+        )
+        .await
+        .map(drop)
+}
+
 /// Lets `role` (a plain identifier) call the store's functions, and nothing else of the schema.
 pub(crate) async fn grant(owner: &Client, role: &str) -> Result<(), tokio_postgres::Error> {
     owner

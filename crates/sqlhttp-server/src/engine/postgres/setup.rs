@@ -474,6 +474,9 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
     let (password, store_key) = keyed::secrets(&owner)
         .await
         .map_err(|e| fail("cannot read the server's secrets", e))?;
+    keyed::create_peer_secret(&owner)
+        .await
+        .map_err(|e| fail("cannot store the peer secret", e))?;
     ensure_client_role(&owner, url, &password).await?;
     keyed::grant(&owner, role)
         .await

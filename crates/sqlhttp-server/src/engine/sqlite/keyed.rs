@@ -39,6 +39,23 @@ pub(crate) fn create_table(conn: &Connection) -> rusqlite::Result<()> {
     conn.execute_batch(TABLE_DDL)
 }
 
+/// Stores the peer secret (`engine::keyed::PEER_SECRET_KEY`: 256 random bits, never expiring)
+/// unless one is there: the first server to open the database draws it, every other keeps it.
+pub(crate) fn create_peer_secret(conn: &Connection) -> rusqlite::Result<()> {
+    let secret: [u8; 32] = rand::random();
+    conn.execute(
+        "INSERT OR IGNORE INTO main._sqlhttp_idempotency \
+         (key, request_hash, status, body, created_at) VALUES (?1, ?2, 200, ?3, ?4)",
+        params![
+            rule::PEER_SECRET_KEY,
+            &rule::peer_secret_hash()[..],
+            &secret[..],
+            rule::NEVER_EXPIRES
+        ],
+    )?;
+    Ok(())
+}
+
 /// Deletes outcomes older than `ttl`; returns how many were deleted.
 pub(crate) fn purge_expired(conn: &Connection, ttl: Duration) -> rusqlite::Result<usize> {
     conn.prepare_cached("DELETE FROM main._sqlhttp_idempotency WHERE created_at <= ?1")?

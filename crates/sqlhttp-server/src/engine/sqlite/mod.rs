@@ -133,6 +133,7 @@ impl SqliteEngine {
             .map_err(open_error)?;
         // The table exists even with idempotency off, so no client can claim its name.
         keyed::create_table(&writer.conn).map_err(open_error)?;
+        keyed::create_peer_secret(&writer.conn).map_err(open_error)?;
         if let Some(ttl) = idempotency_ttl {
             keyed::purge_expired(&writer.conn, ttl).map_err(open_error)?;
             writer.purges.purged_now();
