@@ -16,6 +16,7 @@ use crate::engine::{Backend, Engine as _};
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
 use crate::http::metrics::Metrics;
+use crate::http::peers::Peers;
 use crate::http::rate_limit::RateLimiter;
 
 /// Shared state of the HTTP app: build one with [`AppState::new`] and hand it to
@@ -49,6 +50,8 @@ pub(crate) struct Shared {
     pub(crate) idempotency_ttl: Option<Duration>,
     /// The open interactive transactions and the finished ones' outcomes.
     pub(crate) transactions: Arc<Transactions>,
+    /// The other processes on the same database, for the transactions they hold.
+    pub(crate) peers: Peers,
     in_flight: Mutex<HashSet<String>>,
 }
 
@@ -72,6 +75,16 @@ impl AppState {
             });
         }
         let budget = Budget::new(config.max_buffered_bytes);
+        let transactions = Arc::new(Transactions::new(
+            config.transactions,
+            config.idempotency_ttl,
+            config.limits.max_result_bytes,
+            budget.clone(),
+        ));
+        let peers = Peers::new(
+            transactions.instance().to_owned(),
+            config.advertise_url.clone(),
+        );
         let engine = Backend::start(
             &config.database,
             &config.read_replicas,
@@ -92,13 +105,8 @@ impl AppState {
                 limits: config.limits,
                 allow_origins: config.http.allow_origins.clone(),
                 idempotency_ttl: config.idempotency_ttl,
-                transactions: Arc::new(Transactions::new(
-                    config.transactions,
-                    config.idempotency_ttl,
-                    config.limits.max_result_bytes,
-                    budget.clone(),
-                    config.advertise_url.clone(),
-                )),
+                transactions,
+                peers,
                 in_flight: Mutex::new(HashSet::new()),
             }),
         })
@@ -108,6 +116,7 @@ impl AppState {
     /// returns once the connection is dropped. Requests after this answer 503.
     pub(crate) async fn close(&self) {
         self.inner.transactions.close().await;
+        crate::http::peers::leave(&self.inner).await;
         self.inner.engine.close().await;
     }
 }

@@ -8,7 +8,7 @@ use axum::http::{HeaderMap, header};
 use sha2::{Digest, Sha256};
 
 use crate::error::ServerError;
-use crate::http::credentials::{Credential, Identity, Label};
+use crate::http::credentials::{Credential, Identity, Label, Role};
 use crate::protocol::error::{ApiError, ErrorCode};
 
 /// The accepted tokens, as digests with the credential each stands for; empty means the API is
@@ -57,7 +57,10 @@ impl Tokens {
                 });
             }
             let identity = Identity::of_token_digest(&read);
-            digests.push((read, Credential::read_only(Label::Read(index + 1), identity)));
+            digests.push((
+                read,
+                Credential::read_only(Label::Read(index + 1), identity),
+            ));
         }
         Ok(Tokens { digests })
     }
@@ -99,6 +102,22 @@ impl Tokens {
                 ErrorCode::Unauthorized,
                 "the bearer token is not valid",
             ))
+        }
+    }
+
+    /// The credential another sqlhttpd vouches for when it forwards a request (see `peers`):
+    /// `identity` with the `role` that server gave it, labelled as this server's own token of
+    /// that identity when it has one (for logs), else as a peer's.
+    pub(crate) fn vouched(&self, identity: Identity, role: Role) -> Credential {
+        let label = match self.digests.iter().find(|(_, c)| c.identity == identity) {
+            Some((_, credential)) => credential.label,
+            None if self.digests.is_empty() && identity == Identity::ANONYMOUS => Label::Anonymous,
+            None => Label::Peer,
+        };
+        Credential {
+            label,
+            role,
+            identity,
         }
     }
 }
@@ -196,6 +215,26 @@ mod tests {
             assert_eq!(err.code, ErrorCode::Unauthorized, "{bad}");
         }
         assert!(tokens.authorize(&HeaderMap::new()).is_err());
+    }
+
+    #[test]
+    fn a_vouched_credential_is_its_identity_with_this_servers_label() {
+        let tokens = tokens(&["alpha"], &["gamma"]);
+        let alpha = tokens.authorize(&with_auth("Bearer alpha")).unwrap();
+        assert_eq!(tokens.vouched(alpha.identity, Role::ReadWrite), alpha);
+        let gamma = tokens.authorize(&with_auth("Bearer gamma")).unwrap();
+        assert_eq!(tokens.vouched(gamma.identity, Role::ReadOnly), gamma);
+        let stranger = Identity::of_token_digest(&[9; 32]);
+        let vouched = tokens.vouched(stranger, Role::ReadOnly);
+        assert_eq!(
+            (vouched.label, vouched.role, vouched.identity),
+            (Label::Peer, Role::ReadOnly, stranger)
+        );
+        let open = super::Tokens::new([], []).unwrap();
+        assert_eq!(
+            open.vouched(Identity::ANONYMOUS, Role::ReadWrite),
+            Credential::anonymous()
+        );
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! Who is calling: [`Credential`] (a [`Label`] safe to log and a [`Role`]), and the
 //! [`authenticate`] layer every `/api/` request passes first: it finds the request's credential
-//! (`401` when a token is required and missing or wrong), spends one token of its rate-limit
+//! (`401` when a token is required and missing or wrong; a request another sqlhttpd forwarded
+//! is the credential its MAC vouches for, see `peers`), spends one token of its rate-limit
 //! bucket (`429` past it), and puts the credential in the request's extensions, where any
 //! endpoint consults it (`Credential::may_write`). The label is copied into the response's
 //! extensions for the request log.
@@ -40,6 +41,9 @@ pub(crate) enum Label {
     Token(usize),
     /// The n-th read-only token (from 1), in configuration order.
     Read(usize),
+    /// A token this server does not have, vouched for by another sqlhttpd that forwarded the
+    /// request (see `peers`).
+    Peer,
 }
 
 impl fmt::Display for Label {
@@ -48,6 +52,7 @@ impl fmt::Display for Label {
             Label::Anonymous => f.write_str("anonymous"),
             Label::Token(n) => write!(f, "token#{n}"),
             Label::Read(n) => write!(f, "read#{n}"),
+            Label::Peer => f.write_str("peer"),
         }
     }
 }
@@ -166,6 +171,19 @@ pub(crate) async fn authenticate(
     // The protocol's document is public: it holds nothing of this server's.
     if !path.starts_with(API_PREFIX) || path == super::openapi::OPENAPI_PATH {
         return next.run(request).await;
+    }
+    // Another sqlhttpd forwarded it (this one holds the transaction it names): no bearer
+    // token, the peer's MAC vouches for the credential. Not rate-limited again (the peer that
+    // took it from the client counted it); a refused one is, as a refused token is.
+    if super::peers::is_forwarded(request.headers()) {
+        let address = Key::Address(client_ip(&request));
+        return match super::peers::serve(&state, request, next).await {
+            Ok(response) => response,
+            Err(refused) => match state.inner.rate_limiter.as_ref().map(|l| l.check(&address)) {
+                Some(Err(throttled)) => throttled.into_response(),
+                _ => refused,
+            },
+        };
     }
     let shared = &state.inner;
     let credential = shared.tokens.authorize(request.headers());

@@ -19,6 +19,7 @@ pub(crate) mod hyper_errors;
 pub(crate) mod metrics;
 mod middleware;
 mod openapi;
+pub(crate) mod peers;
 pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 mod rows;

@@ -4,24 +4,18 @@
 //! credential as the transaction's owner. The token travels in the body (`"transaction"`), so
 //! every path is fixed. A read credential may open only read-only transactions.
 //!
-//! A request for a transaction another replica holds (its token names that replica, which
-//! stored its `--advertise-url` in the shared database) is forwarded there once, marked
-//! `Sqlhttp-Forwarded`, and its answer passed back; a holder that cannot be reached leaves the
-//! answer to this replica (the commit record: committed, or `410 TRANSACTION_EXPIRED`).
+//! A request for a transaction another process holds (its token names that process, which
+//! stored its `--advertise-url` in the shared database) is forwarded there once, signed, and
+//! its proven answer passed back (see `peers`); a holder that is gone leaves the answer to this
+//! process (the commit record: committed, or `410 TRANSACTION_EXPIRED`), one that is alive but
+//! did not answer is `503` (`OUTCOME_UNKNOWN` for a COMMIT).
 //!
 //! Knows HTTP and the protocol; nothing about either engine or how the registry keeps
 //! transactions. See `docs/protocol.md`, "Interactive transactions".
 
-use std::sync::OnceLock;
-use std::time::Duration;
-
-use axum::body::Body;
 use axum::extract::State;
-use axum::http::{HeaderMap, HeaderName, Request, Uri, header};
+use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
 
 use crate::budget::Held;
@@ -30,7 +24,8 @@ use crate::engine::interactive::{Isolation, TxOptions};
 use crate::engine::sandbox::check_text;
 use crate::http::admit::{Admissible, Admitted};
 use crate::http::credentials::Credential;
-use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED, outcome_response};
+use crate::http::outcome_response;
+use crate::http::peers::{self, Forwarded};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 use crate::state::{AppState, Shared};
@@ -49,104 +44,63 @@ pub(crate) const OUTCOME_PATH: &str = "/api/v1/transaction/outcome";
 /// Longest token accepted (the server's are 41 characters).
 const MAX_TOKEN_LEN: usize = 128;
 
-/// Marks a request one replica forwarded to the one holding its transaction: never forwarded
-/// again.
-const FORWARDED: HeaderName = HeaderName::from_static("sqlhttp-forwarded");
-
-/// How long a forwarded request may take past the statement timeout.
-const FORWARD_MARGIN: Duration = Duration::from_secs(5);
-
-/// Why a request was not forwarded and is answered here.
-enum NotForwarded {
-    /// Not another replica's, or it was forwarded already.
-    Here,
-    /// The holder could not be reached (nothing was sent to it).
-    Unreachable,
+/// What a request for another process's transaction is answered when that process is alive
+/// but did not answer (see `peers::Forwarded::Unknown`).
+#[derive(Debug, Clone, Copy)]
+enum Unanswered {
+    /// A statement or a rollback: send it again (each step is safe to send again).
+    Retry,
+    /// A COMMIT: whether it committed is unknown (the holder may still commit it).
+    Commit,
+    /// The outcome: `"unknown"`.
+    Outcome,
 }
 
-/// Forwards the request for `token` (its body `bytes`) to the replica that holds it, or says
-/// why not.
-async fn forward(
-    shared: &Shared,
-    headers: &HeaderMap,
-    token: &str,
-    path: &str,
-    bytes: axum::body::Bytes,
-) -> Result<Response, NotForwarded> {
-    static CLIENT: OnceLock<Client<HttpConnector, Body>> = OnceLock::new();
-    if headers.contains_key(FORWARDED) {
-        return Err(NotForwarded::Here);
-    }
-    let Some(owner) = shared.transactions.owner_url(&shared.engine, token).await else {
-        return Err(NotForwarded::Here);
-    };
-    let Ok(uri) = format!("{owner}{path}").parse::<Uri>() else {
-        return Err(NotForwarded::Here);
-    };
-    let mut request = Request::post(uri)
-        .header(header::CONTENT_TYPE, "application/json")
-        .header(FORWARDED, "1");
-    for name in [header::AUTHORIZATION, IDEMPOTENCY_KEY, ATTEMPT] {
-        if let Some(value) = headers.get(&name) {
-            request = request.header(name, value);
+impl Unanswered {
+    fn response(self) -> Response {
+        match self {
+            Unanswered::Retry => ApiError::unavailable(
+                "the server that holds this transaction did not answer; send the request again \
+                 (each step of a transaction is safe to send again)",
+            )
+            .into_response(),
+            Unanswered::Commit => ApiError::outcome_unknown(
+                "the server that holds this transaction did not answer, and it may still commit \
+                 it: send the COMMIT again, or ask the transaction's outcome",
+            )
+            .into_response(),
+            Unanswered::Outcome => {
+                outcome_response(Outcome::fresh(outcome_body("unknown")), Held::default())
+            }
         }
     }
-    let Ok(request) = request.body(Body::from(bytes)) else {
-        return Err(NotForwarded::Here);
-    };
-    let client = CLIENT.get_or_init(|| Client::builder(TokioExecutor::new()).build_http());
-    let within = shared
-        .limits
-        .statement_timeout
-        .saturating_add(FORWARD_MARGIN);
-    let lost = || {
-        ApiError::unavailable(
-            "the replica that holds this transaction did not answer in full; send the request \
-             again (each step of a transaction is safe to send again)",
-        )
-        .into_response()
-    };
-    let response = match tokio::time::timeout(within, client.request(request)).await {
-        Ok(Ok(response)) => response,
-        Ok(Err(e)) if e.is_connect() => {
-            tracing::debug!(owner, error = %e, "the replica holding a transaction is unreachable");
-            return Err(NotForwarded::Unreachable);
-        }
-        Ok(Err(_)) | Err(_) => return Ok(lost()),
-    };
-    let (parts, body) = response.into_parts();
-    let limit = shared.limits.max_result_bytes.saturating_add(64 * 1024);
-    let Ok(Ok(body)) =
-        tokio::time::timeout(within, axum::body::to_bytes(Body::new(body), limit)).await
-    else {
-        return Ok(lost());
-    };
-    let mut answer = Response::new(Body::from(body));
-    *answer.status_mut() = parts.status;
-    for name in [
-        header::CONTENT_TYPE,
-        IDEMPOTENT_REPLAYED,
-        header::RETRY_AFTER,
-    ] {
-        if let Some(value) = parts.headers.get(&name) {
-            answer.headers_mut().insert(name, value.clone());
-        }
-    }
-    Ok(answer)
 }
 
-/// Answers `here` unless the request goes to the replica that holds its transaction.
+/// `{"outcome": name}`.
+fn outcome_body(name: &str) -> Vec<u8> {
+    format!("{{\"outcome\":\"{name}\"}}").into_bytes()
+}
+
+/// Answers `here` unless the request goes to the process that holds its transaction (see
+/// `peers`): that one's answer, or, when it is alive but did not answer, `unanswered`'s.
+#[allow(clippy::too_many_arguments)]
 async fn forwarded_or(
     shared: &Shared,
     headers: &HeaderMap,
+    credential: &Credential,
     token: &str,
     path: &str,
     bytes: axum::body::Bytes,
+    unanswered: Unanswered,
     here: impl Future<Output = Result<Outcome, ApiError>>,
 ) -> Response {
-    match forward(shared, headers, token, path, bytes).await {
-        Ok(answer) => answer,
-        Err(NotForwarded::Here | NotForwarded::Unreachable) => respond(here.await),
+    let Some(holder) = shared.transactions.held_elsewhere(token) else {
+        return respond(here.await);
+    };
+    match peers::forward(shared, headers, credential, holder, path, bytes).await {
+        Forwarded::Answer(answer) => answer,
+        Forwarded::Here => respond(here.await),
+        Forwarded::Unknown => unanswered.response(),
     }
 }
 
@@ -307,7 +261,7 @@ pub(crate) async fn open(
     let shared = &state.inner;
     let key = admitted.key.map(|(_, key)| key);
     let OpenRequest(options) = admitted.body;
-    shared.transactions.advertise(&shared.engine).await;
+    peers::advertise(&state.inner).await;
     respond(
         shared
             .transactions
@@ -341,9 +295,11 @@ pub(crate) async fn statement(
     forwarded_or(
         shared,
         &headers,
+        &admitted.credential,
         &token,
         STATEMENT_PATH,
         admitted.bytes,
+        Unanswered::Retry,
         here,
     )
     .await
@@ -357,7 +313,17 @@ pub(crate) async fn commit(
     let shared = &state.inner;
     let (owner, token) = (owner(&admitted.credential), admitted.body.0);
     let here = shared.transactions.commit(&shared.engine, &owner, &token);
-    forwarded_or(shared, &headers, &token, COMMIT_PATH, admitted.bytes, here).await
+    forwarded_or(
+        shared,
+        &headers,
+        &admitted.credential,
+        &token,
+        COMMIT_PATH,
+        admitted.bytes,
+        Unanswered::Commit,
+        here,
+    )
+    .await
 }
 
 pub(crate) async fn rollback(
@@ -371,9 +337,11 @@ pub(crate) async fn rollback(
     forwarded_or(
         shared,
         &headers,
+        &admitted.credential,
         &token,
         ROLLBACK_PATH,
         admitted.bytes,
+        Unanswered::Retry,
         here,
     )
     .await
@@ -387,5 +355,15 @@ pub(crate) async fn outcome(
     let shared = &state.inner;
     let (owner, token) = (owner(&admitted.credential), admitted.body.0);
     let here = shared.transactions.outcome(&shared.engine, &owner, &token);
-    forwarded_or(shared, &headers, &token, OUTCOME_PATH, admitted.bytes, here).await
+    forwarded_or(
+        shared,
+        &headers,
+        &admitted.credential,
+        &token,
+        OUTCOME_PATH,
+        admitted.bytes,
+        Unanswered::Outcome,
+        here,
+    )
+    .await
 }
