@@ -3,7 +3,10 @@
 //! replicas) while a scheduler partitions a replica from the primary, pauses one, and kills
 //! and restarts one `sqlhttpd`; the recorded history is then checked (every acknowledged write
 //! present exactly once, read-your-writes and monotonic reads within a session and across the
-//! processes it handed its bookmark to, reads never failing because a replica did).
+//! processes it handed its bookmark to, reads never failing because a replica did). Some writes
+//! are interactive transactions whose COMMIT answer a proxy drops, so that every such COMMIT is
+//! sent twice (issue 35): the answer to the second must carry the commit's bookmark for the read
+//! that follows it to see the row.
 //!
 //! `scripts/consistency-check` builds the images, brings the topology up in Docker, runs this
 //! target and tears everything down. The run itself is [`under_faults`], which does nothing
@@ -161,6 +164,8 @@ struct Outcome {
     faults: Vec<FaultRecord>,
     table_rows: usize,
     verdict: Verdict,
+    /// What the transactional writes did.
+    transactions: session::TxFigures,
 }
 
 /// The final table: the count of rows of each `(session, seq)`, read from the primary.
@@ -261,6 +266,7 @@ async fn run(config: &RunConfig) -> Result<Outcome, String> {
         faults,
         table_rows: table.values().map(|&n| n as usize).sum(),
         verdict,
+        transactions: context.transactions.figures(),
     })
 }
 
@@ -337,4 +343,9 @@ async fn a_short_run_against_an_in_process_server_finds_no_anomaly() {
     );
     assert_eq!(outcome.table_rows, figures.acknowledged, "{text}");
     assert!(outcome.faults.is_empty());
+    // Transactional writes ran, each COMMIT's first answer dropped and the COMMIT sent again.
+    let tx = outcome.transactions;
+    assert!(tx.committed > 0, "{text}");
+    assert!(tx.commits_dropped >= tx.committed, "{text}");
+    assert!(tx.commits_resent >= tx.commits_dropped, "{text}");
 }

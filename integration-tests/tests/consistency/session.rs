@@ -6,8 +6,15 @@
 //! session's own rows and of everyone's. Now and then a session's process hands its bookmark to
 //! a new process (a new HTTP client, nothing else carried over) and ends.
 //!
-//! This module knows the wire protocol and the workload; it must not know how faults are made
-//! nor how the history is judged.
+//! Some writes are interactive transactions (issue 35): open, the insert, and a COMMIT sent
+//! through a [`ChaosProxy`] of the session's own that forwards it and drops its answer, so the
+//! session sends the COMMIT again and takes the bookmark of that answer (a replay); a read of
+//! the session's own rows follows at once. A transaction lost before it committed (its
+//! sqlhttpd restarted, say: the server says so) is run again, as the SDK's `transact` does.
+//!
+//! This module knows the wire protocol and the workload (the dropped COMMIT answer is part of
+//! that operation); it must not know how the scheduler's faults are made nor how the history is
+//! judged.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -15,6 +22,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use sqlhttp_testkit::{ChaosProxy, Fault};
 
 use crate::check::parse_bookmark;
 use crate::history::{
@@ -32,6 +40,11 @@ const WRITE_ATTEMPTS: u32 = 40;
 const READ_ATTEMPTS: u32 = 4;
 /// The longest pause between two attempts of one operation.
 const MAX_BACKOFF: Duration = Duration::from_secs(1);
+/// How many times a transactional write is run before its outcome is called unknown (each run
+/// a new transaction, after the one before was lost without committing).
+const TX_RUNS: u32 = 8;
+/// How many attempts a transaction's statement gets before the run is abandoned.
+const STATEMENT_ATTEMPTS: u32 = 5;
 
 /// What every session shares: the servers, the table, the clock and the history.
 #[derive(Debug)]
@@ -48,7 +61,58 @@ pub(crate) struct Context {
     /// Whether requests carry the process's bookmark. Off, a replica may serve a read older
     /// than the session's writes: a run that shows the checker catches that.
     pub(crate) send_bookmarks: bool,
+    /// What the transactional writes did.
+    pub(crate) transactions: TxCounters,
     next_process: AtomicUsize,
+}
+
+/// What the transactional writes of a run did, counted as they go (the history records their
+/// attempts as those of any write).
+#[derive(Debug, Default)]
+pub(crate) struct TxCounters {
+    writes: AtomicUsize,
+    committed: AtomicUsize,
+    runs_lost: AtomicUsize,
+    commits_dropped: AtomicUsize,
+    commits_resent: AtomicUsize,
+    replays_without_bookmark: AtomicUsize,
+}
+
+/// [`TxCounters`] read at the end of a run.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct TxFigures {
+    /// Transactional writes started.
+    pub(crate) writes: usize,
+    /// Those answered `committed`.
+    pub(crate) committed: usize,
+    /// Transactions lost before they committed (and run again).
+    pub(crate) runs_lost: usize,
+    /// COMMITs the proxy forwarded and whose answer it dropped.
+    pub(crate) commits_dropped: usize,
+    /// COMMITs sent again after a dropped (or failed) answer.
+    pub(crate) commits_resent: usize,
+    /// `committed` answers to a re-sent COMMIT without `Sqlhttp-Bookmark` (PostgreSQL sends
+    /// one on every answer that reports a commit; SQLite on none).
+    pub(crate) replays_without_bookmark: usize,
+}
+
+impl TxCounters {
+    fn add(counter: &AtomicUsize) {
+        counter.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The counts so far.
+    pub(crate) fn figures(&self) -> TxFigures {
+        let read = |counter: &AtomicUsize| counter.load(Ordering::Relaxed);
+        TxFigures {
+            writes: read(&self.writes),
+            committed: read(&self.committed),
+            runs_lost: read(&self.runs_lost),
+            commits_dropped: read(&self.commits_dropped),
+            commits_resent: read(&self.commits_resent),
+            replays_without_bookmark: read(&self.replays_without_bookmark),
+        }
+    }
 }
 
 impl Context {
@@ -69,6 +133,7 @@ impl Context {
             history,
             deadline_us,
             send_bookmarks: true,
+            transactions: TxCounters::default(),
             next_process: AtomicUsize::new(0),
         }
     }
@@ -84,6 +149,18 @@ pub(crate) struct Process {
     id: usize,
     http: reqwest::Client,
     bookmark: Option<String>,
+}
+
+/// Where and what one attempt sends.
+struct Request<'a> {
+    /// The sqlhttpd it is for (the history's number).
+    server: usize,
+    /// A base URL to send it to in place of the server's (a proxy in front of it).
+    via: Option<&'a str>,
+    path: &'a str,
+    body: &'a str,
+    key: Option<&'a str>,
+    timeout: Duration,
 }
 
 /// What one attempt brought back, besides its record.
@@ -125,11 +202,39 @@ impl Process {
         key: Option<&str>,
         timeout: Duration,
     ) -> Answer {
+        self.exchange(
+            context,
+            Request {
+                server,
+                via: None,
+                path: "/api/v1/sql",
+                body,
+                key,
+                timeout,
+            },
+        )
+        .await
+    }
+
+    /// One POST of `request`; an answer of `/api/v1/sql` or of a transaction's statement is a
+    /// success only with a whole result, another one (a transaction's open or end) with any
+    /// JSON object but an error.
+    async fn exchange(&mut self, context: &Context, request: Request<'_>) -> Answer {
+        let Request {
+            server,
+            via,
+            path,
+            body,
+            key,
+            timeout,
+        } = request;
         let start_us = context.clock.now_us();
         let sent_bookmark = self.bookmark.clone().filter(|_| context.send_bookmarks);
+        let base = via.unwrap_or(&context.servers[server]);
+        let needs_result = path == "/api/v1/sql" || path.ends_with("/statement");
         let mut request = self
             .http
-            .post(format!("{}/api/v1/sql", context.servers[server]))
+            .post(format!("{base}{path}"))
             .header("content-type", "application/json")
             .timeout(timeout)
             .body(body.to_owned());
@@ -163,8 +268,13 @@ impl Process {
                     Err(err) => (transport(&err), None, retry_after),
                     Ok(text) => {
                         let value: Option<Value> = serde_json::from_str(&text).ok();
-                        let result =
-                            judge(status, value.as_ref(), &text, bookmark, served_by, replayed);
+                        let answer = Received {
+                            status,
+                            bookmark,
+                            served_by,
+                            replayed,
+                        };
+                        let result = judge(answer, value.as_ref(), &text, needs_result);
                         (result, value, retry_after)
                     }
                 }
@@ -210,18 +320,28 @@ fn transport(err: &reqwest::Error) -> AttemptResult {
     AttemptResult::Transport { kind, message }
 }
 
-/// A whole answer's verdict: a `200` is a success only with a whole body (`rows_affected`, no
-/// `error` member: a streamed body may end with one).
-fn judge(
+/// The head of an answer, as far as the history keeps it.
+struct Received {
     status: u16,
-    value: Option<&Value>,
-    text: &str,
     bookmark: Option<String>,
     served_by: Option<String>,
     replayed: bool,
-) -> AttemptResult {
+}
+
+/// A whole answer's verdict: a `200` is a success only with a whole body (no `error` member: a
+/// streamed body may end with one; with `rows_affected` when `needs_result`, for a statement's
+/// answer).
+fn judge(answer: Received, value: Option<&Value>, text: &str, needs_result: bool) -> AttemptResult {
+    let Received {
+        status,
+        bookmark,
+        served_by,
+        replayed,
+    } = answer;
     let error = value.and_then(|v| v.get("error"));
-    if status == 200 && error.is_none() && value.is_some_and(|v| v.get("rows_affected").is_some()) {
+    let whole =
+        value.is_some_and(|v| v.is_object() && (!needs_result || v.get("rows_affected").is_some()));
+    if status == 200 && error.is_none() && whole {
         return AttemptResult::Ok {
             bookmark,
             served_by,
@@ -262,6 +382,32 @@ fn write_may_retry(result: &AttemptResult) -> bool {
                 || *status == 408
                 || (*status == 409 && code == "IDEMPOTENCY_KEY_IN_USE")
         }
+    }
+}
+
+/// What a transaction's COMMIT (or a statement of it) was answered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum CommitVerdict {
+    /// `200`: committed (a statement: ran).
+    Committed,
+    /// Lost before it committed, said the server: nothing of it was kept; run it again.
+    Lost,
+    /// Not answered, or not known yet (`503 OUTCOME_UNKNOWN`, busy, a gateway's `5xx`): send it
+    /// again.
+    Again,
+    /// Anything else: whether it committed is not known.
+    Unknown,
+}
+
+fn commit_verdict(result: &AttemptResult) -> CommitVerdict {
+    match result {
+        AttemptResult::Ok { .. } => CommitVerdict::Committed,
+        AttemptResult::Transport { .. } => CommitVerdict::Again,
+        AttemptResult::Status { status, code, .. } => match (*status, code.as_str()) {
+            (410, "TRANSACTION_EXPIRED") | (409, "TRANSACTION_ABORTED") => CommitVerdict::Lost,
+            (status, _) if status >= 500 || status == 429 || status == 408 => CommitVerdict::Again,
+            _ => CommitVerdict::Unknown,
+        },
     }
 }
 
@@ -323,6 +469,11 @@ pub(crate) struct Session {
     process: Process,
     turn: usize,
     next_seq: i64,
+    /// A proxy in front of each sqlhttpd for this session's transactions alone (a proxy's plan
+    /// is one queue for every request through it: shared, another session's request could take
+    /// the fault meant for this COMMIT); `None` until first needed, and for a server it cannot
+    /// stand in front of (HTTPS, an unresolvable name).
+    proxies: Vec<Option<ChaosProxy>>,
 }
 
 impl Session {
@@ -341,16 +492,34 @@ impl Session {
             rng,
             process,
             next_seq: 0,
+            proxies: Vec::new(),
         }
     }
 
-    /// Runs operations until the deadline: about 40% writes, 30% own reads, 27% reads of
-    /// everyone, 3% hand-overs (each followed by a read of the session's own rows).
+    /// Runs operations until the deadline: about 30% keyed writes, 10% transactional writes
+    /// whose COMMIT answer is dropped once (each followed by a read of the session's own rows
+    /// when it committed), 30% own reads, 27% reads of everyone, 3% hand-overs (each followed
+    /// by a read of the session's own rows).
     pub(crate) async fn run(mut self) {
         while self.context.clock.now_us() < self.context.deadline_us {
             let roll = self.rng.below(100);
-            let event = if roll < 40 {
+            let event = if roll < 30 {
                 self.write().await
+            } else if roll < 40 {
+                let event = self.tx_write().await;
+                let committed = matches!(
+                    event.op,
+                    Op::Write {
+                        outcome: WriteOutcome::Acknowledged,
+                        ..
+                    }
+                );
+                if committed {
+                    self.context.history.push(event);
+                    self.read(ReadKind::Own).await
+                } else {
+                    event
+                }
             } else if roll < 70 {
                 self.read(ReadKind::Own).await
             } else if roll < 97 {
@@ -452,6 +621,179 @@ impl Session {
             op: Op::Read {
                 kind,
                 seen,
+                attempts,
+            },
+        }
+    }
+
+    /// The base URL of this session's proxy in front of `server`, started when first asked for.
+    async fn proxy(&mut self, server: usize) -> Option<String> {
+        if self.proxies.len() < self.context.servers.len() {
+            self.proxies
+                .resize_with(self.context.servers.len(), || None);
+        }
+        if self.proxies[server].is_none() {
+            let url = &self.context.servers[server];
+            let authority = url.strip_prefix("http://")?.split('/').next()?;
+            let addr = tokio::net::lookup_host(authority).await.ok()?.next()?;
+            self.proxies[server] = Some(ChaosProxy::start(addr).await.ok()?);
+        }
+        self.proxies[server].as_ref().map(ChaosProxy::url)
+    }
+
+    /// One POST of `body` to the transaction endpoint `path` on `server` through `proxy`.
+    async fn step(
+        &mut self,
+        server: usize,
+        proxy: &str,
+        path: &str,
+        body: &str,
+        key: Option<&str>,
+    ) -> Answer {
+        let context = Arc::clone(&self.context);
+        self.process
+            .exchange(
+                &context,
+                Request {
+                    server,
+                    via: Some(proxy),
+                    path,
+                    body,
+                    key,
+                    timeout: WRITE_TIMEOUT,
+                },
+            )
+            .await
+    }
+
+    /// The insert of `(session, seq)` in an interactive transaction whose COMMIT the session's
+    /// proxy forwards and answers with nothing (the connection closed): the COMMIT is sent
+    /// again until it is answered. A run lost before it committed (the server says so, or it
+    /// failed before its COMMIT) is run again in a new transaction. Recorded as a write: its
+    /// attempts are every request of every run.
+    async fn tx_write(&mut self) -> Event {
+        let server = self.next_server();
+        let Some(proxy) = self.proxy(server).await else {
+            return self.write().await;
+        };
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        let context = Arc::clone(&self.context);
+        let counters = &context.transactions;
+        TxCounters::add(&counters.writes);
+        let start_us = context.clock.now_us();
+        let mut attempts = Vec::new();
+        let mut outcome = WriteOutcome::Unknown;
+        for run in 0..TX_RUNS {
+            if run > 0 {
+                TxCounters::add(&counters.runs_lost);
+                tokio::time::sleep(backoff(run, None)).await;
+            }
+            // Open.
+            let answer = self
+                .step(server, &proxy, "/api/v1/transaction/open", "{}", None)
+                .await;
+            let token = answer
+                .body
+                .as_ref()
+                .and_then(|body| body.get("transaction"))
+                .and_then(Value::as_str)
+                .map(str::to_owned);
+            let opened = matches!(answer.attempt.result, AttemptResult::Ok { .. });
+            attempts.push(answer.attempt);
+            let Some(token) = token.filter(|_| opened) else {
+                continue;
+            };
+            // The insert, sent again under its number while its answer is lost or busy.
+            let statement = json!({
+                "transaction": token,
+                "seq": 1,
+                "sql": format!("INSERT INTO {} (session, seq) VALUES (?, ?)", context.table),
+                "params": [self.id, seq],
+            })
+            .to_string();
+            let mut inserted = false;
+            for n in 0..STATEMENT_ATTEMPTS {
+                let answer = self
+                    .step(
+                        server,
+                        &proxy,
+                        "/api/v1/transaction/statement",
+                        &statement,
+                        None,
+                    )
+                    .await;
+                let result = answer.attempt.result.clone();
+                attempts.push(answer.attempt);
+                inserted = matches!(result, AttemptResult::Ok { .. });
+                if inserted || commit_verdict(&result) != CommitVerdict::Again {
+                    break;
+                }
+                tokio::time::sleep(backoff(n, answer.retry_after)).await;
+            }
+            let end = json!({ "transaction": token }).to_string();
+            if !inserted {
+                // Never committed: roll it back (or let it expire) and run again.
+                let _ = self
+                    .step(server, &proxy, "/api/v1/transaction/rollback", &end, None)
+                    .await;
+                continue;
+            }
+            // The COMMIT: forwarded, its answer dropped; then sent again until answered.
+            let key = format!("{}-{}-{seq}-tx{run}", context.table, self.id);
+            if let Some(Some(proxy)) = self.proxies.get(server) {
+                proxy.push(Fault::DropAfterForward);
+            }
+            let mut verdict = CommitVerdict::Unknown;
+            for n in 0..WRITE_ATTEMPTS {
+                let answer = self
+                    .step(
+                        server,
+                        &proxy,
+                        "/api/v1/transaction/commit",
+                        &end,
+                        Some(&key),
+                    )
+                    .await;
+                let result = answer.attempt.result.clone();
+                attempts.push(answer.attempt);
+                if n == 0 && matches!(result, AttemptResult::Transport { .. }) {
+                    TxCounters::add(&counters.commits_dropped);
+                }
+                if n > 0 {
+                    TxCounters::add(&counters.commits_resent);
+                    if let AttemptResult::Ok { bookmark: None, .. } = &result {
+                        TxCounters::add(&counters.replays_without_bookmark);
+                    }
+                }
+                verdict = commit_verdict(&result);
+                if verdict != CommitVerdict::Again {
+                    break;
+                }
+                tokio::time::sleep(backoff(n, answer.retry_after)).await;
+            }
+            // A fault left over (the COMMIT never reached the proxy) must not hit a later step.
+            if let Some(Some(proxy)) = self.proxies.get(server) {
+                proxy.clear();
+            }
+            match verdict {
+                CommitVerdict::Committed => {
+                    TxCounters::add(&counters.committed);
+                    outcome = WriteOutcome::Acknowledged;
+                    break;
+                }
+                CommitVerdict::Lost => {}
+                CommitVerdict::Again | CommitVerdict::Unknown => break,
+            }
+        }
+        Event {
+            session: self.id,
+            process: self.process.id,
+            start_us,
+            end_us: context.clock.now_us(),
+            op: Op::Write {
+                seq,
+                outcome,
                 attempts,
             },
         }
@@ -561,7 +903,7 @@ mod tests {
             r#"{"columns":[],"rows":[],"error":{"code":"UNAVAILABLE","message":"shutting down"}}"#,
         )
         .unwrap();
-        let result = judge(200, Some(&body), "", None, None, false);
+        let result = judge(received(None, false), Some(&body), "", true);
         assert!(
             matches!(&result, AttemptResult::Status { code, .. } if code == "UNAVAILABLE"),
             "{result:?}"
@@ -572,15 +914,82 @@ mod tests {
         .unwrap();
         assert!(matches!(
             judge(
-                200,
+                received(Some("0000000000000001"), true),
                 Some(&whole),
                 "",
-                Some("0000000000000001".into()),
-                None,
                 true
             ),
             AttemptResult::Ok { replayed: true, .. }
         ));
+    }
+
+    fn received(bookmark: Option<&str>, replayed: bool) -> Received {
+        Received {
+            status: 200,
+            bookmark: bookmark.map(str::to_owned),
+            served_by: None,
+            replayed,
+        }
+    }
+
+    #[test]
+    fn a_transactions_open_and_commit_succeed_without_a_result() {
+        let committed: Value = serde_json::from_str(r#"{"outcome":"committed"}"#).unwrap();
+        assert!(matches!(
+            judge(received(None, true), Some(&committed), "", false),
+            AttemptResult::Ok { replayed: true, .. }
+        ));
+        // A statement's answer still needs its result.
+        assert!(matches!(
+            judge(received(None, false), Some(&committed), "", true),
+            AttemptResult::Status { status: 200, .. }
+        ));
+        let error: Value = serde_json::from_str(
+            r#"{"error":{"code":"TRANSACTION_EXPIRED","message":"nothing was committed"}}"#,
+        )
+        .unwrap();
+        let mut gone = received(None, false);
+        gone.status = 410;
+        assert!(matches!(
+            judge(gone, Some(&error), "", false),
+            AttemptResult::Status { status: 410, code, .. } if code == "TRANSACTION_EXPIRED"
+        ));
+    }
+
+    #[test]
+    fn a_commit_answer_says_whether_the_transaction_committed_was_lost_or_is_unknown() {
+        let status = |status: u16, code: &str| AttemptResult::Status {
+            status,
+            code: code.to_owned(),
+            message: String::new(),
+        };
+        let ok = AttemptResult::Ok {
+            bookmark: None,
+            served_by: None,
+            replayed: true,
+        };
+        assert_eq!(commit_verdict(&ok), CommitVerdict::Committed);
+        assert_eq!(
+            commit_verdict(&status(410, "TRANSACTION_EXPIRED")),
+            CommitVerdict::Lost
+        );
+        assert_eq!(
+            commit_verdict(&status(409, "TRANSACTION_ABORTED")),
+            CommitVerdict::Lost
+        );
+        assert_eq!(
+            commit_verdict(&status(503, "OUTCOME_UNKNOWN")),
+            CommitVerdict::Again
+        );
+        let dropped = AttemptResult::Transport {
+            kind: TransportKind::Broken,
+            message: String::new(),
+        };
+        assert_eq!(commit_verdict(&dropped), CommitVerdict::Again);
+        assert_eq!(
+            commit_verdict(&status(400, "BAD_REQUEST")),
+            CommitVerdict::Unknown
+        );
     }
 
     #[test]

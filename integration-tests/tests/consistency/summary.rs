@@ -147,6 +147,19 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
         figures.hand_overs,
         verdict.reads_after_hand_over,
     );
+    let tx = outcome.transactions;
+    let _ = writeln!(
+        out,
+        "transactional writes (each COMMIT's first answer dropped by a proxy): {} ({} committed, \
+         {} runs lost before committing and run again); {} COMMIT answers dropped, {} COMMITs \
+         sent again, {} answered committed without a bookmark",
+        tx.writes,
+        tx.committed,
+        tx.runs_lost,
+        tx.commits_dropped,
+        tx.commits_resent,
+        tx.replays_without_bookmark,
+    );
     let mut by_kind: BTreeMap<FaultKind, usize> = BTreeMap::new();
     for fault in &outcome.faults {
         *by_kind.entry(fault.kind).or_default() += 1;
