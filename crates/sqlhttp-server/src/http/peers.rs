@@ -747,15 +747,15 @@ mod tests {
         let mac: [u8; 32] = claim(&nonce).mac(&secret).finalize().into_bytes().into();
         assert!(!claim(&nonce).fails(&secret, &mac));
         assert!(claim(&nonce).fails(&Secret([8; 32]), &mac));
-        let changed: Vec<Box<dyn Fn(&mut Claim<'_>)>> = vec![
-            Box::new(|c| c.target = "0badcaff"),
-            Box::new(|c| c.path = crate::http::transaction::ROLLBACK_PATH),
-            Box::new(|c| c.body = Sha256::digest(b"{ }").into()),
-            Box::new(|c| c.key = b"k"),
-            Box::new(|c| c.owner = Identity::ANONYMOUS),
-            Box::new(|c| c.role = Role::ReadOnly),
-            Box::new(|c| c.time = 1_001),
-            Box::new(|c| c.nonce = [2; 16]),
+        let changed: [fn(&mut Claim<'static>); 8] = [
+            |c| c.target = "0badcaff",
+            |c| c.path = crate::http::transaction::ROLLBACK_PATH,
+            |c| c.body = Sha256::digest(b"{ }").into(),
+            |c| c.key = b"k",
+            |c| c.owner = Identity::ANONYMOUS,
+            |c| c.role = Role::ReadOnly,
+            |c| c.time = 1_001,
+            |c| c.nonce = [2; 16],
         ];
         for change in changed {
             let mut other = claim(&nonce);
