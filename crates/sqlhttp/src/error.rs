@@ -104,8 +104,11 @@ pub enum ErrorKind {
     /// retried (a re-sent COMMIT reads the commit record), and so are keyed writes under
     /// [`retry_writes`](crate::ClientBuilder::retry_writes) (the key applies them at most once);
     /// `execute` never is.
-    #[error("outcome unknown: {message}")]
+    #[error("outcome unknown{}: {message}", fmt_wait(*retry_after))]
     OutcomeUnknown {
+        /// The wait the server asked for (`Retry-After`) before asking again, when it gave a
+        /// valid one.
+        retry_after: Option<Duration>,
         /// The server's explanation.
         message: String,
     },
@@ -617,12 +620,12 @@ impl Error {
     }
 
     /// The wait the server asked for with `Retry-After` (on `429`, `503` and
-    /// `409 IDEMPOTENCY_KEY_IN_USE`), uncapped. Not kept for [`ErrorKind::OutcomeUnknown`],
-    /// though honoured between its attempts.
+    /// `409 IDEMPOTENCY_KEY_IN_USE`), uncapped.
     pub fn retry_after(&self) -> Option<Duration> {
         match &self.inner.kind {
             ErrorKind::RateLimited { retry_after, .. }
             | ErrorKind::Unavailable { retry_after, .. }
+            | ErrorKind::OutcomeUnknown { retry_after, .. }
             | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
             _ => None,
         }

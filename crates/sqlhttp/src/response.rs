@@ -26,8 +26,6 @@ pub(crate) struct Failure {
     pub(crate) statement: Option<usize>,
     /// The server's `X-Request-Id`, when a response carried a sane one.
     pub(crate) request_id: Option<String>,
-    /// The server's `Retry-After`, for a kind that does not carry it (`503 OUTCOME_UNKNOWN`).
-    pub(crate) retry_after: Option<std::time::Duration>,
 }
 
 /// A failure known only by its kind (a response, a timeout) may have reached the server.
@@ -39,7 +37,6 @@ impl From<ErrorKind> for Failure {
             source: None,
             statement: None,
             request_id: None,
-            retry_after: None,
         }
     }
 }
@@ -57,7 +54,6 @@ impl From<Error> for Failure {
             source,
             statement,
             request_id,
-            retry_after: None,
         }
     }
 }
@@ -131,7 +127,10 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
             retry_after: wait(),
             message,
         },
-        (503, Some("OUTCOME_UNKNOWN")) => ErrorKind::OutcomeUnknown { message },
+        (503, Some("OUTCOME_UNKNOWN")) => ErrorKind::OutcomeUnknown {
+            retry_after: wait(),
+            message,
+        },
         (503, _) => ErrorKind::Unavailable {
             retry_after: wait(),
             message,
@@ -237,7 +236,6 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
         source: Some(Box::new(err)),
         statement: None,
         request_id: None,
-        retry_after: None,
     }
 }
 
@@ -245,13 +243,9 @@ pub(crate) fn from_transport(err: reqwest::Error) -> Failure {
 /// server's request id, if any.
 pub(crate) fn failure_from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> Failure {
     let kind = from_status(status, headers, body);
-    let retry_after = matches!(kind, ErrorKind::OutcomeUnknown { .. })
-        .then(|| retry_after::from_headers(headers, SystemTime::now()))
-        .flatten();
     Failure {
         statement: statement_index(body),
         request_id: request_id(headers),
-        retry_after,
         ..kind.into()
     }
 }
@@ -438,6 +432,7 @@ mod tests {
                 &body("OUTCOME_UNKNOWN", "the COMMIT did not answer")
             ),
             ErrorKind::OutcomeUnknown {
+                retry_after: None,
                 message: "the COMMIT did not answer".into()
             }
         );

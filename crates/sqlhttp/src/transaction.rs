@@ -320,7 +320,8 @@ impl Transaction {
     /// or the client's retry policy allows no more: until `max_elapsed` from the COMMIT's start
     /// when the policy has one, else `max_attempts` asks; the client's cancellation token and
     /// retry budget stop it too. `committed` returns `Ok` (and its bookmark is taken);
-    /// `rolled_back`, `expired` or `aborted` return [`ErrorKind::TransactionLost`].
+    /// `rolled_back`, `expired` or `aborted` return [`ErrorKind::TransactionLost`]; `open` (no
+    /// COMMIT reached the server) sends the COMMIT again.
     ///
     /// # Errors
     ///
@@ -422,7 +423,24 @@ impl Transaction {
                     return Err(lost_at_commit(&err, "TRANSACTION_ABORTED", &outcome));
                 }
                 "expired" => return Err(lost_at_commit(&err, "TRANSACTION_EXPIRED", &outcome)),
-                // `unknown`, `open`, or an outcome this version does not know: not known yet.
+                // No COMMIT reached it (a gateway answered for the server, say): it is still
+                // open, so nothing of it committed, and the COMMIT asked for is sent again.
+                "open" => {
+                    let again = send_since(
+                        client,
+                        TxStep::Commit,
+                        named(&self.shared.token),
+                        "COMMIT",
+                        Some(started),
+                    )
+                    .await;
+                    match again {
+                        Ok(_) => return Ok(()),
+                        Err(again) if commit_unsettled(&again) => {}
+                        Err(again) => return Err(again),
+                    }
+                }
+                // `unknown`, or an outcome this version does not know: not known yet.
                 _ => {}
             }
         }

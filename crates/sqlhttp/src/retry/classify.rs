@@ -153,7 +153,14 @@ mod tests {
             (http(504, None), true, true),
             // The server cannot tell whether it took effect: a step is re-sent (a COMMIT reads
             // the commit record), a keyed write under retry_writes too; never an execute.
-            (ErrorKind::OutcomeUnknown { message: msg() }, true, true),
+            (
+                ErrorKind::OutcomeUnknown {
+                    retry_after: None,
+                    message: msg(),
+                },
+                true,
+                true,
+            ),
             // Nothing ran, but the same bookmark is refused again: the loop re-sends without it.
             (ErrorKind::BookmarkAhead { message: msg() }, false, false),
             (http(507, None), true, true),

@@ -113,7 +113,6 @@ impl Body {
                     source: Some(Box::new(err)),
                     statement: None,
                     request_id: None,
-                    retry_after: None,
                 }
             }),
         }

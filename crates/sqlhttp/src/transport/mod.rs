@@ -229,7 +229,6 @@ impl Transport {
                 source,
                 statement,
                 request_id,
-                retry_after,
             } = match outcome {
                 Ok(body) => {
                     for bookmark in [body.bookmark(), receiver.bookmark()].into_iter().flatten() {
@@ -312,13 +311,13 @@ impl Transport {
                 return Err(finish(kind, history, source));
             }
             let delay = match call_rng.as_mut() {
-                Some(rng) => delay_before_retry(&policy, attempt, &kind, retry_after, rng),
+                Some(rng) => delay_before_retry(&policy, attempt, &kind, rng),
                 None => {
                     let mut rng = self
                         .rng
                         .lock()
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
-                    delay_before_retry(&policy, attempt, &kind, retry_after, &mut *rng)
+                    delay_before_retry(&policy, attempt, &kind, &mut *rng)
                 }
             };
             let wakes = Instant::now().checked_add(delay);
@@ -366,20 +365,19 @@ impl Transport {
 }
 
 /// The server's `Retry-After` when it gave a valid one (on `429`, `503` and `409
-/// IDEMPOTENCY_KEY_IN_USE`; `other_wait` for a kind that does not carry it, `503
-/// OUTCOME_UNKNOWN`), capped by `max_backoff`; else the computed backoff.
+/// IDEMPOTENCY_KEY_IN_USE`), capped by `max_backoff`; else the computed backoff.
 fn delay_before_retry<R: rand::Rng + ?Sized>(
     policy: &RetryPolicy,
     attempt: u32,
     kind: &ErrorKind,
-    other_wait: Option<Duration>,
     rng: &mut R,
 ) -> Duration {
     let server_wait = match kind {
         ErrorKind::RateLimited { retry_after, .. }
         | ErrorKind::Unavailable { retry_after, .. }
+        | ErrorKind::OutcomeUnknown { retry_after, .. }
         | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
-        _ => other_wait,
+        _ => None,
     };
     match server_wait {
         Some(wait) => wait.min(policy.max_backoff),

@@ -74,7 +74,6 @@ impl Exchange for Scripted {
                     source: Some("connection refused (os error 111)".into()),
                     statement: None,
                     request_id: None,
-                    retry_after: None,
                 }),
                 Step::Slow(after) => {
                     tokio::time::sleep(after).await;
@@ -1041,6 +1040,7 @@ async fn a_body_stalled_before_the_call_is_served_is_retried() {
 
 fn outcome_unknown() -> Step {
     Step::Fail(ErrorKind::OutcomeUnknown {
+        retry_after: None,
         message: String::new(),
     })
 }

@@ -245,6 +245,7 @@ async fn outcome_unknown_is_its_own_kind_and_says_the_write_may_have_been_applie
     assert_eq!(
         err.kind(),
         &ErrorKind::OutcomeUnknown {
+            retry_after: Some(std::time::Duration::from_secs(1)),
             message: "the COMMIT did not answer in time".into()
         }
     );

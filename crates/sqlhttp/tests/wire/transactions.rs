@@ -196,7 +196,11 @@ async fn a_commit_whose_outcome_is_unknown_asks_until_the_server_knows_it_commit
     .await;
     let client = builder(&server).build().unwrap();
     run_and_commit(&client).await.unwrap();
-    assert_eq!(count(&server, COMMIT).await, 3, "the COMMIT was retried");
+    assert_eq!(
+        count(&server, COMMIT).await,
+        6,
+        "the COMMIT was retried, and sent again when the server said the transaction was open"
+    );
     assert_eq!(count(&server, OUTCOME).await, 3);
     assert_eq!(
         client.bookmark().map(|b| b.to_string()).as_deref(),
@@ -214,6 +218,20 @@ async fn a_commit_whose_outcome_is_unknown_asks_until_the_server_knows_it_commit
         bodies.iter().all(|b| b == &json!({"transaction": "tx1"})),
         "{bodies:?}"
     );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_commit_that_never_reached_the_server_is_sent_again_when_it_says_open() {
+    let server = transaction_server().await;
+    on(&server, STATEMENT, ok_effect(1, None)).await;
+    // A gateway answered for the server three times: no COMMIT reached it.
+    on_times(&server, COMMIT, ResponseTemplate::new(504), 3).await;
+    on(&server, COMMIT, outcome("committed")).await;
+    on(&server, OUTCOME, outcome("open")).await;
+    let client = builder(&server).build().unwrap();
+    run_and_commit(&client).await.unwrap();
+    assert_eq!(count(&server, OUTCOME).await, 1);
+    assert_eq!(count(&server, COMMIT).await, 4, "sent again once the server said open");
 }
 
 #[tokio::test(start_paused = true)]
