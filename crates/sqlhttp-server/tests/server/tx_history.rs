@@ -29,6 +29,11 @@
 //! `SQLHTTPD_TEST_TX_HISTORY_SECS` for longer). The cluster is [`replica_cluster`]'s, shared by
 //! the test process: pausing its replicas disturbs every database on them, so this test holds
 //! [`REPLICAS`] exclusively, as the replica tests that pause one do. It skips as they do.
+//!
+//! Alone, with its figures: `cargo test -p sqlhttp-server --test server tx_history --
+//! --nocapture` (on a cluster of its own from `scripts/start-postgres --replica 2`, or the one
+//! named by `SQLHTTPD_TEST_POSTGRES_URL` and `SQLHTTPD_TEST_POSTGRES_REPLICA_URLS`). On the code
+//! before issue 35's fixes it found 59-69 read-your-writes violations in 681-778 transactions.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
