@@ -138,7 +138,6 @@ impl Exchange for SimulatedExchange {
                     sent: err.kind() != io::ErrorKind::ConnectionRefused,
                     source: Some(Box::new(err)),
                     statement: None,
-                    retry_after: None,
                     request_id: None,
                 }),
             }
