@@ -344,7 +344,7 @@ async fn a_short_run_against_an_in_process_server_finds_no_anomaly() {
     assert_eq!(outcome.table_rows, figures.acknowledged, "{text}");
     assert!(outcome.faults.is_empty());
     // Transactional writes ran, each COMMIT's first answer dropped and the COMMIT sent again.
-    let tx = outcome.transactions;
+    let tx = &outcome.transactions;
     assert!(tx.committed > 0, "{text}");
     assert!(tx.commits_dropped >= tx.committed, "{text}");
     assert!(tx.commits_resent >= tx.commits_dropped, "{text}");

@@ -17,8 +17,8 @@
 //! judged.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -76,10 +76,12 @@ pub(crate) struct TxCounters {
     commits_dropped: AtomicUsize,
     commits_resent: AtomicUsize,
     replays_without_bookmark: AtomicUsize,
+    /// The last answer of each COMMIT whose outcome stayed unknown (the first few).
+    unknown_commits: Mutex<Vec<String>>,
 }
 
 /// [`TxCounters`] read at the end of a run.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone)]
 pub(crate) struct TxFigures {
     /// Transactional writes started.
     pub(crate) writes: usize,
@@ -94,6 +96,9 @@ pub(crate) struct TxFigures {
     /// `committed` answers to a re-sent COMMIT without `Sqlhttp-Bookmark` (PostgreSQL sends
     /// one on every answer that reports a commit; SQLite on none).
     pub(crate) replays_without_bookmark: usize,
+    /// The last answer of each COMMIT whose outcome stayed unknown (the first few; the other
+    /// writes of unknown outcome were lost in every run).
+    pub(crate) unknown_commits: Vec<String>,
 }
 
 impl TxCounters {
@@ -111,6 +116,21 @@ impl TxCounters {
             commits_dropped: read(&self.commits_dropped),
             commits_resent: read(&self.commits_resent),
             replays_without_bookmark: read(&self.replays_without_bookmark),
+            unknown_commits: self
+                .unknown_commits
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .clone(),
+        }
+    }
+
+    fn unknown_commit(&self, last: &AttemptResult) {
+        let mut unknown = self
+            .unknown_commits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if unknown.len() < 5 {
+            unknown.push(crate::check::describe(last));
         }
     }
 }
@@ -668,14 +688,13 @@ impl Session {
 
     /// The insert of `(session, seq)` in an interactive transaction whose COMMIT the session's
     /// proxy forwards and answers with nothing (the connection closed): the COMMIT is sent
-    /// again until it is answered. A run lost before it committed (the server says so, or it
-    /// failed before its COMMIT) is run again in a new transaction. Recorded as a write: its
-    /// attempts are every request of every run.
+    /// again, to the same sqlhttpd, until it is answered. A run lost before it committed (the
+    /// server says so, or it failed before its COMMIT) is run again in a new transaction, on
+    /// the next sqlhttpd. Recorded as a write: its attempts are every request of every run.
     async fn tx_write(&mut self) -> Event {
-        let server = self.next_server();
-        let Some(proxy) = self.proxy(server).await else {
+        if self.proxy(0).await.is_none() {
             return self.write().await;
-        };
+        }
         let seq = self.next_seq;
         self.next_seq += 1;
         let context = Arc::clone(&self.context);
@@ -689,6 +708,10 @@ impl Session {
                 TxCounters::add(&counters.runs_lost);
                 tokio::time::sleep(backoff(run, None)).await;
             }
+            let server = self.next_server();
+            let Some(proxy) = self.proxy(server).await else {
+                continue;
+            };
             // Open.
             let answer = self
                 .step(server, &proxy, "/api/v1/transaction/open", "{}", None)
@@ -745,6 +768,7 @@ impl Session {
                 proxy.push(Fault::DropAfterForward);
             }
             let mut verdict = CommitVerdict::Unknown;
+            let mut last = None;
             for n in 0..WRITE_ATTEMPTS {
                 let answer = self
                     .step(
@@ -767,6 +791,7 @@ impl Session {
                     }
                 }
                 verdict = commit_verdict(&result);
+                last = Some(result);
                 if verdict != CommitVerdict::Again {
                     break;
                 }
@@ -783,7 +808,12 @@ impl Session {
                     break;
                 }
                 CommitVerdict::Lost => {}
-                CommitVerdict::Again | CommitVerdict::Unknown => break,
+                CommitVerdict::Again | CommitVerdict::Unknown => {
+                    if let Some(last) = &last {
+                        counters.unknown_commit(last);
+                    }
+                    break;
+                }
             }
         }
         Event {

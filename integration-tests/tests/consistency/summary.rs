@@ -147,7 +147,7 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
         figures.hand_overs,
         verdict.reads_after_hand_over,
     );
-    let tx = outcome.transactions;
+    let tx = &outcome.transactions;
     let _ = writeln!(
         out,
         "transactional writes (each COMMIT's first answer dropped by a proxy): {} ({} committed, \
@@ -160,6 +160,12 @@ pub(crate) fn summary(config: &RunConfig, outcome: &Outcome) -> String {
         tx.commits_resent,
         tx.replays_without_bookmark,
     );
+    for last in &tx.unknown_commits {
+        let _ = writeln!(
+            out,
+            "  a COMMIT whose outcome stayed unknown was last answered: {last}"
+        );
+    }
     let mut by_kind: BTreeMap<FaultKind, usize> = BTreeMap::new();
     for fault in &outcome.faults {
         *by_kind.entry(fault.kind).or_default() += 1;
