@@ -231,7 +231,11 @@ async fn a_commit_that_never_reached_the_server_is_sent_again_when_it_says_open(
     let client = builder(&server).build().unwrap();
     run_and_commit(&client).await.unwrap();
     assert_eq!(count(&server, OUTCOME).await, 1);
-    assert_eq!(count(&server, COMMIT).await, 4, "sent again once the server said open");
+    assert_eq!(
+        count(&server, COMMIT).await,
+        4,
+        "sent again once the server said open"
+    );
 }
 
 #[tokio::test(start_paused = true)]
