@@ -701,6 +701,12 @@ impl Transactions {
     /// Rolls back every open transaction and opens no more (the server is shutting down).
     pub(crate) async fn close(&self) {
         self.closed.store(true, Ordering::Release);
+        self.expire_all().await;
+    }
+
+    /// Rolls back every open transaction (each running statement or COMMIT finishes first):
+    /// later requests for them are `410 TRANSACTION_EXPIRED`.
+    pub(crate) async fn expire_all(&self) {
         let entries: Vec<Arc<Entry>> = lock(&self.live).values().cloned().collect();
         for entry in entries {
             let mut live = entry.state.lock().await;

@@ -26,6 +26,14 @@
 //!   that proves so; any other (a stand-in listening on a dead peer's address) counts as a
 //!   dead holder.
 //!
+//! - **A silent process commits nothing** ([`Peers::fit_to_commit`]): its own heartbeat is
+//!   what the others judge it by, so once its last stored heartbeat is [`STALE_AFTER`] old
+//!   (the database did not take it: a lost connection, SQLite's write lock held) it rolls back
+//!   every transaction it holds before it would run a COMMIT, and again before it says it is
+//!   alive once more. The others answer "nothing committed" only past [`DEAD_AFTER`]; what is
+//!   left is a COMMIT already running when the heartbeat fell silent that runs on past the gap
+//!   between the two.
+//!
 //! Knows HTTP, the MACs, and the records' form through the engine contract's record calls;
 //! nothing about how transactions are kept (the caller says which instance holds a token),
 //! either engine's SQL, or client tokens (a forwarded request's credential is vouched for by
@@ -34,7 +42,7 @@
 use std::collections::{HashSet, VecDeque};
 use std::error::Error as _;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -64,6 +72,12 @@ pub(crate) const HEARTBEAT_EVERY: Duration = Duration::from_secs(1);
 
 /// A record whose heartbeat is older than this names a dead process.
 pub(crate) const DEAD_AFTER: Duration = Duration::from_secs(5);
+
+/// A process whose own last stored heartbeat is older than this commits nothing more of what it
+/// holds: it rolls its open transactions back (see [`Peers::fit_to_commit`]), well before the
+/// others take it for dead at [`DEAD_AFTER`] and answer its transactions from their commit
+/// records ("nothing committed"), so that answer never meets a COMMIT it runs afterwards.
+pub(crate) const STALE_AFTER: Duration = Duration::from_secs(3);
 
 /// How far a forwarded request's time may be from the receiver's clock.
 pub(crate) const REPLAY_WINDOW: Duration = Duration::from_secs(5);
@@ -189,6 +203,9 @@ pub(crate) struct Peers {
     advertise: Option<String>,
     secret: OnceCell<Secret>,
     beating: AtomicBool,
+    /// When this process's record was last stored (its heartbeat's time, milliseconds since
+    /// the epoch; 0 before the first).
+    last_beat: AtomicI64,
     heartbeat: tokio::sync::Mutex<Option<Heartbeat>>,
     nonces: Mutex<Nonces>,
     client: Client<HttpConnector, Body>,
@@ -214,6 +231,7 @@ impl Peers {
             advertise,
             secret: OnceCell::new(),
             beating: AtomicBool::new(false),
+            last_beat: AtomicI64::new(0),
             heartbeat: tokio::sync::Mutex::new(None),
             nonces: Mutex::new(Nonces::default()),
             client: Client::builder(TokioExecutor::new()).build(connector),
@@ -263,6 +281,17 @@ impl Peers {
         (self.advertise.as_deref() != Some(record.url.as_str())).then_some(record.url)
     }
 
+    /// Whether this process may commit what it holds: it forwards nothing (no
+    /// `--advertise-url`: no other process answers for its transactions), or its own last
+    /// stored heartbeat is younger than [`STALE_AFTER`].
+    pub(crate) fn fit_to_commit(&self) -> bool {
+        if self.advertise.is_none() {
+            return true;
+        }
+        let last = self.last_beat.load(Ordering::Acquire);
+        last != 0 && now_millis().saturating_sub(last) < millis(STALE_AFTER)
+    }
+
     /// Whether `nonce`, sent at `time`, was not served before.
     fn first_use(&self, nonce: [u8; 16], time: i64, now: i64) -> bool {
         self.nonces
@@ -301,10 +330,12 @@ pub(crate) async fn advertise(shared: &Arc<Shared>) {
     if heartbeat.is_some() {
         return;
     }
-    if let Err(err) = store(&shared.engine, &peers.instance, url, now_millis()).await {
+    let first = now_millis();
+    if let Err(err) = store(&shared.engine, &peers.instance, url, first).await {
         tracing::warn!(error = %err.message, "cannot record this process's --advertise-url");
         return;
     }
+    peers.last_beat.store(first, Ordering::Release);
     let (stop, mut stopped) = watch::channel(false);
     let owner = Arc::downgrade(shared);
     let task = tokio::spawn(async move {
@@ -319,8 +350,23 @@ pub(crate) async fn advertise(shared: &Arc<Shared>) {
             };
             let peers = &shared.peers;
             let url = peers.advertise.as_deref().unwrap_or_default();
-            match store(&shared.engine, &peers.instance, url, now_millis()).await {
-                Ok(()) => failing = false,
+            let beat = now_millis();
+            match store(&shared.engine, &peers.instance, url, beat).await {
+                Ok(()) => {
+                    failing = false;
+                    // After a silence the others may have taken for death, nothing held
+                    // across it commits: rolled back before this process says it is alive.
+                    let last = peers.last_beat.load(Ordering::Acquire);
+                    if beat.saturating_sub(last) >= millis(STALE_AFTER) {
+                        tracing::warn!(
+                            silent_ms = beat.saturating_sub(last),
+                            "this process's heartbeat was silent: its open transactions are \
+                             rolled back"
+                        );
+                        shared.transactions.expire_all().await;
+                    }
+                    peers.last_beat.store(beat, Ordering::Release);
+                }
                 Err(err) if !failing => {
                     failing = true;
                     tracing::warn!(

@@ -312,6 +312,14 @@ pub(crate) async fn commit(
 ) -> Response {
     let shared = &state.inner;
     let (owner, token) = (owner(&admitted.credential), admitted.body.0);
+    // A process the others may soon take for dead commits nothing it holds (see `peers`).
+    if shared.transactions.held_elsewhere(&token).is_none() && !shared.peers.fit_to_commit() {
+        tracing::warn!(
+            "this process's heartbeat is not being stored: its open transactions are rolled \
+             back rather than committed"
+        );
+        shared.transactions.expire_all().await;
+    }
     let here = shared.transactions.commit(&shared.engine, &owner, &token);
     forwarded_or(
         shared,

@@ -520,6 +520,35 @@ fn borrowed<'a>(headers: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a
     headers.iter().map(|(n, v)| (*n, v.as_str())).collect()
 }
 
+/// A holder whose heartbeat falls silent long enough for the others to take it for dead
+/// commits nothing it held: they answer its transaction from the commit record ("nothing
+/// committed"), and its own COMMIT afterwards must say the same. On SQLite the silence is its
+/// own write transaction, which holds the database's one write lock its heartbeat needs.
+#[tokio::test]
+async fn a_holder_whose_heartbeat_falls_silent_commits_nothing() {
+    let Some((config, _file)) = shared(Engine::Sqlite).await else {
+        return;
+    };
+    let (a, b) = (free_addr(), free_addr());
+    let _holder = live(&config, a).await;
+    let _other = live(&config, b).await;
+    let token = open_with_a_row(a).await;
+    tokio::time::sleep(STALE_AFTER).await;
+    let (status, _, body) = post(b, COMMIT, &[BEARER], &json!({"transaction": token})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (410, Some("TRANSACTION_EXPIRED")),
+        "the other server takes the silent holder for dead: {body}"
+    );
+    let (status, _, body) = post(a, COMMIT, &[BEARER], &json!({"transaction": token})).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (410, Some("TRANSACTION_EXPIRED")),
+        "the holder must not commit what the other server said was not committed: {body}"
+    );
+    assert_eq!(count(a).await, 0);
+}
+
 /// A request that claims to come from another server without a valid proof is `401`, bearer
 /// token or not; a valid one is served once.
 #[tokio::test]
