@@ -126,6 +126,7 @@ async fn strays_end(app: &axum::Router) {
 
 #[tokio::test]
 async fn straight_line_json_statements_answer_near_the_timeout() {
+    let _timed = crate::common::MACHINE.read().await;
     let cases = [
         ("300 json_extract columns", app(1), many_columns()),
         ("6 nested json_set of 60 paths", app(1), nested_json_set()),
@@ -153,6 +154,7 @@ async fn straight_line_json_statements_answer_near_the_timeout() {
 /// which beside the other tests' statements would pass the process's engine memory limit.
 #[tokio::test]
 async fn a_long_fts_phrase_answers_near_the_timeout() {
+    let _timed = crate::common::MACHINE.read().await;
     let (mut child, url) = start(&[
         "--listen",
         "127.0.0.1:0",
@@ -183,6 +185,7 @@ async fn a_long_fts_phrase_answers_near_the_timeout() {
 
 #[tokio::test]
 async fn reads_are_served_while_every_reader_is_stuck() {
+    let _timed = crate::common::MACHINE.read().await;
     let app = app(2);
     let stuck = many_columns();
     let quick = async {
@@ -208,6 +211,7 @@ async fn reads_are_served_while_every_reader_is_stuck() {
 
 #[tokio::test]
 async fn a_client_that_leaves_frees_its_reader_within_two_seconds() {
+    let _timed = crate::common::MACHINE.read().await;
     // The only reader, and a timeout that would not end the statement.
     let app = app_with(&Config {
         limits: limits(1, Duration::from_secs(60)),
@@ -234,6 +238,7 @@ async fn a_client_that_leaves_frees_its_reader_within_two_seconds() {
 
 #[tokio::test]
 async fn shutdown_does_not_wait_for_a_stuck_statement() {
+    let _timed = crate::common::MACHINE.read().await;
     for (timeout, bound) in [
         // Given up a second after its timeout, while the open connection's grace runs.
         (TIMEOUT, Duration::from_millis(2500)),
@@ -267,6 +272,7 @@ async fn shutdown_does_not_wait_for_a_stuck_statement() {
 
 #[tokio::test]
 async fn a_given_up_write_is_never_committed() {
+    let _timed = crate::common::MACHINE.read().await;
     let app = app(1);
     ok(&app, "CREATE TABLE t (x)").await;
     let write = format!("{ARRAY} INSERT INTO t (x) SELECT {} FROM v", nested("a"));
@@ -288,6 +294,7 @@ async fn a_given_up_write_is_never_committed() {
 
 #[tokio::test]
 async fn a_given_up_keyed_write_applies_once_when_retried() {
+    let _timed = crate::common::MACHINE.read().await;
     let app = app(1);
     ok(&app, "CREATE TABLE t (x)").await;
     ok(&app, "CREATE TABLE big (a)").await;
@@ -332,6 +339,7 @@ fn threads(pid: u32) -> usize {
 
 #[tokio::test]
 async fn more_stuck_statements_than_the_stray_cap_keep_the_server_bounded() {
+    let _timed = crate::common::MACHINE.read().await;
     // One reader: one stray is replaced, the next leaves the pool without a connection.
     let (mut child, url) = start(&[
         "--listen",
@@ -397,6 +405,7 @@ async fn more_stuck_statements_than_the_stray_cap_keep_the_server_bounded() {
 /// Both are refused, by what the statement does; ranking by `bm25()` stays.
 #[tokio::test]
 async fn fts5_rank_cannot_be_set_to_a_function() {
+    let _timed = crate::common::MACHINE.read().await;
     // No readers: every statement runs on the writer, whose FTS5 table object saw the refused
     // setting in memory before it was undone.
     let app = app_with(&Config {

@@ -118,6 +118,7 @@ async fn every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once
         return;
     };
     let _exclusive = REPLICAS.write().await;
+    let _alone = crate::common::MACHINE.write().await;
     // However the test ends, the replicas replay again for the tests after it.
     let _resumed = ResumeOnDrop(cluster.replicas.clone());
     let database = cluster.database().await;
