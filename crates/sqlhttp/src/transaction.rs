@@ -336,21 +336,24 @@ impl Transaction {
             return Err(state.ended());
         }
         state.ended = true;
-        let client = &self.shared.client;
         let started = Instant::now();
-        let committed = send_since(
-            client,
+        match self.send_commit(started).await {
+            Ok(_) => Ok(()),
+            Err(err) if commit_unsettled(&err) => self.settle(err, started).await,
+            Err(err) => Err(err),
+        }
+    }
+
+    /// Sends the COMMIT, under the call's limits counted from `started`.
+    async fn send_commit(&self, started: Instant) -> Result<Vec<u8>> {
+        send_since(
+            &self.shared.client,
             TxStep::Commit,
             named(&self.shared.token),
             "COMMIT",
             Some(started),
         )
-        .await;
-        match committed {
-            Ok(_) => Ok(()),
-            Err(err) if commit_unsettled(&err) => self.settle(err, started).await,
-            Err(err) => Err(err),
-        }
+        .await
     }
 
     /// Asks the server how the transaction ended after a COMMIT whose outcome is unknown, until
@@ -425,21 +428,11 @@ impl Transaction {
                 "expired" => return Err(lost_at_commit(&err, "TRANSACTION_EXPIRED", &outcome)),
                 // No COMMIT reached it (a gateway answered for the server, say): it is still
                 // open, so nothing of it committed, and the COMMIT asked for is sent again.
-                "open" => {
-                    let again = send_since(
-                        client,
-                        TxStep::Commit,
-                        named(&self.shared.token),
-                        "COMMIT",
-                        Some(started),
-                    )
-                    .await;
-                    match again {
-                        Ok(_) => return Ok(()),
-                        Err(again) if commit_unsettled(&again) => {}
-                        Err(again) => return Err(again),
-                    }
-                }
+                "open" => match self.send_commit(started).await {
+                    Ok(_) => return Ok(()),
+                    Err(again) if commit_unsettled(&again) => {}
+                    Err(again) => return Err(again),
+                },
                 // `unknown`, or an outcome this version does not know: not known yet.
                 _ => {}
             }

@@ -26,7 +26,7 @@ on_both_engines!(
     opens_under_one_key_answer_one_transaction,
 );
 
-async fn post(router: &Router, path: &str, token: Option<&str>, body: &Value) -> Reply {
+pub(crate) async fn post(router: &Router, path: &str, token: Option<&str>, body: &Value) -> Reply {
     let bearer = token.map(|t| format!("Bearer {t}"));
     let mut headers = vec![("content-type", "application/json")];
     if let Some(bearer) = &bearer {
@@ -43,7 +43,7 @@ async fn post(router: &Router, path: &str, token: Option<&str>, body: &Value) ->
 }
 
 /// Opens a transaction with `options`, asserting a 200; its token.
-async fn open(router: &Router, credential: Option<&str>, options: &Value) -> String {
+pub(crate) async fn open(router: &Router, credential: Option<&str>, options: &Value) -> String {
     let reply = post(router, "open", credential, options).await;
     assert_eq!(
         reply.status,
@@ -54,7 +54,7 @@ async fn open(router: &Router, credential: Option<&str>, options: &Value) -> Str
     reply.json()["transaction"].as_str().unwrap().to_owned()
 }
 
-async fn step(router: &Router, tx: &str, seq: u64, sql: &str, params: Value) -> Reply {
+pub(crate) async fn step(router: &Router, tx: &str, seq: u64, sql: &str, params: Value) -> Reply {
     post(
         router,
         "statement",

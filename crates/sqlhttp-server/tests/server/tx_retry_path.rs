@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use crate::common::{Reply, ok, send};
 use crate::engines::{Engine, on_both_engines};
+use crate::transactions::{open, post, step};
 
 on_both_engines!(
     a_refused_statement_leaves_the_statements_before_it,
@@ -17,10 +18,6 @@ on_both_engines!(
     a_resent_read_only_open_carries_its_snapshots_bookmark,
     a_transaction_belongs_to_its_token_not_to_the_tokens_position,
 );
-
-async fn post(router: &Router, path: &str, token: Option<&str>, body: &Value) -> Reply {
-    post_keyed(router, path, token, None, body).await
-}
 
 async fn post_keyed(
     router: &Router,
@@ -49,22 +46,6 @@ async fn post_keyed(
 
 fn text(reply: &Reply) -> String {
     String::from_utf8_lossy(&reply.body).into_owned()
-}
-
-async fn open(router: &Router, token: Option<&str>, options: &Value) -> String {
-    let reply = post(router, "open", token, options).await;
-    assert_eq!(reply.status, 200, "{}", text(&reply));
-    reply.json()["transaction"].as_str().unwrap().to_owned()
-}
-
-async fn step(router: &Router, tx: &str, seq: u64, sql: &str, params: Value) -> Reply {
-    post(
-        router,
-        "statement",
-        None,
-        &json!({ "transaction": tx, "seq": seq, "sql": sql, "params": params }),
-    )
-    .await
 }
 
 async fn end(router: &Router, token: Option<&str>, what: &str, tx: &str) -> Reply {
