@@ -130,6 +130,10 @@ impl Exchange for HttpExchange {
     }
 }
 
+/// The most of an error response's body read, decompressed: an error's message is short, and
+/// the rest is not waited for (the connection is closed with the response).
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
 impl HttpExchange {
     /// One HTTP exchange: the request, the status, and a success body to read (an error's whole).
     async fn exchange(&self, request: AttemptRequest<'_>) -> Result<Body, Failure> {
@@ -169,8 +173,17 @@ impl HttpExchange {
             return Ok(Body::http(response));
         }
         let headers = std::mem::take(response.headers_mut());
-        // The status decides; a body cut short only costs the server's message.
-        let body = response.bytes().await.unwrap_or_default();
+        // The status decides; a body cut short only costs the server's message. At most
+        // [`MAX_ERROR_BODY`] of it is read, decompressed bytes counted: a server that answers an
+        // error with megabytes (or a compression bomb) costs the client no more than that.
+        let mut body = Vec::new();
+        while body.len() < MAX_ERROR_BODY {
+            let Ok(Some(chunk)) = response.chunk().await else {
+                break;
+            };
+            let room = MAX_ERROR_BODY - body.len();
+            body.extend_from_slice(chunk.get(..room).unwrap_or(&chunk));
+        }
         Err(response::failure_from_status(
             status.as_u16(),
             &headers,

@@ -357,3 +357,22 @@ async fn https_to_a_plain_http_server_is_final_and_says_so() {
     assert!(text.contains("speaking HTTPS"), "{text}");
     assert!(text.contains(&url.replacen("https://", "", 1)), "{text}");
 }
+
+/// An error body is read to a small cap, never whole: a server that answers an error with
+/// megabytes costs the client no more than the cap, and the status still decides.
+#[tokio::test]
+async fn an_error_body_is_read_to_a_cap() {
+    let huge = format!(
+        r#"{{"error":{{"code":"UNAVAILABLE","message":"{}"}}}}"#,
+        "x".repeat(8 * 1024 * 1024)
+    );
+    let err =
+        failure(ResponseTemplate::new(503).set_body_raw(huge.into_bytes(), "application/json"))
+            .await;
+    assert!(
+        matches!(err.kind(), ErrorKind::Unavailable { message, .. } if message.len() < 64 * 1024),
+        "{:?}",
+        err.kind().to_string().len()
+    );
+    assert_eq!(err.status(), Some(503));
+}
