@@ -1145,3 +1145,50 @@ async fn a_read_a_replica_cannot_run_is_served_by_the_primary() {
     // Whatever a replica can run, it still serves.
     assert_eq!(read_value(url, &[]).await.served_by(), Some("replica"));
 }
+
+/// A read a hot standby refuses for being one is served by the primary, whatever the code it
+/// refuses it with: an `UNLOGGED` table (`0A000`, "during recovery"), read with the flag, by a
+/// read credential, and in a read-only batch.
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_read_of_what_a_standby_cannot_read_is_served_by_the_primary() {
+    let cluster =
+        replica_cluster_or_return!("a_read_of_what_a_standby_cannot_read_is_served_by_the_primary");
+    let _shared = REPLICAS.read().await;
+    let database = cluster.database().await;
+    let server = every_replica(&database, "one").await;
+    let url = server.url();
+    write(
+        url,
+        "CREATE UNLOGGED TABLE scratch (x INTEGER)",
+        json!([]),
+        &[],
+    )
+    .await
+    .ok();
+    write(url, "INSERT INTO scratch VALUES (7)", json!([]), &[])
+        .await
+        .ok();
+    database.caught_up().await;
+    let sql = "SELECT x FROM scratch";
+    for _ in 0..3 {
+        let flagged = read(url, sql, json!([]), &[]).await.ok();
+        assert_eq!(flagged.cell(), 7, "{flagged:?}");
+        assert_ne!(flagged.served_by(), Some("replica"), "{flagged:?}");
+    }
+    let by_reader = post(url, "/api/v1/sql", &READER, &json!({"sql": sql}))
+        .await
+        .ok();
+    assert_eq!(by_reader.cell(), 7, "{by_reader:?}");
+    let batch = post(
+        url,
+        "/api/v1/batch",
+        &READER,
+        &json!({"statements": [{"sql": sql}], "read_only": true}),
+    )
+    .await;
+    assert_eq!(batch.status, 200, "{batch:?}");
+}

@@ -654,13 +654,24 @@ impl Engine for PostgresEngine {
 }
 
 /// Whether a replica refused `err`'s statement because it is a replica: `55000` (a function
-/// that needs a primary, `pg_current_wal_lsn()`: "recovery is in progress") or `25006` (one
+/// that needs a primary, `pg_current_wal_lsn()`: "recovery is in progress"), `25006` (one
 /// that would assign a transaction id, `txid_current()`: "cannot execute ... during
-/// recovery"). On the primary the same statement gets its own answer, a write's `403` included
-/// (it runs there in a read-only transaction too), so nothing is lost by asking it there.
+/// recovery"), and `0A000` or `XX000` said of recovery (an `UNLOGGED` or temporary table:
+/// "cannot access temporary or unlogged relations during recovery"; a function that needs a
+/// new OID or a WAL entry). On the primary the same statement gets its own answer, a write's
+/// `403` included (it runs there in a read-only transaction too), so nothing is lost by asking
+/// it there.
 fn replica_refuses(err: &tokio_postgres::Error) -> bool {
-    err.code()
-        .is_some_and(|code| matches!(code.code(), "55000" | "25006"))
+    let Some(code) = err.code() else {
+        return false;
+    };
+    match code.code() {
+        "55000" | "25006" => true,
+        "0A000" | "XX000" => err
+            .as_db_error()
+            .is_some_and(|db| db.message().contains("recovery")),
+        _ => false,
+    }
 }
 
 /// One request's job: whether its requester went away. The task that holds the connection
