@@ -265,9 +265,18 @@ impl Peers {
         }
     }
 
-    /// Where process `instance` is reached, when its heartbeat is fresh and it is not this one.
-    async fn reach(&self, engine: &Backend, instance: &str) -> Option<String> {
-        let stored = engine.recorded(record_key(instance)).await.ok()??;
+    /// Where process `instance` is reached, when its heartbeat is fresh and it is not this one;
+    /// `Err` when its record cannot be read (then whether it lives is not known).
+    async fn reach(&self, engine: &Backend, instance: &str) -> Result<Option<String>, ()> {
+        let Some(stored) = engine.recorded(record_key(instance)).await.map_err(drop)? else {
+            return Ok(None);
+        };
+        Ok(self.fresh(instance, &stored))
+    }
+
+    /// Where process `instance` is reached, from its record `stored`, when its heartbeat is
+    /// fresh and it is not this one.
+    fn fresh(&self, instance: &str, stored: &crate::engine::keyed::Stored) -> Option<String> {
         if stored.request_hash != record_hash() {
             return None;
         }
@@ -527,8 +536,10 @@ pub(crate) async fn forward(
         return Forwarded::Here;
     }
     let peers = &shared.peers;
-    let Some(url) = peers.reach(&shared.engine, holder).await else {
-        return Forwarded::Here;
+    let url = match peers.reach(&shared.engine, holder).await {
+        Ok(Some(url)) => url,
+        Ok(None) => return Forwarded::Here,
+        Err(()) => return Forwarded::Unknown,
     };
     let Ok(uri) = format!("{url}{path}").parse::<Uri>() else {
         return Forwarded::Here;
@@ -608,12 +619,15 @@ pub(crate) async fn forward(
                 .is_ok()
         });
     if !proven {
+        // The holder's heartbeat is fresh: what answered may be it, unable to sign (at its
+        // connection cap, out of memory for the body, a panic), or a stand-in. Either way what
+        // it did is not known until its heartbeat goes stale.
         tracing::warn!(
             url,
             status = parts.status.as_u16(),
-            "what answers where a peer was cannot prove to be it: taken for gone"
+            "what answers where a live peer is cannot prove to be it: its outcome is unknown"
         );
-        return Forwarded::Here;
+        return Forwarded::Unknown;
     }
     let mut relayed = Response::new(Body::from(answer));
     *relayed.status_mut() = parts.status;
