@@ -114,6 +114,16 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.recorded(key).await)
     }
 
+    async fn claim_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        status: u16,
+        body: Vec<u8>,
+    ) -> Result<Stored, ApiError> {
+        dispatch!(self, engine => engine.claim_record(key, request_hash, status, body).await)
+    }
+
     async fn store_record(
         &self,
         key: String,

@@ -160,6 +160,17 @@ impl Session {
     }
 }
 
+/// The answer for a COMMIT that found another server's tombstone under its record's key: that
+/// server answered for the transaction first, "nothing committed" (its holder taken for gone),
+/// and that answer stays true.
+pub(crate) fn fenced() -> ApiError {
+    ApiError::new(
+        ErrorCode::TransactionExpired,
+        "another server answered for this transaction first (this one was taken for gone) and \
+         said nothing of it was committed: it was rolled back, and nothing of it was committed",
+    )
+}
+
 /// The error for an isolation level SQLite does not have: its transactions are serializable.
 pub(crate) fn sqlite_serializable_only(isolation: Isolation) -> Result<(), ApiError> {
     if isolation == Isolation::Serializable {

@@ -127,6 +127,17 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         Ok(())
     }
 
+    /// Stores a record (`status`, `body`, identified by `request_hash`) under `key` unless one
+    /// is there, in a transaction of its own, and answers what is stored under `key` then: the
+    /// first claim wins, and a COMMIT that stores its record with a claim fails on another's.
+    async fn claim_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        status: u16,
+        body: Vec<u8>,
+    ) -> Result<keyed::Stored, ApiError>;
+
     /// Whether the engine answers a trivial statement.
     async fn ready(&self) -> Result<(), ApiError>;
 

@@ -282,6 +282,16 @@ fn record_key(token: &str) -> String {
     format!("sqlhttp transaction {token}")
 }
 
+/// A tombstone's identity: "nothing of `token` committed", said by a server that answered for
+/// it (no owner's record hash is this).
+fn tombstone_hash(token: &str) -> [u8; 32] {
+    Sha256::new()
+        .chain_update(b"sqlhttp transaction tombstone\n")
+        .chain_update(token)
+        .finalize()
+        .into()
+}
+
 /// The commit record's identity: the owner's, so another credential's lookup finds nothing.
 fn record_hash(owner: &str, token: &str) -> [u8; 32] {
     Sha256::new()
@@ -744,7 +754,9 @@ impl Transactions {
         let ending = match known {
             Some(None) => return Err(not_found()),
             Some(Some(Ending::Unknown(since))) => {
-                match self.read_record(engine, owner, token).await? {
+                // Once the COMMIT cannot be in flight any more, "not committed" is made final.
+                let settled = since.elapsed() >= UNKNOWN_SETTLES;
+                match self.read_record(engine, owner, token, settled).await? {
                     committed @ Ending::Committed(..) => committed,
                     // The COMMIT whose answer was lost may still be finishing on the database
                     // (its session is being ended): no record yet is not "never committed".
@@ -756,22 +768,28 @@ impl Transactions {
             // One of this server's own that it no longer remembers (past the cap of finished
             // outcomes): committed if its record says so, else never one it issued.
             None if token.split('.').next() == Some(self.instance.as_str()) => {
-                match self.read_record(engine, owner, token).await? {
+                match self.read_record(engine, owner, token, false).await? {
                     committed @ Ending::Committed(..) => committed,
                     _ => return Err(not_found()),
                 }
             }
-            None => self.read_record(engine, owner, token).await?,
+            // Another process's (or one from before a restart): "nothing committed" is made
+            // final before it is said, so its holder, if alive, can never commit it after.
+            None => self.read_record(engine, owner, token, true).await?,
         };
         answer(op, &ending)
     }
 
-    /// The commit record of `token`: committed, or (nothing recorded) expired.
+    /// The commit record of `token`: committed, or (nothing recorded) expired. With `fence`,
+    /// "expired" is made final first: a tombstone claims the record's key (unless the record
+    /// is there), so a COMMIT its holder still runs finds it and rolls back (see
+    /// `interactive::fenced`); whichever claims the key first is the answer.
     async fn read_record(
         &self,
         engine: &Backend,
         owner: &str,
         token: &str,
+        fence: bool,
     ) -> Result<Ending, ApiError> {
         let Some(ttl) = self.ttl else {
             // Without the store, commits are not recorded: "nothing committed" would be a guess.
@@ -781,7 +799,19 @@ impl Transactions {
                  it committed cannot be told here",
             ));
         };
-        let stored = engine.recorded(record_key(token)).await?;
+        let mut stored = engine.recorded(record_key(token)).await?;
+        if fence && stored.is_none() {
+            stored = Some(
+                engine
+                    .claim_record(
+                        record_key(token),
+                        tombstone_hash(token),
+                        410,
+                        outcome_body("expired"),
+                    )
+                    .await?,
+            );
+        }
         let fresh = |created_at: i64| {
             crate::engine::keyed::now_millis().saturating_sub(created_at) < millis(ttl)
         };

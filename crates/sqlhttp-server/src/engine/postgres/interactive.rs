@@ -24,7 +24,7 @@ use std::sync::{Arc, PoisonError};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::Access;
-use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions};
+use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions, fenced};
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::{self, OPENED};
@@ -271,13 +271,17 @@ impl Session {
             lease.guard,
             opened.at
         );
+        // The record is claimed, not overwritten: another server that answered for this
+        // transaction first ("nothing committed", its holder taken for gone) left a tombstone
+        // under its key, and this COMMIT must not make that answer false. Whichever claim comes
+        // second waits for the first's transaction on the key's row, then sees it.
         let checked = async {
             client.batch_execute(&prologue).await?;
             if let Some(record) = &record {
                 let hash = &record.request_hash[..];
-                client
-                    .execute(
-                        "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
+                let claimed = client
+                    .query_one(
+                        "SELECT request_hash FROM _sqlhttp.claim($1, $2, $3, $4, $5, $6)",
                         &[
                             &inner.store_key,
                             &record.key,
@@ -288,11 +292,17 @@ impl Session {
                         ],
                     )
                     .await?;
+                return Ok(claimed.get::<_, &[u8]>(0) == hash);
             }
-            Ok::<(), tokio_postgres::Error>(())
+            Ok::<bool, tokio_postgres::Error>(true)
         };
         match tokio::time::timeout(within, checked).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(true)) => {}
+            Ok(Ok(false)) => {
+                return match end(&inner, lease, "ROLLBACK").await {
+                    Ok(()) | Err(_) => Err(CommitError::RolledBack(fenced())),
+                };
+            }
             Ok(Err(e)) => {
                 let err = if aborts(&e) {
                     aborted(&inner.map(&e).message)
@@ -412,6 +422,50 @@ impl Inner {
             .map(drop)
             .map_err(|e| self.map(&e));
         self.end(lease, Access::ReadWrite, stored).await
+    }
+
+    /// Claims `key` in the server's store with a record, in a transaction of its own (see
+    /// `_sqlhttp.claim`): what is stored under it then.
+    pub(super) async fn claim_record(
+        &self,
+        job: &Job,
+        key: &str,
+        request_hash: &[u8; 32],
+        status: u16,
+        body: &[u8],
+    ) -> Result<Stored, ApiError> {
+        let lease = self.lease(job).await?;
+        if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+            return self.end(lease, Access::ReadWrite, Err(err)).await;
+        }
+        let hash = &request_hash[..];
+        let claimed = lease
+            .client()
+            .query_one(
+                &format!(
+                    "SELECT request_hash, status, body, created_at, {} \
+                     FROM _sqlhttp.claim($1, $2, $3, $4, $5, $6)",
+                    transaction::COMMITTED_AT
+                ),
+                &[
+                    &self.store_key,
+                    &key,
+                    &hash,
+                    &i32::from(status),
+                    &body,
+                    &now_millis(),
+                ],
+            )
+            .await
+            .map(|row| Stored {
+                request_hash: row.get(0),
+                status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
+                body: row.get(2),
+                created_at: row.get(3),
+                position: row.get::<_, Option<&str>>(4).and_then(Bookmark::from_lsn),
+            })
+            .map_err(|e| self.map(&e));
+        self.end(lease, Access::ReadWrite, claimed).await
     }
 
     /// The outcome stored under `key` in the server's store, read in a read-only transaction.

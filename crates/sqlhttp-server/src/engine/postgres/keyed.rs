@@ -84,6 +84,20 @@ BEGIN
             status = EXCLUDED.status, body = EXCLUDED.body, created_at = EXCLUDED.created_at;
 END $$;
 
+CREATE OR REPLACE FUNCTION _sqlhttp.claim(
+    p_store_key text, p_key text, p_request_hash bytea, p_status integer, p_body bytea,
+    p_created_at bigint
+) RETURNS TABLE (request_hash bytea, status integer, body bytea, created_at bigint)
+LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM _sqlhttp.authorize(p_store_key);
+    INSERT INTO _sqlhttp.idempotency AS i (key, request_hash, status, body, created_at)
+        VALUES (p_key, p_request_hash, p_status, p_body, p_created_at)
+        ON CONFLICT (key) DO NOTHING;
+    RETURN QUERY SELECT i.request_hash, i.status, i.body, i.created_at
+        FROM _sqlhttp.idempotency AS i WHERE i.key = p_key;
+END $$;
+
 CREATE OR REPLACE FUNCTION _sqlhttp.purge(p_store_key text, p_before bigint) RETURNS bigint
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
 DECLARE
@@ -96,12 +110,14 @@ BEGIN
 END $$;
 
 REVOKE ALL ON FUNCTION _sqlhttp.authorize(text), _sqlhttp.lookup(text, text),
-    _sqlhttp.record(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)
+    _sqlhttp.record(text, text, bytea, integer, bytea, bigint),
+    _sqlhttp.claim(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)
     FROM PUBLIC;";
 
 /// The three functions the client role may call.
 const CLIENT_FUNCTIONS: &str = "_sqlhttp.lookup(text, text), \
-_sqlhttp.record(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)";
+_sqlhttp.record(text, text, bytea, integer, bytea, bigint), \
+_sqlhttp.claim(text, text, bytea, integer, bytea, bigint), _sqlhttp.purge(text, bigint)";
 
 /// The keyed work's savepoint is named this and a random suffix drawn for each request, so a
 /// client cannot re-create it (ADR 0027).

@@ -623,6 +623,22 @@ impl Engine for PostgresEngine {
             .await
     }
 
+    /// Claims a record in a transaction of its own.
+    async fn claim_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        status: u16,
+        body: Vec<u8>,
+    ) -> Result<Stored, ApiError> {
+        self.spawn(|inner, job| async move {
+            inner
+                .claim_record(&job, &key, &request_hash, status, &body)
+                .await
+        })
+        .await
+    }
+
     /// Stores a record in a transaction of its own.
     async fn store_record(
         &self,

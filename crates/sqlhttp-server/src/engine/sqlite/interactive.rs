@@ -23,7 +23,7 @@ use std::sync::mpsc;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::config::Limits;
-use crate::engine::interactive::{CommitError, Record, StepError, TxOptions};
+use crate::engine::interactive::{CommitError, Record, StepError, TxOptions, fenced};
 use crate::engine::sqlite::connection::{Conn, Role, Target};
 use crate::engine::sqlite::control::{Hooks, JobControl};
 use crate::engine::sqlite::errors::map_engine_error;
@@ -311,9 +311,15 @@ fn commit(conn: &Conn, record: Option<&Record>) -> Result<(), CommitError> {
         return Err(CommitError::RolledBack(lost()));
     }
     if let Some(record) = record {
-        transaction::within(db, || {
-            keyed::store(db, &record.key, &record.request_hash, 200, &record.body)
+        let claimed = transaction::within(db, || {
+            keyed::claim(db, &record.key, &record.request_hash, 200, &record.body)
         })?;
+        // Another server answered for this transaction first ("nothing committed") and left
+        // its tombstone under the key: it must stay true.
+        if claimed.request_hash != record.request_hash {
+            transaction::rollback(db);
+            return Err(CommitError::RolledBack(fenced()));
+        }
     }
     transaction::commit(db).map_err(CommitError::RolledBack)
 }

@@ -81,6 +81,25 @@ pub(crate) fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<St
     .optional()
 }
 
+/// Stores a `200` with `body` under `key` unless something is stored there already; what is
+/// stored under `key` then, either way (a first claim wins: see `engine::transactions`' commit
+/// records and their tombstones).
+pub(crate) fn claim(
+    conn: &Connection,
+    key: &str,
+    hash: &[u8],
+    status: u16,
+    body: &[u8],
+) -> rusqlite::Result<Stored> {
+    conn.prepare_cached(
+        "INSERT OR IGNORE INTO main._sqlhttp_idempotency \
+         (key, request_hash, status, body, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![key, hash, status, body, now_millis()])?;
+    lookup(conn, key)?.ok_or(rusqlite::Error::QueryReturnedNoRows)
+}
+
 pub(crate) fn store(
     conn: &Connection,
     key: &str,

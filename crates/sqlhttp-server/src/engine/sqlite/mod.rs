@@ -493,6 +493,21 @@ impl Engine for SqliteEngine {
         .await
     }
 
+    /// Claims a record on the writer (see `keyed::claim`).
+    async fn claim_record(
+        &self,
+        key: String,
+        request_hash: [u8; 32],
+        status: u16,
+        body: Vec<u8>,
+    ) -> Result<Stored, ApiError> {
+        Self::run(&self.writer, move |conn| {
+            keyed::claim(&conn.conn, &key, &request_hash, status, &body)
+                .map_err(errors::map_engine_error)
+        })
+        .await
+    }
+
     /// Given-up connections now and since the start.
     fn given_up(&self) -> GivenUp {
         GivenUp {
