@@ -367,7 +367,8 @@ async fn run_session(session: u64, proxy: ChaosProxy, deadline: Instant) -> Sess
     let mut seq = 0;
     while Instant::now() < deadline {
         seq += 1;
-        // The proxy's request count when the drop was planned: the next request is the COMMIT.
+        // The proxy's request count when the first drop was planned: the next request is the
+        // COMMIT.
         let planned_at = Arc::new(AtomicUsize::new(usize::MAX));
         let planned = Arc::new(AtomicUsize::new(0));
         let result = if seq % 2 == 0 {
@@ -381,7 +382,16 @@ async fn run_session(session: u64, proxy: ChaosProxy, deadline: Instant) -> Sess
                             .bind(session)
                             .bind(seq)
                             .await?;
-                        planned_at.store(proxy.requests(), Ordering::SeqCst);
+                        // The first run's COMMIT: a run that `transact` makes again (its
+                        // transaction lost: a serialization failure at COMMIT) drops its own
+                        // COMMIT's answer too, and its requests count among those after the
+                        // first drop.
+                        let _ = planned_at.compare_exchange(
+                            usize::MAX,
+                            proxy.requests(),
+                            Ordering::SeqCst,
+                            Ordering::SeqCst,
+                        );
                         planned.fetch_add(1, Ordering::SeqCst);
                         proxy.push(Fault::DropAfterForward);
                         Ok(())

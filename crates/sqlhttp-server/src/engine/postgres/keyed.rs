@@ -89,13 +89,22 @@ CREATE OR REPLACE FUNCTION _sqlhttp.claim(
     p_created_at bigint
 ) RETURNS TABLE (request_hash bytea, status integer, body bytea, created_at bigint)
 LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    claimed text;
 BEGIN
     PERFORM _sqlhttp.authorize(p_store_key);
+    -- Only a claim that lost reads the row: a serializable COMMIT's claim that wins takes no
+    -- read (predicate) locks on the store, so concurrent commits do not fail each other.
     INSERT INTO _sqlhttp.idempotency AS i (key, request_hash, status, body, created_at)
         VALUES (p_key, p_request_hash, p_status, p_body, p_created_at)
-        ON CONFLICT (key) DO NOTHING;
-    RETURN QUERY SELECT i.request_hash, i.status, i.body, i.created_at
-        FROM _sqlhttp.idempotency AS i WHERE i.key = p_key;
+        ON CONFLICT (key) DO NOTHING
+        RETURNING i.key INTO claimed;
+    IF claimed IS NOT NULL THEN
+        RETURN QUERY SELECT p_request_hash, p_status, p_body, p_created_at;
+    ELSE
+        RETURN QUERY SELECT i.request_hash, i.status, i.body, i.created_at
+            FROM _sqlhttp.idempotency AS i WHERE i.key = p_key;
+    END IF;
 END $$;
 
 CREATE OR REPLACE FUNCTION _sqlhttp.purge(p_store_key text, p_before bigint) RETURNS bigint
