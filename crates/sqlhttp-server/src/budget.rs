@@ -4,6 +4,10 @@
 //! when it is dropped. Past the budget a request is refused with `503 UNAVAILABLE` and
 //! `Retry-After`, always before anything of it has run.
 //!
+//! A share may be *shared*: one buffered answer sent to several clients at once (a transaction's
+//! stored result and each replay of it) is one copy in memory, so it is one share, held by
+//! every answer that sends it ([`Held::sharing`]) and given back when the last is done.
+//!
 //! Knows a semaphore counted in KiB; nothing about HTTP, SQL or the engines.
 
 use std::sync::Arc;
@@ -19,13 +23,35 @@ pub(crate) struct Budget {
     bytes: usize,
 }
 
-/// What one request holds of the [`Budget`]; given back when dropped.
+/// What one request holds of the [`Budget`]; given back when dropped. It may also hold other
+/// shares along with its own ([`Held::with`], [`Held::sharing`]): those are given back when the
+/// last holder of each is dropped.
 #[derive(Debug, Default)]
-pub(crate) struct Held(Option<OwnedSemaphorePermit>);
+pub(crate) struct Held {
+    permit: Option<OwnedSemaphorePermit>,
+    along: Vec<Arc<Held>>,
+}
 
 impl Held {
     fn kib(&self) -> usize {
-        self.0.as_ref().map_or(0, OwnedSemaphorePermit::num_permits)
+        self.permit
+            .as_ref()
+            .map_or(0, OwnedSemaphorePermit::num_permits)
+    }
+
+    /// Holds `other` too, until this is dropped.
+    pub(crate) fn with(mut self, other: Held) -> Held {
+        self.along.push(Arc::new(other));
+        self
+    }
+
+    /// A holder of `shared`: one more answer that sends what `shared` counts (the share is
+    /// given back when its last holder is dropped).
+    pub(crate) fn sharing(shared: &Arc<Held>) -> Held {
+        Held {
+            permit: None,
+            along: vec![Arc::clone(shared)],
+        }
     }
 }
 
@@ -49,6 +75,11 @@ impl Budget {
         self.kib.available_permits()
     }
 
+    /// Bytes held now (in whole KiB), for the metrics.
+    pub(crate) fn held_bytes(&self) -> usize {
+        (self.bytes.div_ceil(1024).max(1) - self.kib.available_permits()) * 1024
+    }
+
     /// Grows `held` to cover `total` bytes, or refuses with `503` (`held` is unchanged then).
     pub(crate) fn cover(&self, held: &mut Held, total: usize) -> Result<(), ApiError> {
         let need = total.div_ceil(1024).saturating_sub(held.kib());
@@ -66,9 +97,9 @@ impl Budget {
                     self.bytes
                 ))
             })?;
-        match &mut held.0 {
+        match &mut held.permit {
             Some(permit) => permit.merge(more),
-            None => held.0 = Some(more),
+            None => held.permit = Some(more),
         }
         Ok(())
     }
@@ -76,7 +107,7 @@ impl Budget {
     /// Gives back what `held` holds beyond `total` bytes.
     pub(crate) fn shrink(held: &mut Held, total: usize) {
         let keep = total.div_ceil(1024);
-        if let Some(permit) = &mut held.0
+        if let Some(permit) = &mut held.permit
             && permit.num_permits() > keep
         {
             drop(permit.split(permit.num_permits() - keep));
@@ -101,6 +132,22 @@ mod tests {
         assert_eq!(budget.available_kib(), 90);
         budget.cover(&mut b, 50 * 1024).unwrap();
         drop((a, b));
+        assert_eq!(budget.available_kib(), 100);
+    }
+
+    #[test]
+    fn a_shared_share_is_given_back_when_its_last_holder_is_dropped() {
+        let budget = Budget::new(100 * 1024);
+        let mut stored = Held::default();
+        budget.cover(&mut stored, 40 * 1024).unwrap();
+        let mut other = Held::default();
+        budget.cover(&mut other, 10 * 1024).unwrap();
+        let stored = Arc::new(stored.with(other));
+        let answers: Vec<Held> = (0..40).map(|_| Held::sharing(&stored)).collect();
+        assert_eq!(budget.held_bytes(), 50 * 1024, "forty answers, one share");
+        drop(stored);
+        assert_eq!(budget.available_kib(), 50, "held while an answer is unsent");
+        drop(answers);
         assert_eq!(budget.available_kib(), 100);
     }
 }

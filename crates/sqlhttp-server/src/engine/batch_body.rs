@@ -16,6 +16,8 @@ impl BatchBody {
     pub(crate) fn new(limit: usize, statements: usize) -> BatchBody {
         let mut out = Vec::with_capacity(64 * statements + 16);
         out.extend_from_slice(b"{\"results\":[");
+        // A batch run again (a stale statement re-prepared) starts its answer afresh.
+        let _ = crate::engine::grow_to(out.len(), true);
         BatchBody { out, limit }
     }
 
@@ -39,7 +41,9 @@ impl BatchBody {
             .at_statement(index));
         }
         self.out.extend_from_slice(body);
-        Ok(())
+        // The buffered job's share covers the answer so far; the next statement's rows count
+        // after it.
+        crate::engine::grow_to(self.out.len(), true).map_err(|err| err.at_statement(index))
     }
 
     /// The whole answer.

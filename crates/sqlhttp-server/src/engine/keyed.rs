@@ -64,6 +64,9 @@ pub(crate) fn decide(
             "this Idempotency-Key was already used with a different request body",
         ));
     }
+    // A replay is held against the server's budget like the answer it repeats (`503` when the
+    // budget cannot: nothing runs for a replay, so a retry loses nothing).
+    crate::engine::grow_to(stored.body.len(), false)?;
     Ok(Decision::Replay(Outcome {
         status: stored.status,
         body: stored.body,
@@ -96,14 +99,21 @@ impl Settled {
 /// Settles a run's `result`. Any other failure (a timeout, an oversized result, the engine
 /// closing: they depend on load, not on the request) is handed back, to roll back with
 /// nothing stored, so a retry runs the work again.
+///
+/// The outcome to store must fit the buffered job's share of the server's budget, grown for it
+/// here, before anything commits (`engine::grow_to`): when it cannot, the run is handed back as
+/// `503`, rolled back and not stored, so the answer of a work that commits is always held.
 pub(crate) fn settle(result: Result<Vec<u8>, ApiError>) -> Result<Settled, ApiError> {
-    match result {
-        Ok(body) => Ok(Settled::Succeeded(body)),
+    let settled = match result {
+        Ok(body) => Settled::Succeeded(body),
         Err(err) if err.code.is_stored_outcome() => {
-            Ok(Settled::Refused(err.code.status().as_u16(), err.body()))
+            Settled::Refused(err.code.status().as_u16(), err.body())
         }
-        Err(err) => Err(err),
-    }
+        Err(err) => return Err(err),
+    };
+    let (Settled::Succeeded(body) | Settled::Refused(_, body)) = &settled;
+    crate::engine::grow_to(body.len(), false)?;
+    Ok(settled)
 }
 
 /// The answer for a key whose request still runs (here, or on another replica): retry later,

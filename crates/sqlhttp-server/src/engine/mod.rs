@@ -47,6 +47,7 @@ mod sqlite;
 pub(crate) mod stream;
 pub(crate) mod transactions;
 
+use std::future::Future;
 use std::time::Duration;
 
 use crate::budget::{Budget, Held};
@@ -270,34 +271,184 @@ pub(crate) struct GivenUp {
 }
 
 /// How an engine job that builds a whole result (a keyed outcome, a batch's results) takes its
-/// share of the server's [`Budget`]: the most one result may be (`--max-result-bytes`) when the
-/// job starts on its connection, refused with `503` before anything runs when the budget is
-/// spent; what the result really takes once it is built, until its answer has been sent.
+/// share of the server's [`Budget`]: a little ([`SLACK`]) when it gets its connection (nothing
+/// while it waits for one), refused with `503` before anything runs when even that is spent;
+/// then the share grows with the result while
+/// it is built ([`grow`], [`grow_to`]: after each row, each statement of a batch, and the
+/// outcome a keyed job is about to store), always [`SLACK`] ahead of it. A result that cannot
+/// grow fails the job with `503` *before* its work commits (nothing of it is kept, nothing is
+/// stored under its key: a retry runs it again). Once the job is done, the share is what its
+/// answer takes, held until the answer has been sent; an answer whose work committed is held
+/// whatever the budget says (it is within the share grown for it, bar framing past the slack),
+/// so a committed write is never reported failed. (Before issue 36 a job reserved the whole of
+/// `--max-result-bytes` when it started, so 16 concurrent keyed writes of one row took a
+/// 256 MiB budget.)
 #[derive(Debug, Clone)]
 pub(crate) struct Buffering {
     budget: Budget,
-    reserve: usize,
+}
+
+/// How far a buffered job's share stays ahead of its result: what it reserves when it starts,
+/// and room for the framing written after the last row is checked.
+pub(crate) const SLACK: usize = 64 * 1024;
+
+/// A running buffered job's share, grown as its result grows (see [`Buffering`]).
+#[derive(Debug)]
+pub(crate) struct Growing {
+    budget: Budget,
+    held: std::sync::Mutex<Held>,
+    /// The bytes of a batch's answer already built, before the statement being written.
+    base: std::sync::atomic::AtomicUsize,
+}
+
+impl Growing {
+    fn held(&self) -> std::sync::MutexGuard<'_, Held> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Grows the share to cover a result of `total` bytes (and the slack; at most the whole
+    /// budget). Refused at 0 bytes (the job got its connection), nothing of the job ran.
+    fn cover(&self, total: usize) -> Result<(), ApiError> {
+        let want = total
+            .saturating_add(SLACK)
+            .min(self.budget.bytes().max(total));
+        self.budget
+            .cover(&mut self.held(), want)
+            .map_err(|refused| {
+                if total == 0 {
+                    return refused;
+                }
+                ApiError::unavailable(format!(
+                    "the server is holding as many request bodies and results as it allows at \
+                     once ({} bytes, --max-buffered-bytes), and this request's result outgrew \
+                     its share at {total} bytes: it was stopped and rolled back, nothing of it \
+                     was kept or stored; retry later",
+                    self.budget.bytes()
+                ))
+            })
+    }
+
+    fn take(self) -> Held {
+        self.held
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+tokio::task_local! {
+    /// The share of the buffered job this task runs (PostgreSQL's jobs are tasks).
+    static TASK_SHARE: std::sync::Arc<Growing>;
+}
+
+thread_local! {
+    /// The share of the buffered job this thread runs (SQLite's jobs run on engine threads).
+    static THREAD_SHARE: std::cell::RefCell<Option<std::sync::Arc<Growing>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// Runs `f` on the share of the buffered job running here, if any.
+fn on_share<T>(f: impl FnOnce(&Growing) -> T) -> Option<T> {
+    if let Ok(share) = TASK_SHARE.try_with(std::sync::Arc::clone) {
+        return Some(f(&share));
+    }
+    THREAD_SHARE
+        .with(|share| share.borrow().clone())
+        .map(|share| f(&share))
+}
+
+/// Grows the running buffered job's share to cover `len` bytes of the statement being written
+/// (after what its batch already built); `503` when the budget cannot. Nothing outside a
+/// buffered job (a streamed result, an interactive transaction's statement).
+pub(crate) fn grow(len: usize) -> Result<(), ApiError> {
+    on_share(|share| {
+        let base = share.base.load(std::sync::atomic::Ordering::Relaxed);
+        share.cover(base.saturating_add(len))
+    })
+    .unwrap_or(Ok(()))
+}
+
+/// Grows the running buffered job's share to cover a whole result of `total` bytes; with
+/// `base`, statements written from now on come after those bytes (a batch's answer so far).
+pub(crate) fn grow_to(total: usize, base: bool) -> Result<(), ApiError> {
+    on_share(|share| {
+        if base {
+            share
+                .base
+                .store(total, std::sync::atomic::Ordering::Relaxed);
+        }
+        share.cover(total)
+    })
+    .unwrap_or(Ok(()))
+}
+
+/// Clears the thread's share when a job on an engine thread ends, however it ends.
+struct ThreadScope;
+
+impl Drop for ThreadScope {
+    fn drop(&mut self) {
+        THREAD_SHARE.with(|share| share.borrow_mut().take());
+    }
 }
 
 impl Buffering {
-    /// Shares of `budget`, each reserving at most one result's limit.
-    pub(crate) fn new(budget: Budget, limits: &Limits) -> Buffering {
-        let reserve = limits.max_result_bytes.min(budget.bytes());
-        Buffering { budget, reserve }
+    /// Shares of `budget`.
+    pub(crate) fn new(budget: Budget, _limits: &Limits) -> Buffering {
+        Buffering { budget }
     }
 
-    /// The share for a job that starts now.
-    pub(crate) fn start(&self) -> Result<Held, ApiError> {
-        let mut held = Held::default();
-        self.budget.cover(&mut held, self.reserve)?;
-        Ok(held)
+    /// The share for a job that starts now: nothing yet. It takes the slack when the job gets
+    /// its connection (the first [`grow`], `503` with nothing run when the budget is spent), so
+    /// jobs waiting for a connection hold nothing.
+    pub(crate) fn start(&self) -> std::sync::Arc<Growing> {
+        std::sync::Arc::new(Growing {
+            budget: self.budget.clone(),
+            held: std::sync::Mutex::new(Held::default()),
+            base: std::sync::atomic::AtomicUsize::new(0),
+        })
     }
 
-    /// `outcome` with what its body needs of `held` (the rest given back), to hold until its
-    /// answer is sent.
-    pub(crate) fn kept(mut held: Held, outcome: Outcome) -> (Outcome, Held) {
+    /// Runs `work` (a task's future) with `share` as its job's, to grow as its result grows.
+    pub(crate) async fn scope<T>(
+        share: std::sync::Arc<Growing>,
+        work: impl Future<Output = T>,
+    ) -> T {
+        TASK_SHARE.scope(share, work).await
+    }
+
+    /// Runs `job` (on an engine thread) with `share` as its job's.
+    pub(crate) fn scope_blocking<T>(share: std::sync::Arc<Growing>, job: impl FnOnce() -> T) -> T {
+        THREAD_SHARE.with(|current| *current.borrow_mut() = Some(share));
+        let _scope = ThreadScope;
+        job()
+    }
+
+    /// `outcome` with what its body needs of `share` (the rest given back), to hold until its
+    /// answer is sent. A replayed outcome (nothing ran) that the budget cannot hold is `503`;
+    /// a fresh one is held whatever the budget says: its work has committed.
+    pub(crate) fn kept(
+        share: std::sync::Arc<Growing>,
+        outcome: Outcome,
+    ) -> Result<(Outcome, Held), ApiError> {
+        let share = std::sync::Arc::try_unwrap(share).unwrap_or_else(|share| Growing {
+            // Not reached: the job's scope ended with the job. Hand its share over anyway.
+            budget: share.budget.clone(),
+            held: std::sync::Mutex::new(std::mem::take(&mut *share.held())),
+            base: std::sync::atomic::AtomicUsize::new(0),
+        });
+        let budget = share.budget.clone();
+        let mut held = share.take();
         Budget::shrink(&mut held, outcome.body.len());
-        (outcome, held)
+        match budget.cover(&mut held, outcome.body.len()) {
+            Ok(()) => {}
+            Err(err) if outcome.replayed => return Err(err),
+            Err(_) => tracing::debug!(
+                bytes = outcome.body.len(),
+                "a committed answer outgrew its share's slack; it is sent all the same"
+            ),
+        }
+        Ok((outcome, held))
     }
 }
 

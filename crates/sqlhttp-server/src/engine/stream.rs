@@ -386,7 +386,8 @@ impl futures_core::Stream for ChunkReceiver {
 /// chunks and sent on while the statement runs. The SQLite engine calls it from an engine
 /// thread ([`Sink::after_row_blocking`]), the PostgreSQL engine from a task ([`Sink::after_row`]).
 pub(crate) enum Sink<'a> {
-    /// Keeps the whole body, up to `--max-result-bytes`.
+    /// Keeps the whole body, up to `--max-result-bytes`, growing the buffered job's share of
+    /// the server's budget as it grows (`engine::grow`).
     Buffered {
         /// The largest body kept.
         limit: usize,
@@ -404,7 +405,10 @@ impl Sink<'_> {
         rows: u64,
     ) -> Result<(), ApiError> {
         match self {
-            Sink::Buffered { limit } => result::within_buffered_limit(out.len(), *limit, rows),
+            Sink::Buffered { limit } => {
+                result::within_buffered_limit(out.len(), *limit, rows)?;
+                crate::engine::grow(out.len())
+            }
             Sink::Stream(chunks) => match chunks.due(out, rows) {
                 Some(chunk) => chunks
                     .sender
@@ -421,7 +425,10 @@ impl Sink<'_> {
     /// a thread.
     pub(crate) async fn after_row(&mut self, out: &mut Vec<u8>, rows: u64) -> Result<(), ApiError> {
         match self {
-            Sink::Buffered { limit } => result::within_buffered_limit(out.len(), *limit, rows),
+            Sink::Buffered { limit } => {
+                result::within_buffered_limit(out.len(), *limit, rows)?;
+                crate::engine::grow(out.len())
+            }
             Sink::Stream(chunks) => match chunks.due(out, rows) {
                 Some(chunk) => chunks
                     .sender

@@ -143,6 +143,8 @@ pub(crate) struct Metrics {
     rate_limited: Counter,
     replayed: Counter,
     statement_timeouts: Counter,
+    /// What the server's buffer budget holds now (`--max-buffered-bytes`).
+    buffered: Gauge,
     transactions: TransactionMetrics,
     replicas: ReplicaMetrics,
 }
@@ -261,6 +263,15 @@ impl Metrics {
             "Statements interrupted by the statement timeout (422 STATEMENT_TIMEOUT)",
             statement_timeouts.clone(),
         );
+        let buffered = Gauge::default();
+        registry.register_with_unit(
+            "buffered",
+            "What requests make the server buffer now, held against --max-buffered-bytes: \
+             request bodies, whole results and answers until sent, transactions' stored \
+             results (in whole KiB)",
+            Unit::Bytes,
+            buffered.clone(),
+        );
         let transactions = TransactionMetrics::default();
         transactions.register(&mut registry);
         let replicas = ReplicaMetrics::default();
@@ -278,7 +289,13 @@ impl Metrics {
             rate_limited,
             replayed,
             statement_timeouts,
+            buffered,
         }
+    }
+
+    /// Sets what the buffer budget holds now, for the next render.
+    pub(crate) fn set_buffered(&self, bytes: usize) {
+        self.buffered.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Counts one finished request.
@@ -342,6 +359,7 @@ impl Metrics {
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let shared = &state.inner;
+    shared.metrics.set_buffered(shared.budget.held_bytes());
     let text = shared.metrics.render(
         &shared.engine.queue_depths(),
         shared.engine.given_up(),
@@ -433,6 +451,7 @@ mod tests {
             "sqlhttpd_rate_limited_total 1",
             "sqlhttpd_idempotent_replays_total 1",
             "sqlhttpd_statement_timeouts_total 1",
+            "sqlhttpd_buffered_bytes 0",
             "sqlhttpd_transactions_open 2",
             "sqlhttpd_transaction_commits_total 5",
             "sqlhttpd_transaction_rollbacks_total 1",

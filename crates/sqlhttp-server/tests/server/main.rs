@@ -14,6 +14,7 @@ mod api;
 mod batch;
 mod binary;
 mod bounds;
+mod budget_shares;
 mod builtins;
 mod common;
 mod conformance;

@@ -263,6 +263,9 @@ impl Inner {
                 }
             }
         })?;
+        // A buffered job's share of the server's budget starts once it has its connection
+        // (see `engine::Buffering`): waiting for one holds nothing of it.
+        crate::engine::grow(0)?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
         let backend = self.backends.of(&object);
         let cancel = object.cancel_token();

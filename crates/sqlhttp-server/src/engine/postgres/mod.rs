@@ -366,9 +366,9 @@ impl PostgresEngine {
             Err(ApiError::internal())
         })
     }
-    /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes its share of the
-    /// server's budget when its task starts (see [`Buffering`]) and keeps what the outcome needs,
-    /// to hold until the answer is sent.
+    /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes a little of the
+    /// server's budget when it gets its connection and grows it as its result grows (see
+    /// [`Buffering`]), then keeps what the outcome needs, to hold until the answer is sent.
     /// The outcome comes with the position its job learned, served by the primary.
     async fn spawn_buffered<F, Fut>(&self, work: F) -> Result<(Outcome, Held), ApiError>
     where
@@ -397,9 +397,9 @@ impl PostgresEngine {
             .spawn_on(node, Arc::clone(&job), |inner, job| {
                 let work = work(inner, job);
                 async move {
-                    let held = buffering.start()?;
-                    let outcome = work.await?;
-                    Ok(Buffering::kept(held, outcome))
+                    let share = buffering.start();
+                    let outcome = Buffering::scope(Arc::clone(&share), work).await?;
+                    Buffering::kept(share, outcome)
                 }
             })
             .await?;

@@ -223,18 +223,22 @@ impl SqliteEngine {
         result
     }
 
-    /// [`SqliteEngine::run`] for a job that builds a whole outcome: it takes its share of the
-    /// server's budget when it starts on its connection (see [`Buffering`]) and keeps what the
-    /// outcome needs, to hold until the answer is sent.
+    /// [`SqliteEngine::run`] for a job that builds a whole outcome: it takes a little of the
+    /// server's budget when it starts on its connection and grows it as its result grows (see
+    /// [`Buffering`]), then keeps what the outcome needs, to hold until the answer is sent.
     async fn run_buffered<F>(&self, pool: &Pool, job: F) -> Result<(Outcome, Held), ApiError>
     where
         F: FnOnce(&mut Conn) -> Result<Outcome, ApiError> + Send + 'static,
     {
         let buffering = self.buffering.clone();
         Self::run(pool, move |conn| {
-            let held = buffering.start()?;
-            let outcome = job(conn)?;
-            Ok(Buffering::kept(held, outcome))
+            let share = buffering.start();
+            let outcome = Buffering::scope_blocking(Arc::clone(&share), || {
+                // The share starts now that the job has its connection.
+                crate::engine::grow(0)?;
+                job(conn)
+            })?;
+            Buffering::kept(share, outcome)
         })
         .await
     }
