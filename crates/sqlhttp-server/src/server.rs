@@ -8,7 +8,9 @@
 //! HTTP/1.1 as above. An HTTP/2 connection keeps the same bounds by other means (hyper's HTTP/2
 //! has no header timeout, and a client can stall one stream by flow control while the socket
 //! moves): [`Watch`] closes it once no request has run for the header timeout, and cuts it once
-//! a response has waited on its client for the send timeout.
+//! a response has waited on its client for the send timeout (for about a second, when the response
+//! holds one of the server's shared stream permits and they run short: `http::streams`, whose
+//! permits each stream takes once its credential is known).
 //!
 //! Each connection's requests carry the client's address (`ConnectInfo`), for rate limiting
 //! and logs. [`Server::bind`] refuses to serve without a token on an address other than
@@ -26,7 +28,6 @@ use std::time::Duration;
 use std::sync::Arc;
 
 use axum::extract::ConnectInfo;
-use axum::response::IntoResponse as _;
 use hyper::body::{Body as HttpBody, Frame, Incoming, SizeHint};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
@@ -43,6 +44,7 @@ use crate::config::{Config, HttpLimits};
 use crate::error::ServerError;
 use crate::http::app;
 use crate::http::hyper_errors::{JsonErrors, raw_response};
+use crate::http::streams::{ConnectionPermits, PRESSED_STALL, StreamPermits, StreamSlot};
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
 use crate::tls::{H2, TlsReloader};
@@ -173,10 +175,10 @@ impl Server {
             .max_concurrent_streams(H2_STREAMS)
             .max_header_list_size(H2_HEADER_LIST);
         let slots = Arc::new(Semaphore::new(http.max_connections.max(1)));
-        // HTTP/2 responses in flight on all connections together: no more than HTTP/1.1
-        // connections could hold (one each), so the worst case of memory held by responses
-        // waiting on their clients is the same whichever protocol they speak.
-        let h2_responses = Arc::new(Semaphore::new(http.max_connections.max(1)));
+        // HTTP/2 streams beyond each connection's first (which its slot pays for, as an
+        // HTTP/1.1 connection's one response): as many as the server takes connections, an
+        // eighth of them at most to one credential or anonymous address (ADR 0044).
+        let stream_permits = StreamPermits::new(http.max_connections);
         let stop = CancellationToken::new();
         let cut = CancellationToken::new();
         let connections = TaskTracker::new();
@@ -211,7 +213,7 @@ impl Server {
                 cut: cut.clone(),
                 header_timeout: http.header_timeout,
                 send_timeout: http.send_timeout,
-                h2_responses: Arc::clone(&h2_responses),
+                stream_permits: Arc::clone(&stream_permits),
             };
             let (builder, h2, tls) = (builder.clone(), h2.clone(), tls.clone());
             connections.spawn(async move {
@@ -299,8 +301,8 @@ struct Conn {
     cut: CancellationToken,
     header_timeout: Duration,
     send_timeout: Duration,
-    /// HTTP/2 responses in flight server-wide (see `serve_until`).
-    h2_responses: Arc<Semaphore>,
+    /// HTTP/2 stream permits shared server-wide (see `serve_until`).
+    stream_permits: Arc<StreamPermits>,
 }
 
 impl Conn {
@@ -353,12 +355,12 @@ impl Conn {
         let service = Watched {
             inner: self.service.clone(),
             watch: Arc::clone(&watch),
-            in_flight: Arc::clone(&self.h2_responses),
+            permits: self.stream_permits.connection(),
         };
         let connection = builder.serve_connection(io, service);
         tokio::pin!(connection);
         let every = (self.header_timeout.min(self.send_timeout) / 4)
-            .clamp(Duration::from_millis(10), Duration::from_secs(1));
+            .clamp(Duration::from_millis(10), PRESSED_STALL / 4);
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut closing: Option<tokio::time::Instant> = None;
@@ -375,8 +377,16 @@ impl Conn {
                     connection.as_mut().graceful_shutdown();
                 }
                 _ = tick.tick() => {
-                    if watch.stalled(self.send_timeout) {
+                    if watch.stalled(self.send_timeout, false) {
                         tracing::debug!(peer = %self.peer, "an HTTP/2 client took nothing of a response for the send timeout; closing");
+                        break;
+                    }
+                    // Shared permits are short: a response holding one that its client does
+                    // not take gives it back sooner.
+                    if self.stream_permits.pressed_within(self.send_timeout)
+                        && watch.stalled(PRESSED_STALL.min(self.send_timeout), true)
+                    {
+                        tracing::info!(peer = %self.peer, "an HTTP/2 client took nothing of a response holding a shared stream permit while they ran short; closing");
                         break;
                     }
                     match closing {
@@ -407,7 +417,8 @@ struct WatchState {
     running: usize,
     idle_since: tokio::time::Instant,
     next: u64,
-    waiting: std::collections::HashMap<u64, tokio::time::Instant>,
+    /// Since when each waiting response has waited, and whether it holds a shared permit.
+    waiting: std::collections::HashMap<u64, (tokio::time::Instant, bool)>,
 }
 
 impl Watch {
@@ -428,15 +439,15 @@ impl Watch {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    /// A request begins; it ends when the guard drops.
-    fn begin(self: &Arc<Watch>) -> Running {
+    /// A request begins, its permit to be kept in `slot`; it ends when the guard drops.
+    fn begin(self: &Arc<Watch>, slot: StreamSlot) -> Running {
         let mut state = self.state();
         state.running += 1;
         state.next += 1;
         Running {
             watch: Arc::clone(self),
             id: state.next,
-            permit: None,
+            slot,
         }
     }
 
@@ -450,28 +461,32 @@ impl Watch {
         }
     }
 
-    /// Whether a response has waited on its client for `timeout`.
-    fn stalled(&self, timeout: Duration) -> bool {
+    /// Whether a response (one holding a shared permit, if `shared`) has waited on its client
+    /// for `timeout`.
+    fn stalled(&self, timeout: Duration, shared: bool) -> bool {
         self.state()
             .waiting
             .values()
-            .any(|since| since.elapsed() >= timeout)
+            .any(|&(since, holds_shared)| (holds_shared || !shared) && since.elapsed() >= timeout)
     }
 }
 
-/// One running HTTP/2 request (see [`Watch`]), with its response permit.
+/// One running HTTP/2 request (see [`Watch`]), with its stream permit's slot.
 #[derive(Debug)]
 struct Running {
     watch: Arc<Watch>,
     id: u64,
-    permit: Option<tokio::sync::OwnedSemaphorePermit>,
+    slot: StreamSlot,
 }
 
 impl Running {
     fn waits(&self, waiting: bool) {
+        let shared = waiting && self.slot.is_shared();
         let mut state = self.watch.state();
         if waiting {
-            state.waiting.insert(self.id, tokio::time::Instant::now());
+            state
+                .waiting
+                .insert(self.id, (tokio::time::Instant::now(), shared));
         } else {
             state.waiting.remove(&self.id);
         }
@@ -480,6 +495,7 @@ impl Running {
 
 impl Drop for Running {
     fn drop(&mut self) {
+        self.slot.release();
         let mut state = self.watch.state();
         state.waiting.remove(&self.id);
         state.running -= 1;
@@ -490,12 +506,13 @@ impl Drop for Running {
 }
 
 /// The app's service on an HTTP/2 connection, its requests counted by a [`Watch`], each
-/// holding one of the server's HTTP/2 response permits until its body is dropped.
+/// given a [`StreamSlot`] for the stream permit the app takes once it knows the request's
+/// credential (`http::streams`), held until the response body is dropped.
 #[derive(Debug, Clone)]
 struct Watched<S> {
     inner: S,
     watch: Arc<Watch>,
-    in_flight: Arc<Semaphore>,
+    permits: Arc<ConnectionPermits>,
 }
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
@@ -512,25 +529,10 @@ where
     type Error = S::Error;
     type Future = BoxFuture<Result<Self::Response, Self::Error>>;
 
-    fn call(&self, request: http::Request<Incoming>) -> Self::Future {
-        let mut running = self.watch.begin();
-        let Ok(permit) = Arc::clone(&self.in_flight).try_acquire_owned() else {
-            // As many HTTP/2 responses are in flight as the server has connections: the
-            // request is not run, and its refusal holds no permit.
-            tracing::warn!(
-                "HTTP/2 responses in flight reached the connection cap; refusing a stream"
-            );
-            let refusal = ApiError::unavailable(
-                "the server is serving as many HTTP/2 responses as it takes connections \
-                 (--max-connections); retry later",
-            )
-            .into_response();
-            running.waits(true);
-            return Box::pin(
-                async move { Ok(refusal.map(|inner| WatchedBody { inner, running })) },
-            );
-        };
-        running.permit = Some(permit);
+    fn call(&self, mut request: http::Request<Incoming>) -> Self::Future {
+        let slot = StreamSlot::new(&self.permits);
+        request.extensions_mut().insert(slot.clone());
+        let running = self.watch.begin(slot);
         let answer = self.inner.call(request);
         Box::pin(async move {
             let response = answer.await?;

@@ -23,6 +23,7 @@ pub(crate) mod peers;
 pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 mod rows;
+pub(crate) mod streams;
 mod transaction;
 
 use axum::Router;
@@ -125,6 +126,8 @@ pub fn app(state: AppState) -> Router {
         .fallback(not_found)
         .with_state(state.clone())
         .layer(compression::layer())
+        // HTTP/2 stream permits, once the credential is known (see `streams`).
+        .layer(axum::middleware::from_fn(streams::admit_stream))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             credentials::authenticate,

@@ -1,7 +1,8 @@
 //! HTTP/2 over TLS (ALPN `h2`, ADR 0033), driven by a raw `h2` client: an idle connection is
 //! closed, a stream starved of flow-control window is cut (also for its last frame), a large
 //! row its client does not take is held only within the statement timeout, and the responses
-//! in flight are capped server-wide. The servers and certificates are `tls.rs`'s.
+//! in flight beyond each connection's first are capped (more in `h2_permits.rs`, ADR 0044). The
+//! servers and certificates are `tls.rs`'s.
 
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -13,7 +14,7 @@ use crate::tls::{certs, https, one, root, sdk};
 
 /// An HTTP/2 client over TLS (ALPN `h2`) to `server`, trusting `dir`'s CA, whose streams start
 /// with `window` bytes of flow-control window; the connection's driver runs in a task.
-async fn h2_client(
+pub(crate) async fn h2_client(
     server: &ServerHandle,
     dir: &Path,
     window: u32,
@@ -65,7 +66,7 @@ async fn h2_connect(
         .unwrap()
 }
 
-fn sql_request(url: &str, sql: &str) -> (http::Request<()>, bytes::Bytes) {
+pub(crate) fn sql_request(url: &str, sql: &str) -> (http::Request<()>, bytes::Bytes) {
     let request = http::Request::post(format!("{url}/api/v1/sql"))
         .header("content-type", "application/json")
         .body(())
@@ -235,19 +236,21 @@ async fn an_h2_stream_starved_of_window_for_its_last_frame_is_cut() {
     server.shutdown().await;
 }
 
-/// HTTP/2 responses in flight are capped server-wide at `--max-connections`, as HTTP/1.1's are
-/// by its connections: streams whose responses wait on a client that opens no window hold the
-/// permits, a stream past them is answered 503 without running, and the permits come back when
-/// the responses go.
+/// HTTP/2 responses in flight are capped (ADR 0044): each connection's first on its own permit,
+/// those beyond it on the server's shared permits (`--max-connections`, here 3), an eighth of
+/// them at most (here 1) to one client address. Streams whose responses wait on a client that
+/// opens no window hold the permits, a stream past them is answered 503 without running, and
+/// the permits come back when the responses go.
 #[tokio::test]
-async fn h2_responses_in_flight_are_capped_server_wide() {
+async fn h2_responses_in_flight_are_capped() {
     let dir = certs(&["127.0.0.1"]);
     let server = https(dir.path(), false, |config| {
         config.http.max_connections = 3;
         config.http.send_timeout = Duration::from_secs(30);
     })
     .await;
-    // Two connections, three streams that never get window: every permit is held.
+    // Two connections, three streams that never get window: both connections' own permits and
+    // the address's one shared permit are held.
     let (mut first, one_connection) = h2_client(&server, dir.path(), 0).await;
     let (mut second, two_connection) = h2_client(&server, dir.path(), 0).await;
     let mut held = Vec::new();

@@ -21,6 +21,7 @@ mod conformance;
 mod connections;
 mod engines;
 mod give_up;
+mod h2_permits;
 mod hardening;
 mod https_h2;
 mod idempotency;
