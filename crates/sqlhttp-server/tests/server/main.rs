@@ -34,6 +34,7 @@ mod peers;
 mod pg_answers;
 mod pg_bookmarks;
 mod pg_errors;
+mod pg_hardening_round3;
 mod pg_idempotency;
 mod pg_login;
 mod pg_outcome_unknown;

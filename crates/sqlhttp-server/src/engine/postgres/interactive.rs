@@ -76,6 +76,16 @@ fn aborts(e: &tokio_postgres::Error) -> bool {
     }
 }
 
+/// The answer for a transaction whose statement the server's shutdown stopped: `503`, it was
+/// rolled back.
+fn stopped() -> ApiError {
+    ApiError::unavailable(format!(
+        "{} (the transaction's statement was cancelled and the transaction rolled back; \
+         nothing of it was committed: run the whole transaction again)",
+        crate::engine::SHUTTING_DOWN
+    ))
+}
+
 /// The answer for a transaction PostgreSQL rolled back, with why.
 fn aborted(why: &str) -> ApiError {
     ApiError::new(
@@ -152,6 +162,14 @@ impl Session {
     /// Runs one statement inside its savepoint.
     pub(crate) async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
         let inner = Arc::clone(&self.inner);
+        // Registered before the flag is read: a shutdown that starts after wakes this.
+        let stop = inner.stop_transactions.notified();
+        let mut stop = std::pin::pin!(stop);
+        stop.as_mut().enable();
+        if inner.stopping_transactions.load(Ordering::Acquire) {
+            self.lease = None;
+            return Err(StepError::Aborted(stopped()));
+        }
         let Some(lease) = self.lease.as_ref() else {
             return Err(StepError::Aborted(aborted("its connection was lost")));
         };
@@ -186,8 +204,8 @@ impl Session {
             Ok(())
         });
         let job = Job::default();
-        let ran = inner
-            .guarded(
+        let ran = tokio::select! {
+            ran = inner.guarded(
                 &job,
                 lease,
                 1,
@@ -203,8 +221,16 @@ impl Session {
                         behind: None,
                     },
                 ),
-            )
-            .await;
+            ) => ran,
+            () = &mut stop => {
+                // The server is shutting down: the statement is not waited for. Dropping the
+                // lease unended cancels it and ends its session (see `Lease`'s drop), which
+                // rolls the transaction back.
+                lease.cancel_statement().await;
+                self.lease = None;
+                return Err(StepError::Aborted(stopped()));
+            }
+        };
         match ran {
             Ok(()) => {
                 self.release_pending = true;

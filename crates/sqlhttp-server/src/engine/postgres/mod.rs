@@ -116,6 +116,11 @@ struct Inner {
     closing: Arc<AtomicBool>,
     /// Wakes every guarded job when the engine closes.
     shutdown: tokio::sync::Notify,
+    /// The server is shutting down: interactive transactions' statements stop now (see
+    /// [`PostgresEngine::stop_transactions`]).
+    stopping_transactions: AtomicBool,
+    /// Wakes the interactive transactions' running statements when that starts.
+    stop_transactions: tokio::sync::Notify,
     in_flight: Arc<Mutex<HashMap<u64, CancelToken>>>,
     next_lease: AtomicU64,
     /// When expired idempotency keys were last purged.
@@ -231,15 +236,24 @@ impl PostgresEngine {
             )?;
             // Its store is the primary's, read-only here: nothing is purged on a replica.
             inner.purges.purged_now();
-            nodes.push(Replica::new(
-                Arc::new(inner),
-                watch,
-                wire::Target {
-                    config: monitor,
-                    tls,
-                },
+            nodes.push((
+                url.to_string(),
+                Replica::new(
+                    Arc::new(inner),
+                    watch,
+                    wire::Target {
+                        config: monitor,
+                        tls,
+                    },
+                ),
             ));
         }
+        let monitors: Vec<(String, &wire::Target)> = nodes
+            .iter()
+            .map(|(url, replica)| (url.clone(), replica.monitor()))
+            .collect();
+        replicas::check_at_start(&prepared.keeper.owner_target(), &monitors)?;
+        let nodes = nodes.into_iter().map(|(_, replica)| replica).collect();
         Ok(Replicas::new(
             nodes,
             prepared.keeper.owner_target(),
@@ -316,6 +330,8 @@ impl Inner {
             limits,
             closing,
             shutdown: tokio::sync::Notify::new(),
+            stopping_transactions: AtomicBool::new(false),
+            stop_transactions: tokio::sync::Notify::new(),
             in_flight: Arc::default(),
             next_lease: AtomicU64::new(0),
             // The first keyed request purges.
@@ -466,6 +482,24 @@ impl PostgresEngine {
             )
         })?
         .map_err(|_| shutting_down())
+    }
+}
+
+impl PostgresEngine {
+    /// The server is shutting down and about to roll its open transactions back: a statement
+    /// one of them runs now is cancelled at once (a cancel request, then its session ended,
+    /// as a plain request's is when its requester goes away), so the rollback never waits
+    /// for it to end on its own. The transaction is rolled back with its session and its
+    /// requester is answered `503` (shutting down). Statements sent after this are refused
+    /// the same way, before they run. A COMMIT already under way is left to finish: cutting it
+    /// would leave its outcome unknown.
+    pub(crate) fn stop_transactions(&self) {
+        let nodes = std::iter::once(&self.inner)
+            .chain(self.replicas.iter().flat_map(|replicas| replicas.pools()));
+        for node in nodes {
+            node.stopping_transactions.store(true, Ordering::Release);
+            node.stop_transactions.notify_waiters();
+        }
     }
 }
 

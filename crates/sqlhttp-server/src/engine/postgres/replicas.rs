@@ -137,6 +137,11 @@ impl Replica {
             monitor,
         }
     }
+
+    /// How its watcher logs in.
+    pub(super) fn monitor(&self) -> &wire::Target {
+        &self.monitor
+    }
 }
 
 /// Where [`Replicas::choose`] sends a read, and why.
@@ -402,17 +407,32 @@ impl Watcher {
         let mut replica: Option<Client> = None;
         let mut primary: Option<Client> = None;
         let mut first = true;
+        // Whether the replica was last found to replay the primary's history (see
+        // [`Watcher::check_history`]), and when: checked again on every new connection to
+        // either, and every [`HISTORY_EVERY`].
+        let mut history: Option<(bool, Instant)> = None;
         loop {
             match self.replica.upgrade() {
                 Some(inner) if !inner.closing.load(Ordering::Acquire) => {}
                 _ => return,
             }
+            let was_connected = is_open(&primary) && is_open(&replica);
             if let Some(position) = ask(&mut primary, &self.primary, PRIMARY_POSITION).await {
                 self.log.saw(position);
                 self.sample(position);
             }
             let seen = look(&mut replica, &self.monitor).await;
-            self.learn(seen.as_ref(), first);
+            let due = history.is_none_or(|(_, at)| at.elapsed() >= HISTORY_EVERY);
+            if seen.is_some() && (!was_connected || due) {
+                history = self
+                    .check_history(&mut primary, &mut replica, history.map(|(same, _)| same))
+                    .await
+                    .map(|same| (same, Instant::now()));
+            }
+            let same = history.is_some_and(|(same, _)| same);
+            // A replica of another history is not fit, whatever it answers (and said why).
+            let refused = seen.is_some() && !same;
+            self.learn(seen.as_ref().filter(|_| same), first && !refused);
             first = false;
             self.learned.notify_waiters();
             if self.waiting.load(Ordering::Acquire) > 0 {
@@ -424,6 +444,47 @@ impl Watcher {
                 }
             }
         }
+    }
+
+    /// Whether the replica replays the primary's history: the same `system_identifier` (a
+    /// standby of this cluster, not of another whose log positions mean nothing here) and the
+    /// same timeline (not a standby left on a history the primary has branched from). `None`
+    /// when either did not answer. A change of verdict from `before` is logged.
+    async fn check_history(
+        &self,
+        primary: &mut Option<Client>,
+        replica: &mut Option<Client>,
+        before: Option<bool>,
+    ) -> Option<bool> {
+        let primary = history_of(primary, &self.primary, PRIMARY_HISTORY).await?;
+        let replica = history_of(replica, &self.monitor, REPLICA_HISTORY).await?;
+        let same = primary == replica;
+        if !same && before != Some(false) {
+            if primary.system == replica.system {
+                tracing::warn!(
+                    replica = self.index,
+                    primary_timeline = primary.timeline,
+                    replica_timeline = replica.timeline,
+                    "a --read-replica is on another timeline than the primary (a failover it \
+                     has not followed yet, or a branched history): it serves no reads until \
+                     they match"
+                );
+            } else {
+                tracing::error!(
+                    replica = self.index,
+                    primary_system = %primary.system,
+                    replica_system = %replica.system,
+                    "a --read-replica is a standby of another cluster (its system_identifier \
+                     is not the primary's): it never serves reads"
+                );
+            }
+        } else if same && before == Some(false) {
+            tracing::info!(
+                replica = self.index,
+                "a --read-replica now replays the primary's history"
+            );
+        }
+        Some(same)
     }
 
     fn sample(&self, position: u64) {
@@ -490,6 +551,170 @@ impl Watcher {
 
 /// The primary's position now.
 const PRIMARY_POSITION: &str = "SELECT pg_catalog.pg_current_wal_lsn()::pg_catalog.text";
+
+/// How often a watcher checks again that its replica replays the primary's history, besides
+/// each time it connects anew to either (see [`Watcher::check_history`]).
+const HISTORY_EVERY: Duration = Duration::from_secs(10);
+
+/// The primary's cluster and timeline: the timeline is the one its log is written on now (the
+/// first eight hex digits of the current WAL file's name), exact even right after a promotion,
+/// when the control file's checkpoint still names the one before.
+const PRIMARY_HISTORY: &str = "SELECT s.system_identifier::pg_catalog.text, \
+pg_catalog.pg_walfile_name(pg_catalog.pg_current_wal_lsn()) \
+FROM pg_catalog.pg_control_system() AS s";
+
+/// A replica's cluster and timeline: the furthest of its last restartpoint's, its minimum
+/// recovery point's and, when the watching role may see it, the timeline it receives. A standby
+/// that followed a promotion may name the old timeline until its next restartpoint (when the
+/// watching role cannot read `pg_stat_wal_receiver`): it serves no reads meanwhile, which is
+/// the safe side.
+const REPLICA_HISTORY: &str = "SELECT s.system_identifier::pg_catalog.text, \
+GREATEST(c.timeline_id, r.min_recovery_end_timeline, \
+(SELECT w.received_tli FROM pg_catalog.pg_stat_wal_receiver AS w))::pg_catalog.text \
+FROM pg_catalog.pg_control_system() AS s, pg_catalog.pg_control_checkpoint() AS c, \
+pg_catalog.pg_control_recovery() AS r";
+
+/// Which cluster a node belongs to (`pg_control_system().system_identifier`, chosen at
+/// `initdb` and kept by every standby made from it) and which timeline of its history it is on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(super) struct History {
+    pub(super) system: String,
+    pub(super) timeline: u32,
+}
+
+impl History {
+    /// From a row of [`PRIMARY_HISTORY`] or [`REPLICA_HISTORY`]: the system identifier, and a
+    /// timeline as a number or as a WAL file's name (whose first eight hex digits it is).
+    fn parse(system: Option<&str>, timeline: Option<&str>) -> Option<History> {
+        let system = system?.to_owned();
+        let timeline = timeline?;
+        let timeline = if timeline.len() == 24 {
+            u32::from_str_radix(timeline.get(..8)?, 16).ok()?
+        } else {
+            timeline.parse().ok()?
+        };
+        Some(History { system, timeline })
+    }
+}
+
+/// The history `sql` ([`PRIMARY_HISTORY`] or [`REPLICA_HISTORY`]) reads on `client`, opened to
+/// `target` when needed; `None` (and the connection dropped) without an answer in time.
+async fn history_of(
+    client: &mut Option<Client>,
+    target: &wire::Target,
+    sql: &str,
+) -> Option<History> {
+    let answer = tokio::time::timeout(PROBE_WITHIN, async {
+        let connection = connected(client, target).await?;
+        let rows = connection.simple_query(sql).await.ok()?;
+        let row = rows.iter().find_map(|message| match message {
+            tokio_postgres::SimpleQueryMessage::Row(row) => Some(row),
+            _ => None,
+        })?;
+        History::parse(row.get(0), row.get(1))
+    })
+    .await
+    .ok()
+    .flatten();
+    if answer.is_none() {
+        *client = None;
+    }
+    answer
+}
+
+/// The system identifier of the node at `target`, asked on a connection of its own.
+pub(super) async fn system_of(target: &wire::Target) -> Result<String, String> {
+    let ask = async {
+        let (client, _driver) = wire::connect(target).await.map_err(|e| e.to_string())?;
+        let row = client
+            .query_one(
+                "SELECT system_identifier::pg_catalog.text FROM pg_catalog.pg_control_system()",
+                &[],
+            )
+            .await
+            .map_err(|e| e.to_string())?;
+        Ok(row.get::<_, String>(0))
+    };
+    tokio::time::timeout(super::CONNECT_WITHIN, ask)
+        .await
+        .unwrap_or_else(|_| Err("no answer in time".to_owned()))
+}
+
+/// Refuses to start with a `--read-replica` that answers and is a standby of another cluster
+/// than the primary (`url` and `target` each): its reads would be another database's, and its
+/// log positions compared with the primary's would mean nothing. A replica that does not answer
+/// now is let be: its watcher checks it when it does, and never uses it if it is another's.
+/// Runs on a thread of its own, as the set-up does (start is not async).
+pub(super) fn check_at_start(
+    primary: &wire::Target,
+    replicas: &[(String, &wire::Target)],
+) -> Result<(), crate::error::ServerError> {
+    let primary = wire::Target {
+        config: primary.config.clone(),
+        tls: Arc::clone(&primary.tls),
+    };
+    let replicas: Vec<(String, wire::Target)> = replicas
+        .iter()
+        .map(|(url, target)| {
+            (
+                url.clone(),
+                wire::Target {
+                    config: target.config.clone(),
+                    tls: Arc::clone(&target.tls),
+                },
+            )
+        })
+        .collect();
+    let checked = std::thread::Builder::new()
+        .name("sqlhttpd-pg-replicas".into())
+        .spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| (String::new(), format!("cannot start a runtime: {e}")))?;
+            runtime.block_on(async {
+                let ours = system_of(&primary).await.map_err(|e| {
+                    (
+                        String::new(),
+                        format!("cannot read the primary's system_identifier: {e}"),
+                    )
+                })?;
+                for (index, (url, target)) in replicas.iter().enumerate() {
+                    match system_of(target).await {
+                        Ok(theirs) if theirs == ours => {}
+                        Ok(theirs) => {
+                            return Err((
+                                url.clone(),
+                                format!(
+                                    "this --read-replica is not a standby of the --database \
+                                     primary: its system_identifier is {theirs}, the primary's \
+                                     {ours} (another cluster's standby: its rows are another \
+                                     database's and its log positions mean nothing here); \
+                                     remove it, or point it at a standby of the primary"
+                                ),
+                            ));
+                        }
+                        Err(why) => tracing::warn!(
+                            replica = index,
+                            error = %why,
+                            "cannot ask a --read-replica which cluster it belongs to at start: \
+                             it serves no reads until its watcher finds it a standby of the \
+                             primary"
+                        ),
+                    }
+                }
+                Ok(())
+            })
+        })
+        .map_err(crate::error::ServerError::EngineThread)?
+        .join()
+        .unwrap_or_else(|_| Err((String::new(), "the replica check panicked".to_owned())));
+    checked.map_err(|(database, reason)| crate::error::ServerError::Postgres { database, reason })
+}
+
+fn is_open(client: &Option<Client>) -> bool {
+    client.as_ref().is_some_and(|client| !client.is_closed())
+}
 
 /// Asks `sql` (one position) on the connection `client`, opening it to `target` when needed;
 /// `None` (and the connection dropped) when there is no answer in time.
@@ -559,6 +784,32 @@ async fn connected<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn histories_are_read_from_a_wal_file_name_or_a_number() {
+        let primary = History::parse(
+            Some("7715065122081851108"),
+            Some("0000000A0000000000000004"),
+        );
+        assert_eq!(
+            primary,
+            Some(History {
+                system: "7715065122081851108".to_owned(),
+                timeline: 10
+            })
+        );
+        assert_eq!(
+            History::parse(Some("7715065122081851108"), Some("10")),
+            primary
+        );
+        assert_ne!(
+            History::parse(Some("7715065122081851108"), Some("1")),
+            primary
+        );
+        assert_ne!(History::parse(Some("1"), Some("10")), primary);
+        assert_eq!(History::parse(None, Some("10")), None);
+        assert_eq!(History::parse(Some("1"), Some("x")), None);
+    }
 
     #[test]
     fn lag_samples_cover_twice_the_limit() {

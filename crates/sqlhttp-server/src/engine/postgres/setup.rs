@@ -62,6 +62,10 @@ const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 /// undo its own `SET`; every name in it is qualified instead, and `RESET ALL` runs before it.
 /// `_sqlhttp.reset_after_read(seed)` is what is left to reset after a read's `ROLLBACK` (see
 /// `session::after_read`): the rollback itself undid the rest.
+/// Both close what `dblink` and `postgres_fdw` keep open past a transaction, where an operator
+/// installed them (`_sqlhttp.close_links()`, called only then: one index probe of
+/// `pg_extension` otherwise): a named or unnamed `dblink_connect` connection would let the next
+/// request, whoever sends it, run SQL through it as the role that opened it (ADR 0043).
 /// `_sqlhttp.reset_session()` is the form of ADR 0029, kept for servers of an earlier version
 /// on the same database. `_sqlhttp.check_transaction(opened)` raises `SQLHT` when the
 /// transaction it runs in did not start at `opened` (read at BEGIN).
@@ -96,6 +100,38 @@ BEGIN
     END IF;
 END $$;
 REVOKE ALL ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION _sqlhttp.close_links() RETURNS void
+LANGUAGE plpgsql SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    home text;
+    link text;
+BEGIN
+    SELECT n.nspname INTO home FROM pg_catalog.pg_extension AS e
+        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+        WHERE e.extname OPERATOR(pg_catalog.=) 'dblink';
+    IF home IS NOT NULL AND pg_catalog.has_function_privilege(
+            pg_catalog.format('%I.dblink_get_connections()', home), 'EXECUTE') THEN
+        FOR link IN EXECUTE pg_catalog.format(
+                'SELECT pg_catalog.unnest(%I.dblink_get_connections())', home) LOOP
+            EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect($1)', home) USING link;
+        END LOOP;
+        BEGIN
+            EXECUTE pg_catalog.format('SELECT %I.dblink_disconnect()', home);
+        EXCEPTION WHEN connection_does_not_exist THEN NULL;
+        END;
+    END IF;
+    home := NULL;
+    SELECT n.nspname INTO home FROM pg_catalog.pg_extension AS e
+        JOIN pg_catalog.pg_namespace AS n ON n.oid OPERATOR(pg_catalog.=) e.extnamespace
+        WHERE e.extname OPERATOR(pg_catalog.=) 'postgres_fdw';
+    IF home IS NOT NULL AND pg_catalog.to_regprocedure(
+            pg_catalog.format('%I.postgres_fdw_disconnect_all()', home)) IS NOT NULL
+        AND pg_catalog.has_function_privilege(
+            pg_catalog.format('%I.postgres_fdw_disconnect_all()', home), 'EXECUTE') THEN
+        EXECUTE pg_catalog.format('SELECT %I.postgres_fdw_disconnect_all()', home);
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.close_links() FROM PUBLIC;
 CREATE OR REPLACE FUNCTION _sqlhttp.reset_request() RETURNS void
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -115,6 +151,10 @@ BEGIN
     EXECUTE 'CLOSE ALL';
     UNLISTEN *;
     SET default_transaction_read_only = on;
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension AS e
+               WHERE e.extname OPERATOR(pg_catalog.=) ANY ('{dblink,postgres_fdw}'::pg_catalog.name[])) THEN
+        PERFORM _sqlhttp.close_links();
+    END IF;
 END $$;
 REVOKE ALL ON FUNCTION _sqlhttp.reset_request() FROM PUBLIC;
 CREATE OR REPLACE FUNCTION _sqlhttp.reset_after_read(seed pg_catalog.float8) RETURNS void
@@ -128,6 +168,10 @@ BEGIN
     END LOOP;
     PERFORM pg_catalog.setseed(seed);
     PERFORM pg_catalog.pg_advisory_unlock_all();
+    IF EXISTS (SELECT FROM pg_catalog.pg_extension AS e
+               WHERE e.extname OPERATOR(pg_catalog.=) ANY ('{dblink,postgres_fdw}'::pg_catalog.name[])) THEN
+        PERFORM _sqlhttp.close_links();
+    END IF;
 END $$;
 REVOKE ALL ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) FROM PUBLIC;";
 
@@ -485,6 +529,7 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
         .batch_execute(&format!(
             "{SESSION_DDL} GRANT EXECUTE ON FUNCTION _sqlhttp.reset_session() TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}; \
+             GRANT EXECUTE ON FUNCTION _sqlhttp.close_links() TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.reset_request() TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) TO {role}"
         ))
