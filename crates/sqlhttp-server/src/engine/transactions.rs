@@ -19,6 +19,15 @@
 //! - **Bounds**: `--max-transactions` open at once (`503` past it), an idle timeout and a
 //!   lifetime cap (then rolled back: `TRANSACTION_EXPIRED`), checked when a transaction is
 //!   used and by a reaper task.
+//! - **A share per credential** ([`Owners`]): one owner may hold at most half of the open
+//!   transactions (`max(1, --max-transactions / 2)`) and half of the part of the budget
+//!   stored results may take (at least one result's limit), so one credential can never take
+//!   them all from the others. Finished outcomes are a fair share per owner too
+//!   (`engine::outcomes`).
+//! - **Answers are shared, not copied**: the stored result is one buffer ([`Bytes`]) holding
+//!   its shares of the budget; its answer and every replay of it send that buffer and hold
+//!   those shares until they are sent ([`Answer`]), so unread replays cost nothing more and
+//!   what they keep alive stays counted.
 //!
 //! Each statement and commit runs as a task of its own: a client that goes away mid-statement
 //! does not cut it short, so its re-send finds the stored result. Knows the engine contract and
@@ -26,10 +35,11 @@
 
 use std::collections::HashMap;
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -65,10 +75,10 @@ const MAX_KEPT_MESSAGE: usize = 512;
 /// How a transaction ended, as later requests for it are answered.
 #[derive(Debug, Clone)]
 enum Ending {
-    /// Committed: the COMMIT's answer body, and where the commit stands in the log (the
-    /// COMMIT's own bookmark, or a position read after its record was found), so every answer
-    /// that reports it carries a bookmark at or past it.
-    Committed(Vec<u8>, Option<Position>),
+    /// Committed: the COMMIT's answer body (small: the server writes it), and where the
+    /// commit stands in the log (the COMMIT's own bookmark, or a position read after its
+    /// record was found), so every answer that reports it carries a bookmark at or past it.
+    Committed(Bytes, Option<Position>),
     /// Its COMMIT failed and it was rolled back: the COMMIT's error.
     Refused(ApiError),
     /// Its client rolled it back.
@@ -116,13 +126,119 @@ struct Live {
 
 /// The last statement's answer, kept for its re-send: the statement it answered (a digest of
 /// its text and parameters: a re-send under the same number must be the same statement), and
-/// its shares of the server's budget and of the part of it transactions may hold.
+/// its shares of the server's budget, of the part of it transactions may hold, and of its
+/// owner's part of that: held by the kept answer and by every answer that sends it, until the
+/// last of them is done.
 struct Kept {
     status: u16,
-    body: Vec<u8>,
+    body: Bytes,
     statement: [u8; 32],
-    _held: Held,
-    _share: Held,
+    held: Arc<Held>,
+}
+
+impl Kept {
+    /// An answer that sends the kept body (shared, not copied), holding its shares.
+    fn answer(&self, replayed: bool) -> Answer {
+        Answer {
+            status: self.status,
+            body: self.body.clone(),
+            replayed,
+            position: None,
+            held: Held::sharing(&self.held),
+        }
+    }
+}
+
+/// A request's answer from the registry: a status and JSON body, with the shares of the
+/// server's budget the body holds until it has been sent (a stored result's, shared by each
+/// of its answers; nothing for the small answers the registry writes itself).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) status: u16,
+    pub(crate) body: Bytes,
+    pub(crate) replayed: bool,
+    /// Where the answer stands (`Sqlhttp-Bookmark`), when it is known.
+    pub(crate) position: Option<Position>,
+    pub(crate) held: Held,
+}
+
+impl From<Outcome> for Answer {
+    fn from(outcome: Outcome) -> Answer {
+        Answer {
+            status: outcome.status,
+            body: Bytes::from(outcome.body),
+            replayed: outcome.replayed,
+            position: outcome.position,
+            held: Held::default(),
+        }
+    }
+}
+
+/// Each owner's share of the transactions (see the module's doc), by owner: credentials are
+/// the operator's, so there are as many entries as credentials that ever opened one.
+struct Owners {
+    /// The most transactions one owner may hold open.
+    max_open: usize,
+    /// The most of the stored results' part of the budget one owner's may hold.
+    result_bytes: usize,
+    by_owner: Mutex<HashMap<String, Arc<OwnerShare>>>,
+}
+
+/// One owner's share: its open transactions and its part of the stored results' budget.
+struct OwnerShare {
+    open: AtomicUsize,
+    results: Budget,
+}
+
+/// One of an owner's open-transaction places, given back when its transaction's entry goes.
+struct OwnerSlot(Arc<OwnerShare>);
+
+impl Drop for OwnerSlot {
+    fn drop(&mut self) {
+        self.0.open.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+impl Owners {
+    fn new(max_open: usize, share_bytes: usize, max_result_bytes: usize) -> Owners {
+        Owners {
+            max_open: (max_open / 2).max(1),
+            result_bytes: (share_bytes / 2).max(max_result_bytes.min(share_bytes)),
+            by_owner: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn share(&self, owner: &str) -> Arc<OwnerShare> {
+        Arc::clone(
+            lock(&self.by_owner)
+                .entry(owner.to_owned())
+                .or_insert_with(|| {
+                    Arc::new(OwnerShare {
+                        open: AtomicUsize::new(0),
+                        results: Budget::new(self.result_bytes),
+                    })
+                }),
+        )
+    }
+
+    /// A place for one more open transaction of `owner`, or `503` when it holds its share.
+    fn open(&self, owner: &str) -> Result<OwnerSlot, ApiError> {
+        let share = self.share(owner);
+        share
+            .open
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open < self.max_open).then_some(open + 1)
+            })
+            .map_err(|_| {
+                ApiError::unavailable(format!(
+                    "this credential holds as many open transactions as one credential may ({}, \
+                     half of --max-transactions, so that others always have their share); \
+                     commit or roll one back, or retry later",
+                    self.max_open
+                ))
+            })?;
+        Ok(OwnerSlot(share))
+    }
 }
 
 /// What a statement is, for [`Kept::statement`].
@@ -160,6 +276,8 @@ struct Entry {
     opened: Vec<u8>,
     opened_at_position: Option<Position>,
     state: Arc<tokio::sync::Mutex<Live>>,
+    /// Its place among its owner's open transactions.
+    owner_share: OwnerSlot,
     _permit: OwnedSemaphorePermit,
 }
 
@@ -224,6 +342,8 @@ pub(crate) struct Transactions {
     /// transactions that are open, whatever they run, always leave the rest to plain
     /// requests, keyed ones and batches.
     share: Budget,
+    /// Each owner's share of the open transactions and of `share`.
+    owners: Owners,
     instance: String,
     slots: Arc<Semaphore>,
     live: Mutex<HashMap<String, Arc<Entry>>>,
@@ -317,6 +437,7 @@ impl Transactions {
             ttl,
             max_result_bytes,
             share: Budget::new(budget.bytes() / 2),
+            owners: Owners::new(limits.max_open, budget.bytes() / 2, max_result_bytes),
             budget,
             instance: format!("{:08x}", rand::random::<u32>()),
             slots: Arc::new(Semaphore::new(limits.max_open)),
@@ -431,6 +552,7 @@ impl Transactions {
         options: TxOptions,
         at: ReadAt,
     ) -> Result<(String, Outcome), ApiError> {
+        let owner_share = self.owners.open(owner)?;
         let permit = Arc::clone(&self.slots).try_acquire_owned().map_err(|_| {
             ApiError::unavailable(format!(
                 "the server holds as many open transactions as it allows ({}, \
@@ -469,6 +591,7 @@ impl Transactions {
                 last: None,
                 last_used: now,
             })),
+            owner_share,
             _permit: permit,
         });
         lock(&self.live).insert(token.clone(), entry);
@@ -483,7 +606,7 @@ impl Transactions {
         token: &str,
         seq: u64,
         request: SqlRequest,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<Answer, ApiError> {
         self.on_open(
             engine,
             owner,
@@ -504,12 +627,9 @@ impl Transactions {
                             ),
                         ));
                     }
-                    return Ok(Outcome {
-                        status: kept.status,
-                        body: kept.body.clone(),
-                        replayed: true,
-                        position: None,
-                    });
+                    // The kept answer again, shared: one copy in memory however many replays
+                    // are sent (and left unread), counted once until the last is done.
+                    return Ok(kept.answer(true));
                 }
                 if seq != live.seq + 1 {
                     return Err(ApiError::new(
@@ -523,7 +643,21 @@ impl Transactions {
                     ));
                 }
                 // The stored result's share of the budget, reserved before anything runs, within
-                // the part transactions may hold.
+                // its owner's part of what transactions may hold, and within that.
+                let mut own = Held::default();
+                entry
+                    .owner_share
+                    .0
+                    .results
+                    .cover(&mut own, registry.max_result_bytes)
+                    .map_err(|_| {
+                        ApiError::unavailable(format!(
+                            "this credential's open transactions hold as much memory for their \
+                             results (and their answers not yet sent) as one credential may (half \
+                             of what transactions may hold, a quarter of --max-buffered-bytes); \
+                             statement {seq} was not run; retry later"
+                        ))
+                    })?;
                 let mut share = Held::default();
                 registry
                     .share
@@ -558,22 +692,19 @@ impl Transactions {
                         return Err(err);
                     }
                 };
-                Budget::shrink(&mut held, body.len());
-                Budget::shrink(&mut share, body.len());
-                live.seq = seq;
-                live.last = Some(Kept {
+                for held in [&mut held, &mut share, &mut own] {
+                    Budget::shrink(held, body.len());
+                }
+                let kept = Kept {
                     status,
-                    body: body.clone(),
+                    body: Bytes::from(body),
                     statement: digest,
-                    _held: held,
-                    _share: share,
-                });
-                Ok(Outcome {
-                    status,
-                    body,
-                    replayed: false,
-                    position: None,
-                })
+                    held: Arc::new(held.with(share).with(own)),
+                };
+                let answer = kept.answer(false);
+                live.seq = seq;
+                live.last = Some(kept);
+                Ok(answer)
             },
         )
         .await
@@ -585,7 +716,7 @@ impl Transactions {
         engine: &Backend,
         owner: &str,
         token: &str,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<Answer, ApiError> {
         self.on_open(
             engine,
             owner,
@@ -608,8 +739,15 @@ impl Transactions {
                             bookmark,
                             served_by: ServedBy::Primary,
                         });
+                        let body = Bytes::from(body);
                         registry.finish(&entry, Ending::Committed(body.clone(), position));
-                        Ok(Outcome::fresh(body).at(position))
+                        Ok(Answer {
+                            status: 200,
+                            body,
+                            replayed: false,
+                            position,
+                            held: Held::default(),
+                        })
                     }
                     Err(CommitError::RolledBack(err)) => {
                         let ending = if err.code == ErrorCode::TransactionAborted {
@@ -636,7 +774,7 @@ impl Transactions {
         engine: &Backend,
         owner: &str,
         token: &str,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<Answer, ApiError> {
         self.on_open(
             engine,
             owner,
@@ -649,7 +787,7 @@ impl Transactions {
                 live.last = None;
                 session.rollback().await;
                 registry.finish(&entry, Ending::RolledBack);
-                Ok(Outcome::fresh(outcome_body("rolled_back")))
+                Ok(Outcome::fresh(outcome_body("rolled_back")).into())
             },
         )
         .await
@@ -666,26 +804,26 @@ impl Transactions {
         token: &str,
         op: Op,
         work: F,
-    ) -> Result<Outcome, ApiError>
+    ) -> Result<Answer, ApiError>
     where
         F: FnOnce(Arc<Self>, Arc<Entry>, tokio::sync::OwnedMutexGuard<Live>) -> Fut
             + Send
             + 'static,
-        Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
+        Fut: Future<Output = Result<Answer, ApiError>> + Send + 'static,
     {
         let Some(entry) = self.find(owner, token) else {
-            return self.ended(engine, owner, token, op).await;
+            return self.ended(engine, owner, token, op).await.map(Answer::from);
         };
         let registry = Arc::clone(self);
         let task = tokio::spawn(async move {
             let mut live = Arc::clone(&entry.state).lock_owned().await;
             if registry.expire_if_due(&entry, &mut live) {
-                return answer(op, &Ending::Expired);
+                return answer(op, &Ending::Expired).map(Answer::from);
             }
             if live.session.is_none() {
                 drop(live);
                 let ending = registry.ending_of(&entry.token).unwrap_or(Ending::Expired);
-                return answer(op, &ending);
+                return answer(op, &ending).map(Answer::from);
             }
             work(registry, entry, live).await
         });
@@ -701,11 +839,13 @@ impl Transactions {
         engine: &Backend,
         owner: &str,
         token: &str,
-    ) -> Result<Outcome, ApiError> {
+    ) -> Result<Answer, ApiError> {
         if self.find(owner, token).is_some() {
-            return Ok(Outcome::fresh(outcome_body("open")));
+            return Ok(Outcome::fresh(outcome_body("open")).into());
         }
-        self.ended(engine, owner, token, Op::Outcome).await
+        self.ended(engine, owner, token, Op::Outcome)
+            .await
+            .map(Answer::from)
     }
 
     /// Rolls back every open transaction and opens no more (the server is shutting down).
@@ -824,7 +964,7 @@ impl Transactions {
                     bookmark,
                     served_by: ServedBy::Primary,
                 });
-                let ending = Ending::Committed(stored.body, position);
+                let ending = Ending::Committed(Bytes::from(stored.body), position);
                 self.remember(token, owner, ending.clone());
                 ending
             }
@@ -929,7 +1069,8 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
             Ok(Outcome::fresh(outcome_body(ending.name())).at(*position))
         }
         (Op::Outcome, ending) => Ok(Outcome::fresh(outcome_body(ending.name()))),
-        (Op::Commit, Ending::Committed(body, position)) => replayed(body.clone(), *position),
+        // The committed answer is the server's own `{"outcome":"committed"}`: a few bytes.
+        (Op::Commit, Ending::Committed(body, position)) => replayed(body.to_vec(), *position),
         (Op::Step, Ending::Committed(..)) => Err(finished("committed")),
         (Op::Rollback, Ending::Committed(..)) => {
             Err(finished("committed: it cannot be rolled back"))

@@ -314,17 +314,36 @@ fn streamed_response(body: crate::engine::ChunkReceiver, position: Option<Positi
 /// The response for a whole outcome; `held` (its share of the server's budget) is given back
 /// once the body has been sent or dropped.
 fn outcome_response(outcome: Outcome, held: Held) -> Response {
-    let status = StatusCode::from_u16(outcome.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    whole_response(
+        outcome.status,
+        outcome.body.into(),
+        outcome.replayed,
+        outcome.position,
+        held,
+    )
+}
+
+/// The response for a whole answer whose `body` may be shared with other answers (a
+/// transaction's stored result and its replays): `held`, its shares of the server's budget,
+/// is given back once the body has been sent or dropped.
+pub(crate) fn whole_response(
+    status: u16,
+    body: axum::body::Bytes,
+    replayed: bool,
+    position: Option<Position>,
+    held: Held,
+) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     let counted = (status == StatusCode::OK)
-        .then(|| rows::count(&outcome.body))
+        .then(|| rows::count(&body))
         .flatten();
     let mut response = json_response(status, Vec::new());
-    *response.body_mut() = axum::body::Body::new(body::Holding::new(outcome.body.into(), held));
+    *response.body_mut() = axum::body::Body::new(body::Holding::new(body, held));
     if let Some(count) = counted {
         response.extensions_mut().insert(rows::Rows(count));
     }
-    add_position(response.headers_mut(), outcome.position);
-    if outcome.replayed {
+    add_position(response.headers_mut(), position);
+    if replayed {
         response
             .headers_mut()
             .insert(IDEMPOTENT_REPLAYED, HeaderValue::from_static("true"));

@@ -604,9 +604,11 @@ pub(crate) async fn forward(
     };
     let (parts, answer) = response.into_parts();
     let limit = shared.limits.max_result_bytes.saturating_add(1 << 20);
-    let Ok(Ok(answer)) =
-        tokio::time::timeout_at(deadline, axum::body::to_bytes(Body::new(answer), limit)).await
-    else {
+    // The holder's answer is read whole (its proof covers all of it) within the server's
+    // budget, and holds its share until it has been passed back; one the budget cannot hold
+    // now is not known here (send again).
+    let read = super::body::read_limited(Body::new(answer), &parts.headers, limit, &shared.budget);
+    let Ok(Ok((answer, held))) = tokio::time::timeout_at(deadline, read).await else {
         return Forwarded::Unknown;
     };
     let proven = parts
@@ -629,7 +631,7 @@ pub(crate) async fn forward(
         );
         return Forwarded::Unknown;
     }
-    let mut relayed = Response::new(Body::from(answer));
+    let mut relayed = Response::new(Body::new(super::body::Holding::new(answer, held)));
     *relayed.status_mut() = parts.status;
     for name in PASSED_BACK {
         if let Some(value) = parts.headers.get(&name) {

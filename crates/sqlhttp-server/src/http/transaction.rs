@@ -22,6 +22,7 @@ use crate::budget::Held;
 use crate::engine::Outcome;
 use crate::engine::interactive::{Isolation, TxOptions};
 use crate::engine::sandbox::check_text;
+use crate::engine::transactions::Answer;
 use crate::http::admit::{Admissible, Admitted};
 use crate::http::credentials::Credential;
 use crate::http::outcome_response;
@@ -92,7 +93,7 @@ async fn forwarded_or(
     path: &str,
     bytes: axum::body::Bytes,
     unanswered: Unanswered,
-    here: impl Future<Output = Result<Outcome, ApiError>>,
+    here: impl Future<Output = Result<Answer, ApiError>>,
 ) -> Response {
     let Some(holder) = shared.transactions.held_elsewhere(token) else {
         return respond(here.await);
@@ -193,16 +194,25 @@ impl Admissible for StepRequest {
         #[derive(Deserialize)]
         struct Wire {
             transaction: Option<String>,
-            seq: Option<u64>,
+            seq: Option<serde_json::Number>,
         }
         let request = SqlRequest::parse(bytes)?;
+        super::admit::has_text(&request.sql)?;
         let wire: Wire = serde_json::from_slice(bytes).map_err(|e| {
             ApiError::bad_request(format!(
                 "`transaction` must be a string and `seq` a positive integer: {e}"
             ))
         })?;
         let token = token_of(wire.transaction)?;
-        let seq = match wire.seq {
+        // JSON has one number type: `3.0` is the integer 3, as JSON Schema reads it.
+        let seq = wire.seq.and_then(|n| {
+            n.as_u64().or_else(|| {
+                n.as_f64()
+                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f <= 9_007_199_254_740_992.0)
+                    .map(|f| f as u64)
+            })
+        });
+        let seq = match seq {
             Some(seq) if seq > 0 => seq,
             _ => {
                 return Err(ApiError::bad_request(
@@ -242,9 +252,17 @@ fn owner(credential: &Credential) -> String {
     credential.identity.to_string()
 }
 
-fn respond(result: Result<Outcome, ApiError>) -> Response {
+/// The response for the registry's answer: its body (a stored result's is shared with its
+/// replays, not copied) holds its shares of the server's budget until it has been sent.
+fn respond(result: Result<Answer, ApiError>) -> Response {
     match result {
-        Ok(outcome) => outcome_response(outcome, Held::default()),
+        Ok(answer) => crate::http::whole_response(
+            answer.status,
+            answer.body,
+            answer.replayed,
+            answer.position,
+            answer.held,
+        ),
         Err(err) => err.into_response(),
     }
 }
@@ -272,7 +290,8 @@ pub(crate) async fn open(
                 options,
                 at,
             )
-            .await,
+            .await
+            .map(Answer::from),
     )
 }
 

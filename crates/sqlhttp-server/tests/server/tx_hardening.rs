@@ -150,9 +150,10 @@ async fn without_idempotency_a_committed_transaction_is_never_answered_as_expire
     );
 }
 
-/// On SQLite, sixteen read-only transactions (the default `--max-transactions`, which a read
-/// credential may open) each running a long statement reserve `--max-result-bytes` each, the
-/// whole default `--max-buffered-bytes`: a keyed write of another client is refused meanwhile.
+/// On SQLite, sixteen read-only transactions (the default `--max-transactions`, which two
+/// credentials may open, half each: see ADR 0045) each running a long statement would reserve
+/// `--max-result-bytes` each, the whole default `--max-buffered-bytes`: a keyed write of
+/// another client must not be refused meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn on_sqlite_long_transaction_statements_do_not_starve_keyed_writes() {
     let router = crate::common::app_with(&sqlhttp_server::Config {
@@ -160,23 +161,46 @@ async fn on_sqlite_long_transaction_statements_do_not_starve_keyed_writes() {
             statement_timeout: Duration::from_secs(4),
             ..sqlhttp_server::Limits::default()
         },
+        tokens: vec!["one".into(), "two".into()],
         ..sqlhttp_server::Config::default()
     });
-    ok(&router, "CREATE TABLE t (x INTEGER)", json!([])).await;
+    let one = [("authorization", "Bearer one")];
+    post_with(&router, &one, &json!({"sql": "CREATE TABLE t (x INTEGER)"})).await;
     let slow = "WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x + 1 FROM c \
                 WHERE x < 1000000000000) SELECT count(*) FROM c";
     let mut running = Vec::new();
-    for _ in 0..16 {
-        let tx = open(&router, &json!({ "read_only": true })).await;
+    for n in 0..16 {
+        let auth = [(
+            "authorization",
+            if n % 2 == 0 {
+                "Bearer one"
+            } else {
+                "Bearer two"
+            },
+        )];
+        let opened = post(&router, "open", &auth, &json!({ "read_only": true })).await;
+        assert_eq!(
+            opened.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&opened.body)
+        );
+        let tx = opened.json()["transaction"].as_str().unwrap().to_owned();
         let router = router.clone();
-        running.push(tokio::spawn(
-            async move { step(&router, &tx, 1, slow).await },
-        ));
+        running.push(tokio::spawn(async move {
+            post(
+                &router,
+                "statement",
+                &auth,
+                &json!({ "transaction": tx, "seq": 1, "sql": slow, "params": [] }),
+            )
+            .await
+        }));
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let keyed = post_with(
         &router,
-        &[("idempotency-key", "another-client-write")],
+        &[("idempotency-key", "another-client-write"), one[0]],
         &json!({ "sql": "INSERT INTO t VALUES (1)" }),
     )
     .await;
