@@ -63,6 +63,12 @@ pub struct Limits {
     /// in the process started with holds for all of them (and for the embedding application's
     /// own SQLite connections). Default 512 MiB. Not used on PostgreSQL.
     pub max_engine_memory: usize,
+    /// How long an interactive write transaction may hold SQLite's one writer without running
+    /// a statement; past it the engine rolls it back and later requests for it get
+    /// `410 TRANSACTION_EXPIRED`, and writes queued behind it go on (see
+    /// `docs/adr/0042-sqlite-transactions-bounded-like-statements.md`). Default 2 s. Not used on
+    /// PostgreSQL.
+    pub transaction_write_idle: Duration,
 }
 
 impl Default for Limits {
@@ -77,6 +83,7 @@ impl Default for Limits {
             pool_size: Limits::default_pool_size(),
             max_batch_statements: 100,
             max_engine_memory: 512 * 1024 * 1024,
+            transaction_write_idle: Duration::from_secs(2),
         }
     }
 }

@@ -156,6 +156,11 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_TRANSACTION_MAX_LIFETIME", value_name = "DURATION", default_value = "60s", value_parser = parse_positive_duration)]
     transaction_max_lifetime: Duration,
 
+    /// How long an interactive write transaction may hold SQLite's one writer without running a
+    /// statement before it is rolled back (SQLite only).
+    #[arg(long, env = "SQLHTTPD_TRANSACTION_WRITE_IDLE", value_name = "DURATION", default_value = "2s", value_parser = parse_positive_duration)]
+    transaction_write_idle: Duration,
+
     /// How long one statement may run before it is interrupted (422 STATEMENT_TIMEOUT).
     #[arg(long, env = "SQLHTTPD_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     statement_timeout: Duration,
@@ -385,6 +390,7 @@ impl Cli {
                 pool_size: self.pool_size,
                 max_batch_statements: self.max_batch_statements,
                 max_engine_memory: self.max_engine_memory,
+                transaction_write_idle: self.transaction_write_idle,
             },
             advertise_url: self.advertise_url,
             read_replicas: ReadReplicas {

@@ -115,6 +115,8 @@ impl AppState {
     /// Closes the database: waits for queued work, interrupts a statement still running, and
     /// returns once the connection is dropped. Requests after this answer 503.
     pub(crate) async fn close(&self) {
+        // No rollback below waits for a statement that runs on (ADR 0042).
+        self.inner.engine.stop_transactions();
         self.inner.transactions.close().await;
         crate::http::peers::leave(&self.inner).await;
         self.inner.engine.close().await;

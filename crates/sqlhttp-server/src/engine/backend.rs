@@ -70,6 +70,18 @@ impl Backend {
                 .map(|engine| Backend::Sqlite(Box::new(engine))),
         }
     }
+
+    /// The server is shutting down and about to roll back its open transactions: on SQLite,
+    /// their statements stop now (one that does not is given up a second later, ADR 0042), so
+    /// the rollback never waits for a running statement. On PostgreSQL, a running statement is
+    /// cancelled and its transaction rolled back with its session (ADR 0043).
+    pub(crate) fn stop_transactions(&self) {
+        match self {
+            Backend::Sqlite(engine) => engine.stop_transactions(),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(engine) => engine.stop_transactions(),
+        }
+    }
 }
 
 impl Engine for Backend {

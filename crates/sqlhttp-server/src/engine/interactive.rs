@@ -128,6 +128,17 @@ impl Session {
         }
     }
 
+    /// Whether the engine ended the transaction on its own (rolled back: on SQLite, a write
+    /// transaction idle past `--transaction-write-idle`, a read-only one pinning an overgrown
+    /// write-ahead log; ADR 0042): the registry then answers it as expired.
+    pub(crate) fn must_end(&self) -> bool {
+        match self {
+            Session::Sqlite(session) => session.must_end(),
+            #[cfg(feature = "postgres")]
+            Session::Postgres(_) => false,
+        }
+    }
+
     /// Runs one statement in the transaction.
     pub(crate) async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
         match self {

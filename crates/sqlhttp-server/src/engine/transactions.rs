@@ -986,14 +986,16 @@ impl Transactions {
         let now = Instant::now();
         let idle = now.saturating_duration_since(live.last_used) >= self.limits.idle_timeout;
         let old = now.saturating_duration_since(entry.opened_at) >= self.limits.max_lifetime;
-        if !(idle || old) {
+        // The engine ended it on its own (ADR 0042): expired, as the registry's bounds do.
+        let ended = live.session.as_ref().is_some_and(Session::must_end);
+        if !(idle || old || ended) {
             return false;
         }
         if let Some(session) = live.session.take() {
             live.last = None;
             tokio::spawn(session.rollback());
         }
-        tracing::debug!(idle, old, "an interactive transaction expired; rolled back");
+        tracing::debug!(idle, old, ended, "an interactive transaction expired; rolled back");
         self.finish(entry, Ending::Expired);
         true
     }

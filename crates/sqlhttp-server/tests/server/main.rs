@@ -52,6 +52,7 @@ mod reads;
 mod replicas;
 mod sandbox_effects;
 mod schema;
+mod sqlite_tx_bounds;
 mod streaming;
 mod tcp;
 mod timeouts;

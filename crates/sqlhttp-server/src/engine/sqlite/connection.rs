@@ -29,8 +29,10 @@ pub(crate) const BUSY_LIMIT: Duration = Duration::from_millis(250);
 /// a large write that was rolled back (a statement timeout) leaves its pages in the log.
 pub(crate) const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
-/// The least time between two checkpoints [`Conn::bound_wal`] tries.
-const CHECKPOINT_EVERY: Duration = Duration::from_secs(5);
+/// The least time between two checkpoints [`Conn::bound_wal`] tries. A try that readers hold up
+/// costs nothing (it does not wait for them), so it comes back soon: the engine ends read-only
+/// transactions that pin the log (see `sessions`), and plain reads end within their timeout.
+const CHECKPOINT_EVERY: Duration = Duration::from_millis(250);
 
 /// SQLite virtual-machine steps between two checks of the job's deadline and cancellation.
 const PROGRESS_EVERY: i32 = 1_000;
@@ -71,6 +73,13 @@ impl Target {
             Target::File(path) => path.clone(),
             Target::Scratch(dir) => dir.path().join("scratch.db"),
         }
+    }
+
+    /// The database's write-ahead log file.
+    pub(crate) fn wal_path(&self) -> PathBuf {
+        let mut wal = self.path().into_os_string();
+        wal.push("-wal");
+        PathBuf::from(wal)
     }
 
     /// Removes a throwaway database's directory now, though given-up connections may still hold
@@ -159,7 +168,7 @@ impl Conn {
             if count == 0 {
                 waiting_since = Instant::now();
             }
-            if busy.must_stop() || waiting_since.elapsed() >= BUSY_LIMIT {
+            if busy.must_stop() || busy.is_impatient() || waiting_since.elapsed() >= BUSY_LIMIT {
                 return false;
             }
             let pause = Duration::from_millis(u64::from(count.clamp(1, 10).unsigned_abs()));
@@ -188,11 +197,7 @@ impl Conn {
             hooks,
             limits,
             purges: PurgeClock::default(),
-            wal: (role == Role::Writer).then(|| {
-                let mut wal = path.clone().into_os_string();
-                wal.push("-wal");
-                PathBuf::from(wal)
-            }),
+            wal: (role == Role::Writer).then(|| target.wal_path()),
             last_checkpoint: Cell::new(None),
             schema_seen: Cell::new(None),
             _target: target.clone(),
@@ -234,8 +239,8 @@ impl Conn {
         if size <= WAL_SIZE_LIMIT.unsigned_abs() {
             return;
         }
-        // A checkpoint waits for readers (the busy handler, up to `BUSY_LIMIT`): while long reads
-        // hold it up, try at most once every `CHECKPOINT_EVERY`, not after every write.
+        // While readers hold it up, try at most once every `CHECKPOINT_EVERY`, not after every
+        // write (each try copies what it can, and does not wait for the readers).
         if self
             .last_checkpoint
             .get()
@@ -244,11 +249,12 @@ impl Conn {
             return;
         }
         self.last_checkpoint.set(Some(Instant::now()));
-        let checkpoint = self
-            .conn
-            .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
-                row.get::<_, i64>(0)
-            });
+        let checkpoint = self.hooks.without_waiting(|| {
+            self.conn
+                .query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| {
+                    row.get::<_, i64>(0)
+                })
+        });
         match checkpoint {
             Ok(0) => tracing::debug!(bytes = size, "truncated the write-ahead log"),
             Ok(_) => tracing::debug!(bytes = size, "readers held up the checkpoint; later"),

@@ -228,6 +228,8 @@ pub(crate) struct Hooks {
     housekeeping: AtomicBool,
     /// The connection must be replaced after its job (see [`Hooks::poison`]).
     poisoned: AtomicBool,
+    /// Locks are not waited for now (see [`Hooks::without_waiting`]).
+    impatient: AtomicBool,
 }
 
 impl Hooks {
@@ -239,7 +241,27 @@ impl Hooks {
             denial: Mutex::new(None),
             housekeeping: AtomicBool::new(false),
             poisoned: AtomicBool::new(false),
+            impatient: AtomicBool::new(false),
         }
+    }
+
+    /// Runs `work` with the busy handler giving up at once: a checkpoint that readers hold up
+    /// is tried again later rather than waited for.
+    pub(crate) fn without_waiting<T>(&self, work: impl FnOnce() -> T) -> T {
+        struct Off<'a>(&'a AtomicBool);
+        impl Drop for Off<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        self.impatient.store(true, Ordering::Release);
+        let _off = Off(&self.impatient);
+        work()
+    }
+
+    /// Whether the busy handler gives up at once now.
+    pub(crate) fn is_impatient(&self) -> bool {
+        self.impatient.load(Ordering::Acquire)
     }
 
     /// Marks the connection as holding state a refused statement left outside the database (an

@@ -23,6 +23,7 @@ mod functions;
 pub(crate) mod interactive;
 mod keyed;
 mod sandbox;
+mod sessions;
 mod stream;
 mod transaction;
 mod worker;
@@ -47,6 +48,7 @@ use crate::protocol::request::SqlRequest;
 use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
 use exec::Ran;
+use sessions::Sessions;
 use worker::{Opener, Pool, Strays};
 
 /// `PRAGMA query_only` on a connection for as long as it lives (a panic included).
@@ -93,10 +95,18 @@ pub(crate) struct SqliteEngine {
     target: Target,
     buffering: Buffering,
     limits: Limits,
-    /// Held by the open interactive write transaction: one at a time, the others wait for it
-    /// (at most the statement timeout) instead of failing at SQLite's busy limit.
-    transaction_writer: Arc<tokio::sync::Semaphore>,
+    /// Turns at SQLite's one writer: a write transaction holds every permit (one at a time), a
+    /// plain write one while it runs. The semaphore is fair, so writes and write transactions
+    /// take their turns in the order they came, and each waits at most the statement timeout
+    /// (ADR 0042).
+    writes: Arc<tokio::sync::Semaphore>,
+    /// The interactive transactions' threads, watched by the watchdog (see `sessions`).
+    sessions: Arc<Sessions>,
 }
+
+/// The permits of [`SqliteEngine::writes`]: more than plain writes can ever wait at once (each
+/// holds an HTTP request).
+const WRITE_SHARES: u32 = 1 << 20;
 
 /// What one pool made of a streamed request.
 enum Streamed {
@@ -180,10 +190,19 @@ impl SqliteEngine {
             .chain(&readers)
             .map(Arc::downgrade)
             .collect();
+        // As many statements of transactions run at once, stuck ones included, as strays may.
+        let sessions = Arc::new(Sessions::new(
+            Arc::clone(&strays),
+            GIVE_UP_AFTER,
+            limits.transaction_write_idle,
+            target.wal_path(),
+            limits.read_connections.max(1),
+        ));
         let watch_closing = Arc::clone(&closing_since);
+        let watch_sessions = Arc::downgrade(&sessions);
         std::thread::Builder::new()
             .name("sqlhttpd-watchdog".to_owned())
-            .spawn(move || watchdog(&watched, &watch_closing))
+            .spawn(move || watchdog(&watched, &watch_sessions, &watch_closing))
             .map_err(ServerError::EngineThread)?;
         Ok(SqliteEngine {
             writer,
@@ -194,8 +213,34 @@ impl SqliteEngine {
             target,
             buffering: Buffering::new(budget, &limits),
             limits,
-            transaction_writer: Arc::new(tokio::sync::Semaphore::new(1)),
+            writes: Arc::new(tokio::sync::Semaphore::new(WRITE_SHARES as usize)),
+            sessions,
         })
+    }
+
+    /// Waits for a turn at the writer (`shares` of [`SqliteEngine::writes`]: one for a plain
+    /// write, all for a write transaction) at most the statement timeout, then `503`.
+    async fn write_turn(&self, shares: u32) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let waited = tokio::time::timeout(
+            self.limits.statement_timeout,
+            Arc::clone(&self.writes).acquire_many_owned(shares),
+        )
+        .await;
+        match waited {
+            Ok(Ok(permit)) => Ok(permit),
+            Ok(Err(_)) => Err(crate::engine::shutting_down()),
+            Err(_) => Err(ApiError::unavailable(
+                "the database is busy: a transaction held the write lock for longer than this \
+                 server's statement timeout; retry later",
+            )),
+        }
+    }
+
+    /// The server is about to roll back its open transactions and close: their statements
+    /// stop now (one that does not is given up a margin later), so the rollback never waits
+    /// for one. The engine's own pools go on until [`Engine::close`].
+    pub(crate) fn stop_transactions(&self) {
+        self.sessions.close();
     }
 
     /// Runs `job` on one of `pool`'s connections; dropping the returned future cancels it.
@@ -302,6 +347,7 @@ impl SqliteEngine {
                 Streamed::NeedsWriter => {}
             }
         }
+        let _turn = self.write_turn(1).await?;
         match Self::run_streamed(&self.writer, request, Access::ReadWrite, false).await? {
             Streamed::Reply(reply) => Ok(reply),
             Streamed::NeedsWriter => Err(ApiError::internal()),
@@ -380,6 +426,7 @@ impl Engine for SqliteEngine {
         keyed: Keyed,
         request: SqlRequest,
     ) -> Result<(Outcome, Held), ApiError> {
+        let _turn = self.write_turn(1).await?;
         self.run_buffered(&self.writer, move |writer| {
             keyed::execute_with_key(writer, &keyed, &request)
         })
@@ -398,6 +445,10 @@ impl Engine for SqliteEngine {
         } else {
             (&self.writer, Access::ReadWrite)
         };
+        let _turn = match access {
+            Access::ReadWrite => Some(self.write_turn(1).await?),
+            Access::ReadOnly => None,
+        };
         self.run_buffered(pool, move |conn| {
             batch::run(conn, &batch, access).map(Outcome::fresh)
         })
@@ -412,6 +463,7 @@ impl Engine for SqliteEngine {
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
         serializable_only(&batch)?;
+        let _turn = self.write_turn(1).await?;
         self.run_buffered(&self.writer, move |writer| {
             batch::run_keyed(writer, &keyed, &batch)
         })
@@ -443,33 +495,19 @@ impl Engine for SqliteEngine {
 
     /// Opens an interactive transaction on a connection and thread of its own (see
     /// `interactive`): serializable only, as every SQLite transaction is. A write transaction
-    /// first waits (at most the statement timeout) for the one before it to end.
+    /// first waits for its turn at the writer (every share of [`SqliteEngine::writes`], in the
+    /// order writes and opens came; at most the statement timeout) and holds it to its end.
     async fn begin(&self, options: TxOptions, _at: ReadAt) -> Result<Session, ApiError> {
         sqlite_serializable_only(options.isolation)?;
-        if self.closing.load(Ordering::Acquire) {
+        if self.closing.load(Ordering::Acquire) || self.sessions.is_closing() {
             return Err(crate::engine::shutting_down());
         }
         let writer = if options.read_only {
             None
         } else {
-            let waited = tokio::time::timeout(
-                self.limits.statement_timeout,
-                Arc::clone(&self.transaction_writer).acquire_owned(),
-            )
-            .await;
-            match waited {
-                Ok(Ok(permit)) => Some(permit),
-                Ok(Err(_)) => return Err(crate::engine::shutting_down()),
-                Err(_) => {
-                    return Err(ApiError::unavailable(
-                        "the database is busy: another transaction held the write lock for \
-                         longer than this server's statement timeout; retry later",
-                    ));
-                }
-            }
+            Some(self.write_turn(WRITE_SHARES).await?)
         };
-        let closing = Arc::clone(&self.closing);
-        interactive::Session::open(&self.target, self.limits, closing, options, writer)
+        interactive::Session::open(&self.target, self.limits, &self.sessions, options, writer)
             .await
             .map(Session::Sqlite)
     }
@@ -490,6 +528,7 @@ impl Engine for SqliteEngine {
         request_hash: [u8; 32],
         body: Vec<u8>,
     ) -> Result<(), ApiError> {
+        let _turn = self.write_turn(1).await?;
         Self::run(&self.writer, move |conn| {
             keyed::store(&conn.conn, &key, &request_hash, 200, &body)
                 .map_err(errors::map_engine_error)
@@ -505,6 +544,7 @@ impl Engine for SqliteEngine {
         status: u16,
         body: Vec<u8>,
     ) -> Result<Stored, ApiError> {
+        let _turn = self.write_turn(1).await?;
         Self::run(&self.writer, move |conn| {
             keyed::claim(&conn.conn, &key, &request_hash, status, &body)
                 .map_err(errors::map_engine_error)
@@ -526,6 +566,7 @@ impl Engine for SqliteEngine {
     /// own; a file database recovers what it had not committed on its next open). Later
     /// requests answer 503.
     async fn close(&self) {
+        self.sessions.close();
         let since = *self.closing_since.get_or_init(Instant::now);
         self.closing.store(true, Ordering::Release);
         let pools: Vec<&Pool> = std::iter::once(&self.writer)
@@ -538,7 +579,8 @@ impl Engine for SqliteEngine {
         loop {
             let now = Instant::now();
             pools.iter().for_each(|pool| pool.watch(now, Some(since)));
-            if pools.iter().all(|pool| pool.settled()) {
+            self.sessions.watch(now);
+            if pools.iter().all(|pool| pool.settled()) && self.sessions.settled() {
                 break;
             }
             pools.iter().for_each(|pool| pool.interrupt_all());
@@ -552,8 +594,9 @@ impl Engine for SqliteEngine {
 }
 
 /// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
-/// it. Ends when the engine is gone, or closed and settled.
-fn watchdog(pools: &[Weak<Pool>], closing_since: &OnceLock<Instant>) {
+/// it, and so do the interactive transactions' threads (see `sessions`). Ends when the engine
+/// is gone, or closed and settled.
+fn watchdog(pools: &[Weak<Pool>], sessions: &Weak<Sessions>, closing_since: &OnceLock<Instant>) {
     loop {
         std::thread::sleep(WATCH_EVERY);
         let now = Instant::now();
@@ -561,6 +604,10 @@ fn watchdog(pools: &[Weak<Pool>], closing_since: &OnceLock<Instant>) {
         for pool in pools.iter().filter_map(Weak::upgrade) {
             pool.watch(now, closing_since.get().copied());
             open |= closing_since.get().is_none() || !pool.settled();
+        }
+        if let Some(sessions) = sessions.upgrade() {
+            sessions.watch(now);
+            open |= closing_since.get().is_none() || !sessions.settled();
         }
         if !open {
             return;

@@ -40,7 +40,7 @@ const REOPEN_AFTER: Duration = Duration::from_secs(1);
 pub(crate) type Opener = Arc<dyn Fn() -> rusqlite::Result<Conn> + Send + Sync>;
 
 /// Answers a job's requester with an error: the job was given up, or refused unrun.
-type Answer = Box<dyn FnOnce(ApiError) + Send>;
+pub(crate) type Answer = Box<dyn FnOnce(ApiError) + Send>;
 
 /// A unit of work for one connection, with what to answer if it is given up or never runs.
 pub(crate) struct Task {
@@ -76,6 +76,19 @@ impl Strays {
     /// Connections given up since the engine started.
     pub(crate) fn total(&self) -> u64 {
         self.total.load(Ordering::Acquire)
+    }
+
+    /// Counts `count` connections given up now, whose threads still run (outside a pool: an
+    /// interactive transaction's; see `sessions`).
+    pub(crate) fn given_up(&self, count: usize) {
+        self.alive.fetch_add(count, Ordering::AcqRel);
+        self.total
+            .fetch_add(u64::try_from(count).unwrap_or(u64::MAX), Ordering::AcqRel);
+    }
+
+    /// A given-up connection's thread has ended.
+    pub(crate) fn ended(&self) {
+        self.alive.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -332,14 +345,7 @@ impl Pool {
                 }
             });
             live.missing += given_up.len();
-            self.shared
-                .strays
-                .alive
-                .fetch_add(given_up.len(), Ordering::AcqRel);
-            self.shared.strays.total.fetch_add(
-                u64::try_from(given_up.len()).unwrap_or(u64::MAX),
-                Ordering::AcqRel,
-            );
+            self.shared.strays.given_up(given_up.len());
         }
         for (slot, job) in given_up {
             // The statement stops at its next jump; the thread then rolls back and ends.
@@ -487,7 +493,7 @@ fn worker_main(shared: &Arc<Shared>, slot: &Arc<Slot>, mut conn: Conn) {
         if run_task(slot, &mut conn, task) {
             // Given up: the watchdog took this connection out of the pool.
             drop(conn);
-            shared.strays.alive.fetch_sub(1, Ordering::AcqRel);
+            shared.strays.ended();
             tracing::info!(
                 pool = shared.name,
                 "a given-up connection's statement ended; its connection is closed"
