@@ -7,7 +7,7 @@
 use serde_json::json;
 use tower::ServiceExt as _;
 
-use crate::common::{ok, post_with, send, with_writer_and_reader};
+use crate::common::{http_client, ok, post_with, send, start, with_writer_and_reader};
 use crate::engines::{Engine, engine_app, on_both_engines};
 use crate::transactions::post;
 
@@ -408,4 +408,85 @@ async fn one_credential_holds_at_most_half_the_stored_results_share(engine: Engi
     assert_eq!(ran.header("idempotent-replayed"), None);
     end_as(&router, "writer", &b).await;
     end_as(&router, "reader", &c).await;
+}
+
+/// A child process's resident memory (`VmRSS`), in bytes.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}
+
+/// The issue's measurement, on the binary: a 6 MB stored result replayed to 40 connections
+/// that never read, under `--max-buffered-bytes 32MiB`. Before the fix the server grew by
+/// 248 MiB (a copy per replay); now the replays share the one result (the bound is generous:
+/// socket buffers, allocator slack).
+#[tokio::test]
+async fn forty_unread_replays_of_a_large_result_do_not_grow_the_server() {
+    use std::io::Write as _;
+    let (mut child, url) = start(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--max-buffered-bytes",
+        &(32 * MIB).to_string(),
+    ]);
+    let client = http_client();
+    let post = |path: &str, body: serde_json::Value| {
+        client
+            .post(format!("{url}/api/v1/transaction/{path}"))
+            .header("content-type", "application/json")
+            .body(body.to_string())
+            .send()
+    };
+    let opened = post("open", json!({"read_only": true}))
+        .await
+        .unwrap()
+        .bytes()
+        .await
+        .unwrap();
+    let opened: serde_json::Value = serde_json::from_slice(&opened).unwrap();
+    let tx = opened["transaction"].as_str().unwrap().to_owned();
+    let step = json!({"transaction": tx, "seq": 1, "sql": rows_of_1000(Engine::Sqlite, 6000),
+                      "params": []});
+    let first = post("statement", step.clone()).await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert!(first.bytes().await.unwrap().len() > 6_000_000);
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    let before = rss_of(child.id());
+
+    let addr = url.strip_prefix("http://").unwrap().to_owned();
+    let body = step.to_string();
+    let request = format!(
+        "POST /api/v1/transaction/statement HTTP/1.1\r\nhost: {addr}\r\n\
+         content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    let unread: Vec<std::net::TcpStream> = (0..40)
+        .map(|_| {
+            let mut socket = std::net::TcpStream::connect(&addr).unwrap();
+            socket.write_all(request.as_bytes()).unwrap();
+            socket
+        })
+        .collect();
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let after = rss_of(child.id());
+    let grew = after.saturating_sub(before);
+    eprintln!(
+        "40 unread replays of a 6 MB result: RSS {} -> {} MiB (+{} MiB)",
+        before / (1 << 20),
+        after / (1 << 20),
+        grew / (1 << 20)
+    );
+    drop(unread);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(before > 0, "no /proc/{{pid}}/status");
+    assert!(
+        grew < 64 * MIB as u64,
+        "40 unread replays grew the server by {} MiB",
+        grew / (1 << 20)
+    );
 }
