@@ -88,6 +88,7 @@ impl Admissible for SqlRequest {
 
     fn admit(bytes: &[u8], shared: &Shared, _: &Credential) -> Result<Self, ApiError> {
         let request = SqlRequest::parse(bytes)?;
+        has_text(&request.sql)?;
         check_text(&request.sql, &shared.limits)?;
         Ok(request)
     }
@@ -106,10 +107,25 @@ impl Admissible for BatchRequest {
             batch.read_only = true;
         }
         for (index, statement) in batch.statements.iter().enumerate() {
-            check_text(&statement.sql, &shared.limits).map_err(|e| e.at_statement(index))?;
+            has_text(&statement.sql)
+                .and_then(|()| check_text(&statement.sql, &shared.limits))
+                .map_err(|e| e.at_statement(index))?;
         }
         Ok(batch)
     }
+}
+
+/// `400 SQL_ERROR` for statement text that is empty or only whitespace, refused before anything
+/// else about the request is looked at (a transaction's token, say), as the OpenAPI document
+/// says (`minLength: 1`, `pattern: \\S`, whose `\\s` this is: Unicode's white space without NEL,
+/// with the byte-order mark). Either engine would refuse such text too (no statement, or a
+/// syntax error); text of only comments is still the engine's to refuse.
+pub(crate) fn has_text(sql: &str) -> Result<(), ApiError> {
+    let blank = |c: char| (c.is_whitespace() && c != '\u{85}') || c == '\u{feff}';
+    if sql.chars().all(blank) {
+        return Err(ApiError::sql("the SQL text contains no statement"));
+    }
+    Ok(())
 }
 
 /// Marks `key` as running until the returned claim drops, or answers `409
@@ -189,6 +205,22 @@ mod tests {
                 Err(ErrorCode::UnsupportedMediaType),
                 "{refused:?}"
             );
+        }
+    }
+
+    #[test]
+    fn blank_text_is_no_statement() {
+        for blank in [
+            "",
+            " ",
+            "\t\n\r\u{b}\u{c}",
+            "\u{a0}\u{3000}\u{feff}\u{2028}",
+        ] {
+            let refused = has_text(blank).unwrap_err();
+            assert_eq!(refused.code, ErrorCode::SqlError, "{blank:?}");
+        }
+        for text in ["SELECT 1", " x ", "\u{85}", "-- only a comment"] {
+            assert!(has_text(text).is_ok(), "{text:?}");
         }
     }
 

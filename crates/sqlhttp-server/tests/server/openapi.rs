@@ -12,7 +12,8 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, HttpLimits};
 
 use crate::common::{app_with, send};
-use crate::openapi_schema::{conforms, document};
+use crate::engines::{Engine, on_both_engines};
+use crate::openapi_schema::{conforms, document, document_on, source};
 
 /// The crate's directory.
 const CRATE: &str = env!("CARGO_MANIFEST_DIR");
@@ -422,5 +423,118 @@ async fn a_describe_body_is_an_object_never_an_array() {
             "{body}"
         );
         conforms(&doc, "POST", "/api/v1/describe", &reply);
+    }
+}
+
+/// Issue 36, finding 16: Schemathesis's positive-data check found the document promising what
+/// the server refuses. Each engine's server now serves a document listing exactly the isolation
+/// levels it takes (SQLite: `serializable` only; PostgreSQL: all three) and the `foreign_keys`
+/// it takes (PostgreSQL: `enforced` only), and every value the served document lists is
+/// accepted while every value it leaves out is refused.
+async fn each_engine_documents_the_levels_it_accepts(engine: Engine) {
+    let Some(router) = engine.app(|_| {}).await else {
+        return;
+    };
+    let name = engine.pick("sqlite", "postgresql");
+    let served = send(&router, "GET", "/api/v1/openapi.json", &[], "").await;
+    assert_eq!(served.status, 200);
+    let served = served.json();
+    assert_eq!(served, document_on(name), "{name}: the served document");
+    assert!(
+        !served.to_string().contains("\"x-"),
+        "{name}: engine members served"
+    );
+    let source = source();
+    let schemas = |doc: &Value, schema: &str, property: &str| -> Vec<Value> {
+        doc["components"]["schemas"][schema]["properties"][property]["enum"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let json = [("content-type", "application/json")];
+    // A batch's isolation and foreign keys.
+    for (property, listed, statement) in [
+        (
+            "isolation",
+            schemas(&served, "BatchRequest", "isolation"),
+            "SELECT 1",
+        ),
+        (
+            "foreign_keys",
+            schemas(&served, "BatchRequest", "foreign_keys"),
+            "CREATE TABLE IF NOT EXISTS fk (i INTEGER)",
+        ),
+    ] {
+        for value in schemas(&source, "BatchRequest", property) {
+            let body = json!({"statements": [{"sql": statement}], property: value}).to_string();
+            let reply = send(&router, "POST", "/api/v1/batch", &json, body).await;
+            let expected = if listed.contains(&value) { 200 } else { 400 };
+            assert_eq!(
+                reply.status,
+                expected,
+                "{name}: {property} {value}: {:?}",
+                reply.json()
+            );
+        }
+    }
+    // A transaction's isolation.
+    let listed = schemas(&served, "TransactionOpenRequest", "isolation");
+    assert_eq!(listed, schemas(&served, "TransactionOpened", "isolation"));
+    for value in schemas(&source, "TransactionOpenRequest", "isolation") {
+        let body = json!({ "isolation": value }).to_string();
+        let reply = send(&router, "POST", "/api/v1/transaction/open", &json, body).await;
+        if !listed.contains(&value) {
+            assert_eq!(reply.status, 400, "{name}: open {value}");
+            continue;
+        }
+        assert_eq!(
+            reply.status,
+            200,
+            "{name}: open {value}: {:?}",
+            reply.json()
+        );
+        let opened = reply.json();
+        assert_eq!(opened["isolation"], value);
+        let body = json!({ "transaction": opened["transaction"] }).to_string();
+        let reply = send(&router, "POST", "/api/v1/transaction/rollback", &json, body).await;
+        assert_eq!(reply.status, 200, "{name}: rollback");
+    }
+}
+
+on_both_engines!(each_engine_documents_the_levels_it_accepts);
+
+/// Issue 36, finding 16: `{"sql": ""}` was documented as valid and answered 400. A statement's
+/// text is now documented as at least one character, not all whitespace, and such text is
+/// refused on every endpoint that takes one.
+#[tokio::test]
+async fn an_empty_statement_is_documented_as_refused() {
+    let doc = document();
+    let schemas = &doc["components"]["schemas"];
+    for schema in [
+        "SqlRequest",
+        "BatchStatement",
+        "TransactionStatementRequest",
+    ] {
+        let sql = &schemas[schema]["properties"]["sql"];
+        assert_eq!(sql["minLength"], 1, "{schema}");
+        assert_eq!(sql["pattern"], "\\S", "{schema}");
+    }
+    let router = app_with(&Config::default());
+    let json = [("content-type", "application/json")];
+    for text in ["", " ", "\n\t  "] {
+        let reply = send(
+            &router,
+            "POST",
+            "/api/v1/sql",
+            &json,
+            json!({ "sql": text }).to_string(),
+        )
+        .await;
+        assert_eq!(reply.status, 400, "{text:?}");
+        conforms(&doc, "POST", "/api/v1/sql", &reply);
+        let body = json!({"statements": [{ "sql": text }]}).to_string();
+        let reply = send(&router, "POST", "/api/v1/batch", &json, body).await;
+        assert_eq!(reply.status, 400, "{text:?}");
+        conforms(&doc, "POST", "/api/v1/batch", &reply);
     }
 }

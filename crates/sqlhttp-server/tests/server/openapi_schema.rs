@@ -11,11 +11,42 @@ use crate::common::Reply;
 /// The crate's directory.
 const CRATE: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The document as parsed from the file (its JSON part, after the leading comments).
-pub(crate) fn document() -> Value {
+/// The document as parsed from the file (its JSON part, after the leading comments), with both
+/// engines' `x-sqlite` and `x-postgresql` members.
+pub(crate) fn source() -> Value {
     let text = std::fs::read_to_string(format!("{CRATE}/../../docs/openapi.yaml")).unwrap();
     let start = text.find('{').unwrap();
     serde_json::from_str(&text[start..]).unwrap()
+}
+
+/// The document a server on `engine` (`sqlite` or `postgresql`) serves (ADR 0044): the file
+/// with that engine's `x-<engine>` members' keywords put in place of the schema's own, and
+/// every engine's members removed.
+pub(crate) fn document_on(engine: &str) -> Value {
+    fn apply(value: &mut Value, engine: &str) {
+        match value {
+            Value::Object(members) => {
+                let own = members.remove(&format!("x-{engine}"));
+                members.retain(|name, _| name != "x-sqlite" && name != "x-postgresql");
+                if let Some(Value::Object(own)) = own {
+                    members.extend(own);
+                }
+                members
+                    .values_mut()
+                    .for_each(|member| apply(member, engine));
+            }
+            Value::Array(items) => items.iter_mut().for_each(|item| apply(item, engine)),
+            _ => {}
+        }
+    }
+    let mut doc = source();
+    apply(&mut doc, engine);
+    doc
+}
+
+/// The document a SQLite server serves: what the in-process app's answers are checked against.
+pub(crate) fn document() -> Value {
+    document_on("sqlite")
 }
 
 /// The document's value at a local `$ref` (`#/components/...`).
