@@ -460,14 +460,20 @@ async fn shutdown_signal() {
     }
 }
 
-/// Reads the TLS files again on every SIGHUP, for as long as the server runs.
+/// How long a SIGHUP's reading of the TLS files may take before it is abandoned.
+#[cfg(unix)]
+const RELOAD_WITHIN: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Reads the TLS files again on every SIGHUP, for as long as the server runs: on a thread of its
+/// own, abandoned after [`RELOAD_WITHIN`] (a stuck mount must stall neither the async workers
+/// nor shutdown).
 #[cfg(unix)]
 fn reload_on_hangup(reloader: TlsReloader) -> Result<(), String> {
     let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
         .map_err(|e| format!("cannot listen for SIGHUP: {e}"))?;
     tokio::spawn(async move {
         while hangups.recv().await.is_some() {
-            match reloader.reload() {
+            match reloader.reload_within(RELOAD_WITHIN).await {
                 Ok(()) => tracing::info!("SIGHUP: TLS files read again; new connections use them"),
                 Err(e) => tracing::error!(
                     error = %e,

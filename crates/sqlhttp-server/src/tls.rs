@@ -3,11 +3,16 @@
 //! `http/1.1` by ALPN, and [`TlsReloader`], which reads the files again (`SIGHUP` in `sqlhttpd`)
 //! and swaps the configuration in for new handshakes only: open connections keep the session
 //! they made, and files that do not load leave the running configuration in place.
+//! [`TlsReloader::reload_within`] reads them on a thread of its own and gives up after a bound
+//! (a path on a stuck network mount, a FIFO nobody writes), so neither the async workers, nor
+//! the probes they answer, nor shutdown ever wait on a file (ADR 0044).
 //!
 //! Knows rustls and files; nothing about HTTP framing, routes or the engine (see `server`).
 
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
 
 use rustls::ServerConfig;
 use rustls::pki_types::pem::PemObject as _;
@@ -25,6 +30,8 @@ pub(crate) const H2: &[u8] = b"h2";
 struct Current {
     files: TlsFiles,
     config: RwLock<Arc<ServerConfig>>,
+    /// A [`TlsReloader::reload_within`] thread is still reading the files (perhaps abandoned).
+    reading: AtomicBool,
 }
 
 /// Reads a server's TLS files again and uses them for the handshakes that follow; open
@@ -53,11 +60,14 @@ impl TlsReloader {
             current: Arc::new(Current {
                 files: files.clone(),
                 config: RwLock::new(config),
+                reading: AtomicBool::new(false),
             }),
         })
     }
 
-    /// Reads the certificate, key and client CA files again; new handshakes use them.
+    /// Reads the certificate, key and client CA files again; new handshakes use them. Blocks
+    /// the calling thread while it reads, for as long as the files take: from async code, call
+    /// [`reload_within`](TlsReloader::reload_within).
     ///
     /// # Errors
     /// [`ServerError::TlsFile`] when a file cannot be read or used (the key does not match the
@@ -66,6 +76,65 @@ impl TlsReloader {
         let config = build(&self.current.files)?;
         *self
             .current
+            .config
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = config;
+        Ok(())
+    }
+
+    /// Reads the files as [`reload`](TlsReloader::reload) does, on a thread of its own, and
+    /// waits at most `bound` for it: a read that takes longer (a file on a stuck mount, a FIFO)
+    /// is abandoned and the configuration in use stays, even if the read ends later. While an
+    /// abandoned read is still stuck, another reload is refused at once rather than starting a
+    /// second thread.
+    ///
+    /// # Errors
+    /// [`ServerError::TlsFile`] as for `reload`, also when the files were not read within
+    /// `bound` or a previous read is still stuck.
+    pub async fn reload_within(&self, bound: Duration) -> Result<(), ServerError> {
+        let current = &self.current;
+        let files = &current.files;
+        if current.reading.swap(true, Ordering::AcqRel) {
+            return Err(file_error(
+                &files.cert,
+                "a previous reload is still reading the TLS files; not read again",
+            ));
+        }
+        let (done, built) = tokio::sync::oneshot::channel();
+        let reader = Arc::clone(current);
+        let spawned = std::thread::Builder::new()
+            .name("sqlhttpd-tls-reload".into())
+            .spawn(move || {
+                let config = build(&reader.files);
+                reader.reading.store(false, Ordering::Release);
+                let _ = done.send(config);
+            });
+        if let Err(e) = spawned {
+            current.reading.store(false, Ordering::Release);
+            return Err(file_error(
+                &files.cert,
+                format!("cannot start a thread to read the TLS files: {e}"),
+            ));
+        }
+        let config = match tokio::time::timeout(bound, built).await {
+            Ok(Ok(config)) => config?,
+            Ok(Err(_)) => {
+                return Err(file_error(
+                    &files.cert,
+                    "the thread reading the TLS files ended without an answer",
+                ));
+            }
+            Err(_) => {
+                return Err(file_error(
+                    &files.cert,
+                    format!(
+                        "the TLS files (or the client CA) were not read within {} ms; abandoned",
+                        bound.as_millis()
+                    ),
+                ));
+            }
+        };
+        *current
             .config
             .write()
             .unwrap_or_else(PoisonError::into_inner) = config;

@@ -270,6 +270,102 @@ async fn sighup_reloads_the_certificate() {
     assert_eq!(one(&trusting(second.path())).await.unwrap(), 42);
 }
 
+/// Issue 36, finding 11: `SIGHUP` read the TLS files on an async worker, so a file that blocks
+/// (a stuck network mount; here a FIFO nobody writes) held that worker, and `SIGTERM` waited on
+/// the read for ever. The files are now read on a thread of their own, abandoned after a bound:
+/// `/healthz` and new handshakes (with the certificate in use) answer at once, and `SIGTERM`
+/// ends the process promptly.
+#[cfg(unix)]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_stuck_on_a_file_stalls_neither_probes_nor_shutdown() {
+    let dir = certs(&["127.0.0.1"]);
+    let live = tempfile::tempdir().unwrap();
+    copy_certs(dir.path(), live.path());
+    let key: PathBuf = live.path().join("server.key");
+    let mut child = sqlhttpd()
+        .args(["--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(live.path().join("server.crt"))
+        .arg("--tls-key")
+        .arg(&key)
+        .spawn()
+        .unwrap();
+    let url = read_url(&mut child);
+    let mut child = Running(child);
+    let fresh = || {
+        reqwest::Client::builder()
+            .no_proxy()
+            .tls_certs_only([root(dir.path())])
+            .pool_max_idle_per_host(0)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    assert_eq!(
+        fresh()
+            .get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    std::fs::remove_file(&key).unwrap();
+    let made = Command::new("mkfifo").arg(&key).status().unwrap();
+    assert!(made.success());
+    hangup(&child.0);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The read is stuck in `open` for good; probes and handshakes (a new connection each) go on.
+    for _ in 0..5 {
+        let started = Instant::now();
+        let status = fresh()
+            .get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status();
+        let took = started.elapsed();
+        assert_eq!(status, 200);
+        assert!(took < Duration::from_millis(500), "/healthz took {took:?}");
+    }
+    let sdk_client = sdk(&url).http_client(fresh()).build().unwrap();
+    assert_eq!(one(&sdk_client).await.unwrap(), 42);
+    // A second SIGHUP while the first read is stuck starts no second read, and stalls nothing.
+    hangup(&child.0);
+    assert_eq!(
+        fresh()
+            .get(format!("{url}/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+
+    let started = Instant::now();
+    let status = Command::new("kill")
+        .args(["-TERM", &child.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let exited = loop {
+        if let Some(exit) = child.0.try_wait().unwrap() {
+            break Some(exit);
+        }
+        if started.elapsed() > Duration::from_secs(10) {
+            break None;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let took = started.elapsed();
+    assert!(
+        exited.is_some(),
+        "SIGTERM did not end the process within 10 s"
+    );
+    assert!(took < Duration::from_secs(4), "SIGTERM took {took:?}");
+    eprintln!("SIGTERM to exit: {took:?}");
+}
+
 /// A listen address other than loopback without TLS logs that tokens travel in clear.
 #[test]
 fn plain_http_off_loopback_warns() {
