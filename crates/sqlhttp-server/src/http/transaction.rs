@@ -204,19 +204,21 @@ impl Admissible for StepRequest {
             ))
         })?;
         let token = token_of(wire.transaction)?;
-        // JSON has one number type: `3.0` is the integer 3, as JSON Schema reads it.
+        // JSON has one number type: `3.0` is the integer 3, as JSON Schema reads it. At most
+        // 2^53 - 1, the largest integer every JSON reader holds exactly (the document's bound).
+        const MAX_SEQ: u64 = (1 << 53) - 1;
         let seq = wire.seq.and_then(|n| {
             n.as_u64().or_else(|| {
                 n.as_f64()
-                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f <= 9_007_199_254_740_992.0)
+                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f <= 9_007_199_254_740_991.0)
                     .map(|f| f as u64)
             })
         });
         let seq = match seq {
-            Some(seq) if seq > 0 => seq,
+            Some(seq) if seq > 0 && seq <= MAX_SEQ => seq,
             _ => {
                 return Err(ApiError::bad_request(
-                    "`seq` (the statement's number in the transaction, from 1) is missing",
+                    "`seq` (the statement's number in the transaction, from 1 to 2^53 - 1) is missing or out of range",
                 ));
             }
         };

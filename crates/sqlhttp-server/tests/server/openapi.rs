@@ -538,3 +538,39 @@ async fn an_empty_statement_is_documented_as_refused() {
         conforms(&doc, "POST", "/api/v1/batch", &reply);
     }
 }
+
+/// Found by Schemathesis's positive-data check (issue 36, finding 16): JSON Schema reads `1.0` as
+/// the integer 1, and the document's `seq` is an integer from 1 to 2^53 - 1; the server refused
+/// `1.0` and took numbers past the bound. Now it takes exactly what the document says.
+#[tokio::test]
+async fn a_seq_is_any_json_integer_within_the_documented_bound() {
+    let doc = document();
+    let seq = &doc["components"]["schemas"]["TransactionStatementRequest"]["properties"]["seq"];
+    assert_eq!(seq["maximum"], 9_007_199_254_740_991_u64);
+    let router = app_with(&Config::default());
+    let json = [("content-type", "application/json")];
+    let opened = send(&router, "POST", "/api/v1/transaction/open", &json, "{}").await;
+    assert_eq!(opened.status, 200);
+    let token = opened.json()["transaction"].clone();
+    for (seq, status) in [
+        (json!(9_007_199_254_740_992_u64), 400),
+        (json!(0), 400),
+        (json!(1.5), 400),
+        (json!(1.0), 200),
+    ] {
+        let body = json!({"transaction": token, "seq": seq, "sql": "SELECT 1"}).to_string();
+        let reply = send(
+            &router,
+            "POST",
+            "/api/v1/transaction/statement",
+            &json,
+            body,
+        )
+        .await;
+        assert_eq!(reply.status, status, "seq {seq}: {:?}", reply.json());
+        conforms(&doc, "POST", "/api/v1/transaction/statement", &reply);
+    }
+    let body = json!({ "transaction": token }).to_string();
+    let reply = send(&router, "POST", "/api/v1/transaction/rollback", &json, body).await;
+    assert_eq!(reply.status, 200);
+}
