@@ -418,3 +418,122 @@ async fn shutdown_cancels_a_statement_running_in_a_transaction() {
         .get(0);
     assert_eq!(kept, 0);
 }
+
+/// POSTs `body` to `path` in-process: the status, the JSON answer and where it was served.
+async fn tx(router: &axum::Router, path: &str, body: Value) -> (u16, Value, Option<String>) {
+    let reply = crate::common::send(
+        router,
+        "POST",
+        path,
+        &[("content-type", "application/json")],
+        body.to_string(),
+    )
+    .await;
+    let served_by = reply.header("sqlhttp-served-by").map(str::to_owned);
+    (reply.status, reply.json(), served_by)
+}
+
+/// In a read-only `repeatable_read` transaction held on a replica, a statement the hot standby
+/// refuses for being one (an `UNLOGGED` table: `0A000`, the first time and once its statement
+/// is cached; `lo_create` behind a function: `XX000`) is answered `403 STATEMENT_NOT_ALLOWED`,
+/// saying why and what to do, and the transaction goes on; before, `503` (a replica's refusal,
+/// or a "stale" cached statement) that no retry could ever get past.
+#[tokio::test]
+async fn a_statement_a_standby_refuses_in_a_replica_transaction_is_a_final_answer() {
+    let test = "a_statement_a_standby_refuses_in_a_replica_transaction_is_a_final_answer";
+    let Some(cluster) = replica_cluster(test) else {
+        return;
+    };
+    let database = cluster.database().await;
+    let url = &database.primary;
+    let mut config = config(url);
+    config.read_replicas = ReadReplicas {
+        urls: database
+            .replicas
+            .iter()
+            .map(|replica| {
+                let Ok(Database::Postgres(replica)) = replica.parse() else {
+                    panic!("a PostgreSQL URL");
+                };
+                replica.with_client_role(&client_role(url)).unwrap()
+            })
+            .collect(),
+        max_lag: Duration::from_secs(3600),
+        ..ReadReplicas::default()
+    };
+    let router = app(AppState::new(&config).unwrap());
+    for sql in [
+        "CREATE UNLOGGED TABLE u (x int)",
+        "CREATE TABLE t (x int)",
+        "INSERT INTO t VALUES (1)",
+        "CREATE FUNCTION mk() RETURNS oid LANGUAGE sql AS $$ SELECT lo_create(0) $$",
+    ] {
+        let (status, body) = run(&router, json!({ "sql": sql })).await;
+        assert_eq!(status, 200, "{sql}: {body}");
+    }
+    database.caught_up().await;
+    // Opened where the replicas choose: on a replica once its watcher finds it fit.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let token = loop {
+        let (status, opened, served_by) = tx(
+            &router,
+            "/api/v1/transaction/open",
+            json!({"read_only": true, "isolation": "repeatable_read"}),
+        )
+        .await;
+        assert_eq!(status, 200, "{opened}");
+        let token = opened["transaction"].as_str().unwrap().to_owned();
+        if served_by.as_deref() == Some("replica") {
+            break token;
+        }
+        tx(
+            &router,
+            "/api/v1/transaction/rollback",
+            json!({ "transaction": token }),
+        )
+        .await;
+        assert!(
+            Instant::now() < deadline,
+            "no transaction opened on a replica"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let step = |seq: u64, sql: &'static str| {
+        let router = router.clone();
+        let token = token.clone();
+        async move {
+            let (status, body, _) = tx(
+                &router,
+                "/api/v1/transaction/statement",
+                json!({"transaction": token, "seq": seq, "sql": sql}),
+            )
+            .await;
+            (status, body)
+        }
+    };
+    for (seq, sql) in [
+        (1, "SELECT x FROM u"),
+        // The same text again: its statement is cached on the connection now.
+        (2, "SELECT x FROM u"),
+        (3, "SELECT mk()"),
+    ] {
+        let (status, body) = step(seq, sql).await;
+        assert_eq!(status, 403, "{sql}: {body}");
+        assert_eq!(
+            body["error"]["code"], "STATEMENT_NOT_ALLOWED",
+            "{sql}: {body}"
+        );
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("read replica"), "{message}");
+    }
+    let (status, body) = step(4, "SELECT x FROM t").await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["rows"][0][0], 1, "{body}");
+    let (status, body, _) = tx(
+        &router,
+        "/api/v1/transaction/rollback",
+        json!({ "transaction": token }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}

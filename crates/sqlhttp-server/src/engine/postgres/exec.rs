@@ -159,11 +159,14 @@ async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_po
 /// does: `0A000` (`cached plan must not change result type`: a column's type or a table's
 /// columns changed), `26000` (the prepared statement is gone) and class `42` (its parameters'
 /// types no longer fit, an operator or function it used is gone). Running such a request again
-/// with a fresh Parse answers what the server answered before it cached statements.
+/// with a fresh Parse answers what the server answered before it cached statements. Not a
+/// `0A000` a hot standby answers for being one ("cannot access temporary or unlogged relations
+/// during recovery", see `replica_refuses`): a fresh Parse gets it again, and inside a
+/// transaction held on the replica it would be answered `503` (retry) for ever.
 fn is_stale(e: &tokio_postgres::Error) -> bool {
     e.code().is_some_and(|code| {
         let code = code.code();
-        code == "0A000" || code == "26000" || code.starts_with("42")
+        (code == "0A000" && !super::replica_refuses(e)) || code == "26000" || code.starts_with("42")
     })
 }
 

@@ -76,6 +76,28 @@ fn aborts(e: &tokio_postgres::Error) -> bool {
     }
 }
 
+/// The answer for a statement a hot standby refuses for being one (see `replica_refuses`: an
+/// `UNLOGGED` table, a function that needs a new OID or a transaction id, `lo_create`), in a
+/// read-only transaction whose snapshot is the replica's. A plain read would go to the primary;
+/// this statement cannot leave the transaction, and running it again here gets the same
+/// refusal, so the answer is final (`403 STATEMENT_NOT_ALLOWED`, stored as the statement's; the
+/// transaction goes on), never a `503` to retry.
+fn refused_on_replica(e: &tokio_postgres::Error) -> ApiError {
+    let said = e
+        .as_db_error()
+        .map(|db| super::errors::bounded(db.message()))
+        .unwrap_or_default();
+    ApiError::new(
+        ErrorCode::StatementNotAllowed,
+        format!(
+            "this statement cannot run on a read replica (a hot standby refuses it: {said}), \
+             and this read-only transaction is served by one: run it outside the transaction \
+             (the primary serves it), or open the transaction with `Sqlhttp-Consistency: \
+             primary`; the transaction goes on"
+        ),
+    )
+}
+
 /// The answer for a transaction whose statement the server's shutdown stopped: `503`, it was
 /// rolled back.
 fn stopped() -> ApiError {
@@ -180,6 +202,9 @@ impl Session {
         let map = |e: tokio_postgres::Error| {
             if aborts(&e) {
                 ended.store(true, Ordering::Release);
+            }
+            if inner.node.is_replica() && super::replica_refuses(&e) {
+                return refused_on_replica(&e);
             }
             inner.map(&e)
         };
