@@ -110,6 +110,7 @@ async fn anonymous_streams_starved_of_window_leave_authenticated_clients_served(
     assert_eq!(one(&client).await.unwrap(), 42);
     let took = started.elapsed();
     assert!(took < Duration::from_secs(2), "took {took:?}");
+    eprintln!("a token holder's request beside 1,024 starved streams: {took:?}");
     // ... and 64 at once on one connection, beyond its own permit.
     let (mut send, connection) = h2_client(&server, dir.path(), 65_535).await;
     let connection = tokio::spawn(connection);
@@ -225,6 +226,7 @@ async fn starved_streams_give_shared_permits_back_when_they_run_short() {
     }
     let took = started.elapsed();
     assert!(took < Duration::from_secs(5), "cut after {took:?}");
+    eprintln!("starved shared-permit connections cut {took:?} after the refusal");
     assert!(
         !connection.is_finished(),
         "the connection holding only its own permit was cut"
