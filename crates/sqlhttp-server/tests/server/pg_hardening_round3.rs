@@ -537,3 +537,97 @@ async fn a_statement_a_standby_refuses_in_a_replica_transaction_is_a_final_answe
     .await;
     assert_eq!(status, 200, "{body}");
 }
+
+/// A row lock held by an idle interactive transaction does not starve the pool: plain writes
+/// blocked on it give their connection back after `lock_timeout` (1 s), answered `503` with
+/// `Retry-After`, so an unrelated read finds a connection in about that long, not after the
+/// statement timeout (10 s here), as it did when each blocked write held its connection for all
+/// of it.
+#[tokio::test]
+async fn writes_blocked_on_an_idle_transactions_row_lock_give_their_connection_back() {
+    let Some(url) = database("row_lock").await else {
+        return;
+    };
+    let mut config = config(&url);
+    config.limits.pool_size = 2;
+    config.limits.statement_timeout = Duration::from_secs(10);
+    config.transactions.idle_timeout = Duration::from_secs(60);
+    let router = app(AppState::new(&config).unwrap());
+    for sql in [
+        "CREATE TABLE k (id int PRIMARY KEY, x int)",
+        "INSERT INTO k VALUES (1, 0)",
+    ] {
+        let (status, body) = run(&router, json!({ "sql": sql })).await;
+        assert_eq!(status, 200, "{sql}: {body}");
+    }
+    let (status, opened, _) = tx(
+        &router,
+        "/api/v1/transaction/open",
+        json!({"isolation": "read_committed"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{opened}");
+    let token = opened["transaction"].as_str().unwrap().to_owned();
+    let (status, body, _) = tx(
+        &router,
+        "/api/v1/transaction/statement",
+        json!({"transaction": token, "seq": 1, "sql": "UPDATE k SET x = 1 WHERE id = 1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // The transaction now idles, holding the row. Writes that need it pile up behind it.
+    let writes: Vec<_> = (0..2)
+        .map(|_| {
+            let router = router.clone();
+            tokio::spawn(async move {
+                let started = Instant::now();
+                let reply = post_with(
+                    &router,
+                    &[],
+                    &json!({"sql": "UPDATE k SET x = 2 WHERE id = 1"}),
+                )
+                .await;
+                (reply, started.elapsed())
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let (status, body) = run(&router, json!({"sql": "SELECT 1", "read_only": true})).await;
+    let waited = started.elapsed();
+    eprintln!("an unrelated read behind two blocked writes waited {waited:?}");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        waited < Duration::from_secs(6),
+        "the read waited {waited:?} for a connection"
+    );
+    for write in writes {
+        let (reply, took) = write.await.unwrap();
+        assert_eq!(
+            reply.status,
+            503,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert!(reply.header("retry-after").is_some());
+        let message = reply.json()["error"]["message"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        assert!(message.contains("lock"), "{message}");
+        assert!(
+            took < Duration::from_secs(8),
+            "a blocked write held on for {took:?}"
+        );
+    }
+    let (status, body, _) = tx(
+        &router,
+        "/api/v1/transaction/rollback",
+        json!({ "transaction": token }),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // With the lock gone, the write goes through.
+    let (status, body) = run(&router, json!({"sql": "UPDATE k SET x = 2 WHERE id = 1"})).await;
+    assert_eq!(status, 200, "{body}");
+}

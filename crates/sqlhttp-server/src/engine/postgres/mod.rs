@@ -771,9 +771,24 @@ impl Cancel for Job {
     }
 }
 
+/// The longest a plain request's statement waits for a lock (`lock_timeout`) before it gives
+/// its connection back, answered `503` with `Retry-After` (ADR 0043). A row lock held by an
+/// idle interactive transaction would otherwise keep every write that needs the row waiting for
+/// the whole statement timeout, each on a pooled connection, until no read found one.
+const LOCK_WAIT: Duration = Duration::from_secs(1);
+
 impl Inner {
     fn timeout_ms(&self) -> u128 {
         self.limits.statement_timeout.as_millis()
+    }
+
+    /// `lock_timeout` for the server's own transactions: [`LOCK_WAIT`], or the statement
+    /// timeout when that is shorter (never 0, which PostgreSQL reads as no limit).
+    fn lock_wait_ms(&self) -> u128 {
+        LOCK_WAIT
+            .min(self.limits.statement_timeout)
+            .as_millis()
+            .max(1)
     }
 
     /// The protocol error for a PostgreSQL failure; once closing, a cancelled or lost

@@ -424,10 +424,14 @@ impl Watcher {
             let seen = look(&mut replica, &self.monitor).await;
             let due = history.is_none_or(|(_, at)| at.elapsed() >= HISTORY_EVERY);
             if seen.is_some() && (!was_connected || due) {
-                history = self
+                // Unanswered, the last verdict stands (none: not fit) and is due again; the
+                // connection that did not answer was dropped, so the next look reconnects.
+                if let Some(same) = self
                     .check_history(&mut primary, &mut replica, history.map(|(same, _)| same))
                     .await
-                    .map(|same| (same, Instant::now()));
+                {
+                    history = Some((same, Instant::now()));
+                }
             }
             let same = history.is_some_and(|(same, _)| same);
             // A replica of another history is not fit, whatever it answers (and said why).
@@ -625,7 +629,7 @@ async fn history_of(
 /// The system identifier of the node at `target`, asked on a connection of its own.
 pub(super) async fn system_of(target: &wire::Target) -> Result<String, String> {
     let ask = async {
-        let (client, _driver) = wire::connect(target).await.map_err(|e| e.to_string())?;
+        let (client, driver) = wire::connect(target).await.map_err(|e| e.to_string())?;
         let row = client
             .query_one(
                 "SELECT system_identifier::pg_catalog.text FROM pg_catalog.pg_control_system()",
@@ -633,7 +637,11 @@ pub(super) async fn system_of(target: &wire::Target) -> Result<String, String> {
             )
             .await
             .map_err(|e| e.to_string())?;
-        Ok(row.get::<_, String>(0))
+        let system = row.get::<_, String>(0);
+        // Ended before the server starts serving: no session of the check outlives it.
+        drop(client);
+        let _ = driver.await;
+        Ok(system)
     };
     tokio::time::timeout(super::CONNECT_WITHIN, ask)
         .await

@@ -62,9 +62,10 @@ impl Inner {
             Access::ReadOnly => {
                 let begin = format!(
                     "BEGIN READ ONLY, ISOLATION LEVEL {}; SET LOCAL statement_timeout = {}; \
-                     SELECT {}",
+                     SET LOCAL lock_timeout = {}; SELECT {}",
                     level("REPEATABLE READ"),
                     self.timeout_ms(),
+                    self.lock_wait_ms(),
                     self.node.position_sql()
                 );
                 let begun = self
@@ -75,9 +76,11 @@ impl Inner {
             Access::ReadWrite => {
                 let begin = format!(
                     "BEGIN READ WRITE, ISOLATION LEVEL {}; \
-                     SET LOCAL statement_timeout = {}; SAVEPOINT {}; {OPENED}",
+                     SET LOCAL statement_timeout = {}; SET LOCAL lock_timeout = {}; \
+                     SAVEPOINT {}; {OPENED}",
                     level("READ COMMITTED"),
                     self.timeout_ms(),
+                    self.lock_wait_ms(),
                     lease.guard
                 );
                 self.open_with(lease, &begin).await
