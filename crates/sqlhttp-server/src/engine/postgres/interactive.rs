@@ -459,7 +459,7 @@ impl Inner {
         body: &[u8],
     ) -> Result<(), ApiError> {
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+        if let Err(err) = self.begin_store(&lease, Access::ReadWrite).await {
             return self.end(lease, Access::ReadWrite, Err(err)).await;
         }
         let hash = &request_hash[..];
@@ -486,7 +486,7 @@ impl Inner {
         body: &[u8],
     ) -> Result<Stored, ApiError> {
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, Access::ReadWrite).await {
+        if let Err(err) = self.begin_store(&lease, Access::ReadWrite).await {
             return self.end(lease, Access::ReadWrite, Err(err)).await;
         }
         let hash = &request_hash[..];
@@ -522,7 +522,7 @@ impl Inner {
     /// The outcome stored under `key` in the server's store, read in a read-only transaction.
     pub(super) async fn recorded(&self, job: &Job, key: &str) -> Result<Option<Stored>, ApiError> {
         let lease = self.lease(job).await?;
-        if let Err(err) = self.begin(&lease, Access::ReadOnly).await {
+        if let Err(err) = self.begin_store(&lease, Access::ReadOnly).await {
             return self.end(lease, Access::ReadOnly, Err(err)).await;
         }
         let found = lease

@@ -53,6 +53,27 @@ impl Inner {
         mode: Access,
         isolation: Option<Isolation>,
     ) -> Result<(), ApiError> {
+        self.begin_waiting(lease, mode, isolation, self.lock_wait_ms())
+            .await
+    }
+
+    /// [`Inner::begin`] for the server's own store (a commit record's claim, a lookup): its
+    /// waits on a key's row are by design (a tombstone's claim waits for a COMMIT that holds
+    /// the row, ADR 0041), so they are bounded by the statement timeout only, not by
+    /// `lock_timeout` as a client's request is (ADR 0043).
+    pub(super) async fn begin_store(&self, lease: &Lease, mode: Access) -> Result<(), ApiError> {
+        self.begin_waiting(lease, mode, None, 0).await
+    }
+
+    /// [`Inner::begin_at`], waiting at most `lock_wait_ms` for a lock (0: no limit but the
+    /// statement timeout).
+    async fn begin_waiting(
+        &self,
+        lease: &Lease,
+        mode: Access,
+        isolation: Option<Isolation>,
+        lock_wait_ms: u128,
+    ) -> Result<(), ApiError> {
         let client = lease.client();
         let level = |default: &'static str| isolation.map_or(default, sql_level);
         match mode {
@@ -65,7 +86,7 @@ impl Inner {
                      SET LOCAL lock_timeout = {}; SELECT {}",
                     level("REPEATABLE READ"),
                     self.timeout_ms(),
-                    self.lock_wait_ms(),
+                    lock_wait_ms,
                     self.node.position_sql()
                 );
                 let begun = self
@@ -80,7 +101,7 @@ impl Inner {
                      SAVEPOINT {}; {OPENED}",
                     level("READ COMMITTED"),
                     self.timeout_ms(),
-                    self.lock_wait_ms(),
+                    lock_wait_ms,
                     lease.guard
                 );
                 self.open_with(lease, &begin).await
