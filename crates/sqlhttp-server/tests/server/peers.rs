@@ -537,9 +537,12 @@ fn borrowed<'a>(headers: &'a [(&'static str, String)]) -> Vec<(&'static str, &'a
 /// own write transaction, which holds the database's one write lock its heartbeat needs.
 #[tokio::test]
 async fn a_holder_whose_heartbeat_falls_silent_commits_nothing() {
-    let Some((config, _file)) = shared(Engine::Sqlite).await else {
+    let Some((mut config, _file)) = shared(Engine::Sqlite).await else {
         return;
     };
+    // The holder's write transaction stays idle past STALE_AFTER: the writer's idle bound
+    // (ADR 0042) must not end it first.
+    config.limits.transaction_write_idle = Duration::from_secs(60);
     let (a, b) = (free_addr(), free_addr());
     let _holder = live(&config, a).await;
     let _other = live(&config, b).await;
