@@ -995,7 +995,12 @@ impl Transactions {
             live.last = None;
             tokio::spawn(session.rollback());
         }
-        tracing::debug!(idle, old, ended, "an interactive transaction expired; rolled back");
+        tracing::debug!(
+            idle,
+            old,
+            ended,
+            "an interactive transaction expired; rolled back"
+        );
         self.finish(entry, Ending::Expired);
         true
     }

@@ -26,7 +26,7 @@ impl Inner {
             // The BEGIN is guarded too: on a replica that stops answering, it is what waits.
             let ran = self
                 .guarded(job, &lease, batch.statements.len(), async {
-                    self.begin_at(&lease, mode, batch.isolation).await?;
+                    self.begin_batch(&lease, mode, batch.isolation).await?;
                     self.run_statements(&lease, &batch.statements).await
                 })
                 .await;

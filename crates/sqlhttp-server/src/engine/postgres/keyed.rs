@@ -369,11 +369,14 @@ impl Inner {
         self.purge_if_due(job, keyed.ttl).await;
         let mut lease = self.lease(job).await?;
         loop {
-            let isolation = match work {
-                Work::Batch(batch) => batch.isolation,
-                Work::Statement(_) => None,
+            let begun = match work {
+                Work::Batch(batch) => {
+                    self.begin_batch(&lease, Access::ReadWrite, batch.isolation)
+                        .await
+                }
+                Work::Statement(_) => self.begin_at(&lease, Access::ReadWrite, None).await,
             };
-            if let Err(err) = self.begin_at(&lease, Access::ReadWrite, isolation).await {
+            if let Err(err) = begun {
                 return self.end(lease, Access::ReadWrite, Err(err)).await;
             }
             let outcome = self.keyed_once(job, &lease, keyed, work).await;

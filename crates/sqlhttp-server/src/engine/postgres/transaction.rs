@@ -57,6 +57,25 @@ impl Inner {
             .await
     }
 
+    /// [`Inner::begin_at`] for a batch: a write batch waits for locks as long as its statement
+    /// timeout allows, not [`LOCK_WAIT`](super::LOCK_WAIT): batches carry schema changes and
+    /// migrations (ADR 0031), whose lock waits are expected (a migration re-applied after its
+    /// server died waits for the dead session's locks to go), and a failure of one costs its
+    /// client the whole batch (ADR 0043). A read batch waits as a read does.
+    pub(super) async fn begin_batch(
+        &self,
+        lease: &Lease,
+        mode: Access,
+        isolation: Option<Isolation>,
+    ) -> Result<(), ApiError> {
+        let lock_wait_ms = match mode {
+            Access::ReadOnly => self.lock_wait_ms(),
+            Access::ReadWrite => 0,
+        };
+        self.begin_waiting(lease, mode, isolation, lock_wait_ms)
+            .await
+    }
+
     /// [`Inner::begin`] for the server's own store (a commit record's claim, a lookup): its
     /// waits on a key's row are by design (a tombstone's claim waits for a COMMIT that holds
     /// the row, ADR 0041), so they are bounded by the statement timeout only, not by
