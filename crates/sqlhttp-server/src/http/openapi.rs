@@ -1,13 +1,14 @@
-//! `GET /api/v1/openapi.json`: the protocol's OpenAPI document (`docs/openapi.yaml`), served as
-//! the server was built with it, for the engine it runs on. The document is written in YAML's
-//! JSON form (ADR 0030); a schema whose accepted values differ between the engines says so in
-//! an `x-sqlite` or `x-postgresql` member, an object of keywords that replace the schema's own
-//! on that engine (SQLite's `isolation` is `serializable` only, PostgreSQL refuses
-//! `foreign_keys: checked_at_commit`), so each server documents exactly what it accepts (ADR
-//! 0044). The served document is the file with that engine's members applied and both engines'
-//! removed, built once. No token is needed (`credentials::authenticate` lets it through, as it
-//! lets the probes): the document holds the protocol only, nothing of this server's
-//! configuration.
+//! `GET /api/v1/openapi.json`: the protocol's OpenAPI document (this crate's `openapi.yaml`, the
+//! one copy: `docs/openapi.yaml` is a link to it, so the published crate builds from its own
+//! files; ADR 0049), served as the server was built with it, for the engine it runs on. The
+//! document is written in YAML's JSON form (ADR 0030); a schema whose accepted values differ
+//! between the engines says so in an `x-sqlite` or `x-postgresql` member, an object of keywords
+//! that replace the schema's own on that engine (SQLite's `isolation` is `serializable` only,
+//! PostgreSQL refuses `foreign_keys: checked_at_commit`), so each server documents exactly what
+//! it accepts (ADR 0044). The served document is the file with that engine's members applied and
+//! both engines' removed, built once. No token is needed (`credentials::authenticate` lets it
+//! through, as it lets the probes): the document holds the protocol only, nothing of this
+//! server's configuration.
 //!
 //! Knows the route, the file and which engine serves; nothing about SQL or credentials.
 
@@ -24,8 +25,8 @@ use crate::state::AppState;
 /// The document's path.
 pub(crate) const OPENAPI_PATH: &str = "/api/v1/openapi.json";
 
-/// The document as written: comment lines, then JSON.
-const SOURCE: &str = include_str!("../../../../docs/openapi.yaml");
+/// The document as written: comment lines, then JSON. Inside the crate, so its package compiles.
+const SOURCE: &str = include_str!("../../openapi.yaml");
 
 /// The members that say what one engine accepts, by engine.
 const ENGINE_MEMBERS: [&str; 2] = ["x-sqlite", "x-postgresql"];

@@ -14,7 +14,7 @@ const CRATE: &str = env!("CARGO_MANIFEST_DIR");
 /// The document as parsed from the file (its JSON part, after the leading comments), with both
 /// engines' `x-sqlite` and `x-postgresql` members.
 pub(crate) fn source() -> Value {
-    let text = std::fs::read_to_string(format!("{CRATE}/../../docs/openapi.yaml")).unwrap();
+    let text = std::fs::read_to_string(format!("{CRATE}/openapi.yaml")).unwrap();
     let start = text.find('{').unwrap();
     serde_json::from_str(&text[start..]).unwrap()
 }
