@@ -6,7 +6,7 @@
 //! ```
 //!
 //! Every client is the real `sqlhttp::Client` (retry rules, backoff, jitter, the retry budget, status
-//! mapping) with the network replaced by an in-process server function (the `simulation` feature), so no
+//! mapping) with the network replaced by an in-process server function (the `test-util` feature), so no
 //! socket is opened and simulated time passes only when every client is waiting: the run takes well
 //! under a second of wall time and repeats exactly (seeded jitter). The 1000 clients are clones of one
 //! client, so they share one retry budget as a service's clones do; each makes one read at t = 0 with up

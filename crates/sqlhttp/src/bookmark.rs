@@ -26,7 +26,7 @@ pub(crate) const CONSISTENCY_HEADER: &str = "sqlhttp-consistency";
 /// Opaque but ordered: a greater bookmark is a later position. A [`Client`](crate::Client) keeps the
 /// greatest it has seen and sends it on every request, so it reads its own writes even from a read
 /// replica; carry one to another process as its string (a cookie, a job's payload) and hand it to
-/// [`ClientBuilder::with_bookmark`](crate::ClientBuilder::with_bookmark),
+/// [`ClientBuilder::bookmark`](crate::ClientBuilder::bookmark),
 /// [`Client::observe_bookmark`](crate::Client::observe_bookmark) or a call's
 /// [`with_bookmark`](crate::Query::with_bookmark) there. Its text is 16 hexadecimal digits (written in lower
 /// case; upper case parses too), and it serializes (serde) as that string.

@@ -124,7 +124,7 @@ impl Client {
     /// A **write**: retried only under [`ClientBuilder::retry_writes`]. Each generated statement carries an
     /// `Idempotency-Key`, the same on every attempt, so a server that honours it applies it once.
     /// Large inputs are split to respect the engine's bound-parameter limit and the body limit (see
-    /// [`ClientBuilder::insert_max_params`], [`ClientBuilder::max_body_bytes`]); every row is checked
+    /// [`ClientBuilder::insert_max_params`], [`ClientBuilder::insert_max_bytes`]); every row is checked
     /// before the first statement is sent. `table` is one identifier, quoted as given.
     /// [`RetryPolicy::max_elapsed`] bounds the whole insert, all its statements together.
     ///
@@ -164,7 +164,7 @@ impl Client {
     ///
     /// // In the process that receives it (a web request's cookie, say):
     /// let bookmark: Option<sqlhttp::Bookmark> = handed_over.map(|text| text.parse()).transpose()?;
-    /// let other = sqlhttp::Client::builder("http://127.0.0.1:8080").with_bookmark(bookmark).build()?;
+    /// let other = sqlhttp::Client::builder("http://127.0.0.1:8080").bookmark(bookmark).build()?;
     /// let name: String = other.query("SELECT name FROM users WHERE id = 1").fetch_one().await?;
     /// assert_eq!(name, "Ada");
     /// # Ok(())
@@ -264,7 +264,7 @@ pub struct ClientBuilder {
     user_agent: String,
     timeout: Option<Duration>,
     http_client: Option<reqwest::Client>,
-    #[cfg(feature = "simulation")]
+    #[cfg(feature = "test-util")]
     simulated: Option<crate::simulation::SimulatedServer>,
     policy: RetryPolicy,
     retry_writes: bool,
@@ -387,7 +387,7 @@ impl ClientBuilder {
             user_agent: concat!("sqlhttp-rust/", env!("CARGO_PKG_VERSION")).to_owned(),
             timeout: Some(Duration::from_secs(30)),
             http_client: None,
-            #[cfg(feature = "simulation")]
+            #[cfg(feature = "test-util")]
             simulated: None,
             policy: RetryPolicy::new(),
             retry_writes: false,
@@ -432,10 +432,10 @@ impl ClientBuilder {
     }
 
     /// Sends every attempt to `server`, a function of yours, instead of over HTTP (feature
-    /// `simulation`): see the [`simulation`](crate::simulation) module. Everything but the network is
+    /// `test-util`): see the [`simulation`](crate::simulation) module. Everything but the network is
     /// the real client. Default: HTTP.
-    #[cfg(feature = "simulation")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "simulation")))]
+    #[cfg(feature = "test-util")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
     #[must_use]
     pub fn simulated_server<F, Fut>(mut self, server: F) -> Self
     where
@@ -530,7 +530,7 @@ impl ClientBuilder {
         self
     }
 
-    /// Retries writes (`insert`) too. Default: `false`.
+    /// Retries writes (`insert`) too when `true`. Default: `false`.
     ///
     /// Each write call sends one `Idempotency-Key` on all its attempts. The reference server stores the
     /// outcome under that key and replays it, so a retried write is applied exactly once. **Against a
@@ -551,12 +551,14 @@ impl ClientBuilder {
         self
     }
 
-    /// Cancels every call of this client (and its clones) when `token` is cancelled. A cancelled token
-    /// stays cancelled: from then on every call fails at once with `Cancelled`, so use a child token
-    /// (`token.child_token()`) per client you may want to keep.
+    /// Cancels every call of this client (and its clones) when `token` is cancelled, as a call's own
+    /// [`cancel_on`](crate::Query::cancel_on) cancels that call (the client keeps a clone of the
+    /// token). A cancelled token stays cancelled: from then on every call fails at once with
+    /// `Cancelled`, so use a child token (`token.child_token()`) per client you may want to keep.
+    /// Default: none.
     #[must_use]
-    pub fn cancellation_token(mut self, token: CancellationToken) -> Self {
-        self.cancel = Some(token);
+    pub fn cancel_on(mut self, token: &CancellationToken) -> Self {
+        self.cancel = Some(token.clone());
         self
     }
 
@@ -572,7 +574,7 @@ impl ClientBuilder {
     /// The largest request body `insert` generates; match the server's limit. Default: 1 MiB (the
     /// reference server's default).
     #[must_use]
-    pub fn max_body_bytes(mut self, max: usize) -> Self {
+    pub fn insert_max_bytes(mut self, max: usize) -> Self {
         self.insert_limits.max_body_bytes = max;
         self
     }
@@ -583,7 +585,7 @@ impl ClientBuilder {
     /// cookie, a job's payload), so its first request is already at least as fresh as it; see
     /// [`Client::bookmark`]. `None` starts empty. Default: `None`.
     #[must_use]
-    pub fn with_bookmark(mut self, bookmark: impl Into<Option<Bookmark>>) -> Self {
+    pub fn bookmark(mut self, bookmark: impl Into<Option<Bookmark>>) -> Self {
         self.bookmark = bookmark.into();
         self
     }
@@ -667,9 +669,9 @@ impl ClientBuilder {
         let describe_endpoint = base
             .join(DESCRIBE_ENDPOINT)
             .map_err(|err| Error::config(format!("invalid base URL: {err}")))?;
-        #[cfg(feature = "simulation")]
+        #[cfg(feature = "test-util")]
         let simulated = self.simulated;
-        #[cfg(not(feature = "simulation"))]
+        #[cfg(not(feature = "test-util"))]
         let simulated: Option<std::convert::Infallible> = None;
         let http = match self.http_client {
             _ if simulated.is_some() => None,
@@ -691,7 +693,7 @@ impl ClientBuilder {
                 authorization,
                 user_agent,
             }),
-            #[cfg(feature = "simulation")]
+            #[cfg(feature = "test-util")]
             (None, Some(server)) => Box::new(crate::simulation::SimulatedExchange {
                 server,
                 endpoint: endpoint.clone(),

@@ -67,7 +67,7 @@ pub(crate) struct Chunk {
 /// one distinct, deterministic key per statement, so a re-send replays the statements that committed
 /// and runs the rest. Re-send the same rows with the same client limits
 /// ([`ClientBuilder::insert_max_params`](crate::ClientBuilder::insert_max_params),
-/// [`ClientBuilder::max_body_bytes`](crate::ClientBuilder::max_body_bytes)): a different split gives a
+/// [`ClientBuilder::insert_max_bytes`](crate::ClientBuilder::insert_max_bytes)): a different split gives a
 /// statement a different body, which the server refuses under a used key (`422`). Without a key of the
 /// caller's, the SDK makes one per call and derives the statements' keys the same way; a failure whose
 /// outcome is unknown carries it ([`Error::idempotency_key`]).
@@ -130,7 +130,7 @@ impl<'r, T> Insert<'r, T> {
 
     /// Inserts every row or none: the statements the rows are split into (see
     /// [`ClientBuilder::insert_max_params`](crate::ClientBuilder::insert_max_params) and
-    /// [`ClientBuilder::max_body_bytes`](crate::ClientBuilder::max_body_bytes)) are sent as one
+    /// [`ClientBuilder::insert_max_bytes`](crate::ClientBuilder::insert_max_bytes)) are sent as one
     /// [batch](crate::Client::batch), which the server commits in one transaction. The call's
     /// idempotency key (the caller's, or one the SDK makes) covers the whole batch, as given: no
     /// `{key}/{index}` suffixes. A failure names the statement ([`Error::statement_index`]) and leaves

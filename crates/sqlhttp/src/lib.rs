@@ -11,7 +11,9 @@
 //! * Parameters are always bound (`.bind(value)`), never spliced into SQL; a BLOB is a [`Blob`] (or any
 //!   value serialized as bytes) and comes back as one.
 //! * Features: `rustls` (default) or `native-tls` for HTTPS; `gzip` and `zstd` ask for compressed
-//!   responses (off by default: they pay across a network, not on loopback).
+//!   responses (off by default: they pay across a network, not on loopback); `migrate` (default)
+//!   for [`migrate`]; `test-util` for the in-process server of the `simulation` module (tokio's and
+//!   clickhouse-rs's name for test-only items).
 //! * Every call goes through one transport that retries exactly what is safe: reads by default, writes
 //!   only under [`ClientBuilder::retry_writes`] (with an idempotency key), `execute` never. It honours
 //!   `Retry-After`, stops at once when the caller cancels, and shares a retry budget across clones so a
@@ -41,6 +43,29 @@
 //! # Ok(())
 //! # }
 //! ```
+//!
+//! # Other crates' types in this API
+//!
+//! A few types of other crates appear in this crate's API, each because it is the one a caller
+//! already has or builds. **A breaking release of one of these crates that changes the type is a
+//! breaking release of this one** (its major version, or its minor one while it is `0.x`), so an
+//! upgrade of reqwest from 0.13 to 0.14 is a new major version of `sqlhttp`; a patch release of
+//! theirs changes nothing here.
+//!
+//! | type | from | where | why |
+//! |---|---|---|---|
+//! | [`Proxy`] (re-exported) | reqwest 0.13 | [`ClientBuilder::proxy`] | the SDK's HTTP client is reqwest's: its proxy settings, not a copy of them |
+//! | [`Certificate`], [`Identity`] (re-exported; `rustls` or `native-tls`) | reqwest 0.13 | [`ClientBuilder::add_root_certificate`], [`ClientBuilder::identity`] | parsed by the TLS stack that uses them, from PEM or DER |
+//! | `reqwest::Client` (not re-exported: bring your own) | reqwest 0.13 | [`ClientBuilder::http_client`] | a client of yours, with its own connector (`sqlhttp-testkit`'s fault injection) |
+//! | `reqwest::Error` | reqwest 0.13 | the [`source`](std::error::Error::source) of an [`Error`] from a failed exchange | the cause as reqwest saw it; downcast it only to log more |
+//! | [`CancellationToken`] (re-exported) | tokio-util 0.7 | [`ClientBuilder::cancel_on`], every builder's `cancel_on` | tokio's shared cancellation signal: one token stops many calls, and a child token one client |
+//! | `futures_core::Stream` (a trait) | futures-core 0.3 | implemented by [`RowStream`] | the stream trait every async stream combinator takes |
+//! | `serde::Serialize`, `serde::Deserialize` (traits) | serde 1 | bounds of `bind`, `fetch_*`, `insert`; implemented by [`Value`], [`Blob`], [`Bookmark`] | rows are your own serde types |
+//! | `http::Request<bytes::Bytes>`, `http::Response<bytes::Bytes>` (`test-util`) | http 1, bytes 1 | `simulation::Request`, `simulation::Response` | the request the client would have sent, as the `http` crate every Rust HTTP stack shares |
+//!
+//! The SQL splitter the CLI uses (`sqlhttp::script`) and the body decoder the benches call
+//! (`sqlhttp::decode`) are public paths only so those crates of this workspace can reach them:
+//! they are `#[doc(hidden)]`, not part of the API, and may change in any release.
 
 // docs.rs builds with `--cfg docsrs` on nightly (Cargo.toml's `[package.metadata.docs.rs]`): there
 // the items of optional features carry their feature's badge.
@@ -59,9 +84,12 @@ pub mod migrate;
 mod options;
 mod response;
 pub mod retry;
+/// Not part of the API (`#[doc(hidden)]`, may change in any release): the SQL script splitter the
+/// `sqlhttp` CLI and `sqlhttp-testkit` share.
+#[doc(hidden)]
 pub mod script;
-#[cfg(feature = "simulation")]
-#[cfg_attr(docsrs, doc(cfg(feature = "simulation")))]
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod simulation;
 mod statement;
 mod table;
@@ -77,25 +105,30 @@ pub use cursor::RowStream;
 pub use describe::{ColumnInfo, TableInfo};
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use insert::{Insert, InsertReport};
-/// A proxy for [`ClientBuilder::proxy`] (reqwest's type).
+/// A proxy for [`ClientBuilder::proxy`] (reqwest's type: see "Other crates' types in this API").
 pub use reqwest::Proxy;
 /// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and
-/// [`ClientBuilder::identity`] (reqwest's types).
+/// [`ClientBuilder::identity`] (reqwest's types: see "Other crates' types in this API").
 #[cfg(any(feature = "rustls", feature = "native-tls"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
 pub use table::{Column, ExecResult, Row, Table};
+/// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
+/// (tokio-util's type: see "Other crates' types in this API").
 pub use tokio_util::sync::CancellationToken;
 pub use transaction::{Isolation, Transaction, TransactionBuilder, TxStatement};
 pub use value::Value;
 pub use wire::blob::Blob;
+/// Not part of the API (`#[doc(hidden)]`, may change in any release): the body decoder, for the
+/// decode benchmark.
+#[doc(hidden)]
 pub use wire::decode;
 
 /// The README's examples compile (`cargo test --doc`).
 #[cfg(doctest)]
-#[doc = include_str!("../../../README.md")]
+#[doc = include_str!("../README.md")]
 struct ReadmeDoctests;
 
 /// Compile-time promises: the client is cheap to share across tasks, and errors can cross threads.

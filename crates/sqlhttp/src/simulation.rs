@@ -1,5 +1,5 @@
 //! An in-process server in place of HTTP, for simulations and tests of code built on the SDK
-//! (feature `simulation`, off by default).
+//! (feature `test-util`, tokio's and clickhouse-rs's name for it; off by default).
 //!
 //! [`ClientBuilder::simulated_server`](crate::ClientBuilder::simulated_server) hands every attempt to a
 //! function of yours instead of the network: it receives the request the client would have sent (method,

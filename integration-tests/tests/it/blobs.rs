@@ -35,7 +35,7 @@ async fn blobs_of_0_bytes_and_1_mb_round_trip() {
         ..Config::default()
     })
     .await;
-    let client = live.builder().max_body_bytes(4 << 20).build().unwrap();
+    let client = live.builder().insert_max_bytes(4 << 20).build().unwrap();
     let table = unique_table("blobs");
     client
         .execute(format!(

@@ -181,7 +181,7 @@ async fn a_large_insert_is_split_and_every_row_lands() {
     let client = live
         .builder()
         .insert_max_params(400)
-        .max_body_bytes(16 * 1024)
+        .insert_max_bytes(16 * 1024)
         .build()
         .unwrap();
     let table = unique_table("bulk");

@@ -103,7 +103,7 @@ async fn cancelling_a_stalled_attempt_returns_promptly() {
     let token = CancellationToken::new();
     let client = live
         .via(&proxy)
-        .cancellation_token(token.clone())
+        .cancel_on(&token)
         .build()
         .unwrap();
     let cancel = token.clone();

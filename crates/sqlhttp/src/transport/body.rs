@@ -57,7 +57,7 @@ impl Body {
     }
 
     /// The body with the bookmark its response's head carried (a simulated server's).
-    #[cfg(feature = "simulation")]
+    #[cfg(feature = "test-util")]
     pub(crate) fn with_bookmark(mut self, bookmark: Option<Bookmark>) -> Body {
         self.bookmark = bookmark;
         self

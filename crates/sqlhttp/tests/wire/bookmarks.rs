@@ -205,7 +205,7 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
     let server = server().await;
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000500"))
+        .bookmark(bookmark("0000000000000500"))
         .build()
         .unwrap();
     assert_eq!(client.bookmark(), Some(bookmark("0000000000000500")));
@@ -235,7 +235,7 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
         ]
     );
     // The builder's `None` starts empty.
-    let empty = builder(&server).with_bookmark(None).build().unwrap();
+    let empty = builder(&server).bookmark(None).build().unwrap();
     assert_eq!(empty.bookmark(), None);
 }
 
@@ -248,7 +248,7 @@ async fn any_replica_sends_no_bookmark_but_keeps_the_answer_s() {
     let batch = ResponseTemplate::new(200).set_body_json(results);
     mount(&server, "/api/v1/batch", batch, 1).await;
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000600"))
+        .bookmark(bookmark("0000000000000600"))
         .build()
         .unwrap();
     client
@@ -281,7 +281,7 @@ async fn primary_sends_the_consistency_header_and_session_sends_none() {
     let server = server().await;
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000042"))
+        .bookmark(bookmark("0000000000000042"))
         .build()
         .unwrap();
     client
@@ -356,7 +356,7 @@ impl Respond for RaisedDuringTheFirstAttempt {
 async fn each_retried_attempt_carries_the_greatest_bookmark_known_when_it_is_sent() {
     let server = server().await;
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000111"))
+        .bookmark(bookmark("0000000000000111"))
         .build()
         .unwrap();
     Mock::given(method("POST"))
@@ -438,7 +438,7 @@ async fn a_read_refused_for_a_bookmark_ahead_drops_it_and_is_sent_again_without_
     let server = server().await;
     behind(&server, "/api/v1/sql", rows_at("0000000000000010")).await;
     let client = builder(&server)
-        .with_bookmark(bookmark(FAR))
+        .bookmark(bookmark(FAR))
         .retry(sqlhttp::RetryPolicy::never())
         .build()
         .unwrap();
@@ -499,7 +499,7 @@ async fn keyed_writes_and_transaction_steps_are_sent_again_without_it() {
     .await;
     // Without retry_writes: the write is refused before it ran, so it is sent again all the same.
     let client = builder(&server)
-        .with_bookmark(bookmark(FAR))
+        .bookmark(bookmark(FAR))
         .build()
         .unwrap();
     assert_eq!(client.insert("t", &[Row { n: 1 }]).await.unwrap(), 1);
@@ -554,7 +554,7 @@ async fn an_execute_refused_for_its_bookmark_returns_the_error_and_its_next_call
     )
     .await;
     let client = builder(&server)
-        .with_bookmark(bookmark(FAR))
+        .bookmark(bookmark(FAR))
         .build()
         .unwrap();
     let err = client.execute("UPDATE t SET n = 1").await.unwrap_err();
@@ -575,7 +575,7 @@ async fn reset_bookmark_forgets_it_for_every_clone() {
     let server = server().await;
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000042"))
+        .bookmark(bookmark("0000000000000042"))
         .build()
         .unwrap();
     let clone = client.clone();
@@ -675,7 +675,7 @@ async fn an_ill_formed_or_older_body_bookmark_changes_nothing_and_fails_nothing(
         respond_times(&server, ending_with(member), 2).await;
     }
     let client = builder(&server)
-        .with_bookmark(bookmark("0000000000000500"))
+        .bookmark(bookmark("0000000000000500"))
         .build()
         .unwrap();
     for _ in 0..6 {

@@ -53,7 +53,7 @@ async fn the_clients_token_cancels_every_call_of_every_clone() {
     .await;
     let token = CancellationToken::new();
     let client = builder(&server)
-        .cancellation_token(token.clone())
+        .cancel_on(&token)
         .build()
         .unwrap();
     let calls: Vec<_> = (0..3)

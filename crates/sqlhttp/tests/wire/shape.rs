@@ -312,7 +312,7 @@ async fn insert_chunks_get_their_own_keys_and_a_later_failure_reports_what_was_c
 async fn bad_input_fails_before_anything_is_sent() {
     let server = server().await;
     respond_always(&server, ok_effect(1, None)).await;
-    let client = builder(&server).max_body_bytes(300).build().unwrap();
+    let client = builder(&server).insert_max_bytes(300).build().unwrap();
     let err = client
         .query("SELECT ?")
         .bind(vec![1, 2])
@@ -408,7 +408,7 @@ fn build_reports_bad_configuration() {
             .build(),
         Client::builder("http://x").timeout(Duration::ZERO).build(),
         Client::builder("http://x").insert_max_params(0).build(),
-        Client::builder("http://x").max_body_bytes(0).build(),
+        Client::builder("http://x").insert_max_bytes(0).build(),
         Client::builder("http://x")
             .retry(RetryPolicy::new().with_max_elapsed(Duration::ZERO))
             .build(),

@@ -380,7 +380,7 @@ async fn a_cancelled_client_stops_asking() {
     let token = sqlhttp::CancellationToken::new();
     let client = builder(&server)
         .retry(quick(3).with_max_elapsed(Duration::from_secs(3_600)))
-        .cancellation_token(token.clone())
+        .cancel_on(&token)
         .build()
         .unwrap();
     let tx = client.transaction().await.unwrap();
