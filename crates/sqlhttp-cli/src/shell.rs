@@ -71,7 +71,7 @@ impl Session<'_> {
         let mut stdout = io::stdout().lock();
         let ran = match &self.transaction {
             Some(tx) => {
-                match run::in_transaction(tx, sql, params, self.format, &mut stdout).await {
+                match run::statement(tx, sql, params, self.format, &mut stdout).await {
                     Err(e)
                         if e.downcast_ref::<sqlhttp::Error>()
                             .is_some_and(sqlhttp::Error::is_transaction_lost) =>

@@ -17,7 +17,7 @@ use crate::bookmark::{Bookmark, Session};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
-use crate::statement::{Execute, Query, TableQuery};
+use crate::statement::{Execute, Query, TableQuery, Target};
 use crate::transport::{Call, Delivered, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's statement endpoint, relative to the server's base URL.
@@ -85,7 +85,7 @@ impl Client {
     /// flag, one that predates it or another implementation, would run a write sent here; see the
     /// README's "What is retried".)
     pub fn query(&self, sql: impl Into<String>) -> Query {
-        Query::new(self.clone(), sql.into())
+        Query::new(Target::Client(self.clone()), sql.into())
     }
 
     /// A query whose result comes back as a [`Table`](crate::Table): columns with their types and rows of
@@ -97,7 +97,7 @@ impl Client {
     /// Any failure of the call after retries; [`ErrorKind::Decode`](crate::ErrorKind::Decode) when the
     /// body is not a protocol v1 result.
     pub fn query_table(&self, sql: impl Into<String>) -> TableQuery {
-        TableQuery::new(self.clone(), sql.into())
+        TableQuery::new(Target::Client(self.clone()), sql.into())
     }
 
     /// A statement run for its effect (DDL, `UPDATE`, `DELETE`, an `INSERT` you wrote yourself); `.await`
@@ -115,7 +115,7 @@ impl Client {
     ///
     /// Any failure of the one attempt (see [`ErrorKind`](crate::ErrorKind)).
     pub fn execute(&self, sql: impl Into<String>) -> Execute {
-        Execute::new(self.clone(), sql.into())
+        Execute::new(Target::Client(self.clone()), sql.into())
     }
 
     /// Inserts `rows` (structs or maps, all with the same fields) into `table` with parameterized
@@ -135,7 +135,7 @@ impl Client {
     /// row cannot be inserted; otherwise the failure of a statement, with
     /// [`Error::rows_inserted`](crate::Error::rows_inserted) when earlier statements committed.
     pub fn insert<'r, T: Serialize + Sync>(&self, table: &str, rows: &'r [T]) -> Insert<'r, T> {
-        Insert::new(self.clone(), table.to_owned(), rows)
+        Insert::new(Target::Client(self.clone()), table.to_owned(), rows)
     }
 
     /// Several statements run in order in **one transaction** on the server, committed only if all

@@ -5,8 +5,11 @@
 //!
 //! Every one decodes through the same incremental [`Decoder`], so a buffered call and a stream
 //! read rows alike, and take the bookmark a body names at its end alike: a receiver hands it to
-//! the transport, a stream merges it into the client's session when it reaches the end. This
-//! module knows the transport's body and receiver seam; it does not know retry rules or HTTP.
+//! the transport, a stream merges it into the client's session when it reaches the end. A stream
+//! of a transaction's statement may hold a [`Reread`]: when its body is cut short, it asks for
+//! the statement's stored result again and skips the rows it already gave (ADR 0047). This
+//! module knows the transport's body and receiver seam; it does not know retry rules, HTTP, or
+//! transactions.
 
 use std::fmt;
 use std::future::Future;
@@ -115,12 +118,42 @@ impl<T: DeserializeOwned> First<T> {
     }
 }
 
+/// Takes the first piece of a body read again, whatever it holds: the stream decodes it.
+#[derive(Default)]
+struct Stash(Vec<u8>);
+
+impl Receive for Stash {
+    fn reset(&mut self) {
+        self.0.clear();
+    }
+
+    fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
+        if let Some(piece) = piece {
+            self.0.extend_from_slice(piece);
+        }
+        Ok(true)
+    }
+}
+
+/// Sends a statement whose result the server kept again, so a stream cut short can read the
+/// rest of it: the answer goes to `receiver` as the first call's did.
+pub(crate) trait Reread: Send + Sync {
+    fn reread<'a>(
+        &'a self,
+        receiver: &'a mut dyn Receive,
+    ) -> Pin<Box<dyn Future<Output = Result<Delivered>> + Send + 'a>>;
+}
+
+/// How many times one stream reads its result again before it gives up.
+const MAX_REREADS: u32 = 3;
+
 impl<T: DeserializeOwned + Send> Receive for First<T> {
     fn reset(&mut self) {
         self.decoder.reset();
         self.first = None;
         self.ended = false;
     }
+
 
     fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
         match piece {
@@ -150,6 +183,9 @@ impl<T: DeserializeOwned + Send> Receive for First<T> {
 const DRAIN_LIMIT: usize = 64 * 1024;
 
 type ReadFuture = Pin<Box<dyn Future<Output = (Body, Result<Option<Bytes>, Failure>)> + Send>>;
+
+/// A stream's result read again: its first piece, and the rest of the body.
+type RereadFuture = Pin<Box<dyn Future<Output = Result<(Vec<u8>, Delivered)>> + Send>>;
 
 /// The rows of a query, decoded one at a time as the response body arrives, made by
 /// [`Query::fetch`](crate::Query::fetch) (or by [`Execute::fetch`](crate::Execute::fetch) for
@@ -209,6 +245,12 @@ struct Started<T> {
     /// Whether the call may write: a body it ends with `OUTCOME_UNKNOWN` leaves that unknown.
     may_write: bool,
     done: bool,
+    /// How to read the result again when the body is cut short (a transaction's statement).
+    reread: Option<Arc<dyn Reread>>,
+    rereads: u32,
+    rereading: Option<RereadFuture>,
+    /// Rows of a result read again to decode and drop: the ones the stream already gave.
+    skip: usize,
 }
 
 // No field is ever pinned: the request and the read in flight are boxed, and `T`s are only moved
@@ -271,6 +313,14 @@ impl<T: DeserializeOwned> RowStream<T> {
         RowStream {
             state: State::Started(Box::new(Started::new(first, delivered))),
         }
+    }
+
+    /// Lets the stream read its result again through `reread` when its body is cut short.
+    pub(crate) fn rereading(mut self, reread: Option<Box<dyn Reread>>) -> Self {
+        if let State::Started(started) = &mut self.state {
+            started.reread = reread.map(Arc::from);
+        }
+        self
     }
 
     /// The result's columns, with their declared types: known once the first row (or the end)
@@ -371,6 +421,10 @@ impl<T: DeserializeOwned> Started<T> {
             session,
             may_write,
             done: false,
+            reread: None,
+            rereads: 0,
+            rereading: None,
+            skip: 0,
         }
     }
 
@@ -439,6 +493,26 @@ impl<T: DeserializeOwned> Started<T> {
     }
 
     fn poll_row(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<T>>> {
+        if let Some(rereading) = self.rereading.as_mut() {
+            match rereading.as_mut().poll(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Ok((piece, delivered))) => {
+                    self.rereading = None;
+                    // The result from its start: the rows already given are decoded again and
+                    // dropped (the server sends the one result it kept, byte for byte).
+                    self.skip = self.decoder.rows_given();
+                    self.decoder = Decoder::new();
+                    self.decoder.push(&piece);
+                    self.body = Some(delivered.body);
+                    self.attempts += delivered.attempts;
+                    self.history.extend(delivered.history);
+                }
+                Poll::Ready(Err(err)) => {
+                    self.rereading = None;
+                    return self.fail(err);
+                }
+            }
+        }
         if let Some(first) = self.first.take() {
             return Poll::Ready(Some(Ok(first)));
         }
@@ -447,7 +521,20 @@ impl<T: DeserializeOwned> Started<T> {
                 return Poll::Ready(None);
             }
             match self.decoder.next() {
+                Ok(Step::Row(_)) if self.decoder.rows_given() <= self.skip => continue,
                 Ok(Step::Row(row)) => return Poll::Ready(Some(Ok(row))),
+                Ok(Step::End) if self.decoder.rows_given() < self.skip => {
+                    let given = self.skip;
+                    return self.fail(Error::new(ErrorKind::Decode {
+                        row: None,
+                        column: None,
+                        message: format!(
+                            "the statement's result read again after a lost answer has {} rows, \
+                             fewer than the {given} already given",
+                            self.decoder.rows_given()
+                        ),
+                    }));
+                }
                 Ok(Step::End) => {
                     self.done = true;
                     self.body = None;
@@ -494,7 +581,23 @@ impl<T: DeserializeOwned> Started<T> {
                 Ok(None) => self.decoder.finish(),
                 Err(failure) => {
                     let Failure { kind, source, .. } = failure;
-                    return self.fail(Error::new(kind).with_boxed_source(source));
+                    let err = Error::new(kind).with_boxed_source(source);
+                    if let Some(reread) = self.reread.clone()
+                        && self.rereads < MAX_REREADS
+                        && (err.is_connection() || err.is_timeout())
+                    {
+                        // The result is kept whole on the server: read it again, past the
+                        // rows already given.
+                        self.rereads += 1;
+                        tracing::info!(rows = self.decoder.rows_given(), error = %err, "a streamed statement's answer was cut short; reading its stored result again");
+                        self.rereading = Some(Box::pin(async move {
+                            let mut stash = Stash::default();
+                            let delivered = reread.reread(&mut stash).await?;
+                            Ok((stash.0, delivered))
+                        }));
+                        return self.poll_row(cx);
+                    }
+                    return self.fail(err);
                 }
             }
         }

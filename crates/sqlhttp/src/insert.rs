@@ -5,8 +5,9 @@
 //! Every row is checked and every chunk encoded before the first one is sent, so bad input fails with
 //! nothing written. Each chunk is one write, retried only under `retry_writes`, with an idempotency key
 //! of its own derived from the call's (see [`chunk_key`]); an [`atomic`](Insert::atomic) insert sends
-//! all its chunks as one batch under the call's key instead (see `batch`). This module knows the SQL it
-//! generates and the request body; not the transport.
+//! all its chunks as one batch under the call's key instead (see `batch`). In a transaction each
+//! chunk is the transaction's next statement instead (see `statement::Target`), keyed by its number
+//! there. This module knows the SQL it generates and the request body; not the transport.
 
 use std::fmt;
 use std::future::IntoFuture;
@@ -15,14 +16,13 @@ use bytes::Bytes;
 use http::HeaderValue;
 use serde::Serialize;
 
-use crate::client::Client;
 use serde::de::IgnoredAny;
 
 use crate::cursor::Collect;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, check_key, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
-use crate::statement::{RequestBody, ResponseFuture, check_scalar};
+use crate::statement::{RequestBody, ResponseFuture, Target, check_scalar};
 use crate::table::Table;
 use crate::transport::{Call, Endpoint};
 use crate::wire::decode;
@@ -106,7 +106,7 @@ pub(crate) struct Chunk {
 /// [`Error::rows_inserted`] when earlier statements had committed.
 #[must_use = "an insert does nothing until it is awaited"]
 pub struct Insert<'r, T> {
-    client: Client,
+    target: Target,
     table: String,
     rows: &'r [T],
     atomic: bool,
@@ -118,9 +118,9 @@ retry_setting!(impl['r, T] Insert<'r, T>);
 write_settings!(impl['r, T] Insert<'r, T>);
 
 impl<'r, T> Insert<'r, T> {
-    pub(crate) fn new(client: Client, table: String, rows: &'r [T]) -> Self {
+    pub(crate) fn new(target: Target, table: String, rows: &'r [T]) -> Self {
         Self {
-            client,
+            target,
             table,
             rows,
             atomic: false,
@@ -237,7 +237,7 @@ impl<'r, T: Serialize + Sync> IntoFuture for Insert<'r, T> {
 impl<'r, T: Serialize + Sync> Insert<'r, T> {
     async fn run(self) -> Result<InsertReport> {
         self.options.validate()?;
-        let chunks = plan(&self.table, self.rows, self.client.insert_limits())?;
+        let chunks = plan(&self.table, self.rows, self.target.client().insert_limits())?;
         let count = chunks.len();
         let call_key = match &self.options.idempotency_key {
             Some(key) => key.clone(),
@@ -251,7 +251,8 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
             })?;
         }
         let sql_for_log = format!("INSERT INTO {} ...", quote_identifier(&self.table));
-        if self.atomic && count > 1 {
+        // In a transaction the statements commit with it: nothing to batch.
+        if self.atomic && count > 1 && matches!(self.target, Target::Client(_)) {
             return self.send_atomic(chunks, call_key, &sql_for_log).await;
         }
         let mut inserted = 0u64;
@@ -272,7 +273,7 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
                 started: Some(started),
             };
             let sent = self
-                .client
+                .target
                 .send(call, &mut effect)
                 .await
                 .and_then(|delivered| {
@@ -320,7 +321,7 @@ impl<T> Insert<'_, T> {
         let rows: usize = chunks.iter().map(|chunk| chunk.rows).sum();
         let bodies: Vec<Bytes> = chunks.into_iter().map(|chunk| chunk.body).collect();
         let body = crate::batch::encode(&bodies, false);
-        crate::batch::check_limits(count, body.len(), self.client.batch_limits()).map_err(
+        crate::batch::check_limits(count, body.len(), self.target.client().batch_limits()).map_err(
             |message| {
                 Error::new(ErrorKind::PayloadTooLarge {
                     message: format!(
@@ -344,7 +345,7 @@ impl<T> Insert<'_, T> {
             idempotency_key: Some(key),
             started: None,
         };
-        let delivered = self.client.send(call, &mut whole).await?;
+        let delivered = self.target.client().send(call, &mut whole).await?;
         let tables =
             crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(InsertReport {

@@ -26,6 +26,19 @@
 //! * An outcome the client cannot know is reported as such ([`Error::is_outcome_unknown`]): an
 //!   interactive transaction whose statement has one is rolled back, never committed, and a COMMIT
 //!   whose answer was lost is settled by asking the server how the transaction ended.
+//! * One statement surface: a [`Transaction`] hands out the client's own builders ([`Query`],
+//!   [`TableQuery`], [`Execute`], [`Insert`]), and [`Executor`] (for `&Client` and
+//!   `&Transaction`) lets a function written once run on either.
+//!
+//! # What awaiting a builder means
+//!
+//! **Awaiting a builder runs it and gives the one thing it is for, the same on a [`Client`] and in
+//! a [`Transaction`]**: [`TableQuery`] a [`Table`], [`Execute`] an [`ExecResult`] (rows affected,
+//! last insert id), [`Insert`] the rows inserted, [`Batch`] one [`Table`] per statement,
+//! [`TransactionBuilder`] the [`Transaction`], a [`RowStream`] itself once its first row has
+//! arrived. A [`Query`] is not awaited: its finishing call says how its rows are decoded
+//! (`fetch_all`, `fetch_one`, `fetch_optional`, or `fetch` to stream); so does an [`Execute`]'s
+//! when its `RETURNING` rows are wanted. Nothing is sent before that.
 //!
 //! ```no_run
 //! # async fn run() -> sqlhttp::Result<()> {
@@ -77,6 +90,7 @@ mod client;
 mod cursor;
 mod describe;
 mod error;
+mod executor;
 mod insert;
 #[cfg(feature = "migrate")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migrate")))]
@@ -118,7 +132,8 @@ pub use table::{Column, ExecResult, Row, Table};
 /// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
 /// (tokio-util's type: see "Other crates' types in this API").
 pub use tokio_util::sync::CancellationToken;
-pub use transaction::{Isolation, Transaction, TransactionBuilder, TxStatement};
+pub use executor::Executor;
+pub use transaction::{Isolation, Transaction, TransactionBuilder};
 pub use value::Value;
 pub use wire::blob::Blob;
 /// Not part of the API (`#[doc(hidden)]`, may change in any release): the body decoder, for the
@@ -147,6 +162,7 @@ fn _assert_impls() {
     send_sync::<Batch>();
     send_sync::<Bookmark>();
     send::<RowStream<u8>>();
+    send_sync::<Transaction>();
     fn stream<S: futures_core::Stream<Item = Result<u8>> + Unpin>() {}
     stream::<RowStream<u8>>();
 }

@@ -1,5 +1,8 @@
 //! A statement on its way out: SQL text and bound parameters, and the request builders that finish it
-//! ([`Query`], [`TableQuery`], [`Execute`]) with their per-call settings (see `options`).
+//! ([`Query`], [`TableQuery`], [`Execute`]) with their per-call settings (see `options`), and
+//! [`Target`], where a statement runs: on its own through the client, or as the next step of an
+//! interactive transaction. The builders and their finishing calls are the same for both; only
+//! the target knows the difference (ADR 0047).
 //!
 //! Parameters are always bound, never spliced into SQL: each is serialized to a JSON scalar and sent
 //! beside the text. This module knows the request body of protocol v1, not the transport's rules.
@@ -16,15 +19,72 @@ use serde::de::DeserializeOwned;
 use serde::de::IgnoredAny;
 
 use crate::client::Client;
-use crate::cursor::{Collect, First, RowStream};
+use crate::cursor::{Collect, First, Reread, RowStream};
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, read_settings, retry_setting};
 use crate::retry::classify::OpClass;
 use crate::table::{ExecResult, Table};
+use crate::transaction::Handle;
 use crate::transport::{Call, Delivered, Endpoint, Receive};
 use crate::value::Value as Cell;
 use crate::wire::decode;
 use serde_json::Value;
+
+/// Where a statement runs: through the client on its own, or as the next statement of an
+/// interactive transaction.
+#[derive(Clone)]
+pub(crate) enum Target {
+    Client(Client),
+    Transaction(Handle),
+}
+
+impl fmt::Debug for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Client(client) => client.fmt(f),
+            Target::Transaction(handle) => handle.fmt(f),
+        }
+    }
+}
+
+impl Target {
+    /// The client the statement is sent by (its limits; a transaction's own client).
+    pub(crate) fn client(&self) -> &Client {
+        match self {
+            Target::Client(client) => client,
+            Target::Transaction(handle) => handle.client(),
+        }
+    }
+
+    fn in_transaction(&self) -> bool {
+        matches!(self, Target::Transaction(_))
+    }
+
+    /// Sends a call the request builders made (a `/api/v1/sql` body): as it is through the
+    /// client, or as the transaction's next statement.
+    pub(crate) async fn send(&self, call: Call<'_>, receiver: &mut dyn Receive) -> Result<Delivered> {
+        match self {
+            Target::Client(client) => client.send(call, receiver).await,
+            Target::Transaction(handle) => handle.step(call, receiver).await.map(|(d, _)| d),
+        }
+    }
+
+    /// [`send`](Self::send), for a stream: with, in a transaction, the way to read the stored
+    /// result again after a lost answer.
+    async fn send_streamed(
+        &self,
+        call: Call<'_>,
+        receiver: &mut dyn Receive,
+    ) -> Result<(Delivered, Option<Box<dyn Reread>>)> {
+        match self {
+            Target::Client(client) => Ok((client.send(call, receiver).await?, None)),
+            Target::Transaction(handle) => {
+                let (delivered, replay) = handle.step(call, receiver).await?;
+                Ok((delivered, Some(Box::new(replay))))
+            }
+        }
+    }
+}
 
 /// The request body of protocol v1.
 #[derive(Serialize)]
@@ -125,18 +185,32 @@ impl Statement {
     /// before anything is sent.
     async fn send(
         self,
-        client: &Client,
+        target: &Target,
         class: OpClass,
         options: &CallOptions,
         receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
+        let (delivered, _) = self
+            .send_streamed(target, class, options, receiver)
+            .await?;
+        Ok(delivered)
+    }
+
+    async fn send_streamed(
+        self,
+        target: &Target,
+        class: OpClass,
+        options: &CallOptions,
+        receiver: &mut dyn Receive,
+    ) -> Result<(Delivered, Option<Box<dyn Reread>>)> {
         if let Some(kind) = self.invalid {
             return Err(Error::new(kind));
         }
         let body = RequestBody {
             sql: &self.sql,
             params: &self.params,
-            read_only: class == OpClass::Read,
+            // In a transaction the transaction's own access applies (opened read-only or not).
+            read_only: class == OpClass::Read && !target.in_transaction(),
         }
         .encode();
         let call = Call {
@@ -148,53 +222,55 @@ impl Statement {
             idempotency_key: None,
             started: None,
         };
-        client.send(call, receiver).await
+        target.send_streamed(call, receiver).await
     }
 
     /// Sends the statement and decodes every row into a `T`; a failure anywhere in the body is
     /// retried as the class allows (the caller has seen nothing yet).
     async fn fetch_all<T: DeserializeOwned + Send>(
         self,
-        client: &Client,
+        target: &Target,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<Vec<T>> {
         let mut all = Collect::new();
-        self.send(client, class, options, &mut all).await?;
+        self.send(target, class, options, &mut all).await?;
         Ok(all.rows)
     }
 
     /// Sends the statement and returns its rows as a stream, once the first has arrived.
     async fn fetch<T: DeserializeOwned + Send>(
         self,
-        client: &Client,
+        target: &Target,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<RowStream<T>> {
         let mut first = First::new();
-        let delivered = self.send(client, class, options, &mut first).await?;
-        Ok(RowStream::new(first, delivered))
+        let (delivered, reread) = self
+            .send_streamed(target, class, options, &mut first)
+            .await?;
+        Ok(RowStream::new(first, delivered).rereading(reread))
     }
 
     /// The first row, reading no more of the result than it must.
     async fn fetch_optional<T: DeserializeOwned + Send>(
         self,
-        client: &Client,
+        target: &Target,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<(Option<T>, RowStream<T>)> {
-        let mut rows = self.fetch(client, class, options).await?;
+        let mut rows = self.fetch(target, class, options).await?;
         let first = rows.try_next().await?;
         Ok((first, rows))
     }
 
     async fn fetch_one<T: DeserializeOwned + Send>(
         self,
-        client: &Client,
+        target: &Target,
         class: OpClass,
         options: &CallOptions,
     ) -> Result<T> {
-        let (first, rows) = self.fetch_optional(client, class, options).await?;
+        let (first, rows) = self.fetch_optional(target, class, options).await?;
         match first {
             Some(row) => {
                 rows.close().await;
@@ -277,7 +353,7 @@ macro_rules! bind_params {
 #[derive(Debug, Clone)]
 #[must_use = "a query does nothing until it is fetched"]
 pub struct Query {
-    client: Client,
+    target: Target,
     statement: Statement,
     options: CallOptions,
 }
@@ -288,9 +364,9 @@ retry_setting!(impl[] Query);
 read_settings!(impl[] Query);
 
 impl Query {
-    pub(crate) fn new(client: Client, sql: String) -> Self {
+    pub(crate) fn new(target: Target, sql: String) -> Self {
         Self {
-            client,
+            target,
             statement: Statement::new(sql),
             options: CallOptions::default(),
         }
@@ -305,7 +381,7 @@ impl Query {
     /// cell is not what `T` expects.
     pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
         self.statement
-            .fetch_all(&self.client, OpClass::Read, &self.options)
+            .fetch_all(&self.target, OpClass::Read, &self.options)
             .await
     }
 
@@ -332,7 +408,7 @@ impl Query {
     pub fn fetch<T: DeserializeOwned + Send + 'static>(self) -> RowStream<T> {
         RowStream::starting(async move {
             self.statement
-                .fetch(&self.client, OpClass::Read, &self.options)
+                .fetch(&self.target, OpClass::Read, &self.options)
                 .await
         })
     }
@@ -345,7 +421,7 @@ impl Query {
     /// [`ErrorKind::RowNotFound`] when the query returned no rows; otherwise as [`fetch_all`](Self::fetch_all).
     pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
-            .fetch_one(&self.client, OpClass::Read, &self.options)
+            .fetch_one(&self.target, OpClass::Read, &self.options)
             .await
     }
 
@@ -357,7 +433,7 @@ impl Query {
     pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
         let (first, rows) = self
             .statement
-            .fetch_optional(&self.client, OpClass::Read, &self.options)
+            .fetch_optional(&self.target, OpClass::Read, &self.options)
             .await?;
         rows.close().await;
         Ok(first)
@@ -389,7 +465,7 @@ impl Query {
 #[derive(Debug, Clone)]
 #[must_use = "a query does nothing until it is awaited"]
 pub struct TableQuery {
-    client: Client,
+    target: Target,
     statement: Statement,
     options: CallOptions,
 }
@@ -400,9 +476,9 @@ retry_setting!(impl[] TableQuery);
 read_settings!(impl[] TableQuery);
 
 impl TableQuery {
-    pub(crate) fn new(client: Client, sql: String) -> Self {
+    pub(crate) fn new(target: Target, sql: String) -> Self {
         Self {
-            client,
+            target,
             statement: Statement::new(sql),
             options: CallOptions::default(),
         }
@@ -417,7 +493,7 @@ impl IntoFuture for TableQuery {
         ResponseFuture::new(async move {
             let mut all = Collect::<Vec<Cell>>::new();
             self.statement
-                .send(&self.client, OpClass::Read, &self.options, &mut all)
+                .send(&self.target, OpClass::Read, &self.options, &mut all)
                 .await?;
             Ok(all.into_table())
         })
@@ -468,7 +544,7 @@ impl IntoFuture for TableQuery {
 #[derive(Debug, Clone)]
 #[must_use = "a statement does nothing until it is awaited"]
 pub struct Execute {
-    client: Client,
+    target: Target,
     statement: Statement,
     options: CallOptions,
 }
@@ -477,9 +553,9 @@ bind_params!(Execute);
 call_settings!(impl[] Execute);
 
 impl Execute {
-    pub(crate) fn new(client: Client, sql: String) -> Self {
+    pub(crate) fn new(target: Target, sql: String) -> Self {
         Self {
-            client,
+            target,
             statement: Statement::new(sql),
             options: CallOptions::default(),
         }
@@ -494,7 +570,7 @@ impl Execute {
     /// column when a cell is not what `T` expects (the statement has run: its effects stay).
     pub async fn fetch_all<T: DeserializeOwned + Send>(self) -> Result<Vec<T>> {
         self.statement
-            .fetch_all(&self.client, OpClass::Execute, &self.options)
+            .fetch_all(&self.target, OpClass::Execute, &self.options)
             .await
     }
 
@@ -526,7 +602,7 @@ impl Execute {
     pub fn fetch<T: DeserializeOwned + Send + 'static>(self) -> RowStream<T> {
         RowStream::starting(async move {
             self.statement
-                .fetch(&self.client, OpClass::Execute, &self.options)
+                .fetch(&self.target, OpClass::Execute, &self.options)
                 .await
         })
     }
@@ -539,7 +615,7 @@ impl Execute {
     /// otherwise as [`fetch_all`](Self::fetch_all).
     pub async fn fetch_one<T: DeserializeOwned + Send>(self) -> Result<T> {
         self.statement
-            .fetch_one(&self.client, OpClass::Execute, &self.options)
+            .fetch_one(&self.target, OpClass::Execute, &self.options)
             .await
     }
 
@@ -551,7 +627,7 @@ impl Execute {
     pub async fn fetch_optional<T: DeserializeOwned + Send>(self) -> Result<Option<T>> {
         let (first, rows) = self
             .statement
-            .fetch_optional(&self.client, OpClass::Execute, &self.options)
+            .fetch_optional(&self.target, OpClass::Execute, &self.options)
             .await?;
         rows.close().await;
         Ok(first)
@@ -579,7 +655,7 @@ impl Execute {
     pub async fn fetch_table(self) -> Result<Table> {
         let mut all = Collect::<Vec<Cell>>::new();
         self.statement
-            .send(&self.client, OpClass::Execute, &self.options, &mut all)
+            .send(&self.target, OpClass::Execute, &self.options, &mut all)
             .await?;
         Ok(all.into_table())
     }
@@ -594,7 +670,7 @@ impl IntoFuture for Execute {
             let mut effect = Collect::<IgnoredAny>::new();
             let delivered = self
                 .statement
-                .send(&self.client, OpClass::Execute, &self.options, &mut effect)
+                .send(&self.target, OpClass::Execute, &self.options, &mut effect)
                 .await?;
             decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
         })

@@ -1,14 +1,20 @@
 //! Interactive transactions: [`TransactionBuilder`] (made by [`Client::transaction`]) opens a
-//! [`Transaction`] on the server, whose statements ([`Transaction::query`],
-//! [`Transaction::execute`]) run in it in order until [`Transaction::commit`] or
-//! [`Transaction::rollback`]; [`Client::transact`] runs a closure in one and runs it again when
-//! the transaction is lost before it commits.
+//! [`Transaction`] on the server, whose statements run in it in order until
+//! [`Transaction::commit`] or [`Transaction::rollback`] (each consumes it); [`Client::transact`]
+//! runs a closure in one and runs it again when the transaction is lost before it commits.
+//!
+//! A transaction hands out the client's own builders ([`Query`](crate::Query),
+//! [`TableQuery`](crate::TableQuery), [`Execute`](crate::Execute), [`Insert`](crate::Insert)):
+//! they reach this module through [`Handle::step`], which turns a statement's `/api/v1/sql` body
+//! into the transaction's next step, and through [`Replay`], which reads a streamed step's stored
+//! result again after its answer was lost part-way (ADR 0047).
 //!
 //! Every step is safe to send twice, so the transport retries each as the client's policy
 //! allows: a statement carries its number in the transaction (the server answers a re-sent one
 //! from its stored result), the open and the COMMIT carry an idempotency key (the server answers
 //! a re-sent one with the same transaction, or the stored outcome). This module knows the
-//! transaction endpoints' bodies and the order of steps; the retry rules are the transport's.
+//! transaction endpoints' bodies and the order of steps; the retry rules are the transport's, the
+//! decoding of rows the builders' and the cursor's.
 //!
 //! Two rules keep a retry from reporting what did not happen. A statement whose outcome is
 //! unknown after every retry (no answer, a gateway's `504`, `503 OUTCOME_UNKNOWN`) ends the
@@ -18,20 +24,21 @@
 
 use std::fmt;
 use std::future::{Future, IntoFuture};
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::Bytes;
-use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::client::Client;
+use crate::cursor::Reread;
 use crate::error::{Error, ErrorKind, Result};
+use crate::insert::Insert;
 use crate::options::CallOptions;
 use crate::retry::backoff;
 use crate::retry::classify::OpClass;
-use crate::statement::{RequestBody, ResponseFuture, Statement};
-use crate::table::Table;
-use crate::transport::{Call, Endpoint, TxStep};
+use crate::statement::{Execute, Query, ResponseFuture, TableQuery, Target};
+use crate::transport::{Call, Delivered, Endpoint, Receive, TxStep};
 use tokio::time::Instant;
 
 /// A transaction's isolation level. SQLite's transactions are serializable only (the server
@@ -150,11 +157,11 @@ impl TransactionBuilder {
             }));
         }
         Ok(Transaction {
-            shared: Arc::new(Shared {
+            handle: Handle(Arc::new(Shared {
                 client: self.client,
                 token: transaction,
                 state: tokio::sync::Mutex::new(State::default()),
-            }),
+            })),
         })
     }
 }
@@ -198,33 +205,90 @@ async fn send_since(
     Ok(whole.0)
 }
 
-/// An open interactive transaction on the server: statements run in it in order
-/// ([`query`](Self::query), [`execute`](Self::execute)) until [`commit`](Self::commit) or
-/// [`rollback`](Self::rollback). Clones share the one transaction (for a closure of
-/// [`Client::transact`]); its statements are sent one at a time.
+/// An open interactive transaction on the server: statements run in it in order until
+/// [`commit`](Self::commit) or [`rollback`](Self::rollback), each of which consumes it.
+///
+/// **The client's statements.** [`query`](Self::query), [`query_table`](Self::query_table),
+/// [`execute`](Self::execute) and [`insert`](Self::insert) hand out the very builders
+/// [`Client`] does ([`Query`], [`TableQuery`], [`Execute`], [`Insert`]), with the same finishing
+/// calls and per-call [`timeout`](Query::timeout) and [`cancel_on`](Query::cancel_on), and
+/// awaiting one means what it means on the client (see the crate's front page). Code written
+/// once against [`Executor`](crate::Executor) runs on both. Its statements are sent one at a
+/// time, in the order they are awaited.
+///
+/// ```no_run
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// let tx = client.transaction().await?;
+/// let mut ids = tx.query("SELECT id FROM events ORDER BY id").fetch::<i64>();
+/// while let Some(id) = ids.try_next().await? {
+///     println!("{id}");
+/// }
+/// let moved = tx.execute("UPDATE events SET archived = 1").await?;
+/// println!("{} archived", moved.rows_affected);
+/// tx.commit().await?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A committed (or rolled back) transaction is gone: using it again does not compile.
+///
+/// ```compile_fail
+/// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+/// let tx = client.transaction().await?;
+/// tx.commit().await?;
+/// tx.execute("DELETE FROM t").await?;
+/// # Ok(())
+/// # }
+/// ```
 ///
 /// **Retries.** Every step is retried as the client's [`RetryPolicy`](crate::RetryPolicy)
-/// allows, whatever `retry_writes` says: the server answers a re-sent statement from its stored
+/// (or the call's [`retry`](Query::retry)) allows, whatever `retry_writes` says, an
+/// [`execute`](Self::execute) too: the server answers a re-sent statement from its stored
 /// result instead of running it again, and a re-sent COMMIT with its stored outcome. A
 /// transaction that cannot go on fails with [`ErrorKind::TransactionLost`] (nothing of it was
 /// committed): it expired on the server (idle longer than the server's
 /// `--transaction-idle-timeout`, 10 s by default), failed to serialize, or deadlocked.
 ///
-/// **A statement whose outcome is unknown** (every attempt timed out, lost its connection, or
-/// was answered `504` by a gateway or `503 OUTCOME_UNKNOWN` by the server: its error's
-/// [`Error::is_outcome_unknown`] is set) ends the transaction: the SDK rolls it back, and every
-/// later statement and [`commit`](Self::commit) fails with [`ErrorKind::TransactionLost`]
-/// without being sent. The statement may or may not be in the transaction, so committing it
-/// would commit what the SDK reported as failed. A statement the server refused with a final
-/// verdict (`SQL_ERROR`, `CONSTRAINT_VIOLATION`, `STATEMENT_NOT_ALLOWED`, `READ_ONLY`,
-/// `STATEMENT_TIMEOUT`, `IDEMPOTENCY_KEY_REUSED`, ...) was undone, and the transaction goes on.
+/// **A statement whose outcome is unknown** (every attempt timed out, lost its connection, was
+/// cancelled once sent, or was answered `504` by a gateway or `503 OUTCOME_UNKNOWN` by the
+/// server: its error's [`Error::is_outcome_unknown`] is set) ends the transaction: the SDK rolls
+/// it back, and every later statement and [`commit`](Self::commit) fails with
+/// [`ErrorKind::TransactionLost`] without being sent. The statement may or may not be in the
+/// transaction, so committing it would commit what the SDK reported as failed. A statement the
+/// server refused with a final verdict (`SQL_ERROR`, `CONSTRAINT_VIOLATION`,
+/// `STATEMENT_NOT_ALLOWED`, `READ_ONLY`, `STATEMENT_TIMEOUT`, `RESULT_TOO_LARGE`,
+/// `IDEMPOTENCY_KEY_REUSED`, ...) was undone, and the transaction goes on.
 ///
-/// **Dropping** an uncommitted transaction rolls it back: in a background task when a tokio
-/// runtime is at hand, else by the server's idle timeout. Until then, on SQLite, a write
-/// transaction holds the database's write lock; commit or roll back promptly.
-#[derive(Clone)]
+/// **A streamed statement** ([`Query::fetch`]) has run whole on the server before its first row
+/// arrives: the server keeps its result (up to `--max-result-bytes`; a larger one is refused
+/// `422 RESULT_TOO_LARGE` and undone before any row is sent). When the connection breaks
+/// part-way, the stream sends the statement again under its number, skips the rows it already
+/// gave, and goes on; this fails (and the stream ends with the error) only once a later
+/// statement of the transaction has been sent, since the server keeps the last result only.
+///
+/// **Settings that cannot apply** in a transaction fail the call with [`ErrorKind::Config`]
+/// before anything is sent: a read's [`consistency`](Query::consistency) or
+/// [`with_bookmark`](Query::with_bookmark) (the transaction reads its own snapshot; open it with
+/// the options you need) and an insert's
+/// [`idempotency_key`](crate::Insert::idempotency_key) (the statement's number is its key).
+///
+/// **Dropping** an uncommitted transaction rolls it back (once the builders and streams it made
+/// are gone too): in a background task when a tokio runtime is at hand, else by the server's
+/// idle timeout. Until then, on SQLite, a write transaction holds the database's write lock;
+/// commit or roll back promptly.
 pub struct Transaction {
-    shared: Arc<Shared>,
+    handle: Handle,
+}
+
+/// The transaction a statement builder runs in (see `statement::Target`): shared by the
+/// [`Transaction`] and the builders and streams it made.
+#[derive(Clone)]
+pub(crate) struct Handle(Arc<Shared>);
+
+impl fmt::Debug for Handle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Transaction").finish_non_exhaustive()
+    }
 }
 
 struct Shared {
@@ -242,6 +306,9 @@ struct State {
     /// Why it was lost, when it was: every later step fails with
     /// [`ErrorKind::TransactionLost`] saying so.
     lost: Option<(String, String)>,
+    /// Set when a COMMIT or ROLLBACK returned `Ok` (for [`Client::transact`], whose work may
+    /// end the transaction itself).
+    finished: bool,
 }
 
 impl State {
@@ -295,20 +362,38 @@ fn named(token: &str) -> Bytes {
 }
 
 impl Transaction {
-    /// A statement that reads in the transaction; bind its parameters, then fetch its rows
-    /// ([`TxStatement::fetch_all`], ...) or await it for its [`Table`].
-    pub fn query(&self, sql: impl Into<String>) -> TxStatement<'_> {
-        TxStatement {
-            tx: self,
-            statement: Statement::new(sql.into()),
-        }
+    fn target(&self) -> Target {
+        Target::Transaction(self.handle.clone())
     }
 
-    /// A statement that writes in the transaction: the same as [`query`](Self::query) (every
-    /// statement in a transaction is safe to retry); await it for its [`Table`]
-    /// ([`Table::rows_affected`]).
-    pub fn execute(&self, sql: impl Into<String>) -> TxStatement<'_> {
-        self.query(sql)
+    /// A read in the transaction whose rows are decoded into a type of yours: the client's
+    /// [`Query`], with every finishing call ([`fetch`](Query::fetch) streams). Sees the
+    /// transaction's snapshot and its own writes.
+    pub fn query(&self, sql: impl Into<String>) -> Query {
+        Query::new(self.target(), sql.into())
+    }
+
+    /// A read in the transaction whose result comes back as a [`Table`](crate::Table): the
+    /// client's [`TableQuery`]; `.await` it.
+    pub fn query_table(&self, sql: impl Into<String>) -> TableQuery {
+        TableQuery::new(self.target(), sql.into())
+    }
+
+    /// A statement run in the transaction for its effect: the client's [`Execute`]. `.await` it
+    /// for the rows affected and the last insert id ([`ExecResult`](crate::ExecResult)), or fetch
+    /// the rows of its `RETURNING` clause. Unlike [`Client::execute`], retried: the server answers
+    /// a re-sent statement of a transaction from its stored result.
+    pub fn execute(&self, sql: impl Into<String>) -> Execute {
+        Execute::new(self.target(), sql.into())
+    }
+
+    /// Inserts `rows` in the transaction, split into statements as [`Client::insert`] does;
+    /// `.await` it for the number of rows inserted. Each statement is a step of the transaction
+    /// (retried as every step is); they commit with it. A failure part-way leaves the earlier
+    /// statements' rows in the transaction ([`Error::rows_inserted`] counts them): roll back to
+    /// drop them. [`Insert::atomic`] adds nothing here.
+    pub fn insert<'r, T: Serialize + Sync>(&self, table: &str, rows: &'r [T]) -> Insert<'r, T> {
+        Insert::new(self.target(), table.to_owned(), rows)
     }
 
     /// Commits. Once this returns `Ok`, the transaction committed, exactly once, however many
@@ -330,26 +415,28 @@ impl Transaction {
     /// of the call after retries. When the server still could not say whether it committed, the
     /// error has [`Error::is_outcome_unknown`] set: it may have committed, and
     /// [`Client::transact`] does not run it again.
-    pub async fn commit(&self) -> Result<()> {
-        let mut state = self.shared.state.lock().await;
+    pub async fn commit(self) -> Result<()> {
+        let mut state = self.handle.0.state.lock().await;
         if state.ended {
             return Err(state.ended());
         }
         state.ended = true;
         let started = Instant::now();
-        match self.send_commit(started).await {
+        let committed = match self.send_commit(started).await {
             Ok(_) => Ok(()),
             Err(err) if commit_unsettled(&err) => self.settle(err, started).await,
             Err(err) => Err(err),
-        }
+        };
+        state.finished = committed.is_ok();
+        committed
     }
 
     /// Sends the COMMIT, under the call's limits counted from `started`.
     async fn send_commit(&self, started: Instant) -> Result<Vec<u8>> {
         send_since(
-            &self.shared.client,
+            &self.handle.0.client,
             TxStep::Commit,
-            named(&self.shared.token),
+            named(&self.handle.0.token),
             "COMMIT",
             Some(started),
         )
@@ -364,7 +451,7 @@ impl Transaction {
         struct Answer {
             outcome: String,
         }
-        let client = &self.shared.client;
+        let client = &self.handle.0.client;
         let transport = client.transport();
         let policy = transport.policy;
         let deadline = policy
@@ -403,7 +490,7 @@ impl Transaction {
             let answer = send_since(
                 client,
                 TxStep::Outcome,
-                named(&self.shared.token),
+                named(&self.handle.0.token),
                 "OUTCOME",
                 Some(started),
             )
@@ -450,52 +537,74 @@ impl Transaction {
     /// # Errors
     ///
     /// The failure of the call after retries (the server's idle timeout then rolls it back).
-    pub async fn rollback(&self) -> Result<()> {
-        self.end(TxStep::Rollback, "ROLLBACK").await
-    }
-
-    async fn end(&self, step: TxStep, sql: &str) -> Result<()> {
-        let mut state = self.shared.state.lock().await;
+    pub async fn rollback(self) -> Result<()> {
+        let mut state = self.handle.0.state.lock().await;
         if state.ended {
             return Err(state.ended());
         }
         state.ended = true;
-        send(&self.shared.client, step, named(&self.shared.token), sql)
-            .await
-            .map(drop)
+        let rolled_back = send(
+            &self.handle.0.client,
+            TxStep::Rollback,
+            named(&self.handle.0.token),
+            "ROLLBACK",
+        )
+        .await
+        .map(drop);
+        state.finished = rolled_back.is_ok();
+        rolled_back
     }
 
-    /// Runs one statement as the next of the transaction.
-    async fn run(&self, statement: Statement) -> Result<Table> {
-        if let Some(kind) = statement.invalid() {
-            return Err(Error::new(kind.clone()));
-        }
-        let mut state = self.shared.state.lock().await;
+}
+
+impl Handle {
+    /// The client the transaction was opened by (its limits, its transport).
+    pub(crate) fn client(&self) -> &Client {
+        &self.0.client
+    }
+
+    /// Sends `call` (a statement's `/api/v1/sql` body, as the client would send it) as the
+    /// transaction's next statement, retried as every step is; hands the answer to `receiver`
+    /// as the client's call would. Returns what a stream needs to read the stored result again.
+    ///
+    /// The call's class is the builder's (read, write, execute); in a transaction every
+    /// statement is a step, retried the same way, so only the body and the options travel.
+    pub(crate) async fn step(
+        &self,
+        call: Call<'_>,
+        receiver: &mut dyn Receive,
+    ) -> Result<(Delivered, Replay)> {
+        check_options(call.options)?;
+        let mut state = self.0.state.lock().await;
         if state.ended {
             return Err(state.ended());
         }
         let seq = state.seq + 1;
-        let encoded = RequestBody {
-            sql: statement.sql(),
-            params: statement.params(),
-            read_only: false,
-        }
-        .encode();
         // `{"sql": ...}` becomes `{"transaction": ..., "seq": n, "sql": ...}`.
         let mut body =
-            format!("{{\"transaction\":\"{}\",\"seq\":{seq},", self.shared.token).into_bytes();
-        body.extend_from_slice(&encoded[1..]);
-        let sent = send(
-            &self.shared.client,
-            TxStep::Statement,
-            Bytes::from(body),
-            statement.sql(),
-        )
-        .await;
-        match sent {
-            Ok(answer) => {
+            format!("{{\"transaction\":\"{}\",\"seq\":{seq},", self.0.token).into_bytes();
+        body.extend_from_slice(&call.body[1..]);
+        let body = Bytes::from(body);
+        let step = Call {
+            class: OpClass::Step,
+            endpoint: Endpoint::Transaction(TxStep::Statement),
+            body: body.clone(),
+            sql: call.sql,
+            options: call.options,
+            idempotency_key: None,
+            started: call.started,
+        };
+        match self.0.client.send(step, receiver).await {
+            Ok(delivered) => {
                 state.seq = seq;
-                crate::wire::decode::table(&answer)
+                let replay = Replay {
+                    handle: self.clone(),
+                    seq,
+                    body,
+                    sql: call.sql.to_owned(),
+                    options: call.options.clone(),
+                };
+                Ok((delivered, replay))
             }
             Err(err) => {
                 match step_verdict(&err) {
@@ -522,9 +631,9 @@ impl Transaction {
                         );
                         drop(state);
                         if let Err(rollback) = send(
-                            &self.shared.client,
+                            &self.0.client,
                             TxStep::Rollback,
-                            named(&self.shared.token),
+                            named(&self.0.token),
                             "ROLLBACK",
                         )
                         .await
@@ -536,6 +645,72 @@ impl Transaction {
                 Err(err)
             }
         }
+    }
+
+    /// Whether the transaction was committed or rolled back by a caller (not lost).
+    async fn finished(&self) -> bool {
+        self.0.state.lock().await.finished
+    }
+}
+
+/// Refuses, before anything is sent, the per-call settings a transaction's statement cannot
+/// honour.
+fn check_options(options: &CallOptions) -> Result<()> {
+    if options.consistency.is_some() || options.bookmark.is_some() {
+        return Err(Error::config(
+            "a statement in a transaction reads the transaction's snapshot: `consistency` and \
+             `with_bookmark` cannot apply to it (open the transaction with the options it needs)",
+        ));
+    }
+    if options.idempotency_key.is_some() {
+        return Err(Error::config(
+            "a statement in a transaction is keyed by its number in the transaction: an \
+             `idempotency_key` of the caller's cannot apply to it",
+        ));
+    }
+    Ok(())
+}
+
+/// A streamed statement's step, kept to read its stored result again: the same body under the
+/// same number, which the server answers from the result it kept (ADR 0047).
+pub(crate) struct Replay {
+    handle: Handle,
+    seq: u64,
+    body: Bytes,
+    sql: String,
+    options: CallOptions,
+}
+
+impl Reread for Replay {
+    fn reread<'a>(
+        &'a self,
+        receiver: &'a mut dyn Receive,
+    ) -> Pin<Box<dyn Future<Output = Result<Delivered>> + Send + 'a>> {
+        Box::pin(async move {
+            let state = self.handle.0.state.lock().await;
+            if state.ended {
+                return Err(state.ended());
+            }
+            if state.seq != self.seq {
+                return Err(Error::config(format!(
+                    "statement {} of this transaction cannot be read again: statement {} has \
+                     been sent since, and the server keeps the last statement's result only",
+                    self.seq, state.seq
+                )));
+            }
+            let call = Call {
+                class: OpClass::Step,
+                endpoint: Endpoint::Transaction(TxStep::Statement),
+                body: self.body.clone(),
+                sql: &self.sql,
+                options: &self.options,
+                idempotency_key: None,
+                started: None,
+            };
+            let delivered = self.handle.0.client.send(call, receiver).await;
+            drop(state);
+            delivered
+        })
     }
 }
 
@@ -562,6 +737,10 @@ fn step_verdict(err: &Error) -> Verdict {
         ErrorKind::Sql { .. }
         | ErrorKind::ConstraintViolation { .. }
         | ErrorKind::StatementNotAllowed { .. } => Verdict::Stored,
+        // Refused before anything was sent (a setting that cannot work, a call cancelled
+        // before it went out).
+        ErrorKind::Config { .. } => Verdict::Undone,
+        ErrorKind::Cancelled if !err.is_sent() => Verdict::Undone,
         ErrorKind::ReadOnly { .. }
         | ErrorKind::StatementTimeout { .. }
         | ErrorKind::PayloadTooLarge { .. }
@@ -609,70 +788,6 @@ fn lost_at_commit(err: &Error, code: &str, outcome: &str) -> Error {
     .with_sent(true, false)
 }
 
-/// A statement in a [`Transaction`]: bind its parameters, then fetch its rows, or await it
-/// for its [`Table`].
-#[must_use = "a statement does nothing until it is awaited"]
-pub struct TxStatement<'t> {
-    tx: &'t Transaction,
-    statement: Statement,
-}
-
-impl fmt::Debug for TxStatement<'_> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TxStatement")
-            .field("sql", &self.statement.sql())
-            .field("params", &self.statement.params().len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl<'t> TxStatement<'t> {
-    /// Binds the next positional parameter, as [`Query::bind`](crate::Query::bind) does.
-    pub fn bind<T: Serialize>(mut self, value: T) -> Self {
-        self.statement.bind(&value);
-        self
-    }
-
-    /// Every row, each decoded into a `T` as [`Query::fetch_all`](crate::Query::fetch_all) does.
-    ///
-    /// # Errors
-    ///
-    /// The statement's failure (see [`Transaction`]); [`ErrorKind::Decode`] when a row is not a
-    /// `T`.
-    pub async fn fetch_all<T: DeserializeOwned>(self) -> Result<Vec<T>> {
-        self.tx.run(self.statement).await?.rows_as()
-    }
-
-    /// The first row; [`ErrorKind::RowNotFound`] when there is none.
-    ///
-    /// # Errors
-    ///
-    /// As [`fetch_all`](Self::fetch_all), and [`ErrorKind::RowNotFound`].
-    pub async fn fetch_one<T: DeserializeOwned>(self) -> Result<T> {
-        self.fetch_optional()
-            .await?
-            .ok_or_else(|| Error::new(ErrorKind::RowNotFound))
-    }
-
-    /// The first row, if any.
-    ///
-    /// # Errors
-    ///
-    /// As [`fetch_all`](Self::fetch_all).
-    pub async fn fetch_optional<T: DeserializeOwned>(self) -> Result<Option<T>> {
-        Ok(self.fetch_all().await?.into_iter().next())
-    }
-}
-
-impl<'t> IntoFuture for TxStatement<'t> {
-    type Output = Result<Table>;
-    type IntoFuture = ResponseFuture<'t, Table>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        ResponseFuture::new(async move { self.tx.run(self.statement).await })
-    }
-}
-
 impl Client {
     /// Starts an interactive transaction; await the builder for the [`Transaction`].
     pub fn transaction(&self) -> TransactionBuilder {
@@ -686,18 +801,27 @@ impl Client {
     /// transaction back and is returned. `work` may run more than once: keep side effects
     /// outside the database out of it.
     ///
+    /// `work` takes the [`Transaction`] by value (see ADR 0047): it may end it itself, with
+    /// [`commit`](Transaction::commit) or [`rollback`](Transaction::rollback) (a decision to
+    /// roll back and return `Ok` stands; nothing is committed then); when it returns `Ok` with
+    /// the transaction still open, `transact` commits it.
+    ///
     /// ```no_run
     /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
-    /// client
+    /// let moved: bool = client
     ///     .transact(|tx| async move {
     ///         let balance: i64 = tx
     ///             .query("SELECT balance FROM accounts WHERE id = ?").bind(1)
     ///             .fetch_one().await?;
+    ///         if balance < 25 {
+    ///             tx.rollback().await?;
+    ///             return Ok(false);
+    ///         }
     ///         tx.execute("UPDATE accounts SET balance = ? WHERE id = ?")
     ///             .bind(balance - 25).bind(1).await?;
     ///         tx.execute("UPDATE accounts SET balance = balance + 25 WHERE id = ?")
     ///             .bind(2).await?;
-    ///         Ok(())
+    ///         Ok(true)
     ///     })
     ///     .await?;
     /// # Ok(())
@@ -720,10 +844,15 @@ impl Client {
         loop {
             run += 1;
             let tx = self.transaction().await?;
-            let outcome = match work(tx.clone()).await {
+            let given = Transaction {
+                handle: tx.handle.clone(),
+            };
+            let outcome = match work(given).await {
+                // The work committed or rolled back itself: its decision stands.
+                Ok(value) if tx.handle.finished().await => Ok(value),
                 Ok(value) => tx.commit().await.map(|()| value),
                 Err(err) => {
-                    if !tx.shared.state.lock().await.ended {
+                    if !tx.handle.0.state.lock().await.ended {
                         let _ = tx.rollback().await;
                     }
                     Err(err)

@@ -17,3 +17,4 @@ mod shape;
 mod streams;
 mod support;
 mod transactions;
+mod tx_surface;
