@@ -154,7 +154,6 @@ impl<T: DeserializeOwned + Send> Receive for First<T> {
         self.ended = false;
     }
 
-
     fn take(&mut self, piece: Option<&[u8]>) -> Result<bool, Failure> {
         match piece {
             Some(piece) => self.decoder.push(piece),

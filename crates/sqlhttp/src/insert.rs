@@ -33,7 +33,8 @@ use serde_json::Value;
 pub(crate) struct InsertLimits {
     /// Bound parameters in one statement (SQLite's default `SQLITE_MAX_VARIABLE_NUMBER` is 32 766).
     pub(crate) max_params: usize,
-    /// Bytes in one request body (the reference server's default limit is 1 MiB).
+    /// Bytes in one request body (the reference server's default limit,
+    /// `sqlhttp_protocol::defaults::MAX_BODY_BYTES`).
     pub(crate) max_body_bytes: usize,
 }
 
@@ -41,7 +42,7 @@ impl Default for InsertLimits {
     fn default() -> Self {
         Self {
             max_params: 32_766,
-            max_body_bytes: 1024 * 1024,
+            max_body_bytes: sqlhttp_protocol::defaults::MAX_BODY_BYTES,
         }
     }
 }

@@ -118,6 +118,7 @@ pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
 pub use describe::{ColumnInfo, TableInfo};
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
+pub use executor::Executor;
 pub use insert::{Insert, InsertReport};
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type: see "Other crates' types in this API").
 pub use reqwest::Proxy;
@@ -132,7 +133,6 @@ pub use table::{Column, ExecResult, Row, Table};
 /// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
 /// (tokio-util's type: see "Other crates' types in this API").
 pub use tokio_util::sync::CancellationToken;
-pub use executor::Executor;
 pub use transaction::{Isolation, Transaction, TransactionBuilder};
 pub use value::Value;
 pub use wire::blob::Blob;

@@ -62,7 +62,11 @@ impl Target {
 
     /// Sends a call the request builders made (a `/api/v1/sql` body): as it is through the
     /// client, or as the transaction's next statement.
-    pub(crate) async fn send(&self, call: Call<'_>, receiver: &mut dyn Receive) -> Result<Delivered> {
+    pub(crate) async fn send(
+        &self,
+        call: Call<'_>,
+        receiver: &mut dyn Receive,
+    ) -> Result<Delivered> {
         match self {
             Target::Client(client) => client.send(call, receiver).await,
             Target::Transaction(handle) => handle.step(call, receiver).await.map(|(d, _)| d),
@@ -86,22 +90,25 @@ impl Target {
     }
 }
 
-/// The request body of protocol v1.
-#[derive(Serialize)]
+/// What a protocol v1 statement body carries; written as the protocol crate's
+/// `body::SqlRequest` (ADR 0048).
 pub(crate) struct RequestBody<'a> {
     pub(crate) sql: &'a str,
-    #[serde(skip_serializing_if = "<[Value]>::is_empty")]
     pub(crate) params: &'a [Value],
     /// `"read_only": true` on a read: the server refuses (`403 READ_ONLY`, nothing written) a
     /// statement that could write, so retrying a read can never write twice.
-    #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub(crate) read_only: bool,
 }
 
 impl RequestBody<'_> {
     pub(crate) fn encode(&self) -> Bytes {
+        let body = sqlhttp_protocol::body::SqlRequest {
+            sql: self.sql,
+            params: (!self.params.is_empty()).then_some(self.params),
+            read_only: self.read_only,
+        };
         Bytes::from(
-            serde_json::to_vec(self).expect("a request body of JSON scalars always serializes"),
+            serde_json::to_vec(&body).expect("a request body of JSON scalars always serializes"),
         )
     }
 }
@@ -190,9 +197,7 @@ impl Statement {
         options: &CallOptions,
         receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
-        let (delivered, _) = self
-            .send_streamed(target, class, options, receiver)
-            .await?;
+        let (delivered, _) = self.send_streamed(target, class, options, receiver).await?;
         Ok(delivered)
     }
 

@@ -41,31 +41,10 @@ use crate::statement::{Execute, Query, ResponseFuture, TableQuery, Target};
 use crate::transport::{Call, Delivered, Endpoint, Receive, TxStep};
 use tokio::time::Instant;
 
-/// A transaction's isolation level. SQLite's transactions are serializable only (the server
-/// refuses the others there); PostgreSQL offers all three.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[non_exhaustive]
-pub enum Isolation {
-    /// As if the transactions ran one after another. On PostgreSQL one of two conflicting
-    /// transactions then fails with [`ErrorKind::TransactionLost`], and [`Client::transact`]
-    /// runs it again.
-    #[default]
-    Serializable,
-    /// One snapshot for the whole transaction (PostgreSQL).
-    RepeatableRead,
-    /// Each statement sees what committed before it (PostgreSQL).
-    ReadCommitted,
-}
-
-impl Isolation {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Isolation::Serializable => "serializable",
-            Isolation::RepeatableRead => "repeatable_read",
-            Isolation::ReadCommitted => "read_committed",
-        }
-    }
-}
+/// A transaction's isolation level: the protocol's (`sqlhttp_protocol::Isolation`, ADR 0048),
+/// re-exported. On PostgreSQL one of two conflicting [`Isolation::Serializable`] transactions
+/// fails with [`ErrorKind::TransactionLost`], and [`Client::transact`] runs it again.
+pub use sqlhttp_protocol::Isolation;
 
 /// Opens an interactive transaction; made by [`Client::transaction`]. Await it for the
 /// [`Transaction`].
@@ -126,20 +105,14 @@ impl TransactionBuilder {
     }
 
     async fn open(self) -> Result<Transaction> {
-        #[derive(Serialize)]
-        struct Open {
-            read_only: bool,
-            isolation: &'static str,
-            deferrable: bool,
-        }
         #[derive(Deserialize)]
         struct Opened {
             transaction: String,
         }
-        let body = serde_json::to_vec(&Open {
-            read_only: self.read_only,
-            isolation: self.isolation.as_str(),
-            deferrable: self.deferrable,
+        let body = serde_json::to_vec(&sqlhttp_protocol::body::TransactionOpenRequest {
+            read_only: Some(self.read_only),
+            isolation: Some(self.isolation),
+            deferrable: Some(self.deferrable),
         })
         .map_err(Error::decode)?;
         let answer = send(&self.client, TxStep::Open, Bytes::from(body), "BEGIN").await?;
@@ -554,7 +527,6 @@ impl Transaction {
         state.finished = rolled_back.is_ok();
         rolled_back
     }
-
 }
 
 impl Handle {
@@ -738,10 +710,10 @@ fn step_verdict(err: &Error) -> Verdict {
         | ErrorKind::ConstraintViolation { .. }
         | ErrorKind::StatementNotAllowed { .. } => Verdict::Stored,
         // Refused before anything was sent (a setting that cannot work, a call cancelled
-        // before it went out).
-        ErrorKind::Config { .. } => Verdict::Undone,
+        // before it went out), or refused by the server before it ran.
         ErrorKind::Cancelled if !err.is_sent() => Verdict::Undone,
-        ErrorKind::ReadOnly { .. }
+        ErrorKind::Config { .. }
+        | ErrorKind::ReadOnly { .. }
         | ErrorKind::StatementTimeout { .. }
         | ErrorKind::PayloadTooLarge { .. }
         | ErrorKind::InvalidParameter { .. }

@@ -86,9 +86,17 @@ async fn a_transaction_s_query_fetches_streams_and_decodes_like_the_client_s() {
     let server = tx_server(ok_rows(&["id", "name"], &json!([[1, "a"], [2, "b"]]))).await;
     let client = builder(&server).build().unwrap();
     let tx = client.transaction().await.unwrap();
-    let all: Vec<(i64, String)> = tx.query("SELECT id, name FROM t").fetch_all().await.unwrap();
+    let all: Vec<(i64, String)> = tx
+        .query("SELECT id, name FROM t")
+        .fetch_all()
+        .await
+        .unwrap();
     assert_eq!(all, vec![(1, "a".to_owned()), (2, "b".to_owned())]);
-    let one: (i64, String) = tx.query("SELECT id, name FROM t").fetch_one().await.unwrap();
+    let one: (i64, String) = tx
+        .query("SELECT id, name FROM t")
+        .fetch_one()
+        .await
+        .unwrap();
     assert_eq!(one.0, 1);
     let mut rows = tx
         .query("SELECT id, name FROM t")
@@ -142,7 +150,11 @@ async fn settings_that_cannot_apply_in_a_transaction_fail_before_sending_and_it_
     // A call cancelled before it was sent: nothing ran, the transaction goes on.
     let token = sqlhttp::CancellationToken::new();
     token.cancel();
-    let err = tx.execute("DELETE FROM t").cancel_on(&token).await.unwrap_err();
+    let err = tx
+        .execute("DELETE FROM t")
+        .cancel_on(&token)
+        .await
+        .unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::Cancelled), "{err:?}");
     assert!(!err.is_outcome_unknown(), "{err:?}");
     assert!(bodies(&server, STATEMENT).await.is_empty(), "nothing sent");
@@ -156,13 +168,21 @@ async fn a_transaction_s_insert_runs_its_statements_as_steps() {
     let server = tx_server(ok_effect(2, None)).await;
     let client = builder(&server).insert_max_params(2).build().unwrap();
     let tx = client.transaction().await.unwrap();
-    let rows = [json!({"a": 1}), json!({"a": 2}), json!({"a": 3}), json!({"a": 4})];
+    let rows = [
+        json!({"a": 1}),
+        json!({"a": 2}),
+        json!({"a": 3}),
+        json!({"a": 4}),
+    ];
     let inserted = tx.insert("t", &rows).atomic().await.unwrap();
     assert_eq!(inserted, 4);
     tx.commit().await.unwrap();
     let sent = bodies(&server, STATEMENT).await;
     assert_eq!(sent.len(), 2, "two statements, each a step: {sent:?}");
-    assert_eq!((sent[0]["seq"].clone(), sent[1]["seq"].clone()), (json!(1), json!(2)));
+    assert_eq!(
+        (sent[0]["seq"].clone(), sent[1]["seq"].clone()),
+        (json!(1), json!(2))
+    );
     assert_eq!(sent[0]["params"], json!([1, 2]));
     let batches = server
         .received_requests()
@@ -306,7 +326,11 @@ async fn a_streamed_step_cut_short_reads_its_stored_result_again_past_the_rows_g
     while let Some(n) = rows.try_next().await.unwrap() {
         got.push(n);
     }
-    assert_eq!(got, (1..=2_000).collect::<Vec<_>>(), "every row once, in order");
+    assert_eq!(
+        got,
+        (1..=2_000).collect::<Vec<_>>(),
+        "every row once, in order"
+    );
     drop(rows);
     tx.commit().await.unwrap();
     let sent = received.lock().unwrap().clone();
@@ -328,7 +352,10 @@ async fn a_cut_stream_whose_result_is_no_longer_kept_ends_with_an_error() {
     let tx = client.transaction().await.unwrap();
     let mut rows = tx.query("SELECT n FROM t").fetch::<i64>().await.unwrap();
     // The next statement goes first (the stream holds nothing of the transaction).
-    tx.query("SELECT n FROM t").fetch_one::<i64>().await.unwrap();
+    tx.query("SELECT n FROM t")
+        .fetch_one::<i64>()
+        .await
+        .unwrap();
     let mut got = 0;
     let err = loop {
         match rows.try_next().await {
@@ -338,10 +365,7 @@ async fn a_cut_stream_whose_result_is_no_longer_kept_ends_with_an_error() {
         }
     };
     assert!(got < 2_000, "{got}");
-    assert!(
-        err.to_string().contains("cannot be read again"),
-        "{err}"
-    );
+    assert!(err.to_string().contains("cannot be read again"), "{err}");
     assert_eq!(received.lock().unwrap().len(), 2, "not sent again");
     drop(rows);
     tx.rollback().await.unwrap();
