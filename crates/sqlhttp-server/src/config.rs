@@ -69,6 +69,11 @@ pub struct Limits {
     /// `docs/adr/0042-sqlite-transactions-bounded-like-statements.md`). Default 2 s. Not used on
     /// PostgreSQL.
     pub transaction_write_idle: Duration,
+    /// The write-ahead log's hard bound, in bytes: past it writes wait (then `503`, not run)
+    /// and read-only transactions end until a checkpoint truncates the log, which is tried
+    /// once it passes a quarter of this (see `docs/adr/0046-a-hard-bound-on-the-write-ahead-log.md`).
+    /// Default 256 MiB. Not used on PostgreSQL.
+    pub max_wal_bytes: u64,
 }
 
 impl Default for Limits {
@@ -84,6 +89,7 @@ impl Default for Limits {
             max_batch_statements: 100,
             max_engine_memory: 512 * 1024 * 1024,
             transaction_write_idle: Duration::from_secs(2),
+            max_wal_bytes: 256 * 1024 * 1024,
         }
     }
 }

@@ -161,6 +161,11 @@ struct Cli {
     #[arg(long, env = "SQLHTTPD_TRANSACTION_WRITE_IDLE", value_name = "DURATION", default_value = "2s", value_parser = parse_positive_duration)]
     transaction_write_idle: Duration,
 
+    /// The write-ahead log's hard bound in bytes: past it writes wait, then answer 503, until a
+    /// checkpoint truncates the log (tried past a quarter of it). SQLite only.
+    #[arg(long, env = "SQLHTTPD_MAX_WAL_BYTES", value_name = "N", default_value_t = Limits::default().max_wal_bytes)]
+    max_wal_bytes: u64,
+
     /// How long one statement may run before it is interrupted (422 STATEMENT_TIMEOUT).
     #[arg(long, env = "SQLHTTPD_STATEMENT_TIMEOUT", value_name = "DURATION", default_value = "30s", value_parser = parse_positive_duration)]
     statement_timeout: Duration,
@@ -391,6 +396,7 @@ impl Cli {
                 max_batch_statements: self.max_batch_statements,
                 max_engine_memory: self.max_engine_memory,
                 transaction_write_idle: self.transaction_write_idle,
+                max_wal_bytes: self.max_wal_bytes,
             },
             advertise_url: self.advertise_url,
             read_replicas: ReadReplicas {

@@ -82,6 +82,15 @@ impl Backend {
             Backend::Postgres(engine) => engine.stop_transactions(),
         }
     }
+
+    /// The SQLite database's write-ahead log size at the engine's last look (ADR 0046).
+    pub(crate) fn wal_bytes(&self) -> Option<u64> {
+        match self {
+            Backend::Sqlite(engine) => Some(engine.wal_bytes()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres(_) => None,
+        }
+    }
 }
 
 impl Engine for Backend {

@@ -140,6 +140,8 @@ pub(crate) struct Metrics {
     /// Serializes bringing [`Metrics::given_up`] up to the engine's total.
     given_up_sync: Mutex<()>,
     given_up_running: Gauge,
+    /// The SQLite write-ahead log's size (ADR 0046); not registered on PostgreSQL.
+    wal: Gauge,
     rate_limited: Counter,
     replayed: Counter,
     statement_timeouts: Counter,
@@ -245,6 +247,15 @@ impl Metrics {
             "Given-up engine connections whose statement still runs on its own thread",
             given_up_running.clone(),
         );
+        let wal = Gauge::default();
+        registry.register_with_unit(
+            "sqlite_wal",
+            "The SQLite database's write-ahead log on disk, as the engine last saw it (every \
+             100 ms): truncated past a quarter of --max-wal-bytes; past --max-wal-bytes writes \
+             wait (0 on PostgreSQL)",
+            Unit::Bytes,
+            wal.clone(),
+        );
         let rate_limited = Counter::default();
         registry.register(
             "rate_limited",
@@ -286,11 +297,17 @@ impl Metrics {
             given_up,
             given_up_sync: Mutex::new(()),
             given_up_running,
+            wal,
             rate_limited,
             replayed,
             statement_timeouts,
             buffered,
         }
+    }
+
+    /// Sets the SQLite write-ahead log's size, for the next render.
+    pub(crate) fn set_wal_bytes(&self, bytes: u64) {
+        self.wal.set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// Sets what the buffer budget holds now, for the next render.
@@ -360,6 +377,9 @@ impl Metrics {
 pub(crate) async fn metrics(State(state): State<AppState>) -> Response {
     let shared = &state.inner;
     shared.metrics.set_buffered(shared.budget.held_bytes());
+    if let Some(wal) = shared.engine.wal_bytes() {
+        shared.metrics.set_wal_bytes(wal);
+    }
     let text = shared.metrics.render(
         &shared.engine.queue_depths(),
         shared.engine.given_up(),

@@ -53,6 +53,7 @@ mod replicas;
 mod sandbox_effects;
 mod schema;
 mod sqlite_tx_bounds;
+mod sqlite_wal_bound;
 mod streaming;
 mod tcp;
 mod timeouts;

@@ -20,14 +20,11 @@ use crate::config::{Database, Limits};
 use crate::engine::keyed::PurgeClock;
 use crate::engine::sqlite::control::Hooks;
 use crate::engine::sqlite::sandbox;
+use crate::engine::sqlite::wal;
 
 /// How long a statement waits for another process's lock before answering 503 (the engine's
 /// own connections never wait for each other in WAL mode, but for checkpoints).
 pub(crate) const BUSY_LIMIT: Duration = Duration::from_millis(250);
-
-/// The write-ahead log's size past which the writer checkpoints and truncates it after a job:
-/// a large write that was rolled back (a statement timeout) leaves its pages in the log.
-pub(crate) const WAL_SIZE_LIMIT: i64 = 64 * 1024 * 1024;
 
 /// The least time between two checkpoints [`Conn::bound_wal`] tries. A try that readers hold up
 /// costs nothing (it does not wait for them), so it comes back soon: the engine ends read-only
@@ -145,7 +142,12 @@ impl Conn {
                 // Readers never block the writer nor each other.
                 conn.pragma_update(None, "journal_mode", "WAL")?;
                 // A checkpoint that resets the log truncates it to this (see `bound_wal`).
-                conn.pragma_update(None, "journal_size_limit", WAL_SIZE_LIMIT)?;
+                let threshold = wal::threshold(limits.max_wal_bytes);
+                conn.pragma_update(
+                    None,
+                    "journal_size_limit",
+                    i64::try_from(threshold).unwrap_or(i64::MAX),
+                )?;
             }
             Role::Reader => conn.execute_batch("PRAGMA query_only = ON")?,
         }
@@ -229,14 +231,15 @@ impl Conn {
         Ok(true)
     }
 
-    /// After a job on the writer: when the write-ahead log has grown past [`WAL_SIZE_LIMIT`]
-    /// (pages of a large write, kept or rolled back), checkpoints it and truncates it, so the
-    /// file does not keep what one statement wrote for as long as the server runs. A checkpoint
-    /// that readers hold up is tried again after the next job.
+    /// After a job on the writer: when the write-ahead log has grown past its truncate
+    /// threshold (a quarter of `--max-wal-bytes`: pages of large writes, kept or rolled back),
+    /// checkpoints it and truncates it, so the file does not keep what writes left in it for as
+    /// long as the server runs. A checkpoint that readers hold up is tried again after the next
+    /// job, or the watchdog's nudge (ADR 0046).
     pub(crate) fn bound_wal(&self) {
         let Some(wal) = &self.wal else { return };
         let size = std::fs::metadata(wal).map_or(0, |meta| meta.len());
-        if size <= WAL_SIZE_LIMIT.unsigned_abs() {
+        if size <= wal::threshold(self.limits.max_wal_bytes) {
             return;
         }
         // While readers hold it up, try at most once every `CHECKPOINT_EVERY`, not after every
@@ -248,6 +251,12 @@ impl Conn {
         {
             return;
         }
+        self.truncate_wal();
+    }
+
+    /// Tries a `TRUNCATE` checkpoint now, without waiting for readers; whether it truncated
+    /// the log.
+    pub(crate) fn truncate_wal(&self) -> bool {
         self.last_checkpoint.set(Some(Instant::now()));
         let checkpoint = self.hooks.without_waiting(|| {
             self.conn
@@ -256,9 +265,18 @@ impl Conn {
                 })
         });
         match checkpoint {
-            Ok(0) => tracing::debug!(bytes = size, "truncated the write-ahead log"),
-            Ok(_) => tracing::debug!(bytes = size, "readers held up the checkpoint; later"),
-            Err(e) => tracing::warn!(error = %e, "cannot checkpoint the write-ahead log"),
+            Ok(0) => {
+                tracing::debug!("truncated the write-ahead log");
+                true
+            }
+            Ok(_) => {
+                tracing::debug!("readers held up the checkpoint; later");
+                false
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot checkpoint the write-ahead log");
+                false
+            }
         }
     }
 

@@ -16,7 +16,7 @@
 //! watchdog gives up a step that does not stop (its requester answered at once, the
 //! transaction aborted, nothing committed) and ends a transaction the engine may not keep (a
 //! write one idle past `--transaction-write-idle`, a read-only one pinning an overgrown
-//! write-ahead log, all at close): the thread rolls it back, and [`Session::must_end`] tells the
+//! write-ahead log, any while the log is past its hard bound (ADR 0046), all at close): the thread rolls it back, and [`Session::must_end`] tells the
 //! registry, which answers it as expired (ADR 0042).
 //!
 //! Runs on its own engine thread; knows nothing about HTTP, tokens or the registry (see
@@ -248,6 +248,12 @@ fn ended(why: Ended) -> ApiError {
             "the read-only transaction's snapshot kept the write-ahead log from being \
              truncated past its bound, and was ended; nothing of it was committed",
         ),
+        Ended::WalFull => ApiError::new(
+            ErrorCode::TransactionExpired,
+            "the database's write-ahead log passed its hard bound while this write transaction \
+             held the write lock (no checkpoint can truncate the log meanwhile), so it was \
+             rolled back; nothing of it was committed",
+        ),
     }
 }
 
@@ -322,6 +328,9 @@ fn serve(conn: &Conn, access: Access, commands: &mpsc::Receiver<Command>, enlist
             break;
         }
         match command {
+            // The log past its hard bound: a write transaction's statement does not run, and
+            // the transaction ends (its requester is answered expired through the session).
+            Command::Step(..) if access == Access::ReadWrite && enlisted.wal_full() => break,
             Command::Step(request, reply, _permit) => {
                 let reply = Arc::new(Mutex::new(Some(reply)));
                 let given_up_reply = Arc::clone(&reply);

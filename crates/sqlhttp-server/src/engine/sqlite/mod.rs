@@ -10,7 +10,8 @@
 //! a statement timeout and is cancelled when its requester goes away; queues are bounded.
 //! Atomic batches (`batch`) run several statements in one transaction of the server's own.
 //! A watchdog thread gives up a connection whose statement has not stopped a margin after it
-//! had to (ADR 0032; see `worker`).
+//! had to (ADR 0032; see `worker`), and holds the write-ahead log under its bounds: writes and
+//! read-only transactions' opens wait while it is past them (ADR 0046; see `wal`).
 //! This module knows nothing about HTTP. See `docs/adr/0013-concurrency-and-transactions.md`.
 
 mod batch;
@@ -26,6 +27,7 @@ mod sandbox;
 mod sessions;
 mod stream;
 mod transaction;
+mod wal;
 mod worker;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -49,6 +51,7 @@ use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
 use exec::Ran;
 use sessions::Sessions;
+use wal::{Level, WalBound};
 use worker::{Opener, Pool, Strays};
 
 /// `PRAGMA query_only` on a connection for as long as it lives (a panic included).
@@ -102,6 +105,8 @@ pub(crate) struct SqliteEngine {
     writes: Arc<tokio::sync::Semaphore>,
     /// The interactive transactions' threads, watched by the watchdog (see `sessions`).
     sessions: Arc<Sessions>,
+    /// The write-ahead log's bounds, the gate of writes and read-only opens (see `wal`).
+    wal: Arc<WalBound>,
 }
 
 /// The permits of [`SqliteEngine::writes`]: more than plain writes can ever wait at once (each
@@ -191,18 +196,20 @@ impl SqliteEngine {
             .map(Arc::downgrade)
             .collect();
         // As many statements of transactions run at once, stuck ones included, as strays may.
+        let wal = Arc::new(WalBound::new(target.wal_path(), limits.max_wal_bytes));
         let sessions = Arc::new(Sessions::new(
             Arc::clone(&strays),
             GIVE_UP_AFTER,
             limits.transaction_write_idle,
-            target.wal_path(),
+            Arc::clone(&wal),
             limits.read_connections.max(1),
         ));
         let watch_closing = Arc::clone(&closing_since);
         let watch_sessions = Arc::downgrade(&sessions);
+        let nudge = Nudge::new(Arc::downgrade(&writer));
         std::thread::Builder::new()
             .name("sqlhttpd-watchdog".to_owned())
-            .spawn(move || watchdog(&watched, &watch_sessions, &watch_closing))
+            .spawn(move || watchdog(&watched, &watch_sessions, &watch_closing, &nudge))
             .map_err(ServerError::EngineThread)?;
         Ok(SqliteEngine {
             writer,
@@ -215,12 +222,38 @@ impl SqliteEngine {
             limits,
             writes: Arc::new(tokio::sync::Semaphore::new(WRITE_SHARES as usize)),
             sessions,
+            wal,
         })
     }
 
-    /// Waits for a turn at the writer (`shares` of [`SqliteEngine::writes`]: one for a plain
-    /// write, all for a write transaction) at most the statement timeout, then `503`.
+    /// The write-ahead log's size at the watchdog's last look, for the metrics.
+    pub(crate) fn wal_bytes(&self) -> u64 {
+        self.wal.bytes()
+    }
+
+    /// A write's turn at the writer ([`SqliteEngine::record_turn`]) once the write-ahead log is
+    /// under its hard bound: both waits together at most the statement timeout, then `503`
+    /// (nothing ran). The writer's thread looks at the log once more right before the write
+    /// runs ([`admit`]).
     async fn write_turn(&self, shares: u32) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let started = Instant::now();
+        let turn = self.record_turn(shares).await?;
+        let left = self
+            .limits
+            .statement_timeout
+            .saturating_sub(started.elapsed());
+        self.wal.below(Level::PastHard, left).await?;
+        Ok(turn)
+    }
+
+    /// Waits for a turn at the writer (`shares` of [`SqliteEngine::writes`]: one for a plain
+    /// write, all for a write transaction) at most the statement timeout, then `503`. The
+    /// server's own records (a few hundred bytes each) take it without waiting for the
+    /// write-ahead log's bound: a shutdown's `peers::leave` must not wait for readers.
+    async fn record_turn(
+        &self,
+        shares: u32,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         let waited = tokio::time::timeout(
             self.limits.statement_timeout,
             Arc::clone(&self.writes).acquire_many_owned(shares),
@@ -322,8 +355,10 @@ impl SqliteEngine {
     async fn execute_read_only(&self, request: SqlRequest) -> Result<Reply, ApiError> {
         let request = Arc::new(request);
         let streamed = match &self.readers {
-            Some(readers) => Self::run_streamed(readers, request, Access::ReadOnly, false).await?,
-            None => Self::run_streamed(&self.writer, request, Access::ReadOnly, true).await?,
+            Some(readers) => {
+                Self::run_streamed(readers, request, Access::ReadOnly, false, None).await?
+            }
+            None => Self::run_streamed(&self.writer, request, Access::ReadOnly, true, None).await?,
         };
         match streamed {
             Streamed::Reply(reply) => Ok(reply),
@@ -341,26 +376,30 @@ impl SqliteEngine {
     async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {
         let request = Arc::new(request);
         if let Some(readers) = &self.readers {
-            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly, false).await?
+            match Self::run_streamed(readers, Arc::clone(&request), Access::ReadOnly, false, None)
+                .await?
             {
                 Streamed::Reply(reply) => return Ok(reply),
                 Streamed::NeedsWriter => {}
             }
         }
         let _turn = self.write_turn(1).await?;
-        match Self::run_streamed(&self.writer, request, Access::ReadWrite, false).await? {
+        let wal = Some(Arc::clone(&self.wal));
+        match Self::run_streamed(&self.writer, request, Access::ReadWrite, false, wal).await? {
             Streamed::Reply(reply) => Ok(reply),
             Streamed::NeedsWriter => Err(ApiError::internal()),
         }
     }
 
     /// Runs one request on `pool`, streaming a large success body; `query_only` keeps the
-    /// connection from writing for the whole job (a read credential on the writer).
+    /// connection from writing for the whole job (a read credential on the writer); a write
+    /// passes `wal`, looked at on the writer's thread before it runs ([`admit`]).
     async fn run_streamed(
         pool: &Pool,
         request: Arc<SqlRequest>,
         access: Access,
         query_only: bool,
+        wal: Option<Arc<WalBound>>,
     ) -> Result<Streamed, ApiError> {
         let control = Arc::new(JobControl::default());
         let cancel = CancelOnDrop::new(Arc::clone(&control));
@@ -369,6 +408,9 @@ impl SqliteEngine {
         let result = pool.start_job(
             &control,
             move |conn| {
+                if let Some(wal) = &wal {
+                    admit(conn, wal)?;
+                }
                 let _query_only = if query_only {
                     Some(QueryOnly::on(conn)?)
                 } else {
@@ -427,7 +469,9 @@ impl Engine for SqliteEngine {
         request: SqlRequest,
     ) -> Result<(Outcome, Held), ApiError> {
         let _turn = self.write_turn(1).await?;
+        let wal = Arc::clone(&self.wal);
         self.run_buffered(&self.writer, move |writer| {
+            admit(writer, &wal)?;
             keyed::execute_with_key(writer, &keyed, &request)
         })
         .await
@@ -449,7 +493,11 @@ impl Engine for SqliteEngine {
             Access::ReadWrite => Some(self.write_turn(1).await?),
             Access::ReadOnly => None,
         };
+        let wal = (access == Access::ReadWrite).then(|| Arc::clone(&self.wal));
         self.run_buffered(pool, move |conn| {
+            if let Some(wal) = &wal {
+                admit(conn, wal)?;
+            }
             batch::run(conn, &batch, access).map(Outcome::fresh)
         })
         .await
@@ -464,7 +512,9 @@ impl Engine for SqliteEngine {
     ) -> Result<(Outcome, Held), ApiError> {
         serializable_only(&batch)?;
         let _turn = self.write_turn(1).await?;
+        let wal = Arc::clone(&self.wal);
         self.run_buffered(&self.writer, move |writer| {
+            admit(writer, &wal)?;
             batch::run_keyed(writer, &keyed, &batch)
         })
         .await
@@ -503,6 +553,11 @@ impl Engine for SqliteEngine {
             return Err(crate::engine::shutting_down());
         }
         let writer = if options.read_only {
+            // One opened past the truncate threshold would be ended a second later, and its
+            // snapshot would keep the checkpoint from finding the log free (ADR 0046).
+            self.wal
+                .below(Level::PastThreshold, self.limits.statement_timeout)
+                .await?;
             None
         } else {
             Some(self.write_turn(WRITE_SHARES).await?)
@@ -528,7 +583,7 @@ impl Engine for SqliteEngine {
         request_hash: [u8; 32],
         body: Vec<u8>,
     ) -> Result<(), ApiError> {
-        let _turn = self.write_turn(1).await?;
+        let _turn = self.record_turn(1).await?;
         Self::run(&self.writer, move |conn| {
             keyed::store(&conn.conn, &key, &request_hash, 200, &body)
                 .map_err(errors::map_engine_error)
@@ -544,7 +599,7 @@ impl Engine for SqliteEngine {
         status: u16,
         body: Vec<u8>,
     ) -> Result<Stored, ApiError> {
-        let _turn = self.write_turn(1).await?;
+        let _turn = self.record_turn(1).await?;
         Self::run(&self.writer, move |conn| {
             keyed::claim(&conn.conn, &key, &request_hash, status, &body)
                 .map_err(errors::map_engine_error)
@@ -593,10 +648,67 @@ impl Engine for SqliteEngine {
     }
 }
 
+/// Right before a write runs on the writer's thread: while the write-ahead log is past its
+/// hard bound, a checkpoint is tried now, and the write is refused (`503`, nothing of it run)
+/// unless it truncated the log (ADR 0046).
+fn admit(conn: &Conn, wal: &WalBound) -> Result<(), ApiError> {
+    if wal.past_hard() && !conn.truncate_wal() {
+        return Err(wal.refusal(Level::PastHard));
+    }
+    Ok(())
+}
+
+/// The watchdog's nudge to the writer: while the write-ahead log is past its truncate
+/// threshold and no write comes (they wait for it to fall), an empty job on the writer, after
+/// which it tries its checkpoint as after any job (`Conn::bound_wal`).
+struct Nudge {
+    writer: Weak<Pool>,
+    pending: Arc<AtomicBool>,
+}
+
+impl Nudge {
+    fn new(writer: Weak<Pool>) -> Nudge {
+        Nudge {
+            writer,
+            pending: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    /// Queues the empty job unless one waits already or writes are queued.
+    fn nudge(&self) {
+        let Some(writer) = self.writer.upgrade() else {
+            return;
+        };
+        if writer.waiting() > 0 || self.pending.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let pending = Arc::clone(&self.pending);
+        let done = Arc::clone(&self.pending);
+        let queued = writer.start_job(
+            &Arc::new(JobControl::default()),
+            move |_| {
+                pending.store(false, Ordering::Release);
+                Ok(())
+            },
+            move |_| done.store(false, Ordering::Release),
+        );
+        // Nobody waits for its answer: the checkpoint after it is the point.
+        if queued.is_err() {
+            self.pending.store(false, Ordering::Release);
+        }
+    }
+}
+
 /// The watchdog's loop: every [`WATCH_EVERY`], each pool gives up what is overdue and replaces
-/// it, and so do the interactive transactions' threads (see `sessions`). Ends when the engine
-/// is gone, or closed and settled.
-fn watchdog(pools: &[Weak<Pool>], sessions: &Weak<Sessions>, closing_since: &OnceLock<Instant>) {
+/// it, and so do the interactive transactions' threads (see `sessions`), which also look at the
+/// write-ahead log (the writer is nudged to checkpoint it while it is past its threshold). Ends
+/// when the engine is gone, or closed and settled.
+fn watchdog(
+    pools: &[Weak<Pool>],
+    sessions: &Weak<Sessions>,
+    closing_since: &OnceLock<Instant>,
+    nudge: &Nudge,
+) {
     loop {
         std::thread::sleep(WATCH_EVERY);
         let now = Instant::now();
@@ -608,6 +720,9 @@ fn watchdog(pools: &[Weak<Pool>], sessions: &Weak<Sessions>, closing_since: &Onc
         if let Some(sessions) = sessions.upgrade() {
             sessions.watch(now);
             open |= closing_since.get().is_none() || !sessions.settled();
+            if closing_since.get().is_none() && sessions.wal().level() > Level::Under {
+                nudge.nudge();
+            }
         }
         if !open {
             return;

@@ -13,8 +13,9 @@
 //!   idle, else after its statement): a write transaction idle (no statement running) past
 //!   `--transaction-write-idle`, so SQLite's one writer is never held by a client that is not
 //!   using it; a read-only transaction open past [`READ_GRACE`] while the write-ahead log is past
-//!   its bound, so no snapshot keeps the log from being truncated; every transaction once the
-//!   engine closes.
+//!   its truncate threshold, and any transaction while it is past its hard bound (ADR 0046), so
+//!   no snapshot and no write lock keeps the log from being truncated; every transaction once
+//!   the engine closes.
 //!
 //! How many statements of transactions run at once, stuck ones included, is bounded by
 //! [`Sessions::statements`]: a given-up step keeps its permit until its statement really ends.
@@ -23,7 +24,6 @@
 //! HTTP, tokens or the registry of transactions (`engine::transactions`), which learns that the
 //! engine ended one through `Session::must_end`.
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
@@ -32,8 +32,8 @@ use rusqlite::InterruptHandle;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::engine::Access;
-use crate::engine::sqlite::connection::WAL_SIZE_LIMIT;
 use crate::engine::sqlite::control::JobControl;
+use crate::engine::sqlite::wal::{Level, WalBound};
 use crate::engine::sqlite::worker::{Answer, Strays};
 
 /// How long a read-only transaction may keep its snapshot once the write-ahead log is past its
@@ -49,6 +49,8 @@ pub(crate) enum Ended {
     Wal,
     /// The engine is closing.
     Closing,
+    /// A write transaction open while the write-ahead log passed its hard bound.
+    WalFull,
 }
 
 impl Ended {
@@ -57,6 +59,7 @@ impl Ended {
             Ended::WriteIdle => 1,
             Ended::Wal => 2,
             Ended::Closing => 3,
+            Ended::WalFull => 4,
         }
     }
 
@@ -65,6 +68,7 @@ impl Ended {
             1 => Some(Ended::WriteIdle),
             2 => Some(Ended::Wal),
             3 => Some(Ended::Closing),
+            4 => Some(Ended::WalFull),
             _ => None,
         }
     }
@@ -131,24 +135,27 @@ impl Watched {
     }
 
     /// Why the engine must end the transaction at `now`, if it must.
-    fn due(
-        &self,
-        now: Instant,
-        closing: bool,
-        wal_over: bool,
-        write_idle: Duration,
-    ) -> Option<Ended> {
+    fn due(&self, now: Instant, closing: bool, wal: Level, write_idle: Duration) -> Option<Ended> {
         if closing {
             return Some(Ended::Closing);
         }
         match self.access {
+            Access::ReadWrite if wal == Level::PastHard => Some(Ended::WalFull),
             Access::ReadWrite => lock(&self.idle_since)
                 .is_some_and(|since| now.saturating_duration_since(since) >= write_idle)
                 .then_some(Ended::WriteIdle),
-            Access::ReadOnly => (wal_over
-                && now.saturating_duration_since(self.opened_at) >= READ_GRACE)
+            Access::ReadOnly => (wal == Level::PastHard
+                || (wal == Level::PastThreshold
+                    && now.saturating_duration_since(self.opened_at) >= READ_GRACE))
                 .then_some(Ended::Wal),
         }
+    }
+
+    /// Ends the transaction for `why` unless the engine ended it already; whether this did.
+    fn end(&self, why: Ended) -> bool {
+        self.ended
+            .compare_exchange(0, why.to_u8(), Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
     }
 }
 
@@ -158,8 +165,8 @@ pub(crate) struct Sessions {
     strays: Arc<Strays>,
     give_up_after: Duration,
     write_idle: Duration,
-    /// The write-ahead log's file.
-    wal: PathBuf,
+    /// The write-ahead log's bounds.
+    wal: Arc<WalBound>,
     /// Statements of transactions that may run at once, given-up ones included.
     statements: Arc<Semaphore>,
     /// The transactions' connections' "closing" (their hooks stop every statement).
@@ -192,6 +199,16 @@ impl Enlisted {
     pub(crate) fn given_up(&mut self) {
         self.stray = true;
     }
+
+    /// Whether the write-ahead log is past its hard bound now, read from the file right before
+    /// a write transaction's statement runs: the transaction is then ended ([`Ended::WalFull`])
+    /// instead, as the watchdog would end it at its next look (ADR 0046).
+    pub(crate) fn wal_full(&self) -> bool {
+        self.sessions.wal.past_hard() && {
+            self.watched.end(Ended::WalFull);
+            true
+        }
+    }
 }
 
 impl Drop for Enlisted {
@@ -211,7 +228,7 @@ impl Sessions {
         strays: Arc<Strays>,
         give_up_after: Duration,
         write_idle: Duration,
-        wal: PathBuf,
+        wal: Arc<WalBound>,
         statements: usize,
     ) -> Sessions {
         Sessions {
@@ -234,6 +251,11 @@ impl Sessions {
     /// Whether the transactions are being closed.
     pub(crate) fn is_closing(&self) -> bool {
         self.closing.load(Ordering::Acquire)
+    }
+
+    /// The write-ahead log's bounds.
+    pub(crate) fn wal(&self) -> &Arc<WalBound> {
+        &self.wal
     }
 
     /// The permits a step takes before it runs.
@@ -281,23 +303,19 @@ impl Sessions {
         }
     }
 
-    /// Whether the write-ahead log is past its bound now.
-    fn wal_over(&self) -> bool {
-        std::fs::metadata(&self.wal).is_ok_and(|meta| meta.len() > WAL_SIZE_LIMIT.unsigned_abs())
-    }
-
     /// The watchdog's look at `now`: gives up every step that has had to stop for the margin
     /// and is still running, and ends the transactions the engine may not keep (see the
     /// module's documentation).
     pub(crate) fn watch(&self, now: Instant) {
         let closing_since = self.closing_since.get().copied();
         let closing = closing_since.is_some();
-        // The log's size is looked at only while a read-only transaction could pin it.
-        let wal_over = !closing
-            && lock(&self.list)
-                .iter()
-                .any(|watched| watched.access == Access::ReadOnly)
-            && self.wal_over();
+        // The log's size is looked at every time: the gates of writes and read-only opens
+        // follow it too (ADR 0046).
+        let wal = if closing {
+            Level::Under
+        } else {
+            self.wal.look()
+        };
         let mut given_up = Vec::new();
         let mut due = Vec::new();
         lock(&self.list).retain(|watched| {
@@ -314,7 +332,7 @@ impl Sessions {
             }
             drop(running);
             if watched.ended().is_none()
-                && let Some(why) = watched.due(now, closing, wal_over, self.write_idle)
+                && let Some(why) = watched.due(now, closing, wal, self.write_idle)
             {
                 due.push((Arc::clone(watched), why));
             }
@@ -334,11 +352,7 @@ impl Sessions {
             (job.answer)(err);
         }
         for (watched, why) in due {
-            if watched
-                .ended
-                .compare_exchange(0, why.to_u8(), Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
+            if watched.end(why) {
                 tracing::debug!(why = ?why, "the engine ends an interactive transaction");
                 (watched.wake)();
             }
@@ -348,6 +362,7 @@ impl Sessions {
 
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
     use std::sync::atomic::AtomicUsize;
 
     use super::*;
@@ -355,7 +370,11 @@ mod tests {
 
     const WRITE_IDLE: Duration = Duration::from_secs(2);
 
+    /// The hard bound of the logs here; the truncate threshold is a quarter of it.
+    const MAX_WAL: u64 = 16 * 1024 * 1024;
+
     fn sessions(wal: PathBuf) -> (Arc<Sessions>, Arc<Strays>) {
+        let wal = Arc::new(WalBound::new(wal, MAX_WAL));
         let strays = Arc::new(Strays::new(1));
         let sessions = Arc::new(Sessions::new(
             Arc::clone(&strays),
@@ -422,12 +441,43 @@ mod tests {
         sessions.watch(now + READ_GRACE * 2);
         assert_eq!(read.watched().ended(), None, "no log yet");
         let file = std::fs::File::create(&wal).unwrap();
-        file.set_len(WAL_SIZE_LIMIT.unsigned_abs() + 1).unwrap();
+        file.set_len(MAX_WAL / 4 + 1).unwrap();
         sessions.watch(now);
         assert_eq!(read.watched().ended(), None, "younger than the grace");
         sessions.watch(now + READ_GRACE * 2);
         assert_eq!(read.watched().ended(), Some(Ended::Wal));
         assert_eq!(woken.load(Ordering::Acquire), 1);
+    }
+
+    #[test]
+    fn past_the_hard_bound_every_transaction_is_ended_whatever_its_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let wal = dir.path().join("db-wal");
+        let (sessions, _) = sessions(wal.clone());
+        let (read, _) = enlist(&sessions, Access::ReadOnly);
+        let (write, woken) = enlist(&sessions, Access::ReadWrite);
+        let file = std::fs::File::create(&wal).unwrap();
+        file.set_len(MAX_WAL / 4 + 1).unwrap();
+        let now = Instant::now();
+        sessions.watch(now);
+        assert_eq!(read.watched().ended(), None, "younger than the grace");
+        assert_eq!(
+            write.watched().ended(),
+            None,
+            "writes go on past the threshold"
+        );
+        assert!(!write.wal_full());
+        file.set_len(MAX_WAL + 1).unwrap();
+        assert!(write.wal_full(), "the writer's own look sees the bound");
+        assert_eq!(write.watched().ended(), Some(Ended::WalFull));
+        sessions.watch(now);
+        assert_eq!(
+            read.watched().ended(),
+            Some(Ended::Wal),
+            "young, but past the hard bound"
+        );
+        // The thread had ended itself: the watchdog does not wake it again.
+        assert_eq!(woken.load(Ordering::Acquire), 0);
     }
 
     #[test]
