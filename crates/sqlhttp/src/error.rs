@@ -169,9 +169,10 @@ pub enum ErrorKind {
     RowNotFound,
     /// A bound parameter or an insert row cannot be sent (not a scalar, rows of different shapes, ...).
     /// Nothing was sent.
-    #[error("invalid parameter{}: {message}", index.map(|i| format!(" {i}")).unwrap_or_default())]
+    #[error("invalid parameter{}: {message}", index.map(|i| format!(" ?{}", i + 1)).unwrap_or_default())]
     InvalidParameter {
-        /// The zero-based position of the parameter, when one parameter is at fault.
+        /// The zero-based position of the parameter, when one parameter is at fault: `0` is the
+        /// first bound, which the message names `?1`, as SQL does.
         index: Option<usize>,
         /// What is wrong with it.
         message: String,

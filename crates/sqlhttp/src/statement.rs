@@ -113,8 +113,18 @@ impl RequestBody<'_> {
     }
 }
 
-/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a float, a string,
-/// or a blob (`{"base64": ...}`, made from bytes by `blob::to_param`).
+/// Serializes `value` as one parameter, checked: the one function every path that binds a
+/// statement's parameter goes through (statements, batches, transactions). `insert` rows take the
+/// same two steps per column: `blob::to_param` (which refuses NaN, the infinities and integers
+/// outside `i64`, at any depth), then [`check_scalar`].
+pub(crate) fn to_scalar_param<T: Serialize + ?Sized>(value: &T) -> Result<Value, String> {
+    let value = crate::wire::blob::to_param(value).map_err(|err| err.to_string())?;
+    check_scalar(&value)?;
+    Ok(value)
+}
+
+/// Checks that a value can travel as a parameter: null, a bool, an integer in `i64`, a finite float,
+/// a string, or a blob (`{"base64": ...}`, made from bytes by `blob::to_param`).
 pub(crate) fn check_scalar(value: &Value) -> Result<(), String> {
     match value {
         Value::Null | Value::Bool(_) | Value::String(_) => Ok(()),
@@ -173,10 +183,7 @@ impl Statement {
             return;
         }
         let index = self.params.len();
-        let checked = crate::wire::blob::to_param(value)
-            .map_err(|err| err.to_string())
-            .and_then(|value| check_scalar(&value).map(|()| value));
-        match checked {
+        match to_scalar_param(value) {
             Ok(value) => self.params.push(value),
             Err(message) => {
                 self.invalid = Some(ErrorKind::InvalidParameter {
@@ -322,9 +329,11 @@ macro_rules! bind_params {
     ($builder:ident) => {
         impl $builder {
             /// Binds the next positional parameter (`?` in SQLite). Any `Serialize` value that is a
-            /// scalar: `Option::None` and `()` bind `NULL`; bools, integers within `i64`, floats and
-            /// strings bind as themselves (a NaN or infinite float binds `NULL`: JSON has no such
-            /// numbers). Anything else fails the call before it is sent.
+            /// scalar: `Option::None` and `()` bind `NULL`; bools, integers within `i64`, finite
+            /// floats and strings bind as themselves; bytes bind as a BLOB. Anything else (a NaN or
+            /// infinite float, an integer outside `i64`, a sequence, a struct) fails the call with
+            /// [`ErrorKind::InvalidParameter`] naming the parameter (`?1` for the first), before
+            /// anything is sent.
             pub fn bind<T: Serialize>(mut self, value: T) -> Self {
                 self.statement.bind(&value);
                 self

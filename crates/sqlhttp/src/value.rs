@@ -1,6 +1,6 @@
 //! [`Value`]: one dynamically typed cell of a [`Table`](crate::Table), one variant per SQLite
-//! storage class, read from the wire and read back as any `T: Deserialize` by
-//! [`Row::get`](crate::Row::get).
+//! storage class plus one for PostgreSQL's JSON-shaped cells (arrays, `json`, `jsonb`), read from
+//! the wire and read back as any `T: Deserialize` by [`Row::get`](crate::Row::get).
 //!
 //! Plain data, its serde impls and accessors; knows the protocol's cell forms (a blob is
 //! `{"base64": ...}`), nothing of rows or HTTP.
@@ -9,9 +9,13 @@ use std::fmt;
 
 use serde::de::{self, Deserializer, MapAccess, SeqAccess, Visitor};
 
-use crate::wire::blob::read_blob;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD;
 
-/// A dynamically typed cell: one variant per SQLite storage class.
+use crate::wire::blob::BLOB_KEY;
+
+/// A dynamically typed cell: one variant per SQLite storage class, and [`Value::Json`] for the
+/// arrays and objects only PostgreSQL answers.
 ///
 /// ```
 /// use sqlhttp::Value;
@@ -33,8 +37,13 @@ pub enum Value {
     Real(f64),
     /// TEXT.
     Text(String),
-    /// A BLOB.
+    /// A BLOB (PostgreSQL's `bytea`).
     Blob(Vec<u8>),
+    /// A cell that is a JSON array or an object other than a blob: a PostgreSQL array, or a `json`
+    /// or `jsonb` value that is an array or an object (a `jsonb` scalar arrives as the scalar, and
+    /// reads as [`Integer`](Value::Integer), [`Real`](Value::Real), [`Text`](Value::Text) or
+    /// [`Null`](Value::Null)). SQLite never answers one.
+    Json(serde_json::Value),
 }
 
 impl Value {
@@ -75,25 +84,32 @@ impl Value {
             _ => None,
         }
     }
+
+    /// The array or object, if the cell is one (see [`Value::Json`]).
+    pub fn as_json(&self) -> Option<&serde_json::Value> {
+        match self {
+            Value::Json(v) => Some(v),
+            _ => None,
+        }
+    }
 }
 
-/// The wire form: `null`, a number, a string, or `{"base64": "..."}` for a BLOB (a REAL that is
-/// not finite is `null`, as the server writes it).
+/// The wire form: `null`, a number, a string, `{"base64": "..."}` for a BLOB, the array or object
+/// of a [`Value::Json`]. A REAL that is not finite is handed to the serializer as it is: bound as a
+/// parameter it is refused before sending ([`ErrorKind::InvalidParameter`](crate::ErrorKind)), and
+/// `serde_json` writes it `null`.
 impl serde::Serialize for Value {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeMap as _;
         match self {
             Value::Integer(i) => serializer.serialize_i64(*i),
-            Value::Real(f) if f.is_finite() => serializer.serialize_f64(*f),
-            Value::Null | Value::Real(_) => serializer.serialize_unit(),
+            Value::Real(f) => serializer.serialize_f64(*f),
+            Value::Null => serializer.serialize_unit(),
             Value::Text(s) => serializer.serialize_str(s),
+            Value::Json(v) => v.serialize(serializer),
             Value::Blob(bytes) => {
-                use base64::Engine as _;
                 let mut map = serializer.serialize_map(Some(1))?;
-                map.serialize_entry(
-                    crate::wire::blob::BLOB_KEY,
-                    &base64::engine::general_purpose::STANDARD.encode(bytes),
-                )?;
+                map.serialize_entry(BLOB_KEY, &STANDARD.encode(bytes))?;
                 map.end()
             }
         }
@@ -112,7 +128,7 @@ impl<'de> Visitor<'de> for ValueVisitor {
     type Value = Value;
 
     fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("a cell: null, a number, a string or a blob")
+        f.write_str("a cell: null, a number, a string, a blob, an array or an object")
     }
 
     fn visit_unit<E: de::Error>(self) -> Result<Value, E> {
@@ -155,17 +171,48 @@ impl<'de> Visitor<'de> for ValueVisitor {
         Ok(Value::Blob(v))
     }
 
-    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<Value, A::Error> {
-        read_blob(map).map(Value::Blob)
+    /// `{"base64": "..."}` alone is a blob (as the protocol writes one); any other object is a
+    /// PostgreSQL `json`/`jsonb` value.
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Value, A::Error> {
+        use serde_json::Value as Json;
+        let Some(first) = map.next_key::<String>()? else {
+            return Ok(Value::Json(Json::Object(serde_json::Map::new())));
+        };
+        let value = map.next_value::<Json>()?;
+        let mut object = serde_json::Map::new();
+        if first == BLOB_KEY
+            && let Json::String(encoded) = &value
+        {
+            match map.next_key::<String>()? {
+                None => {
+                    return STANDARD
+                        .decode(encoded.as_bytes())
+                        .map(Value::Blob)
+                        .map_err(|e| de::Error::custom(format_args!("a blob's base64: {e}")));
+                }
+                Some(key) => {
+                    object.insert(first, value);
+                    let value = map.next_value::<Json>()?;
+                    object.insert(key, value);
+                }
+            }
+        } else {
+            object.insert(first, value);
+        }
+        while let Some((key, value)) = map.next_entry::<String, Json>()? {
+            object.insert(key, value);
+        }
+        Ok(Value::Json(Json::Object(object)))
     }
 
-    /// The array-of-bytes form of a blob (protocol versions before the blob value).
+    /// A PostgreSQL array, or a `json`/`jsonb` array. (Protocol drafts once sent a blob as an array
+    /// of bytes; that form is gone, and reading an `integer[]` as bytes would be a wrong answer.)
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Value, A::Error> {
-        let mut bytes = Vec::new();
-        while let Some(byte) = seq.next_element::<u8>()? {
-            bytes.push(byte);
+        let mut items = Vec::with_capacity(seq.size_hint().unwrap_or(0).min(4096));
+        while let Some(item) = seq.next_element::<serde_json::Value>()? {
+            items.push(item);
         }
-        Ok(Value::Blob(bytes))
+        Ok(Value::Json(serde_json::Value::Array(items)))
     }
 }
 
@@ -181,6 +228,15 @@ impl<'de> Deserializer<'de> for &'de Value {
             Value::Real(f) => visitor.visit_f64(*f),
             Value::Text(s) => visitor.visit_borrowed_str(s),
             Value::Blob(b) => visitor.visit_borrowed_bytes(b),
+            Value::Json(v) => v.deserialize_any(visitor),
+        }
+    }
+
+    /// SQLite's booleans, `0` and `1`, read as `bool`s, as a decoded row's cells do.
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
+        match self {
+            Value::Integer(i @ (0 | 1)) => visitor.visit_bool(*i == 1),
+            _ => self.deserialize_any(visitor),
         }
     }
 
@@ -195,6 +251,7 @@ impl<'de> Deserializer<'de> for &'de Value {
     fn deserialize_seq<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, Self::Error> {
         match self {
             Value::Blob(b) => visitor.visit_seq(de::value::SeqDeserializer::new(b.iter().copied())),
+            Value::Json(v) => v.deserialize_seq(visitor),
             _ => self.deserialize_any(visitor),
         }
     }
@@ -208,7 +265,7 @@ impl<'de> Deserializer<'de> for &'de Value {
     }
 
     serde::forward_to_deserialize_any! {
-        bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
+        i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string
         bytes byte_buf unit unit_struct tuple tuple_struct map struct enum identifier ignored_any
     }
 }

@@ -23,6 +23,7 @@ mod harness;
 mod methods;
 mod operations;
 mod restart;
+mod scalars;
 mod streams;
 mod timing;
 mod transactions;

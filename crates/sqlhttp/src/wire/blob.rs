@@ -2,7 +2,12 @@
 //! blob value `{"base64": "..."}` — [`to_param`] (binding: anything serialized with
 //! `serialize_bytes`, such as `Blob`, `serde_bytes::ByteBuf` or `bytes::Bytes`, binds as a BLOB) and
 //! [`Cell`] (decoding: a blob cell is handed to a type that asks for bytes, or for a sequence of
-//! `u8`, as its bytes).
+//! `u8`, as its bytes; and, the one other rule a cell adds to JSON's, a `bool` takes SQLite's
+//! booleans, the integers 0 and 1).
+//!
+//! [`to_param`] is also where a number that has no faithful JSON form is refused (NaN, the
+//! infinities, integers outside `i64`), at any depth: every path that binds (statements, batches,
+//! transactions, `insert` rows) serializes through it, so that check is made once, here.
 //!
 //! Knows serde and the blob's JSON form; nothing of rows, HTTP or retries.
 
@@ -150,6 +155,32 @@ pub(crate) fn to_param<T: Serialize + ?Sized>(value: &T) -> Result<Json, serde_j
 /// See [`to_param`].
 struct ParamSerializer;
 
+/// An integer parameter: SQLite's and PostgreSQL's integers are signed 64-bit, and a larger one
+/// would reach the engine as a float (or be refused there), so it is refused here, before sending.
+/// The value is not quoted: parameters can be personal data, and errors end up in logs.
+fn integer(v: Option<i64>) -> Result<Json, serde_json::Error> {
+    v.map(Json::from).ok_or_else(|| {
+        ser::Error::custom("an integer outside i64's range (SQL integers are signed 64-bit)")
+    })
+}
+
+/// A float parameter: NaN and the infinities have no JSON form (serde_json would write `null`, binding
+/// NULL silently), so they are refused here, before sending.
+fn real(v: f64, ty: &str) -> Result<Json, serde_json::Error> {
+    if v.is_nan() {
+        return Err(ser::Error::custom(format_args!(
+            "a NaN {ty} cannot be bound (JSON has no NaN; bind None for NULL)"
+        )));
+    }
+    if v.is_infinite() {
+        let sign = if v > 0.0 { "+" } else { "-" };
+        return Err(ser::Error::custom(format_args!(
+            "{sign}infinity ({ty}) cannot be bound (JSON has no infinities)"
+        )));
+    }
+    Ok(Json::from(v))
+}
+
 use serde_json::value::Serializer as Plain;
 
 macro_rules! plain {
@@ -173,12 +204,31 @@ impl Serializer for ParamSerializer {
 
     plain! {
         serialize_bool(v: bool); serialize_i8(v: i8); serialize_i16(v: i16); serialize_i32(v: i32);
-        serialize_i64(v: i64); serialize_i128(v: i128); serialize_u8(v: u8); serialize_u16(v: u16);
-        serialize_u32(v: u32); serialize_u64(v: u64); serialize_u128(v: u128);
-        serialize_f32(v: f32); serialize_f64(v: f64); serialize_char(v: char);
-        serialize_str(v: &str); serialize_none(); serialize_unit();
+        serialize_i64(v: i64); serialize_u8(v: u8); serialize_u16(v: u16); serialize_u32(v: u32);
+        serialize_char(v: char); serialize_str(v: &str); serialize_none(); serialize_unit();
         serialize_unit_struct(name: &'static str);
         serialize_unit_variant(name: &'static str, index: u32, variant: &'static str);
+    }
+
+    fn serialize_i128(self, v: i128) -> Result<Json, serde_json::Error> {
+        integer(i64::try_from(v).ok())
+    }
+
+    fn serialize_u64(self, v: u64) -> Result<Json, serde_json::Error> {
+        integer(i64::try_from(v).ok())
+    }
+
+    fn serialize_u128(self, v: u128) -> Result<Json, serde_json::Error> {
+        integer(i64::try_from(v).ok())
+    }
+
+    fn serialize_f32(self, v: f32) -> Result<Json, serde_json::Error> {
+        // Widened exactly: `0.1f32` binds as the double nearest to the `f32`, as serde_json does.
+        real(f64::from(v), "f32")
+    }
+
+    fn serialize_f64(self, v: f64) -> Result<Json, serde_json::Error> {
+        real(v, "f64")
     }
 
     fn serialize_bytes(self, v: &[u8]) -> Result<Json, serde_json::Error> {
@@ -287,7 +337,9 @@ impl SerializeMap for Object {
             .key
             .take()
             .ok_or_else(|| ser::Error::custom("a map value came before its key"))?;
-        self.map.insert(key, to_param(value)?);
+        let value = to_param(value)
+            .map_err(|err| ser::Error::custom(format_args!("field `{key}`: {err}")))?;
+        self.map.insert(key, value);
         Ok(())
     }
 
@@ -305,7 +357,9 @@ impl SerializeStruct for Object {
         key: &'static str,
         value: &T,
     ) -> Result<(), serde_json::Error> {
-        self.map.insert(key.to_owned(), to_param(value)?);
+        let value = to_param(value)
+            .map_err(|err| ser::Error::custom(format_args!("field `{key}`: {err}")))?;
+        self.map.insert(key.to_owned(), value);
         Ok(())
     }
 
@@ -341,7 +395,7 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Cell<D> {
     type Error = D::Error;
 
     forward! {
-        deserialize_any; deserialize_bool; deserialize_i8; deserialize_i16; deserialize_i32;
+        deserialize_any; deserialize_i8; deserialize_i16; deserialize_i32;
         deserialize_i64; deserialize_i128; deserialize_u8; deserialize_u16; deserialize_u32;
         deserialize_u64; deserialize_u128; deserialize_f32; deserialize_f64; deserialize_char;
         deserialize_str; deserialize_string; deserialize_unit; deserialize_map;
@@ -355,6 +409,10 @@ impl<'de, D: Deserializer<'de>> Deserializer<'de> for Cell<D> {
 
     fn deserialize_bytes<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
         self.0.deserialize_any(BytesOf(visitor))
+    }
+
+    fn deserialize_bool<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
+        self.0.deserialize_any(BoolOf(visitor))
     }
 
     fn deserialize_byte_buf<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, D::Error> {
@@ -431,6 +489,56 @@ impl<'de, V: Visitor<'de>> Visitor<'de> for BytesOf<V> {
     fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
         let bytes = read_blob(map)?;
         self.0.visit_byte_buf(bytes)
+    }
+}
+
+/// A `bool`: `true` and `false` (PostgreSQL's `boolean`), and SQLite's booleans, `1` and `0` (what
+/// `x > 1` or a column of `BOOLEAN` affinity answers there). Any other integer stays an error.
+struct BoolOf<V>(V);
+
+impl<'de, V: Visitor<'de>> Visitor<'de> for BoolOf<V> {
+    type Value = V::Value;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.expecting(f)
+    }
+
+    fn visit_bool<E: de::Error>(self, v: bool) -> Result<V::Value, E> {
+        self.0.visit_bool(v)
+    }
+
+    fn visit_i64<E: de::Error>(self, v: i64) -> Result<V::Value, E> {
+        match v {
+            0 | 1 => self.0.visit_bool(v == 1),
+            _ => self.0.visit_i64(v),
+        }
+    }
+
+    fn visit_u64<E: de::Error>(self, v: u64) -> Result<V::Value, E> {
+        match v {
+            0 | 1 => self.0.visit_bool(v == 1),
+            _ => self.0.visit_u64(v),
+        }
+    }
+
+    fn visit_f64<E: de::Error>(self, v: f64) -> Result<V::Value, E> {
+        self.0.visit_f64(v)
+    }
+
+    fn visit_str<E: de::Error>(self, v: &str) -> Result<V::Value, E> {
+        self.0.visit_str(v)
+    }
+
+    fn visit_unit<E: de::Error>(self) -> Result<V::Value, E> {
+        self.0.visit_unit()
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, seq: A) -> Result<V::Value, A::Error> {
+        self.0.visit_seq(seq)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, map: A) -> Result<V::Value, A::Error> {
+        self.0.visit_map(map)
     }
 }
 

@@ -139,6 +139,17 @@ pub(crate) fn positioned<T>(
         (None, None)
     };
     let mut message = format!("{message} (decoding into `{}`)", std::any::type_name::<T>());
+    if columns.len() == 1
+        && std::any::type_name::<T>().starts_with("alloc::vec::Vec<")
+        && (message.starts_with("invalid type: map,")
+            || message.starts_with("invalid type: sequence,"))
+    {
+        // A `Vec` target reads the row's cells, whatever its width (`Vec<Value>` reads any row).
+        message.push_str(
+            "; a `Vec` target is a row of cells: read a one-column BLOB into `sqlhttp::Blob`, \
+             `bytes::Bytes` or `serde_bytes::ByteBuf`, and a one-column array into `(Vec<_>,)`",
+        );
+    }
     if missing {
         let names: Vec<&str> = columns.iter().map(|c| c.name.as_str()).collect();
         message.push_str(&format!(
@@ -344,9 +355,22 @@ macro_rules! forward_to_single_cell {
 impl<'de, A: SeqAccess<'de>> Deserializer<'de> for RowDeserializer<'_, A> {
     type Error = A::Error;
 
-    /// Self-describing targets (`serde_json::Value`, untagged enums) see the row as an object.
+    /// Self-describing targets (`sqlhttp::Value`, `serde_json::Value`, `Blob`, untagged enums)
+    /// read a one-column result's cell, as every scalar does (and as `Option<T>` of them always
+    /// did), and see a wider row as an object by column name.
     fn deserialize_any<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
-        self.by_name(visitor)
+        if self.columns.len() == 1 {
+            struct Seed<V>(V);
+            impl<'de, V: Visitor<'de>> DeserializeSeed<'de> for Seed<V> {
+                type Value = V::Value;
+                fn deserialize<D: Deserializer<'de>>(self, d: D) -> Result<V::Value, D::Error> {
+                    d.deserialize_any(self.0)
+                }
+            }
+            self.single(Seed(visitor))
+        } else {
+            self.by_name(visitor)
+        }
     }
 
     fn deserialize_map<V: Visitor<'de>>(self, visitor: V) -> Result<V::Value, A::Error> {
@@ -592,6 +616,128 @@ mod tests {
         assert_eq!(files[1].n.as_ref().unwrap().0, [1]);
         let err = super::rows::<(i64, i64)>(body).unwrap_err();
         assert!(matches!(err.kind(), ErrorKind::Decode { column: Some(c), .. } if c == "b"));
+    }
+
+    #[test]
+    fn a_one_column_result_reads_as_its_cell_in_every_scalar_shape() {
+        let body =
+            br#"{"columns":[{"name":"data","type":"BLOB"}],"rows":[[{"base64":"AP8Q"}],[null]]}"#;
+        let blobs: Vec<Option<crate::Blob>> = rows(body).unwrap();
+        assert_eq!(blobs, [Some(crate::Blob(vec![0, 255, 16])), None]);
+        let one = br#"{"columns":[{"name":"data","type":"BLOB"}],"rows":[[{"base64":"AP8Q"}]]}"#;
+        assert_eq!(rows::<crate::Blob>(one).unwrap()[0].0, [0, 255, 16]);
+        assert_eq!(&rows::<bytes::Bytes>(one).unwrap()[0][..], [0, 255, 16]);
+        assert_eq!(rows::<(Vec<u8>,)>(one).unwrap()[0].0, [0, 255, 16]);
+        assert_eq!(rows::<Value>(one).unwrap(), [Value::Blob(vec![0, 255, 16])]);
+        assert_eq!(
+            rows::<serde_json::Value>(one).unwrap(),
+            [serde_json::json!({"base64": "AP8Q"})]
+        );
+        assert_eq!(
+            rows::<Option<Value>>(body).unwrap(),
+            [Some(Value::Blob(vec![0, 255, 16])), None]
+        );
+        assert_eq!(
+            rows::<Option<serde_json::Value>>(body).unwrap(),
+            [Some(serde_json::json!({"base64": "AP8Q"})), None]
+        );
+        // `Vec<T>` is a row's cells, whatever its width: `Vec<Value>` keeps reading any result.
+        assert_eq!(
+            rows::<Vec<Value>>(one).unwrap(),
+            [vec![Value::Blob(vec![0, 255, 16])]]
+        );
+        let err = rows::<Vec<u8>>(one).unwrap_err();
+        assert!(err.to_string().contains("serde_bytes::ByteBuf"), "{err}");
+
+        let body = br#"{"columns":[{"name":"n","type":""}],"rows":[[7],[1.5],["x"],[null]]}"#;
+        assert_eq!(
+            rows::<Value>(body).unwrap(),
+            [
+                Value::Integer(7),
+                Value::Real(1.5),
+                Value::Text("x".into()),
+                Value::Null
+            ]
+        );
+        assert_eq!(
+            rows::<serde_json::Value>(body).unwrap(),
+            [
+                serde_json::json!(7),
+                serde_json::json!(1.5),
+                serde_json::json!("x"),
+                serde_json::Value::Null
+            ]
+        );
+        assert_eq!(
+            rows::<Option<serde_json::Value>>(body).unwrap()[3],
+            None::<serde_json::Value>
+        );
+        // Structs and maps still read a one-column row by name.
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct N {
+            n: Option<Value>,
+        }
+        assert_eq!(
+            rows::<N>(body).unwrap()[0],
+            N {
+                n: Some(Value::Integer(7))
+            }
+        );
+        let maps: Vec<BTreeMap<String, Value>> = rows(body).unwrap();
+        assert_eq!(maps[2]["n"], Value::Text("x".into()));
+    }
+
+    #[test]
+    fn booleans_read_from_sqlite_integers_0_and_1_only() {
+        let body = br#"{"columns":[{"name":"b","type":""}],"rows":[[1],[0],[true],[null]]}"#;
+        assert_eq!(
+            rows::<Option<bool>>(body).unwrap(),
+            [Some(true), Some(false), Some(true), None]
+        );
+        let table = table(body).unwrap();
+        assert!(table.row(0).unwrap().get::<bool>("b").unwrap());
+        assert!(!table.row(1).unwrap().get::<bool>("b").unwrap());
+        let body = br#"{"columns":[{"name":"b","type":""}],"rows":[[2]]}"#;
+        let err = rows::<bool>(body).unwrap_err();
+        assert!(err.to_string().contains("expected a boolean"), "{err}");
+        assert!(table.row(3).unwrap().get::<bool>("b").is_err());
+    }
+
+    #[test]
+    fn a_one_column_array_reads_into_a_one_tuple_and_a_vec_says_so() {
+        let body = br#"{"columns":[{"name":"a","type":"_int8"}],"rows":[[[1,2]]]}"#;
+        assert_eq!(rows::<(Vec<i64>,)>(body).unwrap(), [(vec![1, 2],)]);
+        let err = rows::<Vec<i64>>(body).unwrap_err();
+        assert!(err.to_string().contains("`(Vec<_>,)`"), "{err}");
+    }
+
+    #[test]
+    fn postgresql_arrays_and_json_cells_are_json_values_not_blobs() {
+        let body = br#"{"columns":[{"name":"a","type":"_int4"},{"name":"j","type":"jsonb"}],"rows":[[[1,2,3],{"k":[1,{"base64":"AA=="}]}],[[],{"base64":"AA==","x":1}]]}"#;
+        let table = table(body).unwrap();
+        assert_eq!(
+            table.row(0).unwrap().values(),
+            [
+                Value::Json(serde_json::json!([1, 2, 3])),
+                Value::Json(serde_json::json!({"k": [1, {"base64": "AA=="}]}))
+            ]
+        );
+        assert_eq!(
+            table.row(1).unwrap().values()[1],
+            Value::Json(serde_json::json!({"base64": "AA==", "x": 1}))
+        );
+        assert_eq!(
+            table.row(0).unwrap().get::<Vec<i64>>("a").unwrap(),
+            [1, 2, 3]
+        );
+        #[derive(Debug, Deserialize, PartialEq)]
+        struct Row {
+            a: Vec<i64>,
+            j: serde_json::Value,
+        }
+        let typed: Vec<Row> = rows(body).unwrap();
+        assert_eq!(typed[1].a, Vec::<i64>::new());
+        assert_eq!(table.rows_as::<Row>().unwrap(), typed);
     }
 
     #[test]

@@ -13,6 +13,7 @@ mod calls;
 mod cancel;
 mod errors;
 mod retries;
+mod scalars;
 mod shape;
 mod streams;
 mod support;
