@@ -321,10 +321,10 @@ impl TestServerBuilder {
         self
     }
 
-    /// Keeps the SQLite database in a file in a fresh temporary directory (removed on drop),
-    /// so that [`TestServer::restart`] keeps the data.
-    pub fn file_backed(mut self) -> TestServerBuilder {
-        self.file_backed = true;
+    /// With `true`, keeps the SQLite database in a file in a fresh temporary directory (removed
+    /// on drop), so that [`TestServer::restart`] keeps the data. Default: `false` (in memory).
+    pub fn file_backed(mut self, file_backed: bool) -> TestServerBuilder {
+        self.file_backed = file_backed;
         self
     }
 
