@@ -2,9 +2,11 @@
 //! readers ADR 0042's policy could not end: read-only transactions that their clients keep
 //! open (re-opened as soon as the engine ends one) or open back to back, each younger than a
 //! second when the engine looks, so that no checkpoint ever found the log free while another
-//! client wrote. Both log tests failed on the engine before ADR 0046 (the log passed 3 and 5
-//! times the bound here); and a write transaction ended at the bound answers the same truth to
-//! a step re-sent after its answer was lost.
+//! client wrote, and a given-up statement's stray thread. Both log tests failed on the engine
+//! before ADR 0046 (the log reached 48-95 MiB and 162 MiB against a 32 MiB bound). And answers
+//! lost at the bound tell the truth when asked again: a write refused there never ran, and a
+//! keyed one sent again under its key runs once; a write transaction ended there is answered
+//! expired again, and nothing of it committed.
 //!
 //! The servers here run with a small bound (32 MiB: the log is truncated past 8 MiB) so that a
 //! few hundred MiB of writes are not needed to reach it.
@@ -239,17 +241,38 @@ async fn read_only_transactions_opened_back_to_back_do_not_starve_the_checkpoint
 /// POSTs `body` to a transaction endpoint through `proxy`: the status and the JSON answer, or
 /// `None` when the proxy dropped the answer.
 async fn through(proxy: &ChaosProxy, path: &str, body: &Value) -> Option<(u16, Value)> {
-    let sent = http_client()
-        .post(format!("{}/api/v1/transaction/{path}", proxy.url()))
-        .header("content-type", "application/json")
-        .body(body.to_string())
-        .send()
+    let path = format!("/api/v1/transaction/{path}");
+    through_with(proxy, &path, &[], body)
         .await
-        .ok()?;
+        .map(|(status, _, answer)| (status, answer))
+}
+
+/// POSTs `body` with `headers` to `path` through `proxy`: the status, the `Retry-After` header
+/// and the JSON answer, or `None` when the proxy dropped the answer.
+async fn through_with(
+    proxy: &ChaosProxy,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &Value,
+) -> Option<(u16, Option<String>, Value)> {
+    let mut request = http_client()
+        .post(format!("{}{path}", proxy.url()))
+        .header("content-type", "application/json")
+        .body(body.to_string());
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let sent = request.send().await.ok()?;
     let status = sent.status().as_u16();
+    let retry_after = sent
+        .headers()
+        .get("retry-after")
+        .and_then(|value| value.to_str().ok())
+        .map(str::to_owned);
     let bytes = sent.bytes().await.ok()?;
     Some((
         status,
+        retry_after,
         serde_json::from_slice(&bytes).unwrap_or(Value::Null),
     ))
 }
@@ -337,5 +360,124 @@ async fn a_lost_answer_of_a_write_transaction_ended_at_the_bound_is_answered_the
     let (status, wrote) =
         crate::common::post_json(&server.url(), "/api/v1/sql", &json!({ "sql": MIB_ROW })).await;
     assert_eq!(status, 200, "{wrote}");
+    server.shutdown().await;
+}
+
+/// A plain read SQLite cannot stop (700 `json_extract` calls over a 4 MB array in one row: one
+/// stretch of straight-line work) is given up a second after its timeout, and its stray thread
+/// keeps its snapshot until the stretch ends: no checkpoint can truncate the log meanwhile, so
+/// once the log passes its hard bound writes are refused. A write refused so never ran; a keyed
+/// write whose `503` is lost on its way (the chaos proxy drops it) is sent again with the same
+/// key until the stray has ended and the log is truncated, and then runs exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_refused_at_the_bound_never_ran_and_its_lost_answer_is_retried_exactly_once() {
+    let _timed = crate::common::MACHINE.read().await;
+    let db = TempDb::new("wal-refused");
+    let max_wal = 8 * 1024 * 1024;
+    let server = serve(Config {
+        limits: Limits {
+            statement_timeout: Duration::from_secs(1),
+            read_connections: 1,
+            max_wal_bytes: max_wal,
+            ..Limits::default()
+        },
+        ..config(&db)
+    })
+    .await;
+    let url = server.url();
+    let proxy = ChaosProxy::start(server.local_addr()).await.unwrap();
+    let direct = |sql: &str| {
+        let (url, body) = (url.clone(), json!({ "sql": sql }));
+        async move { crate::common::post_json(&url, "/api/v1/sql", &body).await }
+    };
+    for setup in [
+        "CREATE TABLE t (b BLOB, k TEXT)",
+        "CREATE TABLE big (a TEXT)",
+        "INSERT INTO big SELECT '[' || replace(printf('%.*c', 1999999, 'x'), 'x', '0,') || '0]'",
+    ] {
+        let (status, answer) = direct(setup).await;
+        assert_eq!(status, 200, "{setup}: {answer}");
+    }
+    let columns = vec!["json_extract(a, '$[#-1]')"; 700].join(", ");
+    let stuck = tokio::spawn(direct(&format!("SELECT {columns} FROM big")));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Writes until the log is past its bound and a write is refused.
+    let mut refused = None;
+    for _ in 0..40 {
+        let (status, answer) = direct(MIB_ROW).await;
+        if status != 200 {
+            refused = Some((status, answer));
+            break;
+        }
+    }
+    let (status, answer) = refused.expect("no write was refused at the bound");
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("UNAVAILABLE")),
+        "{answer}"
+    );
+    assert!(wal_bytes(&db) > max_wal, "refused under the bound");
+    // A plain write refused now is answered `503` with `Retry-After`, and never runs.
+    let marked = json!({ "sql": "INSERT INTO t (k) VALUES ('refused')" });
+    let (status, retry_after, answer) = through_with(&proxy, "/api/v1/sql", &[], &marked)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, answer["error"]["code"].as_str()),
+        (503, Some("UNAVAILABLE")),
+        "{answer}"
+    );
+    assert_eq!(retry_after.as_deref(), Some("1"));
+    // A keyed write's `503` is lost; the client sends it again under the same key until it is
+    // answered, as the SDK's retry loop does.
+    let keyed = json!({ "sql": "INSERT INTO t (k) VALUES ('keyed')" });
+    let key = [("idempotency-key", "wal-bound-lost-answer")];
+    proxy.push(Fault::DropAfterForward);
+    assert!(
+        through_with(&proxy, "/api/v1/sql", &key, &keyed)
+            .await
+            .is_none(),
+        "the answer was not dropped"
+    );
+    let until = Instant::now() + Duration::from_secs(120);
+    let (status, answer) = loop {
+        let (status, _, answer) = through_with(&proxy, "/api/v1/sql", &key, &keyed)
+            .await
+            .unwrap();
+        if status != 503 {
+            break (status, answer);
+        }
+        assert_eq!(answer["error"]["code"], "UNAVAILABLE", "{answer}");
+        assert!(
+            Instant::now() < until,
+            "writes were refused for two minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["rows_affected"], 1, "{answer}");
+    let (status, stuck) = stuck.await.unwrap();
+    assert_eq!(
+        (status, stuck["error"]["code"].as_str()),
+        (422, Some("STATEMENT_TIMEOUT")),
+        "{stuck}"
+    );
+    // Once more under the key: the stored answer, not a second row.
+    let (status, _, again) = through_with(&proxy, "/api/v1/sql", &key, &keyed)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &again["rows_affected"]),
+        (200, &json!(1)),
+        "{again}"
+    );
+    let (status, counted) =
+        direct("SELECT k, count(*) FROM t WHERE k IS NOT NULL GROUP BY k").await;
+    assert_eq!(
+        (status, &counted["rows"]),
+        (200, &json!([["keyed", 1]])),
+        "{counted}"
+    );
+    assert!(wal_bytes(&db) <= max_wal + SLACK);
     server.shutdown().await;
 }
