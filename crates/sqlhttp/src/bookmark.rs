@@ -28,7 +28,7 @@ pub(crate) const CONSISTENCY_HEADER: &str = "sqlhttp-consistency";
 /// replica; carry one to another process as its string (a cookie, a job's payload) and hand it to
 /// [`ClientBuilder::bookmark`](crate::ClientBuilder::bookmark),
 /// [`Client::observe_bookmark`](crate::Client::observe_bookmark) or a call's
-/// [`with_bookmark`](crate::Query::with_bookmark) there. Its text is 16 hexadecimal digits (written in lower
+/// [`bookmark`](crate::Query::bookmark) there. Its text is 16 hexadecimal digits (written in lower
 /// case; upper case parses too), and it serializes (serde) as that string.
 ///
 /// ```

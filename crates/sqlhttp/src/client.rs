@@ -177,7 +177,7 @@ impl Client {
     /// Merges `bookmark` into this client's session (shared with its clones): from now on every
     /// request is at least as fresh as it. One older than the session's changes nothing. For a
     /// long-lived client that receives a bookmark from elsewhere (a job, a message); a single call
-    /// can take one with [`Query::with_bookmark`](crate::Query::with_bookmark) instead.
+    /// can take one with [`Query::bookmark`](crate::Query::bookmark) instead.
     pub fn observe_bookmark(&self, bookmark: Bookmark) {
         self.inner.transport.session.observe(bookmark);
     }

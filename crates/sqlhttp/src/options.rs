@@ -176,7 +176,7 @@ macro_rules! read_settings {
             /// greater of the two. The client's session is not raised by it, only by the bookmark
             /// the answer carries. `None` adds nothing. Not sent under
             /// [`Consistency::AnyReplica`](crate::Consistency::AnyReplica).
-            pub fn with_bookmark(mut self, bookmark: impl Into<Option<crate::Bookmark>>) -> Self {
+            pub fn bookmark(mut self, bookmark: impl Into<Option<crate::Bookmark>>) -> Self {
                 self.options.bookmark = bookmark.into();
                 self
             }

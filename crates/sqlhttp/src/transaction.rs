@@ -241,7 +241,7 @@ async fn send_since(
 ///
 /// **Settings that cannot apply** in a transaction fail the call with [`ErrorKind::Config`]
 /// before anything is sent: a read's [`consistency`](Query::consistency) or
-/// [`with_bookmark`](Query::with_bookmark) (the transaction reads its own snapshot; open it with
+/// [`bookmark`](Query::bookmark) (the transaction reads its own snapshot; open it with
 /// the options you need) and an insert's
 /// [`idempotency_key`](crate::Insert::idempotency_key) (the statement's number is its key).
 ///
@@ -631,7 +631,7 @@ fn check_options(options: &CallOptions) -> Result<()> {
     if options.consistency.is_some() || options.bookmark.is_some() {
         return Err(Error::config(
             "a statement in a transaction reads the transaction's snapshot: `consistency` and \
-             `with_bookmark` cannot apply to it (open the transaction with the options it needs)",
+             `bookmark` cannot apply to it (open the transaction with the options it needs)",
         ));
     }
     if options.idempotency_key.is_some() {

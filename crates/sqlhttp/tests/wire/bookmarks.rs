@@ -213,14 +213,14 @@ async fn the_builder_starts_the_session_and_a_call_raises_it_for_itself_only() {
     // A greater bookmark for one call is sent on that call...
     client
         .query("SELECT 1")
-        .with_bookmark(bookmark("0000000000000900"))
+        .bookmark(bookmark("0000000000000900"))
         .fetch_all::<i64>()
         .await
         .unwrap();
     // ...a lesser one does not lower what is sent...
     client
         .query_table("SELECT 1")
-        .with_bookmark(bookmark("0000000000000001"))
+        .bookmark(bookmark("0000000000000001"))
         .await
         .unwrap();
     // ...and neither changes the session (these answers carry none).
@@ -253,7 +253,7 @@ async fn any_replica_sends_no_bookmark_but_keeps_the_answer_s() {
         .unwrap();
     client
         .query("SELECT 1")
-        .with_bookmark(bookmark("0000000000000650"))
+        .bookmark(bookmark("0000000000000650"))
         .consistency(Consistency::AnyReplica)
         .fetch_all::<i64>()
         .await
@@ -458,7 +458,7 @@ async fn a_call_s_own_bookmark_ahead_is_dropped_for_its_next_attempt() {
     let client = builder(&server).build().unwrap();
     client
         .query("SELECT 1")
-        .with_bookmark(bookmark(FAR))
+        .bookmark(bookmark(FAR))
         .fetch_all::<i64>()
         .await
         .unwrap();
