@@ -10,7 +10,7 @@ use wiremock::ResponseTemplate;
 use crate::support::*;
 
 /// A one-column success body whose column is typed `BLOB`.
-fn blob_rows(rows: serde_json::Value) -> ResponseTemplate {
+fn blob_rows(rows: &serde_json::Value) -> ResponseTemplate {
     ResponseTemplate::new(200).set_body_json(json!({
         "columns": [{"name": "data", "type": "BLOB"}],
         "rows": rows,
@@ -22,7 +22,7 @@ fn blob_rows(rows: serde_json::Value) -> ResponseTemplate {
 #[tokio::test]
 async fn a_one_column_blob_reads_back_as_every_bytes_shape() {
     let server = server().await;
-    respond_always(&server, blob_rows(json!([[{"base64": "AP8Q"}]]))).await;
+    respond_always(&server, blob_rows(&json!([[{"base64": "AP8Q"}]]))).await;
     let client = builder(&server).build().unwrap();
     let query = || client.query("SELECT data FROM blobs WHERE id = 1");
     // The report of issue 37: this was a decode error.
@@ -64,7 +64,7 @@ async fn a_one_column_blob_reads_back_as_every_bytes_shape() {
 #[tokio::test]
 async fn a_null_cell_is_none_in_every_option_shape() {
     let server = server().await;
-    respond_always(&server, blob_rows(json!([[null]]))).await;
+    respond_always(&server, blob_rows(&json!([[null]]))).await;
     let client = builder(&server).build().unwrap();
     let query = || client.query("SELECT data FROM blobs");
     assert_eq!(query().fetch_one::<Option<Blob>>().await.unwrap(), None);
