@@ -98,8 +98,8 @@ pub mod migrate;
 mod options;
 mod response;
 pub mod retry;
-/// Not part of the API (`#[doc(hidden)]`, may change in any release): the SQL script splitter the
-/// `sqlhttp` CLI and `sqlhttp-testkit` share.
+// Not part of the API (`#[doc(hidden)]`, may change in any release): the SQL script splitter
+// the `sqlhttp` CLI and `sqlhttp-testkit` share (ADR 0049).
 #[doc(hidden)]
 pub mod script;
 #[cfg(feature = "test-util")]
@@ -136,8 +136,8 @@ pub use tokio_util::sync::CancellationToken;
 pub use transaction::{Isolation, Transaction, TransactionBuilder};
 pub use value::Value;
 pub use wire::blob::Blob;
-/// Not part of the API (`#[doc(hidden)]`, may change in any release): the body decoder, for the
-/// decode benchmark.
+// Not part of the API (`#[doc(hidden)]`, may change in any release): the body decoder, for the
+// decode benchmark (ADR 0049).
 #[doc(hidden)]
 pub use wire::decode;
 

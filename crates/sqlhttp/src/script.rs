@@ -3,6 +3,9 @@
 //! starts on, for the CLI's shell and batch files and for [`Migrator`](crate::migrate::Migrator)'s
 //! files.
 //!
+//! **Not part of the API**: `#[doc(hidden)]`, public only for this workspace's CLI and testkit,
+//! and it may change in any release (ADR 0049).
+//!
 //! Pure text handling: it knows the quoting rules of SQLite and PostgreSQL, and nothing about
 //! servers or about what a statement does (whether it writes is the server's to say).
 
