@@ -101,11 +101,7 @@ async fn cancelling_a_stalled_attempt_returns_promptly() {
     let proxy = live.proxy().await;
     proxy.push(Fault::Stall);
     let token = CancellationToken::new();
-    let client = live
-        .via(&proxy)
-        .cancel_on(&token)
-        .build()
-        .unwrap();
+    let client = live.via(&proxy).cancel_on(&token).build().unwrap();
     let cancel = token.clone();
     tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(200)).await;

@@ -498,10 +498,7 @@ async fn keyed_writes_and_transaction_steps_are_sent_again_without_it() {
     )
     .await;
     // Without retry_writes: the write is refused before it ran, so it is sent again all the same.
-    let client = builder(&server)
-        .bookmark(bookmark(FAR))
-        .build()
-        .unwrap();
+    let client = builder(&server).bookmark(bookmark(FAR)).build().unwrap();
     assert_eq!(client.insert("t", &[Row { n: 1 }]).await.unwrap(), 1);
     let keys = header_values(&server, "idempotency-key").await;
     assert_eq!(keys.len(), 2);
@@ -553,10 +550,7 @@ async fn an_execute_refused_for_its_bookmark_returns_the_error_and_its_next_call
         ok_effect(1, None).insert_header(BOOKMARK, "0000000000000020"),
     )
     .await;
-    let client = builder(&server)
-        .bookmark(bookmark(FAR))
-        .build()
-        .unwrap();
+    let client = builder(&server).bookmark(bookmark(FAR)).build().unwrap();
     let err = client.execute("UPDATE t SET n = 1").await.unwrap_err();
     assert!(
         matches!(err.kind(), sqlhttp::ErrorKind::BookmarkAhead { .. }),

@@ -52,10 +52,7 @@ async fn the_clients_token_cancels_every_call_of_every_clone() {
     )
     .await;
     let token = CancellationToken::new();
-    let client = builder(&server)
-        .cancel_on(&token)
-        .build()
-        .unwrap();
+    let client = builder(&server).cancel_on(&token).build().unwrap();
     let calls: Vec<_> = (0..3)
         .map(|_| {
             let client = client.clone();
