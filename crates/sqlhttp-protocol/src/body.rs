@@ -154,7 +154,9 @@ impl ForeignKeys {
     /// The mode of a protocol name; `None` for another name.
     #[must_use]
     pub fn from_name(name: &str) -> Option<ForeignKeys> {
-        ForeignKeys::ALL.into_iter().find(|mode| mode.as_str() == name)
+        ForeignKeys::ALL
+            .into_iter()
+            .find(|mode| mode.as_str() == name)
     }
 }
 

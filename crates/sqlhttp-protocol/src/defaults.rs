@@ -15,4 +15,3 @@ pub const MAX_BATCH_STATEMENTS: usize = 100;
 /// How long the server keeps an idempotency key's outcome (`--idempotency-ttl`): 24 hours, in
 /// seconds.
 pub const IDEMPOTENCY_TTL_SECS: u64 = 24 * 60 * 60;
-

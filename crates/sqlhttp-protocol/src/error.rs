@@ -238,7 +238,9 @@ impl Constraint {
     /// The kind of a protocol name; `None` for a name this version does not know.
     #[must_use]
     pub fn from_name(name: &str) -> Option<Constraint> {
-        Constraint::ALL.into_iter().find(|kind| kind.as_str() == name)
+        Constraint::ALL
+            .into_iter()
+            .find(|kind| kind.as_str() == name)
     }
 }
 

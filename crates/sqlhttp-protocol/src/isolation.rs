@@ -7,9 +7,13 @@ use std::str::FromStr;
 /// A transaction's isolation level. SQLite's transactions are serializable only (the server
 /// refuses the others there); PostgreSQL offers all three. Serializes (serde) as its protocol
 /// name ([`as_str`](Self::as_str)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+///
+/// Not `#[non_exhaustive]`: a new level is a protocol change (ADR 0048), and the server's
+/// engines must be made to handle it where they match on the level.
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
-#[non_exhaustive]
 pub enum Isolation {
     /// As if the transactions ran one after another (`serializable`). On PostgreSQL one of two
     /// conflicting transactions then fails with `TRANSACTION_ABORTED`, to be run again.

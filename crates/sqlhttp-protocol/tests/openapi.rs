@@ -140,7 +140,11 @@ fn the_header_names_are_the_crate_s() {
     for http_s in ["retry-after", "www-authenticate", "allow", "content-type"] {
         named.remove(http_s);
     }
-    assert_eq!(named, set(header::ALL), "the document's headers against header::ALL");
+    assert_eq!(
+        named,
+        set(header::ALL),
+        "the document's headers against header::ALL"
+    );
     let parameters = &doc["components"]["parameters"];
     assert_eq!(
         strings(&parameters["SqlhttpConsistency"]["schema"]["enum"]),
@@ -200,7 +204,12 @@ fn check_schema<T: Schema>(doc: &Value) {
         .keys()
         .cloned()
         .collect();
-    assert_eq!(members, set(T::MEMBERS.iter().copied()), "{}'s members", T::NAME);
+    assert_eq!(
+        members,
+        set(T::MEMBERS.iter().copied()),
+        "{}'s members",
+        T::NAME
+    );
     let required = schema.get("required").map(strings).unwrap_or_default();
     assert_eq!(
         required,
@@ -248,7 +257,10 @@ fn the_bodies_members_and_required_sets_are_the_crate_s() {
         .keys()
         .cloned()
         .collect();
-    assert_eq!(statement, set(body::SqlRequest::<String>::MEMBERS.iter().copied()));
+    assert_eq!(
+        statement,
+        set(body::SqlRequest::<String>::MEMBERS.iter().copied())
+    );
     let blob: BTreeSet<String> = schemas["Blob"]["properties"]
         .as_object()
         .unwrap()

@@ -17,17 +17,18 @@ pub const DEFAULT_LISTEN: SocketAddr =
 
 /// Default request body limit: 6 MiB, so one value of the default `--max-value-bytes` (4 MiB, sent
 /// as 5.33 MiB of base64) fits in a request with its SQL.
-pub const DEFAULT_MAX_BODY_BYTES: usize = 6 * 1_048_576;
+pub const DEFAULT_MAX_BODY_BYTES: usize = sqlhttp_protocol::defaults::MAX_BODY_BYTES;
 
 /// Default server-wide budget for request bodies held at once: 256 MiB (about 42 bodies of the
 /// default limit; `503 UNAVAILABLE` with `Retry-After` past it).
 pub const DEFAULT_MAX_BUFFERED_BYTES: usize = 256 * 1_048_576;
 
 /// Default batch body limit: 8 MiB, so an atomic bulk insert of several full statements fits.
-pub const DEFAULT_MAX_BATCH_BYTES: usize = 8 * 1_048_576;
+pub const DEFAULT_MAX_BATCH_BYTES: usize = sqlhttp_protocol::defaults::MAX_BATCH_BYTES;
 
 /// Default idempotency-key lifetime: 24 hours.
-pub const DEFAULT_IDEMPOTENCY_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub const DEFAULT_IDEMPOTENCY_TTL: Duration =
+    Duration::from_secs(sqlhttp_protocol::defaults::IDEMPOTENCY_TTL_SECS);
 
 /// The engine's limits, with their defaults in [`Limits::default`]. Every statement passes them,
 /// whatever the engine (see `docs/adr/0012-statement-sandbox.md`).
@@ -86,7 +87,7 @@ impl Default for Limits {
             queue_depth: 128,
             read_connections: 4,
             pool_size: Limits::default_pool_size(),
-            max_batch_statements: 100,
+            max_batch_statements: sqlhttp_protocol::defaults::MAX_BATCH_STATEMENTS,
             max_engine_memory: 512 * 1024 * 1024,
             transaction_write_idle: Duration::from_secs(2),
             max_wal_bytes: 256 * 1024 * 1024,

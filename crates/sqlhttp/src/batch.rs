@@ -11,7 +11,8 @@ use std::future::IntoFuture;
 
 use bytes::Bytes;
 use http::HeaderValue;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use sqlhttp_protocol::body::{BatchResponse, ForeignKeys, member};
 
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
@@ -34,8 +35,8 @@ impl Default for BatchLimits {
     /// The reference server's defaults.
     fn default() -> Self {
         Self {
-            max_statements: 100,
-            max_body_bytes: 8 * 1024 * 1024,
+            max_statements: sqlhttp_protocol::defaults::MAX_BATCH_STATEMENTS,
+            max_body_bytes: sqlhttp_protocol::defaults::MAX_BATCH_BYTES,
         }
     }
 }
@@ -76,27 +77,41 @@ fn encode_with(
     keys_at_commit: bool,
     isolation: Option<Isolation>,
 ) -> Bytes {
-    let size = bodies.iter().map(|b| b.len() + 1).sum::<usize>() + 48;
+    // Written by hand around the statements' bodies, already encoded, with the protocol's member
+    // names (`sqlhttp_protocol::body::BatchRequest` is the type a test reads it back as).
+    fn key(out: &mut Vec<u8>, name: &str) {
+        out.push(b'"');
+        out.extend_from_slice(name.as_bytes());
+        out.extend_from_slice(b"\":");
+    }
+    fn text(out: &mut Vec<u8>, value: &str) {
+        out.push(b'"');
+        out.extend_from_slice(value.as_bytes());
+        out.push(b'"');
+    }
+    let size = bodies.iter().map(|b| b.len() + 1).sum::<usize>() + 96;
     let mut out = Vec::with_capacity(size);
-    out.extend_from_slice(b"{\"statements\":[");
+    out.push(b'{');
+    key(&mut out, member::STATEMENTS);
+    out.push(b'[');
     for (index, body) in bodies.iter().enumerate() {
         if index > 0 {
             out.push(b',');
         }
         out.extend_from_slice(body);
     }
-    out.extend_from_slice(if read_only {
-        b"],\"read_only\":true"
-    } else {
-        b"],\"read_only\":false"
-    });
+    out.extend_from_slice(b"],");
+    key(&mut out, member::READ_ONLY);
+    out.extend_from_slice(if read_only { b"true" } else { b"false" });
     if keys_at_commit {
-        out.extend_from_slice(b",\"foreign_keys\":\"checked_at_commit\"");
+        out.push(b',');
+        key(&mut out, member::FOREIGN_KEYS);
+        text(&mut out, ForeignKeys::CheckedAtCommit.as_str());
     }
     if let Some(isolation) = isolation {
-        out.extend_from_slice(b",\"isolation\":\"");
-        out.extend_from_slice(isolation.as_str().as_bytes());
-        out.push(b'"');
+        out.push(b',');
+        key(&mut out, member::ISOLATION);
+        text(&mut out, isolation.as_str());
     }
     out.push(b'}');
     Bytes::from(out)
@@ -105,12 +120,9 @@ fn encode_with(
 /// Decodes `{"results": [...]}` into one table per statement; a count other than `expected` is a
 /// decode failure (the server did not run what was sent).
 pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>> {
-    #[derive(Deserialize)]
-    struct Results<'a> {
-        #[serde(borrow)]
-        results: Vec<&'a serde_json::value::RawValue>,
-    }
-    let Results { results } = serde_json::from_slice(body).map_err(Error::decode)?;
+    let BatchResponse { results } =
+        serde_json::from_slice::<BatchResponse<&serde_json::value::RawValue>>(body)
+            .map_err(Error::decode)?;
     if results.len() != expected {
         return Err(Error::new(ErrorKind::Decode {
             row: None,
@@ -453,6 +465,41 @@ impl fmt::Debug for Batch {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the hand-written encoder writes is the protocol's batch body.
+    #[test]
+    fn the_encoded_batch_is_the_protocol_s_body() {
+        use sqlhttp_protocol::body::{BatchRequest, SqlRequest};
+        let bodies = [
+            Bytes::from_static(br#"{"sql":"SELECT ?","params":[1]}"#),
+            Bytes::from_static(br#"{"sql":"SELECT 2"}"#),
+        ];
+        let encoded = encode_with(&bodies, true, true, Some(Isolation::RepeatableRead));
+        let read: BatchRequest = serde_json::from_slice(&encoded).unwrap();
+        assert_eq!(
+            read,
+            BatchRequest {
+                statements: vec![
+                    SqlRequest {
+                        sql: "SELECT ?".to_owned(),
+                        params: Some(vec![serde_json::json!(1)]),
+                        read_only: false,
+                    },
+                    SqlRequest {
+                        sql: "SELECT 2".to_owned(),
+                        params: None,
+                        read_only: false,
+                    },
+                ],
+                read_only: true,
+                foreign_keys: Some(ForeignKeys::CheckedAtCommit),
+                isolation: Some(Isolation::RepeatableRead),
+            }
+        );
+        let plain: BatchRequest = serde_json::from_slice(&encode(&bodies, false)).unwrap();
+        assert!(!plain.read_only);
+        assert_eq!((plain.foreign_keys, plain.isolation), (None, None));
+    }
 
     #[test]
     fn encodes_statement_bodies_in_order() {

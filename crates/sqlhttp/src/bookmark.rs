@@ -2,26 +2,20 @@
 //! history), the [`Consistency`] a read asks for, and the session a client and its clones share,
 //! which keeps the greatest bookmark any response carried and sends it on every request.
 //!
-//! This module knows the two headers' text and the rule "keep the greatest"; it does not know when
+//! The bookmark's type and text, and the headers' names, are the protocol crate's (ADR 0048); this
+//! module knows the rule "keep the greatest"; it does not know when
 //! a request is sent or retried (the transport reads the session before each attempt and merges each
 //! success's bookmark), nor what the server does with a bookmark (the protocol says: a replica
 //! serves a read only once it has replayed that far, else the primary does).
 
-use std::fmt;
-use std::str::FromStr;
 use std::sync::Mutex;
 
 use http::{HeaderMap, HeaderValue};
-
-/// The header carrying a bookmark: on a response, the position its answer is consistent with; on a
-/// request, the least position the answer must be consistent with.
-pub(crate) const BOOKMARK_HEADER: &str = "sqlhttp-bookmark";
-/// The request header asking for the primary (`primary`).
-pub(crate) const CONSISTENCY_HEADER: &str = "sqlhttp-consistency";
+use sqlhttp_protocol::header;
 
 /// A position in the database's history, as the server names it in the `Sqlhttp-Bookmark` header:
 /// what an answer is consistent with (a write: at or after its commit; a read: at or after everything
-/// it saw).
+/// it saw). The protocol's own type (`sqlhttp_protocol::Bookmark`, ADR 0048), re-exported.
 ///
 /// Opaque but ordered: a greater bookmark is a later position. A [`Client`](crate::Client) keeps the
 /// greatest it has seen and sends it on every request, so it reads its own writes even from a read
@@ -41,75 +35,14 @@ pub(crate) const CONSISTENCY_HEADER: &str = "sqlhttp-consistency";
 /// assert!("not a bookmark".parse::<Bookmark>().is_err());
 /// # Ok::<(), sqlhttp::ParseBookmarkError>(())
 /// ```
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Bookmark(u64);
-
-/// The length of a bookmark's text.
-const BOOKMARK_DIGITS: usize = 16;
-
-impl fmt::Display for Bookmark {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{:016x}", self.0)
-    }
-}
-
-impl fmt::Debug for Bookmark {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Bookmark({self})")
-    }
-}
+pub use sqlhttp_protocol::Bookmark;
 
 /// Why a text is not a [`Bookmark`]: it is not exactly 16 hexadecimal digits.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("a bookmark is exactly 16 hexadecimal digits; this text is not one ({len} bytes)")]
-pub struct ParseBookmarkError {
-    len: usize,
-}
+pub use sqlhttp_protocol::ParseBookmarkError;
 
-impl FromStr for Bookmark {
-    type Err = ParseBookmarkError;
-
-    fn from_str(text: &str) -> Result<Self, Self::Err> {
-        let invalid = ParseBookmarkError { len: text.len() };
-        // `from_str_radix` alone would take a leading `+`.
-        if text.len() != BOOKMARK_DIGITS || !text.bytes().all(|b| b.is_ascii_hexdigit()) {
-            return Err(invalid);
-        }
-        u64::from_str_radix(text, 16)
-            .map(Bookmark)
-            .map_err(|_| invalid)
-    }
-}
-
-impl serde::Serialize for Bookmark {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for Bookmark {
-    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Text;
-        impl serde::de::Visitor<'_> for Text {
-            type Value = Bookmark;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a bookmark (16 hexadecimal digits)")
-            }
-
-            fn visit_str<E: serde::de::Error>(self, text: &str) -> Result<Bookmark, E> {
-                text.parse().map_err(E::custom)
-            }
-        }
-        deserializer.deserialize_str(Text)
-    }
-}
-
-impl Bookmark {
-    /// The bookmark as a request header's value.
-    pub(crate) fn header_value(self) -> HeaderValue {
-        HeaderValue::try_from(self.to_string()).expect("hex digits are a valid header value")
-    }
+/// The bookmark as a request header's value.
+pub(crate) fn header_value(bookmark: Bookmark) -> HeaderValue {
+    HeaderValue::try_from(bookmark.to_string()).expect("hex digits are a valid header value")
 }
 
 /// Which server may answer a read, and how fresh it must be: set per call with
@@ -222,7 +155,7 @@ impl Session {
 /// proxy's rewrite) is logged and ignored: it must not fail an answer that is otherwise good, and
 /// it cannot be compared with the others.
 pub(crate) fn from_headers(headers: &HeaderMap) -> Option<Bookmark> {
-    let value = headers.get(BOOKMARK_HEADER)?;
+    let value = headers.get(header::BOOKMARK)?;
     let parsed = value
         .to_str()
         .ok()
@@ -258,38 +191,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn text_round_trips_and_orders_as_the_positions() {
-        let low: Bookmark = "0000000000000001".parse().unwrap();
-        let high: Bookmark = "00000001000000A0".parse().unwrap();
-        assert!(low < high);
-        assert_eq!(high.to_string(), "00000001000000a0");
-        assert_eq!(high.to_string().parse::<Bookmark>().unwrap(), high);
-        for bad in [
-            "",
-            "1",
-            "000000000000000g",
-            "+000000000000001",
-            "00000000000000001",
-            " 000000000000001",
-            "００００",
-        ] {
-            assert!(bad.parse::<Bookmark>().is_err(), "{bad:?}");
-        }
-    }
-
-    #[test]
-    fn serde_carries_the_string() {
-        let bookmark: Bookmark = "00000000016a0010".parse().unwrap();
-        let json = serde_json::to_string(&bookmark).unwrap();
-        assert_eq!(json, "\"00000000016a0010\"");
-        assert_eq!(serde_json::from_str::<Bookmark>(&json).unwrap(), bookmark);
-        assert!(serde_json::from_str::<Bookmark>("\"xyz\"").is_err());
-        assert!(serde_json::from_str::<Bookmark>("23").is_err());
-    }
-
-    #[test]
     fn the_session_keeps_the_greatest() {
-        let b = |n: u64| Bookmark(n);
+        let b = Bookmark::from_position;
         let session = Session::new(None);
         assert_eq!(session.get(), None);
         for n in [5, 3, 9, 1, 9, 7] {
@@ -316,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_refused_bookmark_is_dropped_unless_the_session_went_below_it() {
-        let b = |n: u64| Bookmark(n);
+        let b = Bookmark::from_position;
         let session = Session::new(Some(b(9)));
         session.drop_refused(b(9));
         assert_eq!(session.get(), None);
@@ -339,7 +242,7 @@ mod tests {
     fn a_body_s_bookmark_member_is_taken_when_well_formed() {
         assert_eq!(
             from_body_member("\"00000000016b3a28\""),
-            Some(Bookmark(0x16b_3a28))
+            Some(Bookmark::from_position(0x16b_3a28))
         );
         for bad in [
             "null",
@@ -358,12 +261,15 @@ mod tests {
     fn a_malformed_header_is_none() {
         let mut headers = HeaderMap::new();
         assert_eq!(from_headers(&headers), None);
-        headers.insert(BOOKMARK_HEADER, HeaderValue::from_static("0/16B3748"));
+        headers.insert(header::BOOKMARK, HeaderValue::from_static("0/16B3748"));
         assert_eq!(from_headers(&headers), None);
         headers.insert(
-            BOOKMARK_HEADER,
+            header::BOOKMARK,
             HeaderValue::from_static("00000000016b3748"),
         );
-        assert_eq!(from_headers(&headers), Some(Bookmark(0x16b_3748)));
+        assert_eq!(
+            from_headers(&headers),
+            Some(Bookmark::from_position(0x16b_3748))
+        );
     }
 }

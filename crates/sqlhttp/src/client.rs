@@ -571,8 +571,9 @@ impl ClientBuilder {
         self
     }
 
-    /// The largest request body `insert` generates; match the server's limit. Default: 1 MiB (the
-    /// reference server's default).
+    /// The largest request body `insert` generates; match the server's limit. Default: the
+    /// reference server's `--max-body-bytes`,
+    /// [`MAX_BODY_BYTES`](sqlhttp_protocol::defaults::MAX_BODY_BYTES) (6 MiB).
     #[must_use]
     pub fn insert_max_bytes(mut self, max: usize) -> Self {
         self.insert_limits.max_body_bytes = max;
@@ -593,8 +594,9 @@ impl ClientBuilder {
     // Batch options
 
     /// The most statements one [`batch`](Client::batch) (or [`atomic`](crate::Insert::atomic) insert)
-    /// may hold; a larger one fails before anything is sent. Match the server's limit. Default: 100
-    /// (the reference server's `--max-batch-statements`).
+    /// may hold; a larger one fails before anything is sent. Match the server's limit. Default: the
+    /// reference server's `--max-batch-statements`,
+    /// [`MAX_BATCH_STATEMENTS`](sqlhttp_protocol::defaults::MAX_BATCH_STATEMENTS) (100).
     #[must_use]
     pub fn batch_max_statements(mut self, max: usize) -> Self {
         self.batch_limits.max_statements = max;
@@ -602,7 +604,8 @@ impl ClientBuilder {
     }
 
     /// The largest batch request body the client sends; a larger batch fails before anything is sent.
-    /// Match the server's limit. Default: 8 MiB (the reference server's `--max-batch-bytes`).
+    /// Match the server's limit. Default: the reference server's `--max-batch-bytes`,
+    /// [`MAX_BATCH_BYTES`](sqlhttp_protocol::defaults::MAX_BATCH_BYTES) (8 MiB).
     #[must_use]
     pub fn batch_max_bytes(mut self, max: usize) -> Self {
         self.batch_limits.max_body_bytes = max;

@@ -7,6 +7,8 @@
 use std::fmt;
 use std::time::Duration;
 
+use sqlhttp_protocol::{Constraint, ErrorCode};
+
 /// The result type of every fallible call in this crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -210,24 +212,34 @@ impl ErrorKind {
     /// The HTTP status a kind stands for, when it comes from a response.
     pub(crate) fn response_status(&self) -> Option<u16> {
         match self {
-            ErrorKind::Sql { .. } => Some(400),
-            ErrorKind::Unauthorized { .. } => Some(401),
-            ErrorKind::ConstraintViolation { .. }
-            | ErrorKind::IdempotencyKeyInUse { .. }
-            | ErrorKind::BookmarkAhead { .. } => Some(409),
-            ErrorKind::StatementNotAllowed { .. } | ErrorKind::ReadOnly { .. } => Some(403),
-            ErrorKind::StatementTimeout { .. } => Some(422),
-            ErrorKind::PayloadTooLarge { .. } => Some(413),
-            ErrorKind::RateLimited { .. } => Some(429),
-            ErrorKind::Unavailable { .. } | ErrorKind::OutcomeUnknown { .. } => Some(503),
-            ErrorKind::TransactionLost { code, .. } => Some(if code == "TRANSACTION_EXPIRED" {
-                410
-            } else {
-                409
-            }),
             ErrorKind::Http { status, .. } => Some(*status),
-            _ => None,
+            // A kind that stands for one code has that code's status (the protocol's table).
+            kind => kind.protocol_code().map(ErrorCode::status),
         }
+    }
+
+    /// The protocol's code a kind stands for, when it comes from a response with one.
+    pub(crate) fn protocol_code(&self) -> Option<ErrorCode> {
+        Some(match self {
+            ErrorKind::Sql { .. } => ErrorCode::SqlError,
+            ErrorKind::Unauthorized { .. } => ErrorCode::Unauthorized,
+            ErrorKind::ConstraintViolation { .. } => ErrorCode::ConstraintViolation,
+            ErrorKind::StatementNotAllowed { .. } => ErrorCode::StatementNotAllowed,
+            ErrorKind::ReadOnly { .. } => ErrorCode::ReadOnly,
+            ErrorKind::StatementTimeout { .. } => ErrorCode::StatementTimeout,
+            ErrorKind::IdempotencyKeyInUse { .. } => ErrorCode::IdempotencyKeyInUse,
+            ErrorKind::PayloadTooLarge { .. } => ErrorCode::PayloadTooLarge,
+            ErrorKind::RateLimited { .. } => ErrorCode::RateLimited,
+            ErrorKind::Unavailable { .. } => ErrorCode::Unavailable,
+            ErrorKind::OutcomeUnknown { .. } => ErrorCode::OutcomeUnknown,
+            ErrorKind::BookmarkAhead { .. } => ErrorCode::BookmarkAhead,
+            // A transaction the SDK ended itself carries the code it stands for.
+            ErrorKind::TransactionLost { code, .. } => {
+                return code.parse().ok().or(Some(ErrorCode::TransactionAborted));
+            }
+            ErrorKind::Http { code, .. } => return code.as_deref()?.parse().ok(),
+            _ => return None,
+        })
     }
 }
 
@@ -256,24 +268,25 @@ pub enum ConstraintKind {
 impl ConstraintKind {
     /// Reads the protocol's name of a constraint kind.
     pub(crate) fn from_wire(name: &str) -> Self {
-        match name {
-            "unique" => ConstraintKind::Unique,
-            "primary_key" => ConstraintKind::PrimaryKey,
-            "foreign_key" => ConstraintKind::ForeignKey,
-            "check" => ConstraintKind::Check,
-            "not_null" => ConstraintKind::NotNull,
-            other => ConstraintKind::Other(other.to_owned()),
+        match Constraint::from_name(name) {
+            Some(Constraint::Unique) => ConstraintKind::Unique,
+            Some(Constraint::PrimaryKey) => ConstraintKind::PrimaryKey,
+            Some(Constraint::ForeignKey) => ConstraintKind::ForeignKey,
+            Some(Constraint::Check) => ConstraintKind::Check,
+            Some(Constraint::NotNull) => ConstraintKind::NotNull,
+            // `exclusion` (PostgreSQL's) and kinds this version does not know.
+            _ => ConstraintKind::Other(name.to_owned()),
         }
     }
 
     /// The protocol's name of the kind (`unique`, `primary_key`, ...).
     pub fn as_str(&self) -> &str {
         match self {
-            ConstraintKind::Unique => "unique",
-            ConstraintKind::PrimaryKey => "primary_key",
-            ConstraintKind::ForeignKey => "foreign_key",
-            ConstraintKind::Check => "check",
-            ConstraintKind::NotNull => "not_null",
+            ConstraintKind::Unique => Constraint::Unique.as_str(),
+            ConstraintKind::PrimaryKey => Constraint::PrimaryKey.as_str(),
+            ConstraintKind::ForeignKey => Constraint::ForeignKey.as_str(),
+            ConstraintKind::Check => Constraint::Check.as_str(),
+            ConstraintKind::NotNull => Constraint::NotNull.as_str(),
             ConstraintKind::Other(name) => name,
         }
     }
@@ -301,20 +314,10 @@ impl ErrorKind {
     /// The protocol's error code a kind stands for, when it comes from a response.
     pub(crate) fn wire_code(&self) -> Option<&str> {
         match self {
+            // As the server sent them (a code this version does not know included).
             ErrorKind::Sql { code, .. } | ErrorKind::TransactionLost { code, .. } => Some(code),
             ErrorKind::Http { code, .. } => code.as_deref(),
-            ErrorKind::Unauthorized { .. } => Some("UNAUTHORIZED"),
-            ErrorKind::ConstraintViolation { .. } => Some("CONSTRAINT_VIOLATION"),
-            ErrorKind::StatementNotAllowed { .. } => Some("STATEMENT_NOT_ALLOWED"),
-            ErrorKind::ReadOnly { .. } => Some("READ_ONLY"),
-            ErrorKind::StatementTimeout { .. } => Some("STATEMENT_TIMEOUT"),
-            ErrorKind::IdempotencyKeyInUse { .. } => Some("IDEMPOTENCY_KEY_IN_USE"),
-            ErrorKind::PayloadTooLarge { .. } => Some("PAYLOAD_TOO_LARGE"),
-            ErrorKind::RateLimited { .. } => Some("RATE_LIMITED"),
-            ErrorKind::Unavailable { .. } => Some("UNAVAILABLE"),
-            ErrorKind::OutcomeUnknown { .. } => Some("OUTCOME_UNKNOWN"),
-            ErrorKind::BookmarkAhead { .. } => Some("BOOKMARK_AHEAD"),
-            _ => None,
+            kind => kind.protocol_code().map(ErrorCode::as_str),
         }
     }
 }

@@ -10,6 +10,7 @@ use std::error::Error as _;
 use std::time::SystemTime;
 
 use serde::Deserialize;
+use sqlhttp_protocol::{ErrorCode, header};
 
 use crate::error::{BoxError, ConstraintKind, Error, ErrorKind};
 use crate::retry::retry_after;
@@ -86,34 +87,37 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
         Err(_) => (None, reason(status), None),
     };
     let wait = || retry_after::from_headers(headers, SystemTime::now());
-    match (status, code.as_deref()) {
-        (400, Some("SQL_ERROR")) => ErrorKind::Sql {
-            code: "SQL_ERROR".to_owned(),
+    // A known code is taken only with the status the protocol's table gives it.
+    let known = code
+        .as_deref()
+        .and_then(|code| code.parse::<ErrorCode>().ok())
+        .filter(|known| known.status() == status);
+    match (status, known) {
+        (_, Some(ErrorCode::SqlError)) => ErrorKind::Sql {
+            code: ErrorCode::SqlError.as_str().to_owned(),
             message,
         },
         (401, _) => ErrorKind::Unauthorized { message },
-        (403, Some("STATEMENT_NOT_ALLOWED")) => ErrorKind::StatementNotAllowed { message },
-        (403, Some("READ_ONLY")) => ErrorKind::ReadOnly { message },
-        (409 | 410, Some(code @ ("TRANSACTION_EXPIRED" | "TRANSACTION_ABORTED"))) => {
+        (_, Some(ErrorCode::StatementNotAllowed)) => ErrorKind::StatementNotAllowed { message },
+        (_, Some(ErrorCode::ReadOnly)) => ErrorKind::ReadOnly { message },
+        (_, Some(lost @ (ErrorCode::TransactionExpired | ErrorCode::TransactionAborted))) => {
             ErrorKind::TransactionLost {
-                code: code.to_owned(),
+                code: lost.as_str().to_owned(),
                 message,
             }
         }
-        (409, Some(code @ ("TRANSACTION_FINISHED" | "TRANSACTION_STEP_OUT_OF_ORDER"))) => {
+        (_, Some(ErrorCode::TransactionFinished | ErrorCode::TransactionStepOutOfOrder)) => {
             ErrorKind::Http {
                 status,
-                code: Some(code.to_owned()),
+                code,
                 message,
             }
         }
-        (409, Some("BOOKMARK_AHEAD")) => ErrorKind::BookmarkAhead { message },
-        (409, Some(crate::retry::classify::IDEMPOTENCY_KEY_IN_USE)) => {
-            ErrorKind::IdempotencyKeyInUse {
-                retry_after: wait(),
-                message,
-            }
-        }
+        (_, Some(ErrorCode::BookmarkAhead)) => ErrorKind::BookmarkAhead { message },
+        (_, Some(ErrorCode::IdempotencyKeyInUse)) => ErrorKind::IdempotencyKeyInUse {
+            retry_after: wait(),
+            message,
+        },
         (409, _) => ErrorKind::ConstraintViolation {
             constraint: constraint
                 .as_ref()
@@ -122,12 +126,12 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
             message,
         },
         (413, _) => ErrorKind::PayloadTooLarge { message },
-        (422, Some("STATEMENT_TIMEOUT")) => ErrorKind::StatementTimeout { message },
+        (_, Some(ErrorCode::StatementTimeout)) => ErrorKind::StatementTimeout { message },
         (429, _) => ErrorKind::RateLimited {
             retry_after: wait(),
             message,
         },
-        (503, Some("OUTCOME_UNKNOWN")) => ErrorKind::OutcomeUnknown {
+        (_, Some(ErrorCode::OutcomeUnknown)) => ErrorKind::OutcomeUnknown {
             retry_after: wait(),
             message,
         },
@@ -144,12 +148,12 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
 }
 
 /// Longest `X-Request-Id` the SDK keeps; a longer or stranger one is ignored.
-const MAX_REQUEST_ID: usize = 128;
+const MAX_REQUEST_ID: usize = header::MAX_REQUEST_ID_BYTES;
 
 /// The server's `X-Request-Id`, when it is one header of 1 to 128 visible ASCII characters (safe
 /// to log and to show).
 pub(crate) fn request_id(headers: &http::HeaderMap) -> Option<String> {
-    let mut values = headers.get_all("x-request-id").iter();
+    let mut values = headers.get_all(header::REQUEST_ID).iter();
     let value = values.next()?;
     let bytes = value.as_bytes();
     let sane = values.next().is_none()
@@ -170,18 +174,11 @@ pub(crate) fn from_body_error(raw_error: &str) -> ErrorKind {
     let code = serde_json::from_str::<CodeOnly>(raw_error)
         .ok()
         .and_then(|body| body.code);
-    let status = match code.as_deref() {
-        Some("SQL_ERROR" | "BAD_REQUEST") => 400,
-        Some("UNAUTHORIZED") => 401,
-        Some("STATEMENT_NOT_ALLOWED" | "READ_ONLY" | "ORIGIN_NOT_ALLOWED") => 403,
-        Some("CONSTRAINT_VIOLATION" | "IDEMPOTENCY_KEY_IN_USE" | "BOOKMARK_AHEAD") => 409,
-        Some("PAYLOAD_TOO_LARGE") => 413,
-        Some("STATEMENT_TIMEOUT" | "RESULT_TOO_LARGE" | "IDEMPOTENCY_KEY_REUSED") => 422,
-        Some("RATE_LIMITED") => 429,
-        Some("UNAVAILABLE" | "OUTCOME_UNKNOWN") => 503,
-        // INTERNAL, and codes this version does not know: a server failure.
-        _ => 500,
-    };
+    // Each code's status is the protocol's; a code this version does not know is a server failure.
+    let status = code
+        .as_deref()
+        .and_then(|code| code.parse::<ErrorCode>().ok())
+        .map_or(500, ErrorCode::status);
     let envelope = format!("{{\"error\":{raw_error}}}");
     from_status(status, &http::HeaderMap::new(), envelope.as_bytes())
 }

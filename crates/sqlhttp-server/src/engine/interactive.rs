@@ -9,7 +9,6 @@
 //! nothing about HTTP, tokens or either engine's SQL.
 
 use crate::protocol::bookmark::{Bookmark, Position};
-use serde::Deserialize;
 
 use crate::engine::Access;
 #[cfg(feature = "postgres")]
@@ -18,30 +17,8 @@ use crate::engine::sqlite::interactive as sqlite;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 
-/// A transaction's isolation level, as the client asks for it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub(crate) enum Isolation {
-    /// As if the transactions ran one after another (SQLite's only level; PostgreSQL's
-    /// `SERIALIZABLE`, which may fail a transaction with `TRANSACTION_ABORTED`).
-    #[default]
-    Serializable,
-    /// One snapshot for the whole transaction (PostgreSQL only).
-    RepeatableRead,
-    /// Each statement sees what committed before it (PostgreSQL only).
-    ReadCommitted,
-}
-
-impl Isolation {
-    /// The protocol's name.
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            Isolation::Serializable => "serializable",
-            Isolation::RepeatableRead => "repeatable_read",
-            Isolation::ReadCommitted => "read_committed",
-        }
-    }
-}
+/// A transaction's isolation level, as the client asks for it: the protocol's (ADR 0048).
+pub(crate) use sqlhttp_protocol::Isolation;
 
 /// How a transaction opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

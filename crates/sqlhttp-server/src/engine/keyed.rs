@@ -106,9 +106,7 @@ impl Settled {
 pub(crate) fn settle(result: Result<Vec<u8>, ApiError>) -> Result<Settled, ApiError> {
     let settled = match result {
         Ok(body) => Settled::Succeeded(body),
-        Err(err) if err.code.is_stored_outcome() => {
-            Settled::Refused(err.code.status().as_u16(), err.body())
-        }
+        Err(err) if err.code.is_stored_outcome() => Settled::Refused(err.code.status(), err.body()),
         Err(err) => return Err(err),
     };
     let (Settled::Succeeded(body) | Settled::Refused(_, body)) = &settled;

@@ -682,7 +682,7 @@ impl Transactions {
                 let (status, body) = match ran {
                     Ok(body) => (200, body),
                     Err(StepError::Statement(err)) if err.code.is_stored_outcome() => {
-                        (err.code.status().as_u16(), err.body())
+                        (err.code.status(), err.body())
                     }
                     Err(StepError::Statement(err)) => return Err(err),
                     Err(StepError::Aborted(err)) => {

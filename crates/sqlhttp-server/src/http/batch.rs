@@ -20,7 +20,7 @@ use crate::protocol::error::ApiError;
 use crate::state::AppState;
 
 /// The batch endpoint's path.
-pub(crate) const BATCH_PATH: &str = "/api/v1/batch";
+pub(crate) const BATCH_PATH: &str = sqlhttp_protocol::path::BATCH;
 
 pub(crate) async fn batch(
     State(state): State<AppState>,

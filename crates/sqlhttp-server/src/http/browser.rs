@@ -14,7 +14,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::extract::{Request, State};
-use axum::http::{HeaderName, HeaderValue, Method, header};
+use axum::http::{HeaderValue, Method, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service, ServiceExt as _};
@@ -141,7 +141,7 @@ fn cors_layer(origins: &[String]) -> CorsLayer {
         .expose_headers([
             IDEMPOTENT_REPLAYED,
             header::RETRY_AFTER,
-            HeaderName::from_static("x-request-id"),
+            crate::http::request_id::X_REQUEST_ID,
         ])
         .max_age(PREFLIGHT_MAX_AGE)
 }

@@ -23,7 +23,7 @@ use crate::protocol::request::{Param, SqlRequest};
 use crate::state::{AppState, Shared};
 
 /// The path of the describe call.
-pub(crate) const DESCRIBE_PATH: &str = "/api/v1/describe";
+pub(crate) const DESCRIBE_PATH: &str = sqlhttp_protocol::path::DESCRIBE;
 
 /// Table names longer than this are refused before the engine is asked.
 const MAX_NAME_BYTES: usize = 1024;

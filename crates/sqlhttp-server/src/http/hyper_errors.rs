@@ -24,9 +24,9 @@ use crate::protocol::error::{ApiError, ErrorCode};
 
 /// The whole HTTP/1.1 response for `error`, closing the connection.
 pub(crate) fn raw_response(error: &ApiError) -> Vec<u8> {
-    let status = error.code.status();
+    let status = crate::protocol::error::status_of(error.code);
     let body = error.body();
-    let retry_after = if error.code == ErrorCode::Unavailable {
+    let retry_after = if error.code.sends_retry_after() {
         "retry-after: 1\r\n"
     } else {
         ""

@@ -46,10 +46,12 @@ use crate::state::AppState;
 use admit::Admitted;
 
 /// The SQL endpoint's path.
-pub(crate) const SQL_PATH: &str = "/api/v1/sql";
-pub(crate) const ATTEMPT: HeaderName = HeaderName::from_static("sqlhttp-attempt");
-pub(crate) const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
-pub(crate) const IDEMPOTENT_REPLAYED: HeaderName = HeaderName::from_static("idempotent-replayed");
+pub(crate) const SQL_PATH: &str = sqlhttp_protocol::path::SQL;
+pub(crate) const ATTEMPT: HeaderName = HeaderName::from_static(sqlhttp_protocol::header::ATTEMPT);
+pub(crate) const IDEMPOTENCY_KEY: HeaderName =
+    HeaderName::from_static(sqlhttp_protocol::header::IDEMPOTENCY_KEY);
+pub(crate) const IDEMPOTENT_REPLAYED: HeaderName =
+    HeaderName::from_static(sqlhttp_protocol::header::IDEMPOTENT_REPLAYED);
 
 /// How long `/readyz` waits for the engine to answer a trivial statement.
 const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);

@@ -7,10 +7,11 @@
 use axum::http::{HeaderMap, HeaderName, HeaderValue};
 
 /// The header, in requests and responses.
-pub(crate) const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
+pub(crate) const X_REQUEST_ID: HeaderName =
+    HeaderName::from_static(sqlhttp_protocol::header::REQUEST_ID);
 
 /// Longest client id kept; a longer one is replaced.
-pub(crate) const MAX_LEN: usize = 128;
+pub(crate) const MAX_LEN: usize = sqlhttp_protocol::header::MAX_REQUEST_ID_BYTES;
 
 /// One request's id.
 #[derive(Debug, Clone, PartialEq, Eq)]

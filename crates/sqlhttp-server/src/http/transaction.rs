@@ -17,10 +17,11 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use sqlhttp_protocol::body::{TransactionNamed, TransactionOpenRequest};
 
 use crate::budget::Held;
 use crate::engine::Outcome;
-use crate::engine::interactive::{Isolation, TxOptions};
+use crate::engine::interactive::TxOptions;
 use crate::engine::sandbox::check_text;
 use crate::engine::transactions::Answer;
 use crate::http::admit::{Admissible, Admitted};
@@ -32,15 +33,15 @@ use crate::protocol::request::SqlRequest;
 use crate::state::{AppState, Shared};
 
 /// Opens a transaction.
-pub(crate) const OPEN_PATH: &str = "/api/v1/transaction/open";
+pub(crate) const OPEN_PATH: &str = sqlhttp_protocol::path::TRANSACTION_OPEN;
 /// Runs one statement in a transaction.
-pub(crate) const STATEMENT_PATH: &str = "/api/v1/transaction/statement";
+pub(crate) const STATEMENT_PATH: &str = sqlhttp_protocol::path::TRANSACTION_STATEMENT;
 /// Commits a transaction.
-pub(crate) const COMMIT_PATH: &str = "/api/v1/transaction/commit";
+pub(crate) const COMMIT_PATH: &str = sqlhttp_protocol::path::TRANSACTION_COMMIT;
 /// Rolls a transaction back.
-pub(crate) const ROLLBACK_PATH: &str = "/api/v1/transaction/rollback";
+pub(crate) const ROLLBACK_PATH: &str = sqlhttp_protocol::path::TRANSACTION_ROLLBACK;
 /// Tells how a transaction stands.
-pub(crate) const OUTCOME_PATH: &str = "/api/v1/transaction/outcome";
+pub(crate) const OUTCOME_PATH: &str = sqlhttp_protocol::path::TRANSACTION_OUTCOME;
 
 /// Longest token accepted (the server's are 41 characters).
 const MAX_TOKEN_LEN: usize = 128;
@@ -155,14 +156,8 @@ impl Admissible for OpenRequest {
     }
 
     fn admit(bytes: &[u8], _: &Shared, credential: &Credential) -> Result<Self, ApiError> {
-        #[derive(Deserialize)]
-        struct Wire {
-            read_only: Option<bool>,
-            isolation: Option<Isolation>,
-            deferrable: Option<bool>,
-        }
         object(bytes)?;
-        let wire: Wire = serde_json::from_slice(bytes).map_err(|e| {
+        let wire: TransactionOpenRequest = serde_json::from_slice(bytes).map_err(|e| {
             ApiError::bad_request(format!(
                 "the body must be {{\"read_only\": bool, \"isolation\": \"serializable\" | \
                  \"repeatable_read\" | \"read_committed\", \"deferrable\": bool}}, each \
@@ -237,12 +232,9 @@ impl Admissible for Named {
     }
 
     fn admit(bytes: &[u8], _: &Shared, _: &Credential) -> Result<Self, ApiError> {
-        #[derive(Deserialize)]
-        struct Wire {
-            transaction: Option<String>,
-        }
         object(bytes)?;
-        let wire: Wire = serde_json::from_slice(bytes)
+        // `Option`: a missing token is refused by name (`token_of`).
+        let wire: TransactionNamed<Option<String>> = serde_json::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("`transaction` must be a string: {e}")))?;
         token_of(wire.transaction).map(Named)
     }

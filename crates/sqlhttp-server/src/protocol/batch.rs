@@ -5,7 +5,6 @@
 //! Pure functions over bytes: no HTTP types, no engine. A failure that belongs to one statement
 //! names it (zero-based) in the error's `statement` member.
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::engine::interactive::Isolation;
@@ -24,29 +23,15 @@ pub(crate) struct BatchRequest {
     pub(crate) isolation: Option<Isolation>,
 }
 
-/// How a write batch's foreign keys are enforced (`"foreign_keys"` in the body).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) enum ForeignKeys {
-    /// As declared, statement by statement (`"enforced"`, the default).
-    #[default]
-    Enforced,
-    /// On SQLite, off while the statements run (no `ON DELETE`/`ON UPDATE` actions, no checks)
-    /// and every key checked once before the batch commits (`"checked_at_commit"`): what
-    /// SQLite's table rebuild needs. Refused on PostgreSQL, which alters tables in place.
-    CheckedAtCommit,
-}
+/// How a write batch's foreign keys are enforced (`"foreign_keys"` in the body): the
+/// protocol's. `CheckedAtCommit` is SQLite's: off while the statements run (no `ON DELETE`/`ON
+/// UPDATE` actions, no checks) and every key checked once before the batch commits, what
+/// SQLite's table rebuild needs; refused on PostgreSQL, which alters tables in place.
+pub(crate) use sqlhttp_protocol::body::ForeignKeys;
 
-#[derive(Deserialize)]
-struct Wire<'a> {
-    #[serde(borrow, default)]
-    statements: Option<Vec<&'a RawValue>>,
-    #[serde(default)]
-    read_only: Option<bool>,
-    #[serde(default)]
-    foreign_keys: Option<&'a str>,
-    #[serde(default)]
-    isolation: Option<&'a str>,
-}
+/// The body as the protocol crate types it, each statement kept raw until it is decoded as a
+/// `POST /api/v1/sql` body.
+type Wire<'a> = sqlhttp_protocol::body::BatchRequest<&'a RawValue>;
 
 const SHAPE: &str = "the body must be a JSON object {\"statements\": [{\"sql\": string, \"params\": array}, ...], \"read_only\": bool, \"foreign_keys\": \"enforced\" | \"checked_at_commit\", \"isolation\": \"serializable\" | \"repeatable_read\" | \"read_committed\"}";
 
@@ -55,15 +40,17 @@ impl BatchRequest {
     /// body is `400 BAD_REQUEST` (naming the statement at fault); too many statements is
     /// `413 PAYLOAD_TOO_LARGE`.
     pub(crate) fn parse(body: &[u8], max_statements: usize) -> Result<BatchRequest, ApiError> {
-        let wire: Wire<'_> = serde_json::from_slice(body)
-            .map_err(|e| ApiError::bad_request(format!("{SHAPE}: {e}")))?;
+        let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| {
+            if e.to_string().starts_with("missing field `statements`") {
+                return ApiError::bad_request("`statements` is missing");
+            }
+            ApiError::bad_request(format!("{SHAPE}: {e}"))
+        })?;
         // serde also reads a struct from a JSON array; the protocol's body is an object only.
         if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
             return Err(ApiError::bad_request(SHAPE));
         }
-        let Some(raw) = wire.statements else {
-            return Err(ApiError::bad_request("`statements` is missing"));
-        };
+        let raw = wire.statements;
         if raw.is_empty() {
             return Err(ApiError::bad_request(
                 "`statements` is empty: a batch has at least one statement",
@@ -97,35 +84,15 @@ impl BatchRequest {
                 Ok(statement)
             })
             .collect::<Result<_, _>>()?;
-        let read_only = wire.read_only.unwrap_or(false);
-        let foreign_keys = match wire.foreign_keys {
-            None | Some("enforced") => ForeignKeys::Enforced,
-            Some("checked_at_commit") if read_only => {
-                return Err(ApiError::bad_request(
-                    "`foreign_keys: checked_at_commit` is for a write batch: a read-only batch \
-                     changes nothing to check",
-                ));
-            }
-            Some("checked_at_commit") => ForeignKeys::CheckedAtCommit,
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "`foreign_keys` is \"enforced\" (the default) or \"checked_at_commit\", not \
-                     {other:?}"
-                )));
-            }
-        };
-        let isolation = match wire.isolation {
-            None => None,
-            Some("serializable") => Some(Isolation::Serializable),
-            Some("repeatable_read") => Some(Isolation::RepeatableRead),
-            Some("read_committed") => Some(Isolation::ReadCommitted),
-            Some(other) => {
-                return Err(ApiError::bad_request(format!(
-                    "`isolation` is \"serializable\", \"repeatable_read\" or \"read_committed\", \
-                     not {other:?}"
-                )));
-            }
-        };
+        let read_only = wire.read_only;
+        let foreign_keys = wire.foreign_keys.unwrap_or_default();
+        if read_only && foreign_keys == ForeignKeys::CheckedAtCommit {
+            return Err(ApiError::bad_request(
+                "`foreign_keys: checked_at_commit` is for a write batch: a read-only batch \
+                 changes nothing to check",
+            ));
+        }
+        let isolation = wire.isolation;
         Ok(BatchRequest {
             statements,
             read_only,

@@ -1,156 +1,22 @@
-//! The wire protocol's error table: [`ErrorCode`] (code, status, extra headers) and [`ApiError`],
-//! rendered as `{"error": {"code": "...", "message": "..."}}`.
+//! The server's protocol error, [`ApiError`]: a code of the protocol crate's table
+//! ([`ErrorCode`], with its status and `Retry-After`) with a message, rendered as the protocol's
+//! `ErrorBody` (`{"error": {"code": "...", "message": "..."}}`) and answered by axum.
 //!
-//! This module knows the protocol's error shapes only; it does not know which engine or handler
-//! produced them.
+//! This module adapts the protocol's error shapes to axum and defines none of them; it does not
+//! know which engine or handler produced an error.
 
 use axum::http::{HeaderName, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use serde::Serialize;
+use sqlhttp_protocol::body::{ErrorBody, ErrorObject};
 
-/// One row of the protocol's error table.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ErrorCode {
-    BadRequest,
-    SqlError,
-    Unauthorized,
-    NotFound,
-    MethodNotAllowed,
-    ConstraintViolation,
-    IdempotencyKeyInUse,
-    PayloadTooLarge,
-    IdempotencyKeyReused,
-    Internal,
-    Unavailable,
-    StatementNotAllowed,
-    OriginNotAllowed,
-    UnsupportedMediaType,
-    RequestTimeout,
-    UriTooLong,
-    HeadersTooLarge,
-    StatementTimeout,
-    ResultTooLarge,
-    ReadOnly,
-    RateLimited,
-    /// An interactive transaction was rolled back by the server (idle, too old, its server gone):
-    /// final, nothing of it was committed.
-    TransactionExpired,
-    /// An interactive transaction cannot go on (a serialization failure, a deadlock, its
-    /// connection lost): it was rolled back, nothing of it was committed; run it again.
-    TransactionAborted,
-    /// A transaction's statement carries a sequence number other than the next one (or the
-    /// last one, which replays).
-    TransactionStepOutOfOrder,
-    /// The transaction has ended (committed, or rolled back by its client): nothing more runs in it.
-    TransactionFinished,
-    /// The server cannot know whether a write (or a COMMIT) took effect: the database did not
-    /// answer it in time, or the process holding the transaction cannot be reached. Unlike
-    /// `UNAVAILABLE` (nothing ran), a keyed write or a COMMIT sent again tells (or the
-    /// transaction's outcome, asked for).
-    OutcomeUnknown,
-    /// The request's `Sqlhttp-Bookmark` is past everything the primary has written: a bookmark
-    /// from another cluster, or from before a failover. Nothing ran; drop the bookmark.
-    BookmarkAhead,
-}
+/// The error table ([`ErrorCode`]: code, status, `Retry-After`) and the constraint names are the
+/// protocol crate's; the server's name for the constraint kind is kept.
+pub(crate) use sqlhttp_protocol::{Constraint as ConstraintKind, ErrorCode};
 
-/// Which constraint refused a write, reported as `"constraint"` in a `409 CONSTRAINT_VIOLATION`
-/// body.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum ConstraintKind {
-    Unique,
-    PrimaryKey,
-    ForeignKey,
-    Check,
-    NotNull,
-    /// A PostgreSQL exclusion constraint.
-    Exclusion,
-}
-
-impl ConstraintKind {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ConstraintKind::Unique => "unique",
-            ConstraintKind::PrimaryKey => "primary_key",
-            ConstraintKind::ForeignKey => "foreign_key",
-            ConstraintKind::Check => "check",
-            ConstraintKind::NotNull => "not_null",
-            ConstraintKind::Exclusion => "exclusion",
-        }
-    }
-}
-
-impl ErrorCode {
-    pub(crate) fn as_str(self) -> &'static str {
-        match self {
-            ErrorCode::BadRequest => "BAD_REQUEST",
-            ErrorCode::SqlError => "SQL_ERROR",
-            ErrorCode::Unauthorized => "UNAUTHORIZED",
-            ErrorCode::NotFound => "NOT_FOUND",
-            ErrorCode::MethodNotAllowed => "METHOD_NOT_ALLOWED",
-            ErrorCode::ConstraintViolation => "CONSTRAINT_VIOLATION",
-            ErrorCode::IdempotencyKeyInUse => "IDEMPOTENCY_KEY_IN_USE",
-            ErrorCode::PayloadTooLarge => "PAYLOAD_TOO_LARGE",
-            ErrorCode::IdempotencyKeyReused => "IDEMPOTENCY_KEY_REUSED",
-            ErrorCode::Internal => "INTERNAL",
-            ErrorCode::Unavailable => "UNAVAILABLE",
-            ErrorCode::StatementNotAllowed => "STATEMENT_NOT_ALLOWED",
-            ErrorCode::OriginNotAllowed => "ORIGIN_NOT_ALLOWED",
-            ErrorCode::UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
-            ErrorCode::RequestTimeout => "REQUEST_TIMEOUT",
-            ErrorCode::UriTooLong => "URI_TOO_LONG",
-            ErrorCode::HeadersTooLarge => "HEADERS_TOO_LARGE",
-            ErrorCode::StatementTimeout => "STATEMENT_TIMEOUT",
-            ErrorCode::ResultTooLarge => "RESULT_TOO_LARGE",
-            ErrorCode::ReadOnly => "READ_ONLY",
-            ErrorCode::RateLimited => "RATE_LIMITED",
-            ErrorCode::TransactionExpired => "TRANSACTION_EXPIRED",
-            ErrorCode::TransactionAborted => "TRANSACTION_ABORTED",
-            ErrorCode::TransactionStepOutOfOrder => "TRANSACTION_STEP_OUT_OF_ORDER",
-            ErrorCode::TransactionFinished => "TRANSACTION_FINISHED",
-            ErrorCode::OutcomeUnknown => "OUTCOME_UNKNOWN",
-            ErrorCode::BookmarkAhead => "BOOKMARK_AHEAD",
-        }
-    }
-
-    pub(crate) fn status(self) -> StatusCode {
-        match self {
-            ErrorCode::BadRequest | ErrorCode::SqlError => StatusCode::BAD_REQUEST,
-            ErrorCode::Unauthorized => StatusCode::UNAUTHORIZED,
-            ErrorCode::NotFound => StatusCode::NOT_FOUND,
-            ErrorCode::MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
-            ErrorCode::ConstraintViolation
-            | ErrorCode::IdempotencyKeyInUse
-            | ErrorCode::TransactionAborted
-            | ErrorCode::TransactionStepOutOfOrder
-            | ErrorCode::TransactionFinished
-            | ErrorCode::BookmarkAhead => StatusCode::CONFLICT,
-            ErrorCode::TransactionExpired => StatusCode::GONE,
-            ErrorCode::PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            ErrorCode::IdempotencyKeyReused
-            | ErrorCode::StatementTimeout
-            | ErrorCode::ResultTooLarge => StatusCode::UNPROCESSABLE_ENTITY,
-            ErrorCode::Internal => StatusCode::INTERNAL_SERVER_ERROR,
-            ErrorCode::Unavailable | ErrorCode::OutcomeUnknown => StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::StatementNotAllowed | ErrorCode::OriginNotAllowed | ErrorCode::ReadOnly => {
-                StatusCode::FORBIDDEN
-            }
-            ErrorCode::UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
-            ErrorCode::RequestTimeout => StatusCode::REQUEST_TIMEOUT,
-            ErrorCode::UriTooLong => StatusCode::URI_TOO_LONG,
-            ErrorCode::HeadersTooLarge => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            ErrorCode::RateLimited => StatusCode::TOO_MANY_REQUESTS,
-        }
-    }
-
-    /// Whether an outcome with this code is final, so an idempotent request stores it: the
-    /// statement's own verdict, which a retry of the same body would get again. A statement
-    /// timeout or an oversized result depends on load and limits, so it is not stored.
-    pub(crate) fn is_stored_outcome(self) -> bool {
-        matches!(
-            self,
-            ErrorCode::SqlError | ErrorCode::ConstraintViolation | ErrorCode::StatementNotAllowed
-        )
-    }
+/// The HTTP status of a code, as `http`'s type.
+pub(crate) fn status_of(code: ErrorCode) -> StatusCode {
+    // Every status in the table is a valid one (the protocol crate's tests hold it to 4xx/5xx).
+    StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
 }
 
 /// A protocol error: a code from the table and a human-readable message.
@@ -262,21 +128,8 @@ impl ApiError {
 
     /// The JSON error body.
     pub(crate) fn body(&self) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct Envelope<'a> {
-            error: Inner<'a>,
-        }
-        #[derive(Serialize)]
-        struct Inner<'a> {
-            code: &'a str,
-            message: &'a str,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            constraint: Option<&'a str>,
-            #[serde(skip_serializing_if = "Option::is_none")]
-            statement: Option<usize>,
-        }
-        let envelope = Envelope {
-            error: Inner {
+        let envelope = ErrorBody {
+            error: ErrorObject {
                 code: self.code.as_str(),
                 message: &self.message,
                 constraint: self.constraint.map(ConstraintKind::as_str),
@@ -303,15 +156,12 @@ pub(crate) fn json_response(status: StatusCode, body: Vec<u8>) -> Response {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = json_response(self.code.status(), self.body());
+        let mut response = json_response(status_of(self.code), self.body());
         let headers = response.headers_mut();
         let extra: Option<(HeaderName, &'static str)> = match self.code {
             ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
-            ErrorCode::IdempotencyKeyInUse
-            | ErrorCode::Unavailable
-            | ErrorCode::OutcomeUnknown
-            | ErrorCode::RateLimited => Some((header::RETRY_AFTER, "1")),
+            code if code.sends_retry_after() => Some((header::RETRY_AFTER, "1")),
             _ => None,
         };
         if let Some((name, value)) = extra {
@@ -330,6 +180,8 @@ mod tests {
     #[test]
     fn body_has_the_protocol_shape() {
         let body = ApiError::sql("no such table: t").body();
+        let typed: ErrorBody = serde_json::from_slice(&body).unwrap();
+        assert_eq!(typed.error.code, ErrorCode::SqlError.as_str());
         assert_eq!(
             String::from_utf8(body).unwrap(),
             r#"{"error":{"code":"SQL_ERROR","message":"no such table: t"}}"#
@@ -338,56 +190,28 @@ mod tests {
 
     #[test]
     fn statuses_and_headers_follow_the_table() {
-        let cases = [
-            (ErrorCode::BadRequest, 400, None),
-            (ErrorCode::SqlError, 400, None),
-            (
-                ErrorCode::Unauthorized,
-                401,
-                Some(("www-authenticate", "Bearer")),
-            ),
-            (ErrorCode::NotFound, 404, None),
-            (ErrorCode::MethodNotAllowed, 405, Some(("allow", "POST"))),
-            (ErrorCode::ConstraintViolation, 409, None),
-            (
-                ErrorCode::IdempotencyKeyInUse,
-                409,
-                Some(("retry-after", "1")),
-            ),
-            (ErrorCode::PayloadTooLarge, 413, None),
-            (ErrorCode::IdempotencyKeyReused, 422, None),
-            (ErrorCode::Internal, 500, None),
-            (ErrorCode::Unavailable, 503, Some(("retry-after", "1"))),
-            (ErrorCode::StatementNotAllowed, 403, None),
-            (ErrorCode::OriginNotAllowed, 403, None),
-            (ErrorCode::UnsupportedMediaType, 415, None),
-            (ErrorCode::RequestTimeout, 408, None),
-            (ErrorCode::UriTooLong, 414, None),
-            (ErrorCode::HeadersTooLarge, 431, None),
-            (ErrorCode::StatementTimeout, 422, None),
-            (ErrorCode::ResultTooLarge, 422, None),
-            (ErrorCode::ReadOnly, 403, None),
-            (ErrorCode::RateLimited, 429, Some(("retry-after", "1"))),
-            (ErrorCode::TransactionExpired, 410, None),
-            (ErrorCode::TransactionAborted, 409, None),
-            (ErrorCode::TransactionStepOutOfOrder, 409, None),
-            (ErrorCode::TransactionFinished, 409, None),
-            (ErrorCode::OutcomeUnknown, 503, Some(("retry-after", "1"))),
-            (ErrorCode::BookmarkAhead, 409, None),
-        ];
-        for (code, status, header) in cases {
+        for &code in ErrorCode::ALL {
             let response = ApiError::new(code, "m").into_response();
-            assert_eq!(response.status().as_u16(), status, "{code:?}");
+            assert_eq!(response.status().as_u16(), code.status(), "{code:?}");
             assert_eq!(
                 response.headers()[header::CONTENT_TYPE],
                 "application/json",
                 "{code:?}"
             );
-            if let Some((name, value)) = header {
-                assert_eq!(response.headers()[name], value, "{code:?}");
-            }
+            assert_eq!(
+                response
+                    .headers()
+                    .get(header::RETRY_AFTER)
+                    .map(|v| v.as_bytes()),
+                code.sends_retry_after().then_some(&b"1"[..]),
+                "{code:?}"
+            );
             assert_eq!(response.extensions().get::<ErrorCode>(), Some(&code));
         }
+        let response = ApiError::new(ErrorCode::Unauthorized, "m").into_response();
+        assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
+        let response = ApiError::method_not_allowed("POST").into_response();
+        assert_eq!(response.headers()[header::ALLOW], "POST");
     }
 
     #[test]

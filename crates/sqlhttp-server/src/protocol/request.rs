@@ -4,7 +4,6 @@
 //! Pure functions over bytes and strings: no HTTP types, no engine. The SQL text is never
 //! rewritten and parameters are never spliced into it.
 
-use serde::Deserialize;
 use serde_json::value::RawValue;
 
 use crate::protocol::error::ApiError;
@@ -29,26 +28,17 @@ pub(crate) struct SqlRequest {
     pub(crate) read_only: bool,
 }
 
-#[derive(Deserialize)]
-struct Wire<'a> {
-    /// `None` when the key is absent; `Some(Value::Null)` when it is `null`.
-    #[serde(default, deserialize_with = "present")]
-    sql: Option<serde_json::Value>,
-    #[serde(borrow)]
-    params: Option<Vec<&'a RawValue>>,
-    read_only: Option<bool>,
-}
-
-fn present<'de, D: serde::Deserializer<'de>>(
-    deserializer: D,
-) -> Result<Option<serde_json::Value>, D::Error> {
-    serde_json::Value::deserialize(deserializer).map(Some)
-}
+/// The body as the protocol crate types it, read in place: `sql` kept as any JSON value (so a
+/// `null` or a number is refused by name below), each parameter kept raw until it is checked.
+type Wire<'a> = sqlhttp_protocol::body::SqlRequest<serde_json::Value, Vec<&'a RawValue>>;
 
 impl SqlRequest {
     /// Decodes and validates a request body; every failure is a `400 BAD_REQUEST`.
     pub(crate) fn parse(body: &[u8]) -> Result<SqlRequest, ApiError> {
         let wire: Wire<'_> = serde_json::from_slice(body).map_err(|e| {
+            if e.to_string().starts_with("missing field `sql`") {
+                return ApiError::bad_request("`sql` is missing");
+            }
             ApiError::bad_request(format!(
                 "the body must be a JSON object {{\"sql\": string, \"params\": array}}: {e}"
             ))
@@ -60,10 +50,8 @@ impl SqlRequest {
                 "the body must be a JSON object {\"sql\": string, \"params\": array}",
             ));
         }
-        let sql = match wire.sql {
-            Some(serde_json::Value::String(sql)) => sql,
-            Some(_) => return Err(ApiError::bad_request("`sql` must be a string")),
-            None => return Err(ApiError::bad_request("`sql` is missing")),
+        let serde_json::Value::String(sql) = wire.sql else {
+            return Err(ApiError::bad_request("`sql` must be a string"));
         };
         let params = wire
             .params
@@ -75,7 +63,7 @@ impl SqlRequest {
         Ok(SqlRequest {
             sql,
             params,
-            read_only: wire.read_only.unwrap_or(false),
+            read_only: wire.read_only,
         })
     }
 }

@@ -6,7 +6,8 @@
 //! the [`end`] (or [`end_at`], which names the body's bookmark after the rest); a body cut after
 //! a whole row (streamed, then stopped) is closed with [`error_tail`]. [`within_buffered_limit`]
 //! is the limit of a body held whole. Knows the wire format and the protocol's errors; nothing
-//! about HTTP or any engine.
+//! about HTTP or any engine. Written by hand for speed, cell by cell; the tests read what it
+//! writes with the protocol crate's typed bodies (`QueryResult`, `StreamedFailure`).
 
 use std::io::Write as _;
 
@@ -189,6 +190,10 @@ mod tests {
             rows.end(&mut out);
         }
         end(&mut out, 2, Some(7));
+        // The protocol's typed definition (which refuses unknown members) reads it.
+        let typed: sqlhttp_protocol::body::QueryResult = serde_json::from_slice(&out).unwrap();
+        assert_eq!((typed.rows.len(), typed.last_insert_id), (2, Some(7)));
+        assert_eq!(typed.columns[0].type_name, "INTEGER");
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"columns":[{"name":"a","type":"INTEGER"},{"name":"b","type":""}],"rows":[[1,"x"],[2,null]],"rows_affected":2,"last_insert_id":7}"#
@@ -199,7 +204,12 @@ mod tests {
     fn a_bookmark_is_the_last_member_when_there_is_one() {
         let mut out = Vec::new();
         header(&mut out, [("a", "")]);
-        end_at(&mut out, 3, None, Some(Bookmark(0x1a2b_3c4d)));
+        end_at(
+            &mut out,
+            3,
+            None,
+            Some(Bookmark::from_position(0x1a2b_3c4d)),
+        );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             r#"{"columns":[{"name":"a","type":""}],"rows":[],"rows_affected":3,"last_insert_id":null,"bookmark":"000000001a2b3c4d"}"#
@@ -208,6 +218,11 @@ mod tests {
         header(&mut out, [("a", "")]);
         end_at(&mut out, 0, Some(1), None);
         assert!(out.ends_with(br#""last_insert_id":1}"#));
+        let mut out = Vec::new();
+        header(&mut out, [("a", "")]);
+        end_at(&mut out, 3, None, Some(Bookmark::from_position(7)));
+        let typed: sqlhttp_protocol::body::QueryResult = serde_json::from_slice(&out).unwrap();
+        assert_eq!(typed.bookmark, Some(Bookmark::from_position(7)));
     }
 
     #[test]
@@ -228,6 +243,8 @@ mod tests {
         assert!(err.message.contains("row 2"), "{}", err.message);
         assert_eq!(out.len(), whole, "the body ends after the whole first row");
         error_tail(&mut out, &err);
+        let typed: sqlhttp_protocol::body::StreamedFailure = serde_json::from_slice(&out).unwrap();
+        assert_eq!(typed.error.code, ErrorCode::ResultTooLarge.as_str());
         let body: serde_json::Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(body["rows"], serde_json::json!([[1]]));
         assert_eq!(body["error"]["code"], "RESULT_TOO_LARGE");

@@ -3,6 +3,8 @@
 //!
 //! It knows nothing of timing or budgets; the loop in `transport` asks it one question per failure.
 
+use sqlhttp_protocol::RetryClass;
+
 use crate::error::ErrorKind;
 
 /// The class of an operation, declared by the `Client` method the caller chose.
@@ -32,13 +34,12 @@ impl OpClass {
     }
 }
 
-/// The protocol code of a `409` that means "the first attempt with this idempotency key is still running".
-pub(crate) const IDEMPOTENCY_KEY_IN_USE: &str = "IDEMPOTENCY_KEY_IN_USE";
-
-/// Whether the same request could succeed later: connection failures, attempt timeouts, `408`, `429`,
-/// every `5xx` except `501` (`503 OUTCOME_UNKNOWN` included: a re-sent COMMIT reads the commit
-/// record, a re-sent keyed write its stored outcome), and a `409 IDEMPOTENCY_KEY_IN_USE` (only
-/// writes carry a key, so only writes meet it).
+/// Whether the same request could succeed later: connection failures, attempt timeouts, and every
+/// code the protocol's table classes [`RetryClass::Transient`] (`408`, `429`, `500`, `503`
+/// `OUTCOME_UNKNOWN` included: a re-sent COMMIT reads the commit record, a re-sent keyed write its
+/// stored outcome; and a `409 IDEMPOTENCY_KEY_IN_USE`: only writes carry a key, so only writes
+/// meet it); a response without a code this version knows, by its status: `408`, `429` and every
+/// `5xx` except `501`.
 ///
 /// `409 BOOKMARK_AHEAD` is not: the same request, with the same bookmark, is refused again. The
 /// loop sends it once more without the bookmark (see `transport`), whatever this says.
@@ -50,11 +51,10 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::Unavailable { .. }
         | ErrorKind::OutcomeUnknown { .. }
         | ErrorKind::IdempotencyKeyInUse { .. } => true,
-        ErrorKind::Http { status, .. } => match *status {
+        ErrorKind::Http { status, .. } => match kind.protocol_code() {
+            Some(code) => code.retry_class() == RetryClass::Transient,
             // 501 Not Implemented will not change on a retry (matched before the 5xx range).
-            501 => false,
-            408 | 429 | 500..=599 => true,
-            _ => false,
+            None => matches!(*status, 408 | 429 | 500 | 502..=599),
         },
         ErrorKind::Sql { .. }
         | ErrorKind::Unauthorized { .. }
@@ -88,6 +88,29 @@ pub(crate) fn should_retry(class: OpClass, retry_writes: bool, kind: &ErrorKind)
 mod tests {
     use super::*;
     use std::time::Duration;
+
+    /// Each of the protocol's codes, answered with its status, is transient exactly when the
+    /// protocol's table says so, and the kind it maps to keeps the code and the status.
+    #[test]
+    fn every_protocol_code_is_classed_as_the_table_says() {
+        use sqlhttp_protocol::ErrorCode;
+        for &code in ErrorCode::ALL {
+            let body = format!(r#"{{"error":{{"code":"{code}","message":"m"}}}}"#);
+            let kind = crate::response::from_status(
+                code.status(),
+                &http::HeaderMap::new(),
+                body.as_bytes(),
+            );
+            assert_eq!(
+                is_transient(&kind),
+                code.retry_class() == RetryClass::Transient,
+                "{code}: {kind:?}"
+            );
+            assert_eq!(kind.response_status(), Some(code.status()), "{code}");
+            assert_eq!(kind.wire_code(), Some(code.as_str()), "{code}");
+            assert_eq!(kind.protocol_code(), Some(code), "{code}");
+        }
+    }
 
     fn http(status: u16, code: Option<&str>) -> ErrorKind {
         ErrorKind::Http {

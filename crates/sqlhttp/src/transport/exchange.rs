@@ -14,13 +14,15 @@ use http::HeaderValue;
 use http::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, USER_AGENT};
 
 use super::body::Body;
-use crate::bookmark::{BOOKMARK_HEADER, Bookmark, CONSISTENCY_HEADER, Consistency};
+use sqlhttp_protocol::{header, path};
+
+use crate::bookmark::{self, Bookmark, Consistency};
 use crate::response::{self, Failure};
 
 /// The header naming an attempt's number and the most the call will make, e.g. `2/3`.
-pub(crate) const ATTEMPT_HEADER: &str = "sqlhttp-attempt";
+pub(crate) const ATTEMPT_HEADER: &str = header::ATTEMPT;
 /// The header carrying a write's idempotency key.
-pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = "idempotency-key";
+pub(crate) const IDEMPOTENCY_KEY_HEADER: &str = header::IDEMPOTENCY_KEY;
 
 /// Which of the protocol's endpoints a call goes to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,15 +62,19 @@ impl Endpoint {
             Endpoint::Batch => batch.clone(),
             Endpoint::Describe => describe.clone(),
             Endpoint::Transaction(step) => {
-                let path = match step {
-                    TxStep::Open => "transaction/open",
-                    TxStep::Statement => "transaction/statement",
-                    TxStep::Commit => "transaction/commit",
-                    TxStep::Rollback => "transaction/rollback",
-                    TxStep::Outcome => "transaction/outcome",
+                let full = match step {
+                    TxStep::Open => path::TRANSACTION_OPEN,
+                    TxStep::Statement => path::TRANSACTION_STATEMENT,
+                    TxStep::Commit => path::TRANSACTION_COMMIT,
+                    TxStep::Rollback => path::TRANSACTION_ROLLBACK,
+                    TxStep::Outcome => path::TRANSACTION_OUTCOME,
                 };
-                // A sibling of `/api/v1/sql` always joins.
-                sql.join(path).unwrap_or_else(|_| sql.clone())
+                // Relative to `/api/v1/`: a sibling of `/api/v1/sql` always joins.
+                let relative = full
+                    .strip_prefix(path::API_PREFIX)
+                    .unwrap_or(full)
+                    .trim_start_matches('/');
+                sql.join(relative).unwrap_or_else(|_| sql.clone())
             }
         }
     }
@@ -96,9 +102,13 @@ impl AttemptRequest<'_> {
     ) -> impl Iterator<Item = (&'static str, HeaderValue)> + use<> {
         let bookmark = self
             .bookmark
-            .map(|bookmark| (BOOKMARK_HEADER, bookmark.header_value()));
-        let primary = (self.consistency == Consistency::Primary)
-            .then(|| (CONSISTENCY_HEADER, HeaderValue::from_static("primary")));
+            .map(|at| (header::BOOKMARK, bookmark::header_value(at)));
+        let primary = (self.consistency == Consistency::Primary).then(|| {
+            (
+                header::CONSISTENCY,
+                HeaderValue::from_static(header::CONSISTENCY_PRIMARY),
+            )
+        });
         bookmark.into_iter().chain(primary)
     }
 }

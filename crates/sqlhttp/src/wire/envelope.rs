@@ -15,6 +15,7 @@ use std::marker::PhantomData;
 use serde::Deserialize;
 use serde::de::{DeserializeOwned, DeserializeSeed, IgnoredAny};
 use serde_json::value::RawValue;
+use sqlhttp_protocol::body::member;
 
 use super::decode::{Position, RowSeed, RowsSeed, positioned};
 use crate::bookmark::{self, Bookmark};
@@ -341,12 +342,12 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
                     return Ok(false);
                 };
                 let member = match key.as_ref() {
-                    "columns" => Member::Columns,
-                    "rows" => Member::Rows,
-                    "rows_affected" => Member::RowsAffected,
-                    "last_insert_id" => Member::LastInsertId,
-                    "bookmark" => Member::Bookmark,
-                    "error" => Member::Error,
+                    member::COLUMNS => Member::Columns,
+                    member::ROWS => Member::Rows,
+                    member::ROWS_AFFECTED => Member::RowsAffected,
+                    member::LAST_INSERT_ID => Member::LastInsertId,
+                    member::BOOKMARK => Member::Bookmark,
+                    member::ERROR => Member::Error,
                     _ => Member::Other,
                 };
                 let Some((colon, at)) = self.peek_from(end) else {
@@ -608,6 +609,19 @@ mod tests {
     }
 
     const BODY: &str = r#"{"columns":[{"name":"id","type":"INTEGER"},{"name":"s","type":"TEXT"},{"name":"f","type":"REAL"}],"rows":[[1,"a \"quoted\" ] , [ string",1.5e3],[-22,"\u00e9\\",-0.25],[333,"",12345678901234567]],"rows_affected":0,"last_insert_id":null}"#;
+
+    /// The bodies these tests decode are the protocol's (its typed definitions read them too).
+    #[test]
+    fn the_test_bodies_are_the_protocol_s() {
+        use sqlhttp_protocol::body::{QueryResult, StreamedFailure};
+        let whole: QueryResult = serde_json::from_str(BODY).unwrap();
+        assert_eq!(whole.rows.len(), 3);
+        let failed: StreamedFailure = serde_json::from_str(
+            r#"{"columns":[{"name":"n","type":""}],"rows":[[1]],"error":{"code":"SQL_ERROR","message":"m"}}"#,
+        )
+        .unwrap();
+        assert_eq!(failed.error.code, "SQL_ERROR");
+    }
 
     type Row = (i64, String, f64);
 

@@ -130,14 +130,17 @@ impl PrimaryLog {
 impl std::fmt::Debug for PrimaryLog {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("PrimaryLog")
-            .field("seen", &Bookmark(self.seen.load(Ordering::Relaxed)))
+            .field(
+                "seen",
+                &Bookmark::from_position(self.seen.load(Ordering::Relaxed)),
+            )
             .finish_non_exhaustive()
     }
 }
 
 /// Whether `bookmark` is past `position`, a position the primary's log has reached.
 fn ahead(bookmark: Bookmark, position: u64) -> bool {
-    bookmark.0 > position
+    bookmark.position() > position
 }
 
 /// The answer for a bookmark past the primary's log, which is at `position`.
@@ -148,7 +151,7 @@ fn refused(bookmark: Bookmark, position: u64) -> ApiError {
             "the request's bookmark {bookmark} is past this database's log (at {}): it comes \
              from another database, or from before a failover. Nothing ran: drop the bookmark \
              and send the request again without it (the sqlhttp SDK does so and retries)",
-            Bookmark(position)
+            Bookmark::from_position(position)
         ),
     )
 }
@@ -179,7 +182,7 @@ mod tests {
         answer: Option<u64>,
         asks: &AtomicUsize,
     ) -> Result<(), ApiError> {
-        log.check_with(Bookmark(bookmark), |_| {
+        log.check_with(Bookmark::from_position(bookmark), |_| {
             asks.fetch_add(1, Ordering::Relaxed);
             Box::pin(async move { answer })
         })
@@ -188,11 +191,11 @@ mod tests {
 
     #[test]
     fn a_bookmark_is_ahead_only_past_the_position() {
-        assert!(!ahead(Bookmark(0), 0));
-        assert!(!ahead(Bookmark(41), 42));
-        assert!(!ahead(Bookmark(42), 42));
-        assert!(ahead(Bookmark(43), 42));
-        assert!(ahead(Bookmark(u64::MAX), u64::MAX - 1));
+        assert!(!ahead(Bookmark::from_position(0), 0));
+        assert!(!ahead(Bookmark::from_position(41), 42));
+        assert!(!ahead(Bookmark::from_position(42), 42));
+        assert!(ahead(Bookmark::from_position(43), 42));
+        assert!(ahead(Bookmark::from_position(u64::MAX), u64::MAX - 1));
     }
 
     #[tokio::test]
@@ -230,7 +233,7 @@ mod tests {
             .await
             .unwrap_err();
         assert_eq!(err.code, ErrorCode::BookmarkAhead);
-        assert_eq!(err.code.status().as_u16(), 409);
+        assert_eq!(err.code.status(), 409);
         assert!(err.message.contains("0000000100000000"), "{}", err.message);
         assert!(err.message.contains("0000000000000200"), "{}", err.message);
         // Asked again each time: the primary may have moved on.

@@ -171,7 +171,7 @@ impl Session {
         match lease.position.load(Ordering::Acquire) {
             0 => None,
             at => Some(Position {
-                bookmark: Bookmark(at),
+                bookmark: Bookmark::from_position(at),
                 served_by: if self.inner.node.is_replica() {
                     ServedBy::Replica
                 } else {
@@ -513,7 +513,9 @@ impl Inner {
                 status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
                 body: row.get(2),
                 created_at: row.get(3),
-                position: row.get::<_, Option<&str>>(4).and_then(Bookmark::from_lsn),
+                position: row
+                    .get::<_, Option<&str>>(4)
+                    .and_then(crate::protocol::bookmark::from_lsn),
             })
             .map_err(|e| self.map(&e));
         self.end(lease, Access::ReadWrite, claimed).await
@@ -544,7 +546,9 @@ impl Inner {
                     status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
                     body: row.get(2),
                     created_at: row.get(3),
-                    position: row.get::<_, Option<&str>>(4).and_then(Bookmark::from_lsn),
+                    position: row
+                        .get::<_, Option<&str>>(4)
+                        .and_then(crate::protocol::bookmark::from_lsn),
                 })
             })
             .map_err(|e| self.map(&e));

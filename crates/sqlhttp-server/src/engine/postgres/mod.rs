@@ -435,7 +435,7 @@ impl PostgresEngine {
         let Some(replicas) = &self.replicas else {
             return run(Arc::clone(&self.inner), ServedBy::Primary, 0).await;
         };
-        let min = at.min.map_or(0, |bookmark| bookmark.0);
+        let min = at.min.map_or(0, |bookmark| bookmark.position());
         let reason = match replicas.choose(at).await {
             Route::Replica(replica) => {
                 // Until its answer starts, a read is abandoned as soon as the replica's watcher
@@ -757,7 +757,7 @@ impl Job {
         match self.position.load(Ordering::Acquire) {
             0 => None,
             at => Some(Position {
-                bookmark: Bookmark(at),
+                bookmark: Bookmark::from_position(at),
                 served_by,
             }),
         }

@@ -267,7 +267,7 @@ impl Replicas {
             return Route::Primary(Reason::Asked);
         }
         self.watch();
-        let min = at.min.map_or(0, |bookmark| bookmark.0);
+        let min = at.min.map_or(0, |bookmark| bookmark.position());
         if let Some(replica) = self.far_enough(min) {
             return Route::Replica(replica);
         }
@@ -734,7 +734,7 @@ pub(super) async fn ask(
     let answer = tokio::time::timeout(PROBE_WITHIN, async {
         let connection = connected(client, target).await?;
         let rows = connection.simple_query(sql).await.ok()?;
-        super::transaction::first_position(&rows).map(|b| b.0)
+        super::transaction::first_position(&rows).map(Bookmark::position)
     })
     .await
     .ok()
@@ -761,7 +761,10 @@ async fn look(client: &mut Option<Client>, target: &wire::Target) -> Option<Seen
             _ => None,
         })?;
         let in_recovery = row.get(0) == Some("true");
-        let replayed = row.get(1).and_then(Bookmark::from_lsn).map(|b| b.0);
+        let replayed = row
+            .get(1)
+            .and_then(crate::protocol::bookmark::from_lsn)
+            .map(Bookmark::position);
         Some(Seen {
             replayed: replayed.filter(|_| in_recovery),
         })

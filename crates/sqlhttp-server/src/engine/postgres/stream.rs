@@ -168,7 +168,7 @@ impl Inner {
                 let position = match job.position.load(Ordering::Acquire) {
                     0 => None,
                     _ if mode == Access::ReadOnly => None,
-                    at => Some(Bookmark(at)),
+                    at => Some(Bookmark::from_position(at)),
                 };
                 result::end_at(&mut out, rows_affected, None, position);
             }

@@ -142,7 +142,7 @@ impl Inner {
         }
         let (replayed, opened) = tokio::join!(lease.client().simple_query(REPLAYED), opening);
         let replayed = replayed.map_err(|e| self.map(&e))?;
-        if first_position(&replayed).unwrap_or_default().0 < lease.min {
+        if first_position(&replayed).unwrap_or_default().position() < lease.min {
             return Err(behind());
         }
         Ok(opened)
@@ -158,7 +158,9 @@ impl Inner {
         let answer = answer.map_err(|e| self.map(&e))?;
         match first_position(&answer) {
             Some(position) => {
-                lease.position.fetch_max(position.0, Ordering::AcqRel);
+                lease
+                    .position
+                    .fetch_max(position.position(), Ordering::AcqRel);
                 Ok(())
             }
             None => {
@@ -185,9 +187,11 @@ impl Inner {
             })
             .collect();
         if let [_, .., last] = rows.as_slice()
-            && let Some(position) = last.get(0).and_then(Bookmark::from_lsn)
+            && let Some(position) = last.get(0).and_then(crate::protocol::bookmark::from_lsn)
         {
-            lease.position.fetch_max(position.0, Ordering::AcqRel);
+            lease
+                .position
+                .fetch_max(position.position(), Ordering::AcqRel);
         }
         let at = answer.iter().find_map(|message| match message {
             tokio_postgres::SimpleQueryMessage::Row(row) => row.get(0).map(str::to_owned),
@@ -265,7 +269,9 @@ impl Inner {
             );
             let ended = ended.map(|answer| {
                 if let Some(position) = first_position(&answer) {
-                    lease.position.fetch_max(position.0, Ordering::AcqRel);
+                    lease
+                        .position
+                        .fetch_max(position.position(), Ordering::AcqRel);
                 }
             });
             match ended {
@@ -419,7 +425,7 @@ const REPLAYED: &str = "SELECT pg_catalog.pg_last_wal_replay_lsn()::pg_catalog.t
 /// The first cell of the first row of a simple query's answer, as a log position.
 pub(super) fn first_position(answer: &[SimpleQueryMessage]) -> Option<Bookmark> {
     answer.iter().find_map(|message| match message {
-        SimpleQueryMessage::Row(row) => row.get(0).and_then(Bookmark::from_lsn),
+        SimpleQueryMessage::Row(row) => row.get(0).and_then(crate::protocol::bookmark::from_lsn),
         _ => None,
     })
 }
