@@ -27,4 +27,5 @@ mod scalars;
 mod streams;
 mod timing;
 mod transactions;
+mod tx_surface;
 mod writes;

@@ -47,7 +47,7 @@ async fn postgres_config() -> Option<Config> {
 }
 
 /// A live server on each engine there is here, with `tweak` applied to its configuration.
-async fn on_each_engine(tweak: impl Fn(&mut Config)) -> Vec<(Engine, Live)> {
+pub(crate) async fn on_each_engine(tweak: impl Fn(&mut Config)) -> Vec<(Engine, Live)> {
     let mut sqlite = Config::default();
     tweak(&mut sqlite);
     let mut lives = vec![(Engine::Sqlite, Live::with_config(sqlite).await)];
