@@ -74,6 +74,8 @@
 //! | [`CancellationToken`] (re-exported) | tokio-util 0.7 | [`ClientBuilder::cancel_on`], every builder's `cancel_on` | tokio's shared cancellation signal: one token stops many calls, and a child token one client |
 //! | `futures_core::Stream` (a trait) | futures-core 0.3 | implemented by [`RowStream`] | the stream trait every async stream combinator takes |
 //! | `serde::Serialize`, `serde::Deserialize` (traits) | serde 1 | bounds of `bind`, `fetch_*`, `insert`; implemented by [`Value`], [`Blob`], [`Bookmark`] | rows are your own serde types |
+//! | `serde_json::Value`, `serde_json::Error` | serde_json 1 | [`Value::Json`] and [`Value::as_json`]; the error of deserializing from a [`Value`] | a JSON cell (a PostgreSQL `json` or array) is the JSON value every Rust program already reads |
+//! | [`Bookmark`], [`ParseBookmarkError`], [`Isolation`] (re-exported) | sqlhttp-protocol 0.1 | throughout | the one definition the server and the SDK share (this workspace's crate, released with this one) |
 //! | `http::Request<bytes::Bytes>`, `http::Response<bytes::Bytes>` (`test-util`) | http 1, bytes 1 | `simulation::Request`, `simulation::Response` | the request the client would have sent, as the `http` crate every Rust HTTP stack shares |
 //!
 //! The SQL splitter the CLI uses (`sqlhttp::script`) and the body decoder the benches call
