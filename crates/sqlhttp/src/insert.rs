@@ -54,7 +54,7 @@ pub(crate) struct Chunk {
     pub(crate) rows: usize,
 }
 
-/// A typed bulk insert, made by [`Client::insert`]. `.await` it for the number of rows inserted.
+/// A typed bulk insert, made by [`Client::insert`](crate::Client::insert). `.await` it for the number of rows inserted.
 ///
 /// A **write**: retried only under `retry_writes` (the client's, or this call's
 /// [`retry_writes`](Self::retry_writes)). Every statement carries an idempotency key, the same on each
