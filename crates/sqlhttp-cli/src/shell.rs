@@ -105,15 +105,13 @@ impl Session<'_> {
                 if self.transaction.is_some() {
                     anyhow::bail!("a transaction is already open: COMMIT or ROLLBACK it first");
                 }
-                let mut open = self.client.transaction();
-                if options.read_only {
-                    open = open.read_only();
-                }
+                let mut open = self
+                    .client
+                    .transaction()
+                    .read_only(options.read_only)
+                    .deferrable(options.deferrable);
                 if let Some(isolation) = options.isolation {
                     open = open.isolation(isolation);
-                }
-                if options.deferrable {
-                    open = open.deferrable();
                 }
                 self.transaction = Some(open.await?);
                 println!("BEGIN");

@@ -257,8 +257,10 @@ impl Batch {
 
     /// Makes this a read-only batch: one consistent snapshot, any statement that writes refused
     /// ([`ErrorKind::ReadOnly`]), and the class of a **read** (retried by default, no idempotency key).
-    pub fn read_only(mut self) -> Self {
-        self.read_only = true;
+    ///
+    /// Default: `false` (a write batch).
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 
@@ -279,13 +281,15 @@ impl Batch {
     ///     .statement("INSERT INTO authors_new SELECT id, name FROM authors")
     ///     .statement("DROP TABLE authors") // posts REFERENCES authors ON DELETE CASCADE keep their rows
     ///     .statement("ALTER TABLE authors_new RENAME TO authors")
-    ///     .foreign_keys_checked_at_commit()
+    ///     .foreign_keys_checked_at_commit(true)
     ///     .await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn foreign_keys_checked_at_commit(mut self) -> Self {
-        self.keys_at_commit = true;
+    ///
+    /// Default: `false` (keys checked as each statement runs).
+    pub fn foreign_keys_checked_at_commit(mut self, at_commit: bool) -> Self {
+        self.keys_at_commit = at_commit;
         self
     }
 

@@ -145,12 +145,14 @@ impl<'r, T> Insert<'r, T> {
     ///
     /// ```no_run
     /// # async fn run(client: sqlhttp::Client, rows: Vec<std::collections::BTreeMap<String, i64>>) -> sqlhttp::Result<()> {
-    /// let inserted = client.insert("readings", &rows).atomic().retry_writes(true).await?;
+    /// let inserted = client.insert("readings", &rows).atomic(true).retry_writes(true).await?;
     /// # Ok(())
     /// # }
     /// ```
-    pub fn atomic(mut self) -> Self {
-        self.atomic = true;
+    ///
+    /// Default: `false` (statements sent one by one).
+    pub fn atomic(mut self, atomic: bool) -> Self {
+        self.atomic = atomic;
         self
     }
 }
@@ -327,7 +329,7 @@ impl<T> Insert<'_, T> {
                 Error::new(ErrorKind::PayloadTooLarge {
                     message: format!(
                         "an atomic insert of {rows} rows takes {count} statements in one batch, and {message}; \
-                         nothing was sent. Insert without .atomic() (each statement exactly once \
+                         nothing was sent. Insert without .atomic(true) (each statement exactly once \
                          under its key, but not all or nothing), split the rows, or raise the \
                          client's batch limits to the server's"
                     ),

@@ -126,7 +126,7 @@ impl Table {
     ///     .batch()
     ///     .statement("SELECT id, balance FROM accounts WHERE id = ?").bind(1)
     ///     .statement("SELECT count(*) FROM accounts")
-    ///     .read_only()
+    ///     .read_only(true)
     ///     .await?;
     /// let accounts: Vec<Account> = results[0].rows_as()?;
     /// let count: Vec<i64> = results[1].rows_as()?;

@@ -84,10 +84,11 @@ impl TransactionBuilder {
         }
     }
 
-    /// Opens a read-only transaction: its statements see one snapshot and any that writes is
-    /// refused ([`ErrorKind::ReadOnly`]). On SQLite it does not hold the write lock.
-    pub fn read_only(mut self) -> Self {
-        self.read_only = true;
+    /// With `true`, opens a read-only transaction: its statements see one snapshot and any that
+    /// writes is refused ([`ErrorKind::ReadOnly`]). On SQLite it does not hold the write lock.
+    /// Default: `false`.
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 
@@ -97,10 +98,10 @@ impl TransactionBuilder {
         self
     }
 
-    /// For a read-only serializable transaction: wait for a snapshot that can never fail to
-    /// serialize (PostgreSQL's `DEFERRABLE`; every SQLite read is one).
-    pub fn deferrable(mut self) -> Self {
-        self.deferrable = true;
+    /// With `true`, for a read-only serializable transaction: wait for a snapshot that can never
+    /// fail to serialize (PostgreSQL's `DEFERRABLE`; every SQLite read is one). Default: `false`.
+    pub fn deferrable(mut self, deferrable: bool) -> Self {
+        self.deferrable = deferrable;
         self
     }
 

@@ -145,7 +145,7 @@ async fn a_read_only_batch_is_retried_through_a_reset_and_a_503() {
         .statement(format!("SELECT sum(balance) FROM \"{table}\""))
         .statement(format!("SELECT id, balance FROM \"{table}\" WHERE id = ?"))
         .bind(2)
-        .read_only()
+        .read_only(true)
         .await
         .unwrap();
     assert_eq!(tables[0].rows_as::<i64>().unwrap(), [150]);
@@ -165,7 +165,7 @@ async fn a_write_in_a_read_only_batch_is_refused_with_nothing_applied() {
         .batch()
         .statement(format!("SELECT count(*) FROM \"{table}\""))
         .statement(format!("UPDATE \"{table}\" SET balance = 0"))
-        .read_only()
+        .read_only(true)
         .await
         .unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::ReadOnly { .. }), "{err:?}");

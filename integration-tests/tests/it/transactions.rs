@@ -314,7 +314,7 @@ async fn isolation_and_read_only_are_the_engines() {
     for (engine, live) in on_each_engine(|_| {}).await {
         let client = live.client();
         let table = bank(&client, 1, 5).await;
-        let reader = client.transaction().read_only().await.unwrap();
+        let reader = client.transaction().read_only(true).await.unwrap();
         let err = reader
             .execute(format!("DELETE FROM \"{table}\""))
             .await

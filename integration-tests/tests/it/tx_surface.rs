@@ -181,7 +181,7 @@ async fn a_transaction_streams_100_000_rows_holding_one_row_at_a_time() {
             ))
             .await
             .unwrap();
-        let tx = client.transaction().read_only().await.unwrap();
+        let tx = client.transaction().read_only(true).await.unwrap();
         PEAK.store(0, Ordering::SeqCst);
         let before = rss_kib();
         let started = Instant::now();

@@ -705,9 +705,7 @@ impl Migrator {
             for statement in &step.statements {
                 batch = batch.statement(statement.sql.clone());
             }
-            if step.keys_at_commit {
-                batch = batch.foreign_keys_checked_at_commit();
-            }
+            batch = batch.foreign_keys_checked_at_commit(step.keys_at_commit);
             let Err(error) = batch.idempotency_key(key.clone()).retry_writes(true).await else {
                 return Ok(Sent::Committed);
             };

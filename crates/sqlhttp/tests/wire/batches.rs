@@ -1,6 +1,6 @@
 //! Batches against wiremock: the request's exact shape on `/api/v1/batch`, the classes (a write batch
 //! retried only under `retry_writes`, with one key; a read-only batch retried by default, without
-//! one), the failing statement's index, checks made before sending, and `insert(..).atomic()`.
+//! one), the failing statement's index, checks made before sending, and `insert(..).atomic(true)`.
 
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -180,7 +180,7 @@ async fn a_read_only_batch_is_a_read_retried_without_a_key() {
     let tables = client
         .batch()
         .statement("SELECT count(*) AS n FROM t")
-        .read_only()
+        .read_only(true)
         .await
         .unwrap();
     assert_eq!(tables[0].rows_as::<i64>().unwrap(), [3]);
@@ -191,7 +191,7 @@ async fn a_read_only_batch_is_a_read_retried_without_a_key() {
     let err = client
         .batch()
         .statement("SELECT 1")
-        .read_only()
+        .read_only(true)
         .idempotency_key("k")
         .await
         .unwrap_err();
@@ -324,7 +324,7 @@ async fn an_atomic_insert_sends_its_statements_as_one_batch_under_the_call_key()
     let client = builder(&server).insert_max_params(4).build().unwrap();
     let inserted = client
         .insert("readings", &readings(5))
-        .atomic()
+        .atomic(true)
         .idempotency_key("import-7")
         .await
         .unwrap();
@@ -349,7 +349,7 @@ async fn an_atomic_insert_sends_its_statements_as_one_batch_under_the_call_key()
     assert_eq!(
         client
             .insert("readings", &readings(1))
-            .atomic()
+            .atomic(true)
             .await
             .unwrap(),
         1
@@ -367,7 +367,7 @@ async fn an_atomic_insert_that_does_not_fit_a_batch_says_so_before_sending() {
         .unwrap();
     let err = client
         .insert("readings", &readings(4))
-        .atomic()
+        .atomic(true)
         .await
         .unwrap_err();
     assert!(
@@ -376,7 +376,7 @@ async fn an_atomic_insert_that_does_not_fit_a_batch_says_so_before_sending() {
     );
     let message = err.to_string();
     assert!(message.contains("4 rows takes 4 statements"), "{message}");
-    assert!(message.contains("without .atomic()"), "{message}");
+    assert!(message.contains("without .atomic(true)"), "{message}");
     assert_eq!(
         (err.attempts(), err.status(), err.is_sent()),
         (0, None, false)
@@ -395,7 +395,7 @@ async fn an_atomic_insert_that_does_not_fit_a_batch_says_so_before_sending() {
     .await;
     let err = client
         .insert("readings", &readings(3))
-        .atomic()
+        .atomic(true)
         .await
         .unwrap_err();
     assert_eq!(
@@ -413,7 +413,7 @@ async fn a_result_count_other_than_the_statements_is_a_decode_error() {
         .batch()
         .statement("SELECT 1")
         .statement("SELECT 2")
-        .read_only()
+        .read_only(true)
         .await
         .unwrap_err();
     assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{err:?}");

@@ -262,7 +262,7 @@ async fn any_replica_sends_no_bookmark_but_keeps_the_answer_s() {
     client
         .batch()
         .statement("SELECT 1")
-        .read_only()
+        .read_only(true)
         .consistency(Consistency::AnyReplica)
         .await
         .unwrap();

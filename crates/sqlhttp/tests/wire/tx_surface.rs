@@ -174,7 +174,7 @@ async fn a_transaction_s_insert_runs_its_statements_as_steps() {
         json!({"a": 3}),
         json!({"a": 4}),
     ];
-    let inserted = tx.insert("t", &rows).atomic().await.unwrap();
+    let inserted = tx.insert("t", &rows).atomic(true).await.unwrap();
     assert_eq!(inserted, 4);
     tx.commit().await.unwrap();
     let sent = bodies(&server, STATEMENT).await;
