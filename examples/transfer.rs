@@ -18,7 +18,7 @@
 
 use std::time::Duration;
 
-use sqlhttp::{Batch, Client, RetryPolicy};
+use sqlhttp::{Batch, Client, Executor, RetryPolicy};
 use sqlhttp_testkit::{Fault, TestServer};
 
 type Result<T = ()> = std::result::Result<T, Box<dyn std::error::Error>>;
@@ -246,9 +246,36 @@ async fn concurrent_transfers(server: &TestServer, direct: &Client) -> Result {
     check(got == expected, "every transfer applied exactly once")
 }
 
+/// The writes of one transfer: both balances and the ledger row. Written once against
+/// [`Executor`]: here it runs inside a transaction, and the same function runs on a `Client`
+/// (each statement on its own) with nothing changed.
+async fn move_money(
+    db: impl Executor<'_>,
+    id: &str,
+    from: i64,
+    to: i64,
+    amount: i64,
+) -> sqlhttp::Result<()> {
+    db.execute("UPDATE accounts SET balance = balance - ? WHERE id = ?")
+        .bind(amount)
+        .bind(from)
+        .await?;
+    db.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?")
+        .bind(amount)
+        .bind(to)
+        .await?;
+    db.execute("INSERT INTO transfers (id, from_id, to_id, amount) VALUES (?, ?, ?, ?)")
+        .bind(id)
+        .bind(from)
+        .bind(to)
+        .bind(amount)
+        .await?;
+    Ok(())
+}
+
 /// One interactive transfer: reads the balance, decides in the application, then writes both
 /// balances and the ledger row, all in one transaction; `Ok(false)` when the application refused
-/// it (too little money), having written nothing.
+/// it (too little money), having rolled back, written nothing.
 async fn interactive_transfer(
     client: &Client,
     id: String,
@@ -266,24 +293,11 @@ async fn interactive_transfer(
                     .fetch_one()
                     .await?;
                 if balance < amount {
+                    // The work's own decision stands: `transact` does not commit it.
+                    tx.rollback().await?;
                     return Ok(false);
                 }
-                tx.execute("UPDATE accounts SET balance = ? WHERE id = ?")
-                    .bind(balance - amount)
-                    .bind(from)
-                    .await?;
-                tx.execute("UPDATE accounts SET balance = balance + ? WHERE id = ?")
-                    .bind(amount)
-                    .bind(to)
-                    .await?;
-                tx.execute(
-                    "INSERT INTO transfers (id, from_id, to_id, amount) VALUES (?, ?, ?, ?)",
-                )
-                .bind(id)
-                .bind(from)
-                .bind(to)
-                .bind(amount)
-                .await?;
+                move_money(&tx, &id, from, to, amount).await?;
                 Ok(true)
             }
         })
