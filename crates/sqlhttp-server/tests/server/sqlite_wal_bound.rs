@@ -153,9 +153,9 @@ async fn held_read_only_transactions_do_not_keep_the_log_past_its_bound() {
                     continue;
                 };
                 reopened.fetch_add(1, Ordering::AcqRel);
-                // Idle; a look at the transaction's outcome every 20 ms says when it is over.
+                // Idle; a look at the transaction's outcome every 5 ms says when it is over.
                 loop {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    tokio::time::sleep(Duration::from_millis(5)).await;
                     let state = post(&app, "outcome", None, &json!({ "transaction": tx })).await;
                     if stop.load(Ordering::Acquire) || state.json()["outcome"] != "open" {
                         break;
@@ -325,13 +325,6 @@ async fn a_lost_answer_of_a_write_transaction_ended_at_the_bound_is_answered_the
     let (status, again) = through(&proxy, "statement", &ended).await.unwrap();
     assert_eq!(status, 410, "{again}");
     assert_eq!(again["error"]["code"], "TRANSACTION_EXPIRED", "{again}");
-    assert!(
-        again["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("write-ahead log"),
-        "{again}"
-    );
     let (status, commit) = through(&proxy, "commit", &json!({ "transaction": tx }))
         .await
         .unwrap();
