@@ -370,3 +370,38 @@ async fn a_cut_stream_whose_result_is_no_longer_kept_ends_with_an_error() {
     drop(rows);
     tx.rollback().await.unwrap();
 }
+
+/// Dropping an unfinished transaction rolls it back, once the builders and streams it made are
+/// gone too; a builder made before the end and awaited after it fails without being sent.
+#[tokio::test]
+async fn a_dropped_transaction_rolls_back_and_a_builder_outliving_the_end_is_not_sent() {
+    let server = tx_server(ok_effect(1, None)).await;
+    let client = builder(&server).build().unwrap();
+
+    let tx = client.transaction().await.unwrap();
+    tx.execute("DELETE FROM t").await.unwrap();
+    let late = tx.execute("DELETE FROM u");
+    drop(tx);
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    assert_eq!(
+        bodies(&server, ROLLBACK).await.len(),
+        0,
+        "a builder still holds the transaction"
+    );
+    drop(late);
+    let mut waited = 0;
+    while bodies(&server, ROLLBACK).await.is_empty() && waited < 50 {
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        waited += 1;
+    }
+    assert_eq!(bodies(&server, ROLLBACK).await, [json!({"transaction": "tx1"})]);
+    assert_eq!(bodies(&server, COMMIT).await.len(), 0);
+
+    let tx = client.transaction().await.unwrap();
+    let late = tx.execute("DELETE FROM u");
+    tx.commit().await.unwrap();
+    let err = late.await.unwrap_err();
+    assert!(matches!(err.kind(), ErrorKind::Config { .. }), "{err:?}");
+    assert!(err.to_string().contains("has ended"), "{err}");
+    assert_eq!(bodies(&server, STATEMENT).await.len(), 1, "not sent");
+}
