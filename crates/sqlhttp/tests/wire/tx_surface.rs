@@ -394,7 +394,10 @@ async fn a_dropped_transaction_rolls_back_and_a_builder_outliving_the_end_is_not
         tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         waited += 1;
     }
-    assert_eq!(bodies(&server, ROLLBACK).await, [json!({"transaction": "tx1"})]);
+    assert_eq!(
+        bodies(&server, ROLLBACK).await,
+        [json!({"transaction": "tx1"})]
+    );
     assert_eq!(bodies(&server, COMMIT).await.len(), 0);
 
     let tx = client.transaction().await.unwrap();
