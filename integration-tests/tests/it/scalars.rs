@@ -309,10 +309,46 @@ async fn parameters_that_cannot_be_sent_write_nothing() {
         matches!(err.kind(), ErrorKind::InvalidParameter { .. }),
         "{engine:?}: {err:?}"
     );
-    let count: i64 = client
-        .query(format!("SELECT count(*) FROM \"{table}\""))
-        .fetch_one()
+    // Inside a transaction too: the refused statements are never sent (a NaN sent as NULL would
+    // insert row 3 and commit with it), and the transaction goes on.
+    let tx = client.transaction().await.unwrap();
+    let err = tx
+        .execute(&insert)
+        .bind(3)
+        .bind(f64::NAN)
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err.kind(),
+            ErrorKind::InvalidParameter { index: Some(1), .. }
+        ),
+        "{engine:?}: {err:?}"
+    );
+    let err = tx
+        .insert(
+            &table,
+            &[New {
+                id: 3,
+                r: f64::INFINITY,
+            }],
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::InvalidParameter { .. }),
+        "{engine:?}: {err:?}"
+    );
+    tx.execute(&insert).bind(5).bind(2.5).await.unwrap();
+    tx.commit().await.unwrap();
+    let ids: Vec<i64> = client
+        .query(format!("SELECT id FROM \"{table}\" ORDER BY id"))
+        .fetch_all()
         .await
         .unwrap();
-    assert_eq!(count, 2, "{engine:?}: nothing was written");
+    assert_eq!(
+        ids,
+        [1, 2, 5],
+        "{engine:?}: only the valid statement was written"
+    );
 }

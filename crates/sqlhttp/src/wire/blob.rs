@@ -26,7 +26,9 @@ pub(crate) const BLOB_KEY: &str = "base64";
 /// about 1.33 MB of JSON).
 ///
 /// Any value serde serializes as bytes binds as a BLOB too (`serde_bytes::ByteBuf`, `bytes::Bytes`),
-/// and a BLOB cell decodes into any type that deserializes from bytes, or into a `Vec<u8>`.
+/// and a BLOB cell decodes into any type that deserializes from bytes, or into a `Vec<u8>` field.
+/// A one-column result reads straight into a `Blob`, as below (a whole-row `Vec<u8>` target is the
+/// row's cells, as any `Vec<T>` is).
 ///
 /// ```no_run
 /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {

@@ -3,8 +3,10 @@
 //!
 //! Rows are deserialized into the caller's `T` as the parser meets them, without a `serde_json::Value`
 //! per cell: a row (a JSON array) is presented to `T` as a map from column names to cells when `T` is a
-//! struct or a map, as a sequence when `T` is a tuple or a `Vec`, and as its single cell when `T` is a
-//! scalar. Positions are tracked so that a failure names its row and column.
+//! struct or a map, as a sequence when `T` is a tuple or a `Vec` (whatever the row's width), and as
+//! its single cell otherwise, when the result has one column: a scalar, an `Option`, `Blob`,
+//! `Value`, `serde_json::Value` (ADR 0050). Positions are tracked so that a failure names its row
+//! and column.
 //!
 //! The functions are public for callers that hold a response body already (a recorded response, a
 //! cache); `Client` calls them after each successful exchange. This module knows the response envelope
