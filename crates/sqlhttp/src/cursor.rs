@@ -198,6 +198,12 @@ type RereadFuture = Pin<Box<dyn Future<Output = Result<(Vec<u8>, Delivered)>> + 
 /// never a clean end. The call's `timeout` bounds each stall of the body, not the whole download.
 /// Dropping the stream closes its connection, which stops the statement on the server.
 ///
+/// In a [`Transaction`](crate::Transaction) the statement has run whole before its first row
+/// arrives, and the server keeps its result: a body cut short (a lost connection, a stall) is
+/// read again under the statement's number, past the rows already given, each row still given
+/// once; once a later statement of the transaction has been sent, the stream ends with an error
+/// instead (ADR 0047).
+///
 /// ```no_run
 /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
 /// use serde::Deserialize;

@@ -54,7 +54,10 @@ pub(crate) struct Chunk {
     pub(crate) rows: usize,
 }
 
-/// A typed bulk insert, made by [`Client::insert`](crate::Client::insert). `.await` it for the number of rows inserted.
+/// A typed bulk insert, made by [`Client::insert`](crate::Client::insert) or
+/// [`Transaction::insert`](crate::Transaction::insert) (there each statement is a step of the
+/// transaction, retried as every step is, and commits with it). `.await` it for the number of rows
+/// inserted.
 ///
 /// A **write**: retried only under `retry_writes` (the client's, or this call's
 /// [`retry_writes`](Self::retry_writes)). Every statement carries an idempotency key, the same on each
@@ -293,10 +296,11 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
                 }
                 Err(err) => err,
             };
-            // The key to re-send with is the call's: it covers every statement.
-            let err = match err.idempotency_key() {
-                Some(_) => err.with_idempotency_key(Some(call_key)),
-                None => err,
+            // The key to re-send with is the call's: it covers every statement. In a transaction
+            // the error keeps its step's own, as every step's does (its number is what counts).
+            let err = match (err.idempotency_key(), &self.target) {
+                (Some(_), Target::Client(_)) => err.with_idempotency_key(Some(call_key)),
+                _ => err,
             };
             return Err(if inserted > 0 {
                 err.with_rows_inserted(inserted)

@@ -342,9 +342,11 @@ macro_rules! bind_params {
     };
 }
 
-/// A read returning typed rows, made by [`Client::query`]. Finish it with [`fetch_all`](Self::fetch_all),
-/// [`fetch_one`](Self::fetch_one), [`fetch_optional`](Self::fetch_optional) or
-/// [`fetch`](Self::fetch) (a stream, for results of any size).
+/// A read returning typed rows, made by [`Client::query`] or
+/// [`Transaction::query`](crate::Transaction::query) (the same builder: it runs where it was
+/// made). Finish it with [`fetch_all`](Self::fetch_all), [`fetch_one`](Self::fetch_one),
+/// [`fetch_optional`](Self::fetch_optional) or [`fetch`](Self::fetch) (a stream, for results of
+/// any size).
 ///
 /// Retried on transient failures. Per-call settings override the client's for this call only.
 ///
@@ -454,7 +456,8 @@ impl Query {
     }
 }
 
-/// A read returning a [`Table`], made by [`Client::query_table`]. `.await` it.
+/// A read returning a [`Table`], made by [`Client::query_table`] or
+/// [`Transaction::query_table`](crate::Transaction::query_table). `.await` it.
 ///
 /// Retried on transient failures. Per-call settings override the client's for this call only.
 ///
@@ -514,13 +517,16 @@ impl IntoFuture for TableQuery {
     }
 }
 
-/// A statement run for its effect, made by [`Client::execute`]. `.await` it for the rows affected and
+/// A statement run for its effect, made by [`Client::execute`] or
+/// [`Transaction::execute`](crate::Transaction::execute). `.await` it for the rows affected and
 /// the last insert id, or finish it with [`fetch_all`](Self::fetch_all),
 /// [`fetch_one`](Self::fetch_one) or [`fetch_optional`](Self::fetch_optional) to decode the rows of a
 /// `RETURNING` clause.
 ///
-/// **Never retried**: one attempt, whatever the client's or the call's settings. That is why it has no
-/// `.retry` setting: a setting that could not take effect would only mislead. It takes a
+/// **Never retried** on the client: one attempt, whatever the client's or the call's settings. That
+/// is why it has no `.retry` setting: a setting that could not take effect would only mislead. (In a
+/// [`Transaction`](crate::Transaction) it is a step of the transaction, which the server makes safe
+/// to send again: retried under the client's policy, as every step is.) It takes a
 /// [`timeout`](Self::timeout) and a [`cancel_on`](Self::cancel_on) token like every call. After a
 /// failure whose outcome is unknown ([`Error::is_outcome_unknown`]), check before running it again.
 ///
