@@ -364,22 +364,13 @@ impl<S> Schema for TransactionOpened<S> {
 }
 
 /// `POST /api/v1/transaction/statement`: a [`SqlRequest`] with the transaction and the
-/// statement's number (from 1) in it.
+/// statement's number (from 1) in it, all members side by side.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(bound(deserialize = "S: Deserialize<'de>, P: Deserialize<'de>"))]
 pub struct TransactionStatementRequest<S = String, P = Vec<Value>> {
-    /// The statement.
-    pub sql: S,
-    /// Its parameters.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub params: Option<P>,
-    /// A read the server verifies.
-    #[serde(
-        default,
-        skip_serializing_if = "is_false",
-        deserialize_with = "null_is_default"
-    )]
-    pub read_only: bool,
+    /// The statement (`sql`, `params`, `read_only`).
+    #[serde(flatten)]
+    pub statement: SqlRequest<S, P>,
     /// The transaction's token.
     pub transaction: S,
     /// The statement's number in the transaction, from 1.
@@ -538,12 +529,20 @@ mod tests {
             max_lifetime_ms: 2,
         });
         assert_members(&TransactionStatementRequest {
-            sql: "SELECT 1",
-            params: Some(vec![Value::Null]),
-            read_only: true,
+            statement: SqlRequest {
+                sql: "SELECT 1",
+                params: Some(vec![Value::Null]),
+                read_only: true,
+            },
             transaction: "t",
             seq: 1,
         });
+        let read: TransactionStatementRequest = serde_json::from_str(
+            r#"{"transaction":"t.1","seq":2,"sql":"SELECT ?","params":[1],"read_only":null}"#,
+        )
+        .unwrap();
+        assert_eq!((read.transaction.as_str(), read.seq), ("t.1", 2));
+        assert_eq!(read.statement.params, Some(vec![Value::from(1)]));
         assert_members(&TransactionNamed { transaction: "t" });
         assert_members(&TransactionOutcome {
             outcome: Outcome::RolledBack,

@@ -21,11 +21,11 @@ use crate::statement::{Execute, Query, TableQuery, Target};
 use crate::transport::{Call, Delivered, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's statement endpoint, relative to the server's base URL.
-const ENDPOINT: &str = "api/v1/sql";
+const ENDPOINT: &str = sqlhttp_protocol::path::SQL.split_at(1).1;
 /// The path of the protocol's batch endpoint, relative to the server's base URL.
-const BATCH_ENDPOINT: &str = "api/v1/batch";
+const BATCH_ENDPOINT: &str = sqlhttp_protocol::path::BATCH.split_at(1).1;
 /// The describe endpoint, relative to the base URL.
-const DESCRIBE_ENDPOINT: &str = "api/v1/describe";
+const DESCRIBE_ENDPOINT: &str = sqlhttp_protocol::path::DESCRIBE.split_at(1).1;
 
 /// A client for a server speaking the sqlhttp protocol.
 ///
@@ -346,10 +346,10 @@ fn parse_base_url(input: &str) -> Result<reqwest::Url> {
     };
     let path = base.path().trim_end_matches('/');
     for endpoint in [
-        "/api/v1/sql",
-        "/api/v1/batch",
-        "/api/v1/describe",
-        "/api/v1",
+        sqlhttp_protocol::path::SQL,
+        sqlhttp_protocol::path::BATCH,
+        sqlhttp_protocol::path::DESCRIBE,
+        sqlhttp_protocol::path::API_PREFIX,
     ] {
         if let Some(prefix) = path.strip_suffix(endpoint) {
             let mut fixed = base.clone();

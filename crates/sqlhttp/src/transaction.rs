@@ -29,6 +29,8 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
+use sqlhttp_protocol::ErrorCode;
+use sqlhttp_protocol::body::member;
 
 use crate::client::Client;
 use crate::cursor::Reread;
@@ -332,7 +334,8 @@ impl Drop for Shared {
 
 /// `{"transaction": token}` (a token is letters, digits and dots: checked at open).
 fn named(token: &str) -> Bytes {
-    Bytes::from(format!("{{\"transaction\":\"{token}\"}}"))
+    let body = sqlhttp_protocol::body::TransactionNamed { transaction: token };
+    Bytes::from(serde_json::to_vec(&body).expect("a string always serializes"))
 }
 
 impl Transaction {
@@ -484,9 +487,19 @@ impl Transaction {
             match outcome.as_str() {
                 "committed" => return Ok(()),
                 "rolled_back" | "aborted" => {
-                    return Err(lost_at_commit(&err, "TRANSACTION_ABORTED", &outcome));
+                    return Err(lost_at_commit(
+                        &err,
+                        ErrorCode::TransactionAborted.as_str(),
+                        &outcome,
+                    ));
                 }
-                "expired" => return Err(lost_at_commit(&err, "TRANSACTION_EXPIRED", &outcome)),
+                "expired" => {
+                    return Err(lost_at_commit(
+                        &err,
+                        ErrorCode::TransactionExpired.as_str(),
+                        &outcome,
+                    ));
+                }
                 // No COMMIT reached it (a gateway answered for the server, say): it is still
                 // open, so nothing of it committed, and the COMMIT asked for is sent again.
                 "open" => match self.send_commit(started).await {
@@ -554,8 +567,13 @@ impl Handle {
         }
         let seq = state.seq + 1;
         // `{"sql": ...}` becomes `{"transaction": ..., "seq": n, "sql": ...}`.
-        let mut body =
-            format!("{{\"transaction\":\"{}\",\"seq\":{seq},", self.0.token).into_bytes();
+        let mut body = format!(
+            "{{\"{}\":\"{}\",\"{}\":{seq},",
+            member::TRANSACTION,
+            self.0.token,
+            member::SEQ
+        )
+        .into_bytes();
         body.extend_from_slice(&call.body[1..]);
         let body = Bytes::from(body);
         let step = Call {
@@ -588,14 +606,14 @@ impl Handle {
                             ErrorKind::TransactionLost { message, .. } => message.clone(),
                             _ => String::new(),
                         };
-                        let code = err.code().unwrap_or("TRANSACTION_ABORTED");
+                        let code = err.code().unwrap_or(ErrorCode::TransactionAborted.as_str());
                         state.lose(code, message);
                     }
                     Verdict::Unknown => {
                         // Whether it ran is unknown, so nothing more may follow it, and the
                         // transaction must never commit: it is rolled back.
                         state.lose(
-                            "TRANSACTION_ABORTED",
+                            ErrorCode::TransactionAborted.as_str(),
                             format!(
                                 "statement {seq} of this transaction has an unknown outcome \
                                  ({err}); the SDK rolled the transaction back, and nothing of it \

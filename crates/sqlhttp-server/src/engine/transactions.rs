@@ -52,6 +52,7 @@ use crate::engine::{Backend, Engine as _, Outcome};
 use crate::protocol::bookmark::{Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
+use sqlhttp_protocol::body::{Outcome as TxOutcome, TransactionOutcome};
 
 /// How long finished outcomes are kept in memory when the server keeps no idempotency keys.
 const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
@@ -93,13 +94,13 @@ enum Ending {
 }
 
 impl Ending {
-    fn name(&self) -> &'static str {
+    fn name(&self) -> TxOutcome {
         match self {
-            Ending::Committed(..) => "committed",
-            Ending::Refused(_) | Ending::RolledBack => "rolled_back",
-            Ending::Expired => "expired",
-            Ending::Aborted(_) => "aborted",
-            Ending::Unknown(_) => "unknown",
+            Ending::Committed(..) => TxOutcome::Committed,
+            Ending::Refused(_) | Ending::RolledBack => TxOutcome::RolledBack,
+            Ending::Expired => TxOutcome::Expired,
+            Ending::Aborted(_) => TxOutcome::Aborted,
+            Ending::Unknown(_) => TxOutcome::Unknown,
         }
     }
 }
@@ -371,9 +372,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// `{"outcome": name}`.
-fn outcome_body(name: &str) -> Vec<u8> {
-    format!("{{\"outcome\":\"{name}\"}}").into_bytes()
+/// `{"outcome": name}`: the protocol's `TransactionOutcome`.
+pub(crate) fn outcome_body(outcome: TxOutcome) -> Vec<u8> {
+    // Serializing one enum into a Vec cannot fail.
+    serde_json::to_vec(&TransactionOutcome { outcome }).unwrap_or_default()
 }
 
 /// The answer for a transaction the server rolled back.
@@ -727,7 +729,7 @@ impl Transactions {
                     return Err(expired());
                 };
                 live.last = None;
-                let body = outcome_body("committed");
+                let body = outcome_body(TxOutcome::Committed);
                 let record = (registry.ttl.is_some() && !entry.options.read_only).then(|| Record {
                     key: record_key(&entry.token),
                     request_hash: record_hash(&entry.owner, &entry.token),
@@ -787,7 +789,7 @@ impl Transactions {
                 live.last = None;
                 session.rollback().await;
                 registry.finish(&entry, Ending::RolledBack);
-                Ok(Outcome::fresh(outcome_body("rolled_back")).into())
+                Ok(Outcome::fresh(outcome_body(TxOutcome::RolledBack)).into())
             },
         )
         .await
@@ -841,7 +843,7 @@ impl Transactions {
         token: &str,
     ) -> Result<Answer, ApiError> {
         if self.find(owner, token).is_some() {
-            return Ok(Outcome::fresh(outcome_body("open")).into());
+            return Ok(Outcome::fresh(outcome_body(TxOutcome::Open)).into());
         }
         self.ended(engine, owner, token, Op::Outcome)
             .await
@@ -947,7 +949,7 @@ impl Transactions {
                         record_key(token),
                         tombstone_hash(token),
                         410,
-                        outcome_body("expired"),
+                        outcome_body(TxOutcome::Expired),
                     )
                     .await?,
             );
@@ -1014,7 +1016,10 @@ impl Transactions {
             Ending::Aborted(_) | Ending::Unknown(_) => &self.counters.aborts,
         };
         counter.fetch_add(1, Ordering::Relaxed);
-        tracing::debug!(ending = ending.name(), "an interactive transaction ended");
+        tracing::debug!(
+            ending = ending.name().as_str(),
+            "an interactive transaction ended"
+        );
         lock(&self.live).remove(&entry.token);
         if let Some(key) = &entry.open_key {
             lock(&self.opens).remove(&(entry.owner.clone(), key.clone()));
@@ -1078,7 +1083,7 @@ fn answer(op: Op, ending: &Ending) -> Result<Outcome, ApiError> {
         (Op::Outcome, ending) => Ok(Outcome::fresh(outcome_body(ending.name()))),
         // The committed answer is the server's own `{"outcome":"committed"}`: a few bytes.
         (Op::Commit, Ending::Committed(body, position)) => replayed(body.to_vec(), *position),
-        (Op::Step, Ending::Committed(..)) => Err(finished("committed")),
+        (Op::Step, Ending::Committed(..)) => Err(finished(TxOutcome::Committed.as_str())),
         (Op::Rollback, Ending::Committed(..)) => {
             Err(finished("committed: it cannot be rolled back"))
         }

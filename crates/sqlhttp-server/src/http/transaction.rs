@@ -71,16 +71,14 @@ impl Unanswered {
                  it: send the COMMIT again, or ask the transaction's outcome",
             )
             .into_response(),
-            Unanswered::Outcome => {
-                outcome_response(Outcome::fresh(outcome_body("unknown")), Held::default())
-            }
+            Unanswered::Outcome => outcome_response(
+                Outcome::fresh(crate::engine::transactions::outcome_body(
+                    sqlhttp_protocol::body::Outcome::Unknown,
+                )),
+                Held::default(),
+            ),
         }
     }
-}
-
-/// `{"outcome": name}`.
-fn outcome_body(name: &str) -> Vec<u8> {
-    format!("{{\"outcome\":\"{name}\"}}").into_bytes()
 }
 
 /// Answers `here` unless the request goes to the process that holds its transaction (see
