@@ -268,3 +268,72 @@ async fn a_streamed_step_whose_answer_is_cut_is_read_again_and_never_run_again()
         assert_eq!(twice, 0, "{engine:?}: the re-send was answered, not run");
     }
 }
+
+/// A step's result too large to keep (past `--max-result-bytes`) is never partly stored or partly
+/// sent: the stream's first read is an error, before any row. On SQLite the statement was undone
+/// (`422 RESULT_TOO_LARGE`) and the transaction goes on; on PostgreSQL the server cuts the
+/// database connection at the limit (to bound its memory), which ends the transaction
+/// (`TRANSACTION_ABORTED`, saying `--max-result-bytes`): nothing of it is committed (ADR 0047).
+#[tokio::test]
+async fn a_streamed_step_too_large_to_keep_is_refused_before_any_row() {
+    const ROWS: i64 = 20_000;
+    let lives = on_each_engine(|config| config.limits.max_result_bytes = 64 * 1024).await;
+    for (engine, live) in lives {
+        let client = live.client();
+        let table = unique_table("too_large");
+        client
+            .execute(format!(
+                "CREATE TABLE \"{table}\" (id INTEGER PRIMARY KEY, v INTEGER NOT NULL)"
+            ))
+            .await
+            .unwrap();
+        client
+            .execute(format!(
+                "WITH RECURSIVE c(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM c WHERE n < {ROWS}) \
+                 INSERT INTO \"{table}\" (id, v) SELECT n, 0 FROM c"
+            ))
+            .await
+            .unwrap();
+        let tx = client.transaction().await.unwrap();
+        let mut rows = tx
+            .execute(format!("UPDATE \"{table}\" SET v = v + 1 RETURNING id, v"))
+            .fetch::<(i64, i64)>();
+        let err = rows.try_next().await.unwrap_err();
+        assert!(!err.is_outcome_unknown(), "{engine:?}: {err:?}");
+        drop(rows);
+        if engine == Engine::Postgres {
+            assert!(err.is_transaction_lost(), "{engine:?}: {err:?}");
+            assert!(err.to_string().contains("--max-result-bytes"), "{err}");
+            assert!(tx.commit().await.unwrap_err().is_transaction_lost());
+            let sum: i64 = client
+                .query(format!("SELECT sum(v) FROM \"{table}\""))
+                .fetch_one()
+                .await
+                .unwrap();
+            assert_eq!(sum, 0, "{engine:?}: nothing committed");
+            continue;
+        }
+        assert_eq!(err.code(), Some("RESULT_TOO_LARGE"), "{engine:?}: {err:?}");
+        let updated: i64 = tx
+            .query(format!("SELECT count(*) FROM \"{table}\" WHERE v <> 0"))
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(updated, 0, "{engine:?}: undone");
+        let one = tx
+            .execute(format!("UPDATE \"{table}\" SET v = 7 WHERE id = 1"))
+            .await
+            .unwrap();
+        assert_eq!(one.rows_affected, 1);
+        tx.commit().await.unwrap();
+        let sum: i64 = client
+            .query(format!("SELECT sum(v) FROM \"{table}\""))
+            .fetch_one()
+            .await
+            .unwrap();
+        assert_eq!(
+            sum, 7,
+            "{engine:?}: only the statement after the refusal committed"
+        );
+    }
+}
