@@ -23,7 +23,7 @@ use crate::engine::Backend;
 use crate::state::AppState;
 
 /// The document's path.
-pub(crate) const OPENAPI_PATH: &str = "/api/v1/openapi.json";
+pub(crate) const OPENAPI_PATH: &str = sqlhttp_protocol::path::OPENAPI;
 
 /// The document as written: comment lines, then JSON. Inside the crate, so its package compiles.
 const SOURCE: &str = include_str!("../../openapi.yaml");
