@@ -61,23 +61,28 @@ async fn concurrent_keyed_inserts(router: &axum::Router, n: usize) -> Vec<(u16, 
     replies
 }
 
-/// Measured before the fix on PostgreSQL (a pool of 4): each job reserved `--max-result-bytes`
-/// (16 MiB) of the 256 MiB budget from the moment its task started, waiting for a connection
-/// included, so the 17th concurrent keyed insert of one row was `503`.
-async fn concurrent_keyed_one_row_inserts_all_answer_under_the_default_budget(engine: Engine) {
-    let router = engine_app!(engine);
-    create_table(&router, engine).await;
-    let replies = concurrent_keyed_inserts(&router, 40).await;
+/// `n` keyed one-row inserts sent at once all answer `200`, and all `n` rows are there.
+async fn all_keyed_inserts_answer(router: &axum::Router, n: usize) {
+    let replies = concurrent_keyed_inserts(router, n).await;
     let failed: Vec<_> = replies
         .iter()
         .filter(|(status, _)| *status != 200)
         .collect();
     assert!(
         failed.is_empty(),
-        "{} of 40 failed: {failed:?}",
+        "{} of {n} failed: {failed:?}",
         failed.len()
     );
-    assert_eq!(count(&router).await, 40);
+    assert_eq!(count(router).await, i64::try_from(n).unwrap());
+}
+
+/// Measured before the fix on PostgreSQL (a pool of 4): each job reserved `--max-result-bytes`
+/// (16 MiB) of the 256 MiB budget from the moment its task started, waiting for a connection
+/// included, so the 17th concurrent keyed insert of one row was `503`.
+async fn concurrent_keyed_one_row_inserts_all_answer_under_the_default_budget(engine: Engine) {
+    let router = engine_app!(engine);
+    create_table(&router, engine).await;
+    all_keyed_inserts_answer(&router, 40).await;
 }
 
 /// The least budget the server starts with for results of at most 1 MiB and request bodies of
@@ -95,17 +100,7 @@ fn budget_of_one_result(config: &mut sqlhttp_server::Config) {
 async fn keyed_writes_fit_a_budget_of_one_result(engine: Engine) {
     let router = engine_app!(engine, budget_of_one_result);
     create_table(&router, engine).await;
-    let replies = concurrent_keyed_inserts(&router, 20).await;
-    let failed: Vec<_> = replies
-        .iter()
-        .filter(|(status, _)| *status != 200)
-        .collect();
-    assert!(
-        failed.is_empty(),
-        "{} of 20 failed: {failed:?}",
-        failed.len()
-    );
-    assert_eq!(count(&router).await, 20);
+    all_keyed_inserts_answer(&router, 20).await;
 }
 
 /// A response sent in-process and not read: its body (and its share of the budget) is held

@@ -11,6 +11,21 @@ use std::time::{Duration, Instant};
 use crate::https_h2::{h2_client, sql_request};
 use crate::tls::{certs, https, one, root, sdk};
 
+/// A request maker for [`open_streams`]: `SELECT 1` with `token` as its bearer.
+fn select_one_as(
+    url: String,
+    token: &str,
+) -> impl Fn() -> (http::Request<()>, Option<bytes::Bytes>) + use<> {
+    let authorization: http::HeaderValue = format!("Bearer {token}").parse().unwrap();
+    move || {
+        let (mut request, body) = sql_request(&url, "SELECT 1");
+        request
+            .headers_mut()
+            .insert("authorization", authorization.clone());
+        (request, Some(body))
+    }
+}
+
 /// Streams each connection of `send` opens, awaiting every head: the statuses seen.
 async fn open_streams(
     send: &mut h2::client::SendRequest<bytes::Bytes>,
@@ -148,17 +163,7 @@ async fn one_credential_cannot_take_another_credentials_permits() {
         config.http.send_timeout = Duration::from_secs(30);
     })
     .await;
-    let url = server.url();
-    let with_token = |token: &'static str| {
-        let url = url.clone();
-        move || {
-            let (mut request, body) = sql_request(&url, "SELECT 1");
-            request
-                .headers_mut()
-                .insert("authorization", format!("Bearer {token}").parse().unwrap());
-            (request, Some(body))
-        }
-    };
+    let with_token = |token: &str| select_one_as(server.url(), token);
     let mut attackers = Vec::new();
     let mut held = Vec::new();
     let mut statuses = Vec::new();
@@ -193,17 +198,7 @@ async fn starved_streams_give_shared_permits_back_when_they_run_short() {
         config.http.send_timeout = Duration::from_secs(30);
     })
     .await;
-    let url = server.url();
-    let with_token = |token: String| {
-        let url = url.clone();
-        move || {
-            let (mut request, body) = sql_request(&url, "SELECT 1");
-            request
-                .headers_mut()
-                .insert("authorization", format!("Bearer {token}").parse().unwrap());
-            (request, Some(body))
-        }
-    };
+    let with_token = |token: String| select_one_as(server.url(), &token);
     let mut held = Vec::new();
     let mut connections = Vec::new();
     for token in &tokens[..8] {
@@ -239,7 +234,7 @@ async fn starved_streams_give_shared_permits_back_when_they_run_short() {
     connection.abort();
     let _ = (&mut connection).await;
     // And a client that reads its answers is served as before.
-    let client = sdk(&url)
+    let client = sdk(&server.url())
         .bearer_token(tokens[0].clone())
         .add_root_certificate(root(dir.path()))
         .build()
