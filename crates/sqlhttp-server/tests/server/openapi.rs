@@ -3,8 +3,8 @@
 //! (success, errors, streamed, batch, describe, probes) validate against its schemas, checked by
 //! the small validator of `openapi_schema.rs` (ADR 0030).
 //!
-//! Knows the document, the public HTTP API, and where the source keeps its error table and its
-//! routes (`src/protocol/error.rs`, `src/http/*.rs`); nothing about the engines.
+//! Knows the document, the public HTTP API, the protocol crate's error table and paths, and where
+//! the source keeps its routes (`src/http/*.rs`); nothing about the engines.
 
 use std::collections::BTreeSet;
 
@@ -18,36 +18,13 @@ use crate::openapi_schema::{conforms, document, document_on, source};
 /// The crate's directory.
 const CRATE: &str = env!("CARGO_MANIFEST_DIR");
 
-/// The text of `source` from `start` to the end of the item it opens (indented by four).
-fn block_after<'a>(source: &'a str, start: &str) -> &'a str {
-    let from = source
-        .find(start)
-        .unwrap_or_else(|| panic!("{start} not found"));
-    let rest = &source[from..];
-    let end = rest.find("\n    }\n").unwrap_or(rest.len());
-    &rest[..end]
-}
-
-/// The quoted strings of `text` after `=> "`.
-fn arm_strings(text: &str) -> BTreeSet<String> {
-    text.split("=> \"")
-        .skip(1)
-        .map(|tail| tail[..tail.find('"').unwrap()].to_owned())
-        .collect()
-}
-
 #[test]
 fn every_error_code_is_in_the_document_and_the_other_way_round() {
-    let source = std::fs::read_to_string(format!("{CRATE}/src/protocol/error.rs")).unwrap();
-    let enum_start = source.find("pub(crate) enum ErrorCode {").unwrap();
-    let enum_body = &source[enum_start..enum_start + source[enum_start..].find("\n}").unwrap()];
-    let variants = enum_body
-        .lines()
-        .filter(|line| line.trim().ends_with(','))
-        .count();
-    let impl_block = &source[source.find("impl ErrorCode {").unwrap()..];
-    let codes = arm_strings(block_after(impl_block, "fn as_str(self)"));
-    assert_eq!(codes.len(), variants, "every ErrorCode variant has a code");
+    // The error table is the protocol crate's (ADR 0048), which the server answers with.
+    let codes: BTreeSet<String> = sqlhttp_protocol::ErrorCode::ALL
+        .iter()
+        .map(|code| code.as_str().to_owned())
+        .collect();
     let doc = document();
     let documented: BTreeSet<String> = doc["components"]["schemas"]["ErrorCode"]["enum"]
         .as_array()
@@ -79,7 +56,9 @@ fn every_error_code_is_in_the_document_and_the_other_way_round() {
         unlisted
     );
 
-    let kinds = arm_strings(block_after(&source, "impl ConstraintKind {"));
+    let kinds: BTreeSet<String> = sqlhttp_protocol::Constraint::ALL
+        .map(|kind| kind.as_str().to_owned())
+        .into();
     let documented_kinds: BTreeSet<String> =
         doc["components"]["schemas"]["ErrorObject"]["properties"]["constraint"]["enum"]
             .as_array()
@@ -98,13 +77,34 @@ fn source_routes() -> BTreeSet<(String, String)> {
         .unwrap()
         .map(|entry| std::fs::read_to_string(entry.unwrap().path()).unwrap())
         .collect();
+    // A path constant is a literal, or one of the protocol crate's (ADR 0048).
+    let protocol_path = |name: &str| -> Option<&str> {
+        use sqlhttp_protocol::path;
+        Some(match name {
+            "SQL" => path::SQL,
+            "BATCH" => path::BATCH,
+            "DESCRIBE" => path::DESCRIBE,
+            "TRANSACTION_OPEN" => path::TRANSACTION_OPEN,
+            "TRANSACTION_STATEMENT" => path::TRANSACTION_STATEMENT,
+            "TRANSACTION_COMMIT" => path::TRANSACTION_COMMIT,
+            "TRANSACTION_ROLLBACK" => path::TRANSACTION_ROLLBACK,
+            "TRANSACTION_OUTCOME" => path::TRANSACTION_OUTCOME,
+            "OPENAPI" => path::OPENAPI,
+            _ => return None,
+        })
+    };
     let constant = |name: &str| -> String {
-        let needle = format!("const {name}: &str = \"");
+        let needle = format!("const {name}: &str = ");
         sources
             .iter()
             .find_map(|source| {
                 let from = source.find(&needle)? + needle.len();
-                Some(source[from..from + source[from..].find('"')?].to_owned())
+                let value = source[from..from + source[from..].find(';')?].trim();
+                match value.strip_prefix('"') {
+                    Some(literal) => Some(literal.trim_end_matches('"').to_owned()),
+                    None => protocol_path(value.strip_prefix("sqlhttp_protocol::path::")?)
+                        .map(str::to_owned),
+                }
             })
             .unwrap_or_else(|| panic!("no constant {name}"))
     };
