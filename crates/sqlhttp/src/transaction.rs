@@ -237,8 +237,9 @@ async fn send_since(
 ///
 /// **A streamed statement** ([`Query::fetch`]) has run whole on the server before its first row
 /// arrives: the server keeps its result (up to `--max-result-bytes`; a larger one is refused
-/// before any row is sent: on SQLite undone, `422 RESULT_TOO_LARGE`, the transaction going on;
-/// on PostgreSQL the transaction is lost, [`ErrorKind::TransactionLost`]). When the connection breaks
+/// before any row is sent: `422 RESULT_TOO_LARGE`, undone, the transaction going on; on
+/// PostgreSQL, when the server cannot undo it within a second, the transaction is lost,
+/// [`ErrorKind::TransactionLost`]). When the connection breaks
 /// part-way, the stream sends the statement again under its number, skips the rows it already
 /// gave, and goes on; this fails (and the stream ends with the error) only once a later
 /// statement of the transaction has been sent, since the server keeps the last result only.
