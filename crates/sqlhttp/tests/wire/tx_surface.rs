@@ -408,3 +408,34 @@ async fn a_dropped_transaction_rolls_back_and_a_builder_outliving_the_end_is_not
     assert!(err.to_string().contains("has ended"), "{err}");
     assert_eq!(bodies(&server, STATEMENT).await.len(), 1, "not sent");
 }
+
+/// A streamed step keeps a step's retry rules: every attempt answered `504` by a gateway leaves
+/// its outcome unknown, which ends the transaction (rolled back, its COMMIT never sent), as for
+/// a buffered one.
+#[tokio::test(start_paused = true)]
+async fn a_streamed_step_whose_outcome_is_unknown_ends_the_transaction_as_a_buffered_one_does() {
+    let server = tx_server(ResponseTemplate::new(504)).await;
+    let client = builder(&server).build().unwrap();
+    let tx = client.transaction().await.unwrap();
+    let err = tx
+        .execute("DELETE FROM t RETURNING id")
+        .fetch::<i64>()
+        .await
+        .unwrap_err();
+    assert!(err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(
+        bodies(&server, STATEMENT).await.len(),
+        3,
+        "retried as a step"
+    );
+    assert_eq!(
+        bodies(&server, ROLLBACK).await.len(),
+        1,
+        "rolled back at once"
+    );
+    let err = tx.query("SELECT 1").fetch_one::<i64>().await.unwrap_err();
+    assert!(err.is_transaction_lost() && !err.is_sent(), "{err:?}");
+    let err = tx.commit().await.unwrap_err();
+    assert!(err.is_transaction_lost(), "{err:?}");
+    assert_eq!(bodies(&server, COMMIT).await.len(), 0);
+}
