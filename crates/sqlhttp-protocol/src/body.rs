@@ -411,7 +411,9 @@ pub enum Outcome {
     Expired,
     /// Could not go on and was rolled back.
     Aborted,
-    /// The server does not know it (never opened here, or forgotten).
+    /// The server does not know it (never opened here, or forgotten); also what a reader
+    /// takes an outcome from a later protocol version for, which it cannot know either.
+    #[serde(other)]
     Unknown,
 }
 
@@ -479,6 +481,20 @@ mod tests {
 
     fn assert_members<T: Serialize + Schema>(full: &T) {
         assert_eq!(keys(full), T::MEMBERS, "{}", T::NAME);
+    }
+
+    /// An outcome from a later version reads as `unknown` (its reader cannot know it), so a
+    /// client asking how its COMMIT ended asks again rather than failing to read the answer.
+    #[test]
+    fn an_outcome_a_reader_does_not_know_is_unknown() {
+        let read: TransactionOutcome =
+            serde_json::from_str(r#"{"outcome":"handed_over"}"#).unwrap();
+        assert_eq!(read.outcome, Outcome::Unknown);
+        for outcome in Outcome::ALL {
+            let text = serde_json::to_string(&outcome).unwrap();
+            assert_eq!(text, format!("\"{}\"", outcome.as_str()));
+            assert_eq!(serde_json::from_str::<Outcome>(&text).unwrap(), outcome);
+        }
     }
 
     #[test]

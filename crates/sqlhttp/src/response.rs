@@ -9,7 +9,7 @@
 use std::error::Error as _;
 use std::time::SystemTime;
 
-use serde::Deserialize;
+use sqlhttp_protocol::body::member;
 use sqlhttp_protocol::{ErrorCode, header};
 
 use crate::error::{BoxError, ConstraintKind, Error, ErrorKind};
@@ -59,32 +59,50 @@ impl From<Error> for Failure {
     }
 }
 
-#[derive(Deserialize)]
-struct ErrorEnvelope {
-    error: ErrorBody,
-}
+/// The members of an error body's `error` object ([`sqlhttp_protocol::body::ErrorObject`]), read
+/// leniently: the body may be a gateway's or a later version's, so a member that is missing or
+/// of another type costs that member, never the rest of the body. The names are the protocol
+/// crate's.
+struct ErrorMembers(serde_json::Map<String, serde_json::Value>);
 
-#[derive(Deserialize)]
-struct ErrorBody {
-    #[serde(default)]
-    code: Option<String>,
-    #[serde(default)]
-    message: Option<String>,
-    /// On `409 CONSTRAINT_VIOLATION`: `unique`, `primary_key`, `foreign_key`, `check`, `not_null`.
-    /// Kept loose: a member of another type costs the kind, not the whole error body.
-    #[serde(default)]
-    constraint: Option<serde_json::Value>,
+impl ErrorMembers {
+    /// The `error` object of a whole body, if it has one.
+    fn of_body(body: &[u8]) -> Option<ErrorMembers> {
+        match serde_json::from_slice::<serde_json::Value>(body).ok()? {
+            serde_json::Value::Object(mut envelope) => {
+                Self::of_value(envelope.remove(member::ERROR)?)
+            }
+            _ => None,
+        }
+    }
+
+    /// An `error` object as it stands (the member that ends a streamed body).
+    fn of_value(error: serde_json::Value) -> Option<ErrorMembers> {
+        match error {
+            serde_json::Value::Object(members) => Some(ErrorMembers(members)),
+            _ => None,
+        }
+    }
+
+    fn text(&mut self, name: &str) -> Option<String> {
+        match self.0.remove(name)? {
+            serde_json::Value::String(text) => Some(text),
+            _ => None,
+        }
+    }
 }
 
 /// Maps a non-success response to the kind a caller branches on.
 pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -> ErrorKind {
-    let (code, message, constraint) = match serde_json::from_slice::<ErrorEnvelope>(body) {
-        Ok(ErrorEnvelope { error }) => (
-            error.code,
-            error.message.unwrap_or_else(|| reason(status)),
-            error.constraint,
+    let (code, message, constraint) = match ErrorMembers::of_body(body) {
+        Some(mut error) => (
+            error.text(member::CODE),
+            error
+                .text(member::MESSAGE)
+                .unwrap_or_else(|| reason(status)),
+            error.text(member::CONSTRAINT),
         ),
-        Err(_) => (None, reason(status), None),
+        None => (None, reason(status), None),
     };
     let wait = || retry_after::from_headers(headers, SystemTime::now());
     // A known code is taken only with the status the protocol's table gives it.
@@ -119,10 +137,7 @@ pub(crate) fn from_status(status: u16, headers: &http::HeaderMap, body: &[u8]) -
             message,
         },
         (409, _) => ErrorKind::ConstraintViolation {
-            constraint: constraint
-                .as_ref()
-                .and_then(serde_json::Value::as_str)
-                .map(ConstraintKind::from_wire),
+            constraint: constraint.as_deref().map(ConstraintKind::from_wire),
             message,
         },
         (413, _) => ErrorKind::PayloadTooLarge { message },
@@ -166,20 +181,16 @@ pub(crate) fn request_id(headers: &http::HeaderMap) -> Option<String> {
 /// Maps the `error` member that ends a streamed body (the status was `200` before the failure) to
 /// the kind the same error would have as a response of its own: its code decides the status.
 pub(crate) fn from_body_error(raw_error: &str) -> ErrorKind {
-    #[derive(Deserialize)]
-    struct CodeOnly {
-        #[serde(default)]
-        code: Option<String>,
-    }
-    let code = serde_json::from_str::<CodeOnly>(raw_error)
+    let code = serde_json::from_str(raw_error)
         .ok()
-        .and_then(|body| body.code);
+        .and_then(ErrorMembers::of_value)
+        .and_then(|mut error| error.text(member::CODE));
     // Each code's status is the protocol's; a code this version does not know is a server failure.
     let status = code
         .as_deref()
         .and_then(|code| code.parse::<ErrorCode>().ok())
         .map_or(500, ErrorCode::status);
-    let envelope = format!("{{\"error\":{raw_error}}}");
+    let envelope = format!("{{\"{}\":{raw_error}}}", member::ERROR);
     from_status(status, &http::HeaderMap::new(), envelope.as_bytes())
 }
 
@@ -249,19 +260,9 @@ pub(crate) fn failure_from_status(status: u16, headers: &http::HeaderMap, body: 
 
 /// The zero-based index of the batch statement an error body names (`error.statement`).
 fn statement_index(body: &[u8]) -> Option<usize> {
-    #[derive(Deserialize)]
-    struct Envelope {
-        error: Named,
-    }
-    #[derive(Deserialize)]
-    struct Named {
-        #[serde(default)]
-        statement: Option<serde_json::Value>,
-    }
-    let envelope: Envelope = serde_json::from_slice(body).ok()?;
-    envelope
-        .error
-        .statement?
+    ErrorMembers::of_body(body)?
+        .0
+        .get(member::STATEMENT)?
         .as_u64()
         .and_then(|index| usize::try_from(index).ok())
 }

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use serde::{Deserialize, Serialize};
 use sqlhttp_protocol::ErrorCode;
-use sqlhttp_protocol::body::member;
+use sqlhttp_protocol::body::{Outcome, TransactionOutcome, member};
 
 use crate::client::Client;
 use crate::cursor::Reread;
@@ -426,10 +426,6 @@ impl Transaction {
     /// it knows or the retry policy, the budget or a cancellation allows no more; then the
     /// COMMIT's error, its outcome marked unknown.
     async fn settle(&self, err: Error, started: Instant) -> Result<()> {
-        #[derive(Deserialize)]
-        struct Answer {
-            outcome: String,
-        }
         let client = &self.handle.0.client;
         let transport = client.transport();
         let policy = transport.policy;
@@ -475,8 +471,8 @@ impl Transaction {
             )
             .await;
             let outcome = match answer {
-                Ok(body) => match serde_json::from_slice::<Answer>(&body) {
-                    Ok(Answer { outcome }) => outcome,
+                Ok(body) => match serde_json::from_slice::<TransactionOutcome>(&body) {
+                    Ok(TransactionOutcome { outcome }) => outcome,
                     // Not an answer this version reads: ask again.
                     Err(_) => continue,
                 },
@@ -485,32 +481,36 @@ impl Transaction {
                 // client was cancelled.
                 Err(_) => break,
             };
-            tracing::debug!(asked, outcome = %outcome, "asked how the transaction ended");
-            match outcome.as_str() {
-                "committed" => return Ok(()),
-                "rolled_back" | "aborted" => {
+            tracing::debug!(
+                asked,
+                outcome = outcome.as_str(),
+                "asked how the transaction ended"
+            );
+            match outcome {
+                Outcome::Committed => return Ok(()),
+                Outcome::RolledBack | Outcome::Aborted => {
                     return Err(lost_at_commit(
                         &err,
                         ErrorCode::TransactionAborted.as_str(),
-                        &outcome,
+                        outcome,
                     ));
                 }
-                "expired" => {
+                Outcome::Expired => {
                     return Err(lost_at_commit(
                         &err,
                         ErrorCode::TransactionExpired.as_str(),
-                        &outcome,
+                        outcome,
                     ));
                 }
                 // No COMMIT reached it (a gateway answered for the server, say): it is still
                 // open, so nothing of it committed, and the COMMIT asked for is sent again.
-                "open" => match self.send_commit(started).await {
+                Outcome::Open => match self.send_commit(started).await {
                     Ok(_) => return Ok(()),
                     Err(again) if commit_unsettled(&again) => {}
                     Err(again) => return Err(again),
                 },
                 // `unknown`, or an outcome this version does not know: not known yet.
-                _ => {}
+                Outcome::Unknown => {}
             }
         }
         tracing::warn!(
@@ -762,7 +762,7 @@ fn commit_unsettled(err: &Error) -> bool {
 }
 
 /// The error of a COMMIT the server says ended without committing (`outcome` is its word).
-fn lost_at_commit(err: &Error, code: &str, outcome: &str) -> Error {
+fn lost_at_commit(err: &Error, code: &str, outcome: Outcome) -> Error {
     let attempts = err.attempts();
     let history = err.history().to_vec();
     Error::new(ErrorKind::TransactionLost {
@@ -771,8 +771,8 @@ fn lost_at_commit(err: &Error, code: &str, outcome: &str) -> Error {
             "the COMMIT's answer was lost, and the server says the transaction {}: nothing of \
              it was committed",
             match outcome {
-                "rolled_back" => "was rolled back",
-                "expired" => "expired",
+                Outcome::RolledBack => "was rolled back",
+                Outcome::Expired => "expired",
                 _ => "was aborted",
             }
         ),
