@@ -52,7 +52,7 @@ use crate::engine::{Backend, Engine as _, Outcome};
 use crate::protocol::bookmark::{Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
-use sqlhttp_protocol::body::{Outcome as TxOutcome, TransactionOutcome};
+use sqlhttp_protocol::body::{Outcome as TxOutcome, TransactionOpened, TransactionOutcome};
 
 /// How long finished outcomes are kept in memory when the server keeps no idempotency keys.
 const KEPT_WITHOUT_TTL: Duration = Duration::from_secs(300);
@@ -569,15 +569,14 @@ impl Transactions {
             return Err(crate::engine::shutting_down());
         }
         let token = format!("{}.{:032x}", self.instance, rand::random::<u128>());
-        let opened = serde_json::json!({
-            "transaction": token,
-            "read_only": options.read_only,
-            "isolation": options.isolation.as_str(),
-            "idle_timeout_ms": millis(self.limits.idle_timeout),
-            "max_lifetime_ms": millis(self.limits.max_lifetime),
+        let opened = serde_json::to_vec(&TransactionOpened {
+            transaction: token.as_str(),
+            read_only: options.read_only,
+            isolation: options.isolation,
+            idle_timeout_ms: millis(self.limits.idle_timeout).unsigned_abs(),
+            max_lifetime_ms: millis(self.limits.max_lifetime).unsigned_abs(),
         })
-        .to_string()
-        .into_bytes();
+        .map_err(|_| ApiError::internal())?;
         let now = Instant::now();
         let entry = Arc::new(Entry {
             token: token.clone(),

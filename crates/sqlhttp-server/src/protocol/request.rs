@@ -119,7 +119,7 @@ fn parse_blob(
             "parameter {position}: an object parameter is a blob, {{\"base64\": \"...\"}}; {why}"
         ))
     };
-    let encoded = match object.get("base64") {
+    let encoded = match object.get(sqlhttp_protocol::body::member::BASE64) {
         Some(serde_json::Value::String(encoded)) if object.len() == 1 => encoded,
         Some(_) if object.len() == 1 => return Err(refused("`base64` must be a string")),
         _ => return Err(refused("it must have the one member `base64`")),

@@ -19,8 +19,8 @@ use serde::de::{self, DeserializeSeed, Deserializer, MapAccess, SeqAccess, Visit
 use serde::ser::{self, Serialize, SerializeMap, SerializeStruct, Serializer};
 use serde_json::{Map, Value as Json};
 
-/// The member name of the protocol's blob value.
-pub(crate) const BLOB_KEY: &str = "base64";
+/// The member name of the protocol's blob value (the protocol crate's).
+pub(crate) const BLOB_KEY: &str = sqlhttp_protocol::body::member::BASE64;
 
 /// A BLOB: binds as one and decodes from one (`{"base64": "..."}` on the wire; 1 MB of bytes is
 /// about 1.33 MB of JSON).
