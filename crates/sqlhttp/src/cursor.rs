@@ -504,8 +504,10 @@ impl<T: DeserializeOwned> Started<T> {
                 Poll::Ready(Ok((piece, delivered))) => {
                     self.rereading = None;
                     // The result from its start: the rows already given are decoded again and
-                    // dropped (the server sends the one result it kept, byte for byte).
-                    self.skip = self.decoder.rows_given();
+                    // dropped (the server sends the one result it kept, byte for byte). A re-read
+                    // cut while it was still skipping decoded fewer rows than were given: the
+                    // count to skip never shrinks.
+                    self.skip = self.skip.max(self.decoder.rows_given());
                     self.decoder = Decoder::new();
                     self.decoder.push(&piece);
                     self.body = Some(delivered.body);

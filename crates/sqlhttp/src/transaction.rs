@@ -227,7 +227,9 @@ async fn send_since(
 ///
 /// **A statement whose outcome is unknown** (every attempt timed out, lost its connection, was
 /// cancelled once sent, or was answered `504` by a gateway or `503 OUTCOME_UNKNOWN` by the
-/// server: its error's [`Error::is_outcome_unknown`] is set) ends the transaction: the SDK rolls
+/// server: its error's [`Error::is_outcome_unknown`] is set; or its call was dropped once it
+/// began, by a `tokio::time::timeout` or a `select!`, or a stream dropped before its first
+/// row, which is taken as sent) ends the transaction: the SDK rolls
 /// it back, and every later statement and [`commit`](Self::commit) fails with
 /// [`ErrorKind::TransactionLost`] without being sent. The statement may or may not be in the
 /// transaction, so committing it would commit what the SDK reported as failed. A statement the
@@ -287,6 +289,11 @@ struct State {
     /// Set when a COMMIT or ROLLBACK returned `Ok` (for [`Client::transact`], whose work may
     /// end the transaction itself).
     finished: bool,
+    /// The number of a statement whose call is out: set before it is sent, cleared when the
+    /// call comes back, whatever it says. Found set by the next step, the call was dropped by
+    /// its caller (a timeout, a `select!`, a stream dropped before its first row) after it may
+    /// have been sent: whether the statement ran is unknown (ADR 0047).
+    in_flight: Option<u64>,
 }
 
 impl State {
@@ -307,6 +314,51 @@ impl State {
     fn lose(&mut self, code: &str, message: String) {
         self.ended = true;
         self.lost = Some((code.to_owned(), message));
+    }
+
+    /// Ends the transaction as lost when a statement's call was dropped while it was out;
+    /// `true` when it did (the caller sends the ROLLBACK).
+    fn lose_abandoned(&mut self) -> bool {
+        let Some(seq) = self.in_flight.take() else {
+            return false;
+        };
+        self.lose(
+            ErrorCode::TransactionAborted.as_str(),
+            format!(
+                "statement {seq} of this transaction was dropped by its caller (a timeout, a \
+                 `select!`, a stream dropped before its first row) after it may have been sent, \
+                 so whether it ran is unknown; the SDK rolled the transaction back, and nothing \
+                 of it was committed"
+            ),
+        );
+        true
+    }
+}
+
+/// Armed while a statement's call is out. Dropped armed (its caller dropped the call), it rolls
+/// the transaction back at once in a background task, as for a statement whose outcome is
+/// unknown; without a runtime, the next step does (the mark `State::in_flight` tells it).
+struct InFlight(Option<Handle>);
+
+impl InFlight {
+    /// The call came back: nothing to do.
+    fn disarm(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let Some(handle) = self.0.take() else {
+            return;
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        runtime.spawn(async move {
+            // Loses and rolls back the transaction, unless a step got there first.
+            let _ = handle.lock_to_send().await;
+        });
     }
 }
 
@@ -395,10 +447,7 @@ impl Transaction {
     /// error has [`Error::is_outcome_unknown`] set: it may have committed, and
     /// [`Client::transact`] does not run it again.
     pub async fn commit(self) -> Result<()> {
-        let mut state = self.handle.0.state.lock().await;
-        if state.ended {
-            return Err(state.ended());
-        }
+        let mut state = self.handle.lock_to_send().await?;
         state.ended = true;
         let started = Instant::now();
         let committed = match self.send_commit(started).await {
@@ -527,10 +576,7 @@ impl Transaction {
     ///
     /// The failure of the call after retries (the server's idle timeout then rolls it back).
     pub async fn rollback(self) -> Result<()> {
-        let mut state = self.handle.0.state.lock().await;
-        if state.ended {
-            return Err(state.ended());
-        }
+        let mut state = self.handle.lock_to_send().await?;
         state.ended = true;
         let rolled_back = send(
             &self.handle.0.client,
@@ -551,6 +597,38 @@ impl Handle {
         &self.0.client
     }
 
+    /// The transaction's state, locked for a step that sends (a statement, a re-read, the
+    /// COMMIT, the ROLLBACK). A transaction that has ended fails it; so does one a statement of
+    /// which was dropped by its caller after it may have been sent: it is lost then, and rolled
+    /// back here (its COMMIT is never sent).
+    async fn lock_to_send(&self) -> Result<tokio::sync::MutexGuard<'_, State>> {
+        let mut state = self.0.state.lock().await;
+        if state.lose_abandoned() {
+            let err = state.ended();
+            drop(state);
+            self.roll_back_lost().await;
+            return Err(err);
+        }
+        if state.ended {
+            return Err(state.ended());
+        }
+        Ok(state)
+    }
+
+    /// Rolls back a transaction the SDK has ended as lost (its state says so already).
+    async fn roll_back_lost(&self) {
+        if let Err(err) = send(
+            &self.0.client,
+            TxStep::Rollback,
+            named(&self.0.token),
+            "ROLLBACK",
+        )
+        .await
+        {
+            tracing::debug!(error = %err, "cannot roll back a transaction whose statement has an unknown outcome; the server's idle timeout will");
+        }
+    }
+
     /// Sends `call` (a statement's `/api/v1/sql` body, as the client would send it) as the
     /// transaction's next statement, retried as every step is; hands the answer to `receiver`
     /// as the client's call would. Returns what a stream needs to read the stored result again.
@@ -563,10 +641,8 @@ impl Handle {
         receiver: &mut dyn Receive,
     ) -> Result<(Delivered, Replay)> {
         check_options(call.options)?;
-        let mut state = self.0.state.lock().await;
-        if state.ended {
-            return Err(state.ended());
-        }
+        // Dropped while it waits here, the step sent nothing: the transaction goes on.
+        let mut state = self.lock_to_send().await?;
         let seq = state.seq + 1;
         // `{"sql": ...}` becomes `{"transaction": ..., "seq": n, "sql": ...}`.
         let mut body = format!(
@@ -587,7 +663,15 @@ impl Handle {
             idempotency_key: None,
             started: call.started,
         };
-        match self.0.client.send(step, receiver).await {
+        // From here the request may be on the wire, and nothing outside the transport can tell
+        // whether it is: a call dropped before it comes back leaves the mark, which loses the
+        // transaction (ADR 0047).
+        state.in_flight = Some(seq);
+        let in_flight = InFlight(Some(self.clone()));
+        let sent = self.0.client.send(step, receiver).await;
+        in_flight.disarm();
+        state.in_flight = None;
+        match sent {
             Ok(delivered) => {
                 state.seq = seq;
                 let replay = Replay {
@@ -623,16 +707,7 @@ impl Handle {
                             ),
                         );
                         drop(state);
-                        if let Err(rollback) = send(
-                            &self.0.client,
-                            TxStep::Rollback,
-                            named(&self.0.token),
-                            "ROLLBACK",
-                        )
-                        .await
-                        {
-                            tracing::debug!(error = %rollback, "cannot roll back a transaction whose statement has an unknown outcome; the server's idle timeout will");
-                        }
+                        self.roll_back_lost().await;
                     }
                 }
                 Err(err)
@@ -680,10 +755,9 @@ impl Reread for Replay {
         receiver: &'a mut dyn Receive,
     ) -> Pin<Box<dyn Future<Output = Result<Delivered>> + Send + 'a>> {
         Box::pin(async move {
-            let state = self.handle.0.state.lock().await;
-            if state.ended {
-                return Err(state.ended());
-            }
+            // A re-read sends again what the server has answered and kept: dropped, it leaves
+            // nothing unknown, so it sets no mark.
+            let state = self.handle.lock_to_send().await?;
             if state.seq != self.seq {
                 return Err(Error::config(format!(
                     "statement {} of this transaction cannot be read again: statement {} has \
@@ -727,9 +801,14 @@ fn step_verdict(err: &Error) -> Verdict {
         return Verdict::Unknown;
     }
     match err.kind() {
+        // The server's final verdict, stored; or a row of a success answer that the caller's
+        // type cannot take (`fetch_one::<T>` of the wrong `T`): the server answered the result
+        // it ran and kept. A body that is not a result at all (no row named) may not be the
+        // server's: unknown, below.
         ErrorKind::Sql { .. }
         | ErrorKind::ConstraintViolation { .. }
-        | ErrorKind::StatementNotAllowed { .. } => Verdict::Stored,
+        | ErrorKind::StatementNotAllowed { .. }
+        | ErrorKind::Decode { row: Some(_), .. } => Verdict::Stored,
         // Refused before anything was sent (a setting that cannot work, a call cancelled
         // before it went out), or refused by the server before it ran.
         ErrorKind::Cancelled if !err.is_sent() => Verdict::Undone,

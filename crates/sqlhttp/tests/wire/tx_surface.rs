@@ -4,7 +4,9 @@
 //! a decision its work made, and a streamed step whose answer is cut short reads the stored
 //! result again, past the rows it gave.
 
+use std::future::IntoFuture;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use serde_json::{Value, json};
 use sqlhttp::{Client, ErrorKind, Executor};
@@ -236,10 +238,11 @@ async fn transact_keeps_the_work_s_own_rollback_or_commit() {
     assert_eq!(bodies(&server, COMMIT).await.len(), 1, "committed once");
 }
 
-/// A server on a socket of the test's own, answering one request per connection: the first
-/// answer to a transaction statement is cut after `cut` bytes of its body (the connection
+/// A server on a socket of the test's own, answering one request per connection: the `i`th
+/// answer to a transaction statement is cut after `cuts[i]` bytes of its body (the connection
 /// closes), later ones are whole. Returns its URL and the statement bodies it received.
-async fn cutting_server(result: Vec<u8>, cut: usize) -> (String, Arc<Mutex<Vec<Value>>>) {
+async fn cutting_server(result: Vec<u8>, cuts: &[usize]) -> (String, Arc<Mutex<Vec<Value>>>) {
+    let cuts = cuts.to_vec();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}", listener.local_addr().unwrap());
     let received = Arc::new(Mutex::new(Vec::new()));
@@ -275,7 +278,7 @@ async fn cutting_server(result: Vec<u8>, cut: usize) -> (String, Arc<Mutex<Vec<V
                     .unwrap()
                     .push(serde_json::from_slice(body).unwrap());
                 statements += 1;
-                (result.clone(), (statements == 1).then_some(cut))
+                (result.clone(), cuts.get(statements - 1).copied())
             } else {
                 (br#"{"outcome":"committed"}"#.to_vec(), None)
             };
@@ -314,7 +317,7 @@ fn rows_result(n: i64) -> Vec<u8> {
 #[tokio::test]
 async fn a_streamed_step_cut_short_reads_its_stored_result_again_past_the_rows_given() {
     let result = rows_result(2_000);
-    let (url, received) = cutting_server(result.clone(), result.len() / 2).await;
+    let (url, received) = cutting_server(result.clone(), &[result.len() / 2]).await;
     let client = Client::builder(url)
         .http_client(plain_http())
         .retry(sqlhttp::RetryPolicy::new().with_jitter_seed(7))
@@ -344,7 +347,7 @@ async fn a_streamed_step_cut_short_reads_its_stored_result_again_past_the_rows_g
 #[tokio::test]
 async fn a_cut_stream_whose_result_is_no_longer_kept_ends_with_an_error() {
     let result = rows_result(2_000);
-    let (url, received) = cutting_server(result.clone(), result.len() / 2).await;
+    let (url, received) = cutting_server(result.clone(), &[result.len() / 2]).await;
     let client = Client::builder(url)
         .http_client(plain_http())
         .build()
@@ -438,4 +441,154 @@ async fn a_streamed_step_whose_outcome_is_unknown_ends_the_transaction_as_a_buff
     let err = tx.commit().await.unwrap_err();
     assert!(err.is_transaction_lost(), "{err:?}");
     assert_eq!(bodies(&server, COMMIT).await.len(), 0);
+}
+
+/// A cut stream's first re-read is cut too, before it has skipped the rows already given; the
+/// second re-read completes: the rows given stay given once (the rows to skip never shrink to
+/// what a cut re-read got through), every row once, in order.
+#[tokio::test]
+async fn a_re_read_cut_while_it_skips_given_rows_gives_no_row_twice() {
+    let result = rows_result(2_000);
+    // About 1,000 rows given, then a re-read cut after about 500 (all of them to skip).
+    let (url, received) =
+        cutting_server(result.clone(), &[result.len() / 2, result.len() / 4]).await;
+    let client = Client::builder(url)
+        .http_client(plain_http())
+        .retry(sqlhttp::RetryPolicy::new().with_jitter_seed(7))
+        .build()
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    let mut rows = tx.query("SELECT n FROM t").fetch::<i64>();
+    let mut got = Vec::new();
+    while let Some(n) = rows.try_next().await.unwrap() {
+        got.push(n);
+    }
+    assert_eq!(got.len(), 2_000, "no row given twice or left out");
+    assert_eq!(
+        got,
+        (1..=2_000).collect::<Vec<_>>(),
+        "every row once, in order"
+    );
+    drop(rows);
+    tx.commit().await.unwrap();
+    let sent = received.lock().unwrap().clone();
+    assert_eq!(sent.len(), 3, "read again twice: {sent:?}");
+    assert!(sent.iter().all(|s| s["seq"] == 1), "{sent:?}");
+}
+
+/// Waits (real time) until `server` has received `n` requests on `route`.
+async fn until_received(server: &MockServer, route: &str, n: usize) {
+    for _ in 0..500 {
+        if bodies(server, route).await.len() >= n {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("{route} received fewer than {n} requests");
+}
+
+/// The rest of a transaction whose statement's call was dropped after it was sent: the
+/// statement ran on the server or not, so the transaction is lost, rolled back, never committed.
+async fn assert_lost_after_a_dropped_step(server: &MockServer, tx: sqlhttp::Transaction) {
+    until_received(server, STATEMENT, 1).await;
+    let err = tx.execute("UPDATE t SET n = 2").await.unwrap_err();
+    assert!(err.is_transaction_lost() && !err.is_sent(), "{err:?}");
+    assert!(err.to_string().contains("dropped"), "{err}");
+    let err = tx.commit().await.unwrap_err();
+    assert!(err.is_transaction_lost(), "{err:?}");
+    assert_eq!(
+        bodies(server, STATEMENT).await.len(),
+        1,
+        "nothing sent after"
+    );
+    assert_eq!(bodies(server, COMMIT).await.len(), 0, "never committed");
+    assert_eq!(
+        bodies(server, ROLLBACK).await,
+        [json!({"transaction": "tx1"})],
+        "rolled back once"
+    );
+}
+
+/// A step's future dropped once its request went out (a `timeout` around it): the server ran
+/// (or will run) statement 1, so the transaction cannot go on as if it had not.
+#[tokio::test]
+async fn a_step_dropped_after_it_was_sent_loses_the_transaction() {
+    let server = tx_server(ok_effect(1, None).set_delay(Duration::from_secs(3))).await;
+    let client = builder(&server).build().unwrap();
+    let tx = client.transaction().await.unwrap();
+    let timed_out =
+        tokio::time::timeout(Duration::from_millis(500), tx.execute("UPDATE t SET n = 1")).await;
+    assert!(timed_out.is_err(), "the answer is slower than the timeout");
+    assert_lost_after_a_dropped_step(&server, tx).await;
+}
+
+/// The same for a stream dropped before its first row.
+#[tokio::test]
+async fn a_stream_dropped_before_its_first_row_loses_the_transaction() {
+    let server = tx_server(ok_rows(&["n"], &json!([[1]])).set_delay(Duration::from_secs(3))).await;
+    let client = builder(&server).build().unwrap();
+    let tx = client.transaction().await.unwrap();
+    let mut rows = tx.execute("DELETE FROM t RETURNING n").fetch::<i64>();
+    let timed_out = tokio::time::timeout(Duration::from_millis(500), rows.try_next()).await;
+    assert!(timed_out.is_err(), "the answer is slower than the timeout");
+    drop(rows);
+    assert_lost_after_a_dropped_step(&server, tx).await;
+}
+
+/// A step dropped while it waits for the one before it (nothing of it sent) costs nothing: the
+/// transaction goes on and commits what ran.
+#[tokio::test]
+async fn a_step_dropped_before_it_was_sent_leaves_the_transaction_going_on() {
+    let server = tx_server(ok_effect(1, None).set_delay(Duration::from_millis(800))).await;
+    let client = builder(&server).build().unwrap();
+    let tx = client.transaction().await.unwrap();
+    let first = tokio::spawn(tx.execute("UPDATE t SET n = 1").into_future());
+    until_received(&server, STATEMENT, 1).await;
+    let waiting =
+        tokio::time::timeout(Duration::from_millis(50), tx.execute("UPDATE t SET n = 2")).await;
+    assert!(waiting.is_err(), "it waits for the statement before it");
+    first.await.unwrap().unwrap();
+    tx.execute("UPDATE t SET n = 3").await.unwrap();
+    tx.commit().await.unwrap();
+    let seqs: Vec<Value> = bodies(&server, STATEMENT)
+        .await
+        .iter()
+        .map(|b| b["seq"].clone())
+        .collect();
+    assert_eq!(seqs, [json!(1), json!(2)], "the dropped one never sent");
+    assert_eq!(bodies(&server, COMMIT).await.len(), 1);
+    assert_eq!(bodies(&server, ROLLBACK).await.len(), 0);
+}
+
+/// A row the caller's type cannot take, in an answer the server gave: the statement ran and is
+/// in the transaction; the caller gets the decode error and the transaction goes on.
+#[tokio::test(start_paused = true)]
+async fn a_step_s_rows_that_do_not_decode_leave_the_transaction_going_on() {
+    let server = tx_server(ok_rows(&["n"], &json!([["not a number"]]))).await;
+    let client = builder(&server).build().unwrap();
+    let tx = client.transaction().await.unwrap();
+    let err = tx
+        .execute("UPDATE t SET n = 'not a number' RETURNING n")
+        .fetch_one::<i64>()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::Decode { row: Some(0), .. }),
+        "{err:?}"
+    );
+    assert!(!err.is_outcome_unknown(), "{err:?}");
+    assert_eq!(bodies(&server, ROLLBACK).await.len(), 0, "not rolled back");
+    tx.execute("UPDATE t SET m = 1").await.unwrap();
+    tx.commit().await.unwrap();
+    let seqs: Vec<Value> = bodies(&server, STATEMENT)
+        .await
+        .iter()
+        .map(|b| b["seq"].clone())
+        .collect();
+    assert_eq!(
+        seqs,
+        [json!(1), json!(2)],
+        "the next statement takes the next number"
+    );
+    assert_eq!(bodies(&server, COMMIT).await.len(), 1);
 }
