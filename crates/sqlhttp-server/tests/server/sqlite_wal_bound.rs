@@ -391,6 +391,16 @@ async fn a_write_refused_at_the_bound_never_ran_and_its_lost_answer_is_retried_e
         let (status, answer) = direct(setup).await;
         assert_eq!(status, 200, "{setup}: {answer}");
     }
+    // A keyed write commits before the log grows, and its answer is lost on the way.
+    let committed = json!({ "sql": "INSERT INTO t (k) VALUES ('committed') RETURNING k" });
+    let committed_key = [("idempotency-key", "wal-bound-committed")];
+    proxy.push(Fault::DropAfterForward);
+    assert!(
+        through_with(&proxy, "/api/v1/sql", &committed_key, &committed)
+            .await
+            .is_none(),
+        "the answer was not dropped"
+    );
     let columns = vec!["json_extract(a, '$[#-1]')"; 700].join(", ");
     let stuck = tokio::spawn(direct(&format!("SELECT {columns} FROM big")));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -410,6 +420,21 @@ async fn a_write_refused_at_the_bound_never_ran_and_its_lost_answer_is_retried_e
         "{answer}"
     );
     assert!(wal_bytes(&db) > max_wal, "refused under the bound");
+    // Sent again now, the committed keyed write is answered from its key's store at once: it
+    // writes nothing, so it does not wait for the log (before: `503` until the log was
+    // truncated, its outcome unknown to its client meanwhile).
+    let (status, _, replayed) = through_with(&proxy, "/api/v1/sql", &committed_key, &committed)
+        .await
+        .unwrap();
+    assert_eq!(
+        (status, &replayed["rows"]),
+        (200, &json!([["committed"]])),
+        "{replayed}"
+    );
+    assert!(
+        wal_bytes(&db) > max_wal,
+        "the log fell before the re-send was answered"
+    );
     // A plain write refused now is answered `503` with `Retry-After`, and never runs.
     let marked = json!({ "sql": "INSERT INTO t (k) VALUES ('refused')" });
     let (status, retry_after, answer) = through_with(&proxy, "/api/v1/sql", &[], &marked)
@@ -465,10 +490,10 @@ async fn a_write_refused_at_the_bound_never_ran_and_its_lost_answer_is_retried_e
         "{again}"
     );
     let (status, counted) =
-        direct("SELECT k, count(*) FROM t WHERE k IS NOT NULL GROUP BY k").await;
+        direct("SELECT k, count(*) FROM t WHERE k IS NOT NULL GROUP BY k ORDER BY k").await;
     assert_eq!(
         (status, &counted["rows"]),
-        (200, &json!([["keyed", 1]])),
+        (200, &json!([["committed", 1], ["keyed", 1]])),
         "{counted}"
     );
     assert!(wal_bytes(&db) <= max_wal + SLACK);

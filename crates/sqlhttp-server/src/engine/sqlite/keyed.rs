@@ -81,6 +81,25 @@ pub(crate) fn lookup(conn: &Connection, key: &str) -> rusqlite::Result<Option<St
     .optional()
 }
 
+/// Whether a keyed request (`key`, its `request_hash`) is answered from what is stored under its key (its outcome replayed, or a
+/// different request refused) rather than run: such an answer writes nothing, so it need not
+/// wait for the write-ahead log's bound (ADR 0046). Read outside any transaction, on the
+/// writer: the run that follows looks again inside its own.
+pub(crate) fn answered_from_store(
+    conn: &Connection,
+    key: &str,
+    request_hash: &[u8],
+    ttl: Duration,
+) -> bool {
+    match lookup(conn, key) {
+        Ok(stored @ Some(_)) => matches!(
+            rule::decide(stored, request_hash, ttl),
+            Ok(Decision::Replay(_)) | Err(_)
+        ),
+        Ok(None) | Err(_) => false,
+    }
+}
+
 /// Stores a `200` with `body` under `key` unless something is stored there already; what is
 /// stored under `key` then, either way (a first claim wins: see `engine::transactions`' commit
 /// records and their tombstones).

@@ -246,6 +246,39 @@ impl SqliteEngine {
         Ok(turn)
     }
 
+    /// A keyed request's turn at the writer: as [`SqliteEngine::write_turn`], except that one
+    /// answered from what is stored under its key (a re-send whose first attempt committed and
+    /// whose answer was lost) does not wait for the write-ahead log: it writes nothing, and its
+    /// client is owed the stored answer, not a `503` that leaves its outcome unknown.
+    async fn keyed_turn(
+        &self,
+        keyed: &Keyed,
+    ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
+        let started = Instant::now();
+        let turn = self.record_turn(1).await?;
+        if self.wal.look() < Level::PastHard {
+            return Ok(turn);
+        }
+        let (key, request_hash, ttl) = (keyed.key.clone(), keyed.request_hash, keyed.ttl);
+        let answered = Self::run(&self.writer, move |writer| {
+            Ok(keyed::answered_from_store(
+                &writer.conn,
+                &key,
+                &request_hash,
+                ttl,
+            ))
+        })
+        .await?;
+        if !answered {
+            let left = self
+                .limits
+                .statement_timeout
+                .saturating_sub(started.elapsed());
+            self.wal.below(Level::PastHard, left).await?;
+        }
+        Ok(turn)
+    }
+
     /// Waits for a turn at the writer (`shares` of [`SqliteEngine::writes`]: one for a plain
     /// write, all for a write transaction) at most the statement timeout, then `503`. The
     /// server's own records (a few hundred bytes each) take it without waiting for the
@@ -468,10 +501,10 @@ impl Engine for SqliteEngine {
         keyed: Keyed,
         request: SqlRequest,
     ) -> Result<(Outcome, Held), ApiError> {
-        let _turn = self.write_turn(1).await?;
+        let _turn = self.keyed_turn(&keyed).await?;
         let wal = Arc::clone(&self.wal);
         self.run_buffered(&self.writer, move |writer| {
-            admit(writer, &wal)?;
+            admit_keyed(writer, &wal, &keyed)?;
             keyed::execute_with_key(writer, &keyed, &request)
         })
         .await
@@ -511,10 +544,10 @@ impl Engine for SqliteEngine {
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError> {
         serializable_only(&batch)?;
-        let _turn = self.write_turn(1).await?;
+        let _turn = self.keyed_turn(&keyed).await?;
         let wal = Arc::clone(&self.wal);
         self.run_buffered(&self.writer, move |writer| {
-            admit(writer, &wal)?;
+            admit_keyed(writer, &wal, &keyed)?;
             batch::run_keyed(writer, &keyed, &batch)
         })
         .await
@@ -646,6 +679,16 @@ impl Engine for SqliteEngine {
             self.target.discard();
         }
     }
+}
+
+/// [`admit`] for a keyed request: one answered from its key's store runs no write.
+fn admit_keyed(conn: &Conn, wal: &WalBound, keyed: &Keyed) -> Result<(), ApiError> {
+    if wal.past_hard()
+        && keyed::answered_from_store(&conn.conn, &keyed.key, &keyed.request_hash, keyed.ttl)
+    {
+        return Ok(());
+    }
+    admit(conn, wal)
 }
 
 /// Right before a write runs on the writer's thread: while the write-ahead log is past its
