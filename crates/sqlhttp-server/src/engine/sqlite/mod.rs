@@ -238,12 +238,18 @@ impl SqliteEngine {
     async fn write_turn(&self, shares: u32) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
         let started = Instant::now();
         let turn = self.record_turn(shares).await?;
+        self.below_hard_bound(started).await?;
+        Ok(turn)
+    }
+
+    /// Waits for the write-ahead log to fall below its hard bound, within what is left of the
+    /// statement timeout of a write that began waiting at `started`; then `503`.
+    async fn below_hard_bound(&self, started: Instant) -> Result<(), ApiError> {
         let left = self
             .limits
             .statement_timeout
             .saturating_sub(started.elapsed());
-        self.wal.below(Level::PastHard, left).await?;
-        Ok(turn)
+        self.wal.below(Level::PastHard, left).await
     }
 
     /// A keyed request's turn at the writer: as [`SqliteEngine::write_turn`], except that one
@@ -270,11 +276,7 @@ impl SqliteEngine {
         })
         .await?;
         if !answered {
-            let left = self
-                .limits
-                .statement_timeout
-                .saturating_sub(started.elapsed());
-            self.wal.below(Level::PastHard, left).await?;
+            self.below_hard_bound(started).await?;
         }
         Ok(turn)
     }
