@@ -47,8 +47,18 @@ pub mod member {
     pub const ROWS_AFFECTED: &str = "rows_affected";
     /// A result's last inserted rowid.
     pub const LAST_INSERT_ID: &str = "last_insert_id";
-    /// A streamed write's bookmark, its body's last member.
+    /// A streamed write's bookmark, after the result's other members and before [`STATS`].
     pub const BOOKMARK: &str = "bookmark";
+    /// What a success cost the server ([`Stats`](super::Stats)), its body's last member.
+    pub const STATS: &str = "stats";
+    /// The engine's time for the statement(s), in milliseconds (a [`STATS`] member).
+    pub const DURATION_MS: &str = "duration_ms";
+    /// Rows the engine read (a [`STATS`] member, where the engine knows it).
+    pub const ROWS_READ: &str = "rows_read";
+    /// Rows the statement(s) wrote (a [`STATS`] member).
+    pub const ROWS_WRITTEN: &str = "rows_written";
+    /// Which node served the answer, `primary` or `replica` (a [`STATS`] member).
+    pub const SERVED_BY: &str = "served_by";
     /// An error body's error, or the error a streamed body ends with.
     pub const ERROR: &str = "error";
     /// A batch's results.
@@ -73,6 +83,10 @@ pub mod member {
     pub const MAX_LIFETIME_MS: &str = "max_lifetime_ms";
     /// A blob value's only member.
     pub const BASE64: &str = "base64";
+    /// Whether a described statement may write.
+    pub const MAY_WRITE: &str = "may_write";
+    /// Whether a described column may hold NULL (`null`: not known).
+    pub const NULLABLE: &str = "nullable";
 }
 
 use member as m;
@@ -184,17 +198,79 @@ impl<St> Schema for BatchRequest<St> {
     const REQUIRED: &'static [&'static str] = &[m::STATEMENTS];
 }
 
-/// `POST /api/v1/batch`'s success: one result a statement, in order.
+/// `POST /api/v1/batch`'s success: one result a statement, in order (each with its own
+/// `stats`), then the whole batch's [`Stats`].
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct BatchResponse<R = QueryResult> {
     /// The statements' results.
     pub results: Vec<R>,
+    /// What the whole batch cost (its statements, its BEGIN and COMMIT); absent from a server
+    /// that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
 }
 
 impl<R> Schema for BatchResponse<R> {
     const NAME: &'static str = "BatchResponse";
-    const MEMBERS: &'static [&'static str] = &[m::RESULTS];
+    const MEMBERS: &'static [&'static str] = &[m::RESULTS, m::STATS];
     const REQUIRED: &'static [&'static str] = &[m::RESULTS];
+}
+
+/// Which node served an answer (the `served_by` of [`Stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ServedBy {
+    /// The primary (on SQLite, always).
+    Primary,
+    /// A read replica.
+    Replica,
+    /// A value from a later protocol version, which this reader does not know.
+    #[serde(other)]
+    Other,
+}
+
+impl ServedBy {
+    /// The protocol's name; [`ServedBy::Other`] is `other`, which no server sends.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ServedBy::Primary => "primary",
+            ServedBy::Replica => "replica",
+            ServedBy::Other => "other",
+        }
+    }
+}
+
+/// What a success cost the server: the last member (`stats`) of every success body of a
+/// statement, a batch's statement and a whole batch, a transaction's statement and its commit.
+///
+/// Every member is optional to a reader: a body without `stats`, or `stats` with members missing
+/// or members it does not know, is read (what is missing is `None`). sqlhttpd always sends
+/// `duration_ms`, `rows_written` and `served_by`, and `rows_read` where its engine counts it.
+/// A keyed write answered from the idempotency store carries its first execution's stats.
+#[derive(Debug, Clone, Copy, PartialEq, Default, Serialize, Deserialize)]
+pub struct Stats {
+    /// The engine's time for the statement(s) in milliseconds, with microsecond precision,
+    /// excluding the wait for the engine's turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration_ms: Option<f64>,
+    /// Rows the engine read to answer, where it knows: on SQLite the rows its virtual machine
+    /// stepped through (full scans, sorts, index steps), on PostgreSQL the rows returned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_read: Option<u64>,
+    /// Rows the statement(s) inserted, updated or deleted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_written: Option<u64>,
+    /// Which node served the answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub served_by: Option<ServedBy>,
+}
+
+impl Schema for Stats {
+    const NAME: &'static str = "Stats";
+    const MEMBERS: &'static [&'static str] =
+        &[m::DURATION_MS, m::ROWS_READ, m::ROWS_WRITTEN, m::SERVED_BY];
+    const REQUIRED: &'static [&'static str] = &[];
 }
 
 /// `POST /api/v1/describe`: `{}` lists the tables and views, `{"table": NAME}` one's columns.
@@ -210,6 +286,74 @@ impl<S> Schema for DescribeRequest<S> {
     const NAME: &'static str = "DescribeRequest";
     const MEMBERS: &'static [&'static str] = &[m::TABLE];
     const REQUIRED: &'static [&'static str] = &[];
+}
+
+/// `POST /api/v1/describe/statement`: one statement to describe without running it.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, bound(deserialize = "S: Deserialize<'de>"))]
+pub struct DescribeStatementRequest<S = String> {
+    /// The statement's SQL text, as `/api/v1/sql` takes it (`?` placeholders on both engines).
+    pub sql: S,
+}
+
+impl<S> Schema for DescribeStatementRequest<S> {
+    const NAME: &'static str = "DescribeStatementRequest";
+    const MEMBERS: &'static [&'static str] = &[m::SQL];
+    const REQUIRED: &'static [&'static str] = &[m::SQL];
+}
+
+/// The answer to `POST /api/v1/describe/statement`: what the statement takes and gives, found
+/// by preparing it, nothing run.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct StatementDescription {
+    /// Its parameters, in order (`?1` first).
+    pub params: Vec<ParamDescription>,
+    /// Its result columns, in order (none for a statement without rows).
+    pub columns: Vec<ColumnDescription>,
+    /// Whether it may write (SQLite's `sqlite3_stmt_readonly`; on PostgreSQL, any statement
+    /// but a plain `SELECT`, `VALUES`, `TABLE`, `SHOW` or `EXPLAIN` without `ANALYZE`).
+    pub may_write: bool,
+}
+
+impl Schema for StatementDescription {
+    const NAME: &'static str = "StatementDescription";
+    const MEMBERS: &'static [&'static str] = &[m::PARAMS, m::COLUMNS, m::MAY_WRITE];
+    const REQUIRED: &'static [&'static str] = &[m::PARAMS, m::COLUMNS, m::MAY_WRITE];
+}
+
+/// One parameter of a described statement.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ParamDescription {
+    /// Its type as the engine inferred it (PostgreSQL's name, `int4`); `null` where the engine
+    /// does not know (always on SQLite).
+    #[serde(rename = "type")]
+    pub type_name: Option<String>,
+}
+
+impl Schema for ParamDescription {
+    const NAME: &'static str = "ParamDescription";
+    const MEMBERS: &'static [&'static str] = &[m::TYPE];
+    const REQUIRED: &'static [&'static str] = &[m::TYPE];
+}
+
+/// One result column of a described statement.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ColumnDescription {
+    /// Its name.
+    pub name: String,
+    /// Its type: PostgreSQL's name (`int8`, `text`); on SQLite the declared type of the table
+    /// column it comes from, `null` for an expression.
+    #[serde(rename = "type")]
+    pub type_name: Option<String>,
+    /// `false` for a column read straight from a `NOT NULL` table column, outside any outer
+    /// join or compound select; `null` (not known) otherwise. Never `true`.
+    pub nullable: Option<bool>,
+}
+
+impl Schema for ColumnDescription {
+    const NAME: &'static str = "ColumnDescription";
+    const MEMBERS: &'static [&'static str] = &[m::NAME, m::TYPE, m::NULLABLE];
+    const REQUIRED: &'static [&'static str] = &[m::NAME, m::TYPE, m::NULLABLE];
 }
 
 /// One column of a result.
@@ -230,8 +374,9 @@ impl Schema for Column {
 }
 
 /// A statement's success body, its members in exactly this order. `last_insert_id` is `null`
-/// when the statement inserted no row (always on PostgreSQL); `bookmark` ends a write's streamed
-/// body on PostgreSQL (its headers went out before it committed).
+/// when the statement inserted no row (always on PostgreSQL); `bookmark` comes after it in a
+/// write's streamed body on PostgreSQL (its headers went out before it committed); `stats` is
+/// the last member.
 #[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct QueryResult<R = Vec<Value>> {
@@ -246,6 +391,9 @@ pub struct QueryResult<R = Vec<Value>> {
     /// The position a streamed write committed at.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bookmark: Option<Bookmark>,
+    /// What the statement cost; absent from a server that does not say.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
 }
 
 impl<R> Schema for QueryResult<R> {
@@ -256,6 +404,7 @@ impl<R> Schema for QueryResult<R> {
         m::ROWS_AFFECTED,
         m::LAST_INSERT_ID,
         m::BOOKMARK,
+        m::STATS,
     ];
     const REQUIRED: &'static [&'static str] =
         &[m::COLUMNS, m::ROWS, m::ROWS_AFFECTED, m::LAST_INSERT_ID];
@@ -442,16 +591,20 @@ impl Outcome {
     }
 }
 
-/// `POST /api/v1/transaction/outcome`'s success.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+/// The success of `POST /api/v1/transaction/{commit,rollback,outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
 pub struct TransactionOutcome {
     /// How it ended.
     pub outcome: Outcome,
+    /// On a commit's answer: what the COMMIT cost (`rows_written` absent: the statements' own
+    /// stats counted them). Absent on the others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stats: Option<Stats>,
 }
 
 impl Schema for TransactionOutcome {
     const NAME: &'static str = "TransactionOutcome";
-    const MEMBERS: &'static [&'static str] = &[m::OUTCOME];
+    const MEMBERS: &'static [&'static str] = &[m::OUTCOME, m::STATS];
     const REQUIRED: &'static [&'static str] = &[m::OUTCOME];
 }
 
@@ -510,13 +663,22 @@ mod tests {
             foreign_keys: Some(ForeignKeys::CheckedAtCommit),
             isolation: Some(Isolation::Serializable),
         });
-        assert_members(&BatchResponse::<QueryResult> { results: vec![] });
+        assert_members(&BatchResponse::<QueryResult> {
+            results: vec![],
+            stats: Some(Stats::full()),
+        });
+        assert_members(&Stats::full());
         assert_members(&DescribeRequest {
             table: Some("t".to_owned()),
         });
         assert_members(&Column::default());
+        assert_members(&DescribeStatementRequest { sql: "SELECT ?" });
+        assert_members(&StatementDescription::default());
+        assert_members(&ParamDescription::default());
+        assert_members(&ColumnDescription::default());
         assert_members(&QueryResult::<Vec<Value>> {
             bookmark: Some(Bookmark::from_position(1)),
+            stats: Some(Stats::full()),
             ..QueryResult::default()
         });
         let error = ErrorObject {
@@ -561,7 +723,8 @@ mod tests {
         assert_eq!(read.statement.params, Some(vec![Value::from(1)]));
         assert_members(&TransactionNamed { transaction: "t" });
         assert_members(&TransactionOutcome {
-            outcome: Outcome::RolledBack,
+            outcome: Outcome::Committed,
+            stats: Some(Stats::full()),
         });
     }
 
@@ -588,6 +751,62 @@ mod tests {
             assert_eq!(ForeignKeys::from_name(mode.as_str()), Some(mode));
             let json = serde_json::to_string(&mode).unwrap();
             assert_eq!(json, format!("\"{}\"", mode.as_str()));
+        }
+    }
+
+    impl Stats {
+        fn full() -> Stats {
+            Stats {
+                duration_ms: Some(1.305),
+                rows_read: Some(3),
+                rows_written: Some(1),
+                served_by: Some(ServedBy::Replica),
+            }
+        }
+    }
+
+    /// The wire format readers rely on: `stats` after `bookmark`, last; a body without it, stats
+    /// with members missing, unknown members or an unknown `served_by` are all read.
+    #[test]
+    fn stats_end_the_body_and_readers_take_any_subset() {
+        let result = QueryResult::<Vec<Value>> {
+            bookmark: Some(Bookmark::from_position(7)),
+            stats: Some(Stats::full()),
+            ..QueryResult::default()
+        };
+        assert_eq!(
+            serde_json::to_string(&result).unwrap(),
+            r#"{"columns":[],"rows":[],"rows_affected":0,"last_insert_id":null,"bookmark":"0000000000000007","stats":{"duration_ms":1.305,"rows_read":3,"rows_written":1,"served_by":"replica"}}"#
+        );
+        let bare: QueryResult = serde_json::from_str(
+            r#"{"columns":[],"rows":[],"rows_affected":0,"last_insert_id":null}"#,
+        )
+        .unwrap();
+        assert_eq!(bare.stats, None);
+        let partial: QueryResult = serde_json::from_str(
+            r#"{"columns":[],"rows":[],"rows_affected":0,"last_insert_id":null,"stats":{"duration_ms":0.5,"served_by":"edge","cpu_ms":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            partial.stats,
+            Some(Stats {
+                duration_ms: Some(0.5),
+                served_by: Some(ServedBy::Other),
+                ..Stats::default()
+            })
+        );
+        let batch: BatchResponse = serde_json::from_str(
+            r#"{"results":[{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":1,"stats":{}}],"stats":{"rows_written":1}}"#,
+        )
+        .unwrap();
+        assert_eq!(batch.results[0].stats, Some(Stats::default()));
+        assert_eq!(batch.stats.unwrap().rows_written, Some(1));
+        let outcome: TransactionOutcome =
+            serde_json::from_str(r#"{"outcome":"committed"}"#).unwrap();
+        assert_eq!(outcome.stats, None);
+        for served_by in [ServedBy::Primary, ServedBy::Replica] {
+            let text = serde_json::to_string(&served_by).unwrap();
+            assert_eq!(text, format!("\"{}\"", served_by.as_str()));
         }
     }
 

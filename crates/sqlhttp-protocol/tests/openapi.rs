@@ -154,6 +154,10 @@ fn the_header_names_are_the_crate_s() {
         strings(&doc["components"]["headers"]["SqlhttpServedBy"]["schema"]["enum"]),
         set([header::SERVED_BY_PRIMARY, header::SERVED_BY_REPLICA])
     );
+    assert_eq!(
+        strings(&doc["components"]["headers"]["SqlhttpEngine"]["schema"]["enum"]),
+        set([header::ENGINE_SQLITE, header::ENGINE_POSTGRESQL])
+    );
 }
 
 #[test]
@@ -236,6 +240,7 @@ fn the_bodies_members_and_required_sets_are_the_crate_s() {
     check_schema::<body::TransactionStatementRequest>(&doc);
     check_schema::<body::TransactionNamed>(&doc);
     check_schema::<body::TransactionOutcome>(&doc);
+    check_schema::<body::Stats>(&doc);
 
     let schemas = &doc["components"]["schemas"];
     assert_eq!(
@@ -249,6 +254,10 @@ fn the_bodies_members_and_required_sets_are_the_crate_s() {
     assert_eq!(
         strings(&schemas["TransactionOutcome"]["properties"]["outcome"]["enum"]),
         set(body::Outcome::ALL.map(body::Outcome::as_str))
+    );
+    assert_eq!(
+        strings(&schemas["Stats"]["properties"]["served_by"]["enum"]),
+        set([body::ServedBy::Primary, body::ServedBy::Replica].map(body::ServedBy::as_str))
     );
     // A batch statement is a statement's body.
     let statement: BTreeSet<String> = schemas["BatchStatement"]["properties"]

@@ -120,7 +120,7 @@ fn encode_with(
 /// Decodes `{"results": [...]}` into one table per statement; a count other than `expected` is a
 /// decode failure (the server did not run what was sent).
 pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>> {
-    let BatchResponse { results } =
+    let BatchResponse { results, .. } =
         serde_json::from_slice::<BatchResponse<&serde_json::value::RawValue>>(body)
             .map_err(Error::decode)?;
     if results.len() != expected {

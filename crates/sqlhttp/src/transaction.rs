@@ -501,9 +501,12 @@ impl Transaction {
                 break;
             }
             if let Some(bucket) = &transport.budget
-                && !bucket.withdraw(false)
+                && !bucket.withdraw(bucket.settings().retry_cost())
             {
-                return Err(err.with_outcome_unknown().with_budget_exhausted());
+                return Err(err
+                    .with_outcome_unknown()
+                    .with_budget_exhausted()
+                    .with_retry_state(transport.retry_state()));
             }
             tokio::select! {
                 biased;
@@ -521,7 +524,7 @@ impl Transaction {
             .await;
             let outcome = match answer {
                 Ok(body) => match serde_json::from_slice::<TransactionOutcome>(&body) {
-                    Ok(TransactionOutcome { outcome }) => outcome,
+                    Ok(TransactionOutcome { outcome, .. }) => outcome,
                     // Not an answer this version reads: ask again.
                     Err(_) => continue,
                 },
@@ -955,9 +958,11 @@ impl Client {
                 return Err(err);
             }
             if let Some(bucket) = &transport.budget
-                && !bucket.withdraw(false)
+                && !bucket.withdraw(bucket.settings().retry_cost())
             {
-                return Err(err.with_budget_exhausted());
+                return Err(err
+                    .with_budget_exhausted()
+                    .with_retry_state(transport.retry_state()));
             }
             tracing::info!(run, error = %err, "the transaction was lost; running it again");
             tokio::time::sleep(delay).await;

@@ -375,7 +375,11 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 /// `{"outcome": name}`: the protocol's `TransactionOutcome`.
 pub(crate) fn outcome_body(outcome: TxOutcome) -> Vec<u8> {
     // Serializing one enum into a Vec cannot fail.
-    serde_json::to_vec(&TransactionOutcome { outcome }).unwrap_or_default()
+    serde_json::to_vec(&TransactionOutcome {
+        outcome,
+        stats: None,
+    })
+    .unwrap_or_default()
 }
 
 /// The answer for a transaction the server rolled back.
