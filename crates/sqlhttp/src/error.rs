@@ -142,6 +142,16 @@ pub enum ErrorKind {
         /// The budget the attempt had.
         after: Duration,
     },
+    /// The client's own adaptive send rate
+    /// ([`ClientBuilder::adaptive_rate`](crate::ClientBuilder::adaptive_rate)), lowered after the
+    /// server throttled, would hold this attempt back past the call's `max_elapsed`: it was not
+    /// sent. [`Error::retry_state`] says what the rate is now. After an earlier failed attempt the
+    /// call ends on that failure instead, with [`Error::retry_state`] set.
+    #[error("held back by the client's adaptive send rate: the next send was {wait:?} away")]
+    ClientRateLimited {
+        /// How long the attempt would have waited for its turn.
+        wait: Duration,
+    },
     /// The connection failed: refused, reset, or closed before a complete response arrived.
     #[error("connection failed: {message}")]
     Connection {
@@ -380,6 +390,7 @@ struct Inner {
     attempts: u32,
     history: Vec<AttemptFailure>,
     budget_exhausted: bool,
+    retry_state: Option<crate::RetryState>,
     rows_inserted: Option<u64>,
     sent: bool,
     outcome_unknown: bool,
@@ -397,6 +408,7 @@ impl Error {
                 attempts: 0,
                 history: Vec::new(),
                 budget_exhausted: false,
+                retry_state: None,
                 rows_inserted: None,
                 sent: false,
                 outcome_unknown: false,
@@ -446,6 +458,12 @@ impl Error {
 
     pub(crate) fn with_budget_exhausted(mut self) -> Self {
         self.inner.budget_exhausted = true;
+        self
+    }
+
+    /// The client's retry state when its budget or its adaptive rate refused this call.
+    pub(crate) fn with_retry_state(mut self, state: crate::RetryState) -> Self {
+        self.inner.retry_state = Some(state);
         self
     }
 
@@ -514,6 +532,15 @@ impl Error {
     /// Whether the client-wide retry budget was empty when this failure could have been retried.
     pub fn is_budget_exhausted(&self) -> bool {
         self.inner.budget_exhausted
+    }
+
+    /// The client's retry budget and adaptive send rate as they were when one of them refused this
+    /// call (its budget could not pay for a retry: [`is_budget_exhausted`](Self::is_budget_exhausted);
+    /// or its rate would have held an attempt past `max_elapsed`:
+    /// [`ErrorKind::ClientRateLimited`], or a failure whose retry it held back). `None` when
+    /// neither refused it.
+    pub fn retry_state(&self) -> Option<crate::RetryState> {
+        self.inner.retry_state
     }
 
     /// For a bulk insert that was split into several statements: how many rows earlier statements were
@@ -683,6 +710,9 @@ impl fmt::Debug for Error {
         }
         if self.inner.budget_exhausted {
             d.field("budget_exhausted", &true);
+        }
+        if let Some(state) = &self.inner.retry_state {
+            d.field("retry_state", state);
         }
         if let Some(rows) = self.inner.rows_inserted {
             d.field("rows_inserted", &rows);

@@ -70,6 +70,8 @@ pub(crate) fn is_transient(kind: &ErrorKind) -> bool {
         | ErrorKind::Config { .. }
         | ErrorKind::TransactionLost { .. }
         | ErrorKind::BookmarkAhead { .. }
+        // The client's own rate held it back: the call's time is out, nothing was sent.
+        | ErrorKind::ClientRateLimited { .. }
         | ErrorKind::Cancelled => false,
     }
 }

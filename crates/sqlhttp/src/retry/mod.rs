@@ -58,9 +58,22 @@
 //!   end past it and no attempt runs past it; reaching it returns the last failure.
 //! * Backoff before retry *n* is drawn uniformly from `[0, min(max_backoff, initial_backoff * 2^(n-1))]`
 //!   (full jitter), so a fleet that failed together does not come back in lockstep.
-//! * A valid `Retry-After` on a `429`, a `503` or a `409 IDEMPOTENCY_KEY_IN_USE` replaces the computed
-//!   delay, capped by `max_backoff`. (A key in use means an earlier attempt of the same write is still
-//!   running: retrying sooner than the server asks only spends attempts while it runs.)
+//! * A retry after a **throttle** (the server said "slow down": a `429`, a `503` with `Retry-After`,
+//!   a `409 IDEMPOTENCY_KEY_IN_USE`) backs off from [`RetryPolicy::throttle_initial_backoff`] (1 s)
+//!   and costs the budget [`RetryBudget::throttle_cost`] (5 tokens); a retry after a **failure** (a
+//!   lost connection, a timeout, any other `5xx`) backs off from `initial_backoff` (100 ms) and costs
+//!   [`RetryBudget::retry_cost`] (14; [`RetryBudget::timeout_cost`] after a timeout, 14). Nothing
+//!   failed in a throttle, so waiting is cheap and retries that wait do not drain the budget the way
+//!   an outage should (ADR 0054).
+//! * A valid `Retry-After` (on a `429`, a `503` or a `409 IDEMPOTENCY_KEY_IN_USE`) is honoured up to
+//!   the computed delay plus [`RetryPolicy::retry_after_max_extra`] (5 s): a server may ask for less
+//!   than the computed delay, never park a caller for longer. (A key in use means an earlier attempt
+//!   of the same write is still running: retrying sooner than the server asks only spends attempts
+//!   while it runs.)
+//! * With [`adaptive_rate`](crate::ClientBuilder::adaptive_rate) on, the client also slows its own
+//!   send rate after throttles (CUBIC, as the AWS SDKs' adaptive mode), which may delay even a first
+//!   attempt; a call whose wait would end past its `max_elapsed` fails at once with
+//!   [`ErrorKind::ClientRateLimited`](crate::ErrorKind::ClientRateLimited).
 //!
 //! # Per call
 //!
@@ -80,13 +93,17 @@
 pub(crate) mod backoff;
 mod budget;
 pub(crate) mod classify;
+pub(crate) mod cost;
+pub(crate) mod rate;
 pub(crate) mod retry_after;
+mod state;
 
 use std::time::Duration;
 
 pub use backoff::Jitter;
 pub use budget::RetryBudget;
 pub(crate) use budget::TokenBucket;
+pub use state::RetryState;
 
 /// How a call retries: attempt count, backoff and the elapsed-time ceiling.
 ///
@@ -99,8 +116,10 @@ pub(crate) use budget::TokenBucket;
 /// | setting | default |
 /// |---|---|
 /// | [`with_max_attempts`](Self::with_max_attempts) | 3 (the first attempt and two retries) |
-/// | [`with_initial_backoff`](Self::with_initial_backoff) | 100 ms |
-/// | [`with_max_backoff`](Self::with_max_backoff) | 5 s (also caps `Retry-After`) |
+/// | [`with_initial_backoff`](Self::with_initial_backoff) | 100 ms (after a failure) |
+/// | [`with_throttle_initial_backoff`](Self::with_throttle_initial_backoff) | 1 s (after a throttle) |
+/// | [`with_max_backoff`](Self::with_max_backoff) | 5 s |
+/// | [`with_retry_after_max_extra`](Self::with_retry_after_max_extra) | 5 s (a `Retry-After` is honoured up to the computed delay plus this) |
 /// | [`with_jitter`](Self::with_jitter) | [`Jitter::Full`] |
 /// | [`with_max_elapsed`](Self::with_max_elapsed) | none |
 /// | [`with_jitter_seed`](Self::with_jitter_seed) | none (seeded from the OS) |
@@ -118,7 +137,9 @@ pub(crate) use budget::TokenBucket;
 pub struct RetryPolicy {
     pub(crate) max_attempts: u32,
     pub(crate) initial_backoff: Duration,
+    pub(crate) throttle_initial_backoff: Duration,
     pub(crate) max_backoff: Duration,
+    pub(crate) retry_after_max_extra: Duration,
     pub(crate) max_elapsed: Option<Duration>,
     pub(crate) jitter: Jitter,
     pub(crate) seed: Option<u64>,
@@ -136,7 +157,9 @@ impl RetryPolicy {
         Self {
             max_attempts: 3,
             initial_backoff: Duration::from_millis(100),
+            throttle_initial_backoff: Duration::from_secs(1),
             max_backoff: Duration::from_secs(5),
+            retry_after_max_extra: Duration::from_secs(5),
             max_elapsed: None,
             jitter: Jitter::Full,
             seed: None,
@@ -155,17 +178,37 @@ impl RetryPolicy {
         self
     }
 
-    /// The cap of the first backoff; each later one doubles, up to `max_backoff`.
+    /// The cap of the first backoff after a failure (a lost connection, a timeout, a `5xx` without
+    /// `Retry-After`); each later one doubles, up to `max_backoff`.
     #[must_use]
     pub const fn with_initial_backoff(mut self, delay: Duration) -> Self {
         self.initial_backoff = delay;
         self
     }
 
-    /// The largest delay ever slept between attempts, a server's `Retry-After` included.
+    /// The cap of the first backoff after a throttle (a `429`, a `503` with `Retry-After`, a `409
+    /// IDEMPOTENCY_KEY_IN_USE`); each later one doubles, up to `max_backoff`, which also caps this
+    /// one. Used when the server gave no `Retry-After`, and as the base the server's is held to.
+    #[must_use]
+    pub const fn with_throttle_initial_backoff(mut self, delay: Duration) -> Self {
+        self.throttle_initial_backoff = delay;
+        self
+    }
+
+    /// The largest computed delay slept between attempts. A server's `Retry-After` may exceed it
+    /// by at most [`retry_after_max_extra`](Self::retry_after_max_extra).
     #[must_use]
     pub const fn with_max_backoff(mut self, delay: Duration) -> Self {
         self.max_backoff = delay;
+        self
+    }
+
+    /// How much longer than the computed delay a server's `Retry-After` is honoured: the wait is
+    /// the server's value, at most the computed delay plus this. Zero holds the server to the
+    /// computed delay.
+    #[must_use]
+    pub const fn with_retry_after_max_extra(mut self, extra: Duration) -> Self {
+        self.retry_after_max_extra = extra;
         self
     }
 
@@ -197,14 +240,24 @@ impl RetryPolicy {
         self.max_attempts
     }
 
-    /// The cap of the first backoff.
+    /// The cap of the first backoff after a failure.
     pub const fn initial_backoff(&self) -> Duration {
         self.initial_backoff
     }
 
-    /// The largest delay slept between attempts, a server's `Retry-After` included.
+    /// The cap of the first backoff after a throttle.
+    pub const fn throttle_initial_backoff(&self) -> Duration {
+        self.throttle_initial_backoff
+    }
+
+    /// The largest computed delay slept between attempts.
     pub const fn max_backoff(&self) -> Duration {
         self.max_backoff
+    }
+
+    /// How much longer than the computed delay a server's `Retry-After` is honoured.
+    pub const fn retry_after_max_extra(&self) -> Duration {
+        self.retry_after_max_extra
     }
 
     /// The ceiling on the whole call, if any.
@@ -250,7 +303,9 @@ mod tests {
         assert_eq!(p, RetryPolicy::new());
         assert_eq!(p.max_attempts, 3);
         assert_eq!(p.initial_backoff, Duration::from_millis(100));
+        assert_eq!(p.throttle_initial_backoff, Duration::from_secs(1));
         assert_eq!(p.max_backoff, Duration::from_secs(5));
+        assert_eq!(p.retry_after_max_extra, Duration::from_secs(5));
         assert_eq!(p.max_elapsed, None);
         assert_eq!(p.jitter, Jitter::Full);
         assert_eq!(p.seed, None);
@@ -259,8 +314,9 @@ mod tests {
             RetryBudget::default(),
             RetryBudget::new()
                 .with_capacity(500)
-                .with_retry_cost(5)
-                .with_timeout_cost(10)
+                .with_throttle_cost(5)
+                .with_retry_cost(14)
+                .with_timeout_cost(14)
                 .with_success_deposit(1)
         );
     }

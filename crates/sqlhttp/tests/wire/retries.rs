@@ -117,19 +117,21 @@ async fn retry_after_seconds_is_waited_for() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn retry_after_is_capped_by_max_backoff() {
+async fn retry_after_is_held_to_the_computed_delay_plus_5_s() {
     let server = server().await;
     respond_always(&server, unavailable().insert_header("retry-after", "3600")).await;
     let client = client_with(
         &server,
         RetryPolicy::new()
             .with_max_attempts(2)
-            .with_max_backoff(Duration::from_secs(5)),
+            .with_max_backoff(Duration::from_secs(5))
+            .with_jitter(Jitter::None),
     );
     let started = Instant::now();
     let err = client.ping().await.unwrap_err();
-    assert_eq!(err.history()[0].retry_delay, Some(Duration::from_secs(5)));
-    assert!(started.elapsed() < Duration::from_millis(5_100));
+    // A throttle's computed first delay is 1 s; the server's hour is held to 1 s + 5 s.
+    assert_eq!(err.history()[0].retry_delay, Some(Duration::from_secs(6)));
+    assert!(started.elapsed() < Duration::from_millis(6_100));
     // The error still carries what the server asked for, uncapped.
     assert_eq!(err.retry_after(), Some(Duration::from_secs(3600)));
 }
@@ -187,7 +189,7 @@ async fn a_malformed_retry_after_falls_back_to_the_computed_backoff() {
         .await;
         let policy = RetryPolicy::new()
             .with_max_attempts(2)
-            .with_initial_backoff(Duration::from_millis(300))
+            .with_throttle_initial_backoff(Duration::from_millis(300))
             .with_max_backoff(Duration::from_secs(60))
             .with_jitter(Jitter::None);
         let client = client_with(&server, policy);
