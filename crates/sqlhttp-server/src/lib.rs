@@ -37,6 +37,7 @@ mod protocol;
 mod secrets;
 mod server;
 mod state;
+mod timing;
 mod tls;
 
 pub use config::{

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
+use tracing::Instrument as _;
 
 use crate::budget::Held;
 use crate::engine::keyed;
@@ -54,31 +55,38 @@ impl<B: Admissible> FromRequest<AppState> for Admitted<B> {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &AppState) -> Result<Self, ApiError> {
-        let shared = &state.inner;
-        let (parts, request_body) = request.into_parts();
-        let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
-        require_json(&parts.headers)?;
-        let key = match shared.idempotency_ttl {
-            Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
-            None => None,
-        };
-        let (bytes, held) = body::read_within(
-            request_body,
-            &parts.headers,
-            B::limit(shared),
-            &shared.budget,
-            shared.body_timeout,
-        )
-        .await?;
-        let body = B::admit(&bytes, shared, &credential)?;
-        Ok(Admitted {
-            credential,
-            key,
-            body,
-            bytes,
-            held,
-        })
+        admit(request, state)
+            .instrument(tracing::info_span!("admission"))
+            .await
     }
+}
+
+/// Admits a request (see [`Admitted`]), under the request's `admission` span.
+async fn admit<B: Admissible>(request: Request, state: &AppState) -> Result<Admitted<B>, ApiError> {
+    let shared = &state.inner;
+    let (parts, request_body) = request.into_parts();
+    let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
+    require_json(&parts.headers)?;
+    let key = match shared.idempotency_ttl {
+        Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
+        None => None,
+    };
+    let (bytes, held) = body::read_within(
+        request_body,
+        &parts.headers,
+        B::limit(shared),
+        &shared.budget,
+        shared.body_timeout,
+    )
+    .await?;
+    let body = B::admit(&bytes, shared, &credential)?;
+    Ok(Admitted {
+        credential,
+        key,
+        body,
+        bytes,
+        held,
+    })
 }
 
 impl Admissible for SqlRequest {

@@ -1,5 +1,6 @@
-//! Cross-cutting HTTP layers: the request id and the one structured log line per request (which
-//! also feeds the metrics), and the panic-to-500 conversion.
+//! Cross-cutting HTTP layers: the request id, the request's span (continuing its caller's trace,
+//! see `trace`) and the one structured log line per request in it (which also feeds the
+//! metrics), `Server-Timing` and `Sqlhttp-Engine`, and the panic-to-500 conversion.
 //!
 //! Knows request/response metadata only: never bodies, SQL parameters or tokens. The log line's
 //! `credential` is a label (`token#1`, `read#2`, `anonymous`), never a token.
@@ -19,9 +20,11 @@ use crate::http::credentials::Label;
 use crate::http::metrics::Observation;
 use crate::http::request_id::{RequestId, X_REQUEST_ID};
 use crate::http::rows::Rows;
+use crate::http::trace;
 use crate::http::{ATTEMPT, IDEMPOTENCY_KEY, IDEMPOTENT_REPLAYED};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::state::AppState;
+use crate::timing::Timing;
 
 /// Longest `Sqlhttp-Attempt` value copied into the log.
 const MAX_LOGGED_ATTEMPT: usize = 32;
@@ -37,9 +40,12 @@ fn attempt(headers: &HeaderMap) -> String {
 }
 
 /// Gives the request its id (kept in its extensions, a span and the response's `X-Request-Id`)
-/// and logs one line at info when it is answered: id, method, path, client address,
+/// and its span (`request`, a child of the caller's when it sent W3C Trace Context), and logs
+/// one line at info in that span when it is answered: id, method, path, client address,
 /// credential label, `Sqlhttp-Attempt`, status, duration, rows, response bytes, whether an
-/// Idempotency-Key was sent and replayed. Counts the request in the metrics.
+/// Idempotency-Key was sent and replayed, the trace and span ids. Counts the request in the
+/// metrics. A success of `/api/` says what it cost in `Server-Timing`; every answer names its
+/// engine in `Sqlhttp-Engine`.
 pub(crate) async fn log_requests(
     State(state): State<AppState>,
     mut request: Request,
@@ -61,11 +67,26 @@ pub(crate) async fn log_requests(
     let attempt = attempt(request.headers());
     let keyed = request.headers().contains_key(IDEMPOTENCY_KEY);
     let span = tracing::info_span!("request", id = id.as_str());
-    let mut response = next.run(request).instrument(span).await;
+    let caller = trace::continue_trace(&span, request.headers());
+    let timing = Timing::default();
+    let api = path.starts_with(sqlhttp_protocol::path::API_PREFIX);
+    let mut response = timing
+        .clone()
+        .scope(next.run(request))
+        .instrument(span.clone())
+        .await;
     let elapsed = started.elapsed();
-    response
-        .headers_mut()
-        .insert(X_REQUEST_ID, id.header_value());
+    let headers = response.headers_mut();
+    headers.insert(X_REQUEST_ID, id.header_value());
+    headers.insert(trace::ENGINE, trace::engine(&state.inner.engine));
+    if api && response.status().is_success() {
+        let (queue, db) = timing.figures();
+        let value = trace::server_timing(queue, db, elapsed);
+        response.headers_mut().insert(trace::SERVER_TIMING, value);
+    }
+    if !span.is_disabled() {
+        response = response.map(|body| Body::new(trace::Traced::new(body, &span)));
+    }
 
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
@@ -83,6 +104,8 @@ pub(crate) async fn log_requests(
         replayed,
         statement_timeout: code == Some(ErrorCode::StatementTimeout),
     });
+    let ids = trace::ids(&span, caller.as_ref());
+    let _in_request = span.enter();
     tracing::info!(
         request_id = id.as_str(),
         %method,
@@ -99,6 +122,8 @@ pub(crate) async fn log_requests(
         bytes,
         idempotency_key = keyed,
         replayed,
+        trace_id = ids.as_ref().map(|(trace, _)| trace.as_str()),
+        span_id = ids.as_ref().map(|(_, span)| span.as_str()),
         "request"
     );
     response

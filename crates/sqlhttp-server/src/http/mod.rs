@@ -24,6 +24,7 @@ pub(crate) mod rate_limit;
 pub(crate) mod request_id;
 mod rows;
 pub(crate) mod streams;
+mod trace;
 mod transaction;
 
 use axum::Router;

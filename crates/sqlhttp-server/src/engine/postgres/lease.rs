@@ -20,6 +20,7 @@ use crate::engine::postgres::transaction::Opened;
 use crate::engine::postgres::{CONNECT_WITHIN, Inner, Job, STOP_WITHIN, session, wire};
 use crate::engine::shutting_down;
 use crate::protocol::error::ApiError;
+use crate::timing::Timing;
 
 /// The savepoint every request's transaction opens first and releases last is named this and
 /// a random suffix drawn for each request, so a client cannot re-create it (ADR 0027).
@@ -246,10 +247,13 @@ impl Inner {
             })?;
         // A client's function may have changed the client role (its defaults, its password):
         // once the owner has put it back, one more login is clean (see `session`).
-        let object = match self.pool.get().await {
-            Err(e) if session::worth_retrying(&self.keeper, &e).await => self.pool.get().await,
-            got => got,
-        };
+        let object = Timing::queue("postgresql", async {
+            match self.pool.get().await {
+                Err(e) if session::worth_retrying(&self.keeper, &e).await => self.pool.get().await,
+                got => got,
+            }
+        })
+        .await;
         let object = object.map_err(|e| {
             use deadpool_postgres::PoolError as E;
             match e {

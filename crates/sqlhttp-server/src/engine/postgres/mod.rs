@@ -63,6 +63,7 @@ use std::time::Duration;
 use deadpool_postgres::{Hook, HookError, Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::Semaphore;
 use tokio_postgres::CancelToken;
+use tracing::Instrument as _;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl, ReadReplicas};
@@ -78,6 +79,7 @@ use crate::protocol::batch::BatchRequest;
 use crate::protocol::bookmark::{Bookmark, Position, ReadAt, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
+use crate::timing::Timing;
 
 use ahead::PrimaryLog;
 use keyed::Work;
@@ -373,7 +375,9 @@ impl PostgresEngine {
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     {
-        let task = tokio::spawn(work(Arc::clone(node), Arc::clone(&job)));
+        // The task serves the request: its timing and span go with it.
+        let work = work(Arc::clone(node), Arc::clone(&job)).instrument(tracing::Span::current());
+        let task = tokio::spawn(Timing::carry(work));
         let cancel = CancelOnDrop::new(job);
         let result = task.await;
         cancel.disarm();
@@ -831,7 +835,7 @@ impl Inner {
         statements: usize,
         work: impl Future<Output = Result<T, ApiError>>,
     ) -> Result<T, ApiError> {
-        let mut work = pin!(work);
+        let mut work = pin!(Timing::engine("postgresql", work));
         let shutdown = self.shutdown.notified();
         let mut shutdown = pin!(shutdown);
         shutdown.as_mut().enable();

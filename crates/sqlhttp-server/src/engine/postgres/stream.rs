@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
+use tracing::Instrument as _;
 
 use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::lease::Lease;
@@ -44,9 +45,11 @@ impl PostgresEngine {
         // Boxed: the task's future is large, and `spawn` moved it by value twice on its way
         // into the task's cell (those copies were half of the gateway bench process's memmove
         // samples); boxed, it is copied once.
-        let task = tokio::spawn(Box::pin(async move {
-            inner.stream(&task_job, &request, mode, sender).await
-        }));
+        // The task serves the request: its timing and span go with it.
+        let task = tokio::spawn(Box::pin(crate::timing::Timing::carry(
+            async move { inner.stream(&task_job, &request, mode, sender).await }
+                .instrument(tracing::Span::current()),
+        )));
         let cancel = CancelOnDrop::new(Arc::clone(&job));
         match receiver.start().await {
             stream::Start::Streaming => {

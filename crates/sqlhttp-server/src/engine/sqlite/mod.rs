@@ -46,6 +46,7 @@ use crate::protocol::batch::BatchRequest;
 use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
+use crate::timing::Timing;
 
 use connection::{Conn, Role, Target};
 use control::{Hooks, JobControl};
@@ -289,9 +290,12 @@ impl SqliteEngine {
         &self,
         shares: u32,
     ) -> Result<tokio::sync::OwnedSemaphorePermit, ApiError> {
-        let waited = tokio::time::timeout(
-            self.limits.statement_timeout,
-            Arc::clone(&self.writes).acquire_many_owned(shares),
+        let waited = Timing::queue(
+            "writer turn",
+            tokio::time::timeout(
+                self.limits.statement_timeout,
+                Arc::clone(&self.writes).acquire_many_owned(shares),
+            ),
         )
         .await;
         match waited {

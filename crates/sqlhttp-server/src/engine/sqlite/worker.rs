@@ -29,6 +29,7 @@ use crate::engine::shutting_down;
 use crate::engine::sqlite::connection::Conn;
 use crate::engine::sqlite::control::JobControl;
 use crate::protocol::error::ApiError;
+use crate::timing::Carried;
 
 /// Stack size of an engine thread: ample for SQLite's deepest recursion within its limits.
 const ENGINE_STACK_BYTES: usize = 16 * 1024 * 1024;
@@ -237,7 +238,11 @@ impl Pool {
             }
         });
         let job_control = Arc::clone(control);
+        // The request's timing and span, to the worker's thread (`queue` until it starts).
+        let carried = Carried::here(self.name());
+        let pool = self.name();
         let run = Box::new(move |conn: &mut Conn| {
+            let _running = carried.start(pool);
             job_control.start(conn.limits.statement_timeout);
             conn.hooks.begin_job(Arc::clone(&job_control));
             let outcome = match catch_unwind(AssertUnwindSafe(|| job(conn))) {
