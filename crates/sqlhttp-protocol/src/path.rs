@@ -6,6 +6,8 @@ pub const SQL: &str = "/api/v1/sql";
 pub const BATCH: &str = "/api/v1/batch";
 /// The tables, or one table's columns.
 pub const DESCRIBE: &str = "/api/v1/describe";
+/// One statement's parameters, result columns and whether it may write, nothing run.
+pub const DESCRIBE_STATEMENT: &str = "/api/v1/describe/statement";
 /// Opens an interactive transaction.
 pub const TRANSACTION_OPEN: &str = "/api/v1/transaction/open";
 /// One statement of an interactive transaction.

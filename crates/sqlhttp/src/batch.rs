@@ -12,13 +12,14 @@ use std::future::IntoFuture;
 use bytes::Bytes;
 use http::HeaderValue;
 use serde::Serialize;
-use sqlhttp_protocol::body::{BatchResponse, ForeignKeys, member};
+use sqlhttp_protocol::body::{ForeignKeys, member};
 
 use crate::client::Client;
 use crate::error::{Error, ErrorKind, Result};
 use crate::options::{CallOptions, call_settings, read_settings, retry_setting, write_settings};
 use crate::retry::classify::OpClass;
 use crate::statement::{RequestBody, ResponseFuture, Statement};
+use crate::stats::{ServerStats, Stats};
 use crate::table::Table;
 use crate::transaction::Isolation;
 use crate::transport::{Call, Endpoint};
@@ -119,10 +120,21 @@ fn encode_with(
 
 /// Decodes `{"results": [...]}` into one table per statement; a count other than `expected` is a
 /// decode failure (the server did not run what was sent).
-pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>> {
-    let BatchResponse { results, .. } =
-        serde_json::from_slice::<BatchResponse<&serde_json::value::RawValue>>(body)
-            .map_err(Error::decode)?;
+pub(crate) fn decode_results(
+    body: &[u8],
+    expected: usize,
+) -> Result<(Vec<Table>, Option<ServerStats>)> {
+    /// The batch's answer, its `stats` read leniently (`ServerStats::read`).
+    #[derive(serde::Deserialize)]
+    struct Answer<'a> {
+        #[serde(borrow)]
+        results: Vec<&'a serde_json::value::RawValue>,
+        #[serde(default, borrow)]
+        stats: Option<&'a serde_json::value::RawValue>,
+    }
+    let Answer { results, stats } =
+        serde_json::from_slice::<Answer<'_>>(body).map_err(Error::decode)?;
+    let stats = stats.and_then(|raw| ServerStats::read(raw.get()));
     if results.len() != expected {
         return Err(Error::new(ErrorKind::Decode {
             row: None,
@@ -133,10 +145,11 @@ pub(crate) fn decode_results(body: &[u8], expected: usize) -> Result<Vec<Table>>
             ),
         }));
     }
-    results
+    let tables = results
         .iter()
         .map(|result| crate::wire::decode::table(result.get().as_bytes()))
-        .collect()
+        .collect::<Result<_>>()?;
+    Ok((tables, stats))
 }
 
 /// Several statements that the server runs **in order, in one transaction**, committing only if all
@@ -426,8 +439,18 @@ impl Batch {
         };
         let delivered = self.client.send(call, &mut whole).await?;
         let replayed = crate::insert::replayed_by_an_earlier_call(&delivered);
-        let results = decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
-        Ok(BatchReport { results, replayed })
+        let (results, stats) =
+            decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
+        let results = results
+            .into_iter()
+            .map(|table| table.attempted(delivered.attempts))
+            .collect();
+        let stats = Stats::from_wire(stats.as_ref(), delivered.attempts);
+        Ok(BatchReport {
+            results,
+            replayed,
+            stats,
+        })
     }
 }
 
@@ -442,6 +465,9 @@ pub struct BatchReport {
     /// this one. A replay that answers a retry does not count: the attempt before it, lost on
     /// the way back, may have been this call's own write.
     pub replayed: bool,
+    /// What the whole batch cost (its statements, its BEGIN and COMMIT; each statement's own
+    /// figures are its table's [`Table::stats`]) and the attempts the call took.
+    pub stats: Stats,
 }
 
 impl IntoFuture for Batch {
@@ -548,7 +574,8 @@ mod tests {
     #[test]
     fn a_result_count_other_than_the_statements_is_a_decode_failure() {
         let one = br#"{"results":[{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":3}]}"#;
-        let tables = decode_results(one, 1).unwrap();
+        let (tables, stats) = decode_results(one, 1).unwrap();
+        assert_eq!(stats, None, "an older server's batch has no stats");
         assert_eq!(tables[0].last_insert_id(), Some(3));
         let err = decode_results(one, 2).unwrap_err();
         assert!(matches!(err.kind(), ErrorKind::Decode { .. }), "{err:?}");

@@ -16,8 +16,11 @@ use crate::batch::{Batch, BatchLimits};
 use crate::bookmark::{Bookmark, Session};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
+use crate::retry::rate::AdaptiveRate;
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery, Target};
+use crate::transport::metrics::Metrics;
+use crate::transport::trace::TraceSettings;
 use crate::transport::{Call, Delivered, Exchange, HttpExchange, Receive, Transport};
 
 /// The path of the protocol's statement endpoint, relative to the server's base URL.
@@ -203,6 +206,22 @@ impl Client {
         self.inner.transport.session.reset();
     }
 
+    /// What this client's retry budget and adaptive send rate allow now, shared by every clone: the
+    /// tokens left and the bucket's capacity, and the attempts per second the rate allows (see
+    /// [`RetryState`](crate::RetryState)). A snapshot: read it again for a later one.
+    ///
+    /// ```
+    /// let client = sqlhttp::Client::builder("http://127.0.0.1:8080").build()?;
+    /// let state = client.retry_state();
+    /// if let (Some(tokens), Some(capacity)) = (state.tokens(), state.capacity()) {
+    ///     println!("retry budget: {tokens} of {capacity} tokens");
+    /// }
+    /// # Ok::<(), sqlhttp::Error>(())
+    /// ```
+    pub fn retry_state(&self) -> crate::RetryState {
+        self.inner.transport.retry_state()
+    }
+
     pub(crate) fn insert_limits(&self) -> InsertLimits {
         self.inner.insert_limits
     }
@@ -269,11 +288,13 @@ pub struct ClientBuilder {
     policy: RetryPolicy,
     retry_writes: bool,
     budget: Option<RetryBudget>,
+    adaptive_rate: bool,
     cancel: Option<CancellationToken>,
     insert_limits: InsertLimits,
     batch_limits: BatchLimits,
     net: NetSettings,
     bookmark: Option<Bookmark>,
+    trace_query_text: bool,
 }
 
 /// Settings of the HTTP client the SDK builds (none apply to a caller-supplied one).
@@ -392,11 +413,13 @@ impl ClientBuilder {
             policy: RetryPolicy::new(),
             retry_writes: false,
             budget: Some(RetryBudget::new()),
+            adaptive_rate: false,
             cancel: None,
             insert_limits: InsertLimits::default(),
             batch_limits: BatchLimits::default(),
             net: NetSettings::default(),
             bookmark: None,
+            trace_query_text: false,
         }
     }
 
@@ -543,11 +566,42 @@ impl ClientBuilder {
         self
     }
 
+    // Observability options
+
+    /// With `true`, each call's span carries the statement's text as `db.query.text`
+    /// (OpenTelemetry's database conventions). Default: `false`, the span carries only
+    /// `db.query.summary` (the operation and the table it names, read off the statement's first
+    /// words; never a literal).
+    ///
+    /// The text is the SQL as written: bound values are never in it (they travel apart, and no
+    /// span or log carries them), but a literal written into the SQL is. Turn it on when the
+    /// statements' text is fit for the tracing backend.
+    #[must_use]
+    pub fn trace_query_text(mut self, enabled: bool) -> Self {
+        self.trace_query_text = enabled;
+        self
+    }
+
     /// The client-wide retry budget shared by all clones, or `None` to retry without one.
     /// Default: [`RetryBudget::new()`].
     #[must_use]
     pub fn retry_budget(mut self, budget: impl Into<Option<RetryBudget>>) -> Self {
         self.budget = budget.into();
+        self
+    }
+
+    /// With `true`, the client (with its clones) paces its own attempts after the server throttles
+    /// it (a `429`, a `503` with `Retry-After`): the send rate falls to 0.7 of what it was sending,
+    /// then climbs back as a cubic of the time since as answers come without throttles, never above
+    /// twice the rate it measures itself sending, never below one attempt every two seconds (the
+    /// AWS SDKs' `adaptive` mode, ADR 0054). While it limits, any attempt, a call's first included,
+    /// may wait for its turn; a cancelled call stops waiting at once, and one whose turn comes past
+    /// its `max_elapsed` fails without sending, with
+    /// [`ErrorKind::ClientRateLimited`](crate::ErrorKind::ClientRateLimited).
+    /// [`Client::retry_state`] shows the rate. Default: `false` (nothing is paced).
+    #[must_use]
+    pub fn adaptive_rate(mut self, enabled: bool) -> Self {
+        self.adaptive_rate = enabled;
         self
     }
 
@@ -707,12 +761,16 @@ impl ClientBuilder {
             }),
             (None, _) => unreachable!("an HTTP client is built unless a simulated server is set"),
         };
+        let trace = TraceSettings::for_url(&endpoint, self.trace_query_text);
         let transport = Transport {
+            metrics: Metrics::new(&trace),
+            trace,
             exchange,
             timeout: self.timeout,
             policy: self.policy,
             retry_writes: self.retry_writes,
             budget: self.budget.map(TokenBucket::new),
+            rate: self.adaptive_rate.then(AdaptiveRate::new),
             rng: Mutex::new(Transport::new_rng(self.policy.seed)),
             cancel: self.cancel,
             session: Arc::new(Session::new(self.bookmark)),
@@ -772,6 +830,7 @@ impl fmt::Debug for ClientBuilder {
             .field("proxy", &self.net.proxy.is_some())
             .field("custom_http_client", &self.http_client.is_some())
             .field("bookmark", &self.bookmark)
+            .field("trace_query_text", &self.trace_query_text)
             .finish_non_exhaustive()
     }
 }

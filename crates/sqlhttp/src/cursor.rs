@@ -68,8 +68,9 @@ impl<T: DeserializeOwned + Send> Receive for Collect<T> {
 }
 
 impl Collect<Vec<crate::value::Value>> {
-    /// The rows with their columns and effect, once the body has been served.
-    pub(crate) fn into_table(self) -> crate::table::Table {
+    /// The rows with their columns, effect and stats, once the body has been served by a call
+    /// of `attempts` attempts.
+    pub(crate) fn into_table(self, attempts: u32) -> crate::table::Table {
         let columns = self.decoder.columns().unwrap_or_default().to_vec();
         let effect = self.decoder.effect();
         crate::table::Table::new(
@@ -77,6 +78,7 @@ impl Collect<Vec<crate::value::Value>> {
             self.rows,
             effect.rows_affected.unwrap_or(0),
             effect.last_insert_id,
+            crate::stats::Stats::from_wire(self.decoder.stats(), attempts),
         )
     }
 }
@@ -250,6 +252,8 @@ struct Started<T> {
     /// Whether the call may write: a body it ends with `OUTCOME_UNKNOWN` leaves that unknown.
     may_write: bool,
     done: bool,
+    /// The body ended, every row given, without an error.
+    ended_cleanly: bool,
     /// How to read the result again when the body is cut short (a transaction's statement).
     reread: Option<Arc<dyn Reread>>,
     rereads: u32,
@@ -348,6 +352,22 @@ impl<T: DeserializeOwned> RowStream<T> {
         }
     }
 
+    /// What the call cost, once the stream has ended cleanly (after [`try_next`](Self::try_next)
+    /// gave `None`): the server's figures from the body's end (`None` each when the server does
+    /// not report them) and the attempts the call took (a re-read of a transaction's cut stream
+    /// included). `None` before the end, or when the result ended with an error.
+    pub fn stats(&self) -> Option<crate::stats::Stats> {
+        match &self.state {
+            State::Started(started) if started.done && started.ended_cleanly => {
+                Some(crate::stats::Stats::from_wire(
+                    started.decoder.stats(),
+                    started.attempts,
+                ))
+            }
+            _ => None,
+        }
+    }
+
     /// The next row, or `None` after the last one. The first call sends the request if the stream
     /// was not awaited.
     ///
@@ -426,6 +446,7 @@ impl<T: DeserializeOwned> Started<T> {
             session,
             may_write,
             done: false,
+            ended_cleanly: false,
             reread: None,
             rereads: 0,
             rereading: None,
@@ -544,6 +565,7 @@ impl<T: DeserializeOwned> Started<T> {
                 }
                 Ok(Step::End) => {
                     self.done = true;
+                    self.ended_cleanly = true;
                     self.body = None;
                     // A write that committed after its headers were sent names its bookmark
                     // here, at the end of the body.

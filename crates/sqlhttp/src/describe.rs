@@ -1,8 +1,10 @@
 //! What the server's schema holds, the same on every engine: [`Client::tables`] and
-//! [`Client::describe`] over the protocol's `POST /api/v1/describe`.
+//! [`Client::describe`] over the protocol's `POST /api/v1/describe`, and
+//! [`Client::describe_statement`] over `POST /api/v1/describe/statement` (what one statement
+//! takes and gives, nothing run: what the `query!` macros check against).
 //!
-//! Knows the describe call's body and the rows it answers with; the transport sends it as a
-//! read (retried), and the server runs each engine's own catalog query.
+//! Knows the describe calls' bodies and what they answer; the transport sends each as a read
+//! (retried), and the server runs each engine's own catalog query or prepares the statement.
 
 use bytes::Bytes;
 use serde::Deserialize;
@@ -41,7 +43,109 @@ pub struct ColumnInfo {
     pub primary_key: bool,
 }
 
+/// What one statement takes and gives, from [`Client::describe_statement`]: found by preparing
+/// it on the server, nothing run.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StatementInfo {
+    /// Its parameters, in order (`?1` first).
+    pub params: Vec<ParamInfo>,
+    /// Its result columns, in order (none for a statement without rows).
+    pub columns: Vec<StatementColumn>,
+    /// Whether it may write (a read-only credential may not run it).
+    pub may_write: bool,
+}
+
+/// One parameter of a described statement.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ParamInfo {
+    /// Its type as the engine inferred it (PostgreSQL's name: `int4`, `text`); `None` where the
+    /// engine does not know (always on SQLite).
+    pub type_name: Option<String>,
+}
+
+/// One result column of a described statement.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct StatementColumn {
+    /// Its name.
+    pub name: String,
+    /// Its type: PostgreSQL's name (`int8`); on SQLite the declared type of the table column it
+    /// comes from, `None` for an expression.
+    pub type_name: Option<String>,
+    /// `Some(false)` when the server knows it is never NULL (read straight from a `NOT NULL`
+    /// table column, outside outer joins and compound selects); `None` when not known.
+    pub nullable: Option<bool>,
+}
+
+impl From<sqlhttp_protocol::body::StatementDescription> for StatementInfo {
+    fn from(body: sqlhttp_protocol::body::StatementDescription) -> Self {
+        StatementInfo {
+            params: body
+                .params
+                .into_iter()
+                .map(|param| ParamInfo {
+                    type_name: param.type_name,
+                })
+                .collect(),
+            columns: body
+                .columns
+                .into_iter()
+                .map(|column| StatementColumn {
+                    name: column.name,
+                    type_name: column.type_name,
+                    nullable: column.nullable,
+                })
+                .collect(),
+            may_write: body.may_write,
+        }
+    }
+}
+
 impl Client {
+    /// What `sql` takes and gives: its parameters (with their types where the engine infers
+    /// them), its result columns (name, type, whether known never NULL) and whether it may
+    /// write. The server prepares the statement and runs nothing; it refuses a describe as it
+    /// would refuse running the statement (the sandbox, a read-only credential and a statement
+    /// that may write, on PostgreSQL the tables the credential's role may not read). A read:
+    /// retried on transient failures.
+    ///
+    /// ```no_run
+    /// # async fn run(client: sqlhttp::Client) -> sqlhttp::Result<()> {
+    /// let info = client.describe_statement("SELECT id, title FROM books WHERE id = ?").await?;
+    /// assert_eq!(info.params.len(), 1);
+    /// for column in &info.columns {
+    ///     println!("{} {:?} {:?}", column.name, column.type_name, column.nullable);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// The statement's own error (`SqlError` for text the engine cannot prepare, a refusal for
+    /// one it may not run), or any failure of the call, after retries.
+    pub async fn describe_statement(&self, sql: &str) -> Result<StatementInfo> {
+        let body = serde_json::to_vec(&sqlhttp_protocol::body::DescribeStatementRequest { sql })
+            .map_err(crate::Error::decode)?;
+        let mut whole = crate::cursor::Whole::default();
+        let options = CallOptions::default();
+        let call = Call {
+            class: OpClass::Read,
+            endpoint: Endpoint::DescribeStatement,
+            body: Bytes::from(body),
+            sql,
+            options: &options,
+            idempotency_key: None,
+            started: None,
+        };
+        self.send(call, &mut whole).await?;
+        let described: sqlhttp_protocol::body::StatementDescription =
+            serde_json::from_slice(&whole.0).map_err(crate::Error::decode)?;
+        Ok(described.into())
+    }
+
     /// The tables and views this client can see, by name (the server's own are left out). A
     /// read: retried on transient failures, and a read token may call it.
     ///

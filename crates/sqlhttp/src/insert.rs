@@ -284,7 +284,8 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
                 .await
                 .and_then(|delivered| {
                     let effect =
-                        decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))?;
+                        decode::effect_of(&effect.decoder, delivered.attempts)
+                            .map_err(|err| delivered.attach(err))?;
                     Ok((effect, replayed_by_an_earlier_call(&delivered)))
                 });
             let err = match sent {
@@ -353,7 +354,7 @@ impl<T> Insert<'_, T> {
             started: None,
         };
         let delivered = self.target.client().send(call, &mut whole).await?;
-        let tables =
+        let (tables, _) =
             crate::batch::decode_results(&whole.0, count).map_err(|err| delivered.attach(err))?;
         Ok(InsertReport {
             rows: tables.iter().map(Table::rows_affected).sum(),

@@ -108,6 +108,7 @@ pub mod script;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod simulation;
 mod statement;
+mod stats;
 mod table;
 mod transaction;
 mod transport;
@@ -118,7 +119,7 @@ pub use batch::{Batch, BatchReport};
 pub use bookmark::{Bookmark, Consistency, ParseBookmarkError};
 pub use client::{Client, ClientBuilder};
 pub use cursor::RowStream;
-pub use describe::{ColumnInfo, TableInfo};
+pub use describe::{ColumnInfo, ParamInfo, StatementColumn, StatementInfo, TableInfo};
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use executor::Executor;
 pub use insert::{Insert, InsertReport};
@@ -129,8 +130,9 @@ pub use reqwest::Proxy;
 #[cfg(any(feature = "rustls", feature = "native-tls"))]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
 pub use reqwest::{Certificate, Identity};
-pub use retry::{Jitter, RetryBudget, RetryPolicy};
+pub use retry::{Jitter, RetryBudget, RetryPolicy, RetryState};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
+pub use stats::{ServedBy, Stats};
 pub use table::{Column, ExecResult, Row, Table};
 /// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
 /// (tokio-util's type: see "Other crates' types in this API").

@@ -509,10 +509,11 @@ impl IntoFuture for TableQuery {
     fn into_future(self) -> Self::IntoFuture {
         ResponseFuture::new(async move {
             let mut all = Collect::<Vec<Cell>>::new();
-            self.statement
+            let delivered = self
+                .statement
                 .send(&self.target, OpClass::Read, &self.options, &mut all)
                 .await?;
-            Ok(all.into_table())
+            Ok(all.into_table(delivered.attempts))
         })
     }
 }
@@ -674,10 +675,11 @@ impl Execute {
     /// Any failure of the one attempt (see [`ErrorKind`]).
     pub async fn fetch_table(self) -> Result<Table> {
         let mut all = Collect::<Vec<Cell>>::new();
-        self.statement
+        let delivered = self
+            .statement
             .send(&self.target, OpClass::Execute, &self.options, &mut all)
             .await?;
-        Ok(all.into_table())
+        Ok(all.into_table(delivered.attempts))
     }
 }
 
@@ -692,7 +694,8 @@ impl IntoFuture for Execute {
                 .statement
                 .send(&self.target, OpClass::Execute, &self.options, &mut effect)
                 .await?;
-            decode::effect_of(&effect.decoder).map_err(|err| delivered.attach(err))
+            decode::effect_of(&effect.decoder, delivered.attempts)
+                .map_err(|err| delivered.attach(err))
         })
     }
 }

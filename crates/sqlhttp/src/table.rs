@@ -9,6 +9,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, ErrorKind, Result};
+use crate::stats::Stats;
 
 use crate::value::Value;
 
@@ -41,6 +42,8 @@ pub struct ExecResult {
     pub rows_affected: u64,
     /// The id (SQLite's rowid) of the last row the statement inserted, if it inserted any.
     pub last_insert_id: Option<i64>,
+    /// What the call cost: the server's figures (when it reports them) and the attempts taken.
+    pub stats: Stats,
 }
 
 /// A query result with its columns, as returned by [`Client::query_table`](crate::Client::query_table),
@@ -66,6 +69,7 @@ pub struct Table {
     rows: Vec<Vec<Value>>,
     rows_affected: u64,
     last_insert_id: Option<i64>,
+    stats: Stats,
 }
 
 impl Table {
@@ -74,13 +78,29 @@ impl Table {
         rows: Vec<Vec<Value>>,
         rows_affected: u64,
         last_insert_id: Option<i64>,
+        stats: Stats,
     ) -> Self {
         Self {
             columns,
             rows,
             rows_affected,
             last_insert_id,
+            stats,
         }
+    }
+
+    /// What the call cost: the server's figures for this statement (its time, rows read and
+    /// written, which node served it; `None` each when the server does not report it) and the
+    /// call's attempts. In a [`batch`](crate::Client::batch), each statement's own figures, and
+    /// the batch's attempts.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The same table with the call's attempt count.
+    pub(crate) fn attempted(mut self, attempts: u32) -> Self {
+        self.stats.total_attempts = attempts;
+        self
     }
 
     /// The result's columns, in order.

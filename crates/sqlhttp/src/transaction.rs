@@ -42,6 +42,7 @@ use crate::retry::classify::OpClass;
 use crate::statement::{Execute, Query, ResponseFuture, TableQuery, Target};
 use crate::transport::{Call, Delivered, Endpoint, Receive, TxStep};
 use tokio::time::Instant;
+use tracing::Instrument;
 
 /// A transaction's isolation level: the protocol's (`sqlhttp_protocol::Isolation`, ADR 0048),
 /// re-exported. On PostgreSQL one of two conflicting [`Isolation::Serializable`] transactions
@@ -118,7 +119,19 @@ impl TransactionBuilder {
             deferrable: Some(self.deferrable),
         })
         .map_err(Error::decode)?;
-        let answer = send(&self.client, TxStep::Open, Bytes::from(body), "BEGIN").await?;
+        // The transaction's span: its steps' call spans are its children, from BEGIN to the
+        // COMMIT or ROLLBACK; it ends when the transaction and what it handed out are gone.
+        let span = tracing::info_span!(
+            "sqlhttp.transaction",
+            otel.name = "TRANSACTION",
+            read_only = self.read_only,
+            isolation = self.isolation.as_str(),
+            run = tracing::field::Empty,
+            rerun = tracing::field::Empty,
+        );
+        let answer = send(&self.client, TxStep::Open, Bytes::from(body), "BEGIN")
+            .instrument(span.clone())
+            .await?;
         let Opened { transaction } = serde_json::from_slice(&answer).map_err(Error::decode)?;
         if transaction.is_empty()
             || !transaction
@@ -137,6 +150,7 @@ impl TransactionBuilder {
                 client: self.client,
                 token: transaction,
                 state: tokio::sync::Mutex::new(State::default()),
+                span,
             })),
         })
     }
@@ -275,6 +289,8 @@ struct Shared {
     client: Client,
     token: String,
     state: tokio::sync::Mutex<State>,
+    /// The transaction's span (`sqlhttp.transaction`), the parent of its steps' calls.
+    span: tracing::Span,
 }
 
 #[derive(Default)]
@@ -378,11 +394,15 @@ impl Drop for Shared {
         };
         let client = self.client.clone();
         let body = named(&self.token);
-        runtime.spawn(async move {
-            if let Err(err) = send(&client, TxStep::Rollback, body, "ROLLBACK").await {
-                tracing::debug!(error = %err, "cannot roll back a dropped transaction; the server's idle timeout will");
+        let span = self.span.clone();
+        runtime.spawn(
+            async move {
+                if let Err(err) = send(&client, TxStep::Rollback, body, "ROLLBACK").await {
+                    tracing::debug!(error = %err, "cannot roll back a dropped transaction; the server's idle timeout will");
+                }
             }
-        });
+            .instrument(span),
+        );
     }
 }
 
@@ -468,6 +488,7 @@ impl Transaction {
             "COMMIT",
             Some(started),
         )
+        .instrument(self.handle.0.span.clone())
         .await
     }
 
@@ -521,6 +542,7 @@ impl Transaction {
                 "OUTCOME",
                 Some(started),
             )
+            .instrument(self.handle.0.span.clone())
             .await;
             let outcome = match answer {
                 Ok(body) => match serde_json::from_slice::<TransactionOutcome>(&body) {
@@ -587,6 +609,7 @@ impl Transaction {
             named(&self.handle.0.token),
             "ROLLBACK",
         )
+        .instrument(self.handle.0.span.clone())
         .await
         .map(drop);
         state.finished = rolled_back.is_ok();
@@ -626,6 +649,7 @@ impl Handle {
             named(&self.0.token),
             "ROLLBACK",
         )
+        .instrument(self.0.span.clone())
         .await
         {
             tracing::debug!(error = %err, "cannot roll back a transaction whose statement has an unknown outcome; the server's idle timeout will");
@@ -671,7 +695,12 @@ impl Handle {
         // transaction (ADR 0047).
         state.in_flight = Some(seq);
         let in_flight = InFlight(Some(self.clone()));
-        let sent = self.0.client.send(step, receiver).await;
+        let sent = self
+            .0
+            .client
+            .send(step, receiver)
+            .instrument(self.0.span.clone())
+            .await;
         in_flight.disarm();
         state.in_flight = None;
         match sent {
@@ -777,7 +806,13 @@ impl Reread for Replay {
                 idempotency_key: None,
                 started: None,
             };
-            let delivered = self.handle.0.client.send(call, receiver).await;
+            let delivered = self
+                .handle
+                .0
+                .client
+                .send(call, receiver)
+                .instrument(self.handle.0.span.clone())
+                .await;
             drop(state);
             delivered
         })
@@ -919,6 +954,10 @@ impl Client {
         loop {
             run += 1;
             let tx = self.transaction().await?;
+            // `transact`'s runs on the transaction's span: a run after the first is a re-run of
+            // the work, after the one before was lost.
+            tx.handle.0.span.record("run", run);
+            tx.handle.0.span.record("rerun", run > 1);
             let given = Transaction {
                 handle: tx.handle.clone(),
             };

@@ -1,5 +1,6 @@
-//! What the SDK logs: one span per call and one event per retry; SQL text only at debug level;
-//! parameters and the bearer token never.
+//! What the SDK logs: one span per call and one event per retry; SQL text only at debug level
+//! (the call span's `db.query.summary`, the operation and its table, at info); parameters and
+//! the bearer token never.
 //!
 //! A binary of its own with a single test: tracing caches per-callsite interest process-wide, and
 //! a callsite first reached by a test with no subscriber could stay disabled for one with a scoped
@@ -85,11 +86,18 @@ async fn one_span_per_call_one_event_per_retry_no_secrets() {
     assert!(retry.contains("delay_ms="), "{retry}");
     assert_eq!(logs.matches("retrying").count(), 1, "{logs}");
 
+    // The span names the operation and its table by the database conventions; the statement's
+    // text is not at info.
+    assert!(
+        retry.contains(r#"db.query.summary="SELECT secrets_table""#),
+        "{retry}"
+    );
     let info = logs;
-    assert!(!info.contains("secrets_table"), "SQL text at info:\n{info}");
+    assert!(!info.contains("WHERE v"), "SQL text at info:\n{info}");
+    assert!(!info.contains("db.query.text"), "SQL text at info:\n{info}");
     let trace = logged_call(tracing::Level::TRACE).await;
     assert!(
-        trace.contains("secrets_table"),
+        trace.contains("SELECT n FROM secrets_table WHERE v = ?"),
         "SQL text at debug:\n{trace}"
     );
     for logs in [&info, &trace] {

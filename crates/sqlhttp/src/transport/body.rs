@@ -81,6 +81,25 @@ impl Body {
         }
     }
 
+    /// The value of the response head's header `name`, when it is text (a simulated or scripted
+    /// body has none).
+    fn header(&self, name: &str) -> Option<&str> {
+        match &self.inner {
+            BodyInner::Http(response) => response.headers().get(name)?.to_str().ok(),
+            _ => None,
+        }
+    }
+
+    /// The engine that answered (`sqlhttp-engine`: `sqlite`, `postgresql`), when the server said.
+    pub(crate) fn engine(&self) -> Option<&str> {
+        self.header(sqlhttp_protocol::header::ENGINE)
+    }
+
+    /// The server's id for the request (`X-Request-Id`), when it gave one.
+    pub(crate) fn request_id(&self) -> Option<&str> {
+        self.header(sqlhttp_protocol::header::REQUEST_ID)
+    }
+
     /// A body whose pieces arrive each after its pause.
     #[cfg(test)]
     pub(crate) fn scripted(pieces: impl IntoIterator<Item = (Duration, Bytes)>) -> Body {

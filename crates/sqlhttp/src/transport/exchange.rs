@@ -33,6 +33,8 @@ pub(crate) enum Endpoint {
     Batch,
     /// `POST /api/v1/describe`: the tables, or one table's columns.
     Describe,
+    /// `POST /api/v1/describe/statement`: one statement's parameters and columns, nothing run.
+    DescribeStatement,
     /// `POST /api/v1/transaction/...`: a step of an interactive transaction.
     Transaction(TxStep),
 }
@@ -48,6 +50,19 @@ pub(crate) enum TxStep {
     Outcome,
 }
 
+impl TxStep {
+    /// The step's path.
+    fn path(self) -> &'static str {
+        match self {
+            TxStep::Open => path::TRANSACTION_OPEN,
+            TxStep::Statement => path::TRANSACTION_STATEMENT,
+            TxStep::Commit => path::TRANSACTION_COMMIT,
+            TxStep::Rollback => path::TRANSACTION_ROLLBACK,
+            TxStep::Outcome => path::TRANSACTION_OUTCOME,
+        }
+    }
+}
+
 impl Endpoint {
     /// The endpoint's URL, for a client whose SQL endpoint is `sql` (the others are its
     /// siblings).
@@ -61,13 +76,10 @@ impl Endpoint {
             Endpoint::Sql => sql.clone(),
             Endpoint::Batch => batch.clone(),
             Endpoint::Describe => describe.clone(),
-            Endpoint::Transaction(step) => {
-                let full = match step {
-                    TxStep::Open => path::TRANSACTION_OPEN,
-                    TxStep::Statement => path::TRANSACTION_STATEMENT,
-                    TxStep::Commit => path::TRANSACTION_COMMIT,
-                    TxStep::Rollback => path::TRANSACTION_ROLLBACK,
-                    TxStep::Outcome => path::TRANSACTION_OUTCOME,
+            Endpoint::DescribeStatement | Endpoint::Transaction(_) => {
+                let full = match self {
+                    Endpoint::Transaction(step) => step.path(),
+                    _ => path::DESCRIBE_STATEMENT,
                 };
                 // Relative to `/api/v1/`: a sibling of `/api/v1/sql` always joins.
                 let relative = full
@@ -176,6 +188,11 @@ impl HttpExchange {
         }
         for (name, value) in freshness {
             request = request.header(name, value);
+        }
+        // The attempt's span (the current one) as W3C `traceparent`/`tracestate`.
+        #[cfg(feature = "opentelemetry")]
+        {
+            request = request.headers(super::trace::propagation_headers());
         }
         let mut response = request.send().await.map_err(response::from_transport)?;
         let status = response.status();

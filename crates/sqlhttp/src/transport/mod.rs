@@ -19,6 +19,9 @@
 
 mod body;
 pub(crate) mod exchange;
+pub(crate) mod metrics;
+mod pace;
+pub(crate) mod trace;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -38,7 +41,11 @@ use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
 use crate::response::Failure;
 use crate::retry::classify::{OpClass, is_transient, should_retry};
-use crate::retry::{RetryPolicy, TokenBucket, backoff};
+use crate::retry::cost::delay_before_retry;
+use crate::retry::rate::AdaptiveRate;
+use crate::retry::{RetryPolicy, TokenBucket};
+use self::metrics::Metrics;
+use self::trace::{Decision, TraceSettings};
 
 /// Everything the transport needs, fixed when the client is built.
 pub(crate) struct Transport {
@@ -47,11 +54,17 @@ pub(crate) struct Transport {
     pub(crate) policy: RetryPolicy,
     pub(crate) retry_writes: bool,
     pub(crate) budget: Option<TokenBucket>,
+    /// The adaptive send rate, when the client turned it on (shared by clones, as the budget).
+    pub(crate) rate: Option<AdaptiveRate>,
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) cancel: Option<CancellationToken>,
     /// The greatest bookmark any answer to this client (or a clone) carried; shared with the
     /// streams still reading a body (which may name one at its end).
     pub(crate) session: Arc<Session>,
+    /// What the call and attempt spans say about the client (`trace`).
+    pub(crate) trace: TraceSettings,
+    /// The `opentelemetry` feature's instruments (nothing without it).
+    pub(crate) metrics: Metrics,
 }
 
 /// One call: a request body sent as many times as the rules allow. The request builders (statement,
@@ -119,14 +132,23 @@ impl Transport {
         call: Call<'_>,
         receiver: &mut dyn Receive,
     ) -> Result<Delivered> {
-        let span = tracing::info_span!(
-            "sqlhttp.call",
-            op = call.class.as_str(),
-            attempts = tracing::field::Empty,
-        );
-        self.run(call, receiver, &span)
+        let span = trace::call_span(&self.trace, call.class, call.sql);
+        let sql = call.sql;
+        let started = Instant::now();
+        let outcome = self
+            .run(call, receiver, &span)
             .instrument(span.clone())
-            .await
+            .await;
+        let engine = outcome.as_ref().ok().and_then(|d| d.body.engine());
+        trace::record_engine(&span, engine);
+        trace::end_call(&span, &outcome);
+        self.metrics.call_ended(
+            started.elapsed(),
+            sql,
+            engine,
+            outcome.as_ref().err().map(Error::kind),
+        );
+        outcome
     }
 
     /// One attempt: the response head within the attempt's budget, then the body's pieces, each
@@ -194,6 +216,8 @@ impl Transport {
         // Set once an attempt was refused `409 BOOKMARK_AHEAD`: later attempts carry no bookmark
         // of the call's own, and no second free attempt is made.
         let mut bookmark_refused = false;
+        // The wait before the next attempt, for its span.
+        let mut waited = Duration::ZERO;
         if [cancel, self.cancel.as_ref()]
             .into_iter()
             .flatten()
@@ -201,6 +225,7 @@ impl Transport {
         {
             return Err(Error::new(ErrorKind::Cancelled));
         }
+        self.first_turn(cancel, deadline).await?;
 
         loop {
             attempt += 1;
@@ -218,11 +243,17 @@ impl Transport {
                 bookmark,
                 consistency,
             };
+            let attempt_span =
+                trace::attempt_span(attempt, waited, call.class, idempotency_key.is_some());
+            self.metrics.attempt();
             let outcome = tokio::select! {
                 biased;
                 () = cancelled(cancel, self.cancel.as_ref()) => Err(Failure::from(ErrorKind::Cancelled)),
-                outcome = self.attempt(request, timeout, deadline, &mut *receiver) => outcome,
+                outcome = self
+                    .attempt(request, timeout, deadline, &mut *receiver)
+                    .instrument(attempt_span.clone()) => outcome,
             };
+            self.observe_answer(outcome.as_ref().err().map(|failure| &failure.kind));
             let Failure {
                 kind,
                 sent: this_sent,
@@ -231,6 +262,7 @@ impl Transport {
                 request_id,
             } = match outcome {
                 Ok(body) => {
+                    trace::attempt_succeeded(&attempt_span, body.request_id());
                     for bookmark in [body.bookmark(), receiver.bookmark()].into_iter().flatten() {
                         self.session.observe(bookmark);
                     }
@@ -249,6 +281,7 @@ impl Transport {
                 }
                 Err(failure) => failure,
             };
+            trace::attempt_failed(&attempt_span, &kind, request_id.as_deref());
             sent |= this_sent;
             unsettled |= this_sent && is_unanswered(&kind);
 
@@ -301,6 +334,8 @@ impl Transport {
                         "the server's primary is behind the bookmark; dropped it, sending again without it"
                     );
                     history.push(failure);
+                    trace::decided(&attempt_span, Decision::ResentWithoutBookmark);
+                    waited = Duration::ZERO;
                     continue;
                 }
             }
@@ -308,9 +343,17 @@ impl Transport {
                 || attempt >= max_attempts
                 || !should_retry(call.class, retry_writes, &kind)
             {
+                let decision = if kind == ErrorKind::Cancelled {
+                    Decision::Cancelled
+                } else if attempt >= max_attempts && should_retry(call.class, retry_writes, &kind) {
+                    Decision::AttemptsExhausted
+                } else {
+                    Decision::Final
+                };
+                trace::decided(&attempt_span, decision);
                 return Err(finish(kind, history, source));
             }
-            let delay = match call_rng.as_mut() {
+            let backoff = match call_rng.as_mut() {
                 Some(rng) => delay_before_retry(&policy, attempt, &kind, rng),
                 None => {
                     let mut rng = self
@@ -320,20 +363,34 @@ impl Transport {
                     delay_before_retry(&policy, attempt, &kind, &mut *rng)
                 }
             };
+            // The adaptive rate may give the retry a later turn than its backoff.
+            let (delay, turn) = self.retry_wait(backoff);
             let wakes = Instant::now().checked_add(delay);
             if let Some(deadline) = deadline
                 && wakes.is_none_or(|wakes| wakes >= deadline)
             {
                 tracing::debug!(attempt, "max_elapsed reached; not retrying");
-                return Err(finish(kind, history, source));
+                trace::decided(&attempt_span, Decision::MaxElapsed);
+                self.release_turn(turn);
+                let err = finish(kind, history, source);
+                // Held past it by the rate, not by its own backoff: the error says so.
+                return Err(if delay > backoff {
+                    err.with_retry_state(self.retry_state())
+                } else {
+                    err
+                });
             }
-            let after_timeout = matches!(kind, ErrorKind::Timeout { .. });
-            if let Some(bucket) = &self.budget
-                && !bucket.withdraw(after_timeout)
-            {
-                tracing::warn!(attempt, "retry budget exhausted; not retrying");
-                return Err(finish(kind, history, source).with_budget_exhausted());
-            }
+            let paid = match self.pay(&kind, turn) {
+                Ok(paid) => paid,
+                Err(state) => {
+                    tracing::warn!(attempt, "retry budget exhausted; not retrying");
+                    trace::decided(&attempt_span, Decision::BudgetExhausted);
+                    self.metrics.budget_refused();
+                    return Err(finish(kind, history, source)
+                        .with_budget_exhausted()
+                        .with_retry_state(state));
+                }
+            };
             let failure = record(attempt, &kind, Some(delay), request_id.clone());
             tracing::info!(
                 attempt,
@@ -343,13 +400,16 @@ impl Transport {
                 "retrying"
             );
             history.push(failure);
+            trace::decided(&attempt_span, Decision::Retried);
+            self.metrics.retry(&kind);
+            waited = delay;
+            // The attempt's span ends with the attempt, not after the wait.
+            drop(attempt_span);
             tokio::select! {
                 biased;
                 () = cancelled(cancel, self.cancel.as_ref()) => {
                     // The retry paid for will not happen.
-                    if let Some(bucket) = &self.budget {
-                        bucket.refund(after_timeout);
-                    }
+                    self.unpay(paid);
                     // The history ends with the attempt before, and the delay cut short.
                     let err = Error::new(ErrorKind::Cancelled)
                         .with_request_id(history.last().and_then(|f| f.request_id.clone()))
@@ -361,27 +421,6 @@ impl Transport {
                 () = tokio::time::sleep(delay) => {}
             }
         }
-    }
-}
-
-/// The server's `Retry-After` when it gave a valid one (on `429`, `503` and `409
-/// IDEMPOTENCY_KEY_IN_USE`), capped by `max_backoff`; else the computed backoff.
-fn delay_before_retry<R: rand::Rng + ?Sized>(
-    policy: &RetryPolicy,
-    attempt: u32,
-    kind: &ErrorKind,
-    rng: &mut R,
-) -> Duration {
-    let server_wait = match kind {
-        ErrorKind::RateLimited { retry_after, .. }
-        | ErrorKind::Unavailable { retry_after, .. }
-        | ErrorKind::OutcomeUnknown { retry_after, .. }
-        | ErrorKind::IdempotencyKeyInUse { retry_after, .. } => *retry_after,
-        _ => None,
-    };
-    match server_wait {
-        Some(wait) => wait.min(policy.max_backoff),
-        None => backoff::delay(policy, attempt, rng),
     }
 }
 

@@ -146,9 +146,12 @@ impl Harness {
             policy: RetryPolicy::new().with_jitter(Jitter::None),
             retry_writes: false,
             budget: Some(TokenBucket::new(RetryBudget::new())),
+            rate: None,
             rng: Mutex::new(Transport::new_rng(Some(1))),
             cancel: None,
             session: Arc::default(),
+            trace: Default::default(),
+            metrics: Default::default(),
         };
         Self {
             transport: configure(transport),
@@ -355,8 +358,8 @@ async fn retry_after_wins_over_the_computed_delay_but_is_capped() {
     h.send(OpClass::Read).await.unwrap();
     assert_eq!(
         h.times(),
-        vec![ms(0), ms(2_000), ms(7_000)],
-        "2 s asked; 30 s capped to 5 s"
+        vec![ms(0), ms(2_000), ms(9_000)],
+        "2 s asked; 30 s held to the computed 2 s plus 5 s"
     );
 }
 
@@ -460,7 +463,8 @@ async fn cancelling_mid_backoff_returns_at_once() {
     });
     let err = result.unwrap_err();
     assert_eq!((err.kind(), err.attempts()), (&ErrorKind::Cancelled, 1));
-    assert_eq!(err.history()[0].retry_delay, Some(ms(5_000)));
+    // 30 s asked, held to the computed 1 s plus 5 s.
+    assert_eq!(err.history()[0].retry_delay, Some(ms(6_000)));
     assert_eq!(started.elapsed(), ms(1_000));
     assert_eq!(h.seen().len(), 1);
 }
@@ -524,10 +528,17 @@ async fn an_empty_budget_returns_the_failure_and_says_so() {
         t
     });
     let err = h.send(OpClass::Read).await.unwrap_err();
-    assert_eq!(err.attempts(), 4, "15 tokens pay for three retries at 5");
+    assert_eq!(
+        err.attempts(),
+        2,
+        "15 tokens pay for one retry after a failure, at 14"
+    );
     assert!(err.is_budget_exhausted());
     let last = err.history().last().unwrap();
     assert_eq!(last.retry_delay, None);
+    let state = err.retry_state().expect("the budget refused it");
+    assert_eq!((state.tokens(), state.capacity()), (Some(1), Some(15)));
+    assert_eq!(h.transport.retry_state(), state);
 }
 
 #[tokio::test(start_paused = true)]
@@ -542,7 +553,10 @@ async fn successes_refill_the_budget() {
         ],
         |mut t| {
             t.budget = Some(TokenBucket::new(
-                RetryBudget::new().with_capacity(5).with_success_deposit(5),
+                RetryBudget::new()
+                    .with_capacity(5)
+                    .with_retry_cost(5)
+                    .with_success_deposit(5),
             ));
             t
         },
@@ -558,7 +572,7 @@ async fn successes_refill_the_budget() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn timeouts_cost_more_than_errors() {
+async fn timeouts_pay_the_timeout_cost() {
     let h = Harness::with([Step::Hang, Step::Hang, Step::Ok], |mut t| {
         t.timeout = Some(ms(100));
         t.budget = Some(TokenBucket::new(RetryBudget::new().with_capacity(15)));
@@ -568,7 +582,7 @@ async fn timeouts_cost_more_than_errors() {
     assert_eq!(
         err.attempts(),
         2,
-        "one timeout retry (10) paid, the second refused"
+        "one timeout retry (14) paid, the second refused"
     );
     assert!(err.is_timeout() && err.is_budget_exhausted());
 }
@@ -691,7 +705,7 @@ fn retrying_writes() -> impl FnOnce(Transport) -> Transport {
 }
 
 #[tokio::test(start_paused = true)]
-async fn key_in_use_waits_for_its_retry_after_capped_by_max_backoff() {
+async fn key_in_use_waits_for_its_retry_after_held_to_the_computed_delay_plus_5_s() {
     // The bug: a 409 in use was retried after 0-100 ms, so a slow first attempt outlived them all.
     let h = Harness::with(
         [key_in_use(Some(1)), key_in_use(Some(30)), Step::Ok],
@@ -700,8 +714,8 @@ async fn key_in_use_waits_for_its_retry_after_capped_by_max_backoff() {
     h.send(OpClass::Write).await.unwrap();
     assert_eq!(
         h.times(),
-        vec![ms(0), ms(1_000), ms(6_000)],
-        "1 s asked; 30 s capped to 5 s"
+        vec![ms(0), ms(1_000), ms(8_000)],
+        "1 s asked; 30 s held to the computed 2 s plus 5 s"
     );
     let keys = h.keys();
     assert!(
@@ -711,10 +725,10 @@ async fn key_in_use_waits_for_its_retry_after_capped_by_max_backoff() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn key_in_use_without_retry_after_falls_back_to_the_backoff() {
+async fn key_in_use_without_retry_after_falls_back_to_the_throttle_backoff() {
     let h = Harness::with([key_in_use(None), Step::Ok], retrying_writes());
     h.send(OpClass::Write).await.unwrap();
-    assert_eq!(h.times(), vec![ms(0), ms(100)]);
+    assert_eq!(h.times(), vec![ms(0), ms(1_000)], "a throttle's base, 1 s");
 }
 
 #[tokio::test(start_paused = true)]
@@ -1165,3 +1179,6 @@ async fn a_bookmark_ahead_at_max_elapsed_is_not_sent_again() {
     assert_eq!(h.seen().len(), 1);
     assert_eq!(h.transport.session.get(), None, "dropped all the same");
 }
+
+/// What each cause of a retry costs, and the adaptive send rate (issue 41).
+mod load;

@@ -31,6 +31,7 @@ use serde::de::{
 use super::blob::CellSeed;
 use super::envelope::{Decoder, Step};
 use crate::error::{Error, ErrorKind};
+use crate::stats::Stats;
 use crate::table::{Column, ExecResult, Table};
 use crate::value::Value;
 
@@ -82,10 +83,12 @@ pub fn table(body: &[u8]) -> Result<Table, Error> {
         rows,
         effect.rows_affected.unwrap_or(0),
         effect.last_insert_id,
+        Stats::from_wire(decoder.stats(), 0),
     ))
 }
 
-/// Decodes only a statement's effect from a response body, skipping any rows without building them.
+/// Decodes only a statement's effect from a response body, skipping any rows without building
+/// them; its stats carry `attempts`.
 ///
 /// # Errors
 ///
@@ -96,14 +99,14 @@ pub fn exec_result(body: &[u8]) -> Result<ExecResult, Error> {
     loop {
         match decoder.next()? {
             Step::Row(_) => {}
-            Step::End => return effect_of(&decoder),
+            Step::End => return effect_of(&decoder, 0),
             Step::NeedMore => unreachable!("the whole body was given"),
         }
     }
 }
 
 /// The effect a decoder read, which a protocol v1 success body must state.
-pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>) -> Result<ExecResult, Error> {
+pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>, attempts: u32) -> Result<ExecResult, Error> {
     let effect = decoder.effect();
     // Required: a `{}` from something that is not a protocol v1 server must not read as success.
     let rows_affected = effect.rows_affected.ok_or_else(|| {
@@ -116,6 +119,7 @@ pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>) -> Result<ExecResult, Error
     Ok(ExecResult {
         rows_affected,
         last_insert_id: effect.last_insert_id,
+        stats: Stats::from_wire(decoder.stats(), attempts),
     })
 }
 
@@ -919,9 +923,18 @@ mod tests {
             effect,
             ExecResult {
                 rows_affected: 3,
-                last_insert_id: Some(41)
+                last_insert_id: Some(41),
+                stats: Stats::default(),
             }
         );
+        let effect = exec_result(
+            br#"{"columns":[],"rows":[],"rows_affected":3,"last_insert_id":41,"stats":{"duration_ms":2.5,"rows_written":3,"served_by":"primary"}}"#,
+        )
+        .unwrap();
+        assert_eq!(effect.rows_affected, 3);
+        assert_eq!(effect.stats.duration, Some(std::time::Duration::from_micros(2_500)));
+        assert_eq!(effect.stats.rows_written, Some(3));
+        assert_eq!(effect.stats.served_by, Some(crate::ServedBy::Primary));
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! The protocol v1 success body read as it arrives: [`Decoder`] takes the body in pieces of any
 //! size, finds the envelope's members (`columns`, `rows`, `rows_affected`, `last_insert_id`, the
-//! `bookmark` a write that committed after its headers were sent ends with, and the `error` a
-//! streamed body may end with) and hands each complete row to the typed row decoder in `decode`,
+//! `bookmark` a write that committed after its headers were sent ends with, the `stats` every
+//! success ends with, and the `error` a streamed body may end with) and hands each complete row to the typed row decoder in `decode`,
 //! one row at a time.
 //!
 //! It holds at most the row being received and the piece that completed it, whatever the result's
@@ -20,6 +20,7 @@ use sqlhttp_protocol::body::member;
 use super::decode::{Position, RowSeed, RowsSeed, positioned};
 use crate::bookmark::{self, Bookmark};
 use crate::error::{Error, ErrorKind};
+use crate::stats::ServerStats;
 use crate::table::Column;
 
 /// What the decoder can give now.
@@ -72,6 +73,7 @@ enum Member {
     RowsAffected,
     LastInsertId,
     Bookmark,
+    Stats,
     Error,
     Other,
 }
@@ -101,6 +103,8 @@ pub(crate) struct Decoder<'a, T> {
     effect: Effect,
     /// The position the answer is consistent with, when the body named a valid one at its end.
     bookmark: Option<Bookmark>,
+    /// What the answer cost the server, when the body named it (its last member).
+    stats: Option<ServerStats>,
     /// The server's error, once the body said the result ends with one.
     failed: Option<ErrorKind>,
     marker: PhantomData<fn() -> T>,
@@ -141,6 +145,12 @@ impl<T> Decoder<'_, T> {
     pub(crate) fn bookmark(&self) -> Option<Bookmark> {
         self.bookmark
     }
+
+    /// The server's figures (the body's `stats` member), once read; `None` from a server that
+    /// does not send them, or when the member is not an object.
+    pub(crate) fn stats(&self) -> Option<&ServerStats> {
+        self.stats.as_ref()
+    }
 }
 
 /// A JSON value could not be read from the buffer yet, or not at all.
@@ -164,6 +174,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             ready: VecDeque::new(),
             effect: Effect::default(),
             bookmark: None,
+            stats: None,
             failed: None,
             marker: PhantomData,
         }
@@ -347,6 +358,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
                     member::ROWS_AFFECTED => Member::RowsAffected,
                     member::LAST_INSERT_ID => Member::LastInsertId,
                     member::BOOKMARK => Member::Bookmark,
+                    member::STATS => Member::Stats,
                     member::ERROR => Member::Error,
                     _ => Member::Other,
                 };
@@ -411,6 +423,11 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
                 if let Some(found) = bookmark::from_body_member(raw.get()) {
                     self.bookmark = self.bookmark.max(Some(found));
                 }
+            }
+            Member::Stats => {
+                // Any JSON value is read; its members are taken one by one, leniently.
+                let raw: Box<RawValue> = value!(Box<RawValue>);
+                self.stats = ServerStats::read(raw.get());
             }
             Member::Error => {
                 let raw: Box<RawValue> = value!(Box<RawValue>);
@@ -707,6 +724,34 @@ mod tests {
             assert_eq!(decoder.bookmark(), None, "{bad}");
             assert_eq!(decoder.effect().rows_affected, Some(1), "{bad}");
         }
+    }
+
+    /// The `stats` a success body ends with (after `bookmark`) is read in any split, and a body
+    /// without it (an older server's) reads as before.
+    #[test]
+    fn a_stats_member_at_the_end_is_read_in_any_split() {
+        let body = r#"{"columns":[{"name":"n","type":""}],"rows":[[1],[2]],"rows_affected":0,"last_insert_id":null,"bookmark":"00000000016b3a28","stats":{"duration_ms":0.25,"rows_read":2,"rows_written":0,"served_by":"primary","later":[1]}}"#;
+        for cut in 0..=body.len() {
+            let mut decoder = Decoder::<(i64,)>::new();
+            decoder.push(&body.as_bytes()[..cut]);
+            decoder.push(&body.as_bytes()[cut..]);
+            decoder.finish();
+            let mut rows = Vec::new();
+            assert!(matches!(decoder.drain_into(&mut rows).unwrap(), Step::End));
+            assert_eq!(rows, [(1,), (2,)]);
+            let stats = decoder.stats().copied().unwrap();
+            assert_eq!(stats.duration, Some(std::time::Duration::from_micros(250)));
+            assert_eq!((stats.rows_read, stats.rows_written), (Some(2), Some(0)));
+            assert!(decoder.bookmark().is_some());
+        }
+        let older = r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null}"#;
+        let mut decoder = Decoder::<(i64,)>::whole(older.as_bytes());
+        assert!(matches!(decoder.next().unwrap(), Step::End));
+        assert_eq!(decoder.stats(), None);
+        let odd = r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null,"stats":"fast"}"#;
+        let mut decoder = Decoder::<(i64,)>::whole(odd.as_bytes());
+        assert!(matches!(decoder.next().unwrap(), Step::End));
+        assert_eq!(decoder.stats(), None);
     }
 
     #[test]

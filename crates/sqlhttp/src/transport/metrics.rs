@@ -1,0 +1,181 @@
+//! The client's metrics, with the `opentelemetry` feature: `db.client.operation.duration` (a
+//! histogram in seconds per call, by OpenTelemetry's database conventions, with `error.type` when
+//! the call failed) and the counters an outage is read from: `sqlhttp.client.attempts`,
+//! `sqlhttp.client.retries` (by the failure's `error.type`) and
+//! `sqlhttp.client.retry_budget.refusals`. They are recorded through the meter of the global
+//! meter provider installed when the client is built (`opentelemetry::global::meter`).
+//!
+//! Without the feature, [`Metrics`] has no fields and every method is empty: a call pays nothing.
+//! This module knows the instruments' names and attributes; it does not know retry rules (the
+//! loop says what happened) nor spans (`trace` has those).
+
+use std::time::Duration;
+
+use crate::error::ErrorKind;
+
+use super::trace::TraceSettings;
+
+/// The client's instruments (none without the `opentelemetry` feature).
+#[derive(Clone, Default)]
+pub(crate) struct Metrics {
+    #[cfg(feature = "opentelemetry")]
+    inner: Option<std::sync::Arc<otel::Instruments>>,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Metrics").finish_non_exhaustive()
+    }
+}
+
+impl Metrics {
+    /// The instruments of a client built now, for the server `settings` names.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+    pub(crate) fn new(settings: &TraceSettings) -> Self {
+        Self {
+            #[cfg(feature = "opentelemetry")]
+            inner: Some(std::sync::Arc::new(otel::Instruments::new(settings))),
+        }
+    }
+
+    /// One call ended after `elapsed`: `Err` with its failure's kind. `sql` gives the
+    /// operation's name (its first word); `engine` the `db.system.name` when an answer named it.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+    #[inline]
+    pub(crate) fn call_ended(
+        &self,
+        elapsed: Duration,
+        sql: &str,
+        engine: Option<&str>,
+        failure: Option<&ErrorKind>,
+    ) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(inner) = &self.inner {
+            inner.call_ended(elapsed, sql, engine, failure);
+        }
+    }
+
+    /// An attempt is being sent.
+    #[inline]
+    pub(crate) fn attempt(&self) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(inner) = &self.inner {
+            inner.attempts.add(1, &inner.server);
+        }
+    }
+
+    /// A failed attempt is being retried.
+    #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
+    #[inline]
+    pub(crate) fn retry(&self, failure: &ErrorKind) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(inner) = &self.inner {
+            inner.retry(failure);
+        }
+    }
+
+    /// The retry budget refused a retry.
+    #[inline]
+    pub(crate) fn budget_refused(&self) {
+        #[cfg(feature = "opentelemetry")]
+        if let Some(inner) = &self.inner {
+            inner.budget_refusals.add(1, &inner.server);
+        }
+    }
+}
+
+#[cfg(feature = "opentelemetry")]
+mod otel {
+    use std::time::Duration;
+
+    use opentelemetry::KeyValue;
+    use opentelemetry::metrics::{Counter, Histogram};
+
+    use super::TraceSettings;
+    use crate::error::ErrorKind;
+    use crate::transport::trace::error_type;
+
+    /// The boundaries the conventions advise for `db.client.operation.duration`, in seconds.
+    const DURATION_BOUNDARIES: [f64; 9] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
+
+    pub(super) struct Instruments {
+        duration: Histogram<f64>,
+        pub(super) attempts: Counter<u64>,
+        retries: Counter<u64>,
+        pub(super) budget_refusals: Counter<u64>,
+        /// `server.address` and `server.port`, on every measurement.
+        pub(super) server: Vec<KeyValue>,
+    }
+
+    impl Instruments {
+        pub(super) fn new(settings: &TraceSettings) -> Self {
+            let meter = opentelemetry::global::meter("sqlhttp");
+            let mut server = Vec::new();
+            if let Some(address) = &settings.server_address {
+                server.push(KeyValue::new("server.address", address.clone()));
+            }
+            if let Some(port) = settings.server_port {
+                server.push(KeyValue::new("server.port", i64::from(port)));
+            }
+            Self {
+                duration: meter
+                    .f64_histogram("db.client.operation.duration")
+                    .with_unit("s")
+                    .with_description("Duration of database client operations.")
+                    .with_boundaries(DURATION_BOUNDARIES.to_vec())
+                    .build(),
+                attempts: meter
+                    .u64_counter("sqlhttp.client.attempts")
+                    .with_unit("{attempt}")
+                    .with_description("Attempts sent, the first of each call included.")
+                    .build(),
+                retries: meter
+                    .u64_counter("sqlhttp.client.retries")
+                    .with_unit("{retry}")
+                    .with_description("Failed attempts sent again, by the failure's error.type.")
+                    .build(),
+                budget_refusals: meter
+                    .u64_counter("sqlhttp.client.retry_budget.refusals")
+                    .with_unit("{refusal}")
+                    .with_description("Retries the retry budget refused.")
+                    .build(),
+                server,
+            }
+        }
+
+        pub(super) fn call_ended(
+            &self,
+            elapsed: Duration,
+            sql: &str,
+            engine: Option<&str>,
+            failure: Option<&ErrorKind>,
+        ) {
+            let mut attributes = self.server.clone();
+            if let Some(operation) = crate::transport::trace::operation(sql) {
+                attributes.push(KeyValue::new("db.operation.name", operation));
+            }
+            if let Some(engine) = engine {
+                attributes.push(KeyValue::new("db.system.name", engine.to_owned()));
+            }
+            if let Some(failure) = failure {
+                attributes.push(KeyValue::new(
+                    "error.type",
+                    error_type(failure).into_owned(),
+                ));
+                if let Some(code) = failure.wire_code() {
+                    attributes.push(KeyValue::new("db.response.status_code", code.to_owned()));
+                }
+            }
+            self.duration.record(elapsed.as_secs_f64(), &attributes);
+        }
+
+        pub(super) fn retry(&self, failure: &ErrorKind) {
+            let mut attributes = self.server.clone();
+            attributes.push(KeyValue::new(
+                "error.type",
+                error_type(failure).into_owned(),
+            ));
+            self.retries.add(1, &attributes);
+        }
+    }
+}
