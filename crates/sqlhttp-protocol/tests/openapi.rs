@@ -189,6 +189,7 @@ fn the_paths_are_the_crate_s() {
         path::SQL,
         path::BATCH,
         path::DESCRIBE,
+        path::DESCRIBE_STATEMENT,
         path::TRANSACTION_OPEN,
         path::TRANSACTION_STATEMENT,
         path::TRANSACTION_COMMIT,
@@ -231,6 +232,10 @@ fn the_bodies_members_and_required_sets_are_the_crate_s() {
     check_schema::<body::BatchResponse>(&doc);
     check_schema::<body::DescribeRequest>(&doc);
     check_schema::<body::Column>(&doc);
+    check_schema::<body::DescribeStatementRequest>(&doc);
+    check_schema::<body::StatementDescription>(&doc);
+    check_schema::<body::ParamDescription>(&doc);
+    check_schema::<body::ColumnDescription>(&doc);
     check_schema::<body::QueryResult>(&doc);
     check_schema::<body::StreamedFailure>(&doc);
     check_schema::<body::ErrorBody>(&doc);

@@ -17,6 +17,7 @@
 mod batches;
 mod blobs;
 mod connector;
+mod describe_statement;
 mod errors;
 mod faults;
 mod harness;

@@ -127,6 +127,14 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.batch_keyed(keyed, batch).await)
     }
 
+    async fn describe_statement(
+        &self,
+        sql: String,
+        access: Access,
+    ) -> Result<crate::engine::describe::Described, ApiError> {
+        dispatch!(self, engine => engine.describe_statement(sql, access).await)
+    }
+
     async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
         dispatch!(self, engine => engine.begin(options, at).await)
     }

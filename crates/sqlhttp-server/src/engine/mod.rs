@@ -35,6 +35,7 @@
 
 mod backend;
 pub(crate) mod batch_body;
+pub(crate) mod describe;
 pub(crate) mod interactive;
 pub(crate) mod job;
 pub(crate) mod keyed;
@@ -94,6 +95,18 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         keyed: Keyed,
         batch: BatchRequest,
     ) -> Result<(Outcome, Held), ApiError>;
+
+    /// Describes one statement without running it: its parameters, its result columns and
+    /// whether it may write, found by preparing it under the sandbox and the client's
+    /// privileges, so a describe is refused what running the statement would be refused for
+    /// reading. Under [`Access::ReadOnly`] a statement that may write is refused
+    /// (`403 READ_ONLY`). Served by the primary (or the one database): a schema just changed
+    /// is described as it now is.
+    async fn describe_statement(
+        &self,
+        sql: String,
+        access: Access,
+    ) -> Result<describe::Described, ApiError>;
 
     /// Opens an interactive transaction: one of the engine's connections, held until the
     /// returned session commits, rolls back or is dropped (which rolls back). A read-only one

@@ -5,6 +5,12 @@
 //! run as a verified read: a read token may describe, and the sandbox reads the catalog query
 //! as it reads a client's.
 //!
+//! `POST /api/v1/describe/statement` (`{"sql": "..."}`) describes one statement without running
+//! it: its parameters, result columns and whether it may write (ADR 0055). Its text passes the
+//! shared sandbox checks at admission, as a statement's does; the engine prepares it under its
+//! own sandbox and the client's privileges, and refuses a statement that may write to a
+//! credential that may only read (`403 READ_ONLY`).
+//!
 //! Knows the route, its body and how a describe becomes a read; the SQL is each engine's own
 //! (`engine::sqlite::catalog`, `engine::postgres::catalog`). Admission is `admit`'s, as for every
 //! API call.
@@ -14,11 +20,17 @@ use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
 
+use axum::http::StatusCode;
+use sqlhttp_protocol::body::{
+    ColumnDescription, DescribeStatementRequest, ParamDescription, StatementDescription,
+};
+
+use crate::engine::sandbox::check_text;
 use crate::engine::{Access, Engine as _};
-use crate::http::admit::{Admissible, Admitted};
+use crate::http::admit::{Admissible, Admitted, has_text};
 use crate::http::credentials::Credential;
 use crate::protocol::bookmark::ReadAt;
-use crate::protocol::error::ApiError;
+use crate::protocol::error::{ApiError, json_response};
 use crate::protocol::request::{Param, SqlRequest};
 use crate::state::{AppState, Shared};
 
@@ -54,6 +66,79 @@ impl Admissible for Describe {
             ));
         }
         Ok(asked)
+    }
+}
+
+/// The path of the statement describe call.
+pub(crate) const DESCRIBE_STATEMENT_PATH: &str = sqlhttp_protocol::path::DESCRIBE_STATEMENT;
+
+/// The statement describe body, with the credential's access.
+#[derive(Debug)]
+pub(crate) struct DescribeStatement {
+    sql: String,
+    access: Access,
+}
+
+impl Admissible for DescribeStatement {
+    fn limit(shared: &Shared) -> usize {
+        shared.max_body_bytes
+    }
+
+    /// Any credential may describe; one that may only read, only statements that cannot write.
+    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError> {
+        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+            return Err(ApiError::bad_request(
+                "a statement describe body is {\"sql\": \"...\"}, a JSON object",
+            ));
+        }
+        let asked: DescribeStatementRequest = serde_json::from_slice(bytes).map_err(|err| {
+            ApiError::bad_request(format!(
+                "a statement describe body is {{\"sql\": \"...\"}}: {err}"
+            ))
+        })?;
+        has_text(&asked.sql)?;
+        check_text(&asked.sql, &shared.limits)?;
+        Ok(DescribeStatement {
+            sql: asked.sql,
+            access: if credential.may_write() {
+                Access::ReadWrite
+            } else {
+                Access::ReadOnly
+            },
+        })
+    }
+}
+
+/// Answers a statement describe call: the statement's description, nothing run.
+pub(crate) async fn describe_statement(
+    State(state): State<AppState>,
+    admitted: Admitted<DescribeStatement>,
+) -> Response {
+    let DescribeStatement { sql, access } = admitted.body;
+    let described = match state.inner.engine.describe_statement(sql, access).await {
+        Ok(described) => described,
+        Err(err) => return err.into_response(),
+    };
+    let body = StatementDescription {
+        params: described
+            .params
+            .into_iter()
+            .map(|type_name| ParamDescription { type_name })
+            .collect(),
+        columns: described
+            .columns
+            .into_iter()
+            .map(|column| ColumnDescription {
+                name: column.name,
+                type_name: column.type_name,
+                nullable: column.nullable,
+            })
+            .collect(),
+        may_write: described.may_write,
+    };
+    match serde_json::to_vec(&body) {
+        Ok(bytes) => json_response(StatusCode::OK, bytes),
+        Err(_) => ApiError::internal().into_response(),
     }
 }
 

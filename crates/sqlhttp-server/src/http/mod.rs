@@ -97,6 +97,10 @@ pub fn app(state: AppState) -> Router {
             post(describe::describe).fallback(sql_method_not_allowed),
         )
         .route(
+            describe::DESCRIBE_STATEMENT_PATH,
+            post(describe::describe_statement).fallback(sql_method_not_allowed),
+        )
+        .route(
             transaction::OPEN_PATH,
             post(transaction::open).fallback(sql_method_not_allowed),
         )

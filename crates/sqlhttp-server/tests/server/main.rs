@@ -19,6 +19,7 @@ mod builtins;
 mod common;
 mod conformance;
 mod connections;
+mod describe_statement;
 mod engines;
 mod give_up;
 mod h2_permits;

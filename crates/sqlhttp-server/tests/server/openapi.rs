@@ -84,6 +84,7 @@ fn source_routes() -> BTreeSet<(String, String)> {
             "SQL" => path::SQL,
             "BATCH" => path::BATCH,
             "DESCRIBE" => path::DESCRIBE,
+            "DESCRIBE_STATEMENT" => path::DESCRIBE_STATEMENT,
             "TRANSACTION_OPEN" => path::TRANSACTION_OPEN,
             "TRANSACTION_STATEMENT" => path::TRANSACTION_STATEMENT,
             "TRANSACTION_COMMIT" => path::TRANSACTION_COMMIT,
@@ -263,6 +264,16 @@ async fn real_answers_validate_against_the_document() {
             "{body}"
         );
     }
+    // A statement's description, and its refusals.
+    let statement = "/api/v1/describe/statement";
+    let query = json!({"sql": "SELECT id, name, r + 1 AS x FROM t WHERE id = ?"});
+    assert_eq!(post(&ro, statement, query).await.status, 200);
+    let refused = post(&ro, statement, json!({"sql": "DELETE FROM t"})).await;
+    assert_eq!(refused.code(), "READ_ONLY");
+    assert_eq!(post(&rw, statement, json!({"sql": " "})).await.code(), "SQL_ERROR");
+    let unknown = post(&rw, statement, json!({"sql": "SELECT 1", "params": []})).await;
+    assert_eq!(unknown.code(), "BAD_REQUEST");
+
     let too_large = send(
         &router,
         "POST",

@@ -36,6 +36,7 @@
 mod ahead;
 mod batch;
 mod catalog;
+mod describe;
 mod errors;
 mod exec;
 pub(crate) mod interactive;
@@ -653,6 +654,16 @@ impl Engine for PostgresEngine {
                 .map(|session| Session::Postgres(Box::new(session)))
         })
         .await
+    }
+
+    /// Describes the statement on the primary (see `describe`), which has every schema change.
+    async fn describe_statement(
+        &self,
+        sql: String,
+        access: Access,
+    ) -> Result<crate::engine::describe::Described, ApiError> {
+        self.spawn(|inner, job| async move { inner.describe(&job, &sql, access).await })
+            .await
     }
 
     /// The outcome stored under `key`, read in a transaction of its own.

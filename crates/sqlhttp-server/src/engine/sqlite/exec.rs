@@ -58,10 +58,10 @@ pub(crate) enum Ran<T> {
 }
 
 /// Marks the statements compiled while it lives as the client's (sandboxed).
-struct Sandboxed<'a>(&'a Conn);
+pub(super) struct Sandboxed<'a>(&'a Conn);
 
 impl<'a> Sandboxed<'a> {
-    fn on(conn: &'a Conn) -> Sandboxed<'a> {
+    pub(super) fn on(conn: &'a Conn) -> Sandboxed<'a> {
         conn.hooks.set_sandboxed(true);
         Sandboxed(conn)
     }
@@ -233,7 +233,7 @@ impl Drop for OwnTransaction<'_> {
 
 /// The protocol error for an engine failure on a client statement, with the sandbox's reason
 /// when the sandbox refused it.
-fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
+pub(super) fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
     // The authorizer's refusal surfaces as SQLITE_AUTH, or as a plain error for a function.
     if let Some(reason) = conn.hooks.take_denial() {
         return ApiError::not_allowed(reason);
@@ -250,7 +250,7 @@ fn client_error(conn: &Conn, err: rusqlite::Error) -> ApiError {
 
 /// Compiles exactly one statement: a text with none or with several is refused. The check is
 /// iterative (at most two statements are compiled, whatever the text holds).
-fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError> {
+pub(super) fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>, ApiError> {
     sandbox::begin_statement();
     let mut batch = Batch::new(&conn.conn, sql);
     let Some(statement) = batch.next().map_err(|e| client_error(conn, e))? else {
@@ -412,7 +412,7 @@ pub(crate) fn write_result(
 /// Whether the schema moved under a statement that failed to compile (the check runs outside
 /// the sandbox, which is on again after it). A check that fails leaves the statement's own error
 /// to be answered.
-fn schema_moved(conn: &Conn) -> bool {
+pub(super) fn schema_moved(conn: &Conn) -> bool {
     conn.hooks.set_sandboxed(false);
     let moved = conn.refresh_schema().unwrap_or(false);
     conn.hooks.set_sandboxed(true);

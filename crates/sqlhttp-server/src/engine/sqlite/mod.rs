@@ -18,6 +18,7 @@ mod batch;
 mod catalog;
 mod connection;
 mod control;
+mod describe;
 mod errors;
 mod exec;
 mod functions;
@@ -604,6 +605,21 @@ impl Engine for SqliteEngine {
         interactive::Session::open(&self.target, self.limits, &self.sessions, options, writer)
             .await
             .map(Session::Sqlite)
+    }
+
+    /// Compiles the statement on a reader (on the writer when there are none; compiling never
+    /// writes), under the sandbox, and steps nothing.
+    async fn describe_statement(
+        &self,
+        sql: String,
+        access: Access,
+    ) -> Result<crate::engine::describe::Described, ApiError> {
+        let pool = self.readers.as_ref().unwrap_or(&self.writer);
+        let described = Self::run(pool, move |conn| describe::describe(conn, &sql)).await?;
+        if described.may_write && access == Access::ReadOnly {
+            return Err(crate::engine::describe::read_only_refusal());
+        }
+        Ok(described)
     }
 
     /// The outcome stored under `key`, read on a reader (the writer when there is none).
