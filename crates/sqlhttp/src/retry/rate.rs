@@ -3,7 +3,11 @@
 //! again as answers come back without throttles. The same CUBIC rule as the AWS SDKs' `adaptive`
 //! retry mode (ADR 0054): on a throttle the rate falls to 0.7 of what the client was sending, then
 //! it grows as a cubic of the time since, flat near the rate that was throttled and fast away from
-//! it, never above twice the measured send rate.
+//! it, never above twice the measured send rate. Two departures from AWS's rule, both for a
+//! client whose clones send many calls at once: the rate is cut at most once per half second (the
+//! throttles of one burst are one signal, as TCP cuts once per round trip; AWS cuts on each, so a
+//! burst of a thousand throttles drives the rate to its floor), and before a half second has
+//! been measured the send rate is what was answered so far in it, not zero.
 //!
 //! One limiter per `Client`, shared by its clones. It measures time on tokio's clock (so a paused
 //! clock drives it exactly) and knows nothing of HTTP, of the budget or of the attempt loop, which
@@ -24,6 +28,8 @@ const SMOOTH: f64 = 0.8;
 const MIN_FILL_RATE: f64 = 0.5;
 /// The least burst the bucket holds.
 const MIN_CAPACITY: f64 = 1.0;
+/// The measurement's bucket, and the least time between two cuts of the rate, in seconds.
+const BUCKET: f64 = 0.5;
 
 /// The running limiter.
 #[derive(Debug)]
@@ -121,6 +127,19 @@ impl AdaptiveRate {
         let mut s = self.state();
         s.measure(now);
         let calculated = if throttled {
+            if s.enabled && now - s.last_throttle < BUCKET {
+                // The same burst's throttles: the rate was cut for it already.
+                return;
+            }
+            if s.measured < f64::EPSILON {
+                // Nothing measured yet: what was answered in the bucket so far.
+                #[allow(
+                    clippy::cast_precision_loss,
+                    reason = "a count of answers in half a second is far below 2^52"
+                )]
+                let so_far = s.count as f64 / BUCKET;
+                s.measured = so_far;
+            }
             let rate = if s.enabled {
                 s.measured.min(s.fill_rate)
             } else {
@@ -168,7 +187,7 @@ impl State {
 
     /// Counts one answer in the client's measured send rate.
     fn measure(&mut self, now: f64) {
-        let bucket = (now * 2.0).floor() / 2.0;
+        let bucket = (now / BUCKET).floor() * BUCKET;
         self.count += 1;
         if bucket > self.last_bucket {
             // Answers counted since the last bucket: a rate over the buckets between.
@@ -241,9 +260,10 @@ mod tests {
     async fn repeated_throttles_drive_it_to_the_floor_and_no_further() {
         let rate = AdaptiveRate::new();
         traffic(&rate, 50, 1, false).await;
-        for _ in 0..100 {
+        for _ in 0..60 {
             tokio::time::sleep(rate.acquire()).await;
             rate.observe(true);
+            tokio::time::sleep(ms(500)).await;
         }
         assert_eq!(rate.send_rate(), Some(MIN_FILL_RATE));
         // At half an attempt a second, the next send waits up to two seconds.
@@ -262,6 +282,36 @@ mod tests {
         let first = run().await;
         assert!(first.is_some());
         assert_eq!(first, run().await);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_of_throttles_cuts_the_rate_once() {
+        let rate = AdaptiveRate::new();
+        traffic(&rate, 100, 3, false).await;
+        rate.observe(true);
+        let cut = rate.send_rate().unwrap();
+        for _ in 0..500 {
+            rate.observe(true);
+        }
+        assert_eq!(rate.send_rate(), Some(cut));
+        tokio::time::sleep(ms(500)).await;
+        rate.observe(true);
+        assert!(
+            rate.send_rate().unwrap() < cut,
+            "cut again half a second later"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_throttle_before_anything_was_measured_counts_the_answers_so_far() {
+        let rate = AdaptiveRate::new();
+        for _ in 0..200 {
+            rate.observe(false);
+        }
+        rate.observe(true);
+        // 201 answers in the first half second: 402 a second, times 0.7.
+        let cut = rate.send_rate().unwrap();
+        assert!((cut - 281.4).abs() < 1e-9, "{cut}");
     }
 
     #[tokio::test(start_paused = true)]
