@@ -17,6 +17,7 @@ use crate::bookmark::{Bookmark, Session};
 use crate::error::{Error, Result};
 use crate::insert::{Insert, InsertLimits};
 use crate::retry::rate::AdaptiveRate;
+use crate::transport::hedge::{HedgePolicy, Hedging};
 use crate::retry::{RetryBudget, RetryPolicy, TokenBucket};
 use crate::statement::{Execute, Query, TableQuery, Target};
 use crate::transport::metrics::Metrics;
@@ -289,6 +290,7 @@ pub struct ClientBuilder {
     retry_writes: bool,
     budget: Option<RetryBudget>,
     adaptive_rate: bool,
+    hedge: Option<HedgePolicy>,
     cancel: Option<CancellationToken>,
     insert_limits: InsertLimits,
     batch_limits: BatchLimits,
@@ -414,6 +416,7 @@ impl ClientBuilder {
             retry_writes: false,
             budget: Some(RetryBudget::new()),
             adaptive_rate: false,
+            hedge: None,
             cancel: None,
             insert_limits: InsertLimits::default(),
             batch_limits: BatchLimits::default(),
@@ -605,6 +608,20 @@ impl ClientBuilder {
         self
     }
 
+    /// Hedges verified reads (`query`, `query_table`, a read-only `batch`; never a write, an
+    /// `execute` or a transaction's step): a read whose answer has not begun after the policy's
+    /// delay (fixed, or a percentile of this client's recent reads) is sent a second time on
+    /// another connection, which a load balancer in front of several servers hands to another
+    /// one; the first answer wins and the other request is dropped. A hedge budget keeps hedges
+    /// to a share of recent reads ([`HedgePolicy::with_max_percent`], 10%), so a partial outage
+    /// does not double the load. A call can turn it on or off with `.hedge(bool)`.
+    /// `None` turns it off. Default: off.
+    #[must_use]
+    pub fn hedge_reads(mut self, policy: impl Into<Option<HedgePolicy>>) -> Self {
+        self.hedge = policy.into();
+        self
+    }
+
     /// Cancels every call of this client (and its clones) when `token` is cancelled, as a call's own
     /// [`cancel_on`](crate::Query::cancel_on) cancels that call (the client keeps a clone of the
     /// token). A cancelled token stays cancelled: from then on every call fails at once with
@@ -675,6 +692,7 @@ impl ClientBuilder {
     ///   crate was built without a TLS feature (and no [`http_client`](Self::http_client) was given);
     /// - transport settings were given together with an [`http_client`](Self::http_client);
     /// - the bearer token or user agent cannot be sent as a header value;
+    /// - the hedge policy cannot work (a percentile outside 1 to 99, `max_percent` outside 1 to 100);
     /// - the retry policy cannot work (zero attempts, `initial_backoff` above `max_backoff`, a zero
     ///   `max_elapsed`), or the timeout is zero;
     /// - an insert or batch limit is zero;
@@ -711,6 +729,9 @@ impl ClientBuilder {
             Error::config("the user agent contains characters not allowed in a header")
         })?;
         self.policy.validate().map_err(Error::config)?;
+        if let Some(hedge) = &self.hedge {
+            hedge.validate().map_err(Error::config)?;
+        }
         if self.timeout == Some(Duration::ZERO) {
             return Err(Error::config("timeout must be larger than zero"));
         }
@@ -771,6 +792,7 @@ impl ClientBuilder {
             retry_writes: self.retry_writes,
             budget: self.budget.map(TokenBucket::new),
             rate: self.adaptive_rate.then(AdaptiveRate::new),
+            hedging: Hedging::new(self.hedge),
             rng: Mutex::new(Transport::new_rng(self.policy.seed)),
             cancel: self.cancel,
             session: Arc::new(Session::new(self.bookmark)),

@@ -32,6 +32,8 @@ pub(crate) struct CallOptions {
     pub(crate) bookmark: Option<Bookmark>,
     /// Which server may answer (reads only); `None` is [`Consistency::Session`].
     pub(crate) consistency: Option<Consistency>,
+    /// Whether this read is hedged; `None` is the client's setting (verified reads only).
+    pub(crate) hedge: Option<bool>,
 }
 
 impl CallOptions {
@@ -88,6 +90,9 @@ impl fmt::Debug for CallOptions {
         }
         if let Some(consistency) = &self.consistency {
             d.field("consistency", consistency);
+        }
+        if let Some(hedge) = &self.hedge {
+            d.field("hedge", hedge);
         }
         d.field("cancellable", &self.cancel.is_some()).finish()
     }
@@ -186,6 +191,17 @@ macro_rules! read_settings {
             /// writes). Writes go to the primary whatever this says.
             pub fn consistency(mut self, consistency: crate::Consistency) -> Self {
                 self.options.consistency = Some(consistency);
+                self
+            }
+
+            /// Hedges this read (`true`) or not (`false`), overriding
+            /// [`ClientBuilder::hedge_reads`](crate::ClientBuilder::hedge_reads); `true` on a
+            /// client without a hedge policy uses [`HedgePolicy::new()`](crate::HedgePolicy::new).
+            /// A read not answered after the policy's delay is sent again on another connection,
+            /// and the first answer wins. Only verified reads are ever hedged: on a batch that is
+            /// not [`read_only`](crate::Batch::read_only) this does nothing.
+            pub fn hedge(mut self, enabled: bool) -> Self {
+                self.options.hedge = Some(enabled);
                 self
             }
         }

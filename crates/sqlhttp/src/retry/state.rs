@@ -1,5 +1,5 @@
-//! [`RetryState`]: a snapshot of what a client's retry budget and adaptive send rate allow now, for
-//! an application's dashboards and for the error of a call they refused.
+//! [`RetryState`]: a snapshot of what a client's retry budget and adaptive send rate allow now, and
+//! how many reads it hedged, for an application's dashboards and for the error of a call refused.
 //!
 //! A plain value read from the running state; it knows nothing of how that state changes.
 
@@ -13,12 +13,14 @@
 /// assert_eq!(state.tokens(), Some(500), "a full bucket");
 /// assert_eq!(state.capacity(), Some(500));
 /// assert_eq!(state.send_rate(), None, "the adaptive rate is off");
+/// assert_eq!(state.hedges_sent(), 0);
 /// # Ok::<(), sqlhttp::Error>(())
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryState {
     pub(crate) budget: Option<(u32, u32)>,
     pub(crate) send_rate: Option<f64>,
+    pub(crate) hedges_sent: u64,
 }
 
 impl RetryState {
@@ -37,5 +39,12 @@ impl RetryState {
     /// the server has not throttled this client yet.
     pub fn send_rate(&self) -> Option<f64> {
         self.send_rate
+    }
+
+    /// Hedges sent since the client was built, by it and its clones
+    /// ([`ClientBuilder::hedge_reads`](crate::ClientBuilder::hedge_reads)): second copies of reads
+    /// that were slow to answer.
+    pub fn hedges_sent(&self) -> u64 {
+        self.hedges_sent
     }
 }

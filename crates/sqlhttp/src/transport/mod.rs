@@ -19,6 +19,7 @@
 
 mod body;
 pub(crate) mod exchange;
+pub(crate) mod hedge;
 pub(crate) mod metrics;
 mod pace;
 pub(crate) mod trace;
@@ -56,6 +57,8 @@ pub(crate) struct Transport {
     pub(crate) budget: Option<TokenBucket>,
     /// The adaptive send rate, when the client turned it on (shared by clones, as the budget).
     pub(crate) rate: Option<AdaptiveRate>,
+    /// Hedged reads: the client's policy, recent read latencies and the hedge budget.
+    pub(crate) hedging: hedge::Hedging,
     pub(crate) rng: Mutex<StdRng>,
     pub(crate) cancel: Option<CancellationToken>,
     /// The greatest bookmark any answer to this client (or a clone) carried; shared with the
@@ -158,10 +161,11 @@ impl Transport {
         request: AttemptRequest<'_>,
         timeout: Option<Duration>,
         deadline: Option<Instant>,
+        hedge: Option<hedge::Plan>,
         receiver: &mut dyn Receive,
     ) -> Result<Body, Failure> {
         receiver.reset();
-        let exchange = self.exchange.send(request);
+        let exchange = hedge::send(&*self.exchange, &self.hedging, request, hedge);
         let mut body = with_timeout(attempt_budget(timeout, deadline), exchange).await?;
         loop {
             let piece = with_timeout(attempt_budget(timeout, deadline), body.chunk()).await?;
@@ -186,6 +190,9 @@ impl Transport {
         let policy = options.retry.unwrap_or(self.policy);
         let retry_writes = options.retry_writes.unwrap_or(self.retry_writes);
         let consistency = options.consistency.unwrap_or_default();
+        let hedge = self
+            .hedging
+            .plan(call.class, call.endpoint, options.hedge);
         // A per-call policy with a seed of its own draws from its own source, so its delays repeat.
         let mut call_rng = options
             .retry
@@ -250,7 +257,7 @@ impl Transport {
                 biased;
                 () = cancelled(cancel, self.cancel.as_ref()) => Err(Failure::from(ErrorKind::Cancelled)),
                 outcome = self
-                    .attempt(request, timeout, deadline, &mut *receiver)
+                    .attempt(request, timeout, deadline, hedge, &mut *receiver)
                     .instrument(attempt_span.clone()) => outcome,
             };
             self.observe_answer(outcome.as_ref().err().map(|failure| &failure.kind));

@@ -32,6 +32,7 @@ impl Transport {
                 .as_ref()
                 .map(|bucket| (bucket.tokens(), bucket.settings().capacity())),
             send_rate: self.rate.as_ref().and_then(|rate| rate.send_rate()),
+            hedges_sent: self.hedging.sent(),
         }
     }
 

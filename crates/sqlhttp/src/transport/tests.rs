@@ -147,6 +147,7 @@ impl Harness {
             retry_writes: false,
             budget: Some(TokenBucket::new(RetryBudget::new())),
             rate: None,
+            hedging: Default::default(),
             rng: Mutex::new(Transport::new_rng(Some(1))),
             cancel: None,
             session: Arc::default(),
@@ -1182,3 +1183,6 @@ async fn a_bookmark_ahead_at_max_elapsed_is_not_sent_again() {
 
 /// What each cause of a retry costs, and the adaptive send rate (issue 41).
 mod load;
+
+/// Hedged reads (issue 41).
+mod hedging;
