@@ -132,6 +132,7 @@ pub use reqwest::Proxy;
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy, RetryState};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
+pub use transport::hedge::{HedgeDelay, HedgePolicy};
 pub use stats::{ServedBy, Stats};
 pub use table::{Column, ExecResult, Row, Table};
 /// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
