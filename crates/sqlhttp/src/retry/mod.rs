@@ -75,6 +75,16 @@
 //!   attempt; a call whose wait would end past its `max_elapsed` fails at once with
 //!   [`ErrorKind::ClientRateLimited`](crate::ErrorKind::ClientRateLimited).
 //!
+//! # Hedged reads
+//!
+//! With [`hedge_reads`](crate::ClientBuilder::hedge_reads) (or `.hedge(true)` on one read), a
+//! verified read (`query`, `query_table`, a read-only `batch`: sent with `"read_only": true`) whose
+//! answer has not begun after the [`HedgePolicy`](crate::HedgePolicy)'s delay is sent a second time
+//! on another connection, and the first answer wins; the other request is dropped. A hedge is not a
+//! retry: it is not counted in `max_attempts` nor paid from the retry budget, but from a hedge
+//! budget of its own (10% of recent reads). Writes, `execute`, transaction steps and describes are
+//! never hedged.
+//!
 //! # Per call
 //!
 //! Every request builder takes `.timeout(..)` and `.cancel_on(..)`; reads, `insert` and `batch` take
