@@ -182,7 +182,13 @@ impl Transport {
         receiver: &mut dyn Receive,
         span: &tracing::Span,
     ) -> Result<Delivered> {
-        tracing::debug!(sql = call.sql, "sending statement");
+        // The statement's text only when the application opted in: a tracing-opentelemetry layer
+        // exports this event with the call's span, whatever the level it is logged at.
+        if self.trace.query_text {
+            tracing::debug!(sql = call.sql, "sending statement");
+        } else {
+            tracing::debug!("sending statement");
+        }
         let options = call.options;
         let cancel = options.cancel.as_ref();
         // Per-call settings win over the client's.
@@ -312,7 +318,9 @@ impl Transport {
                 // unanswered attempt unanswered.
                 let outcome_unknown = call.class != OpClass::Read
                     && unsettled
-                    && (is_unanswered(&kind) || is_transient(&kind));
+                    && (is_unanswered(&kind)
+                        || is_transient(&kind)
+                        || is_refused_unread(&kind));
                 Error::new(kind)
                     .with_attempts(attempt, history)
                     .with_boxed_source(source)
@@ -428,6 +436,21 @@ impl Transport {
                 () = tokio::time::sleep(delay) => {}
             }
         }
+    }
+}
+
+/// A final refusal the server gives before it reads the request's statement or its key (the
+/// credentials, the token's rights, the request's size or form): it says nothing of what an
+/// earlier attempt did, so an earlier attempt whose answer was lost stays unknown.
+fn is_refused_unread(kind: &ErrorKind) -> bool {
+    match kind {
+        ErrorKind::Unauthorized { .. }
+        | ErrorKind::ReadOnly { .. }
+        | ErrorKind::PayloadTooLarge { .. } => true,
+        ErrorKind::Http { status, .. } => {
+            matches!(status, 400 | 401 | 403 | 404 | 405 | 413 | 415 | 431)
+        }
+        _ => false,
     }
 }
 

@@ -200,3 +200,52 @@ async fn a_retry_waits_for_its_turn_too() {
         "Retry-After 0, but the turn comes later"
     );
 }
+
+/// A keyed write whose answer was lost, then refused before the server read it (the token was
+/// revoked, the body is now too large for a changed limit): the refusal says nothing of the first
+/// attempt, whose outcome stays unknown; an answer that ran the statement settles it.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_before_the_key_is_read_leaves_a_lost_answer_unknown() {
+    let refusals = [
+        ErrorKind::Unauthorized {
+            message: String::new(),
+        },
+        ErrorKind::ReadOnly {
+            message: String::new(),
+        },
+        ErrorKind::PayloadTooLarge {
+            message: String::new(),
+        },
+        ErrorKind::Http {
+            status: 403,
+            code: Some("ORIGIN_NOT_ALLOWED".into()),
+            message: String::new(),
+        },
+    ];
+    for refusal in refusals {
+        let h = Harness::with([Step::Hang, Step::Fail(refusal.clone())], |mut t| {
+            t.retry_writes = true;
+            t.timeout = Some(ms(200));
+            t
+        });
+        let err = h
+            .deliver_with(OpClass::Write, &CallOptions::default(), Some("order-9"))
+            .await
+            .unwrap_err();
+        assert_eq!((err.kind(), err.attempts()), (&refusal, 2));
+        assert!(err.is_outcome_unknown(), "{refusal:?}: {err:?}");
+        assert_eq!(err.idempotency_key(), Some("order-9"));
+    }
+    // Refused before anything was unanswered: nothing is unknown.
+    let h = Harness::with(
+        [Step::Fail(ErrorKind::Unauthorized {
+            message: String::new(),
+        })],
+        |mut t| {
+            t.retry_writes = true;
+            t
+        },
+    );
+    let err = h.send(OpClass::Write).await.unwrap_err();
+    assert!(!err.is_outcome_unknown(), "{err:?}");
+}
