@@ -157,6 +157,30 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
         Some(&Value::I64(i64::from(proxy.addr().port())))
     );
     assert_eq!(attribute(call, "error.type"), None);
+    // Nowhere in the SDK's spans (attributes, or events such as its debug ones, which the layer
+    // exports with their span) is the statement's text, nor the bound value.
+    for span in trace
+        .spans
+        .iter()
+        .filter(|s| s.name == "SELECT traced" || s.name == "sqlhttp.attempt")
+    {
+        let events = span.events.iter().flat_map(|event| {
+            std::iter::once(event.name.to_string())
+                .chain(event.attributes.iter().map(|kv| kv.value.to_string()))
+        });
+        for text in span
+            .attributes
+            .iter()
+            .map(|kv| kv.value.to_string())
+            .chain(events)
+        {
+            assert!(
+                !text.contains("WHERE id") && !text.contains("traced WHERE"),
+                "the statement's text in {}: {text}",
+                span.name
+            );
+        }
+    }
 
     // Two attempt children: the first lost (a connection failure, retried), the second served.
     let mut attempts = trace.children(call.span_context.span_id());

@@ -1,6 +1,6 @@
-//! What the SDK logs: one span per call and one event per retry; SQL text only at debug level
-//! (the call span's `db.query.summary`, the operation and its table, at info); parameters and
-//! the bearer token never.
+//! What the SDK logs: one span per call and one event per retry; the statement's text only at
+//! debug level and only with `trace_query_text(true)` (the call span's `db.query.summary`, the
+//! operation and its table, at info); parameters and the bearer token never.
 //!
 //! A binary of its own with a single test: tracing caches per-callsite interest process-wide, and
 //! a callsite first reached by a test with no subscriber could stay disabled for one with a scoped
@@ -45,8 +45,9 @@ impl<'a> MakeWriter<'a> for Captured {
     }
 }
 
-/// Runs a read that is retried once, with a token and a bound parameter, logging at `level`.
-async fn logged_call(level: tracing::Level) -> String {
+/// Runs a read that is retried once, with a token and a bound parameter, logging at `level`, the
+/// statement's text opted in or not.
+async fn logged_call(level: tracing::Level, query_text: bool) -> String {
     let captured = Captured::default();
     let subscriber = tracing_subscriber::fmt()
         .with_max_level(level)
@@ -60,6 +61,7 @@ async fn logged_call(level: tracing::Level) -> String {
     respond_always(&server, ok_rows(&["n"], &json!([[1]]))).await;
     let client = builder(&server)
         .bearer_token("tok-do-not-log")
+        .trace_query_text(query_text)
         .build()
         .unwrap();
     let rows: Vec<i64> = client
@@ -72,9 +74,56 @@ async fn logged_call(level: tracing::Level) -> String {
     captured.text()
 }
 
+/// Runs a `transact` whose first COMMIT is refused `TRANSACTION_ABORTED` (lost before it
+/// committed), so it runs again, logging at debug.
+async fn logged_transact() -> String {
+    use wiremock::matchers::{method, path};
+    use wiremock::{Mock, ResponseTemplate};
+    let captured = Captured::default();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(captured.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+
+    let server = server().await;
+    let on = |route: &'static str, response: ResponseTemplate, times: Option<u64>| {
+        let mock = Mock::given(method("POST")).and(path(route)).respond_with(response);
+        match times {
+            Some(times) => mock.up_to_n_times(times),
+            None => mock,
+        }
+    };
+    on(
+        "/api/v1/transaction/open",
+        ResponseTemplate::new(200).set_body_json(json!({"transaction": "tx1"})),
+        None,
+    )
+    .mount(&server)
+    .await;
+    on(
+        "/api/v1/transaction/commit",
+        error(409, "TRANSACTION_ABORTED", "could not serialize"),
+        Some(1),
+    )
+    .mount(&server)
+    .await;
+    on(
+        "/api/v1/transaction/commit",
+        ResponseTemplate::new(200).set_body_json(json!({"outcome": "committed"})),
+        None,
+    )
+    .mount(&server)
+    .await;
+    let client = builder(&server).build().unwrap();
+    client.transact(|_tx| async { Ok(()) }).await.unwrap();
+    captured.text()
+}
+
 #[tokio::test(start_paused = true)]
 async fn one_span_per_call_one_event_per_retry_no_secrets() {
-    let logs = logged_call(tracing::Level::INFO).await;
+    let logs = logged_call(tracing::Level::INFO, false).await;
     let retry = logs
         .lines()
         .find(|line| line.contains("retrying"))
@@ -95,12 +144,34 @@ async fn one_span_per_call_one_event_per_retry_no_secrets() {
     let info = logs;
     assert!(!info.contains("WHERE v"), "SQL text at info:\n{info}");
     assert!(!info.contains("db.query.text"), "SQL text at info:\n{info}");
-    let trace = logged_call(tracing::Level::TRACE).await;
+    let trace = logged_call(tracing::Level::TRACE, true).await;
     assert!(
         trace.contains("SELECT n FROM secrets_table WHERE v = ?"),
-        "SQL text at debug:\n{trace}"
+        "SQL text at debug when opted in:\n{trace}"
     );
-    for logs in [&info, &trace] {
+    let unopted = logged_call(tracing::Level::TRACE, false).await;
+    assert!(
+        !unopted.contains("WHERE v") && unopted.contains("sending statement"),
+        "SQL text at debug without trace_query_text:\n{unopted}"
+    );
+    // A transaction's steps run in its span; `transact`'s second run is marked a re-run.
+    let transact = logged_transact().await;
+    let commits: Vec<&str> = transact
+        .lines()
+        .filter(|line| line.contains("sending statement") && line.contains(r#"otel.name="COMMIT""#))
+        .collect();
+    assert_eq!(commits.len(), 2, "{transact}");
+    assert!(
+        commits[0].contains("sqlhttp.transaction{") && commits[0].contains("run=1 rerun=false"),
+        "{}",
+        commits[0]
+    );
+    assert!(
+        commits[1].contains("run=2 rerun=true") && commits[1].contains("sqlhttp.call{"),
+        "{}",
+        commits[1]
+    );
+    for logs in [&info, &trace, &unopted] {
         assert!(
             !logs.contains("param-do-not-log"),
             "a parameter was logged:\n{logs}"

@@ -98,6 +98,19 @@ mod otel {
     /// The boundaries the conventions advise for `db.client.operation.duration`, in seconds.
     const DURATION_BOUNDARIES: [f64; 9] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
 
+    /// A name the conventions know, without an allocation per measurement when it is a common
+    /// one (an operation, an engine).
+    fn known(name: String) -> opentelemetry::Value {
+        const KNOWN: [&str; 14] = [
+            "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "BATCH", "BEGIN", "COMMIT", "ROLLBACK",
+            "OUTCOME", "CREATE", "DROP", "sqlite", "postgresql",
+        ];
+        match KNOWN.iter().find(|known| **known == name) {
+            Some(known) => opentelemetry::Value::from(*known),
+            None => opentelemetry::Value::from(name),
+        }
+    }
+
     pub(super) struct Instruments {
         duration: Histogram<f64>,
         pub(super) attempts: Counter<u64>,
@@ -112,7 +125,12 @@ mod otel {
             let meter = opentelemetry::global::meter("sqlhttp");
             let mut server = Vec::new();
             if let Some(address) = &settings.server_address {
-                server.push(KeyValue::new("server.address", address.clone()));
+                // Shared, so a measurement's copy of it is a reference count.
+                let address: std::sync::Arc<str> = address.as_str().into();
+                server.push(KeyValue::new(
+                    "server.address",
+                    opentelemetry::StringValue::from(address),
+                ));
             }
             if let Some(port) = settings.server_port {
                 server.push(KeyValue::new("server.port", i64::from(port)));
@@ -150,12 +168,13 @@ mod otel {
             engine: Option<&str>,
             failure: Option<&ErrorKind>,
         ) {
-            let mut attributes = self.server.clone();
+            let mut attributes = Vec::with_capacity(self.server.len() + 4);
+            attributes.extend_from_slice(&self.server);
             if let Some(operation) = crate::transport::trace::operation(sql) {
-                attributes.push(KeyValue::new("db.operation.name", operation));
+                attributes.push(KeyValue::new("db.operation.name", known(operation)));
             }
             if let Some(engine) = engine {
-                attributes.push(KeyValue::new("db.system.name", engine.to_owned()));
+                attributes.push(KeyValue::new("db.system.name", known(engine.to_owned())));
             }
             if let Some(failure) = failure {
                 attributes.push(KeyValue::new(
@@ -170,6 +189,7 @@ mod otel {
         }
 
         pub(super) fn retry(&self, failure: &ErrorKind) {
+            // A retry is rare next to a call: its attributes are built as they come.
             let mut attributes = self.server.clone();
             attributes.push(KeyValue::new(
                 "error.type",

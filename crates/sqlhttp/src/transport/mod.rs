@@ -238,7 +238,8 @@ impl Transport {
         {
             return Err(Error::new(ErrorKind::Cancelled));
         }
-        self.first_turn(cancel, deadline).await?;
+        self.first_turn(cancel, deadline, call.class, policy.max_backoff)
+            .await?;
 
         loop {
             attempt += 1;
@@ -378,15 +379,16 @@ impl Transport {
                     delay_before_retry(&policy, attempt, &kind, &mut *rng)
                 }
             };
-            // The adaptive rate may give the retry a later turn than its backoff.
-            let (delay, turn) = self.retry_wait(backoff);
+            // The adaptive rate may give the retry a later turn than its backoff (one further
+            // than max_backoff is refused).
+            let (delay, turn) = self.retry_wait(backoff, call.class, policy.max_backoff);
             let wakes = Instant::now().checked_add(delay);
-            if let Some(deadline) = deadline
-                && wakes.is_none_or(|wakes| wakes >= deadline)
+            if turn.is_too_far()
+                || deadline.is_some_and(|deadline| wakes.is_none_or(|wakes| wakes >= deadline))
             {
-                tracing::debug!(attempt, "max_elapsed reached; not retrying");
+                tracing::debug!(attempt, "max_elapsed or the rate's turn too far; not retrying");
                 trace::decided(&attempt_span, Decision::MaxElapsed);
-                self.release_turn(turn);
+                drop(turn);
                 let err = finish(kind, history, source);
                 // Held past it by the rate, not by its own backoff: the error says so.
                 return Err(if delay > backoff {
@@ -433,7 +435,7 @@ impl Transport {
                         .with_idempotency_key(key);
                     return Err(err);
                 }
-                () = tokio::time::sleep(delay) => {}
+                () = tokio::time::sleep(delay) => paid.spend(),
             }
         }
     }

@@ -350,39 +350,86 @@ impl<'a> Words<'a> {
                 self.rest = rest.find("*/").map_or("", |end| &rest[end + 2..]);
                 continue;
             }
-            if first == '\'' {
-                // A string literal: skipped whole ('' inside it is two quotes back to back).
-                self.rest = rest[1..].find('\'').map_or("", |end| &rest[end + 2..]);
+            let escaped_string = matches!(first, 'E' | 'e') && rest[1..].starts_with('\'');
+            if first == '\'' || escaped_string {
+                // A string literal, skipped whole: `''` inside it is two literals back to back;
+                // PostgreSQL's `E'...'` takes backslash escapes.
+                let at = usize::from(escaped_string);
+                self.rest = after_quoted(&rest[at..], '\'', escaped_string);
                 continue;
             }
-            if first.is_ascii_alphabetic() || first == '_' || first == '"' || first == '`' {
-                let end = rest
-                    .find(|c: char| {
-                        !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '"' | '`' | '$'))
-                    })
-                    .unwrap_or(rest.len());
-                let word = &rest[..end];
-                self.rest = &rest[end..];
-                if self.truncated && self.rest.is_empty() {
+            if first == '$' {
+                // PostgreSQL's dollar-quoted string (`$$...$$`, `$tag$...$tag$`), skipped whole
+                // (to the end when it does not close), or a parameter (`$1`).
+                let body = &rest[1..];
+                let tag = body
+                    .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                    .unwrap_or(body.len());
+                if body[tag..].starts_with('$') && !body.starts_with(|c: char| c.is_ascii_digit()) {
+                    let delimiter = &rest[..tag + 2];
+                    let inside = &rest[delimiter.len()..];
+                    self.rest = inside
+                        .find(delimiter)
+                        .map_or("", |end| &inside[end + delimiter.len()..]);
+                } else {
+                    self.rest = &body[tag..];
+                }
+                continue;
+            }
+            let word_end = match first {
+                // A quoted identifier: one word, when it closes.
+                '"' | '`' | '[' => {
+                    let close = if first == '[' { ']' } else { first };
+                    rest[1..].find(close).map(|end| end + 2)
+                }
+                c if c.is_ascii_alphabetic() || c == '_' => Some(
+                    rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$')))
+                        .unwrap_or(rest.len()),
+                ),
+                _ => None,
+            };
+            let Some(end) = word_end else {
+                if matches!(first, '"' | '`' | '[') {
+                    // An identifier that never closes: nothing after it is a word.
+                    self.rest = "";
                     return None;
                 }
-                if word.len() > SUMMARY_TARGET_BYTES || word.contains(['"', '`']) && word.len() < 3
-                {
-                    continue;
-                }
-                return Some(word);
-            }
-            // Numbers, parameters, punctuation: skipped.
-            let skip = match rest
-                .find(|c: char| c.is_whitespace() || c.is_ascii_alphabetic() || c == '\'')
-            {
-                Some(0) => first.len_utf8(),
-                Some(at) => at,
-                None => rest.len(),
+                // Numbers, parameters, punctuation: skipped.
+                let skip = match rest.find(|c: char| {
+                    c.is_whitespace() || c.is_ascii_alphabetic() || matches!(c, '\'' | '"' | '`' | '[' | '$' | '_')
+                }) {
+                    Some(0) => first.len_utf8(),
+                    Some(at) => at,
+                    None => rest.len(),
+                };
+                self.rest = &rest[skip..];
+                continue;
             };
-            self.rest = &rest[skip..];
+            let word = &rest[..end];
+            self.rest = &rest[end..];
+            if self.truncated && self.rest.is_empty() {
+                return None;
+            }
+            if word.len() > SUMMARY_TARGET_BYTES || word.contains(char::is_whitespace) {
+                continue;
+            }
+            return Some(word);
         }
     }
+}
+
+/// What follows the quoted text `quoted` starts with (its opening `quote`), or nothing when it
+/// does not close; with `backslashes`, a backslash escapes the character after it.
+fn after_quoted(quoted: &str, quote: char, backslashes: bool) -> &str {
+    let mut chars = quoted.char_indices().skip(1);
+    while let Some((at, c)) = chars.next() {
+        if backslashes && c == '\\' {
+            chars.next();
+        } else if c == quote {
+            return &quoted[at + c.len_utf8()..];
+        }
+    }
+    ""
 }
 
 impl<'a> Words<'a> {
@@ -390,8 +437,10 @@ impl<'a> Words<'a> {
     /// nothing else (a literal, a parenthesis) comes first.
     fn table(&mut self) -> Option<&'a str> {
         loop {
-            let first = self.rest.trim_start().chars().next()?;
-            if !(first.is_ascii_alphabetic() || matches!(first, '_' | '"' | '`')) {
+            let rest = self.rest.trim_start();
+            let first = rest.chars().next()?;
+            let literal = matches!(first, 'E' | 'e') && rest[1..].starts_with('\'');
+            if literal || !(first.is_ascii_alphabetic() || matches!(first, '_' | '"' | '`' | '[')) {
                 return None;
             }
             let word = self.next_word()?;
@@ -444,6 +493,17 @@ mod tests {
         assert_eq!(summary("SELECT * FROM (SELECT 1) AS sub"), "SELECT");
         assert_eq!(summary("SELECT 'it''s' , 42 FROM t"), "SELECT t");
         assert_eq!(summary("DELETE FROM t WHERE x = 'FROM u'"), "DELETE t");
+        // PostgreSQL's dollar-quoted and escaped strings are literals too.
+        assert_eq!(summary("SELECT $$x FROM hunter2$$"), "SELECT");
+        assert_eq!(summary("SELECT $tag$ $$ FROM hunter2 $tag$ FROM t"), "SELECT t");
+        assert_eq!(summary("SELECT $$never closes FROM hunter2"), "SELECT");
+        assert_eq!(summary(r"SELECT E'it\'s FROM hunter2' FROM t"), "SELECT t");
+        assert_eq!(summary("SELECT * FROM t WHERE id = $1"), "SELECT t");
+        // A double-quoted word is one identifier (SQLite reads an unknown one as a string).
+        assert_eq!(summary("SELECT \"hunter2 FROM x\" FROM t"), "SELECT t");
+        assert_eq!(summary("SELECT * FROM \"my table\""), "SELECT");
+        assert_eq!(summary("SELECT * FROM [books]"), "SELECT [books]");
+        assert_eq!(summary("SELECT \"never closes FROM x"), "SELECT");
     }
 
     /// The summary reads at most the statement's first 4 KiB, and a word cut there is dropped.
