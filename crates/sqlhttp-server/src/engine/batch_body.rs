@@ -1,14 +1,35 @@
-//! The body of a batch's answer, `{"results": [...]}`: each statement's result body appended in
-//! order under `--max-result-bytes`, and how a statement's failure answers for the batch (named
-//! by its index; a read-only batch's statement that writes said so). Shared by the SQLite and
-//! PostgreSQL engines' batch loops; knows nothing about how statements run.
+//! The body of a batch's answer, `{"results": [...], "stats": {...}}`: each statement's result
+//! body appended in order under `--max-result-bytes`, the whole batch's stats (its statements'
+//! time since the body began, their rows read and written, summed from their own `stats`), and
+//! how a statement's failure answers for the batch (named by its index; a read-only batch's
+//! statement that writes said so). Shared by the SQLite and PostgreSQL engines' batch loops;
+//! knows nothing about how statements run.
 
+use std::time::Instant;
+
+use sqlhttp_protocol::body::{self, Stats};
+
+use crate::protocol::bookmark::ServedBy;
 use crate::protocol::error::{ApiError, ErrorCode};
+use crate::protocol::result;
 
 /// A batch's answer, built one statement result at a time.
 pub(crate) struct BatchBody {
     out: Vec<u8>,
     limit: usize,
+    began: Instant,
+    /// The statements' rows read, while each said.
+    rows_read: Option<u64>,
+    rows_written: u64,
+    served_by: ServedBy,
+}
+
+/// The `stats` a statement's result body ends with, as written by `protocol::result`.
+fn stats_of(body: &[u8]) -> Option<Stats> {
+    const MEMBER: &[u8] = b"\"stats\":";
+    let at = memchr::memmem::rfind(body, MEMBER)? + MEMBER.len();
+    // The result's closing brace follows the stats object.
+    serde_json::from_slice(body.get(at..body.len().checked_sub(1)?)?).ok()
 }
 
 impl BatchBody {
@@ -18,7 +39,14 @@ impl BatchBody {
         out.extend_from_slice(b"{\"results\":[");
         // A batch run again (a stale statement re-prepared) starts its answer afresh.
         let _ = crate::engine::grow_to(out.len(), true);
-        BatchBody { out, limit }
+        BatchBody {
+            out,
+            limit,
+            began: Instant::now(),
+            rows_read: Some(0),
+            rows_written: 0,
+            served_by: ServedBy::Primary,
+        }
     }
 
     /// Appends statement `index`'s result body; refuses (`413 RESULT_TOO_LARGE`, naming the
@@ -41,14 +69,28 @@ impl BatchBody {
             .at_statement(index));
         }
         self.out.extend_from_slice(body);
+        let stats = stats_of(body).unwrap_or_default();
+        self.rows_read = self.rows_read.zip(stats.rows_read).map(|(a, b)| a + b);
+        self.rows_written += stats.rows_written.unwrap_or(0);
+        if stats.served_by == Some(body::ServedBy::Replica) {
+            self.served_by = ServedBy::Replica;
+        }
         // The buffered job's share covers the answer so far; the next statement's rows count
         // after it.
         crate::engine::grow_to(self.out.len(), true).map_err(|err| err.at_statement(index))
     }
 
-    /// The whole answer.
+    /// The whole answer, its `stats` last.
     pub(crate) fn finish(mut self) -> Vec<u8> {
-        self.out.extend_from_slice(b"]}");
+        self.out.push(b']');
+        result::stats(
+            &mut self.out,
+            self.began.elapsed(),
+            self.rows_read,
+            Some(self.rows_written),
+            self.served_by,
+        );
+        self.out.push(b'}');
         self.out
     }
 }

@@ -372,6 +372,14 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// `{"outcome":"committed","stats":{...}}`: a commit's answer, with what its COMMIT took.
+fn committed_body(took: std::time::Duration) -> Vec<u8> {
+    let mut body = br#"{"outcome":"committed""#.to_vec();
+    crate::protocol::result::stats(&mut body, took, None, None, ServedBy::Primary);
+    body.push(b'}');
+    body
+}
+
 /// `{"outcome": name}`: the protocol's `TransactionOutcome`.
 pub(crate) fn outcome_body(outcome: TxOutcome) -> Vec<u8> {
     // Serializing one enum into a Vec cannot fail.
@@ -738,13 +746,16 @@ impl Transactions {
                     request_hash: record_hash(&entry.owner, &entry.token),
                     body: body.clone(),
                 });
+                let began = std::time::Instant::now();
                 match session.commit(record).await {
                     Ok(bookmark) => {
                         let position = bookmark.map(|bookmark| Position {
                             bookmark,
                             served_by: ServedBy::Primary,
                         });
-                        let body = Bytes::from(body);
+                        // The answer says what the COMMIT cost; the record stored with it
+                        // (read after a restart) cannot, and answers without `stats`.
+                        let body = Bytes::from(committed_body(began.elapsed()));
                         registry.finish(&entry, Ending::Committed(body.clone(), position));
                         Ok(Answer {
                             status: 200,

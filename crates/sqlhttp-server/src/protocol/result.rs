@@ -3,15 +3,17 @@
 //!
 //! An engine writes the [`header`], then each row through a [`RowWriter`] (it writes each cell's
 //! JSON itself, in its own type mapping, and the writer frames the row and bounds its size), then
-//! the [`end`] (or [`end_at`], which names the body's bookmark after the rest); a body cut after
+//! the [`end`] (or [`end_at`], which names the body's bookmark after the rest), which ends with
+//! what the statement cost ([`Cost`], written as the body's last member, `stats`); a body cut after
 //! a whole row (streamed, then stopped) is closed with [`error_tail`]. [`within_buffered_limit`]
 //! is the limit of a body held whole. Knows the wire format and the protocol's errors; nothing
 //! about HTTP or any engine. Written by hand for speed, cell by cell; the tests read what it
 //! writes with the protocol crate's typed bodies (`QueryResult`, `StreamedFailure`).
 
 use std::io::Write as _;
+use std::time::{Duration, Instant};
 
-use crate::protocol::bookmark::Bookmark;
+use crate::protocol::bookmark::{Bookmark, ServedBy};
 use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Writes `{"columns":[{"name":..,"type":..},...],"rows":[` for `columns`, each a name and its
@@ -115,20 +117,70 @@ impl RowWriter {
     }
 }
 
-/// Closes a body whose rows are all written: `],"rows_affected":N,"last_insert_id":ID}`, the id
-/// `null` when there is none (PostgreSQL has no rowid).
-pub(crate) fn end(out: &mut Vec<u8>, rows_affected: u64, last_insert_id: Option<i64>) {
-    end_at(out, rows_affected, last_insert_id, None);
+/// What a statement cost, as its body's `stats` says (see `docs/protocol.md`, "Tracing and
+/// stats").
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cost {
+    /// When the engine began the statement (after its turn came).
+    pub(crate) began: Instant,
+    /// Rows the engine read, where it counts them.
+    pub(crate) rows_read: Option<u64>,
+    /// Who served it.
+    pub(crate) served_by: ServedBy,
 }
 
-/// [`end`], with the position the answer stands at as a last member when there is one:
-/// `...,"last_insert_id":ID,"bookmark":"0000000001a2b3c4"}`. A body that streamed before its
-/// position was known (a write's, whose headers went out before it committed) says it here.
+impl Cost {
+    /// A statement beginning now on `served_by`.
+    pub(crate) fn now(served_by: ServedBy) -> Cost {
+        Cost {
+            began: Instant::now(),
+            rows_read: None,
+            served_by,
+        }
+    }
+}
+
+/// Writes `,"stats":{...}` (the body's last member, before its closing brace): the time since
+/// `began`, in milliseconds with microsecond precision, and the counts that are known.
+pub(crate) fn stats(
+    out: &mut Vec<u8>,
+    took: Duration,
+    rows_read: Option<u64>,
+    rows_written: Option<u64>,
+    served_by: ServedBy,
+) {
+    let micros = took.as_micros();
+    let _ = write!(
+        out,
+        ",\"stats\":{{\"duration_ms\":{}.{:03}",
+        micros / 1000,
+        micros % 1000
+    );
+    if let Some(read) = rows_read {
+        let _ = write!(out, ",\"rows_read\":{read}");
+    }
+    if let Some(written) = rows_written {
+        let _ = write!(out, ",\"rows_written\":{written}");
+    }
+    let _ = write!(out, ",\"served_by\":\"{}\"}}", served_by.as_str());
+}
+
+/// Closes a body whose rows are all written: `],"rows_affected":N,"last_insert_id":ID,
+/// "stats":{...}}`, the id `null` when there is none (PostgreSQL has no rowid).
+pub(crate) fn end(out: &mut Vec<u8>, rows_affected: u64, last_insert_id: Option<i64>, cost: Cost) {
+    end_at(out, rows_affected, last_insert_id, None, cost);
+}
+
+/// [`end`], with the position the answer stands at before `stats` when there is one:
+/// `...,"last_insert_id":ID,"bookmark":"0000000001a2b3c4","stats":{...}}`. A body that streamed
+/// before its position was known (a write's, whose headers went out before it committed) says
+/// it here.
 pub(crate) fn end_at(
     out: &mut Vec<u8>,
     rows_affected: u64,
     last_insert_id: Option<i64>,
     bookmark: Option<Bookmark>,
+    cost: Cost,
 ) {
     let _ = write!(
         out,
@@ -143,6 +195,13 @@ pub(crate) fn end_at(
     if let Some(bookmark) = bookmark {
         let _ = write!(out, ",\"bookmark\":\"{bookmark}\"");
     }
+    stats(
+        out,
+        cost.began.elapsed(),
+        cost.rows_read,
+        Some(rows_affected),
+        cost.served_by,
+    );
     out.push(b'}');
 }
 
@@ -189,14 +248,27 @@ mod tests {
             }
             rows.end(&mut out);
         }
-        end(&mut out, 2, Some(7));
+        let cost = Cost {
+            rows_read: Some(9),
+            ..Cost::now(ServedBy::Primary)
+        };
+        end(&mut out, 2, Some(7), cost);
         // The protocol's typed definition (which refuses unknown members) reads it.
         let typed: sqlhttp_protocol::body::QueryResult = serde_json::from_slice(&out).unwrap();
         assert_eq!((typed.rows.len(), typed.last_insert_id), (2, Some(7)));
         assert_eq!(typed.columns[0].type_name, "INTEGER");
-        assert_eq!(
-            String::from_utf8(out).unwrap(),
-            r#"{"columns":[{"name":"a","type":"INTEGER"},{"name":"b","type":""}],"rows":[[1,"x"],[2,null]],"rows_affected":2,"last_insert_id":7}"#
+        let stats = typed.stats.unwrap();
+        assert_eq!((stats.rows_read, stats.rows_written), (Some(9), Some(2)));
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"columns":[{"name":"a","type":"INTEGER"},{"name":"b","type":""}],"rows":[[1,"x"],[2,null]],"rows_affected":2,"last_insert_id":7,"stats":{"duration_ms":"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(r#","rows_read":9,"rows_written":2,"served_by":"primary"}}"#),
+            "{text}"
         );
     }
 
@@ -204,25 +276,50 @@ mod tests {
     fn a_bookmark_is_the_last_member_when_there_is_one() {
         let mut out = Vec::new();
         header(&mut out, [("a", "")]);
+        let replica = Cost::now(ServedBy::Replica);
         end_at(
             &mut out,
             3,
             None,
             Some(Bookmark::from_position(0x1a2b_3c4d)),
+            replica,
+        );
+        let text = String::from_utf8(out).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"columns":[{"name":"a","type":""}],"rows":[],"rows_affected":3,"last_insert_id":null,"bookmark":"000000001a2b3c4d","stats":{"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(r#""rows_written":3,"served_by":"replica"}}"#),
+            "{text}"
+        );
+        let mut out = Vec::new();
+        header(&mut out, [("a", "")]);
+        end_at(&mut out, 3, None, Some(Bookmark::from_position(7)), replica);
+        let typed: sqlhttp_protocol::body::QueryResult = serde_json::from_slice(&out).unwrap();
+        assert_eq!(typed.bookmark, Some(Bookmark::from_position(7)));
+        assert_eq!(
+            typed.stats.unwrap().served_by,
+            Some(sqlhttp_protocol::body::ServedBy::Replica)
+        );
+    }
+
+    #[test]
+    fn a_duration_is_milliseconds_with_microseconds() {
+        let mut out = Vec::new();
+        stats(
+            &mut out,
+            Duration::from_micros(1_305),
+            None,
+            None,
+            ServedBy::Primary,
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
-            r#"{"columns":[{"name":"a","type":""}],"rows":[],"rows_affected":3,"last_insert_id":null,"bookmark":"000000001a2b3c4d"}"#
+            r#","stats":{"duration_ms":1.305,"served_by":"primary"}"#
         );
-        let mut out = Vec::new();
-        header(&mut out, [("a", "")]);
-        end_at(&mut out, 0, Some(1), None);
-        assert!(out.ends_with(br#""last_insert_id":1}"#));
-        let mut out = Vec::new();
-        header(&mut out, [("a", "")]);
-        end_at(&mut out, 3, None, Some(Bookmark::from_position(7)));
-        let typed: sqlhttp_protocol::body::QueryResult = serde_json::from_slice(&out).unwrap();
-        assert_eq!(typed.bookmark, Some(Bookmark::from_position(7)));
     }
 
     #[test]

@@ -156,7 +156,7 @@ pub(crate) async fn sql(router: &Router, sql: &str, params: Value) -> Reply {
     .await
 }
 
-/// POSTs and asserts a 200, returning the JSON body.
+/// POSTs and asserts a 200, returning the JSON body without its `stats`.
 pub(crate) async fn ok(router: &Router, sql_text: &str, params: Value) -> Value {
     let reply = sql(router, sql_text, params).await;
     assert_eq!(
@@ -165,7 +165,11 @@ pub(crate) async fn ok(router: &Router, sql_text: &str, params: Value) -> Value 
         "{sql_text}: {}",
         String::from_utf8_lossy(&reply.body)
     );
-    reply.json()
+    // What the statement cost (tested in `stats`) is no part of its result.
+    let mut body = reply.json();
+    let stats = body.as_object_mut().and_then(|body| body.remove("stats"));
+    assert!(stats.is_some(), "{sql_text}: no stats");
+    body
 }
 
 /// A database file path in the system temp dir, removed (with its journals) on drop.
@@ -263,4 +267,20 @@ pub(crate) const READER: [(&str, &str); 1] = [("authorization", "Bearer reader")
 pub(crate) fn with_writer_and_reader(config: &mut Config) {
     config.tokens = vec!["writer".into()];
     config.read_tokens = vec!["reader".into()];
+}
+
+/// `text` (a body) without its `stats` members (`,"stats":{...}`, each the last member of its
+/// object): what a test of the rest of a body compares. Panics when there is none.
+pub(crate) fn without_stats(text: &str) -> String {
+    const MEMBER: &str = ",\"stats\":{";
+    assert!(text.contains(MEMBER), "no stats in {text}");
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(MEMBER) {
+        out.push_str(&rest[..at]);
+        let end = rest[at..].find('}').unwrap();
+        rest = &rest[at + end + 1..];
+    }
+    out.push_str(rest);
+    out
 }

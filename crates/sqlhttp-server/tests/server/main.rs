@@ -55,6 +55,7 @@ mod sandbox_effects;
 mod schema;
 mod sqlite_tx_bounds;
 mod sqlite_wal_bound;
+mod stats;
 mod streaming;
 mod tcp;
 mod timeouts;

@@ -418,7 +418,7 @@ async fn forwarding_between_live_peers_is_proven_both_ways(engine: Engine) {
     .await;
     assert_eq!((status, &body["rows"]), (200, &json!([[2]])), "{body}");
     let (status, headers, body) = post(b, COMMIT, &[BEARER], &json!({"transaction": token})).await;
-    assert_eq!((status, &body), (200, &json!({"outcome": "committed"})));
+    assert_eq!((status, &body["outcome"]), (200, &json!("committed")));
     assert!(
         !headers.contains_key("sqlhttp-peer-answer"),
         "the proof is between the servers"
@@ -430,7 +430,7 @@ async fn forwarding_between_live_peers_is_proven_both_ways(engine: Engine) {
         );
     }
     let (status, headers, body) = post(b, COMMIT, &[BEARER], &json!({"transaction": token})).await;
-    assert_eq!((status, &body), (200, &json!({"outcome": "committed"})));
+    assert_eq!((status, &body["outcome"]), (200, &json!("committed")));
     assert_eq!(
         headers
             .get("idempotent-replayed")
@@ -667,7 +667,7 @@ async fn a_forwarded_request_without_a_valid_proof_is_refused() {
     }
     let valid = signed(&secret, &target, COMMIT, &named, now, &"04".repeat(16));
     let (status, headers, body) = post(addr, COMMIT, &borrowed(&valid), &named).await;
-    assert_eq!((status, &body), (200, &json!({"outcome": "committed"})));
+    assert_eq!((status, &body["outcome"]), (200, &json!("committed")));
     assert!(headers.contains_key("sqlhttp-peer-answer"), "{headers:?}");
     let (status, _, _) = post(addr, COMMIT, &borrowed(&valid), &named).await;
     assert_eq!(status, 401, "a replay is refused");

@@ -488,6 +488,7 @@ async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
 
     let written = set_value(url, "two").await;
     assert_ne!(written.served_by(), Some("replica"), "{written:?}");
+    assert_eq!(written.body["stats"]["served_by"], "primary", "{written:?}");
     written.bookmark();
     database.caught_up().await;
 
@@ -496,6 +497,8 @@ async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
     for _ in 0..4 {
         let answer = read_value(url, &[]).await;
         assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
+        // The body's stats say who served it too (issue 40).
+        assert_eq!(answer.body["stats"]["served_by"], "replica", "{answer:?}");
         assert_eq!(answer.cell(), "two");
         answer.bookmark();
     }

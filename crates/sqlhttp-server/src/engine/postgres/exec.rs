@@ -28,7 +28,7 @@ use crate::engine::postgres::{Lease, placeholders, sandbox, tag, wire};
 use crate::engine::stream::Sink;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
-use crate::protocol::result::{self, RowWriter};
+use crate::protocol::result::{self, Cost, RowWriter};
 
 /// A session that received a row larger than this is closed after its request, not pooled:
 /// tokio-postgres's read buffer keeps the size of the largest message it held (after one
@@ -200,9 +200,10 @@ pub(crate) async fn write_result(
     map: &(dyn Fn(tokio_postgres::Error) -> ApiError + Sync),
     around: Around<'_, '_>,
 ) -> Result<(), ApiError> {
+    let cost = Cost::now(lease.served_by);
     let rows_affected = write_rows(lease, request, limits, out, sink, map, around).await?;
     // PostgreSQL has no rowid: `last_insert_id` is always null (use RETURNING).
-    result::end(out, rows_affected, None);
+    result::end(out, rows_affected, None, cost);
     Ok(())
 }
 

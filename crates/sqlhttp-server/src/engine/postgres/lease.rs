@@ -19,6 +19,7 @@ use crate::engine::postgres::ahead::PrimaryLog;
 use crate::engine::postgres::transaction::Opened;
 use crate::engine::postgres::{CONNECT_WITHIN, Inner, Job, STOP_WITHIN, session, wire};
 use crate::engine::shutting_down;
+use crate::protocol::bookmark::ServedBy;
 use crate::protocol::error::ApiError;
 use crate::timing::Timing;
 
@@ -41,6 +42,8 @@ pub(super) struct Lease {
     pub(super) cancel_sent: AtomicBool,
     /// The session's backend process (see [`Backends`]; 0 when it is not known).
     pub(super) backend: AtomicI32,
+    /// Whose connection it is, as a body's `stats` says.
+    pub(super) served_by: ServedBy,
     /// This request's guard savepoint (see [`GUARD_PREFIX`]).
     pub(super) guard: String,
     /// The transaction the server opened, once it did.
@@ -285,6 +288,11 @@ impl Inner {
             clean: false,
             cancel_sent: AtomicBool::new(false),
             backend: AtomicI32::new(backend),
+            served_by: if self.node.is_replica() {
+                ServedBy::Replica
+            } else {
+                ServedBy::Primary
+            },
             guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
             opened: Mutex::new(None),
             fresh: AtomicBool::new(false),

@@ -93,7 +93,9 @@ impl Inner {
         let must_stop = || job.is_cancelled();
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
         let map = |e| self.map(&e);
+        let mut cost = result::Cost::now(lease.served_by);
         loop {
+            cost.began = std::time::Instant::now();
             // BEGIN goes out with the statement, and a read's end behind it: one round trip
             // (see `exec::write_result`).
             let opening: exec::Opening<'_> = Box::pin(self.begin(&lease, mode));
@@ -134,13 +136,13 @@ impl Inner {
             if !started {
                 // Nothing was sent: the whole body is the answer, its position in the headers.
                 let whole = written.map(|rows_affected| {
-                    result::end(&mut out, rows_affected, None);
+                    result::end(&mut out, rows_affected, None, cost);
                     Some(out)
                 });
                 break self.end_or_ended(lease, mode, whole, sent).await;
             }
             break self
-                .finish_streamed(job, lease, mode, written, out, sender, sent)
+                .finish_streamed(job, lease, mode, written, out, sender, sent, cost)
                 .await;
         }
     }
@@ -163,6 +165,7 @@ impl Inner {
         mut out: Vec<u8>,
         sender: ChunkSender,
         sent: Option<SentEnd>,
+        cost: result::Cost,
     ) -> Result<Option<Vec<u8>>, ApiError> {
         // `out` ends after the last whole row until the transaction has ended.
         match self.end_or_ended(lease, mode, written, sent).await {
@@ -173,7 +176,7 @@ impl Inner {
                     _ if mode == Access::ReadOnly => None,
                     at => Some(Bookmark::from_position(at)),
                 };
-                result::end_at(&mut out, rows_affected, None, position);
+                result::end_at(&mut out, rows_affected, None, position, cost);
             }
             Err(err) => {
                 if sender.is_gone() {

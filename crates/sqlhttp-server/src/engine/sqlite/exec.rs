@@ -21,9 +21,10 @@ use crate::engine::sqlite::connection::Conn;
 use crate::engine::sqlite::errors::map_engine_error;
 use crate::engine::sqlite::sandbox;
 use crate::engine::stream::Sink;
+use crate::protocol::bookmark::ServedBy;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::{Param, SqlRequest};
-use crate::protocol::result::{self, RowWriter};
+use crate::protocol::result::{self, Cost, RowWriter};
 
 /// `last_insert_rowid()` is set to this before a statement that may insert, so "inserted
 /// nothing" can be told apart from "inserted a row whose rowid equals the previous one".
@@ -290,6 +291,7 @@ pub(crate) fn write_result(
     out: &mut Vec<u8>,
     sink: &mut Sink<'_>,
 ) -> Result<Ran<()>, ApiError> {
+    let mut cost = Cost::now(ServedBy::Primary);
     sandbox::check_new_names(&request.sql)?;
     conn.refresh_schema().map_err(map_engine_error)?;
     // Declared before the statement: on an early return it is undone after the statement is
@@ -382,6 +384,10 @@ pub(crate) fn write_result(
     if writer.rows() == 0 {
         write_header(out, &stmt);
     }
+    // Rows read: the full scans' steps, and at least the rows returned (an index lookup
+    // steps no full scan).
+    let scanned = stmt.get_status(rusqlite::StatementStatus::FullscanStep);
+    cost.rows_read = Some(writer.rows().max(u64::try_from(scanned).unwrap_or(0)));
     drop(stmt);
     drop(sandboxed);
     if let Some(change) = schema_change.take() {
@@ -405,7 +411,7 @@ pub(crate) fn write_result(
     } else {
         None
     };
-    result::end(out, rows_affected, last_insert_id);
+    result::end(out, rows_affected, last_insert_id, cost);
     Ok(Ran::Done(()))
 }
 
@@ -508,9 +514,16 @@ mod tests {
         let Ran::Done(body) = execute(&conn(), &request, Access::ReadOnly).unwrap() else {
             panic!("a SELECT runs read-only")
         };
-        assert_eq!(
-            String::from_utf8(body).unwrap(),
-            r#"{"columns":[{"name":"one","type":""}],"rows":[[1]],"rows_affected":0,"last_insert_id":null}"#
+        let text = String::from_utf8(body).unwrap();
+        assert!(
+            text.starts_with(
+                r#"{"columns":[{"name":"one","type":""}],"rows":[[1]],"rows_affected":0,"last_insert_id":null,"stats":{"duration_ms":"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.ends_with(r#","rows_read":1,"rows_written":0,"served_by":"primary"}}"#),
+            "{text}"
         );
     }
 
