@@ -165,6 +165,23 @@ pub(crate) enum Command {
     },
     /// Check that the server answers (and that the token is accepted).
     Ping,
+    /// Fill the checked-query cache (`.sqlhttp/` beside each package's Cargo.toml) with the
+    /// server's description of every `query!`, `query_as!`, `query_scalar!` and `execute!` the
+    /// packages under DIR hold, and remove entries no statement uses. The server's URL and
+    /// token may also come from a `.env` file in DIR.
+    Prepare {
+        /// The application's directory, or a workspace holding several.
+        #[arg(default_value = ".")]
+        dir: PathBuf,
+        /// Change nothing: fail when a statement has no entry (its SQL changed without a
+        /// refresh) or an entry no statement uses. Needs no server.
+        #[arg(long)]
+        check: bool,
+        /// With --check, also ask the server and fail when an entry differs from its answer
+        /// (the schema changed).
+        #[arg(long, requires = "check")]
+        server: bool,
+    },
 }
 
 /// What `sqlhttp migrate` does.

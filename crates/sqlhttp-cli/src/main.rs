@@ -14,6 +14,7 @@ mod import;
 mod migrate;
 mod output;
 mod params;
+mod prepare;
 mod progress;
 mod run;
 mod shell;
@@ -65,6 +66,9 @@ fn default_format() -> Format {
 }
 
 async fn run(cli: Cli) -> anyhow::Result<()> {
+    if let Command::Prepare { dir, check, server } = &cli.command {
+        return prepare::run(&cli.connection, dir, *check, *server).await;
+    }
     let client = connect::client(&cli.connection)?;
     match cli.command {
         Command::Ping => {
@@ -129,6 +133,8 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         } => {
             migrate::run(&client, &source, &table, action).await?;
         }
+        // Answered before the client is made, above.
+        Command::Prepare { .. } => {}
         Command::Shell { format, file } => {
             shell::run(&client, &cli.connection.url, format, file.as_deref()).await?;
         }

@@ -54,6 +54,9 @@ pub struct StatementInfo {
     pub columns: Vec<StatementColumn>,
     /// Whether it may write (a read-only credential may not run it).
     pub may_write: bool,
+    /// The engine that described it, as its answer's `Sqlhttp-Engine` header names it
+    /// (`sqlite`, `postgresql`), when it did: type names are the engine's own.
+    pub engine: Option<String>,
 }
 
 /// One parameter of a described statement.
@@ -99,6 +102,7 @@ impl From<sqlhttp_protocol::body::StatementDescription> for StatementInfo {
                 })
                 .collect(),
             may_write: body.may_write,
+            engine: None,
         }
     }
 }
@@ -140,10 +144,12 @@ impl Client {
             idempotency_key: None,
             started: None,
         };
-        self.send(call, &mut whole).await?;
+        let delivered = self.send(call, &mut whole).await?;
         let described: sqlhttp_protocol::body::StatementDescription =
             serde_json::from_slice(&whole.0).map_err(crate::Error::decode)?;
-        Ok(described.into())
+        let mut info = StatementInfo::from(described);
+        info.engine = delivered.body.engine().map(str::to_owned);
+        Ok(info)
     }
 
     /// The tables and views this client can see, by name (the server's own are left out). A

@@ -94,6 +94,7 @@ mod describe;
 mod error;
 mod executor;
 mod insert;
+pub mod macros;
 #[cfg(feature = "migrate")]
 #[cfg_attr(docsrs, doc(cfg(feature = "migrate")))]
 pub mod migrate;
@@ -123,6 +124,11 @@ pub use describe::{ColumnInfo, ParamInfo, StatementColumn, StatementInfo, TableI
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use executor::Executor;
 pub use insert::{Insert, InsertReport};
+/// Checked queries (ADR 0055): SQL, parameters and row types checked at compile time against
+/// the statement's description, from the application's `.sqlhttp/` cache (`sqlhttp prepare`).
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use sqlhttp_macros::{execute, query, query_as, query_scalar};
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type: see "Other crates' types in this API").
 pub use reqwest::Proxy;
 /// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and

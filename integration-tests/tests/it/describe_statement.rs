@@ -44,6 +44,11 @@ async fn a_statement_is_described_and_nothing_runs() {
         [("id", Some(false)), ("title", Some(false)), ("note", None)]
     );
     assert!(!info.may_write);
+    let named = match engine {
+        Engine::Sqlite => "sqlite",
+        Engine::Postgres => "postgresql",
+    };
+    assert_eq!(info.engine.as_deref(), Some(named));
 
     let insert = format!("INSERT INTO \"{table}\" (title) VALUES ('never')");
     let write = client.describe_statement(&insert).await.unwrap();

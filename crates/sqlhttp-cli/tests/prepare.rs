@@ -1,0 +1,119 @@
+//! `sqlhttp prepare` against a live server, then `--check` without one: it fills an
+//! application's `.sqlhttp/` cache, passes offline while every statement has its entry, and
+//! fails once a statement's SQL changed without a refresh (no entry for the new text, the old
+//! entry stale), or, with `--server`, once the schema changed under an entry.
+
+use std::process::Output;
+use std::time::Duration;
+
+use assert_cmd::Command;
+use sqlhttp_testkit::TestServer;
+
+/// A URL where no server answers.
+const NOWHERE: &str = "http://127.0.0.1:9";
+
+async fn sqlhttp(url: &str, args: &[&str]) -> Output {
+    let mut command = Command::cargo_bin("sqlhttp").unwrap();
+    command
+        .env_remove("SQLHTTP_TOKEN")
+        .env("SQLHTTP_URL", url)
+        .args(args)
+        .timeout(Duration::from_secs(60));
+    tokio::task::spawn_blocking(move || command.output().unwrap())
+        .await
+        .unwrap()
+}
+
+fn said(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+const MAIN: &str = r#"
+fn main() {
+    let _ = sqlhttp::query!("SELECT id, title FROM books WHERE id = ?", 1);
+    let _ = sqlhttp::execute!("DELETE FROM books");
+}
+"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_fills_the_cache_and_check_needs_no_server() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    server
+        .client()
+        .execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL)")
+        .await
+        .unwrap();
+    let app = tempfile::tempdir().unwrap();
+    let dir = app.path().to_str().unwrap();
+    std::fs::write(app.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
+    std::fs::create_dir(app.path().join("src")).unwrap();
+    std::fs::write(app.path().join("src/main.rs"), MAIN).unwrap();
+
+    let prepared = sqlhttp(&url, &["prepare", dir]).await;
+    assert!(prepared.status.success(), "{}", said(&prepared));
+    let cache = app.path().join(".sqlhttp");
+    let mut entries: Vec<String> = std::fs::read_dir(&cache)
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    entries.sort();
+    assert_eq!(entries.len(), 2);
+    let select: serde_json::Value = serde_json::from_str(
+        entries
+            .iter()
+            .find(|e| e.contains("SELECT"))
+            .expect("the SELECT's entry"),
+    )
+    .unwrap();
+    assert_eq!(select["engine"], "sqlite");
+    assert_eq!(
+        select["describe"]["params"],
+        serde_json::json!([{"type": null}])
+    );
+    assert_eq!(select["describe"]["columns"][1]["nullable"], false);
+
+    // Offline: no server answers at NOWHERE, and none is needed.
+    let checked = sqlhttp(NOWHERE, &["prepare", "--check", dir]).await;
+    assert!(checked.status.success(), "{}", said(&checked));
+
+    // The SQL changed without a refresh: its new text has no entry, the old entry is stale.
+    let changed = MAIN.replace("SELECT id, title", "SELECT title");
+    std::fs::write(app.path().join("src/main.rs"), &changed).unwrap();
+    let checked = sqlhttp(NOWHERE, &["prepare", "--check", dir]).await;
+    assert!(!checked.status.success());
+    let text = said(&checked);
+    assert!(
+        text.contains("no entry for `SELECT title FROM books WHERE id = ?`"),
+        "{text}"
+    );
+    assert!(text.contains("is stale: no statement uses it"), "{text}");
+
+    // Refreshed, it passes again; then the schema moves under the entry.
+    let prepared = sqlhttp(&url, &["prepare", dir]).await;
+    assert!(prepared.status.success(), "{}", said(&prepared));
+    assert_eq!(std::fs::read_dir(&cache).unwrap().count(), 2);
+    assert!(
+        sqlhttp(NOWHERE, &["prepare", "--check", dir])
+            .await
+            .status
+            .success()
+    );
+    let client = server.client();
+    client.execute("DROP TABLE books").await.unwrap();
+    client
+        .execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT)")
+        .await
+        .unwrap();
+    let checked = sqlhttp(&url, &["prepare", "--check", "--server", dir]).await;
+    assert!(!checked.status.success());
+    assert!(
+        said(&checked).contains("is stale (the server describes it otherwise)"),
+        "{}",
+        said(&checked)
+    );
+}
