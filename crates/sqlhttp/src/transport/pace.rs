@@ -13,14 +13,64 @@ use tokio_util::sync::CancellationToken;
 use super::{Transport, cancelled};
 use crate::RetryState;
 use crate::error::{Error, ErrorKind, Result};
+use crate::retry::classify::OpClass;
 use crate::retry::cost::Cause;
+use crate::retry::rate::AdaptiveRate;
 
-/// A retry paid for: what it cost and whether it holds a turn of the adaptive rate, to give back
-/// if the retry is not made.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Paid {
+/// A turn reserved with the adaptive rate, given back when dropped unless it was spent: a call
+/// cancelled, refused or dropped (`tokio::time::timeout`, `select!`) while it waited does not
+/// keep its place in the queue.
+#[derive(Debug)]
+pub(crate) struct Turn<'a> {
+    rate: Option<&'a AdaptiveRate>,
+    /// The turn was further away than the call may wait for one (and was given back at once).
+    too_far: bool,
+}
+
+impl Turn<'_> {
+    const NONE: Turn<'static> = Turn {
+        rate: None,
+        too_far: false,
+    };
+
+    /// The attempt went out on this turn: it is not given back.
+    pub(crate) fn spend(mut self) {
+        self.rate = None;
+    }
+
+    /// Whether the turn was further away than the call may wait for one.
+    pub(crate) fn is_too_far(&self) -> bool {
+        self.too_far
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        if let Some(rate) = self.rate.take() {
+            rate.release();
+        }
+    }
+}
+
+/// A retry paid for: what it cost, and its turn of the adaptive rate; both given back if the
+/// retry is not made ([`Transport::unpay`]), the turn also when the call is dropped meanwhile.
+#[derive(Debug)]
+pub(crate) struct Paid<'a> {
     cost: u32,
-    turn: bool,
+    turn: Turn<'a>,
+}
+
+impl Paid<'_> {
+    /// The retry went out: its turn is used.
+    pub(crate) fn spend(self) {
+        self.turn.spend();
+    }
+}
+
+/// Whether the adaptive rate paces a call of this class: not a transaction's steps, which the
+/// server holds locks and an idle timeout for (an open transaction is let through to its end).
+fn paced(class: OpClass) -> bool {
+    class != OpClass::Step
 }
 
 impl Transport {
@@ -36,23 +86,32 @@ impl Transport {
         }
     }
 
-    /// Waits for the first attempt's turn under the adaptive rate, if it is on and limiting: at
-    /// once when there is a token; an error without sending when the turn is past `deadline`
-    /// ([`ErrorKind::ClientRateLimited`]) or the call is cancelled meanwhile.
+    /// Waits for the first attempt's turn under the adaptive rate, if it is on and limiting (never
+    /// for a transaction's step): at once when there is a token; an error without sending when
+    /// the turn is past `deadline` or more than `max_wait` away
+    /// ([`ErrorKind::ClientRateLimited`]), or the call is cancelled meanwhile. A call dropped
+    /// while it waits gives its turn back.
     pub(crate) async fn first_turn(
         &self,
         cancel: Option<&CancellationToken>,
         deadline: Option<Instant>,
+        class: OpClass,
+        max_wait: Duration,
     ) -> Result<()> {
-        let Some(rate) = &self.rate else {
+        let Some(rate) = self.rate.as_ref().filter(|_| paced(class)) else {
             return Ok(());
         };
         let wait = rate.acquire();
+        let turn = Turn {
+            rate: Some(rate),
+            too_far: false,
+        };
         if wait.is_zero() {
+            turn.spend();
             return Ok(());
         }
-        if past(deadline, wait) {
-            rate.release();
+        if wait > max_wait || past(deadline, wait) {
+            drop(turn);
             tracing::debug!(
                 wait_ms = millis(wait),
                 "the adaptive send rate holds the call past max_elapsed"
@@ -64,10 +123,13 @@ impl Transport {
         tokio::select! {
             biased;
             () = cancelled(cancel, self.cancel.as_ref()) => {
-                rate.release();
+                drop(turn);
                 Err(Error::new(ErrorKind::Cancelled))
             }
-            () = tokio::time::sleep(wait) => Ok(()),
+            () = tokio::time::sleep(wait) => {
+                turn.spend();
+                Ok(())
+            }
         }
     }
 
@@ -80,19 +142,38 @@ impl Transport {
         }
     }
 
-    /// The wait before a retry after `kind`: the backoff `delay`, or longer when the adaptive rate
-    /// gives the retry a later turn. The turn is taken; give it back with [`unpay`](Self::unpay)
-    /// (or let [`pay`](Self::pay) do so) if the retry is not made.
-    pub(crate) fn retry_wait(&self, delay: Duration) -> (Duration, bool) {
-        match &self.rate {
-            Some(rate) => (delay.max(rate.acquire()), true),
-            None => (delay, false),
+    /// The wait before a retry: the backoff `delay`, or longer when the adaptive rate gives the
+    /// retry a later turn (never for a transaction's step). The turn is reserved and given back
+    /// when dropped unless spent; one more than `max_wait` away is given back at once and
+    /// [`Turn::is_too_far`] says so.
+    pub(crate) fn retry_wait(
+        &self,
+        delay: Duration,
+        class: OpClass,
+        max_wait: Duration,
+    ) -> (Duration, Turn<'_>) {
+        let Some(rate) = self.rate.as_ref().filter(|_| paced(class)) else {
+            return (delay, Turn::NONE);
+        };
+        let wait = rate.acquire();
+        let turn = Turn {
+            rate: Some(rate),
+            too_far: false,
+        };
+        if wait > max_wait {
+            drop(turn);
+            let refused = Turn {
+                rate: None,
+                too_far: true,
+            };
+            return (delay.max(wait), refused);
         }
+        (delay.max(wait), turn)
     }
 
     /// Pays for a retry after `kind` from the budget, by its cause. `Err` with the client's retry
     /// state when the bucket cannot pay (the rate's turn is given back).
-    pub(crate) fn pay(&self, kind: &ErrorKind, turn: bool) -> Result<Paid, RetryState> {
+    pub(crate) fn pay<'a>(&self, kind: &ErrorKind, turn: Turn<'a>) -> Result<Paid<'a>, RetryState> {
         let cost = self
             .budget
             .as_ref()
@@ -100,27 +181,18 @@ impl Transport {
         if let Some(bucket) = &self.budget
             && !bucket.withdraw(cost)
         {
-            self.unpay(Paid { cost: 0, turn });
+            drop(turn);
             return Err(self.retry_state());
         }
         Ok(Paid { cost, turn })
     }
 
     /// Gives back a retry paid for and not made: its tokens and its turn.
-    pub(crate) fn unpay(&self, paid: Paid) {
+    pub(crate) fn unpay(&self, paid: Paid<'_>) {
         if let Some(bucket) = &self.budget {
             bucket.refund(paid.cost);
         }
-        if paid.turn
-            && let Some(rate) = &self.rate
-        {
-            rate.release();
-        }
-    }
-
-    /// Gives back a turn of the adaptive rate taken for a retry that will not be made.
-    pub(crate) fn release_turn(&self, turn: bool) {
-        self.unpay(Paid { cost: 0, turn });
+        drop(paid.turn);
     }
 }
 

@@ -249,3 +249,53 @@ async fn a_refusal_before_the_key_is_read_leaves_a_lost_answer_unknown() {
     let err = h.send(OpClass::Write).await.unwrap_err();
     assert!(!err.is_outcome_unknown(), "{err:?}");
 }
+
+/// A call dropped while it waits for its turn (`tokio::time::timeout` here) gives the turn back:
+/// the next call goes when the dropped one would have, not a turn later.
+#[tokio::test(start_paused = true)]
+async fn a_call_dropped_while_it_waits_gives_its_turn_back() {
+    let h = Harness::with([waiting(0), Step::Ok], adaptive);
+    h.send(OpClass::Read).await.unwrap_err();
+    let rate = h.transport.retry_state().send_rate().unwrap();
+    let dropped = tokio::time::timeout(ms(300), h.send(OpClass::Read)).await;
+    assert!(dropped.is_err(), "still waiting when dropped");
+    assert_eq!(h.seen().len(), 1, "nothing sent");
+    h.send(OpClass::Read).await.unwrap();
+    assert_near(h.times()[1], turn(rate));
+}
+
+/// A turn further away than `max_backoff` is not queued for: the call fails at once.
+#[tokio::test(start_paused = true)]
+async fn a_turn_further_than_max_backoff_fails_at_once() {
+    let h = Harness::with([waiting(0), Step::Ok], |t| {
+        let mut t = adaptive(t);
+        t.policy = RetryPolicy::never().with_max_backoff(ms(500));
+        t
+    });
+    h.send(OpClass::Read).await.unwrap_err();
+    let err = h.send(OpClass::Read).await.unwrap_err();
+    assert!(
+        matches!(err.kind(), ErrorKind::ClientRateLimited { wait } if *wait > ms(500)),
+        "{err:?}"
+    );
+    assert!(err.retry_state().is_some());
+    assert_eq!(h.seen().len(), 1);
+    // The refused turn was given back: a patient call goes on the first one, 1/1.4 s in.
+    let patient = CallOptions {
+        retry: Some(RetryPolicy::never()),
+        ..CallOptions::default()
+    };
+    h.send_options(OpClass::Read, patient).await.unwrap();
+    assert_near(h.times()[1], turn(1.4));
+}
+
+/// A transaction's steps are never paced: the server holds its locks and idle timeout meanwhile.
+#[tokio::test(start_paused = true)]
+async fn transaction_steps_are_not_paced() {
+    let h = Harness::with([waiting(0), Step::Ok, Step::Ok], adaptive);
+    h.send(OpClass::Read).await.unwrap_err();
+    assert!(h.transport.retry_state().send_rate().is_some());
+    h.send(OpClass::Step).await.unwrap();
+    h.send(OpClass::Step).await.unwrap();
+    assert_eq!(h.times(), vec![ms(0), ms(0), ms(0)]);
+}
