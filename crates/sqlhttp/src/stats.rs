@@ -77,25 +77,37 @@ impl ServerStats {
     /// Reads a `stats` member's JSON text: each member on its own, one missing or not of its
     /// type being `None`; `None` when the member is not an object.
     pub(crate) fn read(json: &str) -> Option<Self> {
-        use sqlhttp_protocol::body::member;
-        let serde_json::Value::Object(object) = serde_json::from_str(json).ok()? else {
+        use serde_json::value::RawValue;
+        /// The member's members as they came, unparsed (borrowed: nothing is allocated);
+        /// members this version does not know are skipped.
+        #[derive(serde::Deserialize)]
+        struct Members<'a> {
+            #[serde(borrow, default)]
+            duration_ms: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            rows_read: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            rows_written: Option<&'a RawValue>,
+            #[serde(borrow, default)]
+            served_by: Option<&'a RawValue>,
+        }
+        fn parse<'a, T: serde::Deserialize<'a>>(raw: Option<&'a RawValue>) -> Option<T> {
+            serde_json::from_str(raw?.get()).ok()
+        }
+        // An object only (a derived struct would take an array by position).
+        if !json.trim_start().starts_with('{') {
             return None;
-        };
-        let duration = object
-            .get(member::DURATION_MS)
-            .and_then(serde_json::Value::as_f64)
+        }
+        let members: Members<'_> = serde_json::from_str(json).ok()?;
+        let duration = parse::<f64>(members.duration_ms)
             .and_then(|ms| Duration::try_from_secs_f64(ms / 1_000.0).ok())
             // Microsecond precision, as the protocol gives it.
             .map(|d| Duration::from_micros(u64::try_from(d.as_micros()).unwrap_or(u64::MAX)));
-        let count = |name: &str| object.get(name).and_then(serde_json::Value::as_u64);
-        let served_by = object
-            .get(member::SERVED_BY)
-            .and_then(|value| serde_json::from_value::<ServedBy>(value.clone()).ok());
         Some(Self {
             duration,
-            rows_read: count(member::ROWS_READ),
-            rows_written: count(member::ROWS_WRITTEN),
-            served_by,
+            rows_read: parse(members.rows_read),
+            rows_written: parse(members.rows_written),
+            served_by: parse(members.served_by),
         })
     }
 }
