@@ -598,9 +598,10 @@ impl ClientBuilder {
     /// then climbs back as a cubic of the time since as answers come without throttles, never above
     /// twice the rate it measures itself sending, never below one attempt every two seconds (the
     /// AWS SDKs' `adaptive` mode, ADR 0054). While it limits, any attempt, a call's first included,
-    /// may wait for its turn; a cancelled call stops waiting at once, and one whose turn comes past
-    /// its `max_elapsed` fails without sending, with
-    /// [`ErrorKind::ClientRateLimited`](crate::ErrorKind::ClientRateLimited).
+    /// may wait for its turn, except a transaction's steps (the server holds their locks
+    /// meanwhile). A cancelled or dropped call stops waiting at once and gives its turn back; one
+    /// whose turn is more than its policy's `max_backoff` away, or past its `max_elapsed`, fails
+    /// without sending, with [`ErrorKind::ClientRateLimited`](crate::ErrorKind::ClientRateLimited).
     /// [`Client::retry_state`] shows the rate. Default: `false` (nothing is paced).
     #[must_use]
     pub fn adaptive_rate(mut self, enabled: bool) -> Self {

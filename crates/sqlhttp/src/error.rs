@@ -144,8 +144,8 @@ pub enum ErrorKind {
     },
     /// The client's own adaptive send rate
     /// ([`ClientBuilder::adaptive_rate`](crate::ClientBuilder::adaptive_rate)), lowered after the
-    /// server throttled, would hold this attempt back past the call's `max_elapsed`: it was not
-    /// sent. [`Error::retry_state`] says what the rate is now. After an earlier failed attempt the
+    /// server throttled, would hold this attempt back past the call's `max_elapsed`, or longer
+    /// than its policy's `max_backoff`: it was not sent. [`Error::retry_state`] says what the rate is now. After an earlier failed attempt the
     /// call ends on that failure instead, with [`Error::retry_state`] set.
     #[error("held back by the client's adaptive send rate: the next send was {wait:?} away")]
     ClientRateLimited {
