@@ -15,9 +15,13 @@ pub(crate) struct Book {
 /// Runs every checked statement and checks what comes back.
 pub(crate) async fn run(client: &Client) -> sqlhttp::Result<()> {
     for (title, year) in [("Dune", Some(1965)), ("Solaris", None)] {
-        let added = execute!("INSERT INTO checked_books (title, year) VALUES (?, ?)", title, year)
-            .on(client)
-            .await?;
+        let added = execute!(
+            "INSERT INTO checked_books (title, year) VALUES (?, ?)",
+            title,
+            year
+        )
+        .on(client)
+        .await?;
         assert_eq!(added.rows_affected, 1);
     }
     // A generated struct: `id` and `title` are NOT NULL, `year` may be NULL.
@@ -55,10 +59,7 @@ pub(crate) async fn run(client: &Client) -> sqlhttp::Result<()> {
         .await?;
     assert_eq!(count, 2);
     // A stream of the generated struct.
-    let mut rows = query!(
-        "SELECT title FROM checked_books WHERE year IS NULL"
-    )
-    .fetch(client);
+    let mut rows = query!("SELECT title FROM checked_books WHERE year IS NULL").fetch(client);
     let solaris = rows.try_next().await?.expect("a row");
     assert_eq!(solaris.title, "Solaris");
     println!("checked queries ran: {count} books, {}", books[1].title);

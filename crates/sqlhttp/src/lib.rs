@@ -124,11 +124,6 @@ pub use describe::{ColumnInfo, ParamInfo, StatementColumn, StatementInfo, TableI
 pub use error::{AttemptFailure, ConstraintKind, Error, ErrorKind, Result};
 pub use executor::Executor;
 pub use insert::{Insert, InsertReport};
-/// Checked queries (ADR 0055): SQL, parameters and row types checked at compile time against
-/// the statement's description, from the application's `.sqlhttp/` cache (`sqlhttp prepare`).
-#[cfg(feature = "macros")]
-#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub use sqlhttp_macros::{execute, query, query_as, query_scalar};
 /// A proxy for [`ClientBuilder::proxy`] (reqwest's type: see "Other crates' types in this API").
 pub use reqwest::Proxy;
 /// A certificate authority and a client identity for [`ClientBuilder::add_root_certificate`] and
@@ -137,14 +132,19 @@ pub use reqwest::Proxy;
 #[cfg_attr(docsrs, doc(cfg(any(feature = "rustls", feature = "native-tls"))))]
 pub use reqwest::{Certificate, Identity};
 pub use retry::{Jitter, RetryBudget, RetryPolicy, RetryState};
+/// Checked queries (ADR 0055): SQL, parameters and row types checked at compile time against
+/// the statement's description, from the application's `.sqlhttp/` cache (`sqlhttp prepare`).
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use sqlhttp_macros::{execute, query, query_as, query_scalar};
 pub use statement::{Execute, Query, ResponseFuture, TableQuery};
-pub use transport::hedge::{HedgeDelay, HedgePolicy};
 pub use stats::{ServedBy, Stats};
 pub use table::{Column, ExecResult, Row, Table};
 /// Stops calls when cancelled: [`ClientBuilder::cancel_on`] and every builder's `cancel_on`
 /// (tokio-util's type: see "Other crates' types in this API").
 pub use tokio_util::sync::CancellationToken;
 pub use transaction::{Isolation, Transaction, TransactionBuilder};
+pub use transport::hedge::{HedgeDelay, HedgePolicy};
 pub use value::Value;
 pub use wire::blob::Blob;
 // Not part of the API (`#[doc(hidden)]`, may change in any release): the body decoder, for the

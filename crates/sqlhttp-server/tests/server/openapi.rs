@@ -270,7 +270,10 @@ async fn real_answers_validate_against_the_document() {
     assert_eq!(post(&ro, statement, query).await.status, 200);
     let refused = post(&ro, statement, json!({"sql": "DELETE FROM t"})).await;
     assert_eq!(refused.code(), "READ_ONLY");
-    assert_eq!(post(&rw, statement, json!({"sql": " "})).await.code(), "SQL_ERROR");
+    assert_eq!(
+        post(&rw, statement, json!({"sql": " "})).await.code(),
+        "SQL_ERROR"
+    );
     let unknown = post(&rw, statement, json!({"sql": "SELECT 1", "params": []})).await;
     assert_eq!(unknown.code(), "BAD_REQUEST");
 
