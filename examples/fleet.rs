@@ -262,7 +262,9 @@ async fn main() {
     .await;
     table(
         Scenario::Overload,
-        &format!("overload: {SERVED_PER_SECOND}/s served from t=0, 429 with Retry-After: 1 to the rest"),
+        &format!(
+            "overload: {SERVED_PER_SECOND}/s served from t=0, 429 with Retry-After: 1 to the rest"
+        ),
         &[
             Setup {
                 name: "full jitter + budget, every retry 14",
