@@ -1,5 +1,6 @@
-//! The `sqlhttpd` binary: command-line flags, logging to stderr, the `listening on` line on
-//! stdout, shutdown on Ctrl-C / SIGTERM, and the TLS files read again on SIGHUP.
+//! The `sqlhttpd` binary: command-line flags, logging to stderr (and spans over OTLP when
+//! asked), the `listening on` line on stdout, shutdown on Ctrl-C / SIGTERM, and the TLS files
+//! read again on SIGHUP.
 //!
 //! Everything else lives in the `sqlhttp_server` library; this file only parses flags and
 //! drives a [`Server`].
@@ -253,6 +254,33 @@ struct Cli {
         requires = "tls_cert"
     )]
     tls_client_ca: Option<PathBuf>,
+
+    /// Export the server's spans (each request's, continuing its caller's W3C trace) over
+    /// OTLP/HTTP (protobuf) to this collector's base URL, e.g. http://127.0.0.1:4318 (`/v1/traces`
+    /// is appended). Without it, the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTEL_EXPORTER_OTLP_ENDPOINT turns the export on; other OTEL_EXPORTER_OTLP_* and OTEL_BSP_*
+    /// variables apply. Off by default: no exporter, no cost.
+    #[arg(long, value_name = "URL", value_parser = parse_otlp_endpoint)]
+    otlp_endpoint: Option<String>,
+}
+
+fn parse_otlp_endpoint(url: &str) -> Result<String, String> {
+    match url.parse::<axum::http::Uri>() {
+        Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+            Ok(format!("{}/v1/traces", url.trim_end_matches('/')))
+        }
+        _ => Err(format!("{url:?} is not an http:// or https:// URL")),
+    }
+}
+
+/// Where spans are exported, when they are: the flag's URL, or the standard environment's.
+fn otlp_target(flag: Option<String>) -> Option<Option<String>> {
+    if flag.is_some() {
+        return Some(flag);
+    }
+    let set = |name: &str| std::env::var_os(name).is_some_and(|value| !value.is_empty());
+    (set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") || set("OTEL_EXPORTER_OTLP_ENDPOINT"))
+        .then_some(None)
 }
 
 fn parse_database(url: &str) -> Result<Database, String> {
@@ -429,14 +457,54 @@ fn split_tokens(list: &str) -> Vec<String> {
     list.split(',').map(|t| t.trim().to_owned()).collect()
 }
 
-fn init_logging() {
+/// Logs to stderr as `RUST_LOG` says (default `info`); with `otlp` (an endpoint, or `None` for
+/// the standard environment's), also exports the spans at `info` and above over OTLP/HTTP in
+/// batches from a thread of their own. Returns the provider to flush at exit.
+fn init_logging(
+    otlp: Option<Option<String>>,
+) -> Result<Option<opentelemetry_sdk::trace::SdkTracerProvider>, String> {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::WithExportConfig as _;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
+
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
+    let log = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
-        .init();
+        .with_filter(filter);
+    let provider = match otlp {
+        None => None,
+        Some(endpoint) => {
+            let mut exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_protocol(opentelemetry_otlp::Protocol::HttpBinary);
+            if let Some(endpoint) = endpoint {
+                exporter = exporter.with_endpoint(endpoint);
+            }
+            let exporter = exporter
+                .build()
+                .map_err(|e| format!("cannot export spans over OTLP: {e}"))?;
+            let resource = opentelemetry_sdk::Resource::builder()
+                .with_service_name("sqlhttpd")
+                .build();
+            Some(
+                opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                    .with_batch_exporter(exporter)
+                    .with_resource(resource)
+                    .build(),
+            )
+        }
+    };
+    let spans = provider.as_ref().map(|provider| {
+        tracing_opentelemetry::layer()
+            .with_tracer(provider.tracer("sqlhttpd"))
+            .with_filter(tracing_subscriber::filter::LevelFilter::INFO)
+    });
+    tracing_subscriber::registry().with(log).with(spans).init();
+    Ok(provider)
 }
 
 async fn shutdown_signal() {
@@ -514,8 +582,23 @@ async fn run(config: Config) -> Result<(), String> {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
-    init_logging();
+    let mut cli = Cli::parse();
+    let spans = match init_logging(otlp_target(cli.otlp_endpoint.take())) {
+        Ok(spans) => spans,
+        Err(message) => {
+            eprintln!("sqlhttpd: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = run_main(cli);
+    // The spans still in the exporter's batch go out before the process ends.
+    if let Some(spans) = spans {
+        let _ = spans.shutdown();
+    }
+    code
+}
+
+fn run_main(cli: Cli) -> ExitCode {
     let config = match cli.into_config() {
         Ok(config) => config,
         Err(message) => {

@@ -31,6 +31,7 @@ mod observability;
 mod openapi;
 mod openapi_schema;
 mod operations;
+mod otlp;
 mod peers;
 mod pg_answers;
 mod pg_bookmarks;
