@@ -21,6 +21,7 @@ mod describe_statement;
 mod errors;
 mod faults;
 mod harness;
+mod hedging;
 mod methods;
 mod operations;
 mod restart;
