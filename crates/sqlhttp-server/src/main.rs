@@ -256,8 +256,8 @@ struct Cli {
     tls_client_ca: Option<PathBuf>,
 
     /// Export the server's spans (each request's, continuing its caller's W3C trace) over
-    /// OTLP/HTTP (protobuf) to this collector's base URL, e.g. http://127.0.0.1:4318 (`/v1/traces`
-    /// is appended). Without it, the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
+    /// OTLP/HTTP (protobuf, plain HTTP) to this collector's base URL, e.g. http://127.0.0.1:4318
+    /// (`/v1/traces` is appended). Without it, the standard OTEL_EXPORTER_OTLP_TRACES_ENDPOINT or
     /// OTEL_EXPORTER_OTLP_ENDPOINT turns the export on; other OTEL_EXPORTER_OTLP_* and OTEL_BSP_*
     /// variables apply. Off by default: no exporter, no cost.
     #[arg(long, value_name = "URL", value_parser = parse_otlp_endpoint)]
@@ -266,10 +266,14 @@ struct Cli {
 
 fn parse_otlp_endpoint(url: &str) -> Result<String, String> {
     match url.parse::<axum::http::Uri>() {
-        Ok(uri) if matches!(uri.scheme_str(), Some("http" | "https")) && uri.host().is_some() => {
+        // Plain HTTP: the binary carries no TLS client for this (a collector agent beside it
+        // takes the spans on to a TLS endpoint).
+        Ok(uri) if uri.scheme_str() == Some("http") && uri.host().is_some() => {
             Ok(format!("{}/v1/traces", url.trim_end_matches('/')))
         }
-        _ => Err(format!("{url:?} is not an http:// or https:// URL")),
+        _ => Err(format!(
+            "{url:?} is not an http:// URL (for a TLS collector, send to an agent beside sqlhttpd)"
+        )),
     }
 }
 
