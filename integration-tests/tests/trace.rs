@@ -113,7 +113,10 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
         let mut waited = 0;
         loop {
             let finished = spans.get_finished_spans().unwrap();
-            let calls = finished.iter().filter(|s| s.name == "SELECT traced").count();
+            let calls = finished
+                .iter()
+                .filter(|s| s.name == "SELECT traced")
+                .count();
             let attempts: Vec<SpanId> = finished
                 .iter()
                 .filter(|s| s.name == "sqlhttp.attempt")
@@ -193,7 +196,10 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
             attribute(attempt, "sqlhttp.attempt"),
             Some(&Value::I64(n as i64 + 1))
         );
-        assert_eq!(text(attempt, "sqlhttp.retry.class").as_deref(), Some("read"));
+        assert_eq!(
+            text(attempt, "sqlhttp.retry.class").as_deref(),
+            Some("read")
+        );
         assert_eq!(
             attribute(attempt, "sqlhttp.idempotency_key.sent"),
             Some(&Value::Bool(false)),
@@ -264,10 +270,13 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
                     AggregatedMetrics::U64(MetricData::Sum(sum)) => sum
                         .data_points()
                         .map(|p| (p.value(), p.attributes().cloned().collect()))
-                        .fold((0, Vec::new()), |(n, mut all), (v, a): (u64, Vec<KeyValue>)| {
-                            all.extend(a);
-                            (n + v, all)
-                        }),
+                        .fold(
+                            (0, Vec::new()),
+                            |(n, mut all), (v, a): (u64, Vec<KeyValue>)| {
+                                all.extend(a);
+                                (n + v, all)
+                            },
+                        ),
                     _ => continue,
                 };
                 seen.insert(metric.name().to_owned(), (count, attributes));
@@ -292,7 +301,10 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
             .any(|kv| kv.key.as_str() == "error.type" && kv.value.as_str() == "connection"),
         "{attributes:?}"
     );
-    assert!(!seen.contains_key("sqlhttp.client.retry_budget.refusals") || seen["sqlhttp.client.retry_budget.refusals"].0 == 0);
+    assert!(
+        !seen.contains_key("sqlhttp.client.retry_budget.refusals")
+            || seen["sqlhttp.client.retry_budget.refusals"].0 == 0
+    );
 }
 
 fn names(trace: &Trace) -> Vec<(String, SpanId, SpanId)> {

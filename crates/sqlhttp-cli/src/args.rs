@@ -18,6 +18,11 @@ pub(crate) struct Cli {
     #[command(flatten)]
     pub(crate) connection: Connection,
 
+    /// After each statement, print to stderr the server's request id, the attempts the call
+    /// took and the server's figures for it (its time, rows read and written, who served it).
+    #[arg(long, short = 'v', global = true)]
+    pub(crate) verbose: bool,
+
     #[command(subcommand)]
     pub(crate) command: Command,
 }

@@ -74,6 +74,10 @@ pub(crate) fn report(error: &anyhow::Error) -> ExitCode {
         if sdk.attempts() == 1 {
             details.push("1 attempt".to_owned());
         }
+        // To find the failed attempt in the server's log.
+        if let Some(id) = sdk.request_id() {
+            details.push(format!("request {id}"));
+        }
         if !details.is_empty() {
             message.push_str(&format!(" [{}]", details.join(", ")));
         }

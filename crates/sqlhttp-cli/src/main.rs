@@ -87,14 +87,17 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
             let params: Vec<_> = params.values.iter().map(|p| params::parse(p)).collect();
             let mut stdout = io::stdout().lock();
             let format = format.unwrap_or_else(default_format);
-            if let run::Ran::Changed(rows) =
-                run::statement(&client, &sql, &params, format, &mut stdout).await?
-            {
+            let (ran, call) = run::statement(&client, &sql, &params, format, &mut stdout).await?;
+            if let run::Ran::Changed(rows) = ran {
                 writeln!(
                     stdout,
                     "{rows} row{} affected",
                     if rows == 1 { "" } else { "s" }
                 )?;
+            }
+            if cli.verbose {
+                stdout.flush()?;
+                eprintln!("-- {}", call.describe());
             }
         }
         Command::Exec { sql, params } => {
@@ -108,6 +111,13 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 result.rows_affected,
                 if result.rows_affected == 1 { "" } else { "s" }
             );
+            if cli.verbose {
+                let call = run::Call {
+                    stats: Some(result.stats),
+                    ..run::Call::default()
+                };
+                eprintln!("-- {}", call.describe());
+            }
         }
         Command::Batch { file, key, format } => {
             batch::run(&client, &file, key, format.unwrap_or_else(default_format)).await?;
@@ -136,7 +146,14 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         // Answered before the client is made, above.
         Command::Prepare { .. } => {}
         Command::Shell { format, file } => {
-            shell::run(&client, &cli.connection.url, format, file.as_deref()).await?;
+            shell::run(
+                &client,
+                &cli.connection.url,
+                format,
+                file.as_deref(),
+                cli.verbose,
+            )
+            .await?;
         }
     }
     Ok(())

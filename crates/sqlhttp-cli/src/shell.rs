@@ -32,7 +32,7 @@ Statements end with `;` and may span lines. Meta commands:
   \\d, .tables           list tables and views
   \\d NAME, .schema NAME  describe a table's columns
   \\i FILE, .read FILE   run the statements of a file (stops at its first error)
-  \\timing               show the time each statement takes (on/off)
+  \\timing               show the time each statement takes, and the server's (on/off)
   \\format FORMAT        table, csv, json or ndjson
   \\q, .quit             leave (or Ctrl-D)
 BEGIN [READ ONLY] [ISOLATION LEVEL ...], COMMIT and ROLLBACK run the statements between them in
@@ -43,6 +43,8 @@ struct Session<'c> {
     client: &'c Client,
     format: Format,
     timing: bool,
+    /// `--verbose`: each statement's request id, attempts and server figures on stderr.
+    verbose: bool,
     /// The script files being run, outermost first (`\i` inside `\i`).
     including: Vec<PathBuf>,
     /// The transaction `BEGIN` opened, until `COMMIT` or `ROLLBACK`.
@@ -69,7 +71,7 @@ impl Session<'_> {
             return self.transaction_command(command).await;
         }
         let mut stdout = io::stdout().lock();
-        let ran = match &self.transaction {
+        let (ran, call) = match &self.transaction {
             Some(tx) => {
                 match run::statement(tx, sql, params, self.format, &mut stdout).await {
                     Err(e)
@@ -92,9 +94,17 @@ impl Session<'_> {
             Ran::Rows(_) => {}
         }
         if self.timing {
-            writeln!(stdout, "Time: {}", format_elapsed(started.elapsed()))?;
+            // The round trip as the shell saw it, and the engine's time on the server.
+            let elapsed = format_elapsed(started.elapsed());
+            match call.server_time() {
+                Some(server) => writeln!(stdout, "Time: {elapsed} (server: {server})")?,
+                None => writeln!(stdout, "Time: {elapsed}")?,
+            }
         }
         stdout.flush()?;
+        if self.verbose {
+            eprintln!("-- {}", call.describe());
+        }
         Ok(())
     }
 
@@ -253,6 +263,7 @@ pub(crate) async fn run(
     url: &str,
     format: Option<Format>,
     file: Option<&Path>,
+    verbose: bool,
 ) -> anyhow::Result<()> {
     let interactive = file.is_none() && io::stdin().is_terminal();
     let default = if io::stdout().is_terminal() {
@@ -264,6 +275,7 @@ pub(crate) async fn run(
         client,
         format: format.unwrap_or(default),
         timing: false,
+        verbose,
         including: Vec::new(),
         transaction: None,
     };

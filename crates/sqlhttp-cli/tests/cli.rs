@@ -424,12 +424,13 @@ async fn scripts_run_statement_by_statement_and_stop_at_the_first_error() {
 async fn exit_codes() {
     let server = TestServer::start().await;
     let url = server.url();
-    // 1: the server refused the statement; nothing on stdout, the code and attempts on stderr.
+    // 1: the server refused the statement; nothing on stdout, the code, attempts and the
+    // request's id (to find it in the server's log) on stderr.
     let sql_error = sqlhttp(&url, &["query", "SELEC 1"], None).await;
     assert_exit(&sql_error, 1);
     assert!(stdout(&sql_error).is_empty());
     assert!(
-        stderr(&sql_error).contains("[code SQL_ERROR, 1 attempt]"),
+        stderr(&sql_error).contains("[code SQL_ERROR, 1 attempt, request "),
         "{}",
         stderr(&sql_error)
     );
@@ -914,4 +915,67 @@ async fn the_shell_prompt_shows_an_open_transaction() {
     .await
     .unwrap();
     assert!(transcript.contains("COMMIT"), "{transcript}");
+}
+
+/// `--verbose` prints the server's request id and the call's attempts (a read whose first answer
+/// was lost takes two); `\timing` puts the server's time beside the round trip.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verbose_names_the_request_and_its_attempts_and_timing_the_server_s_time() {
+    let server = TestServer::start().await;
+    let proxy = server.proxy().await;
+    let url = proxy.url();
+    ok(&url, &["exec", "CREATE TABLE v (x INTEGER)"]).await;
+
+    // The first answer of the read is lost after the server ran it: the CLI's read is retried.
+    proxy.push(Fault::DropAfterForward);
+    let output = sqlhttp(
+        &url,
+        &[
+            "query",
+            "SELECT count(*) AS n FROM v",
+            "--format",
+            "csv",
+            "--verbose",
+        ],
+        None,
+    )
+    .await;
+    assert_exit(&output, 0);
+    assert_eq!(stdout(&output), "n\n0\n", "verbose output goes to stderr");
+    let verbose = stderr(&output);
+    let line = verbose
+        .lines()
+        .find(|line| line.starts_with("-- request "))
+        .unwrap_or_else(|| panic!("no request line: {verbose}"));
+    assert!(line.contains(", 2 attempts"), "{line}");
+    let id = line["-- request ".len()..].split(',').next().unwrap();
+    assert!(!id.is_empty() && !id.contains(' '), "{line}");
+
+    // Without --verbose, nothing of it.
+    let quiet = sqlhttp(&url, &["query", "SELECT 1 AS one", "--format", "csv"], None).await;
+    assert_exit(&quiet, 0);
+    assert!(!stderr(&quiet).contains("-- request"), "{}", stderr(&quiet));
+
+    // \timing: the round trip, and the server's time for the statement beside it.
+    let output = sqlhttp(
+        &url,
+        &["shell", "--format", "csv", "--verbose"],
+        Some("\\timing on\nSELECT 1 AS one;\n"),
+    )
+    .await;
+    assert_exit(&output, 0);
+    let out = stdout(&output);
+    let time = out
+        .lines()
+        .find(|line| line.starts_with("Time: "))
+        .unwrap_or_else(|| panic!("no time line: {out}"));
+    assert!(
+        time.contains(" ms (server: ") && time.ends_with(" ms)"),
+        "{time}"
+    );
+    assert!(
+        stderr(&output).contains(", 1 attempt, server "),
+        "{}",
+        stderr(&output)
+    );
 }

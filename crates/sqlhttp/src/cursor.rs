@@ -254,6 +254,8 @@ struct Started<T> {
     done: bool,
     /// The body ended, every row given, without an error.
     ended_cleanly: bool,
+    /// The server's id for the request that answered (`X-Request-Id`).
+    request_id: Option<Box<str>>,
     /// How to read the result again when the body is cut short (a transaction's statement).
     reread: Option<Arc<dyn Reread>>,
     rereads: u32,
@@ -358,13 +360,20 @@ impl<T: DeserializeOwned> RowStream<T> {
     /// included). `None` before the end, or when the result ended with an error.
     pub fn stats(&self) -> Option<crate::stats::Stats> {
         match &self.state {
-            State::Started(started) if started.done && started.ended_cleanly => {
-                Some(crate::stats::Stats::from_wire(
-                    started.decoder.stats(),
-                    started.attempts,
-                ))
-            }
+            State::Started(started) if started.done && started.ended_cleanly => Some(
+                crate::stats::Stats::from_wire(started.decoder.stats(), started.attempts),
+            ),
             _ => None,
+        }
+    }
+
+    /// The server's id for the request that answered (its `X-Request-Id`, to find the call in
+    /// the server's log), once the stream has started; `None` before, or when the server gave
+    /// none.
+    pub fn request_id(&self) -> Option<&str> {
+        match &self.state {
+            State::Started(started) => started.request_id.as_deref(),
+            State::Starting(_) | State::Failed => None,
         }
     }
 
@@ -435,6 +444,7 @@ impl<T: DeserializeOwned> Started<T> {
             may_write,
         } = delivered;
         Self {
+            request_id: body.request_id().map(Box::from),
             decoder,
             first,
             body: (!ended).then_some(body),
@@ -531,6 +541,7 @@ impl<T: DeserializeOwned> Started<T> {
                     self.skip = self.skip.max(self.decoder.rows_given());
                     self.decoder = Decoder::new();
                     self.decoder.push(&piece);
+                    self.request_id = delivered.body.request_id().map(Box::from);
                     self.body = Some(delivered.body);
                     self.attempts += delivered.attempts;
                     self.history.extend(delivered.history);

@@ -131,7 +131,10 @@ mod tests {
     /// Members missing, unknown, or not of their type are `None`; the others are read.
     #[test]
     fn a_reader_is_lenient() {
-        let read = ServerStats::read(r#"{"duration_ms":"slow","rows_read":-1,"next":{"a":1},"served_by":"edge"}"#).unwrap();
+        let read = ServerStats::read(
+            r#"{"duration_ms":"slow","rows_read":-1,"next":{"a":1},"served_by":"edge"}"#,
+        )
+        .unwrap();
         assert_eq!(read.duration, None);
         assert_eq!(read.rows_read, None);
         assert_eq!(read.rows_written, None);

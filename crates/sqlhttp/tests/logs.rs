@@ -89,7 +89,9 @@ async fn logged_transact() -> String {
 
     let server = server().await;
     let on = |route: &'static str, response: ResponseTemplate, times: Option<u64>| {
-        let mock = Mock::given(method("POST")).and(path(route)).respond_with(response);
+        let mock = Mock::given(method("POST"))
+            .and(path(route))
+            .respond_with(response);
         match times {
             Some(times) => mock.up_to_n_times(times),
             None => mock,

@@ -26,6 +26,7 @@ mod methods;
 mod operations;
 mod restart;
 mod scalars;
+mod stats;
 mod streams;
 mod timing;
 mod transactions;

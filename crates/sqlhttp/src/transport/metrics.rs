@@ -102,8 +102,20 @@ mod otel {
     /// one (an operation, an engine).
     fn known(name: String) -> opentelemetry::Value {
         const KNOWN: [&str; 14] = [
-            "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "BATCH", "BEGIN", "COMMIT", "ROLLBACK",
-            "OUTCOME", "CREATE", "DROP", "sqlite", "postgresql",
+            "SELECT",
+            "INSERT",
+            "UPDATE",
+            "DELETE",
+            "WITH",
+            "BATCH",
+            "BEGIN",
+            "COMMIT",
+            "ROLLBACK",
+            "OUTCOME",
+            "CREATE",
+            "DROP",
+            "sqlite",
+            "postgresql",
         ];
         match KNOWN.iter().find(|known| **known == name) {
             Some(known) => opentelemetry::Value::from(*known),

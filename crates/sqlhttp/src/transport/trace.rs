@@ -287,7 +287,10 @@ pub(crate) fn summary(sql: &str) -> String {
         let mut kind = None;
         let mut found = None;
         while let Some(word) = words.next_word() {
-            if anchors.iter().any(|anchor| word.eq_ignore_ascii_case(anchor)) {
+            if anchors
+                .iter()
+                .any(|anchor| word.eq_ignore_ascii_case(anchor))
+            {
                 kind = Some(word.to_ascii_uppercase());
                 found = words.table();
                 break;
@@ -324,9 +327,11 @@ pub(crate) fn operation(sql: &str) -> Option<String> {
 
 /// Keywords that may stand between an anchor and the table (`IF NOT EXISTS`, `OR REPLACE`, ...).
 fn is_keyword(word: &str) -> bool {
-    ["IF", "NOT", "EXISTS", "OR", "ROLLBACK", "ABORT", "FAIL", "IGNORE", "ONLY", "UNIQUE"]
-        .iter()
-        .any(|keyword| word.eq_ignore_ascii_case(keyword))
+    [
+        "IF", "NOT", "EXISTS", "OR", "ROLLBACK", "ABORT", "FAIL", "IGNORE", "ONLY", "UNIQUE",
+    ]
+    .iter()
+    .any(|keyword| word.eq_ignore_ascii_case(keyword))
 }
 
 /// The identifiers and keywords of a statement's start; literals, numbers, parameters and
@@ -383,8 +388,10 @@ impl<'a> Words<'a> {
                     rest[1..].find(close).map(|end| end + 2)
                 }
                 c if c.is_ascii_alphabetic() || c == '_' => Some(
-                    rest.find(|c: char| !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$')))
-                        .unwrap_or(rest.len()),
+                    rest.find(|c: char| {
+                        !(c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '$'))
+                    })
+                    .unwrap_or(rest.len()),
                 ),
                 _ => None,
             };
@@ -396,7 +403,9 @@ impl<'a> Words<'a> {
                 }
                 // Numbers, parameters, punctuation: skipped.
                 let skip = match rest.find(|c: char| {
-                    c.is_whitespace() || c.is_ascii_alphabetic() || matches!(c, '\'' | '"' | '`' | '[' | '$' | '_')
+                    c.is_whitespace()
+                        || c.is_ascii_alphabetic()
+                        || matches!(c, '\'' | '"' | '`' | '[' | '$' | '_')
                 }) {
                     Some(0) => first.len_utf8(),
                     Some(at) => at,
@@ -461,7 +470,10 @@ mod tests {
             ("SELECT * FROM books WHERE id = ?", "SELECT books"),
             ("select title from main.books", "SELECT main.books"),
             ("INSERT INTO books (id) VALUES (1)", "INSERT books"),
-            ("insert or replace into \"books\" values (?)", "INSERT \"books\""),
+            (
+                "insert or replace into \"books\" values (?)",
+                "INSERT \"books\"",
+            ),
             ("UPDATE books SET year = 1 WHERE id = 2", "UPDATE books"),
             ("UPDATE OR ROLLBACK books SET year = 1", "UPDATE books"),
             ("DELETE FROM books", "DELETE books"),
@@ -495,7 +507,10 @@ mod tests {
         assert_eq!(summary("DELETE FROM t WHERE x = 'FROM u'"), "DELETE t");
         // PostgreSQL's dollar-quoted and escaped strings are literals too.
         assert_eq!(summary("SELECT $$x FROM hunter2$$"), "SELECT");
-        assert_eq!(summary("SELECT $tag$ $$ FROM hunter2 $tag$ FROM t"), "SELECT t");
+        assert_eq!(
+            summary("SELECT $tag$ $$ FROM hunter2 $tag$ FROM t"),
+            "SELECT t"
+        );
         assert_eq!(summary("SELECT $$never closes FROM hunter2"), "SELECT");
         assert_eq!(summary(r"SELECT E'it\'s FROM hunter2' FROM t"), "SELECT t");
         assert_eq!(summary("SELECT * FROM t WHERE id = $1"), "SELECT t");
