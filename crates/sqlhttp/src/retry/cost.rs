@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use rand::Rng;
+use rand::{Rng, RngExt};
 
 use super::{RetryBudget, RetryPolicy, backoff};
 use crate::error::ErrorKind;
@@ -80,7 +80,9 @@ fn server_wait(kind: &ErrorKind) -> Option<Duration> {
 
 /// The delay before retry number `retry` (1 for the first) after `kind`: the computed backoff from
 /// the cause's base (jittered, capped by `max_backoff`), or the server's `Retry-After` when it gave
-/// one, honoured up to that computed delay plus [`RetryPolicy::retry_after_max_extra`].
+/// one, honoured up to that computed delay plus [`RetryPolicy::retry_after_max_extra`]. Under
+/// [`Jitter::Full`](super::Jitter::Full) a tenth of the server's wait is added at random on top,
+/// so that clients told the same `Retry-After` at once do not all come back in the same instant.
 pub(crate) fn delay_before_retry<R: Rng + ?Sized>(
     policy: &RetryPolicy,
     retry: u32,
@@ -90,7 +92,17 @@ pub(crate) fn delay_before_retry<R: Rng + ?Sized>(
     let base = Cause::of(kind).initial_backoff(policy);
     let computed = backoff::delay(&policy.with_initial_backoff(base), retry, rng);
     match server_wait(kind) {
-        Some(wait) => wait.min(computed.saturating_add(policy.retry_after_max_extra)),
+        Some(wait) => {
+            let spread = match policy.jitter {
+                super::Jitter::None => Duration::ZERO,
+                super::Jitter::Full => {
+                    let tenth = u64::try_from((wait / 10).as_nanos()).unwrap_or(u64::MAX);
+                    Duration::from_nanos(rng.random_range(0..=tenth))
+                }
+            };
+            wait.saturating_add(spread)
+                .min(computed.saturating_add(policy.retry_after_max_extra))
+        }
         None => computed,
     }
 }
@@ -243,6 +255,26 @@ mod tests {
         assert_eq!(
             delay_before_retry(&tight, 1, &rate_limited(Some(30)), &mut rng),
             ms(1_000)
+        );
+    }
+
+    #[test]
+    fn a_server_s_wait_is_spread_by_up_to_a_tenth_under_full_jitter() {
+        let policy = RetryPolicy::new();
+        let mut rng = StdRng::seed_from_u64(4);
+        let waits: Vec<_> = (0..200)
+            .map(|_| delay_before_retry(&policy, 1, &rate_limited(Some(2)), &mut rng))
+            .collect();
+        assert!(
+            waits.iter().all(|w| *w >= ms(2_000) && *w <= ms(2_200)),
+            "{waits:?}"
+        );
+        let distinct: std::collections::HashSet<_> = waits.iter().collect();
+        assert!(distinct.len() > 150, "spread, not in lockstep");
+        assert_eq!(
+            delay_before_retry(&policy, 1, &rate_limited(Some(0)), &mut rng),
+            Duration::ZERO,
+            "at once stays at once"
         );
     }
 
