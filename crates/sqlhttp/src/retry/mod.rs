@@ -67,7 +67,9 @@
 //!   an outage should (ADR 0054).
 //! * A valid `Retry-After` (on a `429`, a `503` or a `409 IDEMPOTENCY_KEY_IN_USE`) is honoured up to
 //!   the computed delay plus [`RetryPolicy::retry_after_max_extra`] (5 s): a server may ask for less
-//!   than the computed delay, never park a caller for longer. (A key in use means an earlier attempt
+//!   than the computed delay, never park a caller for longer; under [`Jitter::Full`] up to a tenth
+//!   of it is added at random, so that a fleet told the same wait does not return at one instant.
+//!   (A key in use means an earlier attempt
 //!   of the same write is still running: retrying sooner than the server asks only spends attempts
 //!   while it runs.)
 //! * With [`adaptive_rate`](crate::ClientBuilder::adaptive_rate) on, the client also slows its own
