@@ -42,8 +42,9 @@ pub(crate) fn read_only_refusal() -> ApiError {
 }
 
 /// Words after which a table column's `NOT NULL` says nothing of the result's column: an
-/// outer join gives NULL for the missing side, and a compound select's columns are named
-/// after its first select while its other selects give any value.
+/// outer join gives NULL for the missing side, a compound select's columns are named after its
+/// first select while its other selects give any value, and grouping sets (`ROLLUP`, `CUBE`,
+/// `GROUPING SETS`) give NULL for the columns a subtotal row does not group by.
 const NULLING_WORDS: &[&str] = &[
     "LEFT",
     "RIGHT",
@@ -52,6 +53,9 @@ const NULLING_WORDS: &[&str] = &[
     "UNION",
     "EXCEPT",
     "INTERSECT",
+    "ROLLUP",
+    "CUBE",
+    "GROUPING",
 ];
 
 /// Whether a column's `NOT NULL` may be trusted for the statement `sql`: not when any word of
@@ -141,6 +145,9 @@ mod tests {
             "SELECT a.id FROM a LEFT JOIN b ON true",
             "select b.id from a right outer join b on true",
             "SELECT id FROM a UNION ALL SELECT NULL",
+            "SELECT id, count(*) FROM t GROUP BY ROLLUP (id)",
+            "SELECT id, count(*) FROM t GROUP BY cube(id)",
+            "SELECT id, count(*) FROM t GROUP BY GROUPING SETS ((id), ())",
             "SELECT id FROM a\nEXCEPT SELECT id FROM b",
             "SELECT id FROM a INTERSECT SELECT 1",
             "SELECT a.x FROM a FULL JOIN b USING (x)",

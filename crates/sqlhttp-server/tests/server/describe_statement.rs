@@ -195,6 +195,9 @@ async fn a_table_the_client_role_may_not_read_is_not_described() {
         "WITH s AS (SELECT * FROM secret) SELECT 1 FROM s WHERE false",
         "DELETE FROM secret WHERE code = ?",
         "INSERT INTO open SELECT length(code) FROM secret",
+        "EXPLAIN SELECT code FROM secret",
+        "CREATE TABLE leak AS SELECT code FROM secret",
+        "CREATE MATERIALIZED VIEW leak AS SELECT code FROM secret",
     ] {
         let ran = sql_reply(&router, &sql.replace('?', "'x'")).await;
         assert_eq!(
@@ -209,6 +212,25 @@ async fn a_table_the_client_role_may_not_read_is_not_described() {
             "{sql}"
         );
     }
+    // What would run its statement, or whose privileges PostgreSQL checks only when it runs,
+    // is not described at all.
+    for sql in [
+        "EXPLAIN ANALYZE SELECT id FROM open",
+        "CALL no_such_procedure()",
+    ] {
+        let asked = describe(&router, &[], sql).await;
+        assert_eq!(
+            refusal(&asked),
+            (403, "STATEMENT_NOT_ALLOWED".to_owned()),
+            "{sql}"
+        );
+    }
+    // A CREATE with AS that EXPLAIN does not take is described as before.
+    described(
+        &router,
+        "CREATE TABLE generated (a int, b int GENERATED ALWAYS AS (a * 2) STORED)",
+    )
+    .await;
     let open = described(&router, "SELECT id FROM open").await;
     assert_eq!(
         open["columns"],

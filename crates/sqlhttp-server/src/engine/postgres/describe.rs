@@ -8,6 +8,7 @@
 //!
 //! Knows tokio-postgres and the engine's transaction; nothing about HTTP.
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::types::ToSql;
 
 use crate::engine::Access;
@@ -16,12 +17,31 @@ use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::types::Bound;
 use crate::engine::postgres::{Inner, Job, placeholders, sandbox};
 use crate::engine::sql_text::{Dialect, statement};
-use crate::protocol::error::ApiError;
+use crate::protocol::error::{ApiError, ErrorCode};
 
 /// Statements PostgreSQL's `EXPLAIN` takes, by first keyword (`""`: a parenthesized select).
 const EXPLAINABLE: &[&str] = &[
     "SELECT", "VALUES", "TABLE", "WITH", "INSERT", "UPDATE", "DELETE", "MERGE", "",
 ];
+
+/// The savepoint a `CREATE ... AS` is planned under, and the way back to it.
+const SAVEPOINT: &str = "SAVEPOINT sqlhttp_describe";
+const ROLLBACK_TO_SAVEPOINT: &str = "ROLLBACK TO SAVEPOINT sqlhttp_describe";
+
+/// Prepares and runs `explain` (an `EXPLAIN`) with every parameter NULL: planned, never run.
+async fn plan(lease: &Lease, explain: &str) -> Result<(), tokio_postgres::Error> {
+    let client = lease.client();
+    let explain = client.prepare(explain).await?;
+    let nulls: Vec<Bound<'_>> = explain.params().iter().map(|_| Bound::Null).collect();
+    let refs: Vec<&(dyn ToSql + Sync)> = nulls.iter().map(|n| n as &(dyn ToSql + Sync)).collect();
+    client.query(&explain, &refs).await?;
+    Ok(())
+}
+
+/// A statement that is not described, and why: refused as a statement the server does not take.
+fn not_described(why: &str) -> ApiError {
+    ApiError::new(ErrorCode::StatementNotAllowed, why)
+}
 
 /// Statements that only read, by first keyword, unless [`WRITING_WORDS`] say otherwise.
 const READING: &[&str] = &["SELECT", "VALUES", "TABLE", "WITH", "SHOW", ""];
@@ -78,20 +98,52 @@ impl Inner {
     ) -> Result<Described, ApiError> {
         let client = lease.client();
         let map = |e: tokio_postgres::Error| self.map(&e);
-        let prepared = client.prepare(text).await.map_err(map)?;
         let first = statement(sql, Dialect::Postgres)
             .map(|s| s.first)
             .unwrap_or_default();
-        if EXPLAINABLE.contains(&first.as_str()) {
+        match first.as_str() {
+            // An EXPLAIN ANALYZE would run its statement.
+            "EXPLAIN" if mentions_any(sql, &["ANALYZE", "ANALYSE"]) => {
+                return Err(not_described(
+                    "EXPLAIN ANALYZE runs its statement; it is not described",
+                ));
+            }
+            // A procedure's privileges are checked only when it runs, and EXPLAIN does not take it.
+            "CALL" => {
+                return Err(not_described(
+                    "CALL is not described: PostgreSQL checks a procedure's privileges only when \
+                     it runs",
+                ));
+            }
+            _ => {}
+        }
+        let prepared = client.prepare(text).await.map_err(map)?;
+        match first.as_str() {
             // Planned, never run: the plan's start checks the role's privileges on each table.
-            let explain = client
-                .prepare(&format!("EXPLAIN\n{text}"))
-                .await
-                .map_err(map)?;
-            let nulls: Vec<Bound<'_>> = explain.params().iter().map(|_| Bound::Null).collect();
-            let refs: Vec<&(dyn ToSql + Sync)> =
-                nulls.iter().map(|n| n as &(dyn ToSql + Sync)).collect();
-            client.query(&explain, &refs).await.map_err(map)?;
+            word if EXPLAINABLE.contains(&word) => {
+                plan(lease, &format!("EXPLAIN\n{text}"))
+                    .await
+                    .map_err(map)?;
+            }
+            // An EXPLAIN (without ANALYZE, refused above) is its own plan.
+            "EXPLAIN" => plan(lease, text).await.map_err(map)?,
+            // CREATE TABLE ... AS and CREATE MATERIALIZED VIEW ... AS read their query when they
+            // run: planned under a savepoint, and a CREATE that EXPLAIN does not take (a syntax
+            // error there) has no query to check.
+            "CREATE" if mentions_any(sql, &["AS"]) => {
+                client.batch_execute(SAVEPOINT).await.map_err(map)?;
+                match plan(lease, &format!("EXPLAIN\n{text}")).await {
+                    Ok(()) => {}
+                    Err(e) if e.code() == Some(&SqlState::SYNTAX_ERROR) => {
+                        client
+                            .batch_execute(ROLLBACK_TO_SAVEPOINT)
+                            .await
+                            .map_err(map)?;
+                    }
+                    Err(e) => return Err(map(e)),
+                }
+            }
+            _ => {}
         }
         let not_null = if nullability_knowable(sql) {
             self.not_null_columns(lease, prepared.columns()).await?
