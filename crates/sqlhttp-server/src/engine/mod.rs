@@ -468,7 +468,7 @@ impl Buffering {
 /// The answer of an engine that is closing (or closed), the same from both engines: another
 /// replica, or this one once restarted, can take the request.
 pub(crate) fn shutting_down() -> ApiError {
-    ApiError::unavailable(SHUTTING_DOWN)
+    ApiError::outage(SHUTTING_DOWN)
 }
 
 /// What [`shutting_down`] says, also the HTTP layer's answer for a request that arrives while

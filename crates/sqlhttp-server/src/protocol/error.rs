@@ -33,6 +33,9 @@ pub(crate) struct ApiError {
     pub(crate) statement: Option<usize>,
     /// Value of the `Allow` header on a 405.
     allow: &'static str,
+    /// Whether the answer carries `Retry-After: 1`: the code's rule
+    /// ([`ErrorCode::sends_retry_after`]), except for an [`outage`](Self::outage), which has none.
+    retry_after: bool,
 }
 
 /// The message of every `INTERNAL` error: details go to the server log, never to the client.
@@ -47,6 +50,7 @@ impl ApiError {
             interrupted: false,
             statement: None,
             allow: "POST",
+            retry_after: code.sends_retry_after(),
         }
     }
 
@@ -107,8 +111,21 @@ impl ApiError {
         Self::new(ErrorCode::Internal, INTERNAL_MESSAGE)
     }
 
+    /// `503 UNAVAILABLE` with `Retry-After: 1`: the server sheds load (a queue or a pool is
+    /// full, a lock or a bound is held) and a retry soon is welcome. Clients read a `503` with
+    /// `Retry-After` as a throttle (the SDK's cheaper retry, its adaptive rate's signal).
     pub(crate) fn unavailable(message: impl Into<String>) -> Self {
         Self::new(ErrorCode::Unavailable, message)
+    }
+
+    /// `503 UNAVAILABLE` without `Retry-After`: an outage (the database lost or unreachable, the
+    /// server or a replica going away), not load; a client retries it as a failure, not as a
+    /// throttle.
+    pub(crate) fn outage(message: impl Into<String>) -> Self {
+        ApiError {
+            retry_after: false,
+            ..Self::unavailable(message)
+        }
     }
 
     /// The server cannot know whether the write took effect (see [`ErrorCode::OutcomeUnknown`]).
@@ -161,7 +178,7 @@ impl IntoResponse for ApiError {
         let extra: Option<(HeaderName, &'static str)> = match self.code {
             ErrorCode::Unauthorized => Some((header::WWW_AUTHENTICATE, "Bearer")),
             ErrorCode::MethodNotAllowed => Some((header::ALLOW, self.allow)),
-            code if code.sends_retry_after() => Some((header::RETRY_AFTER, "1")),
+            _ if self.retry_after => Some((header::RETRY_AFTER, "1")),
             _ => None,
         };
         if let Some((name, value)) = extra {
@@ -208,6 +225,9 @@ mod tests {
             );
             assert_eq!(response.extensions().get::<ErrorCode>(), Some(&code));
         }
+        let outage = ApiError::outage("the database cannot be reached").into_response();
+        assert_eq!(outage.status().as_u16(), 503);
+        assert!(outage.headers().get(header::RETRY_AFTER).is_none());
         let response = ApiError::new(ErrorCode::Unauthorized, "m").into_response();
         assert_eq!(response.headers()[header::WWW_AUTHENTICATE], "Bearer");
         let response = ApiError::method_not_allowed("POST").into_response();

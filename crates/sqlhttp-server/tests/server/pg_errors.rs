@@ -43,3 +43,38 @@ async fn errors_at_run_time_are_sql_errors_and_stay_small() {
         "SQL_ERROR"
     );
 }
+
+/// A database connection lost under a statement is an outage, answered `503 UNAVAILABLE`
+/// without `Retry-After`: a client reads a `503` with it as load shed (a cheap retry, its
+/// adaptive rate slowed), which an outage is not. A full pool is load, and keeps it
+/// (`pg_hardening_round3.rs`).
+#[cfg_attr(
+    sqlhttpd_no_postgres,
+    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+)]
+#[tokio::test]
+async fn a_lost_database_connection_is_an_outage_without_retry_after() {
+    let router = postgres_app!("a_lost_database_connection_is_an_outage_without_retry_after");
+    let lost = sql(
+        &router,
+        "SELECT pg_terminate_backend(pg_backend_pid())",
+        json!([]),
+    )
+    .await;
+    assert_eq!(
+        (lost.status, lost.code()),
+        (503, "UNAVAILABLE".to_owned()),
+        "{}",
+        String::from_utf8_lossy(&lost.body)
+    );
+    assert!(lost.header("retry-after").is_none());
+    // The next request finds a new session.
+    let mut answered = false;
+    for _ in 0..5 {
+        if sql(&router, "SELECT 1", json!([])).await.status == 200 {
+            answered = true;
+            break;
+        }
+    }
+    assert!(answered);
+}

@@ -138,6 +138,9 @@ pub(crate) fn raised_verdict(code: &str) -> Verdict {
     }
 }
 
+/// `too_many_connections`: the one unavailability that is load, not an outage.
+const TOO_MANY_CONNECTIONS: &str = "53300";
+
 /// PostgreSQL's routine that reports PL/pgSQL's `RAISE`. `RAISE;` in a handler re-throws the
 /// caught error with its own routine, so a real serialization failure passed on stays one.
 const RAISE_ROUTINE: &str = "exec_stmt_raise";
@@ -153,12 +156,12 @@ pub(crate) fn map_error(err: &tokio_postgres::Error, timeout_ms: u128) -> ApiErr
     match err.as_db_error() {
         Some(db) => map_db_error(db, timeout_ms),
         None if err.is_closed() => {
-            ApiError::unavailable("the connection to the database was lost; retry later")
+            ApiError::outage("the connection to the database was lost; retry later")
         }
         None => {
             // I/O, protocol or conversion failures: the server's side, not the statement's.
             tracing::warn!(error = %err, "database call failed");
-            ApiError::unavailable("the database did not answer; retry later")
+            ApiError::outage("the database did not answer; retry later")
         }
     }
 }
@@ -216,7 +219,12 @@ pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
                  (--statement-timeout) and was cancelled; nothing it did was kept"
             ),
         ),
-        Verdict::Unavailable => ApiError::unavailable(format!(
+        // Too many connections is load; the rest of the class (shutdown, a lost connection,
+        // disk or memory exhausted) is an outage, answered without `Retry-After`.
+        Verdict::Unavailable if code == TOO_MANY_CONNECTIONS => ApiError::unavailable(format!(
+            "the database is unavailable, retry later ({message})"
+        )),
+        Verdict::Unavailable => ApiError::outage(format!(
             "the database is unavailable, retry later ({message})"
         )),
         Verdict::Sql => ApiError::sql(message),

@@ -266,7 +266,7 @@ impl Inner {
                 E::Closed => shutting_down(),
                 other => {
                     tracing::warn!(error = %other, "cannot get a database connection");
-                    ApiError::unavailable("the database cannot be reached; retry later")
+                    ApiError::outage("the database cannot be reached; retry later")
                 }
             }
         })?;

@@ -447,7 +447,7 @@ impl PostgresEngine {
                 // finds it gone, wherever it is: waiting for a connection, its BEGIN, its end.
                 let served = tokio::select! {
                     served = run(Arc::clone(&replica.inner), ServedBy::Replica, min) => served,
-                    () = replica.inner.node.gone() => Err(ApiError::unavailable(
+                    () = replica.inner.node.gone() => Err(ApiError::outage(
                         "the read replica stopped answering; its read was abandoned",
                     )),
                 };
@@ -868,7 +868,7 @@ impl Inner {
         // A replica the watcher found gone: the read is served elsewhere (see `read`) at once;
         // its session is not waited for (it is discarded with the lease, never pooled).
         let gone_error =
-            || ApiError::unavailable("the read replica stopped answering; its read was abandoned");
+            || ApiError::outage("the read replica stopped answering; its read was abandoned");
         if gone {
             lease.retire();
             return Err(gone_error());

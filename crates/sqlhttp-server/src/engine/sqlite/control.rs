@@ -204,7 +204,7 @@ impl JobControl {
                 ApiError::unavailable("the request was cancelled by its client")
             }
             Some(StopReason::Closing) | None => {
-                ApiError::unavailable("the statement was interrupted: the server is shutting down")
+                ApiError::outage("the statement was interrupted: the server is shutting down")
             }
         }
     }
