@@ -283,9 +283,8 @@ impl<'r, T: Serialize + Sync> Insert<'r, T> {
                 .send(call, &mut effect)
                 .await
                 .and_then(|delivered| {
-                    let effect =
-                        decode::effect_of(&effect.decoder, delivered.attempts)
-                            .map_err(|err| delivered.attach(err))?;
+                    let effect = decode::effect_of(&effect.decoder, delivered.attempts)
+                        .map_err(|err| delivered.attach(err))?;
                     Ok((effect, replayed_by_an_earlier_call(&delivered)))
                 });
             let err = match sent {

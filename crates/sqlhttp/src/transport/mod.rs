@@ -37,6 +37,8 @@ use tracing::Instrument;
 
 pub(crate) use self::body::{Body, Receive};
 pub(crate) use self::exchange::{AttemptRequest, Endpoint, Exchange, HttpExchange, TxStep};
+use self::metrics::Metrics;
+use self::trace::{Decision, TraceSettings};
 use crate::bookmark::Session;
 use crate::error::{AttemptFailure, Error, ErrorKind, Result};
 use crate::options::CallOptions;
@@ -45,8 +47,6 @@ use crate::retry::classify::{OpClass, is_transient, should_retry};
 use crate::retry::cost::delay_before_retry;
 use crate::retry::rate::AdaptiveRate;
 use crate::retry::{RetryPolicy, TokenBucket};
-use self::metrics::Metrics;
-use self::trace::{Decision, TraceSettings};
 
 /// Everything the transport needs, fixed when the client is built.
 pub(crate) struct Transport {
@@ -196,9 +196,7 @@ impl Transport {
         let policy = options.retry.unwrap_or(self.policy);
         let retry_writes = options.retry_writes.unwrap_or(self.retry_writes);
         let consistency = options.consistency.unwrap_or_default();
-        let hedge = self
-            .hedging
-            .plan(call.class, call.endpoint, options.hedge);
+        let hedge = self.hedging.plan(call.class, call.endpoint, options.hedge);
         // A per-call policy with a seed of its own draws from its own source, so its delays repeat.
         let mut call_rng = options
             .retry
@@ -319,9 +317,7 @@ impl Transport {
                 // unanswered attempt unanswered.
                 let outcome_unknown = call.class != OpClass::Read
                     && unsettled
-                    && (is_unanswered(&kind)
-                        || is_transient(&kind)
-                        || is_refused_unread(&kind));
+                    && (is_unanswered(&kind) || is_transient(&kind) || is_refused_unread(&kind));
                 Error::new(kind)
                     .with_attempts(attempt, history)
                     .with_boxed_source(source)
@@ -386,7 +382,10 @@ impl Transport {
             if turn.is_too_far()
                 || deadline.is_some_and(|deadline| wakes.is_none_or(|wakes| wakes >= deadline))
             {
-                tracing::debug!(attempt, "max_elapsed or the rate's turn too far; not retrying");
+                tracing::debug!(
+                    attempt,
+                    "max_elapsed or the rate's turn too far; not retrying"
+                );
                 trace::decided(&attempt_span, Decision::MaxElapsed);
                 drop(turn);
                 let err = finish(kind, history, source);

@@ -932,7 +932,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(effect.rows_affected, 3);
-        assert_eq!(effect.stats.duration, Some(std::time::Duration::from_micros(2_500)));
+        assert_eq!(
+            effect.stats.duration,
+            Some(std::time::Duration::from_micros(2_500))
+        );
         assert_eq!(effect.stats.rows_written, Some(3));
         assert_eq!(effect.stats.served_by, Some(crate::ServedBy::Primary));
     }

@@ -748,7 +748,8 @@ mod tests {
         let mut decoder = Decoder::<(i64,)>::whole(older.as_bytes());
         assert!(matches!(decoder.next().unwrap(), Step::End));
         assert_eq!(decoder.stats(), None);
-        let odd = r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null,"stats":"fast"}"#;
+        let odd =
+            r#"{"columns":[],"rows":[],"rows_affected":1,"last_insert_id":null,"stats":"fast"}"#;
         let mut decoder = Decoder::<(i64,)>::whole(odd.as_bytes());
         assert!(matches!(decoder.next().unwrap(), Step::End));
         assert_eq!(decoder.stats(), None);
