@@ -267,6 +267,11 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
                         })
                         .map(|p| (p.count(), p.attributes().cloned().collect()))
                         .fold((0, Vec::new()), |(n, _), (c, a)| (n + c, a)),
+                    AggregatedMetrics::U64(MetricData::Gauge(gauge)) => gauge
+                        .data_points()
+                        .map(|p| (p.value(), p.attributes().cloned().collect()))
+                        .last()
+                        .unwrap_or_default(),
                     AggregatedMetrics::U64(MetricData::Sum(sum)) => sum
                         .data_points()
                         .map(|p| (p.value(), p.attributes().cloned().collect()))
@@ -304,6 +309,14 @@ async fn a_read_retried_through_a_lost_answer_is_one_trace_into_the_server() {
     assert!(
         !seen.contains_key("sqlhttp.client.retry_budget.refusals")
             || seen["sqlhttp.client.retry_budget.refusals"].0 == 0
+    );
+    // The budget's state as the last call ended, as the client shows it (the retry cost it).
+    let tokens = client.retry_state().tokens().unwrap();
+    assert!(tokens < client.retry_state().capacity().unwrap());
+    assert_eq!(
+        seen["sqlhttp.client.retry_budget.tokens"].0,
+        u64::from(tokens),
+        "{seen:?}"
     );
 }
 

@@ -1,9 +1,13 @@
 //! The client's metrics, with the `opentelemetry` feature: `db.client.operation.duration` (a
 //! histogram in seconds per call, by OpenTelemetry's database conventions, with `error.type` when
 //! the call failed) and the counters an outage is read from: `sqlhttp.client.attempts`,
-//! `sqlhttp.client.retries` (by the failure's `error.type`) and
-//! `sqlhttp.client.retry_budget.refusals`. They are recorded through the meter of the global
-//! meter provider installed when the client is built (`opentelemetry::global::meter`).
+//! `sqlhttp.client.retries` (by the failure's `error.type`),
+//! `sqlhttp.client.retry_budget.refusals`, `sqlhttp.client.rate.refusals` (calls the adaptive rate
+//! refused) and `sqlhttp.client.hedges`, and as gauges recorded when each call ends, the state
+//! [`Client::retry_state`](crate::Client::retry_state) shows: `sqlhttp.client.retry_budget.tokens`
+//! and `sqlhttp.client.send_rate`. They are recorded through the meter of the global meter
+//! provider installed when the client is built (`opentelemetry::global::meter`); gauges are
+//! recorded, not observed, so no callback outlives a client.
 //!
 //! Without the feature, [`Metrics`] has no fields and every method is empty: a call pays nothing.
 //! This module knows the instruments' names and attributes; it does not know retry rules (the
@@ -12,6 +16,7 @@
 use std::time::Duration;
 
 use crate::error::ErrorKind;
+use crate::retry::RetryState;
 
 use super::trace::TraceSettings;
 
@@ -39,7 +44,8 @@ impl Metrics {
     }
 
     /// One call ended after `elapsed`: `Err` with its failure's kind. `sql` gives the
-    /// operation's name (its first word); `engine` the `db.system.name` when an answer named it.
+    /// operation's name (its first word); `engine` the `db.system.name` when an answer named it;
+    /// `state` the client's retry state then (asked for only when metrics are recorded).
     #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
     #[inline]
     pub(crate) fn call_ended(
@@ -48,10 +54,12 @@ impl Metrics {
         sql: &str,
         engine: Option<&str>,
         failure: Option<&ErrorKind>,
+        state: impl FnOnce() -> RetryState,
     ) {
         #[cfg(feature = "opentelemetry")]
         if let Some(inner) = &self.inner {
             inner.call_ended(elapsed, sql, engine, failure);
+            inner.state(&state(), failure);
         }
     }
 
@@ -88,11 +96,14 @@ impl Metrics {
 mod otel {
     use std::time::Duration;
 
+    use std::sync::atomic::{AtomicU64, Ordering};
+
     use opentelemetry::KeyValue;
-    use opentelemetry::metrics::{Counter, Histogram};
+    use opentelemetry::metrics::{Counter, Gauge, Histogram};
 
     use super::TraceSettings;
     use crate::error::ErrorKind;
+    use crate::retry::RetryState;
     use crate::transport::trace::error_type;
 
     /// The boundaries the conventions advise for `db.client.operation.duration`, in seconds.
@@ -128,6 +139,13 @@ mod otel {
         pub(super) attempts: Counter<u64>,
         retries: Counter<u64>,
         pub(super) budget_refusals: Counter<u64>,
+        rate_refusals: Counter<u64>,
+        hedges: Counter<u64>,
+        /// The hedges already counted: the client's count only grows, and each call ending adds
+        /// what it grew by since (the greatest seen, so concurrent endings count each once).
+        hedges_counted: AtomicU64,
+        budget_tokens: Gauge<u64>,
+        send_rate: Gauge<f64>,
         /// `server.address` and `server.port`, on every measurement.
         pub(super) server: Vec<KeyValue>,
     }
@@ -169,6 +187,27 @@ mod otel {
                     .with_unit("{refusal}")
                     .with_description("Retries the retry budget refused.")
                     .build(),
+                rate_refusals: meter
+                    .u64_counter("sqlhttp.client.rate.refusals")
+                    .with_unit("{call}")
+                    .with_description("Calls the adaptive client rate refused to send.")
+                    .build(),
+                hedges: meter
+                    .u64_counter("sqlhttp.client.hedges")
+                    .with_unit("{hedge}")
+                    .with_description("Second copies of verified reads sent (hedged reads).")
+                    .build(),
+                hedges_counted: AtomicU64::new(0),
+                budget_tokens: meter
+                    .u64_gauge("sqlhttp.client.retry_budget.tokens")
+                    .with_unit("{token}")
+                    .with_description("Tokens left in the client's retry budget.")
+                    .build(),
+                send_rate: meter
+                    .f64_gauge("sqlhttp.client.send_rate")
+                    .with_unit("{attempt}/s")
+                    .with_description("Attempts per second the adaptive client rate allows.")
+                    .build(),
                 server,
             }
         }
@@ -198,6 +237,24 @@ mod otel {
                 }
             }
             self.duration.record(elapsed.as_secs_f64(), &attributes);
+        }
+
+        /// The client's retry state as a call ends, and a refusal by the adaptive rate.
+        pub(super) fn state(&self, state: &RetryState, failure: Option<&ErrorKind>) {
+            if let Some(tokens) = state.tokens() {
+                self.budget_tokens.record(u64::from(tokens), &self.server);
+            }
+            if let Some(rate) = state.send_rate() {
+                self.send_rate.record(rate, &self.server);
+            }
+            let sent = state.hedges_sent();
+            let counted = self.hedges_counted.fetch_max(sent, Ordering::Relaxed);
+            if sent > counted {
+                self.hedges.add(sent - counted, &self.server);
+            }
+            if matches!(failure, Some(ErrorKind::ClientRateLimited { .. })) {
+                self.rate_refusals.add(1, &self.server);
+            }
         }
 
         pub(super) fn retry(&self, failure: &ErrorKind) {

@@ -150,6 +150,7 @@ impl Transport {
             sql,
             engine,
             outcome.as_ref().err().map(Error::kind),
+            || self.retry_state(),
         );
         outcome
     }
