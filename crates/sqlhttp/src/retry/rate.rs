@@ -7,7 +7,10 @@
 //! client whose clones send many calls at once: the rate is cut at most once per half second (the
 //! throttles of one burst are one signal, as TCP cuts once per round trip; AWS cuts on each, so a
 //! burst of a thousand throttles drives the rate to its floor), and before a half second has
-//! been measured the send rate is what was answered so far in it, not zero.
+//! been measured the send rate is what was answered so far in it, not zero. And once the rate has
+//! climbed back to the one that was throttled with no throttle since, the limiter steps aside
+//! until the next throttle (AWS keeps it on for good, capped at twice the measured rate, which
+//! holds a client that sends in bursts to the average of its idle gaps).
 //!
 //! One limiter per `Client`, shared by its clones. It measures time on tokio's clock (so a paused
 //! clock drives it exactly) and knows nothing of HTTP, of the budget or of the attempt loop, which
@@ -155,6 +158,13 @@ impl AdaptiveRate {
                 return;
             }
             s.time_window = s.window();
+            if now - s.last_throttle >= s.time_window {
+                // Climbed back to the rate that was throttled with no throttle since: the
+                // limiter steps aside until the next one. Kept on, its cap of twice the measured
+                // rate would hold a client that sends in bursts to what its idle gaps averaged.
+                s.enabled = false;
+                return;
+            }
             SCALE * (now - s.last_throttle - s.time_window).powi(3) + s.last_max_rate
         };
         let rate = calculated.min(2.0 * s.measured);
@@ -251,9 +261,21 @@ mod tests {
         }
         // Answers without throttles raise it again, past where it was cut.
         tokio::time::sleep(ms(500)).await;
-        traffic(&rate, 60, 5, false).await;
+        traffic(&rate, 60, 2, false).await;
         let risen = rate.send_rate().unwrap();
         assert!(risen > cut, "{risen} after {cut}");
+        // Back at the rate that was throttled, with no throttle since, it steps aside: a burst
+        // after an idle gap is not held to what the gap averaged.
+        traffic(&rate, 60, 3, false).await;
+        assert_eq!(rate.send_rate(), None);
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        for _ in 0..1_000 {
+            assert_eq!(rate.acquire(), Duration::ZERO);
+        }
+        // The next throttle turns it on again.
+        traffic(&rate, 100, 1, false).await;
+        rate.observe(true);
+        assert!(rate.send_rate().is_some());
     }
 
     #[tokio::test(start_paused = true)]
@@ -276,11 +298,12 @@ mod tests {
             let rate = AdaptiveRate::new();
             traffic(&rate, 40, 2, false).await;
             traffic(&rate, 40, 1, true).await;
-            traffic(&rate, 40, 2, false).await;
-            rate.send_rate()
+            let cut = rate.send_rate();
+            traffic(&rate, 40, 1, false).await;
+            (cut, rate.send_rate())
         };
         let first = run().await;
-        assert!(first.is_some());
+        assert!(first.0.is_some());
         assert_eq!(first, run().await);
     }
 
