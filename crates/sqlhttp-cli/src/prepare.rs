@@ -25,6 +25,9 @@ const MACROS: &[&str] = &["query_as", "query_scalar", "query", "execute"];
 /// The cache directory's name, beside a package's `Cargo.toml`.
 const CACHE_DIR: &str = ".sqlhttp";
 
+/// The variable that puts the cache elsewhere, for the macros and for this command alike.
+const OFFLINE_DIR: &str = "SQLHTTP_OFFLINE_DIR";
+
 /// Runs `sqlhttp prepare` over `dir`.
 pub(crate) async fn run(
     connection: &Connection,
@@ -32,13 +35,10 @@ pub(crate) async fn run(
     check: bool,
     server: bool,
 ) -> anyhow::Result<()> {
-    let packages = packages(dir)?;
     let mut client = None;
     let mut problems = Vec::new();
     let mut written = 0;
-    for package in &packages {
-        let statements = statements(package)?;
-        let cache = package.join(CACHE_DIR);
+    for (cache, statements) in caches(dir)? {
         let existing = entries(&cache)?;
         if statements.is_empty() && existing.is_empty() {
             continue;
@@ -110,6 +110,21 @@ pub(crate) async fn run(
         println!("ok: every statement has its entry");
     }
     Ok(())
+}
+
+/// Each cache with the statements it must describe: `.sqlhttp/` beside each package's
+/// `Cargo.toml`, or, when `SQLHTTP_OFFLINE_DIR` is set (as the macros read it), that one
+/// directory for every package's statements.
+fn caches(dir: &Path) -> anyhow::Result<Vec<(PathBuf, Vec<String>)>> {
+    let mut caches = Vec::new();
+    for package in packages(dir)? {
+        caches.push((package.join(CACHE_DIR), statements(&package)?));
+    }
+    if let Some(shared) = std::env::var_os(OFFLINE_DIR) {
+        let all = caches.into_iter().flat_map(|(_, found)| found).collect();
+        return Ok(vec![(PathBuf::from(shared), all)]);
+    }
+    Ok(caches)
 }
 
 /// The client, made once when first needed: the flags and environment, else `SQLHTTP_URL`
@@ -270,8 +285,10 @@ fn statements(package: &Path) -> anyhow::Result<Vec<String>> {
                     todo.push(path);
                 }
             } else if name.ends_with(".rs") {
+                // rustc reads a source file's CRLF line ends as LF, in string literals too.
                 let text = std::fs::read_to_string(&path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
+                    .with_context(|| format!("cannot read {}", path.display()))?
+                    .replace("\r\n", "\n");
                 found.extend(statements_in(&text));
                 for named in module_paths(&text) {
                     let module = at.join(named);
@@ -281,7 +298,8 @@ fn statements(package: &Path) -> anyhow::Result<Vec<String>> {
                     };
                     if !inside {
                         let text = std::fs::read_to_string(&module)
-                            .with_context(|| format!("cannot read {}", module.display()))?;
+                            .with_context(|| format!("cannot read {}", module.display()))?
+                            .replace("\r\n", "\n");
                         found.extend(statements_in(&text));
                     }
                 }

@@ -13,12 +13,21 @@ use sqlhttp_testkit::TestServer;
 const NOWHERE: &str = "http://127.0.0.1:9";
 
 async fn sqlhttp(url: &str, args: &[&str]) -> Output {
+    sqlhttp_with(url, args, None).await
+}
+
+/// `sqlhttp` with `SQLHTTP_OFFLINE_DIR` set to `offline_dir`, or unset.
+async fn sqlhttp_with(url: &str, args: &[&str], offline_dir: Option<&str>) -> Output {
     let mut command = Command::cargo_bin("sqlhttp").unwrap();
     command
         .env_remove("SQLHTTP_TOKEN")
+        .env_remove("SQLHTTP_OFFLINE_DIR")
         .env("SQLHTTP_URL", url)
         .args(args)
         .timeout(Duration::from_secs(60));
+    if let Some(dir) = offline_dir {
+        command.env("SQLHTTP_OFFLINE_DIR", dir);
+    }
     tokio::task::spawn_blocking(move || command.output().unwrap())
         .await
         .unwrap()
@@ -116,4 +125,44 @@ async fn prepare_fills_the_cache_and_check_needs_no_server() {
         "{}",
         said(&checked)
     );
+}
+
+/// `SQLHTTP_OFFLINE_DIR` moves the cache for `prepare` and `--check` as it does for the macros
+/// (a check of `.sqlhttp/` would pass while the build reads another directory), and a source
+/// file with CRLF line ends is read as rustc reads it: a multi-line statement's entry is keyed
+/// by its text with LF line ends, which is what the macro hashes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_honours_the_offline_dir_and_reads_crlf_sources_as_rustc_does() {
+    let server = TestServer::start().await;
+    let url = server.url();
+    server
+        .client()
+        .execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL)")
+        .await
+        .unwrap();
+    let app = tempfile::tempdir().unwrap();
+    let dir = app.path().to_str().unwrap();
+    let offline = tempfile::tempdir().unwrap();
+    let offline_dir = offline.path().to_str().unwrap();
+    std::fs::write(app.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
+    std::fs::create_dir(app.path().join("src")).unwrap();
+    let main = "fn main() {\n    let _ = sqlhttp::query!(r#\"SELECT id, title\n        FROM books\"#);\n}\n";
+    std::fs::write(app.path().join("src/main.rs"), main.replace('\n', "\r\n")).unwrap();
+
+    let prepared = sqlhttp_with(&url, &["prepare", dir], Some(offline_dir)).await;
+    assert!(prepared.status.success(), "{}", said(&prepared));
+    assert!(!app.path().join(".sqlhttp").exists());
+    let entries: Vec<String> = std::fs::read_dir(offline.path())
+        .unwrap()
+        .map(|e| std::fs::read_to_string(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(entries.len(), 1);
+    let entry: serde_json::Value = serde_json::from_str(&entries[0]).unwrap();
+    assert_eq!(entry["sql"], "SELECT id, title\n        FROM books");
+
+    let checked = sqlhttp_with(NOWHERE, &["prepare", "--check", dir], Some(offline_dir)).await;
+    assert!(checked.status.success(), "{}", said(&checked));
+    // Without the variable, the package's own `.sqlhttp/` is checked, and it has nothing.
+    let checked = sqlhttp(NOWHERE, &["prepare", "--check", dir]).await;
+    assert!(!checked.status.success(), "{}", said(&checked));
 }
