@@ -29,7 +29,8 @@ use crate::retry::classify::OpClass;
 #[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub enum HedgeDelay {
-    /// After this long without the answer's head.
+    /// After this long without the answer's head; more than zero (`build()` refuses zero, which
+    /// would send every read twice at once).
     Fixed(Duration),
     /// After this percentile (1 to 99) of the time to the answer's head of the client's last 1,000
     /// reads. No hedge is sent until 20 reads have been timed.
@@ -108,6 +109,13 @@ impl HedgePolicy {
             && !(1..=99).contains(&p)
         {
             return Err(format!("a hedge's percentile is 1 to 99, not {p}"));
+        }
+        if self.delay == HedgeDelay::Fixed(Duration::ZERO) {
+            return Err(
+                "a hedge's fixed delay is more than zero (at zero every read is sent twice at \
+                 once, up to the hedge budget)"
+                    .to_owned(),
+            );
         }
         if !(1..=100).contains(&self.max_percent) {
             return Err(format!(
@@ -331,6 +339,13 @@ mod tests {
         assert_eq!(p.delay(), HedgeDelay::Percentile(95));
         assert_eq!(p.max_percent(), 10);
         assert!(p.validate().is_ok());
+        let zero = p.with_delay(HedgeDelay::Fixed(Duration::ZERO)).validate();
+        assert!(zero.unwrap_err().contains("more than zero"));
+        assert!(
+            p.with_delay(HedgeDelay::Fixed(Duration::from_millis(1)))
+                .validate()
+                .is_ok()
+        );
         for bad in [0, 100] {
             let err = p
                 .with_delay(HedgeDelay::Percentile(bad))
