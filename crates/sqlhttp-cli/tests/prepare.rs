@@ -48,20 +48,32 @@ fn main() {
 }
 "#;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn prepare_fills_the_cache_and_check_needs_no_server() {
+/// A server holding the applications' one table.
+async fn books_server() -> TestServer {
     let server = TestServer::start().await;
-    let url = server.url();
     server
         .client()
         .execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL)")
         .await
         .unwrap();
+    server
+}
+
+/// An application package in a fresh directory whose `src/main.rs` is `main`.
+fn application(main: &str) -> tempfile::TempDir {
     let app = tempfile::tempdir().unwrap();
-    let dir = app.path().to_str().unwrap();
     std::fs::write(app.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
     std::fs::create_dir(app.path().join("src")).unwrap();
-    std::fs::write(app.path().join("src/main.rs"), MAIN).unwrap();
+    std::fs::write(app.path().join("src/main.rs"), main).unwrap();
+    app
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_fills_the_cache_and_check_needs_no_server() {
+    let server = books_server().await;
+    let url = server.url();
+    let app = application(MAIN);
+    let dir = app.path().to_str().unwrap();
 
     let prepared = sqlhttp(&url, &["prepare", dir]).await;
     assert!(prepared.status.success(), "{}", said(&prepared));
@@ -133,21 +145,13 @@ async fn prepare_fills_the_cache_and_check_needs_no_server() {
 /// by its text with LF line ends, which is what the macro hashes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_honours_the_offline_dir_and_reads_crlf_sources_as_rustc_does() {
-    let server = TestServer::start().await;
+    let server = books_server().await;
     let url = server.url();
-    server
-        .client()
-        .execute("CREATE TABLE books (id INTEGER PRIMARY KEY, title TEXT NOT NULL)")
-        .await
-        .unwrap();
-    let app = tempfile::tempdir().unwrap();
+    let main = "fn main() {\n    let _ = sqlhttp::query!(r#\"SELECT id, title\n        FROM books\"#);\n}\n";
+    let app = application(&main.replace('\n', "\r\n"));
     let dir = app.path().to_str().unwrap();
     let offline = tempfile::tempdir().unwrap();
     let offline_dir = offline.path().to_str().unwrap();
-    std::fs::write(app.path().join("Cargo.toml"), "[package]\nname = \"app\"\n").unwrap();
-    std::fs::create_dir(app.path().join("src")).unwrap();
-    let main = "fn main() {\n    let _ = sqlhttp::query!(r#\"SELECT id, title\n        FROM books\"#);\n}\n";
-    std::fs::write(app.path().join("src/main.rs"), main.replace('\n', "\r\n")).unwrap();
 
     let prepared = sqlhttp_with(&url, &["prepare", dir], Some(offline_dir)).await;
     assert!(prepared.status.success(), "{}", said(&prepared));
