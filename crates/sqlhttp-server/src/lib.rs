@@ -39,6 +39,7 @@ mod server;
 mod state;
 mod timing;
 mod tls;
+mod transactions;
 
 pub use config::{
     Config, DEFAULT_CLIENT_ROLE, DEFAULT_IDEMPOTENCY_TTL, DEFAULT_LISTEN, DEFAULT_MAX_BATCH_BYTES,

@@ -11,13 +11,13 @@ use std::time::Duration;
 
 use crate::budget::Budget;
 use crate::config::{Config, Limits};
-use crate::engine::transactions::Transactions;
 use crate::engine::{Backend, Engine as _};
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
 use crate::http::metrics::Metrics;
 use crate::http::peers::Peers;
 use crate::http::rate_limit::RateLimiter;
+use crate::transactions::Transactions;
 
 /// Shared state of the HTTP app: build one with [`AppState::new`] and hand it to
 /// [`app`](crate::app). Cloning is cheap; clones share one database.
@@ -37,7 +37,8 @@ pub struct AppState {
 
 #[derive(Debug)]
 pub(crate) struct Shared {
-    pub(crate) engine: Backend,
+    /// The engine, shared with the transaction layer, which asks it for sessions.
+    pub(crate) engine: Arc<Backend>,
     pub(crate) tokens: Tokens,
     pub(crate) rate_limiter: Option<RateLimiter>,
     pub(crate) metrics: Metrics,
@@ -75,7 +76,15 @@ impl AppState {
             });
         }
         let budget = Budget::new(config.max_buffered_bytes);
+        let engine = Arc::new(Backend::start(
+            &config.database,
+            &config.read_replicas,
+            config.idempotency_ttl,
+            config.limits,
+            budget.clone(),
+        )?);
         let transactions = Arc::new(Transactions::new(
+            Arc::clone(&engine),
             config.transactions,
             config.idempotency_ttl,
             config.limits.max_result_bytes,
@@ -85,13 +94,6 @@ impl AppState {
             transactions.instance().to_owned(),
             config.advertise_url.clone(),
         );
-        let engine = Backend::start(
-            &config.database,
-            &config.read_replicas,
-            config.idempotency_ttl,
-            config.limits,
-            budget.clone(),
-        )?;
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits, ReadReplicas};
-use crate::engine::interactive::{Session, TxOptions};
+use crate::engine::interactive::TxOptions;
 use crate::engine::keyed::Stored;
 #[cfg(feature = "postgres")]
 use crate::engine::postgres::PostgresEngine;
+use crate::engine::session::Session;
 use crate::engine::sqlite::SqliteEngine;
 use crate::engine::{Access, Catalog, Engine, GivenUp, Keyed, Outcome, ReplicaReport, Reply};
 use crate::error::ServerError;
@@ -135,8 +136,10 @@ impl Engine for Backend {
         dispatch!(self, engine => engine.describe_statement(sql, access).await)
     }
 
+    type Session = Session;
+
     async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
-        dispatch!(self, engine => engine.begin(options, at).await)
+        dispatch!(self, engine => engine.begin(options, at).await.map(Session::from))
     }
 
     async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {

@@ -1,24 +1,23 @@
 //! Interactive transactions, what the engine contract says of them: the options a transaction
-//! opens with ([`TxOptions`], [`Isolation`]), an engine's open transaction ([`Session`], one
-//! per engine, dispatched here), how a statement in it fails ([`StepError`]: the statement
-//! alone, or the whole transaction) and how a commit fails ([`CommitError`]), and the outcome
-//! record a commit stores with its effects ([`Record`]).
+//! opens with ([`TxOptions`], [`Isolation`]), what an engine's open transaction answers
+//! ([`Interactive`], implemented by each engine's session and dispatched by
+//! `engine::session::Session`, as `Backend` dispatches [`Engine`](crate::engine::Engine)), how a
+//! statement in it fails ([`StepError`]: the statement alone, or the whole transaction) and how a
+//! commit fails ([`CommitError`]), and the outcome record a commit stores with its effects
+//! ([`Record`]).
 //!
+//! The engines import this file; it imports none of them (the dispatching enum, which must name
+//! each engine's session, lives apart in `engine/session.rs`, so no import runs in a circle).
 //! Which transaction a request names, its sequence of statements, its bounds and its finished
-//! outcomes are the registry's (`engine::transactions`). Knows the protocol's error codes;
-//! nothing about HTTP, tokens or either engine's SQL.
+//! outcomes are the transaction layer's (`crate::transactions`). Knows the protocol's error
+//! codes; nothing about HTTP, tokens or either engine's SQL.
 
 use crate::protocol::bookmark::{Bookmark, Position};
 
 use crate::engine::Access;
-#[cfg(feature = "postgres")]
-use crate::engine::postgres::interactive as postgres;
-use crate::engine::sqlite::interactive as sqlite;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
-
-/// A transaction's isolation level, as the client asks for it: the protocol's (ADR 0048).
-pub(crate) use sqlhttp_protocol::Isolation;
+pub(crate) use crate::protocol::transaction::Isolation;
 
 /// How a transaction opens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -84,67 +83,57 @@ pub(crate) struct Record {
     pub(crate) body: Vec<u8>,
 }
 
-/// An engine's open transaction: one connection held across requests.
-#[derive(Debug)]
-pub(crate) enum Session {
-    /// A SQLite connection of its own, on a thread of its own.
-    Sqlite(sqlite::Session),
-    /// A pooled PostgreSQL connection, held.
-    #[cfg(feature = "postgres")]
-    Postgres(Box<postgres::Session>),
-}
-
-impl Session {
+/// An engine's open transaction: one connection held across requests. Each engine's session
+/// implements it (`sqlite::interactive::Session`, `postgres::interactive::Session`), and
+/// [`Session`](crate::engine::Session) dispatches to whichever the configured engine opened,
+/// as [`Backend`](crate::engine::Backend) does for [`Engine`](crate::engine::Engine).
+pub(crate) trait Interactive: Sized + Send + std::fmt::Debug {
     /// Where the transaction's snapshot stands, when the engine learned it at the open (a
-    /// read-only `REPEATABLE READ` one on PostgreSQL: every statement of it sees that snapshot).
-    pub(crate) fn position(&self) -> Option<Position> {
-        match self {
-            Session::Sqlite(_) => None,
-            #[cfg(feature = "postgres")]
-            Session::Postgres(session) => session.position(),
-        }
+    /// read-only `REPEATABLE READ` one on PostgreSQL: every statement of it sees that
+    /// snapshot). None by default: an engine without log positions (SQLite).
+    fn position(&self) -> Option<Position> {
+        None
     }
 
     /// Whether the engine ended the transaction on its own (rolled back: on SQLite, a write
     /// transaction idle past `--transaction-write-idle`, a read-only one pinning an overgrown
-    /// write-ahead log; ADR 0042): the registry then answers it as expired.
-    pub(crate) fn must_end(&self) -> bool {
-        match self {
-            Session::Sqlite(session) => session.must_end(),
-            #[cfg(feature = "postgres")]
-            Session::Postgres(_) => false,
-        }
+    /// write-ahead log; ADR 0042): the registry then answers it as expired. Never, by default.
+    fn must_end(&self) -> bool {
+        false
     }
 
     /// Runs one statement in the transaction.
-    pub(crate) async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
-        match self {
-            Session::Sqlite(session) => session.step(request).await,
-            #[cfg(feature = "postgres")]
-            Session::Postgres(session) => session.step(request).await,
-        }
-    }
+    async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError>;
 
     /// Commits, with `record` stored in the same transaction; the position after the commit
     /// when the engine has one (see `protocol::bookmark`).
-    pub(crate) async fn commit(
-        self,
-        record: Option<Record>,
-    ) -> Result<Option<Bookmark>, CommitError> {
-        match self {
-            Session::Sqlite(session) => session.commit(record).await.map(|()| None),
-            #[cfg(feature = "postgres")]
-            Session::Postgres(session) => session.commit(record).await,
-        }
-    }
+    async fn commit(self, record: Option<Record>) -> Result<Option<Bookmark>, CommitError>;
 
     /// Rolls back.
-    pub(crate) async fn rollback(self) {
-        match self {
-            Session::Sqlite(session) => session.rollback().await,
-            #[cfg(feature = "postgres")]
-            Session::Postgres(session) => session.rollback().await,
-        }
+    async fn rollback(self);
+}
+
+/// A boxed session answers as the one it holds (PostgreSQL's is boxed in the dispatching enum:
+/// it is far larger than SQLite's).
+impl<S: Interactive> Interactive for Box<S> {
+    fn position(&self) -> Option<Position> {
+        S::position(self)
+    }
+
+    fn must_end(&self) -> bool {
+        S::must_end(self)
+    }
+
+    async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
+        S::step(self, request).await
+    }
+
+    async fn commit(self, record: Option<Record>) -> Result<Option<Bookmark>, CommitError> {
+        S::commit(*self, record).await
+    }
+
+    async fn rollback(self) {
+        S::rollback(*self).await;
     }
 }
 

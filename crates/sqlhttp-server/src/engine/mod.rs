@@ -15,9 +15,10 @@
 //! - [`Engine::batch`]: several statements in one transaction of the server's own, answered by
 //!   [`batch_body::BatchBody`].
 //! - [`Engine::begin`]: an interactive transaction, one connection held across requests
-//!   ([`interactive::Session`]); the registry of open transactions, their sequenced statements
-//!   and exactly-once commits is [`transactions`]'s, and [`Engine::recorded`] reads a commit's
-//!   record back after a restart.
+//!   ([`Session`], each engine's [`interactive::Interactive`]); the registry of open
+//!   transactions, their sequenced statements and exactly-once commits is the transaction
+//!   layer's (`crate::transactions`), and [`Engine::recorded`] reads a commit's record back
+//!   after a restart.
 //! - [`Engine::ready`], [`Engine::queue_depths`], [`Engine::given_up`], [`Engine::close`]: for
 //!   `/readyz`, `/metrics` and shutdown ([`shutting_down`] is the one answer a closed engine
 //!   gives).
@@ -39,14 +40,13 @@ pub(crate) mod describe;
 pub(crate) mod interactive;
 pub(crate) mod job;
 pub(crate) mod keyed;
-mod outcomes;
 #[cfg(feature = "postgres")]
 mod postgres;
 pub(crate) mod sandbox;
+mod session;
 pub(crate) mod sql_text;
 mod sqlite;
 pub(crate) mod stream;
-pub(crate) mod transactions;
 
 use std::future::Future;
 use std::time::Duration;
@@ -59,6 +59,7 @@ use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
 pub(crate) use backend::Backend;
+pub(crate) use session::Session;
 pub(crate) use stream::ChunkReceiver;
 
 /// The calls the HTTP layer makes of an engine. Every call answers in the protocol's terms
@@ -116,7 +117,11 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
         &self,
         options: interactive::TxOptions,
         at: ReadAt,
-    ) -> Result<interactive::Session, ApiError>;
+    ) -> Result<Self::Session, ApiError>;
+
+    /// The engine's open transaction, as [`Engine::begin`] answers it: each engine's own
+    /// session; [`Backend`]'s is the [`Session`] that dispatches to either.
+    type Session: interactive::Interactive;
 
     /// The outcome stored under `key` in the engine's idempotency store (an interactive
     /// transaction's commit record, looked up after its server lost it).

@@ -22,7 +22,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::engine::transactions::TransactionCounts;
+use crate::transactions::TransactionCounts;
 use crate::engine::{Engine as _, GivenUp, ReplicaReport};
 use crate::protocol::error::ApiError;
 use crate::state::AppState;

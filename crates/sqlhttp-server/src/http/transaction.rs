@@ -1,6 +1,6 @@
 //! The interactive-transaction endpoints, `POST /api/v1/transaction/{open, statement, commit,
 //! rollback, outcome}`: each takes an admitted body (see `admit`: credential, JSON, body limit,
-//! a statement's text checks) and hands it to the registry (`engine::transactions`), with the
+//! a statement's text checks) and hands it to the transaction layer (`crate::transactions`), with the
 //! credential as the transaction's owner. The token travels in the body (`"transaction"`), so
 //! every path is fixed. A read credential may open only read-only transactions.
 //!
@@ -20,17 +20,18 @@ use serde::Deserialize;
 use sqlhttp_protocol::body::{TransactionNamed, TransactionOpenRequest};
 
 use crate::budget::Held;
+use crate::engine::Access;
 use crate::engine::Outcome;
 use crate::engine::interactive::TxOptions;
 use crate::engine::sandbox::check_text;
-use crate::engine::transactions::Answer;
-use crate::http::admit::{Admissible, Admitted};
+use crate::http::admit::{Admissible, Admitted, refuse_write};
 use crate::http::credentials::Credential;
 use crate::http::outcome_response;
 use crate::http::peers::{self, Forwarded};
-use crate::protocol::error::{ApiError, ErrorCode};
-use crate::protocol::request::SqlRequest;
+use crate::protocol::error::ApiError;
+use crate::protocol::request::{SqlRequest, object};
 use crate::state::{AppState, Shared};
+use crate::transactions::Answer;
 
 /// Opens a transaction.
 pub(crate) const OPEN_PATH: &str = sqlhttp_protocol::path::TRANSACTION_OPEN;
@@ -72,8 +73,8 @@ impl Unanswered {
             )
             .into_response(),
             Unanswered::Outcome => outcome_response(
-                Outcome::fresh(crate::engine::transactions::outcome_body(
-                    sqlhttp_protocol::body::Outcome::Unknown,
+                Outcome::fresh(crate::protocol::transaction::outcome(
+                    crate::protocol::transaction::Outcome::Unknown,
                 )),
                 Held::default(),
             ),
@@ -120,13 +121,6 @@ pub(crate) struct StepRequest {
 #[derive(Debug)]
 pub(crate) struct Named(String);
 
-fn object(bytes: &[u8]) -> Result<(), ApiError> {
-    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-        return Err(ApiError::bad_request("the body must be a JSON object"));
-    }
-    Ok(())
-}
-
 fn token_of(token: Option<String>) -> Result<String, ApiError> {
     match token {
         Some(token)
@@ -153,8 +147,8 @@ impl Admissible for OpenRequest {
         shared.max_body_bytes
     }
 
-    fn admit(bytes: &[u8], _: &Shared, credential: &Credential) -> Result<Self, ApiError> {
-        object(bytes)?;
+    fn admit(bytes: &[u8], _: &Shared, access: Access) -> Result<Self, ApiError> {
+        object(bytes, "the body must be a JSON object")?;
         let wire: TransactionOpenRequest = serde_json::from_slice(bytes).map_err(|e| {
             ApiError::bad_request(format!(
                 "the body must be {{\"read_only\": bool, \"isolation\": \"serializable\" | \
@@ -167,11 +161,9 @@ impl Admissible for OpenRequest {
             isolation: wire.isolation.unwrap_or_default(),
             deferrable: wire.deferrable.unwrap_or(false),
         };
-        if !credential.may_write() && !options.read_only {
-            return Err(ApiError::new(
-                ErrorCode::ReadOnly,
-                "this credential may only read: it may open read-only transactions only \
-                 (\"read_only\": true)",
+        if access == Access::ReadOnly && !options.read_only {
+            return Err(refuse_write(
+                "it may open read-only transactions only (\"read_only\": true)",
             ));
         }
         Ok(OpenRequest(options))
@@ -183,7 +175,7 @@ impl Admissible for StepRequest {
         shared.max_body_bytes
     }
 
-    fn admit(bytes: &[u8], shared: &Shared, _: &Credential) -> Result<Self, ApiError> {
+    fn admit(bytes: &[u8], shared: &Shared, _: Access) -> Result<Self, ApiError> {
         #[derive(Deserialize)]
         struct Wire {
             transaction: Option<String>,
@@ -229,8 +221,8 @@ impl Admissible for Named {
         shared.max_body_bytes
     }
 
-    fn admit(bytes: &[u8], _: &Shared, _: &Credential) -> Result<Self, ApiError> {
-        object(bytes)?;
+    fn admit(bytes: &[u8], _: &Shared, _: Access) -> Result<Self, ApiError> {
+        object(bytes, "the body must be a JSON object")?;
         // `Option`: a missing token is refused by name (`token_of`).
         let wire: TransactionNamed<Option<String>> = serde_json::from_slice(bytes)
             .map_err(|e| ApiError::bad_request(format!("`transaction` must be a string: {e}")))?;
@@ -261,13 +253,9 @@ fn respond(result: Result<Answer, ApiError>) -> Response {
 
 pub(crate) async fn open(
     State(state): State<AppState>,
-    headers: HeaderMap,
     admitted: Admitted<OpenRequest>,
 ) -> Response {
-    let at = match crate::http::read_at(&headers) {
-        Ok(at) => at,
-        Err(err) => return err.into_response(),
-    };
+    let at = admitted.at;
     let shared = &state.inner;
     let key = admitted.key.map(|(_, key)| key);
     let OpenRequest(options) = admitted.body;
@@ -275,13 +263,7 @@ pub(crate) async fn open(
     respond(
         shared
             .transactions
-            .open(
-                &shared.engine,
-                &owner(&admitted.credential),
-                key,
-                options,
-                at,
-            )
+            .open(&owner(&admitted.credential), key, options, at)
             .await
             .map(Answer::from),
     )
@@ -300,9 +282,7 @@ pub(crate) async fn statement(
         request,
     } = admitted.body;
     tracing::debug!(sql = %request.sql, seq, "transaction statement");
-    let here = shared
-        .transactions
-        .step(&shared.engine, &owner, &token, seq, request);
+    let here = shared.transactions.step(&owner, &token, seq, request);
     forwarded_or(
         shared,
         &headers,
@@ -331,7 +311,7 @@ pub(crate) async fn commit(
         );
         shared.transactions.expire_all().await;
     }
-    let here = shared.transactions.commit(&shared.engine, &owner, &token);
+    let here = shared.transactions.commit(&owner, &token);
     forwarded_or(
         shared,
         &headers,
@@ -352,7 +332,7 @@ pub(crate) async fn rollback(
 ) -> Response {
     let shared = &state.inner;
     let (owner, token) = (owner(&admitted.credential), admitted.body.0);
-    let here = shared.transactions.rollback(&shared.engine, &owner, &token);
+    let here = shared.transactions.rollback(&owner, &token);
     forwarded_or(
         shared,
         &headers,
@@ -373,7 +353,7 @@ pub(crate) async fn outcome(
 ) -> Response {
     let shared = &state.inner;
     let (owner, token) = (owner(&admitted.credential), admitted.body.0);
-    let here = shared.transactions.outcome(&shared.engine, &owner, &token);
+    let here = shared.transactions.outcome(&owner, &token);
     forwarded_or(
         shared,
         &headers,

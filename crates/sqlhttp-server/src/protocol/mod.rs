@@ -13,3 +13,4 @@ pub(crate) mod bookmark;
 pub(crate) mod error;
 pub(crate) mod request;
 pub(crate) mod result;
+pub(crate) mod transaction;

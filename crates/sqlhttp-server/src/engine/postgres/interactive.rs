@@ -16,7 +16,7 @@
 //! ends the backend), which rolls it back.
 //!
 //! Knows SQL, tokio-postgres and the protocol's error codes; nothing about HTTP, tokens or the
-//! registry (`engine::transactions`).
+//! registry (`crate::transactions`).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, PoisonError};
@@ -24,7 +24,9 @@ use std::sync::{Arc, PoisonError};
 use tokio::sync::OwnedSemaphorePermit;
 
 use crate::engine::Access;
-use crate::engine::interactive::{CommitError, Isolation, Record, StepError, TxOptions, fenced};
+use crate::engine::interactive::{
+    CommitError, Interactive, Isolation, Record, StepError, TxOptions, fenced,
+};
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::{self, OPENED};
@@ -446,6 +448,25 @@ async fn end(inner: &Inner, mut lease: Lease, end: &str) -> Result<(), ApiError>
         }
         Ok((Err(e), _)) => Err(inner.map(&e)),
         Err(_) => Err(ApiError::interrupted()),
+    }
+}
+
+/// The engine contract's calls, answered by the inherent ones above.
+impl Interactive for Session {
+    fn position(&self) -> Option<Position> {
+        Session::position(self)
+    }
+
+    async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
+        Session::step(self, request).await
+    }
+
+    async fn commit(self, record: Option<Record>) -> Result<Option<Bookmark>, CommitError> {
+        Session::commit(self, record).await
+    }
+
+    async fn rollback(self) {
+        Session::rollback(self).await;
     }
 }
 

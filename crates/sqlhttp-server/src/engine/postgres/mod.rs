@@ -68,7 +68,7 @@ use tracing::Instrument as _;
 
 use crate::budget::{Budget, Held};
 use crate::config::{Limits, PostgresUrl, ReadReplicas};
-use crate::engine::interactive::{Isolation, Session, TxOptions};
+use crate::engine::interactive::{Isolation, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::keyed::{PurgeClock, Stored};
 use crate::engine::{
@@ -638,20 +638,22 @@ impl Engine for PostgresEngine {
     /// answers the snapshot's position. Others run on the primary (`SERIALIZABLE` cannot run
     /// on a hot standby, and a `READ COMMITTED` one's statements each see a newer snapshot than
     /// any position its open could name).
-    async fn begin(&self, options: TxOptions, at: ReadAt) -> Result<Session, ApiError> {
+    type Session = interactive::Session;
+
+    async fn begin(
+        &self,
+        options: TxOptions,
+        at: ReadAt,
+    ) -> Result<interactive::Session, ApiError> {
         self.check_bookmark(at).await?;
         let on_replica = options.read_only && options.isolation == Isolation::RepeatableRead;
         if !on_replica {
             let slot = self.transaction_slot().await?;
-            return interactive::Session::open(Arc::clone(&self.inner), options, slot, 0)
-                .await
-                .map(|session| Session::Postgres(Box::new(session)));
+            return interactive::Session::open(Arc::clone(&self.inner), options, slot, 0).await;
         }
         self.read(at, |node, _, min| async move {
             let slot = self.transaction_slot().await?;
-            interactive::Session::open(node, options, slot, min)
-                .await
-                .map(|session| Session::Postgres(Box::new(session)))
+            interactive::Session::open(node, options, slot, min).await
         })
         .await
     }

@@ -20,7 +20,7 @@
 //! registry, which answers it as expired (ADR 0042).
 //!
 //! Runs on its own engine thread; knows nothing about HTTP, tokens or the registry (see
-//! `engine::transactions`).
+//! `crate::transactions`).
 
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::mpsc;
@@ -30,7 +30,7 @@ use std::time::Duration;
 use tokio::sync::{OwnedSemaphorePermit, oneshot};
 
 use crate::config::Limits;
-use crate::engine::interactive::{CommitError, Record, StepError, TxOptions, fenced};
+use crate::engine::interactive::{CommitError, Interactive, Record, StepError, TxOptions, fenced};
 use crate::engine::sqlite::connection::{Conn, Role, Target};
 use crate::engine::sqlite::control::{Hooks, JobControl};
 use crate::engine::sqlite::errors::map_engine_error;
@@ -417,6 +417,29 @@ fn guarded<T, E: From<ApiError>>(
     conn.hooks.end_job();
     let mine = watched.stop();
     (answered && mine).then_some(outcome)
+}
+
+/// The engine contract's calls, answered by the inherent ones above (SQLite learns no log
+/// position: its commit answers none).
+impl Interactive for Session {
+    fn must_end(&self) -> bool {
+        Session::must_end(self)
+    }
+
+    async fn step(&mut self, request: SqlRequest) -> Result<Vec<u8>, StepError> {
+        Session::step(self, request).await
+    }
+
+    async fn commit(
+        self,
+        record: Option<Record>,
+    ) -> Result<Option<crate::protocol::bookmark::Bookmark>, CommitError> {
+        Session::commit(self, record).await.map(|()| None)
+    }
+
+    async fn rollback(self) {
+        Session::rollback(self).await;
+    }
 }
 
 impl From<ApiError> for StepError {

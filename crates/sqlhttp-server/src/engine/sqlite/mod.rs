@@ -37,7 +37,7 @@ use std::time::{Duration, Instant};
 
 use crate::budget::{Budget, Held};
 use crate::config::{Database, Limits};
-use crate::engine::interactive::{Session, TxOptions, sqlite_serializable_only};
+use crate::engine::interactive::{TxOptions, sqlite_serializable_only};
 use crate::engine::job::CancelOnDrop;
 use crate::engine::keyed::Stored;
 use crate::engine::stream as chunks;
@@ -587,7 +587,13 @@ impl Engine for SqliteEngine {
     /// `interactive`): serializable only, as every SQLite transaction is. A write transaction
     /// first waits for its turn at the writer (every share of [`SqliteEngine::writes`], in the
     /// order writes and opens came; at most the statement timeout) and holds it to its end.
-    async fn begin(&self, options: TxOptions, _at: ReadAt) -> Result<Session, ApiError> {
+    type Session = interactive::Session;
+
+    async fn begin(
+        &self,
+        options: TxOptions,
+        _at: ReadAt,
+    ) -> Result<interactive::Session, ApiError> {
         sqlite_serializable_only(options.isolation)?;
         if self.closing.load(Ordering::Acquire) || self.sessions.is_closing() {
             return Err(crate::engine::shutting_down());
@@ -602,9 +608,7 @@ impl Engine for SqliteEngine {
         } else {
             Some(self.write_turn(WRITE_SHARES).await?)
         };
-        interactive::Session::open(&self.target, self.limits, &self.sessions, options, writer)
-            .await
-            .map(Session::Sqlite)
+        interactive::Session::open(&self.target, self.limits, &self.sessions, options, writer).await
     }
 
     /// Compiles the statement on a reader (on the writer when there are none; compiling never
