@@ -1,9 +1,17 @@
 //! Admission: what every API request passes before an engine sees it, once, as an axum
-//! extractor ([`Admitted`]) whose rejection is the protocol error. In order: the request's
-//! credential (see `credentials`), a body declared as JSON, its Idempotency-Key (when the server
-//! honours keys), the body read within its size and time limits (its bytes held against the
-//! server's budget until the answer is sent), decoded, and each statement's text passed through
-//! the rules both engines share (`engine::sandbox::check_text`).
+//! extractor ([`Admitted`]) whose rejection is the protocol error. In order, from the head: the
+//! request's credential (see `credentials`) and what it may do ([`Access`], decided here and
+//! nowhere else), a body declared as JSON, its Idempotency-Key (when the server honours keys),
+//! and its read position (`Sqlhttp-Bookmark`, `Sqlhttp-Consistency`); then the body, read within
+//! its size and time limits (its bytes held against the server's budget until the answer is
+//! sent), decoded, and each statement's text passed through the rules both engines share
+//! (`engine::sandbox::check_text`).
+//!
+//! One rule for a credential that may only read, on every route (ADR 0057): its request runs
+//! as a read, and whatever would write is refused `403 READ_ONLY` with nothing written
+//! ([`refuse_write`] when admission can tell from the body, the engine otherwise); an
+//! Idempotency-Key has nothing to apply once for it. A keyed request is named by one hash,
+//! [`Admitted::identity`].
 //!
 //! Knows HTTP and the protocol; nothing about either engine.
 
@@ -11,14 +19,16 @@ use std::time::Duration;
 
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, header};
+use sha2::{Digest as _, Sha256};
 use tracing::Instrument as _;
 
 use crate::budget::Held;
-use crate::engine::keyed;
 use crate::engine::sandbox::check_text;
+use crate::engine::{Access, keyed};
 use crate::http::credentials::{self, Credential};
-use crate::http::{IDEMPOTENCY_KEY, body};
+use crate::http::{IDEMPOTENCY_KEY, SQL_PATH, body, read_at};
 use crate::protocol::batch::BatchRequest;
+use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
 use crate::state::{AppState, KeyGuard, Shared};
@@ -31,15 +41,22 @@ pub(crate) trait Admissible: Sized {
     /// The most bytes the body may be.
     fn limit(shared: &Shared) -> usize;
 
-    /// Decodes `bytes` for `credential` and checks what it asks for.
-    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError>;
+    /// Decodes `bytes` for a credential of `access` and checks what it asks for (a request
+    /// that asks to write, sent with a credential that may only read, is [`refuse_write`]'s).
+    fn admit(bytes: &[u8], shared: &Shared, access: Access) -> Result<Self, ApiError>;
 }
 
-/// An admitted request: who sent it, under which key, and its decoded body.
+/// An admitted request: who sent it, what it may do, where its reads may run, under which key,
+/// and its decoded body.
 #[derive(Debug)]
 pub(crate) struct Admitted<B> {
     /// The request's credential.
     pub(crate) credential: Credential,
+    /// What the credential may do: [`Access::ReadOnly`] for one that may only read.
+    pub(crate) access: Access,
+    /// Where the request's reads may run (its `Sqlhttp-Bookmark` and `Sqlhttp-Consistency`),
+    /// read with the head, before the body.
+    pub(crate) at: ReadAt,
     /// The Idempotency-Key and how long its outcome is kept, when the request carries one
     /// and the server honours keys.
     pub(crate) key: Option<(Duration, String)>,
@@ -66,11 +83,17 @@ async fn admit<B: Admissible>(request: Request, state: &AppState) -> Result<Admi
     let shared = &state.inner;
     let (parts, request_body) = request.into_parts();
     let credential = credentials::of(&parts.extensions, &parts.headers, state)?;
+    let access = if credential.may_write() {
+        Access::ReadWrite
+    } else {
+        Access::ReadOnly
+    };
     require_json(&parts.headers)?;
     let key = match shared.idempotency_ttl {
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
         None => None,
     };
+    let at = read_at(&parts.headers)?;
     let (bytes, held) = body::read_within(
         request_body,
         &parts.headers,
@@ -79,9 +102,11 @@ async fn admit<B: Admissible>(request: Request, state: &AppState) -> Result<Admi
         shared.body_timeout,
     )
     .await?;
-    let body = B::admit(&bytes, shared, &credential)?;
+    let body = B::admit(&bytes, shared, access)?;
     Ok(Admitted {
         credential,
+        access,
+        at,
         key,
         body,
         bytes,
@@ -94,7 +119,7 @@ impl Admissible for SqlRequest {
         shared.max_body_bytes
     }
 
-    fn admit(bytes: &[u8], shared: &Shared, _: &Credential) -> Result<Self, ApiError> {
+    fn admit(bytes: &[u8], shared: &Shared, _: Access) -> Result<Self, ApiError> {
         let request = SqlRequest::parse(bytes)?;
         has_text(&request.sql)?;
         check_text(&request.sql, &shared.limits)?;
@@ -107,9 +132,9 @@ impl Admissible for BatchRequest {
         shared.max_batch_bytes
     }
 
-    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError> {
+    fn admit(bytes: &[u8], shared: &Shared, access: Access) -> Result<Self, ApiError> {
         let mut batch = BatchRequest::parse(bytes, shared.limits.max_batch_statements)?;
-        if !credential.may_write() {
+        if access == Access::ReadOnly {
             // A read credential's batch runs as a read-only one: its reads see one snapshot,
             // and a statement that may write is refused with `403 READ_ONLY` and its index.
             batch.read_only = true;
@@ -121,6 +146,37 @@ impl Admissible for BatchRequest {
         }
         Ok(batch)
     }
+}
+
+impl<B> Admitted<B> {
+    /// Whether the request runs as a read: its credential may only read, or it `asked` to.
+    pub(crate) fn reads_only(&self, asked: bool) -> bool {
+        self.access == Access::ReadOnly || asked
+    }
+}
+
+/// A keyed request's identity under its Idempotency-Key, the one way every route names one:
+/// its `body`, after the `route`'s path for every route but `/api/v1/sql` (whose identity has
+/// been its body's alone since keys began, and stays so for the outcomes already stored), so
+/// the same bytes sent to two routes under one key are two requests (`422`), never a replay of
+/// each other.
+pub(crate) fn identity(route: &str, body: &[u8]) -> [u8; 32] {
+    let mut hash = Sha256::new();
+    if route != SQL_PATH {
+        hash.update(route);
+        hash.update(b"\n");
+    }
+    hash.update(body);
+    hash.finalize().into()
+}
+
+/// The one answer to a request that asks to write (`what`, as the client would name it), sent
+/// with a credential that may only read: `403 READ_ONLY`, nothing run.
+pub(crate) fn refuse_write(what: &str) -> ApiError {
+    ApiError::new(
+        ErrorCode::ReadOnly,
+        format!("this credential may only read: {what}; nothing was written"),
+    )
 }
 
 /// `400 SQL_ERROR` for statement text that is empty or only whitespace, refused before anything

@@ -6,16 +6,13 @@
 //! a batch's transaction is run.
 
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
-use sha2::{Digest, Sha256};
+use axum::response::Response;
 
 use crate::budget::Held;
 use crate::engine::{Engine as _, Keyed, Outcome};
 use crate::http::admit::{self, Admitted};
-use crate::http::{outcome_response, read_at};
+use crate::http::outcome_response;
 use crate::protocol::batch::BatchRequest;
-use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
 
@@ -24,27 +21,20 @@ pub(crate) const BATCH_PATH: &str = sqlhttp_protocol::path::BATCH;
 
 pub(crate) async fn batch(
     State(state): State<AppState>,
-    headers: HeaderMap,
     admitted: Admitted<BatchRequest>,
-) -> Response {
-    let at = match read_at(&headers) {
-        Ok(at) => at,
-        Err(err) => return err.into_response(),
-    };
-    match run_batch(&state, admitted, at).await {
-        Ok((outcome, held)) => outcome_response(outcome, held),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let (outcome, held) = run_batch(&state, admitted).await?;
+    Ok(outcome_response(outcome, held))
 }
 
 async fn run_batch(
     state: &AppState,
     admitted: Admitted<BatchRequest>,
-    at: ReadAt,
 ) -> Result<(Outcome, Held), ApiError> {
     let shared = &state.inner;
     // `_held`: the body's share of the server's budget, until the request is answered.
     let Admitted {
+        at,
         key,
         body: batch,
         bytes,
@@ -68,19 +58,8 @@ async fn run_batch(
     let keyed = Keyed {
         ttl,
         key,
-        request_hash: batch_hash(&bytes),
+        request_hash: admit::identity(BATCH_PATH, &bytes),
         claim: Box::new(claim),
     };
     shared.engine.batch_keyed(keyed, batch).await
-}
-
-/// A batch's identity under its key: the path and the body, so the same bytes sent to
-/// `/api/v1/sql` under the same key are a different request (`422`), not a replay.
-fn batch_hash(body: &[u8]) -> [u8; 32] {
-    Sha256::new()
-        .chain_update(BATCH_PATH)
-        .chain_update(b"\n")
-        .chain_update(body)
-        .finalize()
-        .into()
 }

@@ -16,8 +16,7 @@
 //! API call.
 
 use axum::extract::State;
-use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use serde::Deserialize;
 
 use axum::http::StatusCode;
@@ -28,10 +27,9 @@ use sqlhttp_protocol::body::{
 use crate::engine::sandbox::check_text;
 use crate::engine::{Access, Engine as _};
 use crate::http::admit::{Admissible, Admitted, has_text};
-use crate::http::credentials::Credential;
 use crate::protocol::bookmark::ReadAt;
 use crate::protocol::error::{ApiError, json_response};
-use crate::protocol::request::{Param, SqlRequest};
+use crate::protocol::request::{Param, SqlRequest, object};
 use crate::state::{AppState, Shared};
 
 /// The path of the describe call.
@@ -53,18 +51,16 @@ impl Admissible for Describe {
     }
 
     /// Any credential may describe: it is a read.
-    fn admit(bytes: &[u8], _: &Shared, _: &Credential) -> Result<Self, ApiError> {
+    fn admit(bytes: &[u8], _: &Shared, _: Access) -> Result<Self, ApiError> {
         let asked: Describe = serde_json::from_slice(bytes).map_err(|err| {
             ApiError::bad_request(format!(
                 "a describe body is {{}} or {{\"table\": \"NAME\"}}: {err}"
             ))
         })?;
-        // serde also reads a struct from an array (`["books"]`); the body is an object.
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::bad_request(
-                "a describe body is {} or {\"table\": \"NAME\"}, a JSON object",
-            ));
-        }
+        object(
+            bytes,
+            "a describe body is {} or {\"table\": \"NAME\"}, a JSON object",
+        )?;
         Ok(asked)
     }
 }
@@ -85,12 +81,11 @@ impl Admissible for DescribeStatement {
     }
 
     /// Any credential may describe; one that may only read, only statements that cannot write.
-    fn admit(bytes: &[u8], shared: &Shared, credential: &Credential) -> Result<Self, ApiError> {
-        if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::bad_request(
-                "a statement describe body is {\"sql\": \"...\"}, a JSON object",
-            ));
-        }
+    fn admit(bytes: &[u8], shared: &Shared, access: Access) -> Result<Self, ApiError> {
+        object(
+            bytes,
+            "a statement describe body is {\"sql\": \"...\"}, a JSON object",
+        )?;
         let asked: DescribeStatementRequest = serde_json::from_slice(bytes).map_err(|err| {
             ApiError::bad_request(format!(
                 "a statement describe body is {{\"sql\": \"...\"}}: {err}"
@@ -100,11 +95,7 @@ impl Admissible for DescribeStatement {
         check_text(&asked.sql, &shared.limits)?;
         Ok(DescribeStatement {
             sql: asked.sql,
-            access: if credential.may_write() {
-                Access::ReadWrite
-            } else {
-                Access::ReadOnly
-            },
+            access,
         })
     }
 }
@@ -113,12 +104,9 @@ impl Admissible for DescribeStatement {
 pub(crate) async fn describe_statement(
     State(state): State<AppState>,
     admitted: Admitted<DescribeStatement>,
-) -> Response {
+) -> Result<Response, ApiError> {
     let DescribeStatement { sql, access } = admitted.body;
-    let described = match state.inner.engine.describe_statement(sql, access).await {
-        Ok(described) => described,
-        Err(err) => return err.into_response(),
-    };
+    let described = state.inner.engine.describe_statement(sql, access).await?;
     let body = StatementDescription {
         params: described
             .params
@@ -136,28 +124,18 @@ pub(crate) async fn describe_statement(
             .collect(),
         may_write: described.may_write,
     };
-    match serde_json::to_vec(&body) {
-        Ok(bytes) => json_response(StatusCode::OK, bytes),
-        Err(_) => ApiError::internal().into_response(),
-    }
+    let bytes = serde_json::to_vec(&body).map_err(|_| ApiError::internal())?;
+    Ok(json_response(StatusCode::OK, bytes))
 }
 
 /// Answers a describe call.
 pub(crate) async fn describe(
     State(state): State<AppState>,
-    headers: HeaderMap,
     admitted: Admitted<Describe>,
-) -> Response {
+) -> Result<Response, ApiError> {
     // A describe is a read like any other: a bookmark keeps it as fresh as the client's last
     // write (a table it just created), wherever it is served.
-    let at = match super::read_at(&headers) {
-        Ok(at) => at,
-        Err(err) => return err.into_response(),
-    };
-    match run(&state, admitted.body, at).await {
-        Ok(response) => response,
-        Err(err) => err.into_response(),
-    }
+    run(&state, admitted.body, admitted.at).await
 }
 
 /// A key, if any, has nothing to apply once: a describe only reads.

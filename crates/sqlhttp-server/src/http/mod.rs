@@ -32,7 +32,6 @@ use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use sha2::{Digest, Sha256};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::budget::Held;
@@ -182,17 +181,10 @@ async fn probe_method_not_allowed() -> ApiError {
 
 async fn sql(
     State(state): State<AppState>,
-    headers: HeaderMap,
     admitted: Admitted<SqlRequest>,
-) -> Response {
-    let at = match read_at(&headers) {
-        Ok(at) => at,
-        Err(err) => return err.into_response(),
-    };
-    match run_sql(&state, admitted, at).await {
-        Ok((reply, held)) => reply_response(reply, held),
-        Err(err) => err.into_response(),
-    }
+) -> Result<Response, ApiError> {
+    let (reply, held) = run_sql(&state, admitted).await?;
+    Ok(reply_response(reply, held))
 }
 
 /// The response for an engine's reply: a whole outcome with its share of the budget, or a
@@ -245,20 +237,21 @@ pub(crate) fn add_position(headers: &mut HeaderMap, position: Option<Position>) 
 async fn run_sql(
     state: &AppState,
     admitted: Admitted<SqlRequest>,
-    at: ReadAt,
 ) -> Result<(Reply, Held), ApiError> {
     let shared = &state.inner;
+    let reads_only = admitted.reads_only(admitted.body.read_only);
     // `_held`: the body's share of the server's budget, until the request is answered.
     let Admitted {
-        credential,
+        at,
         key,
         body: request,
         bytes,
         held: _held,
+        ..
     } = admitted;
     tracing::debug!(sql = %request.sql, "statement");
 
-    if !credential.may_write() || request.read_only {
+    if reads_only {
         // A statement that cannot write has nothing to apply once: the key is not used, and the
         // writer is never asked.
         let asked = request.read_only;
@@ -289,7 +282,7 @@ async fn run_sql(
     let keyed = Keyed {
         ttl,
         key,
-        request_hash: Sha256::digest(&bytes).into(),
+        request_hash: admit::identity(SQL_PATH, &bytes),
         claim: Box::new(claim),
     };
     shared

@@ -46,10 +46,7 @@ impl BatchRequest {
             }
             ApiError::bad_request(format!("{SHAPE}: {e}"))
         })?;
-        // serde also reads a struct from a JSON array; the protocol's body is an object only.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::bad_request(SHAPE));
-        }
+        crate::protocol::request::object(body, SHAPE)?;
         let raw = wire.statements;
         if raw.is_empty() {
             return Err(ApiError::bad_request(

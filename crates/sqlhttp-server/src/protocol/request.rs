@@ -43,13 +43,10 @@ impl SqlRequest {
                 "the body must be a JSON object {{\"sql\": string, \"params\": array}}: {e}"
             ))
         })?;
-        // serde also reads a struct from a JSON array (`["SELECT 1", []]`); the protocol's body
-        // is an object only.
-        if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
-            return Err(ApiError::bad_request(
-                "the body must be a JSON object {\"sql\": string, \"params\": array}",
-            ));
-        }
+        object(
+            body,
+            "the body must be a JSON object {\"sql\": string, \"params\": array}",
+        )?;
         let serde_json::Value::String(sql) = wire.sql else {
             return Err(ApiError::bad_request("`sql` must be a string"));
         };
@@ -66,6 +63,16 @@ impl SqlRequest {
             read_only: wire.read_only,
         })
     }
+}
+
+/// `400 BAD_REQUEST` saying `shape` unless `body` is a JSON object: serde also reads a struct
+/// from a JSON array (`["SELECT 1", []]`), and every body of the protocol is an object. The one
+/// check of it, for every route's body.
+pub(crate) fn object(body: &[u8], shape: &str) -> Result<(), ApiError> {
+    if body.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request(shape.to_owned()));
+    }
+    Ok(())
 }
 
 fn parse_param(index: usize, raw: &RawValue) -> Result<Param, ApiError> {
