@@ -1,0 +1,14 @@
+//! The HTTP surface around the statements: routing, methods and bodies (`api`), conformance to
+//! docs/protocol.md, the OpenAPI document and its validator, real TCP servers, misbehaving
+//! connections, and TLS to clients with HTTP/2's bounds (`tls`, whose helpers `https_h2`,
+//! `h2_permits` and `postgres::tls` use).
+
+mod api;
+mod conformance;
+mod connections;
+mod h2_permits;
+pub(crate) mod https_h2;
+mod openapi;
+pub(crate) mod openapi_schema;
+mod tcp;
+pub(crate) mod tls;
