@@ -1,0 +1,325 @@
+//! One logged-in PostgreSQL session over a stream the caller opened (TCP, a Unix socket, or TLS
+//! already negotiated): the startup message, authentication (trust, cleartext, MD5,
+//! SCRAM-SHA-256), the backend's key for cancel requests, and the one reader of the backend's
+//! messages, which checks each message's declared length against [`Limits`] as its header
+//! arrives, before any of its body is read.
+//!
+//! Knows the protocol's framing and login; what a flight of statements is lives in `flight`.
+
+use bytes::{Buf, BytesMut};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::authentication::md5_hash;
+use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
+use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::error::{DbError, Error};
+
+/// The most one backend message may declare, checked against its header before its body is
+/// read (a `DataRow` is one message: this bounds a row).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Bytes, the message's type byte and length included.
+    pub max_message: usize,
+}
+
+impl Default for Limits {
+    /// 64 MiB: a row of that size is far past what a client of the server may read.
+    fn default() -> Self {
+        Limits {
+            max_message: 64 << 20,
+        }
+    }
+}
+
+/// What the connection logs in as.
+#[derive(Debug, Clone, Default)]
+pub struct Startup<'a> {
+    /// The role.
+    pub user: &'a str,
+    /// The database; PostgreSQL takes the role's name when `None`.
+    pub database: Option<&'a str>,
+    /// The password, asked for only by the server's `pg_hba.conf`.
+    pub password: Option<&'a [u8]>,
+    /// Shown in `pg_stat_activity`.
+    pub application_name: Option<&'a str>,
+}
+
+/// The backend's process id and secret, which a cancel request names (see [`crate::cancel`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BackendKey {
+    /// The backend's process id.
+    pub process_id: i32,
+    /// The secret a cancel request must carry.
+    pub secret_key: i32,
+}
+
+/// The transaction state a `ReadyForQuery` reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TransactionStatus {
+    /// `I`: no transaction open.
+    Idle,
+    /// `T`: in a transaction block.
+    InTransaction,
+    /// `E`: in a failed transaction block; only its end is accepted.
+    Failed,
+}
+
+impl TransactionStatus {
+    pub(crate) fn from_byte(byte: u8) -> Result<TransactionStatus, Error> {
+        match byte {
+            b'I' => Ok(TransactionStatus::Idle),
+            b'T' => Ok(TransactionStatus::InTransaction),
+            b'E' => Ok(TransactionStatus::Failed),
+            other => Err(Error::Protocol(format!(
+                "ReadyForQuery with status {:?}",
+                char::from(other)
+            ))),
+        }
+    }
+}
+
+/// A logged-in session. Its requests are flights (`Connection::flight`); between flights it is
+/// either clean ([`Connection::is_clean`]) or in doubt, and a connection in doubt is dropped.
+#[derive(Debug)]
+pub struct Connection<S> {
+    stream: S,
+    pub(crate) read: BytesMut,
+    pub(crate) write: BytesMut,
+    limits: Limits,
+    key: BackendKey,
+    parameters: Vec<(String, String)>,
+    pub(crate) status: TransactionStatus,
+    pub(crate) in_doubt: bool,
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
+    /// Logs in over `stream` and waits for the first `ReadyForQuery`.
+    pub async fn startup(
+        stream: S,
+        startup: &Startup<'_>,
+        limits: Limits,
+    ) -> Result<Connection<S>, Error> {
+        let mut connection = Connection {
+            stream,
+            read: BytesMut::with_capacity(8 * 1024),
+            write: BytesMut::with_capacity(8 * 1024),
+            limits,
+            key: BackendKey::default(),
+            parameters: Vec::new(),
+            status: TransactionStatus::Idle,
+            in_doubt: true,
+        };
+        let mut parameters = vec![("user", startup.user), ("client_encoding", "UTF8")];
+        if let Some(database) = startup.database {
+            parameters.push(("database", database));
+        }
+        if let Some(name) = startup.application_name {
+            parameters.push(("application_name", name));
+        }
+        frontend::startup_message(parameters, &mut connection.write)?;
+        connection.send().await?;
+        connection.authenticate(startup).await?;
+        loop {
+            match connection.message().await? {
+                Message::BackendKeyData(body) => {
+                    connection.key = BackendKey {
+                        process_id: body.process_id(),
+                        secret_key: body.secret_key(),
+                    };
+                }
+                Message::ParameterStatus(body) => {
+                    let name = body.name()?.to_owned();
+                    let value = body.value()?.to_owned();
+                    connection.parameters.retain(|(known, _)| *known != name);
+                    connection.parameters.push((name, value));
+                }
+                Message::NoticeResponse(_) => {}
+                Message::ErrorResponse(body) => {
+                    return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                }
+                Message::ReadyForQuery(body) => {
+                    connection.status = TransactionStatus::from_byte(body.status())?;
+                    connection.in_doubt = false;
+                    return Ok(connection);
+                }
+                _ => return Err(unexpected("after authentication")),
+            }
+        }
+    }
+
+    /// Answers the server's authentication requests until `AuthenticationOk`.
+    async fn authenticate(&mut self, startup: &Startup<'_>) -> Result<(), Error> {
+        let password = || {
+            startup.password.ok_or_else(|| {
+                Error::Authentication("the server asks for a password and none was given".into())
+            })
+        };
+        loop {
+            match self.message().await? {
+                Message::AuthenticationOk => return Ok(()),
+                Message::AuthenticationCleartextPassword => {
+                    frontend::password_message(password()?, &mut self.write)?;
+                    self.send().await?;
+                }
+                Message::AuthenticationMd5Password(body) => {
+                    let hash = md5_hash(startup.user.as_bytes(), password()?, body.salt());
+                    frontend::password_message(hash.as_bytes(), &mut self.write)?;
+                    self.send().await?;
+                }
+                Message::AuthenticationSasl(body) => {
+                    let mut mechanisms = body.mechanisms();
+                    let mut scram_offered = false;
+                    while let Some(mechanism) = mechanisms.next()? {
+                        scram_offered |= mechanism == SCRAM_SHA_256;
+                    }
+                    if !scram_offered {
+                        return Err(Error::Authentication(
+                            "the server offers no SASL mechanism this connection speaks (SCRAM-SHA-256)".into(),
+                        ));
+                    }
+                    self.scram(password()?).await?;
+                }
+                Message::ErrorResponse(body) => {
+                    return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                }
+                Message::NoticeResponse(_) => {}
+                _ => {
+                    return Err(Error::Authentication(
+                        "the server asks for a method this connection does not speak \
+                         (GSSAPI, SSPI or Kerberos)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// SCRAM-SHA-256 without channel binding (the stream may be TLS the caller negotiated; the
+    /// server's certificate was checked there).
+    async fn scram(&mut self, password: &[u8]) -> Result<(), Error> {
+        let mut scram = ScramSha256::new(password, ChannelBinding::unsupported());
+        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)?;
+        self.send().await?;
+        match self.message().await? {
+            Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
+            Message::ErrorResponse(body) => {
+                return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+            }
+            _ => return Err(unexpected("in SCRAM's first exchange")),
+        }
+        frontend::sasl_response(scram.message(), &mut self.write)?;
+        self.send().await?;
+        match self.message().await? {
+            Message::AuthenticationSaslFinal(body) => scram.finish(body.data())?,
+            Message::ErrorResponse(body) => {
+                return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+            }
+            _ => return Err(unexpected("in SCRAM's final exchange")),
+        }
+        Ok(())
+    }
+
+    /// The key a cancel request for this session names.
+    pub fn backend_key(&self) -> BackendKey {
+        self.key
+    }
+
+    /// A run-time parameter the server reported (`server_version`, `TimeZone`, ...).
+    pub fn parameter(&self, name: &str) -> Option<&str> {
+        self.parameters
+            .iter()
+            .find(|(known, _)| known == name)
+            .map(|(_, value)| value.as_str())
+    }
+
+    /// The transaction state the last `ReadyForQuery` reported.
+    pub fn transaction_status(&self) -> TransactionStatus {
+        self.status
+    }
+
+    /// Whether the session may serve another request as it is: every flight's answers were read
+    /// to their last `ReadyForQuery`, nothing failed on the socket, and no transaction is open.
+    pub fn is_clean(&self) -> bool {
+        !self.in_doubt && self.status == TransactionStatus::Idle
+    }
+
+    /// Whether the session is in doubt: a flight's answers were left unread, or the socket or
+    /// the protocol failed. Such a session can only be dropped.
+    pub fn is_in_doubt(&self) -> bool {
+        self.in_doubt
+    }
+
+    /// Writes and flushes what was encoded into the write buffer.
+    pub(crate) async fn send(&mut self) -> Result<(), Error> {
+        let sent = async {
+            self.stream.write_all(&self.write).await?;
+            self.stream.flush().await
+        }
+        .await;
+        self.write.clear();
+        sent.map_err(|e| {
+            self.in_doubt = true;
+            Error::Io(e)
+        })
+    }
+
+    /// The next backend message, its declared length checked against [`Limits`] before its body
+    /// is read. Any failure here leaves the connection in doubt.
+    pub(crate) async fn message(&mut self) -> Result<Message, Error> {
+        match self.read_message().await {
+            Ok(message) => Ok(message),
+            Err(e) => {
+                self.in_doubt = true;
+                Err(e)
+            }
+        }
+    }
+
+    async fn read_message(&mut self) -> Result<Message, Error> {
+        loop {
+            if self.read.len() >= 5 {
+                let tag = self.read[0];
+                let length = (&self.read[1..5]).get_u32() as usize;
+                if length < 4 {
+                    return Err(Error::Protocol(format!(
+                        "a message declared {length} bytes"
+                    )));
+                }
+                let declared = length + 1;
+                if declared > self.limits.max_message {
+                    return Err(Error::TooLarge {
+                        tag,
+                        declared,
+                        limit: self.limits.max_message,
+                    });
+                }
+                if self.read.len() >= declared {
+                    return match Message::parse(&mut self.read)? {
+                        Some(message) => Ok(message),
+                        None => Err(Error::Protocol("a whole message did not parse".into())),
+                    };
+                }
+                self.read.reserve(declared - self.read.len());
+            } else {
+                self.read.reserve(8 * 1024);
+            }
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+    }
+
+    /// Ends the session politely (`Terminate`) and closes the stream.
+    pub async fn close(mut self) -> Result<(), Error> {
+        frontend::terminate(&mut self.write);
+        self.send().await?;
+        self.stream.shutdown().await?;
+        Ok(())
+    }
+}
+
+fn unexpected(when: &str) -> Error {
+    Error::Protocol(format!("an unexpected message {when}"))
+}

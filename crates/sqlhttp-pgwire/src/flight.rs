@@ -1,0 +1,339 @@
+//! A flight: every message of one step of a request written together and sent in one write,
+//! ended by as few `Sync`s as the step needs, then its answers read in order until each `Sync`'s
+//! `ReadyForQuery` has arrived (ADR 0059).
+//!
+//! PostgreSQL runs a flight's messages in order and, after an error, skips everything up to the
+//! next `Sync`: [`Answers`] hands the error over as [`Answer::Error`] and goes on reading to that
+//! `ReadyForQuery`, whose [`TransactionStatus`] says what the error left (a failed transaction
+//! block, or none). A flight whose answers are dropped before their last `ReadyForQuery` leaves
+//! its connection in doubt.
+//!
+//! Knows the extended protocol's messages; nothing about what the statements mean.
+
+use bytes::{BufMut, Bytes};
+use fallible_iterator::FallibleIterator;
+use postgres_protocol::IsNull;
+use postgres_protocol::message::backend::{DataRowBody, Message, RowDescriptionBody};
+use postgres_protocol::message::frontend;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::connection::{Connection, TransactionStatus};
+use crate::error::{DbError, Error};
+
+/// A parameter's or a result column's wire format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// PostgreSQL's text representation.
+    Text,
+    /// The type's binary representation.
+    Binary,
+}
+
+impl Format {
+    fn code(self) -> i16 {
+        match self {
+            Format::Text => 0,
+            Format::Binary => 1,
+        }
+    }
+}
+
+/// One bound parameter: its format and its bytes (`None` for SQL `NULL`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Param<'a> {
+    /// How `value` is encoded.
+    pub format: Format,
+    /// The encoded value, `None` for `NULL`.
+    pub value: Option<&'a [u8]>,
+}
+
+impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
+    /// Starts a flight on a clean connection; a connection in doubt refuses one.
+    pub fn flight(&mut self) -> Result<Flight<'_, C>, Error> {
+        if self.in_doubt {
+            return Err(Error::Protocol("the connection is in doubt".into()));
+        }
+        self.write.clear();
+        Ok(Flight {
+            connection: self,
+            syncs: 0,
+        })
+    }
+}
+
+/// The messages of one flight, encoded as they are added; [`Flight::send`] writes them at once.
+#[derive(Debug)]
+pub struct Flight<'c, C> {
+    connection: &'c mut Connection<C>,
+    syncs: usize,
+}
+
+impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
+    /// `Parse`: prepares `sql` as the statement `name` (`""`: the unnamed one), with the given
+    /// parameter type OIDs (0, or fewer than the statement has: PostgreSQL infers them).
+    pub fn parse(&mut self, name: &str, sql: &str, types: &[u32]) -> Result<&mut Self, Error> {
+        frontend::parse(name, sql, types.iter().copied(), &mut self.connection.write)?;
+        Ok(self)
+    }
+
+    /// `Describe` of a prepared statement: answered by its parameters' types
+    /// ([`Answer::ParameterDescription`]) and its result's columns ([`Answer::RowDescription`],
+    /// or [`Answer::NoData`]).
+    pub fn describe_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
+        frontend::describe(b'S', name, &mut self.connection.write)?;
+        Ok(self)
+    }
+
+    /// `Bind`: the portal `portal` (`""`: the unnamed one) of `statement` with `params`, its
+    /// result columns all in `results`' format.
+    pub fn bind(
+        &mut self,
+        portal: &str,
+        statement: &str,
+        params: &[Param<'_>],
+        results: Format,
+    ) -> Result<&mut Self, Error> {
+        let bound = frontend::bind(
+            portal,
+            statement,
+            params.iter().map(|p| p.format.code()),
+            params.iter(),
+            |param, buf| match param.value {
+                Some(bytes) => {
+                    buf.put_slice(bytes);
+                    Ok(IsNull::No)
+                }
+                None => Ok(IsNull::Yes),
+            },
+            Some(results.code()),
+            &mut self.connection.write,
+        );
+        match bound {
+            Ok(()) => Ok(self),
+            Err(frontend::BindError::Conversion(e)) => Err(Error::Protocol(e.to_string())),
+            Err(frontend::BindError::Serialization(e)) => Err(Error::Io(e)),
+        }
+    }
+
+    /// `Execute` of `portal`, all its rows (`max_rows` 0) or at most `max_rows` of them
+    /// (then [`Answer::PortalSuspended`] when more remain).
+    pub fn execute(&mut self, portal: &str, max_rows: i32) -> Result<&mut Self, Error> {
+        frontend::execute(portal, max_rows, &mut self.connection.write)?;
+        Ok(self)
+    }
+
+    /// Parse, Bind and Execute of `sql` as the unnamed statement, without parameters, its
+    /// result in text: for the server's own fixed statements (`BEGIN`, `ROLLBACK`, ...).
+    pub fn statement(&mut self, sql: &str) -> Result<&mut Self, Error> {
+        self.parse("", sql, &[])?
+            .bind("", "", &[], Format::Text)?
+            .execute("", 0)
+    }
+
+    /// `Close` of a prepared statement.
+    pub fn close_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
+        frontend::close(b'S', name, &mut self.connection.write)?;
+        Ok(self)
+    }
+
+    /// `Sync`: ends the messages before it (and the implicit transaction, when no `BEGIN` ran);
+    /// answered by a `ReadyForQuery`, after everything before it, or after the error that
+    /// skipped them.
+    pub fn sync(&mut self) -> &mut Self {
+        frontend::sync(&mut self.connection.write);
+        self.syncs += 1;
+        self
+    }
+
+    /// Writes the flight in one write and returns its answers, in order. A flight without a
+    /// `Sync` is refused: its answers would never end.
+    pub async fn send(self) -> Result<Answers<'c, C>, Error> {
+        if self.syncs == 0 {
+            self.connection.write.clear();
+            return Err(Error::Protocol("a flight must end with a Sync".into()));
+        }
+        // In doubt until the last ReadyForQuery is read (see `Answers::next`).
+        self.connection.in_doubt = true;
+        self.connection.send().await?;
+        Ok(Answers {
+            connection: self.connection,
+            pending: self.syncs,
+        })
+    }
+}
+
+/// One answer of a flight, in the order of the messages that asked for it.
+#[derive(Debug)]
+pub enum Answer {
+    /// A `Parse` succeeded.
+    ParseComplete,
+    /// A `Bind` succeeded.
+    BindComplete,
+    /// A `Close` succeeded.
+    CloseComplete,
+    /// A described statement's parameter type OIDs.
+    ParameterDescription(Vec<u32>),
+    /// A described statement's or portal's result columns.
+    RowDescription(Columns),
+    /// A described statement returns no rows.
+    NoData,
+    /// One row: its cells as they came, read with [`Row::cells`].
+    Row(Row),
+    /// A statement completed; its command tag (`SELECT 1`, `INSERT 0 3`, ...).
+    CommandComplete(String),
+    /// An empty statement's answer.
+    EmptyQuery,
+    /// An `Execute` with a row limit stopped before the end.
+    PortalSuspended,
+    /// PostgreSQL refused a message; it skipped the rest up to the next `Sync`.
+    Error(DbError),
+    /// A `Sync`'s answer, with the transaction state it leaves.
+    ReadyForQuery(TransactionStatus),
+}
+
+/// A `RowDescription`'s columns, read with [`Columns::to_vec`].
+pub struct Columns(RowDescriptionBody);
+
+impl std::fmt::Debug for Columns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Columns")
+            .field(&self.0.fields().count())
+            .finish()
+    }
+}
+
+/// One column of a result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Column {
+    /// Its name.
+    pub name: String,
+    /// Its type's OID.
+    pub type_oid: u32,
+    /// The OID of the table it comes straight from, 0 when none.
+    pub table_oid: u32,
+    /// Its number in that table, 0 when none.
+    pub column_id: i16,
+    /// Its type modifier (a `varchar(n)`'s `n` + 4, ...), -1 when none.
+    pub type_modifier: i32,
+    /// The format its cells come in.
+    pub format: Format,
+}
+
+impl Columns {
+    /// The columns, in order.
+    pub fn to_vec(&self) -> Result<Vec<Column>, Error> {
+        let mut columns = Vec::new();
+        let mut fields = self.0.fields();
+        while let Some(field) = fields.next()? {
+            columns.push(Column {
+                name: field.name().to_owned(),
+                type_oid: field.type_oid(),
+                table_oid: field.table_oid(),
+                column_id: field.column_id(),
+                type_modifier: field.type_modifier(),
+                format: if field.format() == 1 {
+                    Format::Binary
+                } else {
+                    Format::Text
+                },
+            });
+        }
+        Ok(columns)
+    }
+}
+
+/// One `DataRow`, its cells borrowed from the bytes as they were read.
+pub struct Row(DataRowBody);
+
+impl std::fmt::Debug for Row {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Row").field(&self.0.buffer().len()).finish()
+    }
+}
+
+impl Row {
+    /// The cells in order, each `None` for `NULL`.
+    pub fn cells(&self) -> Result<Vec<Option<&[u8]>>, Error> {
+        let buffer = self.0.buffer();
+        let mut cells = Vec::new();
+        let mut ranges = self.0.ranges();
+        while let Some(range) = ranges.next()? {
+            cells.push(range.map(|range| &buffer[range]));
+        }
+        Ok(cells)
+    }
+
+    /// The row's bytes as they came (counts and cells), shared, not copied.
+    pub fn bytes(&self) -> &Bytes {
+        self.0.buffer_bytes()
+    }
+}
+
+/// A sent flight's answers. Read them to the end ([`Answers::next`] returns `None` after the
+/// last `ReadyForQuery`); dropped before that, they leave the connection in doubt.
+#[derive(Debug)]
+pub struct Answers<'c, C> {
+    connection: &'c mut Connection<C>,
+    pending: usize,
+}
+
+impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
+    /// The next answer, `None` once every `Sync` was answered. Notices and parameter reports
+    /// are passed over. An `Err` is the connection's failure (it is in doubt).
+    pub async fn next(&mut self) -> Result<Option<Answer>, Error> {
+        if self.pending == 0 {
+            return Ok(None);
+        }
+        loop {
+            let answer = match self.connection.message().await? {
+                Message::ParseComplete => Answer::ParseComplete,
+                Message::BindComplete => Answer::BindComplete,
+                Message::CloseComplete => Answer::CloseComplete,
+                Message::ParameterDescription(body) => {
+                    Answer::ParameterDescription(body.parameters().collect()?)
+                }
+                Message::RowDescription(body) => Answer::RowDescription(Columns(body)),
+                Message::NoData => Answer::NoData,
+                Message::DataRow(body) => Answer::Row(Row(body)),
+                Message::CommandComplete(body) => Answer::CommandComplete(body.tag()?.to_owned()),
+                Message::EmptyQueryResponse => Answer::EmptyQuery,
+                Message::PortalSuspended => Answer::PortalSuspended,
+                Message::ErrorResponse(body) => Answer::Error(DbError::parse(&body)?),
+                Message::ReadyForQuery(body) => {
+                    let status = TransactionStatus::from_byte(body.status())?;
+                    self.connection.status = status;
+                    self.pending -= 1;
+                    if self.pending == 0 {
+                        self.connection.in_doubt = false;
+                    }
+                    Answer::ReadyForQuery(status)
+                }
+                Message::NoticeResponse(_)
+                | Message::ParameterStatus(_)
+                | Message::NotificationResponse(_) => continue,
+                _ => {
+                    self.connection.in_doubt = true;
+                    return Err(Error::Protocol(
+                        "an unexpected message in a flight's answers".into(),
+                    ));
+                }
+            };
+            return Ok(Some(answer));
+        }
+    }
+
+    /// Reads the rest of the answers, keeping only the first error, for a flight whose answers
+    /// don't matter past whether it succeeded (a rollback and reset).
+    pub async fn finish(mut self) -> Result<TransactionStatus, Error> {
+        let mut first_error = None;
+        while let Some(answer) = self.next().await? {
+            if let Answer::Error(e) = answer {
+                first_error.get_or_insert(e);
+            }
+        }
+        match first_error {
+            Some(e) => Err(Error::Db(Box::new(e))),
+            None => Ok(self.connection.status),
+        }
+    }
+}

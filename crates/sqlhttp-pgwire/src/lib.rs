@@ -1,0 +1,26 @@
+//! sqlhttpd's PostgreSQL connection for the request path (ADR 0059): a session over a stream
+//! the caller opened, which speaks the extended protocol in **flights** (every message of a
+//! step written at once, ended by one `Sync`), reads each backend message once with its length
+//! bounded before its body arrives, and hands rows over as the bytes they came in.
+//!
+//! Built on `postgres-protocol`, the message codec tokio-postgres is built on. It has no pool,
+//! no statement cache, no types and no tasks of its own: the engine decides what a flight holds
+//! and when a connection goes back to its pool ([`Connection::is_clean`]).
+//!
+//! - [`Connection`]: login (trust, cleartext, MD5, SCRAM-SHA-256) and the bounded reader;
+//! - [`Flight`] and [`Answers`]: one step's messages out, its answers in;
+//! - [`cancel`]: a cancel request for a session's running statement.
+//!
+//! Knows nothing about HTTP, requests or sqlhttpd's answers.
+
+#![forbid(unsafe_code)]
+
+mod cancel;
+mod connection;
+mod error;
+mod flight;
+
+pub use cancel::cancel;
+pub use connection::{BackendKey, Connection, Limits, Startup, TransactionStatus};
+pub use error::{DbError, Error};
+pub use flight::{Answer, Answers, Column, Columns, Flight, Format, Param, Row};
