@@ -13,6 +13,14 @@
 //! memory can be told apart. Rows are 8 columns wide, as in the decode bench.
 //!
 //! Run: `cargo bench -p integration-tests --bench side_by_side` (a couple of minutes on 2 cores).
+//!
+//! Instruction counts instead of times (load does not move them): with
+//! `SQLHTTP_SIDE_BY_SIDE_CALLGRIND=sqlhttp:N` (or `raw:N`) the binary makes N point queries with
+//! one client on a current-thread runtime inside `callgrind_sqlhttp_calls` (or
+//! `callgrind_raw_calls`), the server in its child process, so that
+//! `valgrind --tool=callgrind --trace-children=no --collect-atstart=no
+//! --toggle-collect='*callgrind_sqlhttp_calls*' target/release/deps/side_by_side-<hash>` counts
+//! the client's call path alone.
 
 use std::io::{BufRead as _, BufReader};
 use std::process::{Child, Command, Stdio};
@@ -25,6 +33,7 @@ use sqlhttp_server::{Config, Server};
 use sqlhttp_testkit::{ChaosProxy, Fault};
 
 const SERVE_ENV: &str = "SQLHTTP_SIDE_BY_SIDE_SERVE";
+const CALLGRIND_ENV: &str = "SQLHTTP_SIDE_BY_SIDE_CALLGRIND";
 const TABLE_ROWS: u64 = 1_000_000;
 
 /// The struct a `sqlhttp` user decodes into (by column name).
@@ -65,6 +74,10 @@ fn main() {
         serve();
         return;
     }
+    if let Some(spec) = std::env::var_os(CALLGRIND_ENV) {
+        callgrind(spec.to_str().expect("sqlhttp:N or raw:N"));
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -94,6 +107,89 @@ fn serve() {
         .await
         .unwrap();
         handle.shutdown().await;
+    });
+}
+
+/// The instruction-count driver: a small table, a warm-up, then N point queries from one client.
+fn callgrind(spec: &str) {
+    let (which, n) = spec.split_once(':').expect("sqlhttp:N or raw:N");
+    let n: u64 = n.parse().expect("a count of calls");
+    let server = ServerChild::start();
+    let url = server.url.clone();
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let sdk_client = sdk(&url, http());
+    let raw = http().build().unwrap();
+    runtime.block_on(async {
+        sdk_client
+            .execute(
+                "CREATE TABLE wide (id INTEGER PRIMARY KEY, name TEXT, email TEXT, score REAL, \
+                 active INTEGER, age INTEGER, created_at TEXT, note TEXT)",
+            )
+            .await
+            .unwrap();
+        sdk_client
+            .execute(
+                "INSERT INTO wide WITH RECURSIVE c(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM c \
+                 LIMIT 1000) SELECT i, 'user ' || i, 'user' || i || '@example.com', i / 7.0, \
+                 i % 3 = 0, CASE WHEN i % 5 = 0 THEN NULL ELSE 18 + i % 60 END, \
+                 '2026-11-29T12:00:00Z', CASE WHEN i % 2 = 0 THEN NULL ELSE 'a short note' END \
+                 FROM c",
+            )
+            .await
+            .unwrap();
+    });
+    let sql = format!("{WIDE} WHERE id = ?");
+    // Warm-up outside the counted function: connections open, lazy statics set.
+    callgrind_sqlhttp_warm(&runtime, &sdk_client, &sql, 20);
+    runtime.block_on(async {
+        for id in 0..20 {
+            raw_rows(&raw, &url, body(&sql, &serde_json::json!([id]))).await;
+        }
+    });
+    match which {
+        "sqlhttp" => callgrind_sqlhttp_calls(&runtime, &sdk_client, &sql, n),
+        "raw" => callgrind_raw_calls(&runtime, &raw, &url, &sql, n),
+        other => panic!("{other}: sqlhttp or raw"),
+    }
+    println!("{n} {which} point queries made");
+}
+
+fn callgrind_sqlhttp_warm(runtime: &tokio::runtime::Runtime, client: &Client, sql: &str, n: u64) {
+    sqlhttp_point_queries(runtime, client, sql, n);
+}
+
+#[inline(never)]
+fn callgrind_sqlhttp_calls(runtime: &tokio::runtime::Runtime, client: &Client, sql: &str, n: u64) {
+    sqlhttp_point_queries(runtime, client, sql, n);
+}
+
+fn sqlhttp_point_queries(runtime: &tokio::runtime::Runtime, client: &Client, sql: &str, n: u64) {
+    runtime.block_on(async {
+        for i in 0..n {
+            let id = i % 1000;
+            let row: Row = client.query(sql).bind(id).fetch_one().await.unwrap();
+            assert_eq!(row.id, id as i64);
+        }
+    });
+}
+
+#[inline(never)]
+fn callgrind_raw_calls(
+    runtime: &tokio::runtime::Runtime,
+    http: &reqwest::Client,
+    url: &str,
+    sql: &str,
+    n: u64,
+) {
+    runtime.block_on(async {
+        for i in 0..n {
+            let id = i % 1000;
+            let rows = raw_rows(http, url, body(sql, &serde_json::json!([id]))).await;
+            assert_eq!(rows.len(), 1);
+        }
     });
 }
 
