@@ -15,9 +15,9 @@ use crate::engine::{Backend, Engine as _};
 use crate::error::ServerError;
 use crate::http::auth::Tokens;
 use crate::http::metrics::Metrics;
-use crate::http::peers::Peers;
 use crate::http::rate_limit::RateLimiter;
 use crate::transactions::Transactions;
+use crate::transactions::peers::{self, Peers};
 
 /// Shared state of the HTTP app: build one with [`AppState::new`] and hand it to
 /// [`app`](crate::app). Cloning is cheap; clones share one database.
@@ -51,8 +51,9 @@ pub(crate) struct Shared {
     pub(crate) idempotency_ttl: Option<Duration>,
     /// The open interactive transactions and the finished ones' outcomes.
     pub(crate) transactions: Arc<Transactions>,
-    /// The other processes on the same database, for the transactions they hold.
-    pub(crate) peers: Peers,
+    /// The peers (other sqlhttpd processes on the same database), for the transactions they
+    /// hold.
+    pub(crate) peers: Arc<Peers>,
     in_flight: Mutex<HashSet<String>>,
 }
 
@@ -90,10 +91,11 @@ impl AppState {
             config.limits.max_result_bytes,
             budget.clone(),
         ));
-        let peers = Peers::new(
+        let peers = Arc::new(Peers::new(
             transactions.instance().to_owned(),
             config.advertise_url.clone(),
-        );
+            Arc::clone(&engine),
+        ));
         Ok(AppState {
             inner: Arc::new(Shared {
                 engine,
@@ -120,7 +122,7 @@ impl AppState {
         // No rollback below waits for a statement that runs on (ADR 0042).
         self.inner.engine.stop_transactions();
         self.inner.transactions.close().await;
-        crate::http::peers::leave(&self.inner).await;
+        peers::leave(&self.inner.peers).await;
         self.inner.engine.close().await;
     }
 }

@@ -259,7 +259,7 @@ pub(crate) async fn open(
     let shared = &state.inner;
     let key = admitted.key.map(|(_, key)| key);
     let OpenRequest(options) = admitted.body;
-    peers::advertise(&state.inner).await;
+    crate::transactions::peers::advertise(&shared.peers, &shared.transactions).await;
     respond(
         shared
             .transactions

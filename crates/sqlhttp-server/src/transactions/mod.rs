@@ -35,7 +35,9 @@
 //! one open transaction), `open` (opening),
 //! `running` (statements, commit, rollback, outcome), `ending` (how a transaction ended and how
 //! a later request for it is answered, commit records included), `owners` (the per-credential
-//! shares), `finished` (finished outcomes kept, a fair share per owner). Response bodies are `protocol::transaction`'s. Knows the engine contract and the
+//! shares), `finished` (finished outcomes kept, a fair share per owner), `peers` (the other sqlhttpd
+//! processes on the same database: where each is reached, whether it lives, the secret they
+//! share). Response bodies are `protocol::transaction`'s. Knows the engine contract and the
 //! protocol; nothing about HTTP or either engine's SQL.
 
 mod ending;
@@ -43,6 +45,7 @@ mod entry;
 mod finished;
 mod open;
 mod owners;
+pub(crate) mod peers;
 mod registry;
 mod running;
 
