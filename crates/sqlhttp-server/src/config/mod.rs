@@ -92,10 +92,10 @@ pub struct Config {
     pub http: HttpLimits,
     /// What interactive transactions may hold: how many, for how long.
     pub transactions: TransactionLimits,
-    /// Where the other replicas on the same database reach this one (`http://HOST:PORT`): a
-    /// request for an interactive transaction this server holds that reaches another replica
-    /// is forwarded here. `None` (the default): not forwarded (the other replica answers `410
-    /// TRANSACTION_EXPIRED`).
+    /// Where this server's peers (the other sqlhttpd processes on the same database) reach it
+    /// (`http://HOST:PORT`): a request for an interactive transaction this server holds that
+    /// reaches a peer is forwarded here. `None` (the default): not forwarded (the peer answers
+    /// `410 TRANSACTION_EXPIRED`).
     pub advertise_url: Option<String>,
     /// Streaming replicas of a PostgreSQL `database` that serve verified reads; none by
     /// default. Refused with a SQLite database.

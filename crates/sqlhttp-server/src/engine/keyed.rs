@@ -114,7 +114,7 @@ pub(crate) fn settle(result: Result<Vec<u8>, ApiError>) -> Result<Settled, ApiEr
     Ok(settled)
 }
 
-/// The answer for a key whose request still runs (here, or on another replica): retry later,
+/// The answer for a key whose request still runs (here, or on a peer: another sqlhttpd process on the database): retry later,
 /// and the first one's outcome replays.
 pub(crate) fn in_use() -> ApiError {
     ApiError::new(
@@ -124,7 +124,7 @@ pub(crate) fn in_use() -> ApiError {
 }
 
 /// The key of the secret the server processes sharing a database prove themselves to each
-/// other with (`http::peers`): each engine stores 256 random bits under it at start unless one
+/// other with (`transactions::peers`): each engine stores 256 random bits under it at start unless one
 /// is there, so the first process to start draws it and every other reads that one back. A
 /// space keeps it apart from every Idempotency-Key a client can send.
 pub(crate) const PEER_SECRET_KEY: &str = "sqlhttp peer secret";

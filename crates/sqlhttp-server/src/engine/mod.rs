@@ -128,7 +128,8 @@ pub(crate) trait Engine: Send + Sync + std::fmt::Debug {
     async fn recorded(&self, key: String) -> Result<Option<keyed::Stored>, ApiError>;
 
     /// Stores `body` under `key` (identified by `request_hash`) in the idempotency store, in a
-    /// transaction of its own: where this replica is reached, for the others to forward to.
+    /// transaction of its own: where this process is reached, for its peers (the other
+    /// sqlhttpd processes on the database) to forward to.
     async fn store_record(
         &self,
         key: String,
@@ -470,8 +471,9 @@ impl Buffering {
     }
 }
 
-/// The answer of an engine that is closing (or closed), the same from both engines: another
-/// replica, or this one once restarted, can take the request.
+/// The answer of an engine that is closing (or closed), the same from both engines: a peer
+/// (another sqlhttpd process on the database), or this one once restarted, can take the
+/// request.
 pub(crate) fn shutting_down() -> ApiError {
     ApiError::outage(SHUTTING_DOWN)
 }
@@ -479,4 +481,4 @@ pub(crate) fn shutting_down() -> ApiError {
 /// What [`shutting_down`] says, also the HTTP layer's answer for a request that arrives while
 /// the server drains.
 pub(crate) const SHUTTING_DOWN: &str =
-    "the server is shutting down; retry on another replica or later";
+    "the server is shutting down; retry on another server or later";

@@ -125,8 +125,8 @@ pub(crate) struct Cli {
     #[arg(long, env = "SQLHTTPD_NO_IDEMPOTENCY")]
     no_idempotency: bool,
 
-    /// Where the other replicas on the same database reach this one (http://HOST:PORT): they
-    /// forward requests for the interactive transactions it holds.
+    /// Where this process's peers (the other sqlhttpd processes on the same database) reach it
+    /// (http://HOST:PORT): they forward requests for the interactive transactions it holds.
     #[arg(long, env = "SQLHTTPD_ADVERTISE_URL", value_name = "URL", value_parser = parse_advertise_url)]
     advertise_url: Option<String>,
 

@@ -88,7 +88,7 @@ pub(crate) fn parse_advertise_url(input: &str) -> Result<String, String> {
             Ok(url.to_owned())
         }
         _ => Err(
-            "an http://HOST:PORT URL (replicas forward over plain HTTP, inside the network)"
+            "an http://HOST:PORT URL (peers forward over plain HTTP, inside the network)"
                 .to_owned(),
         ),
     }
