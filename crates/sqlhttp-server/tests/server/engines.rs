@@ -7,7 +7,8 @@
 //! The cluster is `SQLHTTPD_TEST_POSTGRES_URL` when set (CI starts one), else a throwaway one
 //! from `scripts/start-postgres` (never installing the package), stopped when the test process
 //! exits. On a machine with neither (no URL, no PostgreSQL binaries), the crate's build script
-//! sets `cfg(sqlhttpd_no_postgres)` and every test that needs PostgreSQL is reported as ignored,
+//! sets `cfg(sqlhttpd_no_postgres)` and every test that needs PostgreSQL (written inside
+//! [`needs_postgres!`], as `on_both_engines!`'s PostgreSQL half is) is reported as ignored,
 //! with the reason. If a cluster cannot be started all the same, the test says so on stderr and
 //! returns: set `SQLHTTPD_TEST_REQUIRE_POSTGRES=1` (as `.ci/run` does) to make that a failure.
 //!
@@ -121,6 +122,21 @@ macro_rules! engine_app {
 }
 pub(crate) use engine_app;
 
+/// Marks a test that needs PostgreSQL: wrapped in `needs_postgres! { ... }`, the test (with its
+/// docs and its own `#[tokio::test]`) is reported as ignored, with the reason, where the build
+/// script set `cfg(sqlhttpd_no_postgres)` (no `SQLHTTPD_TEST_POSTGRES_URL` and no PostgreSQL
+/// binaries on this machine). The reason is written here and nowhere else.
+macro_rules! needs_postgres {
+    ($test:item) => {
+        #[cfg_attr(
+            sqlhttpd_no_postgres,
+            ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
+        )]
+        $test
+    };
+}
+pub(crate) use needs_postgres;
+
 /// Runs each named case, an `async fn case(engine: Engine)` in the same module, once per
 /// engine: as the tests `case::sqlite` and `case::postgres`, the latter gated like every other
 /// PostgreSQL test (ignored with the reason when this machine has no PostgreSQL). A leading
@@ -134,13 +150,11 @@ macro_rules! on_both_engines {
                     super::$case($crate::engines::Engine::Sqlite).await;
                 }
 
-                #[cfg_attr(
-                    sqlhttpd_no_postgres,
-                    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-                )]
-                #[$test]
-                async fn postgres() {
-                    super::$case($crate::engines::Engine::Postgres).await;
+                $crate::engines::needs_postgres! {
+                    #[$test]
+                    async fn postgres() {
+                        super::$case($crate::engines::Engine::Postgres).await;
+                    }
                 }
             }
         )+

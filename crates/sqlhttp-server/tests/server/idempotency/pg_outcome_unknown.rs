@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{AppState, app};
 
 use crate::common::{Reply, ok, send};
-use crate::engines::{config, database_on, start_cluster};
+use crate::engines::{config, database_on, needs_postgres, start_cluster};
 
 /// `synchronous_standby_names` for the whole cluster at `cluster`, reloaded and in force for
 /// the database at `url` when this returns (`None` resets it).
@@ -73,97 +73,95 @@ fn unknown(reply: &Reply, what: &str) {
     );
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_commit_that_does_not_answer_is_an_unknown_outcome_not_unavailable() {
-    let Some(cluster) = start_cluster("trust") else {
-        assert!(
-            std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
-            "cannot start a cluster of its own, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+needs_postgres! {
+    #[tokio::test]
+    async fn a_commit_that_does_not_answer_is_an_unknown_outcome_not_unavailable() {
+        let Some(cluster) = start_cluster("trust") else {
+            assert!(
+                std::env::var_os("SQLHTTPD_TEST_REQUIRE_POSTGRES").is_none(),
+                "cannot start a cluster of its own, and SQLHTTPD_TEST_REQUIRE_POSTGRES is set"
+            );
+            return;
+        };
+        let url = database_on(&cluster).await;
+        // The test clusters commit asynchronously; this database waits for its standbys as a
+        // production one does (a database's setting wins over the server's command line).
+        let (_, name) = url.rsplit_once('/').unwrap();
+        let (admin, connection) = tokio_postgres::connect(&cluster, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let driver = tokio::spawn(connection);
+        admin
+            .batch_execute(&format!(
+                "ALTER DATABASE {name} SET synchronous_commit = on"
+            ))
+            .await
+            .unwrap();
+        drop(admin);
+        let _ = driver.await;
+        let mut config = config(&url);
+        config.limits.statement_timeout = Duration::from_millis(500);
+        let router = app(AppState::new(&config).unwrap());
+        ok(&router, "CREATE TABLE t (x INTEGER)", json!([])).await;
+        let tx = post(&router, "/api/v1/transaction/open", None, &json!({})).await;
+        let tx = tx.json()["transaction"].as_str().unwrap().to_owned();
+        let step = post(
+            &router,
+            "/api/v1/transaction/statement",
+            None,
+            &json!({"transaction": tx, "seq": 1, "sql": "INSERT INTO t VALUES (3)"}),
+        )
+        .await;
+        assert_eq!(step.status, 200);
+
+        // From here every COMMIT waits for a standby that does not exist.
+        standbys(&cluster, &url, Some("nobody")).await;
+        let insert = |x: i64| json!({"sql": "INSERT INTO t VALUES (?)", "params": [x]});
+        unknown(
+            &post(&router, "/api/v1/sql", None, &insert(1)).await,
+            "a plain write",
         );
-        return;
-    };
-    let url = database_on(&cluster).await;
-    // The test clusters commit asynchronously; this database waits for its standbys as a
-    // production one does (a database's setting wins over the server's command line).
-    let (_, name) = url.rsplit_once('/').unwrap();
-    let (admin, connection) = tokio_postgres::connect(&cluster, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    let driver = tokio::spawn(connection);
-    admin
-        .batch_execute(&format!(
-            "ALTER DATABASE {name} SET synchronous_commit = on"
-        ))
-        .await
-        .unwrap();
-    drop(admin);
-    let _ = driver.await;
-    let mut config = config(&url);
-    config.limits.statement_timeout = Duration::from_millis(500);
-    let router = app(AppState::new(&config).unwrap());
-    ok(&router, "CREATE TABLE t (x INTEGER)", json!([])).await;
-    let tx = post(&router, "/api/v1/transaction/open", None, &json!({})).await;
-    let tx = tx.json()["transaction"].as_str().unwrap().to_owned();
-    let step = post(
-        &router,
-        "/api/v1/transaction/statement",
-        None,
-        &json!({"transaction": tx, "seq": 1, "sql": "INSERT INTO t VALUES (3)"}),
-    )
-    .await;
-    assert_eq!(step.status, 200);
-
-    // From here every COMMIT waits for a standby that does not exist.
-    standbys(&cluster, &url, Some("nobody")).await;
-    let insert = |x: i64| json!({"sql": "INSERT INTO t VALUES (?)", "params": [x]});
-    unknown(
-        &post(&router, "/api/v1/sql", None, &insert(1)).await,
-        "a plain write",
-    );
-    unknown(
-        &post(&router, "/api/v1/sql", Some("keyed-1"), &insert(2)).await,
-        "a keyed write",
-    );
-    // An interactive COMMIT runs under the statement timeout PostgreSQL itself enforces: its
-    // cancel ends the wait for the standby, and PostgreSQL answers the COMMIT (committed
-    // locally, with a warning). Either answer is the truth; "busy, nothing ran" is not.
-    let commit = json!({ "transaction": tx });
-    let committing = post(&router, "/api/v1/transaction/commit", None, &commit).await;
-    if committing.status != 200 {
-        unknown(&committing, "an interactive COMMIT");
-    }
-    standbys(&cluster, &url, None).await;
-
-    // Each was durable on the primary: the unknown outcomes were commits.
-    let again = post(&router, "/api/v1/sql", Some("keyed-1"), &insert(2)).await;
-    assert_eq!(
-        (again.status, again.header("idempotent-replayed")),
-        (200, Some("true")),
-        "the keyed write's re-send replays it: {}",
-        String::from_utf8_lossy(&again.body)
-    );
-    let mut told = None;
-    for _ in 0..100 {
-        let reply = post(&router, "/api/v1/transaction/commit", None, &commit).await;
-        if reply.status != 503 || reply.code() != "OUTCOME_UNKNOWN" {
-            told = Some(reply);
-            break;
+        unknown(
+            &post(&router, "/api/v1/sql", Some("keyed-1"), &insert(2)).await,
+            "a keyed write",
+        );
+        // An interactive COMMIT runs under the statement timeout PostgreSQL itself enforces: its
+        // cancel ends the wait for the standby, and PostgreSQL answers the COMMIT (committed
+        // locally, with a warning). Either answer is the truth; "busy, nothing ran" is not.
+        let commit = json!({ "transaction": tx });
+        let committing = post(&router, "/api/v1/transaction/commit", None, &commit).await;
+        if committing.status != 200 {
+            unknown(&committing, "an interactive COMMIT");
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+        standbys(&cluster, &url, None).await;
+
+        // Each was durable on the primary: the unknown outcomes were commits.
+        let again = post(&router, "/api/v1/sql", Some("keyed-1"), &insert(2)).await;
+        assert_eq!(
+            (again.status, again.header("idempotent-replayed")),
+            (200, Some("true")),
+            "the keyed write's re-send replays it: {}",
+            String::from_utf8_lossy(&again.body)
+        );
+        let mut told = None;
+        for _ in 0..100 {
+            let reply = post(&router, "/api/v1/transaction/commit", None, &commit).await;
+            if reply.status != 503 || reply.code() != "OUTCOME_UNKNOWN" {
+                told = Some(reply);
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let told = told.expect("the COMMIT's outcome is known once the database answers again");
+        assert_eq!(
+            (told.status, told.json()),
+            (200, json!({ "outcome": "committed" })),
+            "{}",
+            String::from_utf8_lossy(&told.body)
+        );
+        assert_eq!(
+            ok(&router, "SELECT x FROM t ORDER BY x", json!([])).await["rows"],
+            json!([[1], [2], [3]])
+        );
     }
-    let told = told.expect("the COMMIT's outcome is known once the database answers again");
-    assert_eq!(
-        (told.status, told.json()),
-        (200, json!({ "outcome": "committed" })),
-        "{}",
-        String::from_utf8_lossy(&told.body)
-    );
-    assert_eq!(
-        ok(&router, "SELECT x FROM t ORDER BY x", json!([])).await["rows"],
-        json!([[1], [2], [3]])
-    );
 }

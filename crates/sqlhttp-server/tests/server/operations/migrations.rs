@@ -11,7 +11,7 @@ use sqlhttp::{Client, RetryPolicy};
 use sqlhttp_testkit::ServerProcess;
 
 use crate::common::sqlhttpd;
-use crate::engines::{client_role, database};
+use crate::engines::{client_role, database, needs_postgres};
 
 /// Migration 2 creates a table, then fills it for a few seconds, then creates another: the
 /// kill lands in its second statement.
@@ -109,21 +109,19 @@ async fn a_kill_mid_migration_leaves_nothing_of_it_on_sqlite() {
     killed_mid_migration_then_completed("sqlite", &["--database", &url], slow).await;
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "no PostgreSQL on this machine (scripts/start-postgres needs its server binaries)"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kill_mid_migration_leaves_nothing_of_it_on_postgres() {
-    let Some(url) = database("a_kill_mid_migration_leaves_nothing_of_it_on_postgres").await else {
-        return;
-    };
-    let role = client_role(&url);
-    let slow = "INSERT INTO filled SELECT 1 FROM pg_sleep(3)";
-    killed_mid_migration_then_completed(
-        "postgres",
-        &["--database", &url, "--client-role", &role],
-        slow,
-    )
-    .await;
+needs_postgres! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_kill_mid_migration_leaves_nothing_of_it_on_postgres() {
+        let Some(url) = database("a_kill_mid_migration_leaves_nothing_of_it_on_postgres").await else {
+            return;
+        };
+        let role = client_role(&url);
+        let slow = "INSERT INTO filled SELECT 1 FROM pg_sleep(3)";
+        killed_mid_migration_then_completed(
+            "postgres",
+            &["--database", &url, "--client-role", &role],
+            slow,
+        )
+        .await;
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::json;
 use sqlhttp_server::{AppState, Config, Limits, app};
 
 use crate::common::ok;
-use crate::engines::{database, database_on, password_cluster, with_role};
+use crate::engines::{database, database_on, needs_postgres, password_cluster, with_role};
 
 #[tokio::test]
 async fn a_bad_url_or_an_unreachable_database_fails_at_start() {
@@ -39,112 +39,108 @@ async fn as_owner(url: &str, sql: &str) {
     let _ = driver.await;
 }
 
-/// The login path as production runs it: on a cluster that asks every role but `postgres` for
-/// its SCRAM password, the server logs in as the client role it created, with the password
-/// kept in the database, again after a restart; a second database cannot share that role, and
-/// says so at start.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn passwords_are_checked_as_in_production() {
-    let Some(cluster) = password_cluster() else {
-        return;
-    };
-    let default_role = |url: &str| Config {
-        database: url.parse().unwrap(),
-        ..Config::default()
-    };
-    let first = database_on(&cluster).await;
-    let router = app(AppState::new(&default_role(&first)).unwrap());
-    let who = ok(&router, "SELECT session_user::text", json!([])).await;
-    assert_eq!(who["rows"], json!([["sqlhttp_client"]]));
+needs_postgres! {
+    /// The login path as production runs it: on a cluster that asks every role but `postgres` for
+    /// its SCRAM password, the server logs in as the client role it created, with the password
+    /// kept in the database, again after a restart; a second database cannot share that role, and
+    /// says so at start.
+    #[tokio::test]
+    async fn passwords_are_checked_as_in_production() {
+        let Some(cluster) = password_cluster() else {
+            return;
+        };
+        let default_role = |url: &str| Config {
+            database: url.parse().unwrap(),
+            ..Config::default()
+        };
+        let first = database_on(&cluster).await;
+        let router = app(AppState::new(&default_role(&first)).unwrap());
+        let who = ok(&router, "SELECT session_user::text", json!([])).await;
+        assert_eq!(who["rows"], json!([["sqlhttp_client"]]));
 
-    // The role's password is checked: without it, no login.
-    let (base, _) = first.rsplit_once('/').unwrap();
-    let as_client = base.replacen("postgres@", "sqlhttp_client@", 1) + "/postgres";
-    let refused = tokio_postgres::connect(&as_client, tokio_postgres::NoTls).await;
-    assert!(
-        refused.is_err(),
-        "the cluster asks the client role for a password"
-    );
+        // The role's password is checked: without it, no login.
+        let (base, _) = first.rsplit_once('/').unwrap();
+        let as_client = base.replacen("postgres@", "sqlhttp_client@", 1) + "/postgres";
+        let refused = tokio_postgres::connect(&as_client, tokio_postgres::NoTls).await;
+        assert!(
+            refused.is_err(),
+            "the cluster asks the client role for a password"
+        );
 
-    // A restart logs in again with the password kept in the database.
-    drop(router);
-    let restarted = app(AppState::new(&default_role(&first)).unwrap());
-    ok(&restarted, "SELECT 1", json!([])).await;
+        // A restart logs in again with the password kept in the database.
+        drop(router);
+        let restarted = app(AppState::new(&default_role(&first)).unwrap());
+        ok(&restarted, "SELECT 1", json!([])).await;
 
-    // Another database's server cannot log in as that role, and says what to do.
-    let second = database_on(&cluster).await;
-    let err = AppState::new(&default_role(&second))
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("give this server another --client-role"),
-        "{err}"
-    );
-    let own = app(AppState::new(&with_role(&second, "second_client")).unwrap());
-    let who = ok(&own, "SELECT session_user::text", json!([])).await;
-    assert_eq!(who["rows"], json!([["second_client"]]));
-
-    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
-    drop((restarted, own));
-    let _ = Command::new(stop).arg(&cluster).status();
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn client_roles_are_created_checked_and_logged_in_as() {
-    let Some(url) = database("client_roles_are_created_checked_and_logged_in_as").await else {
-        return;
-    };
-    let pid = std::process::id();
-
-    // A role of the operator's choosing is created, and client statements log in as it.
-    let custom = format!("app_client_{pid}");
-    let router = app(AppState::new(&with_role(&url, &custom)).unwrap());
-    let who = ok(&router, "SELECT session_user::text", json!([])).await;
-    assert_eq!(who["rows"], json!([[custom]]));
-
-    // A client role with rights a client must not have is refused at start.
-    for (right, grant) in [
-        ("createdb", "ALTER ROLE {role} CREATEDB"),
-        ("createrole", "ALTER ROLE {role} CREATEROLE"),
-        ("files", "GRANT pg_read_server_files TO {role}"),
-    ] {
-        let role = format!("risky_{right}_{pid}");
-        as_owner(
-            &url,
-            &format!(
-                "CREATE ROLE {role} LOGIN; {}",
-                grant.replace("{role}", &role)
-            ),
-        )
-        .await;
-        let err = AppState::new(&with_role(&url, &role))
+        // Another database's server cannot log in as that role, and says what to do.
+        let second = database_on(&cluster).await;
+        let err = AppState::new(&default_role(&second))
             .unwrap_err()
             .to_string();
         assert!(
-            err.contains("rights a client must not have"),
-            "{right}: {err}"
+            err.contains("give this server another --client-role"),
+            "{err}"
         );
+        let own = app(AppState::new(&with_role(&second, "second_client")).unwrap());
+        let who = ok(&own, "SELECT session_user::text", json!([])).await;
+        assert_eq!(who["rows"], json!([["second_client"]]));
+
+        let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+        drop((restarted, own));
+        let _ = Command::new(stop).arg(&cluster).status();
     }
+}
 
-    // One that may not log in is refused, with what to do.
-    let nologin = format!("nologin_{pid}");
-    as_owner(&url, &format!("CREATE ROLE {nologin} NOLOGIN")).await;
-    let err = AppState::new(&with_role(&url, &nologin))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("may not log in"), "{err}");
+needs_postgres! {
+    #[tokio::test]
+    async fn client_roles_are_created_checked_and_logged_in_as() {
+        let Some(url) = database("client_roles_are_created_checked_and_logged_in_as").await else {
+            return;
+        };
+        let pid = std::process::id();
 
-    // The URL's own role is never the client role.
-    let err = AppState::new(&with_role(&url, "postgres"))
-        .unwrap_err()
-        .to_string();
-    assert!(err.contains("logs in as the client role"), "{err}");
+        // A role of the operator's choosing is created, and client statements log in as it.
+        let custom = format!("app_client_{pid}");
+        let router = app(AppState::new(&with_role(&url, &custom)).unwrap());
+        let who = ok(&router, "SELECT session_user::text", json!([])).await;
+        assert_eq!(who["rows"], json!([[custom]]));
+
+        // A client role with rights a client must not have is refused at start.
+        for (right, grant) in [
+            ("createdb", "ALTER ROLE {role} CREATEDB"),
+            ("createrole", "ALTER ROLE {role} CREATEROLE"),
+            ("files", "GRANT pg_read_server_files TO {role}"),
+        ] {
+            let role = format!("risky_{right}_{pid}");
+            as_owner(
+                &url,
+                &format!(
+                    "CREATE ROLE {role} LOGIN; {}",
+                    grant.replace("{role}", &role)
+                ),
+            )
+            .await;
+            let err = AppState::new(&with_role(&url, &role))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains("rights a client must not have"),
+                "{right}: {err}"
+            );
+        }
+
+        // One that may not log in is refused, with what to do.
+        let nologin = format!("nologin_{pid}");
+        as_owner(&url, &format!("CREATE ROLE {nologin} NOLOGIN")).await;
+        let err = AppState::new(&with_role(&url, &nologin))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("may not log in"), "{err}");
+
+        // The URL's own role is never the client role.
+        let err = AppState::new(&with_role(&url, "postgres"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("logs in as the client role"), "{err}");
+    }
 }

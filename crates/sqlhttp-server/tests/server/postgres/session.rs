@@ -19,7 +19,8 @@ use tokio_postgres::{Client, NoTls};
 
 use crate::common::{ok, sql};
 use crate::engines::{
-    client_role, config, database, database_on, owner, password_cluster, postgres_app,
+    client_role, config, database, database_on, needs_postgres, owner, password_cluster,
+    postgres_app,
 };
 
 /// A server on `url` whose pool holds one connection, so every request reuses it.
@@ -85,283 +86,271 @@ async fn role_defaults(owner: &Client, role: &str) -> Vec<String> {
         .collect()
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_default_a_client_plants_is_removed_and_requests_go_on() {
-    let Some(url) = database("a_default_a_client_plants_is_removed_and_requests_go_on").await
-    else {
-        return;
-    };
-    let role = client_role(&url);
-    let owner = owner(&url).await;
-    // pg_trgm (PostgreSQL's contrib) has a setting any role may set once its library is loaded.
-    owner
-        .batch_execute("CREATE EXTENSION pg_trgm")
-        .await
-        .unwrap();
-    let router = one_connection_app(&url);
-    ok(
-        &router,
-        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+needs_postgres! {
+    #[tokio::test]
+    async fn a_default_a_client_plants_is_removed_and_requests_go_on() {
+        let Some(url) = database("a_default_a_client_plants_is_removed_and_requests_go_on").await
+        else {
+            return;
+        };
+        let role = client_role(&url);
+        let owner = owner(&url).await;
+        // pg_trgm (PostgreSQL's contrib) has a setting any role may set once its library is loaded.
+        owner
+            .batch_execute("CREATE EXTENSION pg_trgm")
+            .await
+            .unwrap();
+        let router = one_connection_app(&url);
+        ok(
+            &router,
+            "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
          PERFORM similarity('a', 'b'); \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || \
          ' SET pg_trgm.similarity_threshold = 0.9'; END $$",
-        json!([]),
-    )
-    .await;
-    ok(&router, "SELECT plant()", json!([])).await;
-    assert!(
-        role_defaults(&owner, &role)
-            .await
-            .contains(&"pg_trgm.similarity_threshold=0.9".to_owned()),
-        "the client's function planted the default"
-    );
+            json!([]),
+        )
+        .await;
+        ok(&router, "SELECT plant()", json!([])).await;
+        assert!(
+            role_defaults(&owner, &role)
+                .await
+                .contains(&"pg_trgm.similarity_threshold=0.9".to_owned()),
+            "the client's function planted the default"
+        );
 
-    end_sessions(&owner, &role).await;
-    answered_after_the_sessions_ended(&router).await;
-    assert!(
-        !role_defaults(&owner, &role)
-            .await
-            .iter()
-            .any(|entry| entry.starts_with("pg_trgm.")),
-        "the planted default is gone"
-    );
-    let threshold = ok(
-        &router,
-        "SELECT similarity('a', 'b') >= 0, current_setting('pg_trgm.similarity_threshold')",
-        json!([]),
-    )
-    .await;
-    assert_eq!(threshold["rows"], json!([[true, "0.3"]]));
+        end_sessions(&owner, &role).await;
+        answered_after_the_sessions_ended(&router).await;
+        assert!(
+            !role_defaults(&owner, &role)
+                .await
+                .iter()
+                .any(|entry| entry.starts_with("pg_trgm.")),
+            "the planted default is gone"
+        );
+        let threshold = ok(
+            &router,
+            "SELECT similarity('a', 'b') >= 0, current_setting('pg_trgm.similarity_threshold')",
+            json!([]),
+        )
+        .await;
+        assert_eq!(threshold["rows"], json!([[true, "0.3"]]));
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn no_request_runs_with_a_default_planted_while_connections_open() {
-    let Some(url) = database("no_request_runs_with_a_default_planted_while_connections_open").await
-    else {
-        return;
-    };
-    let role = client_role(&url);
-    let owner = owner(&url).await;
-    // A pool of several: connections that log in while the default is planted are checked
-    // after another connection's check has removed it from the role.
-    let mut config = config(&url);
-    config.limits.pool_size = 16;
-    let router = app(AppState::new(&config).unwrap());
-    ok(
-        &router,
-        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+needs_postgres! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn no_request_runs_with_a_default_planted_while_connections_open() {
+        let Some(url) = database("no_request_runs_with_a_default_planted_while_connections_open").await
+        else {
+            return;
+        };
+        let role = client_role(&url);
+        let owner = owner(&url).await;
+        // A pool of several: connections that log in while the default is planted are checked
+        // after another connection's check has removed it from the role.
+        let mut config = config(&url);
+        config.limits.pool_size = 16;
+        let router = app(AppState::new(&config).unwrap());
+        ok(
+            &router,
+            "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET work_mem = ''77kB'''; \
          END $$",
-        json!([]),
-    )
-    .await;
-    ok(&router, "SELECT plant()", json!([])).await;
-    end_sessions(&owner, &role).await;
-    let mut requests = tokio::task::JoinSet::new();
-    for _ in 0..48 {
-        let router = router.clone();
-        requests.spawn(async move {
-            let answer = ok(
-                &router,
-                "SELECT pg_sleep(0.2)::text, current_setting('work_mem')",
-                json!([]),
-            )
-            .await;
-            answer["rows"][0][1].as_str().unwrap_or_default().to_owned()
-        });
+            json!([]),
+        )
+        .await;
+        ok(&router, "SELECT plant()", json!([])).await;
+        end_sessions(&owner, &role).await;
+        let mut requests = tokio::task::JoinSet::new();
+        for _ in 0..48 {
+            let router = router.clone();
+            requests.spawn(async move {
+                let answer = ok(
+                    &router,
+                    "SELECT pg_sleep(0.2)::text, current_setting('work_mem')",
+                    json!([]),
+                )
+                .await;
+                answer["rows"][0][1].as_str().unwrap_or_default().to_owned()
+            });
+        }
+        let seen = requests.join_all().await;
+        assert!(
+            seen.iter().all(|work_mem| work_mem != "77kB"),
+            "a request ran with the planted default: {seen:?}"
+        );
     }
-    let seen = requests.join_all().await;
-    assert!(
-        seen.iter().all(|work_mem| work_mem != "77kB"),
-        "a request ran with the planted default: {seen:?}"
-    );
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400() {
-    let Some(url) =
-        database("an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400").await
-    else {
-        return;
-    };
-    let role = client_role(&url);
-    let owner = owner(&url).await;
-    let router = one_connection_app(&url);
-    ok(&router, "SELECT 1", json!([])).await;
-    // The operator limits temporary files while the server runs.
-    owner
-        .batch_execute(&format!("ALTER ROLE {role} SET temp_file_limit = '1MB'"))
-        .await
-        .unwrap();
-    end_sessions(&owner, &role).await;
-    answered_after_the_sessions_ended(&router).await;
-    assert!(
-        role_defaults(&owner, &role)
+needs_postgres! {
+    #[tokio::test]
+    async fn an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400() {
+        let Some(url) =
+            database("an_operators_temp_file_limit_is_kept_and_a_sort_past_it_answers_400").await
+        else {
+            return;
+        };
+        let role = client_role(&url);
+        let owner = owner(&url).await;
+        let router = one_connection_app(&url);
+        ok(&router, "SELECT 1", json!([])).await;
+        // The operator limits temporary files while the server runs.
+        owner
+            .batch_execute(&format!("ALTER ROLE {role} SET temp_file_limit = '1MB'"))
             .await
-            .contains(&"temp_file_limit=1MB".to_owned()),
-        "the operator's setting is kept"
-    );
-    let limit = ok(
-        &router,
-        "SELECT current_setting('temp_file_limit')",
-        json!([]),
-    )
-    .await;
-    assert_eq!(limit["rows"], json!([["1MB"]]));
+            .unwrap();
+        end_sessions(&owner, &role).await;
+        answered_after_the_sessions_ended(&router).await;
+        assert!(
+            role_defaults(&owner, &role)
+                .await
+                .contains(&"temp_file_limit=1MB".to_owned()),
+            "the operator's setting is kept"
+        );
+        let limit = ok(
+            &router,
+            "SELECT current_setting('temp_file_limit')",
+            json!([]),
+        )
+        .await;
+        assert_eq!(limit["rows"], json!([["1MB"]]));
 
-    // A sort that spills past work_mem (4 MB) writes more than 1 MB of temporary files.
-    let sorted = sql(
-        &router,
-        "SELECT count(DISTINCT md5(g::text)) FROM generate_series(1, 400000) AS g",
-        json!([]),
-    )
-    .await;
-    assert_eq!(
-        sorted.status,
-        400,
-        "{}",
-        String::from_utf8_lossy(&sorted.body)
-    );
-    let body = sorted.json();
-    assert_eq!(body["error"]["code"], "SQL_ERROR");
-    let message = body["error"]["message"].as_str().unwrap();
-    assert!(message.contains("temp_file_limit"), "{message}");
-    // And the connection serves the next request.
-    ok(&router, "SELECT 1", json!([])).await;
+        // A sort that spills past work_mem (4 MB) writes more than 1 MB of temporary files.
+        let sorted = sql(
+            &router,
+            "SELECT count(DISTINCT md5(g::text)) FROM generate_series(1, 400000) AS g",
+            json!([]),
+        )
+        .await;
+        assert_eq!(
+            sorted.status,
+            400,
+            "{}",
+            String::from_utf8_lossy(&sorted.body)
+        );
+        let body = sorted.json();
+        assert_eq!(body["error"]["code"], "SQL_ERROR");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(message.contains("temp_file_limit"), "{message}");
+        // And the connection serves the next request.
+        ok(&router, "SELECT 1", json!([])).await;
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn temporary_files_are_limited_by_default() {
-    let Some(url) = database("temporary_files_are_limited_by_default").await else {
-        return;
-    };
-    let router = one_connection_app(&url);
-    let limit = ok(
-        &router,
-        "SELECT current_setting('temp_file_limit')",
-        json!([]),
-    )
-    .await;
-    assert_eq!(limit["rows"], json!([["1GB"]]));
+needs_postgres! {
+    #[tokio::test]
+    async fn temporary_files_are_limited_by_default() {
+        let Some(url) = database("temporary_files_are_limited_by_default").await else {
+            return;
+        };
+        let router = one_connection_app(&url);
+        let limit = ok(
+            &router,
+            "SELECT current_setting('temp_file_limit')",
+            json!([]),
+        )
+        .await;
+        assert_eq!(limit["rows"], json!([["1GB"]]));
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_password_a_client_sets_is_replaced_by_the_servers() {
-    let Some(cluster) = password_cluster() else {
-        return;
-    };
-    let url = database_on(&cluster).await;
-    let role = client_role(&url);
-    let owner = owner(&url).await;
-    let router = one_connection_app(&url);
-    ok(
-        &router,
-        "CREATE FUNCTION take_over() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+needs_postgres! {
+    #[tokio::test]
+    async fn a_password_a_client_sets_is_replaced_by_the_servers() {
+        let Some(cluster) = password_cluster() else {
+            return;
+        };
+        let url = database_on(&cluster).await;
+        let role = client_role(&url);
+        let owner = owner(&url).await;
+        let router = one_connection_app(&url);
+        ok(
+            &router,
+            "CREATE FUNCTION take_over() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' PASSWORD ''chosen-by-client'''; \
          END $$",
-        json!([]),
-    )
-    .await;
-    ok(&router, "SELECT take_over()", json!([])).await;
-    let (base, database_name) = url.rsplit_once('/').unwrap();
-    let as_client = format!(
-        "{}/{database_name}",
-        base.replacen("postgres@", &format!("{role}:chosen-by-client@"), 1)
-    );
-    assert!(
-        tokio_postgres::connect(&as_client, NoTls).await.is_ok(),
-        "the client's password logs in before the server notices"
-    );
+            json!([]),
+        )
+        .await;
+        ok(&router, "SELECT take_over()", json!([])).await;
+        let (base, database_name) = url.rsplit_once('/').unwrap();
+        let as_client = format!(
+            "{}/{database_name}",
+            base.replacen("postgres@", &format!("{role}:chosen-by-client@"), 1)
+        );
+        assert!(
+            tokio_postgres::connect(&as_client, NoTls).await.is_ok(),
+            "the client's password logs in before the server notices"
+        );
 
-    end_sessions(&owner, &role).await;
-    answered_after_the_sessions_ended(&router).await;
-    assert!(
-        tokio_postgres::connect(&as_client, NoTls).await.is_err(),
-        "the client's password no longer logs in"
-    );
-    let who = ok(&router, "SELECT session_user::text", json!([])).await;
-    assert_eq!(who["rows"], json!([[role]]));
+        end_sessions(&owner, &role).await;
+        answered_after_the_sessions_ended(&router).await;
+        assert!(
+            tokio_postgres::connect(&as_client, NoTls).await.is_err(),
+            "the client's password no longer logs in"
+        );
+        let who = ok(&router, "SELECT session_user::text", json!([])).await;
+        assert_eq!(who["rows"], json!([[role]]));
 
-    drop(router);
-    let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
-    let _ = Command::new(stop).arg(&cluster).status();
+        drop(router);
+        let stop = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts/stop-postgres");
+        let _ = Command::new(stop).arg(&cluster).status();
+    }
 }
 
-/// A role may alter itself: a client's function can plant session defaults for every session
-/// to come. The connection that logs in with them is refused, they are removed, and the next
-/// one is clean.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn defaults_a_client_plants_on_its_role_are_removed() {
-    let router = postgres_app!(
-        "defaults_a_client_plants_on_its_role_are_removed",
-        |config| config.limits.pool_size = 1
-    );
-    ok(
-        &router,
-        "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
+needs_postgres! {
+    /// A role may alter itself: a client's function can plant session defaults for every session
+    /// to come. The connection that logs in with them is refused, they are removed, and the next
+    /// one is clean.
+    #[tokio::test]
+    async fn defaults_a_client_plants_on_its_role_are_removed() {
+        let router = postgres_app!(
+            "defaults_a_client_plants_on_its_role_are_removed",
+            |config| config.limits.pool_size = 1
+        );
+        ok(
+            &router,
+            "CREATE FUNCTION plant() RETURNS void LANGUAGE plpgsql AS $$ BEGIN \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET search_path = evil, public'; \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET application_name = planted'; \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) \
              || ' SET default_transaction_read_only = on'; \
          EXECUTE 'ALTER ROLE ' || quote_ident(current_user) || ' SET statement_timeout = 1'; \
          END $$",
-        json!([]),
-    )
-    .await;
-    ok(&router, "SELECT plant()", json!([])).await;
-    // End this session: the pool logs in again, with whatever defaults the role has.
-    let _ = sql(
-        &router,
-        "SELECT pg_terminate_backend(pg_backend_pid())",
-        json!([]),
-    )
-    .await;
-    let mut seen = None;
-    for _ in 0..5 {
-        let reply = sql(
-            &router,
-            "SELECT current_setting('application_name'), current_setting('search_path')",
             json!([]),
         )
         .await;
-        if reply.status == 200 {
-            seen = Some(reply.json()["rows"].clone());
-            break;
+        ok(&router, "SELECT plant()", json!([])).await;
+        // End this session: the pool logs in again, with whatever defaults the role has.
+        let _ = sql(
+            &router,
+            "SELECT pg_terminate_backend(pg_backend_pid())",
+            json!([]),
+        )
+        .await;
+        let mut seen = None;
+        for _ in 0..5 {
+            let reply = sql(
+                &router,
+                "SELECT current_setting('application_name'), current_setting('search_path')",
+                json!([]),
+            )
+            .await;
+            if reply.status == 200 {
+                seen = Some(reply.json()["rows"].clone());
+                break;
+            }
         }
-    }
-    assert_eq!(seen, Some(json!([["", "\"$user\", public"]])));
-    // The server's own temp_file_limit stays (ADR 0029).
-    let planted = ok(
-        &router,
-        "SELECT count(*) FROM pg_db_role_setting AS s, unnest(s.setconfig) AS c \
+        assert_eq!(seen, Some(json!([["", "\"$user\", public"]])));
+        // The server's own temp_file_limit stays (ADR 0029).
+        let planted = ok(
+            &router,
+            "SELECT count(*) FROM pg_db_role_setting AS s, unnest(s.setconfig) AS c \
          WHERE s.setrole = (SELECT oid FROM pg_roles WHERE rolname = session_user) \
          AND c NOT LIKE 'temp\\_file\\_limit=%'",
-        json!([]),
-    )
-    .await;
-    assert_eq!(planted["rows"], json!([[0]]));
+            json!([]),
+        )
+        .await;
+        assert_eq!(planted["rows"], json!([[0]]));
+    }
 }

@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use sqlhttp_testkit::ServerProcess;
 
 use crate::common::{WRITER, http_client, post_over_http, sqlhttpd};
-use crate::engines::{ReplicaDatabase, client_role, replica_cluster};
+use crate::engines::{ReplicaDatabase, client_role, needs_postgres, replica_cluster};
 
 /// Skips the test (with a message) when there is no cluster with replicas.
 macro_rules! replica_cluster_or_return {
@@ -152,204 +152,200 @@ async fn servers(database: &ReplicaDatabase) -> [(&'static str, ServerProcess); 
     ]
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_bookmark_past_the_primarys_log_is_refused_before_anything_runs() {
-    let cluster = replica_cluster_or_return!(
-        "a_bookmark_past_the_primarys_log_is_refused_before_anything_runs"
-    );
-    let database = cluster.database().await;
-    for (name, server) in servers(&database).await {
-        let url = server.url();
-        let table = format!("t_{}", name.replace(' ', "_"));
-        sql(url, &format!("CREATE TABLE {table} (x INTEGER)"), &[])
-            .await
-            .ok();
-        database.caught_up().await;
-        let ahead = [("sqlhttp-bookmark", FAR_FUTURE)];
-        let insert = format!("INSERT INTO {table} VALUES (1)");
+needs_postgres! {
+    #[tokio::test]
+    async fn a_bookmark_past_the_primarys_log_is_refused_before_anything_runs() {
+        let cluster = replica_cluster_or_return!(
+            "a_bookmark_past_the_primarys_log_is_refused_before_anything_runs"
+        );
+        let database = cluster.database().await;
+        for (name, server) in servers(&database).await {
+            let url = server.url();
+            let table = format!("t_{}", name.replace(' ', "_"));
+            sql(url, &format!("CREATE TABLE {table} (x INTEGER)"), &[])
+                .await
+                .ok();
+            database.caught_up().await;
+            let ahead = [("sqlhttp-bookmark", FAR_FUTURE)];
+            let insert = format!("INSERT INTO {table} VALUES (1)");
 
-        sql(url, &insert, &ahead).await.ahead(name);
-        read(url, &format!("SELECT count(*) FROM {table}"), &ahead)
+            sql(url, &insert, &ahead).await.ahead(name);
+            read(url, &format!("SELECT count(*) FROM {table}"), &ahead)
+                .await
+                .ahead(name);
+            let primary = [
+                ("sqlhttp-bookmark", FAR_FUTURE),
+                ("sqlhttp-consistency", "primary"),
+            ];
+            read(url, "SELECT 1", &primary).await.ahead(name);
+            // Upper case names the same position.
+            read(
+                url,
+                "SELECT 1",
+                &[("sqlhttp-bookmark", &FAR_FUTURE.to_uppercase())],
+            )
             .await
             .ahead(name);
-        let primary = [
-            ("sqlhttp-bookmark", FAR_FUTURE),
-            ("sqlhttp-consistency", "primary"),
-        ];
-        read(url, "SELECT 1", &primary).await.ahead(name);
-        // Upper case names the same position.
-        read(
-            url,
-            "SELECT 1",
-            &[("sqlhttp-bookmark", &FAR_FUTURE.to_uppercase())],
-        )
-        .await
-        .ahead(name);
-        // A keyed write is refused before its key is claimed: sent again without the bookmark,
-        // it runs (it is not a replay of anything).
-        // The servers share the database, and so the keys.
-        let key = format!("bookmark-ahead-{table}");
-        let keyed = [
-            ("sqlhttp-bookmark", FAR_FUTURE),
-            ("idempotency-key", key.as_str()),
-        ];
-        sql(url, &insert, &keyed).await.ahead(name);
-        for (path, body) in [
-            (
-                "/api/v1/batch",
-                json!({"statements": [{"sql": insert}, {"sql": insert}]}),
-            ),
-            (
-                "/api/v1/batch",
-                json!({"read_only": true, "statements": [{"sql": "SELECT 1"}]}),
-            ),
-            ("/api/v1/describe", json!({})),
-            ("/api/v1/describe", json!({"table": table})),
-            ("/api/v1/transaction/open", json!({})),
-            (
-                "/api/v1/transaction/open",
-                json!({"read_only": true, "isolation": "repeatable_read"}),
-            ),
-        ] {
-            post(url, path, &ahead, &body)
-                .await
-                .ahead(&format!("{name}: {path} {body}"));
-            let batch_key = format!("bookmark-ahead-batch-{table}");
-            let keyed_batch = [
+            // A keyed write is refused before its key is claimed: sent again without the bookmark,
+            // it runs (it is not a replay of anything).
+            // The servers share the database, and so the keys.
+            let key = format!("bookmark-ahead-{table}");
+            let keyed = [
                 ("sqlhttp-bookmark", FAR_FUTURE),
-                ("idempotency-key", batch_key.as_str()),
+                ("idempotency-key", key.as_str()),
             ];
-            if path == "/api/v1/batch" {
-                post(url, path, &keyed_batch, &body)
+            sql(url, &insert, &keyed).await.ahead(name);
+            for (path, body) in [
+                (
+                    "/api/v1/batch",
+                    json!({"statements": [{"sql": insert}, {"sql": insert}]}),
+                ),
+                (
+                    "/api/v1/batch",
+                    json!({"read_only": true, "statements": [{"sql": "SELECT 1"}]}),
+                ),
+                ("/api/v1/describe", json!({})),
+                ("/api/v1/describe", json!({"table": table})),
+                ("/api/v1/transaction/open", json!({})),
+                (
+                    "/api/v1/transaction/open",
+                    json!({"read_only": true, "isolation": "repeatable_read"}),
+                ),
+            ] {
+                post(url, path, &ahead, &body)
                     .await
-                    .ahead(&format!("{name}: keyed {body}"));
+                    .ahead(&format!("{name}: {path} {body}"));
+                let batch_key = format!("bookmark-ahead-batch-{table}");
+                let keyed_batch = [
+                    ("sqlhttp-bookmark", FAR_FUTURE),
+                    ("idempotency-key", batch_key.as_str()),
+                ];
+                if path == "/api/v1/batch" {
+                    post(url, path, &keyed_batch, &body)
+                        .await
+                        .ahead(&format!("{name}: keyed {body}"));
+                }
             }
-        }
-        assert_eq!(count(url, &table).await, 0, "{name}: nothing ran");
-        // No transaction was left open by the refused opens.
-        let open = sql(
-            url,
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+            assert_eq!(count(url, &table).await, 0, "{name}: nothing ran");
+            // No transaction was left open by the refused opens.
+            let open = sql(
+                url,
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
              AND state LIKE 'idle in transaction%'",
-            &[],
-        )
-        .await
-        .ok();
-        assert_eq!(open.body["rows"][0][0], 0, "{name}: {open:?}");
-
-        let keyed = sql(url, &insert, &[("idempotency-key", key.as_str())])
+                &[],
+            )
             .await
             .ok();
-        assert_eq!(
-            keyed.header("idempotent-replayed"),
-            None,
-            "{name}: {keyed:?}"
-        );
-        assert_eq!(count(url, &table).await, 1, "{name}");
+            assert_eq!(open.body["rows"][0][0], 0, "{name}: {open:?}");
 
-        // The bookmark a write just answered is served, on a read and a write alike.
-        let written = sql(url, &insert, &[]).await.ok().bookmark();
-        let fresh = [("sqlhttp-bookmark", written.as_str())];
-        let seen = read(url, &format!("SELECT count(*) FROM {table}"), &fresh)
+            let keyed = sql(url, &insert, &[("idempotency-key", key.as_str())])
+                .await
+                .ok();
+            assert_eq!(
+                keyed.header("idempotent-replayed"),
+                None,
+                "{name}: {keyed:?}"
+            );
+            assert_eq!(count(url, &table).await, 1, "{name}");
+
+            // The bookmark a write just answered is served, on a read and a write alike.
+            let written = sql(url, &insert, &[]).await.ok().bookmark();
+            let fresh = [("sqlhttp-bookmark", written.as_str())];
+            let seen = read(url, &format!("SELECT count(*) FROM {table}"), &fresh)
+                .await
+                .ok();
+            assert_eq!(seen.body["rows"][0][0], 2, "{name}: {seen:?}");
+            assert!(seen.bookmark() >= written, "{name}: {seen:?}");
+            let again = sql(url, &insert, &fresh).await.ok();
+            assert!(again.bookmark() > written, "{name}: {again:?}");
+            let open = post(url, "/api/v1/transaction/open", &fresh, &json!({})).await;
+            let open = open.ok();
+            let token = open.body["transaction"].as_str().unwrap();
+            post(
+                url,
+                "/api/v1/transaction/rollback",
+                &[],
+                &json!({"transaction": token}),
+            )
             .await
             .ok();
-        assert_eq!(seen.body["rows"][0][0], 2, "{name}: {seen:?}");
-        assert!(seen.bookmark() >= written, "{name}: {seen:?}");
-        let again = sql(url, &insert, &fresh).await.ok();
-        assert!(again.bookmark() > written, "{name}: {again:?}");
-        let open = post(url, "/api/v1/transaction/open", &fresh, &json!({})).await;
-        let open = open.ok();
-        let token = open.body["transaction"].as_str().unwrap();
-        post(
-            url,
-            "/api/v1/transaction/rollback",
-            &[],
-            &json!({"transaction": token}),
-        )
-        .await
-        .ok();
+        }
     }
 }
 
-/// Bookmarks handed out by one server while writes run on all of them, sent to another at once:
-/// none is refused. The other server has not seen them (its watchers sample the primary every
-/// 250 ms; without replicas it has no watchers at all), so each past what it has seen makes it
-/// ask the primary.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_bookmark_from_this_primary_is_never_ahead_under_concurrent_writes() {
-    let cluster = replica_cluster_or_return!(
-        "a_bookmark_from_this_primary_is_never_ahead_under_concurrent_writes"
-    );
-    let database = cluster.database().await;
-    let [(_, bare), (_, replicated)] = servers(&database).await;
-    let another = sqlhttpd_on(&database, 1).await;
-    let urls: Arc<Vec<String>> = Arc::new(
-        [&bare, &replicated, &another]
-            .iter()
-            .map(|server| server.url().to_owned())
-            .collect(),
-    );
-    sql(&urls[0], "CREATE TABLE w (writer INTEGER, n INTEGER)", &[])
-        .await
-        .ok();
-    database.caught_up().await;
+needs_postgres! {
+    /// Bookmarks handed out by one server while writes run on all of them, sent to another at once:
+    /// none is refused. The other server has not seen them (its watchers sample the primary every
+    /// 250 ms; without replicas it has no watchers at all), so each past what it has seen makes it
+    /// ask the primary.
+    #[tokio::test]
+    async fn a_bookmark_from_this_primary_is_never_ahead_under_concurrent_writes() {
+        let cluster = replica_cluster_or_return!(
+            "a_bookmark_from_this_primary_is_never_ahead_under_concurrent_writes"
+        );
+        let database = cluster.database().await;
+        let [(_, bare), (_, replicated)] = servers(&database).await;
+        let another = sqlhttpd_on(&database, 1).await;
+        let urls: Arc<Vec<String>> = Arc::new(
+            [&bare, &replicated, &another]
+                .iter()
+                .map(|server| server.url().to_owned())
+                .collect(),
+        );
+        sql(&urls[0], "CREATE TABLE w (writer INTEGER, n INTEGER)", &[])
+            .await
+            .ok();
+        database.caught_up().await;
 
-    const WRITERS: usize = 6;
-    const ROUNDS: usize = 40;
-    let served = Arc::new(AtomicUsize::new(0));
-    let mut tasks = Vec::new();
-    for writer in 0..WRITERS {
-        let urls = Arc::clone(&urls);
-        let served = Arc::clone(&served);
-        tasks.push(tokio::spawn(async move {
-            for round in 0..ROUNDS {
-                let from = &urls[(writer + round) % urls.len()];
-                let to = &urls[(writer + round + 1) % urls.len()];
-                let written = sql(
-                    from,
-                    &format!("INSERT INTO w VALUES ({writer}, {round})"),
-                    &[],
-                )
-                .await
-                .ok()
-                .bookmark();
-                let fresh = [("sqlhttp-bookmark", written.as_str())];
-                let seen = read(
-                    to,
-                    &format!("SELECT count(*) FROM w WHERE writer = {writer}"),
-                    &fresh,
-                )
-                .await;
-                assert_eq!(seen.status, 200, "round {round}: {seen:?}");
-                assert_eq!(
-                    seen.body["rows"][0][0],
-                    round + 1,
-                    "round {round}: {seen:?}"
-                );
-                // A write elsewhere with it, too (it runs on the primary whatever the bookmark).
-                let third = &urls[(writer + round + 2) % urls.len()];
-                let wrote = sql(third, "SELECT 1", &fresh).await;
-                assert_eq!(wrote.status, 200, "round {round}: {wrote:?}");
-                served.fetch_add(2, Ordering::Relaxed);
-            }
-        }));
+        const WRITERS: usize = 6;
+        const ROUNDS: usize = 40;
+        let served = Arc::new(AtomicUsize::new(0));
+        let mut tasks = Vec::new();
+        for writer in 0..WRITERS {
+            let urls = Arc::clone(&urls);
+            let served = Arc::clone(&served);
+            tasks.push(tokio::spawn(async move {
+                for round in 0..ROUNDS {
+                    let from = &urls[(writer + round) % urls.len()];
+                    let to = &urls[(writer + round + 1) % urls.len()];
+                    let written = sql(
+                        from,
+                        &format!("INSERT INTO w VALUES ({writer}, {round})"),
+                        &[],
+                    )
+                    .await
+                    .ok()
+                    .bookmark();
+                    let fresh = [("sqlhttp-bookmark", written.as_str())];
+                    let seen = read(
+                        to,
+                        &format!("SELECT count(*) FROM w WHERE writer = {writer}"),
+                        &fresh,
+                    )
+                    .await;
+                    assert_eq!(seen.status, 200, "round {round}: {seen:?}");
+                    assert_eq!(
+                        seen.body["rows"][0][0],
+                        round + 1,
+                        "round {round}: {seen:?}"
+                    );
+                    // A write elsewhere with it, too (it runs on the primary whatever the bookmark).
+                    let third = &urls[(writer + round + 2) % urls.len()];
+                    let wrote = sql(third, "SELECT 1", &fresh).await;
+                    assert_eq!(wrote.status, 200, "round {round}: {wrote:?}");
+                    served.fetch_add(2, Ordering::Relaxed);
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        assert_eq!(served.load(Ordering::Relaxed), WRITERS * ROUNDS * 2);
+        assert_eq!(
+            count(&urls[0], "w").await,
+            i64::try_from(WRITERS * ROUNDS).unwrap()
+        );
     }
-    for task in tasks {
-        task.await.unwrap();
-    }
-    assert_eq!(served.load(Ordering::Relaxed), WRITERS * ROUNDS * 2);
-    assert_eq!(
-        count(&urls[0], "w").await,
-        i64::try_from(WRITERS * ROUNDS).unwrap()
-    );
 }
 
 /// `INSERT ... RETURNING` of `rows` rows of about 120 bytes each into `table`: past one 32 KiB
@@ -361,167 +357,163 @@ fn many_rows(table: &str, rows: u32) -> String {
     )
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_streamed_write_ends_its_body_with_its_commits_bookmark() {
-    let cluster =
-        replica_cluster_or_return!("a_streamed_write_ends_its_body_with_its_commits_bookmark");
-    let database = cluster.database().await;
-    for (name, server) in servers(&database).await {
-        let url = server.url();
-        let table = format!("big_{}", name.replace(' ', "_"));
-        let before = sql(
-            url,
-            &format!("CREATE TABLE {table} (id INTEGER PRIMARY KEY, pad TEXT)"),
-            &[],
-        )
-        .await
-        .ok()
-        .bookmark();
-
-        let streamed = sql(url, &many_rows(&table, 5000), &[]).await.ok();
-        assert_eq!(
-            streamed.header("sqlhttp-bookmark"),
-            None,
-            "{name}: its headers went out before it committed"
-        );
-        assert_eq!(
-            streamed.header("content-length"),
-            None,
-            "{name}: it streamed"
-        );
-        let body = streamed.body.as_object().unwrap();
-        let keys: Vec<&str> = body.keys().map(String::as_str).collect();
-        let mut in_order = keys.clone();
-        in_order.sort_by_key(|key| streamed.text.find(&format!("\"{key}\":")).unwrap());
-        assert_eq!(
-            in_order,
-            [
-                "columns",
-                "rows",
-                "rows_affected",
-                "last_insert_id",
-                "bookmark",
-                "stats"
-            ],
-            "{name}"
-        );
-        assert_eq!(body["rows"].as_array().unwrap().len(), 5000, "{name}");
-        assert_eq!(body["rows_affected"], 5000, "{name}");
-        let bookmark = body["bookmark"].as_str().unwrap().to_owned();
-        assert!(is_bookmark(&bookmark), "{name}: {bookmark:?}");
-        assert!(
-            streamed.text.contains(&format!(
-                r#""rows_affected":5000,"last_insert_id":null,"bookmark":"{bookmark}","stats":{{"#
-            )),
-            "{name}: {}",
-            &streamed.text[streamed.text.len() - 120..]
-        );
-        // Ordered between the write before it and the one after it.
-        assert!(bookmark > before, "{name}: {bookmark} after {before}");
-        let after = sql(url, &format!("INSERT INTO {table} VALUES (0, '')"), &[])
+needs_postgres! {
+    #[tokio::test]
+    async fn a_streamed_write_ends_its_body_with_its_commits_bookmark() {
+        let cluster =
+            replica_cluster_or_return!("a_streamed_write_ends_its_body_with_its_commits_bookmark");
+        let database = cluster.database().await;
+        for (name, server) in servers(&database).await {
+            let url = server.url();
+            let table = format!("big_{}", name.replace(' ', "_"));
+            let before = sql(
+                url,
+                &format!("CREATE TABLE {table} (id INTEGER PRIMARY KEY, pad TEXT)"),
+                &[],
+            )
             .await
             .ok()
             .bookmark();
-        assert!(after >= bookmark, "{name}: {after} after {bookmark}");
 
-        // The body's bookmark is one this server serves, and a read consistent with it sees
-        // the streamed write, wherever it is served.
-        let seen = read(
-            url,
-            &format!("SELECT count(*) FROM {table} WHERE id > 0"),
-            &[("sqlhttp-bookmark", &bookmark)],
-        )
-        .await
-        .ok();
-        assert_eq!(seen.body["rows"][0][0], 5000, "{name}: {seen:?}");
+            let streamed = sql(url, &many_rows(&table, 5000), &[]).await.ok();
+            assert_eq!(
+                streamed.header("sqlhttp-bookmark"),
+                None,
+                "{name}: its headers went out before it committed"
+            );
+            assert_eq!(
+                streamed.header("content-length"),
+                None,
+                "{name}: it streamed"
+            );
+            let body = streamed.body.as_object().unwrap();
+            let keys: Vec<&str> = body.keys().map(String::as_str).collect();
+            let mut in_order = keys.clone();
+            in_order.sort_by_key(|key| streamed.text.find(&format!("\"{key}\":")).unwrap());
+            assert_eq!(
+                in_order,
+                [
+                    "columns",
+                    "rows",
+                    "rows_affected",
+                    "last_insert_id",
+                    "bookmark",
+                    "stats"
+                ],
+                "{name}"
+            );
+            assert_eq!(body["rows"].as_array().unwrap().len(), 5000, "{name}");
+            assert_eq!(body["rows_affected"], 5000, "{name}");
+            let bookmark = body["bookmark"].as_str().unwrap().to_owned();
+            assert!(is_bookmark(&bookmark), "{name}: {bookmark:?}");
+            assert!(
+                streamed.text.contains(&format!(
+                    r#""rows_affected":5000,"last_insert_id":null,"bookmark":"{bookmark}","stats":{{"#
+                )),
+                "{name}: {}",
+                &streamed.text[streamed.text.len() - 120..]
+            );
+            // Ordered between the write before it and the one after it.
+            assert!(bookmark > before, "{name}: {bookmark} after {before}");
+            let after = sql(url, &format!("INSERT INTO {table} VALUES (0, '')"), &[])
+                .await
+                .ok()
+                .bookmark();
+            assert!(after >= bookmark, "{name}: {after} after {bookmark}");
 
-        // A small write's body is unchanged: its bookmark is in its headers.
-        let small = sql(url, &many_rows(&table, 0), &[]).await;
-        let small = small.ok();
-        assert!(
-            small.text.contains(r#""last_insert_id":null,"stats":{"#),
-            "{name}: {small:?}"
-        );
-        small.bookmark();
+            // The body's bookmark is one this server serves, and a read consistent with it sees
+            // the streamed write, wherever it is served.
+            let seen = read(
+                url,
+                &format!("SELECT count(*) FROM {table} WHERE id > 0"),
+                &[("sqlhttp-bookmark", &bookmark)],
+            )
+            .await
+            .ok();
+            assert_eq!(seen.body["rows"][0][0], 5000, "{name}: {seen:?}");
+
+            // A small write's body is unchanged: its bookmark is in its headers.
+            let small = sql(url, &many_rows(&table, 0), &[]).await;
+            let small = small.ok();
+            assert!(
+                small.text.contains(r#""last_insert_id":null,"stats":{"#),
+                "{name}: {small:?}"
+            );
+            small.bookmark();
+        }
     }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_streamed_write_whose_commit_fails_ends_with_the_error_and_no_bookmark() {
-    let cluster = replica_cluster_or_return!(
-        "a_streamed_write_whose_commit_fails_ends_with_the_error_and_no_bookmark"
-    );
-    let database = cluster.database().await;
-    for (name, server) in servers(&database).await {
-        let url = server.url();
-        let table = format!("deferred_{}", name.replace(' ', "_"));
-        // The foreign key is checked at COMMIT, after every row was written and streamed.
-        sql(
-            url,
-            &format!(
-                "CREATE TABLE {table} (id INTEGER PRIMARY KEY, pad TEXT, \
+needs_postgres! {
+    #[tokio::test]
+    async fn a_streamed_write_whose_commit_fails_ends_with_the_error_and_no_bookmark() {
+        let cluster = replica_cluster_or_return!(
+            "a_streamed_write_whose_commit_fails_ends_with_the_error_and_no_bookmark"
+        );
+        let database = cluster.database().await;
+        for (name, server) in servers(&database).await {
+            let url = server.url();
+            let table = format!("deferred_{}", name.replace(' ', "_"));
+            // The foreign key is checked at COMMIT, after every row was written and streamed.
+            sql(
+                url,
+                &format!(
+                    "CREATE TABLE {table} (id INTEGER PRIMARY KEY, pad TEXT, \
                  parent INTEGER REFERENCES {table} (id) DEFERRABLE INITIALLY DEFERRED)"
-            ),
-            &[],
-        )
-        .await
-        .ok();
-        let orphaned = format!(
-            "INSERT INTO {table} (id, pad, parent) SELECT g, repeat('x', 100), \
-             CASE WHEN g = 5000 THEN -1 END FROM generate_series(1, 5000) AS g RETURNING id, pad"
-        );
-        let failed = sql(url, &orphaned, &[]).await;
-        assert_eq!(
-            failed.status, 200,
-            "{name}: the head went out first: {failed:?}"
-        );
-        assert_eq!(failed.header("sqlhttp-bookmark"), None, "{name}");
-        let body = failed.body.as_object().unwrap_or_else(|| {
-            panic!(
-                "{name}: the body is not JSON: ...{}",
-                &failed.text[failed.text.len().saturating_sub(300)..]
+                ),
+                &[],
             )
-        });
-        let keys: Vec<&str> = body.keys().map(String::as_str).collect();
-        let mut in_order = keys.clone();
-        in_order.sort_by_key(|key| failed.text.find(&format!("\"{key}\":")).unwrap());
-        assert_eq!(in_order, ["columns", "rows", "error"], "{name}");
-        assert_eq!(
-            body["error"]["code"], "CONSTRAINT_VIOLATION",
-            "{name}: {body:?}"
-        );
-        assert_eq!(body["rows"].as_array().unwrap().len(), 5000, "{name}");
-        assert_eq!(count(url, &table).await, 0, "{name}: nothing was kept");
+            .await
+            .ok();
+            let orphaned = format!(
+                "INSERT INTO {table} (id, pad, parent) SELECT g, repeat('x', 100), \
+             CASE WHEN g = 5000 THEN -1 END FROM generate_series(1, 5000) AS g RETURNING id, pad"
+            );
+            let failed = sql(url, &orphaned, &[]).await;
+            assert_eq!(
+                failed.status, 200,
+                "{name}: the head went out first: {failed:?}"
+            );
+            assert_eq!(failed.header("sqlhttp-bookmark"), None, "{name}");
+            let body = failed.body.as_object().unwrap_or_else(|| {
+                panic!(
+                    "{name}: the body is not JSON: ...{}",
+                    &failed.text[failed.text.len().saturating_sub(300)..]
+                )
+            });
+            let keys: Vec<&str> = body.keys().map(String::as_str).collect();
+            let mut in_order = keys.clone();
+            in_order.sort_by_key(|key| failed.text.find(&format!("\"{key}\":")).unwrap());
+            assert_eq!(in_order, ["columns", "rows", "error"], "{name}");
+            assert_eq!(
+                body["error"]["code"], "CONSTRAINT_VIOLATION",
+                "{name}: {body:?}"
+            );
+            assert_eq!(body["rows"].as_array().unwrap().len(), 5000, "{name}");
+            assert_eq!(count(url, &table).await, 0, "{name}: nothing was kept");
 
-        // A write whose answer fails after its first chunk (PostgreSQL computes a RETURNING
-        // whole before sending it, so a row past the server's value limit, refused as it
-        // arrives): the error member, no bookmark either.
-        let failing = format!(
-            "INSERT INTO {table} (id, pad) SELECT g, repeat('x', 100) \
+            // A write whose answer fails after its first chunk (PostgreSQL computes a RETURNING
+            // whole before sending it, so a row past the server's value limit, refused as it
+            // arrives): the error member, no bookmark either.
+            let failing = format!(
+                "INSERT INTO {table} (id, pad) SELECT g, repeat('x', 100) \
              FROM generate_series(1, 5000) AS g \
              RETURNING id, CASE WHEN id = 4000 THEN repeat('x', 5000000) ELSE pad END"
-        );
-        let failed = sql(url, &failing, &[]).await;
-        assert_eq!(failed.status, 200, "{name}: {failed:?}");
-        assert_eq!(
-            failed.body["error"]["code"], "SQL_ERROR",
-            "{name}: {failed:?}"
-        );
-        assert_eq!(
-            failed.body["rows"].as_array().unwrap().len(),
-            3999,
-            "{name}"
-        );
-        assert!(failed.body.get("bookmark").is_none(), "{name}");
-        assert!(failed.body.get("rows_affected").is_none(), "{name}");
-        assert_eq!(count(url, &table).await, 0, "{name}: nothing was kept");
+            );
+            let failed = sql(url, &failing, &[]).await;
+            assert_eq!(failed.status, 200, "{name}: {failed:?}");
+            assert_eq!(
+                failed.body["error"]["code"], "SQL_ERROR",
+                "{name}: {failed:?}"
+            );
+            assert_eq!(
+                failed.body["rows"].as_array().unwrap().len(),
+                3999,
+                "{name}"
+            );
+            assert!(failed.body.get("bookmark").is_none(), "{name}");
+            assert!(failed.body.get("rows_affected").is_none(), "{name}");
+            assert_eq!(count(url, &table).await, 0, "{name}: nothing was kept");
+        }
     }
 }

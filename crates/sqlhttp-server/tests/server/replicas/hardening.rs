@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{AppState, Database, ReadReplicas, app};
 
 use crate::common::{Reply, batch_with, post_with};
-use crate::engines::{client_role, config, database_on, owner, start_postgres};
+use crate::engines::{client_role, config, database_on, needs_postgres, owner, start_postgres};
 
 /// A cluster of the test's own, the primary's and the replica's URLs (their `postgres`
 /// database): the tests freeze and pause their replica. `None` (with a message, and a failure
@@ -131,57 +131,55 @@ fn lsn(text: &str) -> u64 {
     (u64::from_str_radix(high, 16).unwrap() << 32) | u64::from_str_radix(low, 16).unwrap()
 }
 
-/// A replica shows a commit to new snapshots while it still applies the commit's record,
-/// before its replay position moves past it; a read's bookmark taken from the replay position
-/// alone could then be short of a commit the read saw, and another replica that replayed only
-/// that far would pass for consistent with it. The bookmark covers what the replica received
-/// (a record being applied was received whole), seen here with replay paused: the replica has
-/// received a write it does not show yet, and the read's bookmark is at or past it.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_reads_bookmark_covers_what_the_replica_received() {
-    let Some(replicated) = replicated().await else {
-        return;
-    };
-    replicated.write("CREATE TABLE seen (id int)").await;
-    replicated
-        .read_until("SELECT count(*) AS n FROM seen", |reply| {
-            reply.status == 200
-        })
-        .await;
-    replicated
-        .ask_replica("SELECT pg_catalog.pg_wal_replay_pause()::text")
-        .await;
-    let written = bookmark(&replicated.write("INSERT INTO seen VALUES (1)").await);
-    for _ in 0..400 {
-        let received = replicated
-            .ask_replica("SELECT pg_catalog.pg_last_wal_receive_lsn()::text")
+needs_postgres! {
+    /// A replica shows a commit to new snapshots while it still applies the commit's record,
+    /// before its replay position moves past it; a read's bookmark taken from the replay position
+    /// alone could then be short of a commit the read saw, and another replica that replayed only
+    /// that far would pass for consistent with it. The bookmark covers what the replica received
+    /// (a record being applied was received whole), seen here with replay paused: the replica has
+    /// received a write it does not show yet, and the read's bookmark is at or past it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_reads_bookmark_covers_what_the_replica_received() {
+        let Some(replicated) = replicated().await else {
+            return;
+        };
+        replicated.write("CREATE TABLE seen (id int)").await;
+        replicated
+            .read_until("SELECT count(*) AS n FROM seen", |reply| {
+                reply.status == 200
+            })
             .await;
-        if lsn(&received) >= written {
-            break;
+        replicated
+            .ask_replica("SELECT pg_catalog.pg_wal_replay_pause()::text")
+            .await;
+        let written = bookmark(&replicated.write("INSERT INTO seen VALUES (1)").await);
+        for _ in 0..400 {
+            let received = replicated
+                .ask_replica("SELECT pg_catalog.pg_last_wal_receive_lsn()::text")
+                .await;
+            if lsn(&received) >= written {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
+        let read = replicated.read("SELECT count(*) AS n FROM seen").await;
+        replicated
+            .ask_replica("SELECT pg_catalog.pg_wal_replay_resume()::text")
+            .await;
+        assert_eq!(read.status, 200);
+        assert_eq!(
+            read.header("sqlhttp-served-by"),
+            Some("replica"),
+            "{:?}",
+            read.headers
+        );
+        assert_eq!(read.json()["rows"], json!([[0]]), "replay is paused");
+        assert!(
+            bookmark(&read) >= written,
+            "a replica read's bookmark {:016x} is short of what the replica received ({written:016x})",
+            bookmark(&read)
+        );
     }
-    let read = replicated.read("SELECT count(*) AS n FROM seen").await;
-    replicated
-        .ask_replica("SELECT pg_catalog.pg_wal_replay_resume()::text")
-        .await;
-    assert_eq!(read.status, 200);
-    assert_eq!(
-        read.header("sqlhttp-served-by"),
-        Some("replica"),
-        "{:?}",
-        read.headers
-    );
-    assert_eq!(read.json()["rows"], json!([[0]]), "replay is paused");
-    assert!(
-        bookmark(&read) >= written,
-        "a replica read's bookmark {:016x} is short of what the replica received ({written:016x})",
-        bookmark(&read)
-    );
 }
 
 /// Resumes the stopped processes however the test ends.
@@ -193,43 +191,41 @@ impl Drop for Frozen {
     }
 }
 
-/// A replica whose machine freezes (its processes stopped: it answers nothing, and its TCP
-/// connections stay open) just as a read-only batch is routed to it: the batch is abandoned
-/// when the replica's watcher finds it gone and the primary serves it, as it does a statement,
-/// instead of waiting for the replica's BEGIN until the replica wakes.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_read_only_batch_on_a_frozen_replica_is_served_by_the_primary() {
-    let Some(replicated) = replicated().await else {
-        return;
-    };
-    let batch: Value = json!({"read_only": true, "statements": [{"sql": "SELECT 1 AS one"}]});
-    let warm = batch_with(&replicated.router, &[], &batch).await;
-    assert_eq!(warm.header("sqlhttp-served-by"), Some("replica"));
-    let processes = replicated.replica_processes().await;
-    let stopped = Command::new("kill")
-        .arg("-STOP")
-        .args(&processes)
-        .status()
-        .unwrap();
-    assert!(stopped.success());
-    let _frozen = Frozen(processes);
-    // Bounded only so that a regression fails instead of hanging: the replica stays frozen.
-    let reply = tokio::time::timeout(
-        Duration::from_secs(20),
-        batch_with(&replicated.router, &[], &batch),
-    )
-    .await
-    .expect("a read-only batch waited for a frozen replica");
-    assert_eq!(
-        reply.status,
-        200,
-        "{}",
-        String::from_utf8_lossy(&reply.body)
-    );
-    assert_eq!(reply.header("sqlhttp-served-by"), Some("primary"));
-    assert_eq!(reply.json()["results"][0]["rows"], json!([[1]]));
+needs_postgres! {
+    /// A replica whose machine freezes (its processes stopped: it answers nothing, and its TCP
+    /// connections stay open) just as a read-only batch is routed to it: the batch is abandoned
+    /// when the replica's watcher finds it gone and the primary serves it, as it does a statement,
+    /// instead of waiting for the replica's BEGIN until the replica wakes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_only_batch_on_a_frozen_replica_is_served_by_the_primary() {
+        let Some(replicated) = replicated().await else {
+            return;
+        };
+        let batch: Value = json!({"read_only": true, "statements": [{"sql": "SELECT 1 AS one"}]});
+        let warm = batch_with(&replicated.router, &[], &batch).await;
+        assert_eq!(warm.header("sqlhttp-served-by"), Some("replica"));
+        let processes = replicated.replica_processes().await;
+        let stopped = Command::new("kill")
+            .arg("-STOP")
+            .args(&processes)
+            .status()
+            .unwrap();
+        assert!(stopped.success());
+        let _frozen = Frozen(processes);
+        // Bounded only so that a regression fails instead of hanging: the replica stays frozen.
+        let reply = tokio::time::timeout(
+            Duration::from_secs(20),
+            batch_with(&replicated.router, &[], &batch),
+        )
+        .await
+        .expect("a read-only batch waited for a frozen replica");
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.header("sqlhttp-served-by"), Some("primary"));
+        assert_eq!(reply.json()["results"][0]["rows"], json!([[1]]));
+    }
 }

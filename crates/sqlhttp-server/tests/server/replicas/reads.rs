@@ -24,7 +24,7 @@ use sqlhttp_testkit::ServerProcess;
 use tokio::sync::RwLock;
 
 use crate::common::{READER, WRITER, http_client, post_over_http, sqlhttpd};
-use crate::engines::{ReplicaDatabase, client_role, owner, replica_cluster};
+use crate::engines::{ReplicaDatabase, client_role, needs_postgres, owner, replica_cluster};
 
 /// Held shared by the tests that leave the replicas alone, exclusively by those that pause or
 /// stop one.
@@ -473,218 +473,210 @@ impl Drop for Stopped {
     }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
-    let cluster =
-        replica_cluster_or_return!("reads_are_served_by_a_replica_and_writes_by_the_primary");
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "one").await;
-    let url = server.url();
+needs_postgres! {
+    #[tokio::test]
+    async fn reads_are_served_by_a_replica_and_writes_by_the_primary() {
+        let cluster =
+            replica_cluster_or_return!("reads_are_served_by_a_replica_and_writes_by_the_primary");
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "one").await;
+        let url = server.url();
 
-    let written = set_value(url, "two").await;
-    assert_ne!(written.served_by(), Some("replica"), "{written:?}");
-    assert_eq!(written.body["stats"]["served_by"], "primary", "{written:?}");
-    written.bookmark();
-    database.caught_up().await;
+        let written = set_value(url, "two").await;
+        assert_ne!(written.served_by(), Some("replica"), "{written:?}");
+        assert_eq!(written.body["stats"]["served_by"], "primary", "{written:?}");
+        written.bookmark();
+        database.caught_up().await;
 
-    let before = Metrics::of(url).await;
-    // Verified reads: the flag, and a read-only credential's statements.
-    for _ in 0..4 {
-        let answer = read_value(url, &[]).await;
-        assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
-        // The body's stats say who served it too (issue 40).
-        assert_eq!(answer.body["stats"]["served_by"], "replica", "{answer:?}");
-        assert_eq!(answer.cell(), "two");
-        answer.bookmark();
-    }
-    let by_reader = post(
-        url,
-        "/api/v1/sql",
-        &READER,
-        &json!({"sql": "SELECT v FROM kv WHERE k = 1"}),
-    )
-    .await
-    .ok();
-    assert_eq!(by_reader.served_by(), Some("replica"), "{by_reader:?}");
-    assert_eq!(by_reader.cell(), "two");
-    // A statement the full-access credential sends without the flag is not a verified read.
-    let unflagged = write(url, "SELECT v FROM kv WHERE k = 1", json!([]), &[])
+        let before = Metrics::of(url).await;
+        // Verified reads: the flag, and a read-only credential's statements.
+        for _ in 0..4 {
+            let answer = read_value(url, &[]).await;
+            assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
+            // The body's stats say who served it too (issue 40).
+            assert_eq!(answer.body["stats"]["served_by"], "replica", "{answer:?}");
+            assert_eq!(answer.cell(), "two");
+            answer.bookmark();
+        }
+        let by_reader = post(
+            url,
+            "/api/v1/sql",
+            &READER,
+            &json!({"sql": "SELECT v FROM kv WHERE k = 1"}),
+        )
         .await
         .ok();
-    assert_ne!(unflagged.served_by(), Some("replica"), "{unflagged:?}");
-    assert_eq!(unflagged.cell(), "two");
+        assert_eq!(by_reader.served_by(), Some("replica"), "{by_reader:?}");
+        assert_eq!(by_reader.cell(), "two");
+        // A statement the full-access credential sends without the flag is not a verified read.
+        let unflagged = write(url, "SELECT v FROM kv WHERE k = 1", json!([]), &[])
+            .await
+            .ok();
+        assert_ne!(unflagged.served_by(), Some("replica"), "{unflagged:?}");
+        assert_eq!(unflagged.cell(), "two");
 
-    let after = Metrics::of(url).await;
-    assert_eq!(
-        after.reads_served_by("replica") - before.reads_served_by("replica"),
-        5.0,
-        "five reads served by a replica"
-    );
-    assert_eq!(
-        after.sum(
-            "sqlhttpd_replica_reads_total",
-            &[("served_by", "replica"), ("reason", "routed")]
-        ) - before.sum(
-            "sqlhttpd_replica_reads_total",
-            &[("served_by", "replica"), ("reason", "routed")]
-        ),
-        5.0
-    );
-    assert_eq!(after.healthy(), vec![1.0; database.replicas.len()]);
-    assert_eq!(
-        after.series("sqlhttpd_replica_lag_seconds").len(),
-        database.replicas.len()
-    );
+        let after = Metrics::of(url).await;
+        assert_eq!(
+            after.reads_served_by("replica") - before.reads_served_by("replica"),
+            5.0,
+            "five reads served by a replica"
+        );
+        assert_eq!(
+            after.sum(
+                "sqlhttpd_replica_reads_total",
+                &[("served_by", "replica"), ("reason", "routed")]
+            ) - before.sum(
+                "sqlhttpd_replica_reads_total",
+                &[("served_by", "replica"), ("reason", "routed")]
+            ),
+            5.0
+        );
+        assert_eq!(after.healthy(), vec![1.0; database.replicas.len()]);
+        assert_eq!(
+            after.series("sqlhttpd_replica_lag_seconds").len(),
+            database.replicas.len()
+        );
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_read_with_the_bookmark_of_a_write_sees_that_write() {
-    let cluster = replica_cluster_or_return!("a_read_with_the_bookmark_of_a_write_sees_that_write");
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "0").await;
-    let url = server.url();
+needs_postgres! {
+    #[tokio::test]
+    async fn a_read_with_the_bookmark_of_a_write_sees_that_write() {
+        let cluster = replica_cluster_or_return!("a_read_with_the_bookmark_of_a_write_sees_that_write");
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "0").await;
+        let url = server.url();
 
-    let mut by_replica = 0;
-    let mut bookmark = String::new();
-    for i in 1..=200 {
-        let value = i.to_string();
-        bookmark = set_value(url, &value).await.bookmark();
-        let answer = read_value(url, &[("sqlhttp-bookmark", &bookmark)]).await;
-        assert_eq!(answer.cell(), value.as_str(), "read {i}: {answer:?}");
-        assert!(answer.bookmark() >= bookmark, "read {i}: {answer:?}");
-        if answer.served_by() == Some("replica") {
-            by_replica += 1;
+        let mut by_replica = 0;
+        let mut bookmark = String::new();
+        for i in 1..=200 {
+            let value = i.to_string();
+            bookmark = set_value(url, &value).await.bookmark();
+            let answer = read_value(url, &[("sqlhttp-bookmark", &bookmark)]).await;
+            assert_eq!(answer.cell(), value.as_str(), "read {i}: {answer:?}");
+            assert!(answer.bookmark() >= bookmark, "read {i}: {answer:?}");
+            if answer.served_by() == Some("replica") {
+                by_replica += 1;
+            }
+        }
+        eprintln!("{by_replica} of 200 reads with a fresh bookmark were served by a replica");
+        // Once every replica has replayed the last write, its bookmark is no reason to leave them.
+        database.caught_up().await;
+        for _ in 0..database.replicas.len() {
+            let answer = read_value(url, &[("sqlhttp-bookmark", &bookmark)]).await;
+            assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
+            assert_eq!(answer.cell(), "200");
         }
     }
-    eprintln!("{by_replica} of 200 reads with a fresh bookmark were served by a replica");
-    // Once every replica has replayed the last write, its bookmark is no reason to leave them.
-    database.caught_up().await;
-    for _ in 0..database.replicas.len() {
-        let answer = read_value(url, &[("sqlhttp-bookmark", &bookmark)]).await;
-        assert_eq!(answer.served_by(), Some("replica"), "{answer:?}");
-        assert_eq!(answer.cell(), "200");
-    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_paused_replica_hands_a_fresh_bookmark_to_the_primary_and_serves_stale_reads_without_one()
-{
-    let test =
-        "a_paused_replica_hands_a_fresh_bookmark_to_the_primary_and_serves_stale_reads_without_one";
-    let cluster = replica_cluster_or_return!(test);
-    let _exclusive = REPLICAS.write().await;
-    let database = cluster.database().await;
-    let server = one_replica_never_too_far(&database).await;
-    let url = server.url();
-    prepared(url, &database, 1, "old").await;
-    let old = set_value(url, "old").await.bookmark();
-    database.caught_up().await;
+needs_postgres! {
+    #[tokio::test]
+    async fn a_paused_replica_hands_a_fresh_bookmark_to_the_primary_and_serves_stale_reads_without_one()
+    {
+        let test =
+            "a_paused_replica_hands_a_fresh_bookmark_to_the_primary_and_serves_stale_reads_without_one";
+        let cluster = replica_cluster_or_return!(test);
+        let _exclusive = REPLICAS.write().await;
+        let database = cluster.database().await;
+        let server = one_replica_never_too_far(&database).await;
+        let url = server.url();
+        prepared(url, &database, 1, "old").await;
+        let old = set_value(url, "old").await.bookmark();
+        database.caught_up().await;
 
-    let paused = Paused::pause(&database.replicas[0]).await;
-    let new = set_value(url, "new").await.bookmark();
-    assert!(new > old, "{new} after {old}");
-    let before = Metrics::of(url).await;
+        let paused = Paused::pause(&database.replicas[0]).await;
+        let new = set_value(url, "new").await.bookmark();
+        assert!(new > old, "{new} after {old}");
+        let before = Metrics::of(url).await;
 
-    let fresh = read_value(url, &[("sqlhttp-bookmark", &new)]).await;
-    assert_eq!(fresh.served_by(), Some("primary"), "{fresh:?}");
-    assert_eq!(fresh.cell(), "new");
-    assert!(fresh.bookmark() >= new, "{fresh:?}");
-    let after = Metrics::of(url).await;
-    let behind = [("served_by", "primary"), ("reason", "behind")];
-    assert_eq!(
-        after.sum("sqlhttpd_replica_reads_total", &behind)
-            - before.sum("sqlhttpd_replica_reads_total", &behind),
-        1.0
-    );
-
-    // Without a bookmark, or with one the replica has replayed, the replica serves what it has.
-    let stale = read_value(url, &[]).await;
-    assert_eq!(stale.served_by(), Some("replica"), "{stale:?}");
-    assert_eq!(stale.cell(), "old");
-    let with_old = read_value(url, &[("sqlhttp-bookmark", &old)]).await;
-    assert_eq!(with_old.served_by(), Some("replica"), "{with_old:?}");
-    assert_eq!(with_old.cell(), "old");
-    assert!(with_old.bookmark() >= old, "{with_old:?}");
-
-    paused.resume().await;
-    database.caught_up().await;
-    let caught_up = read_value(url, &[("sqlhttp-bookmark", &new)]).await;
-    assert_eq!(caught_up.served_by(), Some("replica"), "{caught_up:?}");
-    assert_eq!(caught_up.cell(), "new");
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn bookmarks_are_ordered_and_never_go_back() {
-    let cluster = replica_cluster_or_return!("bookmarks_are_ordered_and_never_go_back");
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "0").await;
-    let url = server.url();
-
-    // A client that keeps the greatest bookmark it saw and sends it on everything.
-    let mut greatest = set_value(url, "0").await.bookmark();
-    for i in 0..40 {
-        let sent = greatest.clone();
-        let header = [("sqlhttp-bookmark", sent.as_str())];
-        let answer = match i % 5 {
-            0 => {
-                write(
-                    url,
-                    "UPDATE kv SET v = $1 WHERE k = 1",
-                    json!([i.to_string()]),
-                    &header,
-                )
-                .await
-            }
-            1 => read(url, "SELECT v FROM kv WHERE k = 1", json!([]), &header).await,
-            2 => {
-                let body = json!({"read_only": true, "statements": [
-                    {"sql": "SELECT v FROM kv WHERE k = 1"},
-                    {"sql": "SELECT count(*) FROM kv"},
-                ]});
-                let mut headers = WRITER.to_vec();
-                headers.extend_from_slice(&header);
-                post(url, "/api/v1/batch", &headers, &body).await
-            }
-            3 => {
-                let body = json!({"statements": [
-                    {"sql": "INSERT INTO kv VALUES ($1, 'batch')", "params": [1000 + i]},
-                ]});
-                let mut headers = WRITER.to_vec();
-                headers.extend_from_slice(&header);
-                post(url, "/api/v1/batch", &headers, &body).await
-            }
-            _ => committed_transaction(url, 2000 + i, &header).await,
-        };
-        let answer = answer.ok();
-        let got = answer.bookmark();
-        assert!(
-            got >= sent,
-            "step {i}: {got} before the {sent} it was sent: {answer:?}"
+        let fresh = read_value(url, &[("sqlhttp-bookmark", &new)]).await;
+        assert_eq!(fresh.served_by(), Some("primary"), "{fresh:?}");
+        assert_eq!(fresh.cell(), "new");
+        assert!(fresh.bookmark() >= new, "{fresh:?}");
+        let after = Metrics::of(url).await;
+        let behind = [("served_by", "primary"), ("reason", "behind")];
+        assert_eq!(
+            after.sum("sqlhttpd_replica_reads_total", &behind)
+                - before.sum("sqlhttpd_replica_reads_total", &behind),
+            1.0
         );
-        greatest = greatest.max(got);
+
+        // Without a bookmark, or with one the replica has replayed, the replica serves what it has.
+        let stale = read_value(url, &[]).await;
+        assert_eq!(stale.served_by(), Some("replica"), "{stale:?}");
+        assert_eq!(stale.cell(), "old");
+        let with_old = read_value(url, &[("sqlhttp-bookmark", &old)]).await;
+        assert_eq!(with_old.served_by(), Some("replica"), "{with_old:?}");
+        assert_eq!(with_old.cell(), "old");
+        assert!(with_old.bookmark() >= old, "{with_old:?}");
+
+        paused.resume().await;
+        database.caught_up().await;
+        let caught_up = read_value(url, &[("sqlhttp-bookmark", &new)]).await;
+        assert_eq!(caught_up.served_by(), Some("replica"), "{caught_up:?}");
+        assert_eq!(caught_up.cell(), "new");
     }
-    // Upper case is accepted.
-    let upper = read_value(url, &[("sqlhttp-bookmark", &greatest.to_uppercase())]).await;
-    assert!(upper.bookmark() >= greatest, "{upper:?}");
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn bookmarks_are_ordered_and_never_go_back() {
+        let cluster = replica_cluster_or_return!("bookmarks_are_ordered_and_never_go_back");
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "0").await;
+        let url = server.url();
+
+        // A client that keeps the greatest bookmark it saw and sends it on everything.
+        let mut greatest = set_value(url, "0").await.bookmark();
+        for i in 0..40 {
+            let sent = greatest.clone();
+            let header = [("sqlhttp-bookmark", sent.as_str())];
+            let answer = match i % 5 {
+                0 => {
+                    write(
+                        url,
+                        "UPDATE kv SET v = $1 WHERE k = 1",
+                        json!([i.to_string()]),
+                        &header,
+                    )
+                    .await
+                }
+                1 => read(url, "SELECT v FROM kv WHERE k = 1", json!([]), &header).await,
+                2 => {
+                    let body = json!({"read_only": true, "statements": [
+                        {"sql": "SELECT v FROM kv WHERE k = 1"},
+                        {"sql": "SELECT count(*) FROM kv"},
+                    ]});
+                    let mut headers = WRITER.to_vec();
+                    headers.extend_from_slice(&header);
+                    post(url, "/api/v1/batch", &headers, &body).await
+                }
+                3 => {
+                    let body = json!({"statements": [
+                        {"sql": "INSERT INTO kv VALUES ($1, 'batch')", "params": [1000 + i]},
+                    ]});
+                    let mut headers = WRITER.to_vec();
+                    headers.extend_from_slice(&header);
+                    post(url, "/api/v1/batch", &headers, &body).await
+                }
+                _ => committed_transaction(url, 2000 + i, &header).await,
+            };
+            let answer = answer.ok();
+            let got = answer.bookmark();
+            assert!(
+                got >= sent,
+                "step {i}: {got} before the {sent} it was sent: {answer:?}"
+            );
+            greatest = greatest.max(got);
+        }
+        // Upper case is accepted.
+        let upper = read_value(url, &[("sqlhttp-bookmark", &greatest.to_uppercase())]).await;
+        assert!(upper.bookmark() >= greatest, "{upper:?}");
+    }
 }
 
 /// Opens an interactive transaction, inserts row `k` in it and commits, sending `headers` on
@@ -714,275 +706,265 @@ async fn committed_transaction(url: &str, k: i64, headers: &[(&str, &str)]) -> A
     .await
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_stopped_replica_hands_its_reads_to_the_primary_until_it_is_back() {
-    let test = "a_stopped_replica_hands_its_reads_to_the_primary_until_it_is_back";
-    let cluster = replica_cluster_or_return!(test);
-    let _exclusive = REPLICAS.write().await;
-    let database = cluster.database().await;
-    let server = sqlhttpd_on(&database, &[0], &[]).await;
-    let url = server.url();
-    prepared(url, &database, 1, "kept").await;
-    let served = read_value(url, &[]).await;
-    assert_eq!(served.served_by(), Some("replica"), "{served:?}");
+needs_postgres! {
+    #[tokio::test]
+    async fn a_stopped_replica_hands_its_reads_to_the_primary_until_it_is_back() {
+        let test = "a_stopped_replica_hands_its_reads_to_the_primary_until_it_is_back";
+        let cluster = replica_cluster_or_return!(test);
+        let _exclusive = REPLICAS.write().await;
+        let database = cluster.database().await;
+        let server = sqlhttpd_on(&database, &[0], &[]).await;
+        let url = server.url();
+        prepared(url, &database, 1, "kept").await;
+        let served = read_value(url, &[]).await;
+        assert_eq!(served.served_by(), Some("replica"), "{served:?}");
 
-    let Some(mut stopped) = Stopped::stop(&database.replicas[0]) else {
-        return;
-    };
-    let before = Metrics::of(url).await;
-    for i in 0..10 {
-        let answer = read_value(url, &[]).await;
-        assert_eq!(answer.served_by(), Some("primary"), "read {i}: {answer:?}");
-        assert_eq!(answer.cell(), "kept");
-    }
-    let ready = http_client()
-        .get(format!("{url}/readyz"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(
-        ready.status().as_u16(),
-        200,
-        "/readyz depends on the primary only"
-    );
-    eventually("the stopped replica reported unhealthy", || async {
-        Metrics::of(url).await.healthy() == vec![0.0]
-    })
-    .await;
-    let answer = read_value(url, &[]).await;
-    assert_eq!(answer.served_by(), Some("primary"), "{answer:?}");
-    let after = Metrics::of(url).await;
-    assert_eq!(
-        after.reads_served_by("primary") - before.reads_served_by("primary"),
-        11.0,
-        "every read counted as served by the primary"
-    );
-    assert_eq!(
-        after.reads_served_by("replica"),
-        before.reads_served_by("replica")
-    );
-
-    stopped.start();
-    all_healthy(url, 1).await;
-    eventually("a read served by the restarted replica", || async {
-        let answer = read_value(url, &[]).await;
-        assert_eq!(answer.cell(), "kept");
-        answer.served_by() == Some("replica")
-    })
-    .await;
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_replica_further_behind_than_the_max_lag_is_skipped() {
-    let cluster =
-        replica_cluster_or_return!("a_replica_further_behind_than_the_max_lag_is_skipped");
-    let _exclusive = REPLICAS.write().await;
-    let database = cluster.database().await;
-    let server = sqlhttpd_on(&database, &[0], &["--max-replica-lag", "1s"]).await;
-    let url = server.url();
-    prepared(url, &database, 1, "0").await;
-    let served = read_value(url, &[]).await;
-    assert_eq!(served.served_by(), Some("replica"), "{served:?}");
-
-    let paused = Paused::pause(&database.replicas[0]).await;
-    // Keep writing, so the primary moves on while the replica stays where it paused.
-    let mut last = 0;
-    eventually("the paused replica's lag past --max-replica-lag", || {
-        last += 1;
-        let value = last.to_string();
-        async move {
-            set_value(url, &value).await;
-            let lags: Vec<f64> = Metrics::of(url)
-                .await
-                .series("sqlhttpd_replica_lag_seconds")
-                .into_iter()
-                .map(|(_, lag)| lag)
-                .collect();
-            lags.len() == 1 && lags[0] > 1.0
+        let Some(mut stopped) = Stopped::stop(&database.replicas[0]) else {
+            return;
+        };
+        let before = Metrics::of(url).await;
+        for i in 0..10 {
+            let answer = read_value(url, &[]).await;
+            assert_eq!(answer.served_by(), Some("primary"), "read {i}: {answer:?}");
+            assert_eq!(answer.cell(), "kept");
         }
-    })
-    .await;
-    let before = Metrics::of(url).await;
-    let skipped = read_value(url, &[]).await;
-    assert_eq!(skipped.served_by(), Some("primary"), "{skipped:?}");
-    assert_eq!(skipped.cell(), last.to_string().as_str());
-    let after = Metrics::of(url).await;
-    assert_eq!(
-        after.reads_served_by("primary") - before.reads_served_by("primary"),
-        1.0
-    );
-
-    paused.resume().await;
-    eventually("a read served by the replica once it caught up", || async {
-        let answer = read_value(url, &[]).await;
-        answer.served_by() == Some("replica") && answer.cell() == last.to_string().as_str()
-    })
-    .await;
-    let lag = Metrics::of(url)
-        .await
-        .series("sqlhttpd_replica_lag_seconds")[0]
-        .1;
-    assert!(lag <= 1.0, "lag {lag} s once caught up");
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn consistency_primary_is_served_by_the_primary_and_malformed_headers_are_refused() {
-    let test = "consistency_primary_is_served_by_the_primary_and_malformed_headers_are_refused";
-    let cluster = replica_cluster_or_return!(test);
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "v").await;
-    let url = server.url();
-
-    let asked = [("served_by", "primary"), ("reason", "asked")];
-    let before = Metrics::of(url).await;
-    let primary = read_value(url, &[("sqlhttp-consistency", "primary")]).await;
-    assert_eq!(primary.served_by(), Some("primary"), "{primary:?}");
-    assert_eq!(primary.cell(), "v");
-    primary.bookmark();
-    let after = Metrics::of(url).await;
-    assert_eq!(
-        after.sum("sqlhttpd_replica_reads_total", &asked)
-            - before.sum("sqlhttpd_replica_reads_total", &asked),
-        1.0
-    );
-    let session = read_value(url, &[("sqlhttp-consistency", "session")]).await;
-    assert_eq!(session.served_by(), Some("replica"), "{session:?}");
-
-    for bookmark in [
-        "",
-        "0",
-        "000000000000000",
-        "00000000000000000",
-        "000000000000000g",
-        "0x00000000000000",
-        "-000000000000001",
-        "0/3000060",
-    ] {
-        let header = [("sqlhttp-bookmark", bookmark)];
-        let refused = read(url, "SELECT 1", json!([]), &header).await;
-        assert_eq!(refused.status, 400, "bookmark {bookmark:?}: {refused:?}");
-        assert_eq!(refused.body["error"]["code"], "BAD_REQUEST", "{refused:?}");
-        let refused = write(url, "UPDATE kv SET v = 'w'", json!([]), &header).await;
-        assert_eq!(refused.status, 400, "bookmark {bookmark:?}: {refused:?}");
-    }
-    for consistency in ["", "eventual", "any", "strong"] {
-        let header = [("sqlhttp-consistency", consistency)];
-        let refused = read(url, "SELECT 1", json!([]), &header).await;
-        assert_eq!(
-            refused.status, 400,
-            "consistency {consistency:?}: {refused:?}"
-        );
-        assert_eq!(refused.body["error"]["code"], "BAD_REQUEST", "{refused:?}");
-    }
-    // Nothing refused was written.
-    assert_eq!(
-        read_value(url, &[("sqlhttp-consistency", "primary")])
+        let ready = http_client()
+            .get(format!("{url}/readyz"))
+            .send()
             .await
-            .cell(),
-        "v"
-    );
+            .unwrap();
+        assert_eq!(
+            ready.status().as_u16(),
+            200,
+            "/readyz depends on the primary only"
+        );
+        eventually("the stopped replica reported unhealthy", || async {
+            Metrics::of(url).await.healthy() == vec![0.0]
+        })
+        .await;
+        let answer = read_value(url, &[]).await;
+        assert_eq!(answer.served_by(), Some("primary"), "{answer:?}");
+        let after = Metrics::of(url).await;
+        assert_eq!(
+            after.reads_served_by("primary") - before.reads_served_by("primary"),
+            11.0,
+            "every read counted as served by the primary"
+        );
+        assert_eq!(
+            after.reads_served_by("replica"),
+            before.reads_served_by("replica")
+        );
+
+        stopped.start();
+        all_healthy(url, 1).await;
+        eventually("a read served by the restarted replica", || async {
+            let answer = read_value(url, &[]).await;
+            assert_eq!(answer.cell(), "kept");
+            answer.served_by() == Some("replica")
+        })
+        .await;
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn read_only_batches_go_to_a_replica_and_write_batches_to_the_primary() {
-    let test = "read_only_batches_go_to_a_replica_and_write_batches_to_the_primary";
-    let cluster = replica_cluster_or_return!(test);
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "b").await;
-    let url = server.url();
+needs_postgres! {
+    #[tokio::test]
+    async fn a_replica_further_behind_than_the_max_lag_is_skipped() {
+        let cluster =
+            replica_cluster_or_return!("a_replica_further_behind_than_the_max_lag_is_skipped");
+        let _exclusive = REPLICAS.write().await;
+        let database = cluster.database().await;
+        let server = sqlhttpd_on(&database, &[0], &["--max-replica-lag", "1s"]).await;
+        let url = server.url();
+        prepared(url, &database, 1, "0").await;
+        let served = read_value(url, &[]).await;
+        assert_eq!(served.served_by(), Some("replica"), "{served:?}");
 
-    let reads = json!({"read_only": true, "statements": [
-        {"sql": "SELECT v FROM kv WHERE k = 1"},
-        {"sql": "SELECT count(*) FROM kv"},
-    ]});
-    let batch = post(url, "/api/v1/batch", &WRITER, &reads).await.ok();
-    assert_eq!(batch.served_by(), Some("replica"), "{batch:?}");
-    assert_eq!(batch.body["results"][0]["rows"][0][0], "b");
-    assert_eq!(batch.body["results"][1]["rows"][0][0], 1);
-    batch.bookmark();
+        let paused = Paused::pause(&database.replicas[0]).await;
+        // Keep writing, so the primary moves on while the replica stays where it paused.
+        let mut last = 0;
+        eventually("the paused replica's lag past --max-replica-lag", || {
+            last += 1;
+            let value = last.to_string();
+            async move {
+                set_value(url, &value).await;
+                let lags: Vec<f64> = Metrics::of(url)
+                    .await
+                    .series("sqlhttpd_replica_lag_seconds")
+                    .into_iter()
+                    .map(|(_, lag)| lag)
+                    .collect();
+                lags.len() == 1 && lags[0] > 1.0
+            }
+        })
+        .await;
+        let before = Metrics::of(url).await;
+        let skipped = read_value(url, &[]).await;
+        assert_eq!(skipped.served_by(), Some("primary"), "{skipped:?}");
+        assert_eq!(skipped.cell(), last.to_string().as_str());
+        let after = Metrics::of(url).await;
+        assert_eq!(
+            after.reads_served_by("primary") - before.reads_served_by("primary"),
+            1.0
+        );
 
-    let writes = json!({"statements": [
-        {"sql": "INSERT INTO kv VALUES (2, 'c')"},
-        {"sql": "SELECT count(*) FROM kv"},
-    ]});
-    let batch = post(url, "/api/v1/batch", &WRITER, &writes).await.ok();
-    assert_ne!(batch.served_by(), Some("replica"), "{batch:?}");
-    assert_eq!(batch.body["results"][1]["rows"][0][0], 2);
-    batch.bookmark();
+        paused.resume().await;
+        eventually("a read served by the replica once it caught up", || async {
+            let answer = read_value(url, &[]).await;
+            answer.served_by() == Some("replica") && answer.cell() == last.to_string().as_str()
+        })
+        .await;
+        let lag = Metrics::of(url)
+            .await
+            .series("sqlhttpd_replica_lag_seconds")[0]
+            .1;
+        assert!(lag <= 1.0, "lag {lag} s once caught up");
+    }
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read() {
-    let test = "keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read";
-    let cluster = replica_cluster_or_return!(test);
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "k").await;
-    let url = server.url();
+needs_postgres! {
+    #[tokio::test]
+    async fn consistency_primary_is_served_by_the_primary_and_malformed_headers_are_refused() {
+        let test = "consistency_primary_is_served_by_the_primary_and_malformed_headers_are_refused";
+        let cluster = replica_cluster_or_return!(test);
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "v").await;
+        let url = server.url();
 
-    let key = [("idempotency-key", "a-keyed-write")];
-    let written = write(
-        url,
-        "UPDATE kv SET v = 'keyed' WHERE k = 1",
-        json!([]),
-        &key,
-    )
-    .await
-    .ok();
-    assert_eq!(written.served_by(), Some("primary"), "{written:?}");
-    let bookmark = written.bookmark();
-    // Sent again, it is replayed from the primary's store: the same answer, the same bookmark.
-    let replayed = write(
-        url,
-        "UPDATE kv SET v = 'keyed' WHERE k = 1",
-        json!([]),
-        &key,
-    )
-    .await
-    .ok();
-    assert_eq!(
-        replayed.header("idempotent-replayed"),
-        Some("true"),
-        "{replayed:?}"
-    );
-    assert_ne!(replayed.served_by(), Some("replica"), "{replayed:?}");
+        let asked = [("served_by", "primary"), ("reason", "asked")];
+        let before = Metrics::of(url).await;
+        let primary = read_value(url, &[("sqlhttp-consistency", "primary")]).await;
+        assert_eq!(primary.served_by(), Some("primary"), "{primary:?}");
+        assert_eq!(primary.cell(), "v");
+        primary.bookmark();
+        let after = Metrics::of(url).await;
+        assert_eq!(
+            after.sum("sqlhttpd_replica_reads_total", &asked)
+                - before.sum("sqlhttpd_replica_reads_total", &asked),
+            1.0
+        );
+        let session = read_value(url, &[("sqlhttp-consistency", "session")]).await;
+        assert_eq!(session.served_by(), Some("replica"), "{session:?}");
 
-    // A verified read ignores its key (ADR 0039): a read like any other, which a replica may
-    // serve, and which sees the write its bookmark names.
-    database.caught_up().await;
-    let keyed_read = read_value(
-        url,
-        &[
-            ("idempotency-key", "a-keyed-read"),
-            ("sqlhttp-bookmark", &bookmark),
-        ],
-    )
-    .await;
-    assert_eq!(keyed_read.served_by(), Some("replica"), "{keyed_read:?}");
-    assert_eq!(keyed_read.cell(), "keyed");
-    assert!(keyed_read.bookmark() >= bookmark, "{keyed_read:?}");
+        for bookmark in [
+            "",
+            "0",
+            "000000000000000",
+            "00000000000000000",
+            "000000000000000g",
+            "0x00000000000000",
+            "-000000000000001",
+            "0/3000060",
+        ] {
+            let header = [("sqlhttp-bookmark", bookmark)];
+            let refused = read(url, "SELECT 1", json!([]), &header).await;
+            assert_eq!(refused.status, 400, "bookmark {bookmark:?}: {refused:?}");
+            assert_eq!(refused.body["error"]["code"], "BAD_REQUEST", "{refused:?}");
+            let refused = write(url, "UPDATE kv SET v = 'w'", json!([]), &header).await;
+            assert_eq!(refused.status, 400, "bookmark {bookmark:?}: {refused:?}");
+        }
+        for consistency in ["", "eventual", "any", "strong"] {
+            let header = [("sqlhttp-consistency", consistency)];
+            let refused = read(url, "SELECT 1", json!([]), &header).await;
+            assert_eq!(
+                refused.status, 400,
+                "consistency {consistency:?}: {refused:?}"
+            );
+            assert_eq!(refused.body["error"]["code"], "BAD_REQUEST", "{refused:?}");
+        }
+        // Nothing refused was written.
+        assert_eq!(
+            read_value(url, &[("sqlhttp-consistency", "primary")])
+                .await
+                .cell(),
+            "v"
+        );
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn read_only_batches_go_to_a_replica_and_write_batches_to_the_primary() {
+        let test = "read_only_batches_go_to_a_replica_and_write_batches_to_the_primary";
+        let cluster = replica_cluster_or_return!(test);
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "b").await;
+        let url = server.url();
+
+        let reads = json!({"read_only": true, "statements": [
+            {"sql": "SELECT v FROM kv WHERE k = 1"},
+            {"sql": "SELECT count(*) FROM kv"},
+        ]});
+        let batch = post(url, "/api/v1/batch", &WRITER, &reads).await.ok();
+        assert_eq!(batch.served_by(), Some("replica"), "{batch:?}");
+        assert_eq!(batch.body["results"][0]["rows"][0][0], "b");
+        assert_eq!(batch.body["results"][1]["rows"][0][0], 1);
+        batch.bookmark();
+
+        let writes = json!({"statements": [
+            {"sql": "INSERT INTO kv VALUES (2, 'c')"},
+            {"sql": "SELECT count(*) FROM kv"},
+        ]});
+        let batch = post(url, "/api/v1/batch", &WRITER, &writes).await.ok();
+        assert_ne!(batch.served_by(), Some("replica"), "{batch:?}");
+        assert_eq!(batch.body["results"][1]["rows"][0][0], 2);
+        batch.bookmark();
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read() {
+        let test = "keyed_writes_go_to_the_primary_and_a_keyed_read_stays_a_read";
+        let cluster = replica_cluster_or_return!(test);
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "k").await;
+        let url = server.url();
+
+        let key = [("idempotency-key", "a-keyed-write")];
+        let written = write(
+            url,
+            "UPDATE kv SET v = 'keyed' WHERE k = 1",
+            json!([]),
+            &key,
+        )
+        .await
+        .ok();
+        assert_eq!(written.served_by(), Some("primary"), "{written:?}");
+        let bookmark = written.bookmark();
+        // Sent again, it is replayed from the primary's store: the same answer, the same bookmark.
+        let replayed = write(
+            url,
+            "UPDATE kv SET v = 'keyed' WHERE k = 1",
+            json!([]),
+            &key,
+        )
+        .await
+        .ok();
+        assert_eq!(
+            replayed.header("idempotent-replayed"),
+            Some("true"),
+            "{replayed:?}"
+        );
+        assert_ne!(replayed.served_by(), Some("replica"), "{replayed:?}");
+
+        // A verified read ignores its key (ADR 0039): a read like any other, which a replica may
+        // serve, and which sees the write its bookmark names.
+        database.caught_up().await;
+        let keyed_read = read_value(
+            url,
+            &[
+                ("idempotency-key", "a-keyed-read"),
+                ("sqlhttp-bookmark", &bookmark),
+            ],
+        )
+        .await;
+        assert_eq!(keyed_read.served_by(), Some("replica"), "{keyed_read:?}");
+        assert_eq!(keyed_read.cell(), "keyed");
+        assert!(keyed_read.bookmark() >= bookmark, "{keyed_read:?}");
+    }
 }
 
 #[tokio::test]
@@ -1045,153 +1027,147 @@ async fn post_sql(url: &str, body: Value, headers: &[(&str, &str)]) -> Answer {
     post(url, "/api/v1/sql", headers, &body).await
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark() {
-    let test =
-        "a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark";
-    let cluster = replica_cluster_or_return!(test);
-    let _exclusive = REPLICAS.write().await;
-    let database = cluster.database().await;
-    let server = one_replica_never_too_far(&database).await;
-    let url = server.url();
-    prepared(url, &database, 1, "old").await;
-    let written = set_value(url, "new").await.bookmark();
-    database.caught_up().await;
+needs_postgres! {
+    #[tokio::test]
+    async fn a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark() {
+        let test =
+            "a_read_only_repeatable_read_transaction_is_served_by_a_replica_as_far_as_its_bookmark";
+        let cluster = replica_cluster_or_return!(test);
+        let _exclusive = REPLICAS.write().await;
+        let database = cluster.database().await;
+        let server = one_replica_never_too_far(&database).await;
+        let url = server.url();
+        prepared(url, &database, 1, "old").await;
+        let written = set_value(url, "new").await.bookmark();
+        database.caught_up().await;
 
-    let open = |headers: Vec<(&'static str, String)>, isolation: &'static str| {
-        let url = url.to_owned();
-        async move {
-            let mut all: Vec<(&str, &str)> = WRITER.to_vec();
-            all.extend(headers.iter().map(|(name, value)| (*name, value.as_str())));
-            post(
-                &url,
-                "/api/v1/transaction/open",
-                &all,
-                &json!({"read_only": true, "isolation": isolation}),
-            )
-            .await
-            .ok()
-        }
-    };
-    let statement = |token: String| {
-        let url = url.to_owned();
-        async move {
-            post(
-                &url,
-                "/api/v1/transaction/statement",
-                &WRITER,
-                &json!({"transaction": token, "seq": 1, "sql": "SELECT v FROM kv WHERE k = 1"}),
-            )
-            .await
-            .ok()
-        }
-    };
-    let token = |answer: &Answer| answer.body["transaction"].as_str().unwrap().to_owned();
+        let open = |headers: Vec<(&'static str, String)>, isolation: &'static str| {
+            let url = url.to_owned();
+            async move {
+                let mut all: Vec<(&str, &str)> = WRITER.to_vec();
+                all.extend(headers.iter().map(|(name, value)| (*name, value.as_str())));
+                post(
+                    &url,
+                    "/api/v1/transaction/open",
+                    &all,
+                    &json!({"read_only": true, "isolation": isolation}),
+                )
+                .await
+                .ok()
+            }
+        };
+        let statement = |token: String| {
+            let url = url.to_owned();
+            async move {
+                post(
+                    &url,
+                    "/api/v1/transaction/statement",
+                    &WRITER,
+                    &json!({"transaction": token, "seq": 1, "sql": "SELECT v FROM kv WHERE k = 1"}),
+                )
+                .await
+                .ok()
+            }
+        };
+        let token = |answer: &Answer| answer.body["transaction"].as_str().unwrap().to_owned();
 
-    // Its open takes the snapshot on the replica, after the replay check, and names its
-    // position: at or past the write its bookmark named, which it sees.
-    let opened = open(
-        vec![("sqlhttp-bookmark", written.clone())],
-        "repeatable_read",
-    )
-    .await;
-    assert_eq!(opened.served_by(), Some("replica"), "{opened:?}");
-    assert!(opened.bookmark() >= written, "{opened:?}");
-    assert_eq!(statement(token(&opened)).await.cell(), "new");
+        // Its open takes the snapshot on the replica, after the replay check, and names its
+        // position: at or past the write its bookmark named, which it sees.
+        let opened = open(
+            vec![("sqlhttp-bookmark", written.clone())],
+            "repeatable_read",
+        )
+        .await;
+        assert_eq!(opened.served_by(), Some("replica"), "{opened:?}");
+        assert!(opened.bookmark() >= written, "{opened:?}");
+        assert_eq!(statement(token(&opened)).await.cell(), "new");
 
-    // A serializable one (the default) stays on the primary: a hot standby refuses the level.
-    let serializable = open(Vec::new(), "serializable").await;
-    assert_eq!(
-        serializable.served_by(),
-        Some("primary"),
-        "{serializable:?}"
-    );
-    assert_eq!(statement(token(&serializable)).await.cell(), "new");
+        // A serializable one (the default) stays on the primary: a hot standby refuses the level.
+        let serializable = open(Vec::new(), "serializable").await;
+        assert_eq!(
+            serializable.served_by(),
+            Some("primary"),
+            "{serializable:?}"
+        );
+        assert_eq!(statement(token(&serializable)).await.cell(), "new");
 
-    // A replica that has not replayed the bookmark hands the transaction to the primary.
-    let paused = Paused::pause(&database.replicas[0]).await;
-    let newer = set_value(url, "newer").await.bookmark();
-    let behind = open(vec![("sqlhttp-bookmark", newer.clone())], "repeatable_read").await;
-    assert_eq!(behind.served_by(), Some("primary"), "{behind:?}");
-    assert_eq!(statement(token(&behind)).await.cell(), "newer");
-    paused.resume().await;
-}
-
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_read_a_replica_cannot_run_is_served_by_the_primary() {
-    let test = "a_read_a_replica_cannot_run_is_served_by_the_primary";
-    let cluster = replica_cluster_or_return!(test);
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = sqlhttpd_on(&database, &[0], &[]).await;
-    let url = server.url();
-    prepared(url, &database, 1, "v").await;
-
-    // A hot standby refuses what needs a primary ("recovery is in progress"): the primary
-    // answers instead of the replica's refusal.
-    let position = read(url, "SELECT pg_current_wal_lsn()::text", json!([]), &[])
-        .await
-        .ok();
-    assert_eq!(position.served_by(), Some("primary"), "{position:?}");
-    // A write sent as a read is refused by the primary as it always was.
-    let write = read(url, "INSERT INTO kv VALUES (9, 'w')", json!([]), &[]).await;
-    assert_eq!(write.status, 403, "{write:?}");
-    assert_eq!(write.body["error"]["code"], "READ_ONLY");
-    // Whatever a replica can run, it still serves.
-    assert_eq!(read_value(url, &[]).await.served_by(), Some("replica"));
-}
-
-/// A read a hot standby refuses for being one is served by the primary, whatever the code it
-/// refuses it with: an `UNLOGGED` table (`0A000`, "during recovery"), read with the flag, by a
-/// read credential, and in a read-only batch.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_read_of_what_a_standby_cannot_read_is_served_by_the_primary() {
-    let cluster =
-        replica_cluster_or_return!("a_read_of_what_a_standby_cannot_read_is_served_by_the_primary");
-    let _shared = REPLICAS.read().await;
-    let database = cluster.database().await;
-    let server = every_replica(&database, "one").await;
-    let url = server.url();
-    write(
-        url,
-        "CREATE UNLOGGED TABLE scratch (x INTEGER)",
-        json!([]),
-        &[],
-    )
-    .await
-    .ok();
-    write(url, "INSERT INTO scratch VALUES (7)", json!([]), &[])
-        .await
-        .ok();
-    database.caught_up().await;
-    let sql = "SELECT x FROM scratch";
-    for _ in 0..3 {
-        let flagged = read(url, sql, json!([]), &[]).await.ok();
-        assert_eq!(flagged.cell(), 7, "{flagged:?}");
-        assert_ne!(flagged.served_by(), Some("replica"), "{flagged:?}");
+        // A replica that has not replayed the bookmark hands the transaction to the primary.
+        let paused = Paused::pause(&database.replicas[0]).await;
+        let newer = set_value(url, "newer").await.bookmark();
+        let behind = open(vec![("sqlhttp-bookmark", newer.clone())], "repeatable_read").await;
+        assert_eq!(behind.served_by(), Some("primary"), "{behind:?}");
+        assert_eq!(statement(token(&behind)).await.cell(), "newer");
+        paused.resume().await;
     }
-    let by_reader = post(url, "/api/v1/sql", &READER, &json!({"sql": sql}))
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_read_a_replica_cannot_run_is_served_by_the_primary() {
+        let test = "a_read_a_replica_cannot_run_is_served_by_the_primary";
+        let cluster = replica_cluster_or_return!(test);
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = sqlhttpd_on(&database, &[0], &[]).await;
+        let url = server.url();
+        prepared(url, &database, 1, "v").await;
+
+        // A hot standby refuses what needs a primary ("recovery is in progress"): the primary
+        // answers instead of the replica's refusal.
+        let position = read(url, "SELECT pg_current_wal_lsn()::text", json!([]), &[])
+            .await
+            .ok();
+        assert_eq!(position.served_by(), Some("primary"), "{position:?}");
+        // A write sent as a read is refused by the primary as it always was.
+        let write = read(url, "INSERT INTO kv VALUES (9, 'w')", json!([]), &[]).await;
+        assert_eq!(write.status, 403, "{write:?}");
+        assert_eq!(write.body["error"]["code"], "READ_ONLY");
+        // Whatever a replica can run, it still serves.
+        assert_eq!(read_value(url, &[]).await.served_by(), Some("replica"));
+    }
+}
+
+needs_postgres! {
+    /// A read a hot standby refuses for being one is served by the primary, whatever the code it
+    /// refuses it with: an `UNLOGGED` table (`0A000`, "during recovery"), read with the flag, by a
+    /// read credential, and in a read-only batch.
+    #[tokio::test]
+    async fn a_read_of_what_a_standby_cannot_read_is_served_by_the_primary() {
+        let cluster =
+            replica_cluster_or_return!("a_read_of_what_a_standby_cannot_read_is_served_by_the_primary");
+        let _shared = REPLICAS.read().await;
+        let database = cluster.database().await;
+        let server = every_replica(&database, "one").await;
+        let url = server.url();
+        write(
+            url,
+            "CREATE UNLOGGED TABLE scratch (x INTEGER)",
+            json!([]),
+            &[],
+        )
         .await
         .ok();
-    assert_eq!(by_reader.cell(), 7, "{by_reader:?}");
-    let batch = post(
-        url,
-        "/api/v1/batch",
-        &READER,
-        &json!({"statements": [{"sql": sql}], "read_only": true}),
-    )
-    .await;
-    assert_eq!(batch.status, 200, "{batch:?}");
+        write(url, "INSERT INTO scratch VALUES (7)", json!([]), &[])
+            .await
+            .ok();
+        database.caught_up().await;
+        let sql = "SELECT x FROM scratch";
+        for _ in 0..3 {
+            let flagged = read(url, sql, json!([]), &[]).await.ok();
+            assert_eq!(flagged.cell(), 7, "{flagged:?}");
+            assert_ne!(flagged.served_by(), Some("replica"), "{flagged:?}");
+        }
+        let by_reader = post(url, "/api/v1/sql", &READER, &json!({"sql": sql}))
+            .await
+            .ok();
+        assert_eq!(by_reader.cell(), 7, "{by_reader:?}");
+        let batch = post(
+            url,
+            "/api/v1/batch",
+            &READER,
+            &json!({"statements": [{"sql": sql}], "read_only": true}),
+        )
+        .await;
+        assert_eq!(batch.status, 200, "{batch:?}");
+    }
 }

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::{Config, Limits, Server};
 
 use crate::common::{Reply, app_with, batch_with, memory_app, ok, post_json, send, without_stats};
-use crate::engines::{Engine, engine_app, on_both_engines, postgres_app};
+use crate::engines::{Engine, engine_app, needs_postgres, on_both_engines, postgres_app};
 
 on_both_engines!(
     each_result_is_exactly_the_v1_body_of_its_statement,
@@ -452,35 +452,33 @@ async fn foreign_keys_checked_at_commit_let_a_table_be_rebuilt() {
     assert_eq!(posts["rows"], json!([[0]]));
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn foreign_keys_checked_at_commit_are_refused_on_postgres() {
-    let router = postgres_app!(
-        "foreign_keys_checked_at_commit_are_refused_on_postgres",
-        |_| {}
-    );
-    let mut body = statements(&["CREATE TABLE t (x INTEGER)"]);
-    body["foreign_keys"] = json!("checked_at_commit");
-    let refused = batch(&router, &body).await;
-    assert_eq!(refused.status, 400, "{}", refused.json());
-    assert!(
-        refused.json()["error"]["message"]
-            .as_str()
-            .unwrap()
-            .contains("PostgreSQL"),
-        "{}",
-        refused.json()
-    );
-    let none = ok(
-        &router,
-        "SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 't'",
-        json!([]),
-    )
-    .await;
-    assert_eq!(none["rows"], json!([[0]]));
+needs_postgres! {
+    #[tokio::test]
+    async fn foreign_keys_checked_at_commit_are_refused_on_postgres() {
+        let router = postgres_app!(
+            "foreign_keys_checked_at_commit_are_refused_on_postgres",
+            |_| {}
+        );
+        let mut body = statements(&["CREATE TABLE t (x INTEGER)"]);
+        body["foreign_keys"] = json!("checked_at_commit");
+        let refused = batch(&router, &body).await;
+        assert_eq!(refused.status, 400, "{}", refused.json());
+        assert!(
+            refused.json()["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("PostgreSQL"),
+            "{}",
+            refused.json()
+        );
+        let none = ok(
+            &router,
+            "SELECT count(*) FROM pg_catalog.pg_tables WHERE tablename = 't'",
+            json!([]),
+        )
+        .await;
+        assert_eq!(none["rows"], json!([[0]]));
+    }
 }
 
 /// `"isolation"` sets a batch's transaction level: every level on PostgreSQL (the defaults are
@@ -554,73 +552,71 @@ async fn a_batch_runs_at_the_isolation_it_asks_for(engine: Engine) {
     assert_eq!(seen(keyed), json!("serializable"));
 }
 
-/// On PostgreSQL, serializable batches that conflict (each reads and writes the same row) fail
-/// to serialize against each other; nothing of a failed one is kept, it is answered as
-/// unavailable, and the SDK runs it again under its key: every one ends applied exactly once.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk() {
-    let Some(url) = crate::engines::database(
-        "conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk",
-    )
-    .await
-    else {
-        return;
-    };
-    let server = crate::common::serve(crate::engines::config(&url)).await;
-    let client = sqlhttp::Client::builder(server.url())
-        .retry_writes(true)
-        .retry(
-            sqlhttp::RetryPolicy::new()
-                .with_max_attempts(30)
-                .with_initial_backoff(Duration::from_millis(5))
-                .with_max_backoff(Duration::from_millis(50)),
+needs_postgres! {
+    /// On PostgreSQL, serializable batches that conflict (each reads and writes the same row) fail
+    /// to serialize against each other; nothing of a failed one is kept, it is answered as
+    /// unavailable, and the SDK runs it again under its key: every one ends applied exactly once.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk() {
+        let Some(url) = crate::engines::database(
+            "conflicting_serializable_keyed_batches_each_apply_once_through_the_sdk",
         )
-        .build()
-        .unwrap();
-    client
-        .execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
         .await
-        .unwrap();
-    client
-        .execute("INSERT INTO counter VALUES (1, 0)")
-        .await
-        .unwrap();
-    client
-        .execute("CREATE TABLE seen (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
-        .await
-        .unwrap();
-    let runs = (0..8).map(|k| {
-        let client = client.clone();
-        tokio::spawn(async move {
-            client
-                .batch()
-                .statement("INSERT INTO seen SELECT ?, n FROM counter WHERE id = 1")
-                .bind(k)
-                .statement("UPDATE counter SET n = n + 1 WHERE id = 1")
-                .isolation(sqlhttp::Isolation::Serializable)
-                .idempotency_key(format!("bump-{k}"))
-                .await
-        })
-    });
-    for run in runs.collect::<Vec<_>>() {
-        run.await.unwrap().unwrap();
+        else {
+            return;
+        };
+        let server = crate::common::serve(crate::engines::config(&url)).await;
+        let client = sqlhttp::Client::builder(server.url())
+            .retry_writes(true)
+            .retry(
+                sqlhttp::RetryPolicy::new()
+                    .with_max_attempts(30)
+                    .with_initial_backoff(Duration::from_millis(5))
+                    .with_max_backoff(Duration::from_millis(50)),
+            )
+            .build()
+            .unwrap();
+        client
+            .execute("CREATE TABLE counter (id INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+            .await
+            .unwrap();
+        client
+            .execute("INSERT INTO counter VALUES (1, 0)")
+            .await
+            .unwrap();
+        client
+            .execute("CREATE TABLE seen (k INTEGER PRIMARY KEY, n INTEGER NOT NULL)")
+            .await
+            .unwrap();
+        let runs = (0..8).map(|k| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                client
+                    .batch()
+                    .statement("INSERT INTO seen SELECT ?, n FROM counter WHERE id = 1")
+                    .bind(k)
+                    .statement("UPDATE counter SET n = n + 1 WHERE id = 1")
+                    .isolation(sqlhttp::Isolation::Serializable)
+                    .idempotency_key(format!("bump-{k}"))
+                    .await
+            })
+        });
+        for run in runs.collect::<Vec<_>>() {
+            run.await.unwrap().unwrap();
+        }
+        let counter: Vec<(i64,)> = client
+            .query("SELECT n FROM counter")
+            .fetch_all()
+            .await
+            .unwrap();
+        assert_eq!(counter, vec![(8,)], "each batch applied exactly once");
+        // Serializable: each saw a different count, as if they ran one after another.
+        let mut seen: Vec<(i64,)> = client
+            .query("SELECT n FROM seen ORDER BY n")
+            .fetch_all()
+            .await
+            .unwrap();
+        seen.dedup();
+        assert_eq!(seen.len(), 8, "{seen:?}");
     }
-    let counter: Vec<(i64,)> = client
-        .query("SELECT n FROM counter")
-        .fetch_all()
-        .await
-        .unwrap();
-    assert_eq!(counter, vec![(8,)], "each batch applied exactly once");
-    // Serializable: each saw a different count, as if they ran one after another.
-    let mut seen: Vec<(i64,)> = client
-        .query("SELECT n FROM seen ORDER BY n")
-        .fetch_all()
-        .await
-        .unwrap();
-    seen.dedup();
-    assert_eq!(seen.len(), 8, "{seen:?}");
 }

@@ -6,7 +6,7 @@
 use serde_json::{Value, json};
 
 use crate::common::{READER, Reply, WRITER, ok, post_with, send, with_writer_and_reader};
-use crate::engines::{Engine, engine_app, on_both_engines};
+use crate::engines::{Engine, engine_app, needs_postgres, on_both_engines};
 
 on_both_engines!(
     describes_parameters_columns_and_writes,
@@ -164,76 +164,74 @@ async fn a_read_credential_describes_reads_only(engine: Engine) {
     assert_eq!(unauthenticated.status, 401);
 }
 
-/// PostgreSQL checks privileges when a statement's plan starts, not when it is parsed: a
-/// describe plans it (`EXPLAIN`, nothing run) as the client role, so a table the role may not
-/// read is refused, with the statement's own refusal, and its columns are not told.
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn a_table_the_client_role_may_not_read_is_not_described() {
-    let Some(url) = crate::engines::database("describe_privileges").await else {
-        return;
-    };
-    let router =
-        sqlhttp_server::app(sqlhttp_server::AppState::new(&crate::engines::config(&url)).unwrap());
-    ok(&router, "SELECT 1", json!([])).await;
-    let owner = crate::engines::owner(&url).await;
-    let role = crate::engines::client_role(&url);
-    owner
-        .batch_execute(&format!(
-            "CREATE TABLE secret (code text NOT NULL); \
+needs_postgres! {
+    /// PostgreSQL checks privileges when a statement's plan starts, not when it is parsed: a
+    /// describe plans it (`EXPLAIN`, nothing run) as the client role, so a table the role may not
+    /// read is refused, with the statement's own refusal, and its columns are not told.
+    #[tokio::test]
+    async fn a_table_the_client_role_may_not_read_is_not_described() {
+        let Some(url) = crate::engines::database("describe_privileges").await else {
+            return;
+        };
+        let router =
+            sqlhttp_server::app(sqlhttp_server::AppState::new(&crate::engines::config(&url)).unwrap());
+        ok(&router, "SELECT 1", json!([])).await;
+        let owner = crate::engines::owner(&url).await;
+        let role = crate::engines::client_role(&url);
+        owner
+            .batch_execute(&format!(
+                "CREATE TABLE secret (code text NOT NULL); \
              REVOKE ALL ON secret FROM PUBLIC, {role}; \
              CREATE TABLE open (id int NOT NULL); GRANT SELECT ON open TO {role}"
-        ))
-        .await
-        .unwrap();
-    for sql in [
-        "SELECT code FROM secret",
-        "SELECT o.id FROM open o WHERE EXISTS (SELECT 1 FROM secret WHERE code = ?)",
-        "WITH s AS (SELECT * FROM secret) SELECT 1 FROM s WHERE false",
-        "DELETE FROM secret WHERE code = ?",
-        "INSERT INTO open SELECT length(code) FROM secret",
-        "EXPLAIN SELECT code FROM secret",
-        "CREATE TABLE leak AS SELECT code FROM secret",
-        "CREATE MATERIALIZED VIEW leak AS SELECT code FROM secret",
-    ] {
-        let ran = sql_reply(&router, &sql.replace('?', "'x'")).await;
+            ))
+            .await
+            .unwrap();
+        for sql in [
+            "SELECT code FROM secret",
+            "SELECT o.id FROM open o WHERE EXISTS (SELECT 1 FROM secret WHERE code = ?)",
+            "WITH s AS (SELECT * FROM secret) SELECT 1 FROM s WHERE false",
+            "DELETE FROM secret WHERE code = ?",
+            "INSERT INTO open SELECT length(code) FROM secret",
+            "EXPLAIN SELECT code FROM secret",
+            "CREATE TABLE leak AS SELECT code FROM secret",
+            "CREATE MATERIALIZED VIEW leak AS SELECT code FROM secret",
+        ] {
+            let ran = sql_reply(&router, &sql.replace('?', "'x'")).await;
+            assert_eq!(
+                refusal(&ran),
+                (403, "STATEMENT_NOT_ALLOWED".to_owned()),
+                "{sql}"
+            );
+            let asked = describe(&router, &[], sql).await;
+            assert_eq!(refusal(&asked), refusal(&ran), "{sql}");
+            assert!(
+                !String::from_utf8_lossy(&asked.body).contains("\"columns\""),
+                "{sql}"
+            );
+        }
+        // What would run its statement, or whose privileges PostgreSQL checks only when it runs,
+        // is not described at all.
+        for sql in [
+            "EXPLAIN ANALYZE SELECT id FROM open",
+            "CALL no_such_procedure()",
+        ] {
+            let asked = describe(&router, &[], sql).await;
+            assert_eq!(
+                refusal(&asked),
+                (403, "STATEMENT_NOT_ALLOWED".to_owned()),
+                "{sql}"
+            );
+        }
+        // A CREATE with AS that EXPLAIN does not take is described as before.
+        described(
+            &router,
+            "CREATE TABLE generated (a int, b int GENERATED ALWAYS AS (a * 2) STORED)",
+        )
+        .await;
+        let open = described(&router, "SELECT id FROM open").await;
         assert_eq!(
-            refusal(&ran),
-            (403, "STATEMENT_NOT_ALLOWED".to_owned()),
-            "{sql}"
-        );
-        let asked = describe(&router, &[], sql).await;
-        assert_eq!(refusal(&asked), refusal(&ran), "{sql}");
-        assert!(
-            !String::from_utf8_lossy(&asked.body).contains("\"columns\""),
-            "{sql}"
+            open["columns"],
+            json!([{"name": "id", "type": "int4", "nullable": false}])
         );
     }
-    // What would run its statement, or whose privileges PostgreSQL checks only when it runs,
-    // is not described at all.
-    for sql in [
-        "EXPLAIN ANALYZE SELECT id FROM open",
-        "CALL no_such_procedure()",
-    ] {
-        let asked = describe(&router, &[], sql).await;
-        assert_eq!(
-            refusal(&asked),
-            (403, "STATEMENT_NOT_ALLOWED".to_owned()),
-            "{sql}"
-        );
-    }
-    // A CREATE with AS that EXPLAIN does not take is described as before.
-    described(
-        &router,
-        "CREATE TABLE generated (a int, b int GENERATED ALWAYS AS (a * 2) STORED)",
-    )
-    .await;
-    let open = described(&router, "SELECT id FROM open").await;
-    assert_eq!(
-        open["columns"],
-        json!([{"name": "id", "type": "int4", "nullable": false}])
-    );
 }

@@ -10,7 +10,7 @@ use sqlhttp_server::Config;
 use crate::common::{
     READER, TempDb, WRITER, app_with, batch_with as batch, ok, post_with, with_writer_and_reader,
 };
-use crate::engines::{Engine, app_on, engine_app, on_both_engines};
+use crate::engines::{Engine, app_on, engine_app, needs_postgres, on_both_engines};
 
 on_both_engines!(read_only_credentials_run_read_only_transactions);
 
@@ -179,30 +179,28 @@ const POSTGRES_READS: &[&str] = &[
     "SELECT last_value FROM s",
 ];
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn on_postgres_every_write_form_is_refused_and_every_read_form_passes() {
-    let Some(router) = app_on("verified_reads", |_| {}).await else {
-        return;
-    };
-    writes_are_refused_and_change_nothing(
-        "postgres",
-        &router,
-        POSTGRES_SET_UP,
-        POSTGRES_WRITES,
-        POSTGRES_TABLES,
-    )
-    .await;
-    reads_pass("postgres", &router, POSTGRES_READS).await;
-    let sequence = ok(&router, "SELECT last_value FROM s", json!([])).await;
-    assert_eq!(
-        sequence["rows"],
-        json!([[1]]),
-        "nextval and setval were refused"
-    );
+needs_postgres! {
+    #[tokio::test]
+    async fn on_postgres_every_write_form_is_refused_and_every_read_form_passes() {
+        let Some(router) = app_on("verified_reads", |_| {}).await else {
+            return;
+        };
+        writes_are_refused_and_change_nothing(
+            "postgres",
+            &router,
+            POSTGRES_SET_UP,
+            POSTGRES_WRITES,
+            POSTGRES_TABLES,
+        )
+        .await;
+        reads_pass("postgres", &router, POSTGRES_READS).await;
+        let sequence = ok(&router, "SELECT last_value FROM s", json!([])).await;
+        assert_eq!(
+            sequence["rows"],
+            json!([[1]]),
+            "nextval and setval were refused"
+        );
+    }
 }
 
 #[tokio::test]

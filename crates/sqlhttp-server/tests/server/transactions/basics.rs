@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use sqlhttp_server::Config;
 
 use crate::common::{Reply, ok, post_with, send};
-use crate::engines::{Engine, on_both_engines};
+use crate::engines::{Engine, needs_postgres, on_both_engines};
 
 on_both_engines!(
     a_transaction_reads_decides_writes_and_commits_once,
@@ -684,38 +684,36 @@ async fn a_killed_server_commits_nothing_open_and_keeps_what_committed() {
     server.wait().unwrap();
 }
 
-/// On PostgreSQL open transactions hold at most all of the pool's connections but one: idle
-/// transactions never take every connection from plain requests, and an open past them waits
-/// (at most the statement timeout, then 503).
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test]
-async fn on_postgres_idle_transactions_leave_a_connection_to_plain_requests() {
-    let router = crate::engines::postgres_app!("idle_transactions_leave_a_connection", |config| {
-        config.limits.pool_size = 2;
-        config.limits.statement_timeout = Duration::from_millis(500);
-    });
-    let held = open(&router, None, &json!({})).await;
-    let started = std::time::Instant::now();
-    let refused = post(&router, "open", None, &json!({})).await;
-    assert_eq!(refused.code(), "UNAVAILABLE");
-    assert!(
-        started.elapsed() >= Duration::from_millis(400),
-        "it waited for a connection"
-    );
-    for _ in 0..3 {
-        assert_eq!(
-            ok(&router, "SELECT 1", json!([])).await["rows"],
-            json!([[1]])
+needs_postgres! {
+    /// On PostgreSQL open transactions hold at most all of the pool's connections but one: idle
+    /// transactions never take every connection from plain requests, and an open past them waits
+    /// (at most the statement timeout, then 503).
+    #[tokio::test]
+    async fn on_postgres_idle_transactions_leave_a_connection_to_plain_requests() {
+        let router = crate::engines::postgres_app!("idle_transactions_leave_a_connection", |config| {
+            config.limits.pool_size = 2;
+            config.limits.statement_timeout = Duration::from_millis(500);
+        });
+        let held = open(&router, None, &json!({})).await;
+        let started = std::time::Instant::now();
+        let refused = post(&router, "open", None, &json!({})).await;
+        assert_eq!(refused.code(), "UNAVAILABLE");
+        assert!(
+            started.elapsed() >= Duration::from_millis(400),
+            "it waited for a connection"
         );
+        for _ in 0..3 {
+            assert_eq!(
+                ok(&router, "SELECT 1", json!([])).await["rows"],
+                json!([[1]])
+            );
+        }
+        let read_only = json!({ "read_only": true });
+        let (next, ended) = tokio::join!(open(&router, None, &read_only), async {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            end(&router, "rollback", &held).await
+        });
+        assert_eq!(ended.status, 200);
+        assert_eq!(end(&router, "commit", &next).await.status, 200);
     }
-    let read_only = json!({ "read_only": true });
-    let (next, ended) = tokio::join!(open(&router, None, &read_only), async {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        end(&router, "rollback", &held).await
-    });
-    assert_eq!(ended.status, 200);
-    assert_eq!(end(&router, "commit", &next).await.status, 200);
 }

@@ -46,7 +46,7 @@ use sqlhttp_server::{Config, Database, ReadReplicas, Server};
 use sqlhttp_testkit::{ChaosProxy, Fault};
 
 use crate::common::http_client;
-use crate::engines::{ReplicaCluster, client_role, config, owner, replica_cluster};
+use crate::engines::{ReplicaCluster, client_role, config, needs_postgres, owner, replica_cluster};
 use crate::replicas::reads::REPLICAS;
 
 /// How long the sessions run transactions, unless `SQLHTTPD_TEST_TX_HISTORY_SECS` says.
@@ -107,108 +107,105 @@ struct SessionHistory {
     errors: Vec<String>,
 }
 
-#[cfg_attr(
-    sqlhttpd_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL, or install the postgresql package"
-)]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once() {
-    let test = "every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once";
-    let Some(cluster) = replica_cluster(test) else {
-        return;
-    };
-    let _exclusive = REPLICAS.write().await;
-    let _alone = crate::common::MACHINE.write().await;
-    // However the test ends, the replicas replay again for the tests after it.
-    let _resumed = ResumeOnDrop(cluster.replicas.clone());
-    let database = cluster.database().await;
+needs_postgres! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once() {
+        let test = "every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once";
+        let Some(cluster) = replica_cluster(test) else {
+            return;
+        };
+        let _exclusive = REPLICAS.write().await;
+        let _alone = crate::common::MACHINE.write().await;
+        // However the test ends, the replicas replay again for the tests after it.
+        let _resumed = ResumeOnDrop(cluster.replicas.clone());
+        let database = cluster.database().await;
 
-    let mut config: Config = config(&database.primary);
-    config.listen = "127.0.0.1:0".parse().unwrap();
-    let role = client_role(&database.primary);
-    config.read_replicas = ReadReplicas {
-        urls: database
-            .replicas
-            .iter()
-            .map(|url| match url.parse() {
-                Ok(Database::Postgres(url)) => url.with_client_role(&role).unwrap(),
-                _ => panic!("a PostgreSQL URL: {url}"),
-            })
-            .collect(),
-        wait: REPLICA_WAIT,
-        ..ReadReplicas::default()
-    };
-    let server = Server::bind(config).await.unwrap().spawn();
-    let addr = server.local_addr();
-    let url = server.url();
-
-    let direct = Client::builder(url.clone()).build().unwrap();
-    direct.execute(TABLE).await.unwrap();
-    database.caught_up().await;
-    every_replica_serving(&url, database.replicas.len()).await;
-    let replica_reads_before = reads_served_by(&url, "replica").await;
-    let primary_reads_before = reads_served_by(&url, "primary").await;
-
-    let workload = std::env::var("SQLHTTPD_TEST_TX_HISTORY_SECS")
-        .ok()
-        .and_then(|secs| secs.parse().ok())
-        .map_or(WORKLOAD, Duration::from_secs);
-    let started = Instant::now();
-    let stop = Arc::new(AtomicBool::new(false));
-    let lagging = tokio::spawn(lag_replicas(cluster, Arc::clone(&stop)));
-    let mut sessions = Vec::new();
-    for session in 1..=SESSIONS {
-        let proxy = ChaosProxy::start(addr).await.unwrap();
-        sessions.push(tokio::spawn(run_session(
-            session,
-            proxy,
-            started + workload,
-        )));
-    }
-    let mut histories = Vec::new();
-    for session in sessions {
-        histories.push(session.await.unwrap());
-    }
-    stop.store(true, Ordering::SeqCst);
-    let lag = lagging.await.unwrap();
-    let elapsed = started.elapsed();
-    let replica_reads = reads_served_by(&url, "replica").await - replica_reads_before;
-    let primary_reads = reads_served_by(&url, "primary").await - primary_reads_before;
-
-    // What the primary holds, counted per row.
-    let mut stored: BTreeMap<(u64, u64), u64> = BTreeMap::new();
-    for row in owner(&database.primary)
-        .await
-        .query(
-            "SELECT session, seq, count(*) FROM history GROUP BY session, seq",
-            &[],
-        )
-        .await
-        .unwrap()
-    {
-        let key = (
-            u64::try_from(row.get::<_, i64>(0)).unwrap(),
-            u64::try_from(row.get::<_, i64>(1)).unwrap(),
-        );
-        stored.insert(key, u64::try_from(row.get::<_, i64>(2)).unwrap());
-    }
-    server.shutdown().await;
-
-    let mut figures = Figures::default();
-    for (history, session) in histories.iter().zip(1..) {
-        figures.add(session, history, &stored);
-    }
-    let unexpected_rows: Vec<_> = stored
-        .keys()
-        .filter(|(session, seq)| {
-            !histories
+        let mut config: Config = config(&database.primary);
+        config.listen = "127.0.0.1:0".parse().unwrap();
+        let role = client_role(&database.primary);
+        config.read_replicas = ReadReplicas {
+            urls: database
+                .replicas
                 .iter()
-                .zip(1..)
-                .any(|(history, s)| s == *session && history.ended.contains_key(seq))
-        })
-        .collect();
-    eprintln!(
-        "tx_history: {SESSIONS} sessions for {elapsed:.1?} (each COMMIT's first answer dropped, \
+                .map(|url| match url.parse() {
+                    Ok(Database::Postgres(url)) => url.with_client_role(&role).unwrap(),
+                    _ => panic!("a PostgreSQL URL: {url}"),
+                })
+                .collect(),
+            wait: REPLICA_WAIT,
+            ..ReadReplicas::default()
+        };
+        let server = Server::bind(config).await.unwrap().spawn();
+        let addr = server.local_addr();
+        let url = server.url();
+
+        let direct = Client::builder(url.clone()).build().unwrap();
+        direct.execute(TABLE).await.unwrap();
+        database.caught_up().await;
+        every_replica_serving(&url, database.replicas.len()).await;
+        let replica_reads_before = reads_served_by(&url, "replica").await;
+        let primary_reads_before = reads_served_by(&url, "primary").await;
+
+        let workload = std::env::var("SQLHTTPD_TEST_TX_HISTORY_SECS")
+            .ok()
+            .and_then(|secs| secs.parse().ok())
+            .map_or(WORKLOAD, Duration::from_secs);
+        let started = Instant::now();
+        let stop = Arc::new(AtomicBool::new(false));
+        let lagging = tokio::spawn(lag_replicas(cluster, Arc::clone(&stop)));
+        let mut sessions = Vec::new();
+        for session in 1..=SESSIONS {
+            let proxy = ChaosProxy::start(addr).await.unwrap();
+            sessions.push(tokio::spawn(run_session(
+                session,
+                proxy,
+                started + workload,
+            )));
+        }
+        let mut histories = Vec::new();
+        for session in sessions {
+            histories.push(session.await.unwrap());
+        }
+        stop.store(true, Ordering::SeqCst);
+        let lag = lagging.await.unwrap();
+        let elapsed = started.elapsed();
+        let replica_reads = reads_served_by(&url, "replica").await - replica_reads_before;
+        let primary_reads = reads_served_by(&url, "primary").await - primary_reads_before;
+
+        // What the primary holds, counted per row.
+        let mut stored: BTreeMap<(u64, u64), u64> = BTreeMap::new();
+        for row in owner(&database.primary)
+            .await
+            .query(
+                "SELECT session, seq, count(*) FROM history GROUP BY session, seq",
+                &[],
+            )
+            .await
+            .unwrap()
+        {
+            let key = (
+                u64::try_from(row.get::<_, i64>(0)).unwrap(),
+                u64::try_from(row.get::<_, i64>(1)).unwrap(),
+            );
+            stored.insert(key, u64::try_from(row.get::<_, i64>(2)).unwrap());
+        }
+        server.shutdown().await;
+
+        let mut figures = Figures::default();
+        for (history, session) in histories.iter().zip(1..) {
+            figures.add(session, history, &stored);
+        }
+        let unexpected_rows: Vec<_> = stored
+            .keys()
+            .filter(|(session, seq)| {
+                !histories
+                    .iter()
+                    .zip(1..)
+                    .any(|(history, s)| s == *session && history.ended.contains_key(seq))
+            })
+            .collect();
+        eprintln!(
+            "tx_history: {SESSIONS} sessions for {elapsed:.1?} (each COMMIT's first answer dropped, \
          --replica-wait {REPLICA_WAIT:?}): {transactions} transactions ({committed} ok, \
          {unknown} outcome unknown, {failed} failed), {dropped} COMMIT answers dropped, \
          {resent} requests re-sent after them (re-sent COMMITs or outcome questions); \
@@ -217,67 +214,68 @@ async fn every_commit_answered_twice_keeps_read_your_writes_and_each_effect_once
          {paused:.1?} in all; read-your-writes violations {violations}, duplicated effects \
          {duplicated}, lost effects {lost}, effects of failed transactions {phantom}, rows seen \
          twice or of failed transactions {seen_wrong}, rows no transaction wrote {unexpected}",
-        transactions = figures.transactions,
-        committed = figures.committed,
-        unknown = figures.unknown,
-        failed = figures.failed,
-        dropped = figures.dropped,
-        resent = figures.resent,
-        reads = figures.reads,
-        read_errors = figures.read_errors,
-        pauses = lag.pauses,
-        paused = lag.paused,
-        violations = figures.violations,
-        duplicated = figures.duplicated,
-        lost = figures.lost,
-        phantom = figures.phantom,
-        seen_wrong = figures.seen_wrong,
-        unexpected = unexpected_rows.len(),
-    );
+            transactions = figures.transactions,
+            committed = figures.committed,
+            unknown = figures.unknown,
+            failed = figures.failed,
+            dropped = figures.dropped,
+            resent = figures.resent,
+            reads = figures.reads,
+            read_errors = figures.read_errors,
+            pauses = lag.pauses,
+            paused = lag.paused,
+            violations = figures.violations,
+            duplicated = figures.duplicated,
+            lost = figures.lost,
+            phantom = figures.phantom,
+            seen_wrong = figures.seen_wrong,
+            unexpected = unexpected_rows.len(),
+        );
 
-    for error in histories.iter().flat_map(|h| &h.errors).take(5) {
-        eprintln!("tx_history: a transaction failed (not a violation by itself): {error}");
-    }
-    let mut failures = String::new();
-    for history in &histories {
-        for violation in history.violations.iter().take(5) {
+        for error in histories.iter().flat_map(|h| &h.errors).take(5) {
+            eprintln!("tx_history: a transaction failed (not a violation by itself): {error}");
+        }
+        let mut failures = String::new();
+        for history in &histories {
+            for violation in history.violations.iter().take(5) {
+                let _ = writeln!(
+                    failures,
+                    "session {} read after transaction {} saw {} rows and missed {:?}",
+                    violation.session, violation.after, violation.seen, violation.missing
+                );
+            }
+            for wrong in history.phantoms.iter().take(5) {
+                let _ = writeln!(failures, "{wrong}");
+            }
+            for error in history.read_errors.iter().take(3) {
+                let _ = writeln!(failures, "a read failed: {error}");
+            }
+        }
+        for problem in figures.problems.iter().take(20) {
+            let _ = writeln!(failures, "{problem}");
+        }
+        for row in unexpected_rows.iter().take(5) {
             let _ = writeln!(
                 failures,
-                "session {} read after transaction {} saw {} rows and missed {:?}",
-                violation.session, violation.after, violation.seen, violation.missing
+                "the primary holds {row:?}, which no transaction wrote"
             );
         }
-        for wrong in history.phantoms.iter().take(5) {
-            let _ = writeln!(failures, "{wrong}");
-        }
-        for error in history.read_errors.iter().take(3) {
-            let _ = writeln!(failures, "a read failed: {error}");
-        }
-    }
-    for problem in figures.problems.iter().take(20) {
-        let _ = writeln!(failures, "{problem}");
-    }
-    for row in unexpected_rows.iter().take(5) {
-        let _ = writeln!(
-            failures,
-            "the primary holds {row:?}, which no transaction wrote"
+        assert!(failures.is_empty(), "the history is not clean:\n{failures}");
+        assert!(
+            figures.committed > SESSIONS as usize * 10,
+            "too few transactions to check anything: {}",
+            figures.committed
         );
+        assert!(
+            figures.dropped >= figures.committed + figures.unknown,
+            "every transaction that reached its COMMIT lost the COMMIT's first answer"
+        );
+        assert!(
+            figures.resent >= figures.dropped,
+            "every dropped answer was asked for again"
+        );
+        assert!(replica_reads > 0.0, "no read was served by a replica");
     }
-    assert!(failures.is_empty(), "the history is not clean:\n{failures}");
-    assert!(
-        figures.committed > SESSIONS as usize * 10,
-        "too few transactions to check anything: {}",
-        figures.committed
-    );
-    assert!(
-        figures.dropped >= figures.committed + figures.unknown,
-        "every transaction that reached its COMMIT lost the COMMIT's first answer"
-    );
-    assert!(
-        figures.resent >= figures.dropped,
-        "every dropped answer was asked for again"
-    );
-    assert!(replica_reads > 0.0, "no read was served by a replica");
 }
 
 /// The history's figures, summed over the sessions.
