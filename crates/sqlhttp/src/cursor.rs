@@ -78,7 +78,7 @@ impl Collect<Vec<crate::value::Value>> {
             self.rows,
             effect.rows_affected.unwrap_or(0),
             effect.last_insert_id,
-            crate::stats::Stats::from_wire(self.decoder.stats(), attempts),
+            crate::stats::Stats::from_wire(self.decoder.stats().as_ref(), attempts),
         )
     }
 }
@@ -361,7 +361,7 @@ impl<T: DeserializeOwned> RowStream<T> {
     pub fn stats(&self) -> Option<crate::stats::Stats> {
         match &self.state {
             State::Started(started) if started.done && started.ended_cleanly => Some(
-                crate::stats::Stats::from_wire(started.decoder.stats(), started.attempts),
+                crate::stats::Stats::from_wire(started.decoder.stats().as_ref(), started.attempts),
             ),
             _ => None,
         }

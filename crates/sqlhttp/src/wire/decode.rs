@@ -83,7 +83,7 @@ pub fn table(body: &[u8]) -> Result<Table, Error> {
         rows,
         effect.rows_affected.unwrap_or(0),
         effect.last_insert_id,
-        Stats::from_wire(decoder.stats(), 0),
+        Stats::from_wire(decoder.stats().as_ref(), 0),
     ))
 }
 
@@ -119,7 +119,7 @@ pub(crate) fn effect_of<T>(decoder: &Decoder<'_, T>, attempts: u32) -> Result<Ex
     Ok(ExecResult {
         rows_affected,
         last_insert_id: effect.last_insert_id,
-        stats: Stats::from_wire(decoder.stats(), attempts),
+        stats: Stats::from_wire(decoder.stats().as_ref(), attempts),
     })
 }
 

@@ -103,8 +103,10 @@ pub(crate) struct Decoder<'a, T> {
     effect: Effect,
     /// The position the answer is consistent with, when the body named a valid one at its end.
     bookmark: Option<Bookmark>,
-    /// What the answer cost the server, when the body named it (its last member).
-    stats: Option<ServerStats>,
+    /// What the answer cost the server, when the body named it (its last member): its text,
+    /// read into figures only when asked (a stream's caller rarely asks, and reading it costs
+    /// more than keeping it).
+    stats: Option<Box<RawValue>>,
     /// The server's error, once the body said the result ends with one.
     failed: Option<ErrorKind>,
     marker: PhantomData<fn() -> T>,
@@ -147,9 +149,10 @@ impl<T> Decoder<'_, T> {
     }
 
     /// The server's figures (the body's `stats` member), once read; `None` from a server that
-    /// does not send them, or when the member is not an object.
-    pub(crate) fn stats(&self) -> Option<&ServerStats> {
-        self.stats.as_ref()
+    /// does not send them, or when the member is not an object. Read off the member's text at
+    /// each call.
+    pub(crate) fn stats(&self) -> Option<ServerStats> {
+        ServerStats::read(self.stats.as_deref()?.get())
     }
 }
 
@@ -426,8 +429,7 @@ impl<'a, T: DeserializeOwned> Decoder<'a, T> {
             }
             Member::Stats => {
                 // Any JSON value is read; its members are taken one by one, leniently.
-                let raw: Box<RawValue> = value!(Box<RawValue>);
-                self.stats = ServerStats::read(raw.get());
+                self.stats = Some(value!(Box<RawValue>));
             }
             Member::Error => {
                 let raw: Box<RawValue> = value!(Box<RawValue>);
@@ -739,7 +741,7 @@ mod tests {
             let mut rows = Vec::new();
             assert!(matches!(decoder.drain_into(&mut rows).unwrap(), Step::End));
             assert_eq!(rows, [(1,), (2,)]);
-            let stats = decoder.stats().copied().unwrap();
+            let stats = decoder.stats().unwrap();
             assert_eq!(stats.duration, Some(std::time::Duration::from_micros(250)));
             assert_eq!((stats.rows_read, stats.rows_written), (Some(2), Some(0)));
             assert!(decoder.bookmark().is_some());
