@@ -83,7 +83,8 @@ impl Body {
 
     /// The value of the response head's header `name`, when it is text (a simulated or scripted
     /// body has none).
-    fn header(&self, name: &str) -> Option<&str> {
+    /// A name made once, not parsed from text at each lookup.
+    fn header(&self, name: &http::HeaderName) -> Option<&str> {
         match &self.inner {
             BodyInner::Http(response) => response.headers().get(name)?.to_str().ok(),
             _ => None,
@@ -92,12 +93,16 @@ impl Body {
 
     /// The engine that answered (`sqlhttp-engine`: `sqlite`, `postgresql`), when the server said.
     pub(crate) fn engine(&self) -> Option<&str> {
-        self.header(sqlhttp_protocol::header::ENGINE)
+        const ENGINE: http::HeaderName =
+            http::HeaderName::from_static(sqlhttp_protocol::header::ENGINE);
+        self.header(&ENGINE)
     }
 
     /// The server's id for the request (`X-Request-Id`), when it gave one.
     pub(crate) fn request_id(&self) -> Option<&str> {
-        self.header(sqlhttp_protocol::header::REQUEST_ID)
+        const REQUEST_ID: http::HeaderName =
+            http::HeaderName::from_static(sqlhttp_protocol::header::REQUEST_ID);
+        self.header(&REQUEST_ID)
     }
 
     /// A body whose pieces arrive each after its pause.

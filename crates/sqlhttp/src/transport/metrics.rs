@@ -13,8 +13,6 @@
 //! This module knows the instruments' names and attributes; it does not know retry rules (the
 //! loop says what happened) nor spans (`trace` has those).
 
-use std::time::Duration;
-
 use crate::error::ErrorKind;
 use crate::retry::RetryState;
 
@@ -43,22 +41,22 @@ impl Metrics {
         }
     }
 
-    /// One call ended after `elapsed`: `Err` with its failure's kind. `sql` gives the
+    /// One call, begun at `started`, ended: `Err` with its failure's kind. `sql` gives the
     /// operation's name (its first word); `engine` the `db.system.name` when an answer named it;
-    /// `state` the client's retry state then (asked for only when metrics are recorded).
+    /// `state` the client's retry state then (each asked for only when metrics are recorded).
     #[cfg_attr(not(feature = "opentelemetry"), allow(unused_variables))]
     #[inline]
-    pub(crate) fn call_ended(
+    pub(crate) fn call_ended<'a>(
         &self,
-        elapsed: Duration,
+        started: tokio::time::Instant,
         sql: &str,
-        engine: Option<&str>,
+        engine: impl FnOnce() -> Option<&'a str>,
         failure: Option<&ErrorKind>,
         state: impl FnOnce() -> RetryState,
     ) {
         #[cfg(feature = "opentelemetry")]
         if let Some(inner) = &self.inner {
-            inner.call_ended(elapsed, sql, engine, failure);
+            inner.call_ended(started.elapsed(), sql, engine(), failure);
             inner.state(&state(), failure);
         }
     }
@@ -109,28 +107,31 @@ mod otel {
     /// The boundaries the conventions advise for `db.client.operation.duration`, in seconds.
     const DURATION_BOUNDARIES: [f64; 9] = [0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0];
 
-    /// A name the conventions know, without an allocation per measurement when it is a common
-    /// one (an operation, an engine).
-    fn known(name: String) -> opentelemetry::Value {
-        const KNOWN: [&str; 14] = [
-            "SELECT",
-            "INSERT",
-            "UPDATE",
-            "DELETE",
-            "WITH",
-            "BATCH",
-            "BEGIN",
-            "COMMIT",
-            "ROLLBACK",
-            "OUTCOME",
-            "CREATE",
-            "DROP",
-            "sqlite",
-            "postgresql",
-        ];
-        match KNOWN.iter().find(|known| **known == name) {
+    /// The operations whose names a measurement takes without an allocation.
+    const OPERATIONS: [&str; 12] = [
+        "SELECT", "INSERT", "UPDATE", "DELETE", "WITH", "BATCH", "BEGIN", "COMMIT", "ROLLBACK",
+        "OUTCOME", "CREATE", "DROP",
+    ];
+    /// The engines whose names a measurement takes without an allocation.
+    const ENGINES: [&str; 2] = ["sqlite", "postgresql"];
+
+    /// `db.operation.name`: the statement's first word in capitals, without an allocation when
+    /// it is a common one.
+    fn operation(word: &str) -> opentelemetry::Value {
+        match OPERATIONS
+            .iter()
+            .find(|known| known.eq_ignore_ascii_case(word))
+        {
             Some(known) => opentelemetry::Value::from(*known),
-            None => opentelemetry::Value::from(name),
+            None => opentelemetry::Value::from(word.to_ascii_uppercase()),
+        }
+    }
+
+    /// `db.system.name`, without an allocation when it is a known engine.
+    fn engine(name: &str) -> opentelemetry::Value {
+        match ENGINES.iter().find(|known| **known == name) {
+            Some(known) => opentelemetry::Value::from(*known),
+            None => opentelemetry::Value::from(name.to_owned()),
         }
     }
 
@@ -221,11 +222,11 @@ mod otel {
         ) {
             let mut attributes = Vec::with_capacity(self.server.len() + 4);
             attributes.extend_from_slice(&self.server);
-            if let Some(operation) = crate::transport::trace::operation(sql) {
-                attributes.push(KeyValue::new("db.operation.name", known(operation)));
+            if let Some(word) = crate::transport::trace::operation(sql) {
+                attributes.push(KeyValue::new("db.operation.name", operation(word)));
             }
-            if let Some(engine) = engine {
-                attributes.push(KeyValue::new("db.system.name", known(engine.to_owned())));
+            if let Some(name) = engine {
+                attributes.push(KeyValue::new("db.system.name", self::engine(name)));
             }
             if let Some(failure) = failure {
                 attributes.push(KeyValue::new(

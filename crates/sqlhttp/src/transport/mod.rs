@@ -142,11 +142,14 @@ impl Transport {
             .run(call, receiver, &span)
             .instrument(span.clone())
             .await;
-        let engine = outcome.as_ref().ok().and_then(|d| d.body.engine());
-        trace::record_engine(&span, engine);
-        trace::end_call(&span, &outcome);
+        // The answer's header is looked up only for a span or metrics that take it.
+        let engine = || outcome.as_ref().ok().and_then(|d| d.body.engine());
+        if !span.is_disabled() {
+            trace::record_engine(&span, engine());
+            trace::end_call(&span, &outcome);
+        }
         self.metrics.call_ended(
-            started.elapsed(),
+            started,
             sql,
             engine,
             outcome.as_ref().err().map(Error::kind),
@@ -166,7 +169,11 @@ impl Transport {
         receiver: &mut dyn Receive,
     ) -> Result<Body, Failure> {
         receiver.reset();
-        let exchange = hedge::send(&*self.exchange, &self.hedging, request, hedge);
+        // An unhedged attempt is the exchange's own future, without the hedge's state around it.
+        let exchange: exchange::ExchangeFuture<'_> = match hedge {
+            None => self.exchange.send(request),
+            plan => Box::pin(hedge::send(&*self.exchange, &self.hedging, request, plan)),
+        };
         let mut body = with_timeout(attempt_budget(timeout, deadline), exchange).await?;
         loop {
             let piece = with_timeout(attempt_budget(timeout, deadline), body.chunk()).await?;
@@ -275,7 +282,9 @@ impl Transport {
                 request_id,
             } = match outcome {
                 Ok(body) => {
-                    trace::attempt_succeeded(&attempt_span, body.request_id());
+                    if !attempt_span.is_disabled() {
+                        trace::attempt_succeeded(&attempt_span, body.request_id());
+                    }
                     for bookmark in [body.bookmark(), receiver.bookmark()].into_iter().flatten() {
                         self.session.observe(bookmark);
                     }
