@@ -70,12 +70,13 @@ const PASSED_BACK: [HeaderName; 5] = [
     HeaderName::from_static(SERVED_BY_HEADER),
 ];
 
-/// The paths a request may be forwarded to (the transaction endpoints that name a token).
+/// The paths a request may be forwarded to (the transaction endpoints that name a token: the
+/// protocol's, as `http::transaction` routes them).
 const FORWARDED_PATHS: [&str; 4] = [
-    crate::http::transaction::STATEMENT_PATH,
-    crate::http::transaction::COMMIT_PATH,
-    crate::http::transaction::ROLLBACK_PATH,
-    crate::http::transaction::OUTCOME_PATH,
+    sqlhttp_protocol::path::TRANSACTION_STATEMENT,
+    sqlhttp_protocol::path::TRANSACTION_COMMIT,
+    sqlhttp_protocol::path::TRANSACTION_ROLLBACK,
+    sqlhttp_protocol::path::TRANSACTION_OUTCOME,
 ];
 
 /// What a request for another process's transaction came to.
@@ -461,7 +462,7 @@ mod tests {
     fn claim(nonce: &[u8; 16]) -> Claim<'static> {
         Claim {
             target: "0badcafe",
-            path: crate::http::transaction::COMMIT_PATH,
+            path: sqlhttp_protocol::path::TRANSACTION_COMMIT,
             body: Sha256::digest(b"{}").into(),
             key: b"",
             owner: Identity::of_token_digest(&[3; 32]),
@@ -480,7 +481,7 @@ mod tests {
         assert!(claim(&nonce).fails(&Secret::of([8; 32]), &mac));
         let changed: [fn(&mut Claim<'static>); 8] = [
             |c| c.target = "0badcaff",
-            |c| c.path = crate::http::transaction::ROLLBACK_PATH,
+            |c| c.path = sqlhttp_protocol::path::TRANSACTION_ROLLBACK,
             |c| c.body = Sha256::digest(b"{ }").into(),
             |c| c.key = b"k",
             |c| c.owner = Identity::ANONYMOUS,
