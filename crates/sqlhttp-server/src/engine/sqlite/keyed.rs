@@ -101,7 +101,7 @@ pub(crate) fn answered_from_store(
 }
 
 /// Stores a `200` with `body` under `key` unless something is stored there already; what is
-/// stored under `key` then, either way (a first claim wins: see `engine::transactions`' commit
+/// stored under `key` then, either way (a first claim wins: see `crate::transactions`' commit
 /// records and their tombstones).
 pub(crate) fn claim(
     conn: &Connection,

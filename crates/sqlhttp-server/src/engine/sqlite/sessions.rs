@@ -21,7 +21,7 @@
 //! [`Sessions::statements`]: a given-up step keeps its permit until its statement really ends.
 //!
 //! Knows threads, the job's fate, SQLite's interrupt and the log file's size; nothing about SQL,
-//! HTTP, tokens or the registry of transactions (`engine::transactions`), which learns that the
+//! HTTP, tokens or the registry of transactions (`crate::transactions`), which learns that the
 //! engine ended one through `Session::must_end`.
 
 use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
