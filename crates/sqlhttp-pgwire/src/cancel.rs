@@ -12,7 +12,7 @@ use crate::connection::BackendKey;
 use crate::error::Error;
 
 /// Sends a cancel request for `key` over `stream` (freshly opened to the session's server) and
-/// waits until the server closed it.
+/// waits until the server closed it; the caller bounds how long (the server may never answer).
 pub async fn cancel<S: AsyncRead + AsyncWrite + Unpin>(
     mut stream: S,
     key: BackendKey,

@@ -10,11 +10,15 @@ use bytes::{Buf, BytesMut};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::authentication::md5_hash;
 use postgres_protocol::authentication::sasl::{ChannelBinding, SCRAM_SHA_256, ScramSha256};
-use postgres_protocol::message::backend::Message;
+use postgres_protocol::message::backend::{Message, ParameterStatusBody};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::error::{DbError, Error};
+
+/// The most the reader asks the socket for at once; a long message's buffer grows by what
+/// arrives, so a header alone never makes the connection hold the length it declares.
+const READ_CHUNK: usize = 64 * 1024;
 
 /// The most one backend message may declare, checked against its header before its body is
 /// read (a `DataRow` is one message: this bounds a row).
@@ -44,6 +48,11 @@ pub struct Startup<'a> {
     pub password: Option<&'a [u8]>,
     /// Shown in `pg_stat_activity`.
     pub application_name: Option<&'a str>,
+    /// Log in only by SCRAM-SHA-256, as libpq's `require_auth=scram-sha-256`: a server (or
+    /// whatever stands in the middle of an unverified link) that asks for the password in
+    /// cleartext or as MD5, or lets the session in without asking, is refused before anything of
+    /// the password is sent.
+    pub require_scram: bool,
 }
 
 /// The backend's process id and secret, which a cancel request names (see [`crate::cancel`]).
@@ -129,12 +138,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                         secret_key: body.secret_key(),
                     };
                 }
-                Message::ParameterStatus(body) => {
-                    let name = body.name()?.to_owned();
-                    let value = body.value()?.to_owned();
-                    connection.parameters.retain(|(known, _)| *known != name);
-                    connection.parameters.push((name, value));
-                }
+                Message::ParameterStatus(body) => connection.parameter_status(&body)?,
                 Message::NoticeResponse(_) => {}
                 Message::ErrorResponse(body) => {
                     return Err(Error::Db(Box::new(DbError::parse(&body)?)));
@@ -151,6 +155,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
 
     /// Answers the server's authentication requests until `AuthenticationOk`.
     async fn authenticate(&mut self, startup: &Startup<'_>) -> Result<(), Error> {
+        let weak = |method: &str| {
+            if startup.require_scram {
+                Err(Error::Authentication(format!(
+                    "the server asks for {method} and only SCRAM-SHA-256 is allowed"
+                )))
+            } else {
+                Ok(())
+            }
+        };
+        let mut scram_done = false;
         let password = || {
             startup.password.ok_or_else(|| {
                 Error::Authentication("the server asks for a password and none was given".into())
@@ -158,12 +172,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         };
         loop {
             match self.message().await? {
-                Message::AuthenticationOk => return Ok(()),
+                Message::AuthenticationOk => {
+                    if !scram_done {
+                        weak("no authentication")?;
+                    }
+                    return Ok(());
+                }
                 Message::AuthenticationCleartextPassword => {
+                    weak("the password in cleartext")?;
                     frontend::password_message(password()?, &mut self.write)?;
                     self.send().await?;
                 }
                 Message::AuthenticationMd5Password(body) => {
+                    weak("an MD5 password hash")?;
                     let hash = md5_hash(startup.user.as_bytes(), password()?, body.salt());
                     frontend::password_message(hash.as_bytes(), &mut self.write)?;
                     self.send().await?;
@@ -180,18 +201,24 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                         ));
                     }
                     self.scram(password()?).await?;
+                    scram_done = true;
                 }
                 Message::ErrorResponse(body) => {
                     return Err(Error::Db(Box::new(DbError::parse(&body)?)));
                 }
                 Message::NoticeResponse(_) => {}
-                _ => {
+                Message::AuthenticationGss
+                | Message::AuthenticationGssContinue(_)
+                | Message::AuthenticationKerberosV5
+                | Message::AuthenticationScmCredential
+                | Message::AuthenticationSspi => {
                     return Err(Error::Authentication(
                         "the server asks for a method this connection does not speak \
-                         (GSSAPI, SSPI or Kerberos)"
+                         (GSSAPI, SSPI, Kerberos or SCM credentials)"
                             .into(),
                     ));
                 }
+                _ => return Err(unexpected("during authentication")),
             }
         }
     }
@@ -203,7 +230,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)?;
         self.send().await?;
         match self.message().await? {
-            Message::AuthenticationSaslContinue(body) => scram.update(body.data())?,
+            Message::AuthenticationSaslContinue(body) => {
+                scram.update(body.data()).map_err(|e| scram_failed(&e))?;
+            }
             Message::ErrorResponse(body) => {
                 return Err(Error::Db(Box::new(DbError::parse(&body)?)));
             }
@@ -212,11 +241,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         frontend::sasl_response(scram.message(), &mut self.write)?;
         self.send().await?;
         match self.message().await? {
-            Message::AuthenticationSaslFinal(body) => scram.finish(body.data())?,
+            // Checks the server's signature: a server that does not know the password fails here.
+            Message::AuthenticationSaslFinal(body) => {
+                scram.finish(body.data()).map_err(|e| scram_failed(&e))?;
+            }
             Message::ErrorResponse(body) => {
                 return Err(Error::Db(Box::new(DbError::parse(&body)?)));
             }
             _ => return Err(unexpected("in SCRAM's final exchange")),
+        }
+        Ok(())
+    }
+
+    /// Keeps a run-time parameter the server reported, at login or after a `SET` of one that it
+    /// reports.
+    pub(crate) fn parameter_status(&mut self, body: &ParameterStatusBody) -> Result<(), Error> {
+        let name = body.name()?;
+        let value = body.value()?.to_owned();
+        match self.parameters.iter_mut().find(|(known, _)| known == name) {
+            Some((_, known)) => *known = value,
+            None => self.parameters.push((name.to_owned(), value)),
         }
         Ok(())
     }
@@ -303,7 +347,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 }
                 self.read.reserve(declared - self.read.len());
             } else {
-                self.read.reserve(8 * 1024);
+                self.read.reserve(READ_CHUNK);
             }
             if self.stream.read_buf(&mut self.read).await? == 0 {
                 return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
@@ -311,13 +355,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         }
     }
 
-    /// Ends the session politely (`Terminate`) and closes the stream.
+    /// Ends the session politely (`Terminate`) and closes the stream. Whatever an abandoned
+    /// flight left unsent is dropped first: only the `Terminate` goes out.
     pub async fn close(mut self) -> Result<(), Error> {
+        self.write.clear();
         frontend::terminate(&mut self.write);
         self.send().await?;
         self.stream.shutdown().await?;
         Ok(())
     }
+}
+
+fn scram_failed(e: &std::io::Error) -> Error {
+    Error::Authentication(format!("SCRAM-SHA-256 failed: {e}"))
 }
 
 fn unexpected(when: &str) -> Error {

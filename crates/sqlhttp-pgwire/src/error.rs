@@ -36,6 +36,12 @@ pub struct DbError {
 }
 
 impl DbError {
+    /// Whether the backend ends the session with this error (`FATAL`, `PANIC`): whatever the
+    /// session was doing has an outcome its client cannot learn from it.
+    pub fn ends_the_session(&self) -> bool {
+        matches!(self.severity.as_str(), "FATAL" | "PANIC")
+    }
+
     /// Reads the fields of an `ErrorResponse` or `NoticeResponse` body; a field that is not UTF-8
     /// is read lossily, an unknown one is skipped.
     pub(crate) fn parse(body: &ErrorResponseBody) -> io::Result<DbError> {
@@ -70,11 +76,11 @@ impl fmt::Display for DbError {
 
 impl std::error::Error for DbError {}
 
-/// A connection's failure. Every variant but [`Error::Db`] leaves the connection in doubt.
+/// A connection's failure: the connection is in doubt after any of them.
 #[derive(Debug)]
 pub enum Error {
-    /// PostgreSQL answered an error. During a flight the connection stays usable: the backend
-    /// skipped to the flight's next `Sync`, whose `ReadyForQuery` says the transaction's state.
+    /// PostgreSQL answered an error that ended the session (`FATAL`, `PANIC`), or refused the
+    /// login. A statement's ordinary error is a flight's [`crate::Answer::Error`] instead.
     Db(Box<DbError>),
     /// A message declared more bytes than the connection takes ([`crate::Limits`]); nothing of
     /// its body was read.

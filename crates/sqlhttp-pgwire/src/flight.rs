@@ -57,6 +57,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
         Ok(Flight {
             connection: self,
             syncs: 0,
+            broken: false,
         })
     }
 }
@@ -66,22 +67,35 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
 pub struct Flight<'c, C> {
     connection: &'c mut Connection<C>,
     syncs: usize,
+    /// A message failed to encode (part of it may be in the buffer): the flight is never sent.
+    broken: bool,
 }
 
 impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// `Parse`: prepares `sql` as the statement `name` (`""`: the unnamed one), with the given
     /// parameter type OIDs (0, or fewer than the statement has: PostgreSQL infers them).
     pub fn parse(&mut self, name: &str, sql: &str, types: &[u32]) -> Result<&mut Self, Error> {
-        frontend::parse(name, sql, types.iter().copied(), &mut self.connection.write)?;
-        Ok(self)
+        let encoded = frontend::parse(name, sql, types.iter().copied(), &mut self.connection.write);
+        self.encoded(encoded.map_err(Error::Io))
+    }
+
+    /// Keeps the flight sendable only while every message encoded whole.
+    fn encoded(&mut self, result: Result<(), Error>) -> Result<&mut Self, Error> {
+        match result {
+            Ok(()) => Ok(self),
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
     }
 
     /// `Describe` of a prepared statement: answered by its parameters' types
     /// ([`Answer::ParameterDescription`]) and its result's columns ([`Answer::RowDescription`],
     /// or [`Answer::NoData`]).
     pub fn describe_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
-        frontend::describe(b'S', name, &mut self.connection.write)?;
-        Ok(self)
+        let encoded = frontend::describe(b'S', name, &mut self.connection.write);
+        self.encoded(encoded.map_err(Error::Io))
     }
 
     /// `Bind`: the portal `portal` (`""`: the unnamed one) of `statement` with `params`, its
@@ -108,18 +122,18 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
             Some(results.code()),
             &mut self.connection.write,
         );
-        match bound {
-            Ok(()) => Ok(self),
+        self.encoded(match bound {
+            Ok(()) => Ok(()),
             Err(frontend::BindError::Conversion(e)) => Err(Error::Protocol(e.to_string())),
             Err(frontend::BindError::Serialization(e)) => Err(Error::Io(e)),
-        }
+        })
     }
 
     /// `Execute` of `portal`, all its rows (`max_rows` 0) or at most `max_rows` of them
     /// (then [`Answer::PortalSuspended`] when more remain).
     pub fn execute(&mut self, portal: &str, max_rows: i32) -> Result<&mut Self, Error> {
-        frontend::execute(portal, max_rows, &mut self.connection.write)?;
-        Ok(self)
+        let encoded = frontend::execute(portal, max_rows, &mut self.connection.write);
+        self.encoded(encoded.map_err(Error::Io))
     }
 
     /// Parse, Bind and Execute of `sql` as the unnamed statement, without parameters, its
@@ -132,8 +146,8 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
 
     /// `Close` of a prepared statement.
     pub fn close_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
-        frontend::close(b'S', name, &mut self.connection.write)?;
-        Ok(self)
+        let encoded = frontend::close(b'S', name, &mut self.connection.write);
+        self.encoded(encoded.map_err(Error::Io))
     }
 
     /// `Sync`: ends the messages before it (and the implicit transaction, when no `BEGIN` ran);
@@ -146,11 +160,15 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     }
 
     /// Writes the flight in one write and returns its answers, in order. A flight without a
-    /// `Sync` is refused: its answers would never end.
+    /// `Sync`, or one a message of which failed to encode, is refused and nothing of it is sent.
     pub async fn send(self) -> Result<Answers<'c, C>, Error> {
-        if self.syncs == 0 {
+        if self.syncs == 0 || self.broken {
             self.connection.write.clear();
-            return Err(Error::Protocol("a flight must end with a Sync".into()));
+            return Err(Error::Protocol(if self.broken {
+                "a message of the flight failed to encode".into()
+            } else {
+                "a flight must end with a Sync".into()
+            }));
         }
         // In doubt until the last ReadyForQuery is read (see `Answers::next`).
         self.connection.in_doubt = true;
@@ -185,7 +203,8 @@ pub enum Answer {
     EmptyQuery,
     /// An `Execute` with a row limit stopped before the end.
     PortalSuspended,
-    /// PostgreSQL refused a message; it skipped the rest up to the next `Sync`.
+    /// PostgreSQL refused a message; it skipped the rest up to the next `Sync`. (A `FATAL` or
+    /// `PANIC` one ends the session and comes as [`Answers::next`]'s `Err` instead.)
     Error(DbError),
     /// A `Sync`'s answer, with the transaction state it leaves.
     ReadyForQuery(TransactionStatus),
@@ -263,7 +282,8 @@ impl Row {
         Ok(cells)
     }
 
-    /// The row's bytes as they came (counts and cells), shared, not copied.
+    /// The row's bytes as they came (counts and cells), shared, not copied: while a row is
+    /// held, so is the read buffer it was cut from.
     pub fn bytes(&self) -> &Bytes {
         self.0.buffer_bytes()
     }
@@ -298,7 +318,16 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                 Message::CommandComplete(body) => Answer::CommandComplete(body.tag()?.to_owned()),
                 Message::EmptyQueryResponse => Answer::EmptyQuery,
                 Message::PortalSuspended => Answer::PortalSuspended,
-                Message::ErrorResponse(body) => Answer::Error(DbError::parse(&body)?),
+                Message::ErrorResponse(body) => {
+                    let error = DbError::parse(&body)?;
+                    if error.ends_the_session() {
+                        // FATAL or PANIC: the backend is gone, whatever the flight had done (a
+                        // COMMIT may have committed): the connection's failure, not an answer.
+                        self.connection.in_doubt = true;
+                        return Err(Error::Db(Box::new(error)));
+                    }
+                    Answer::Error(error)
+                }
                 Message::ReadyForQuery(body) => {
                     let status = TransactionStatus::from_byte(body.status())?;
                     self.connection.status = status;
@@ -308,9 +337,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                     }
                     Answer::ReadyForQuery(status)
                 }
-                Message::NoticeResponse(_)
-                | Message::ParameterStatus(_)
-                | Message::NotificationResponse(_) => continue,
+                Message::ParameterStatus(body) => {
+                    self.connection.parameter_status(&body)?;
+                    continue;
+                }
+                Message::NoticeResponse(_) | Message::NotificationResponse(_) => continue,
                 _ => {
                     self.connection.in_doubt = true;
                     return Err(Error::Protocol(

@@ -44,6 +44,7 @@ async fn connect(target: &Target, limits: Limits) -> Connection<TcpStream> {
             database: Some(&target.database),
             password: None,
             application_name: Some("sqlhttp-pgwire tests"),
+            require_scram: false,
         },
         limits,
     )

@@ -35,6 +35,7 @@ async fn login(
     address: &str,
     user: &str,
     password: Option<&[u8]>,
+    require_scram: bool,
 ) -> Result<Connection<TcpStream>, Error> {
     let stream = TcpStream::connect(address).await.unwrap();
     let startup = Startup {
@@ -42,6 +43,7 @@ async fn login(
         database: Some("postgres"),
         password,
         application_name: None,
+        require_scram,
     };
     Connection::startup(stream, &startup, Limits::default()).await
 }
@@ -71,19 +73,28 @@ async fn scram_logs_in_with_the_password_and_refuses_without_it() {
         .unwrap();
     assert!(status.success());
 
-    let connection = login(&address, "pgwire_scram", Some(b"correct horse"))
+    let connection = login(&address, "pgwire_scram", Some(b"correct horse"), true)
         .await
         .unwrap();
     assert!(connection.is_clean());
     connection.close().await.unwrap();
 
-    match login(&address, "pgwire_scram", Some(b"wrong")).await {
+    match login(&address, "pgwire_scram", Some(b"wrong"), false).await {
         Err(e) => assert_eq!(e.code(), Some("28P01"), "{e}"),
         Ok(_) => panic!("a wrong password logged in"),
     }
-    match login(&address, "pgwire_scram", None).await {
+    match login(&address, "pgwire_scram", None, false).await {
         Err(Error::Authentication(_)) => {}
         Err(e) => panic!("{e}"),
         Ok(_) => panic!("no password logged in"),
     }
+    // The cluster trusts its superuser on loopback: a login that asks for SCRAM refuses a
+    // session let in without an exchange.
+    match login(&address, "postgres", Some(b"anything"), true).await {
+        Err(Error::Authentication(what)) => assert!(what.contains("no authentication"), "{what}"),
+        Err(e) => panic!("{e}"),
+        Ok(_) => panic!("a trusted login passed for SCRAM"),
+    }
+    let trusted = login(&address, "postgres", None, false).await.unwrap();
+    assert!(trusted.is_clean());
 }

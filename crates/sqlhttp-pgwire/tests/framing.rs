@@ -1,0 +1,254 @@
+//! What a real PostgreSQL never sends, or sends only in rare states, answered by a backend
+//! scripted byte by byte over an in-memory pipe: the login methods a test cluster does not ask
+//! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
+//! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
+//! `FATAL` in the middle of a flight, and the polite close after a flight that was never sent.
+
+use postgres_protocol::authentication::md5_hash;
+use sqlhttp_pgwire::{Answer, Connection, Error, Limits, Startup};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
+
+/// A backend message: its type byte, its length (which counts itself) and its payload.
+fn message(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut bytes = vec![tag];
+    bytes.extend_from_slice(&(payload.len() as u32 + 4).to_be_bytes());
+    bytes.extend_from_slice(payload);
+    bytes
+}
+
+fn auth(code: u32, extra: &[u8]) -> Vec<u8> {
+    let mut payload = code.to_be_bytes().to_vec();
+    payload.extend_from_slice(extra);
+    message(b'R', &payload)
+}
+
+/// `AuthenticationOk`, the backend's key, and `ReadyForQuery` idle.
+fn logged_in() -> Vec<u8> {
+    let mut bytes = auth(0, &[]);
+    let mut key = 4242i32.to_be_bytes().to_vec();
+    key.extend_from_slice(&7i32.to_be_bytes());
+    bytes.extend(message(b'K', &key));
+    bytes.extend(message(b'Z', b"I"));
+    bytes
+}
+
+fn fatal() -> Vec<u8> {
+    message(
+        b'E',
+        b"SFATAL\0VFATAL\0C57P01\0Mterminating connection due to administrator command\0\0",
+    )
+}
+
+/// The backend's end of the pipe.
+struct Backend(DuplexStream);
+
+impl Backend {
+    /// The startup message (no type byte), whole.
+    async fn startup(&mut self) -> Vec<u8> {
+        let length = self.0.read_u32().await.unwrap() as usize;
+        let mut rest = vec![0; length - 4];
+        self.0.read_exact(&mut rest).await.unwrap();
+        rest
+    }
+
+    /// One frontend message: its type byte and payload, `None` at the end of the stream.
+    async fn next(&mut self) -> Option<(u8, Vec<u8>)> {
+        let tag = self.0.read_u8().await.ok()?;
+        let length = self.0.read_u32().await.unwrap() as usize;
+        let mut payload = vec![0; length - 4];
+        self.0.read_exact(&mut payload).await.unwrap();
+        Some((tag, payload))
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.0.write_all(bytes).await.unwrap();
+    }
+}
+
+fn startup(password: Option<&'static [u8]>, require_scram: bool) -> Startup<'static> {
+    Startup {
+        user: "app",
+        database: Some("db"),
+        password,
+        application_name: None,
+        require_scram,
+    }
+}
+
+/// A client logged in over a trusting backend, with `limits`.
+async fn logged_in_pair(limits: Limits) -> (Connection<DuplexStream>, Backend) {
+    let (client, server) = duplex(1 << 20);
+    let mut backend = Backend(server);
+    let serve = async {
+        backend.startup().await;
+        backend.send(&logged_in()).await;
+    };
+    let login = startup(None, false);
+    let (connection, ()) = tokio::join!(Connection::startup(client, &login, limits), serve);
+    (connection.unwrap(), backend)
+}
+
+#[tokio::test]
+async fn cleartext_and_md5_send_what_the_server_asked_for() {
+    let (client, server) = duplex(1 << 16);
+    let mut backend = Backend(server);
+    let serve = async {
+        let parameters = backend.startup().await;
+        assert!(parameters.windows(4).any(|w| w == b"app\0"));
+        backend.send(&auth(3, &[])).await;
+        assert_eq!(backend.next().await, Some((b'p', b"secret\0".to_vec())));
+        backend.send(&logged_in()).await;
+    };
+    let login = startup(Some(b"secret"), false);
+    let (connection, ()) = tokio::join!(
+        Connection::startup(client, &login, Limits::default()),
+        serve
+    );
+    let connection = connection.unwrap();
+    assert!(connection.is_clean());
+    assert_eq!(connection.backend_key().process_id, 4242);
+
+    let (client, server) = duplex(1 << 16);
+    let mut backend = Backend(server);
+    let salt = [1, 2, 3, 4];
+    let serve = async {
+        backend.startup().await;
+        backend.send(&auth(5, &salt)).await;
+        let mut expected = md5_hash(b"app", b"secret", salt).into_bytes();
+        expected.push(0);
+        assert_eq!(backend.next().await, Some((b'p', expected)));
+        backend.send(&logged_in()).await;
+    };
+    let login = startup(Some(b"secret"), false);
+    let (connection, ()) = tokio::join!(
+        Connection::startup(client, &login, Limits::default()),
+        serve
+    );
+    assert!(connection.unwrap().is_clean());
+}
+
+#[tokio::test]
+async fn require_scram_refuses_weaker_methods_before_the_password_leaves() {
+    for method in [auth(3, &[]), auth(5, &[9, 9, 9, 9]), logged_in()] {
+        let (client, server) = duplex(1 << 16);
+        let mut backend = Backend(server);
+        let serve = async {
+            backend.startup().await;
+            backend.send(&method).await;
+        };
+        let login = startup(Some(b"secret"), true);
+        let (refused, ()) = tokio::join!(
+            Connection::startup(client, &login, Limits::default()),
+            serve
+        );
+        match refused {
+            Err(Error::Authentication(what)) => assert!(what.contains("SCRAM"), "{what}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("logged in without SCRAM"),
+        }
+        // The client is gone and sent nothing after its startup message.
+        assert_eq!(backend.next().await, None);
+    }
+}
+
+#[tokio::test]
+async fn a_length_below_the_minimum_is_a_protocol_error() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    backend.send(&[b'1', 0, 0, 0, 3]).await;
+    assert!(matches!(answers.next().await, Err(Error::Protocol(_))));
+    assert!(connection.is_in_doubt());
+}
+
+#[tokio::test]
+async fn a_message_exactly_at_the_limit_is_read_and_one_byte_more_is_refused() {
+    let limit = 1024;
+    let (mut connection, mut backend) = logged_in_pair(Limits { max_message: limit }).await;
+    // A DataRow of one cell filling the limit: type byte + length + count + cell length + cell.
+    let cell = vec![b'x'; limit - 1 - 4 - 2 - 4];
+    let row = |cell: &[u8]| {
+        let mut payload = 1u16.to_be_bytes().to_vec();
+        payload.extend_from_slice(&(cell.len() as i32).to_be_bytes());
+        payload.extend_from_slice(cell);
+        message(b'D', &payload)
+    };
+    assert_eq!(row(&cell).len(), limit);
+
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let mut reply = message(b'1', &[]);
+    reply.extend(message(b'2', &[]));
+    reply.extend(row(&cell));
+    reply.extend(message(b'C', b"SELECT 1\0"));
+    reply.extend(message(b'Z', b"I"));
+    backend.send(&reply).await;
+    let mut rows = 0;
+    while let Some(answer) = answers.next().await.unwrap() {
+        if let Answer::Row(row) = answer {
+            assert_eq!(row.cells().unwrap(), [Some(&cell[..])]);
+            rows += 1;
+        }
+    }
+    assert_eq!(rows, 1);
+    assert!(connection.is_clean());
+
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let mut longer = cell.clone();
+    longer.push(b'x');
+    // Only the header is sent: the refusal must not wait for the body.
+    backend.send(&row(&longer)[..5]).await;
+    match answers.next().await {
+        Err(Error::TooLarge {
+            tag,
+            declared,
+            limit: refused_at,
+        }) => {
+            assert_eq!((tag, declared, refused_at), (b'D', limit + 1, limit));
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(connection.is_in_doubt());
+}
+
+#[tokio::test]
+async fn a_fatal_error_mid_flight_is_the_connection_s_failure() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("COMMIT").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let mut reply = message(b'1', &[]);
+    reply.extend(message(b'2', &[]));
+    reply.extend(fatal());
+    backend.send(&reply).await;
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::ParseComplete)
+    ));
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::BindComplete)
+    ));
+    match answers.next().await {
+        Err(e) => assert_eq!(e.code(), Some("57P01")),
+        Ok(answer) => panic!("a FATAL came as an answer: {answer:?}"),
+    }
+    assert!(connection.is_in_doubt(), "the COMMIT's outcome is unknown");
+}
+
+#[tokio::test]
+async fn close_sends_only_terminate_after_a_flight_that_was_never_sent() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    {
+        let mut flight = connection.flight().unwrap();
+        flight.statement("COMMIT").unwrap().sync();
+        // Abandoned: never sent.
+    }
+    connection.close().await.unwrap();
+    assert_eq!(backend.next().await, Some((b'X', Vec::new())));
+    assert_eq!(backend.next().await, None);
+}
