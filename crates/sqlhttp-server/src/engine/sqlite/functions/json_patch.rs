@@ -418,18 +418,7 @@ fn label_chars(label: &[u8]) -> Vec<u32> {
             i += n;
             c
         } else if byte >= 0xc0 {
-            let mut c = u32::from(super::utf8::UTF8_TRANS1[usize::from(byte - 0xc0)]);
-            let mut n = 1;
-            while n < 4
-                && text
-                    .get(i + n)
-                    .is_some_and(|&b| super::utf8::is_continuation(b))
-            {
-                c = (c << 6) + u32::from(text[i + n] & 0x3f);
-                n += 1;
-            }
-            i += n;
-            c
+            super::utf8::utf8_read_limited(text, &mut i)
         } else {
             i += 1;
             u32::from(byte)

@@ -1,6 +1,6 @@
 //! The UTF-8 reading of SQLite's C string code, shared by the replacements: where a
-//! NUL-terminated string ends ([`up_to_nul`]), `sqlite3Utf8Read` ([`utf8_read`]) and
-//! `SQLITE_SKIP_UTF8` ([`skip_utf8`]).
+//! NUL-terminated string ends ([`up_to_nul`]), `sqlite3Utf8Read` ([`utf8_read`]),
+//! `sqlite3Utf8ReadLimited` ([`utf8_read_limited`]) and `SQLITE_SKIP_UTF8` ([`skip_utf8`]).
 //!
 //! Byte-level helpers only; nothing here knows a function, a connection or the job's clock.
 
@@ -23,7 +23,7 @@ pub(super) fn byte_at(bytes: &[u8], at: usize) -> u8 {
 }
 
 /// `sqlite3Utf8Trans1`: the payload bits of a lead byte 0xc0..=0xff.
-pub(super) const UTF8_TRANS1: [u8; 64] = [
+const UTF8_TRANS1: [u8; 64] = [
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
     0x10, 0x11, 0x12, 0x13, 0x14, 0x15, 0x16, 0x17, 0x18, 0x19, 0x1a, 0x1b, 0x1c, 0x1d, 0x1e, 0x1f,
     0x00, 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08, 0x09, 0x0a, 0x0b, 0x0c, 0x0d, 0x0e, 0x0f,
@@ -54,6 +54,21 @@ pub(super) fn utf8_rest(bytes: &[u8], at: &mut usize, lead: u32) -> u32 {
     if c < 0x80 || (c & 0xffff_f800) == 0xd800 {
         c = 0xfffd;
     }
+    c
+}
+
+/// `sqlite3Utf8ReadLimited` at a lead byte (0xc0 and above) at `*at`: the lead byte and at most
+/// three continuation bytes before the end of `bytes`, with no replacement of overlong forms or
+/// surrogates, moving `*at` past them (as `jsonLabelCompareEscaped` reads a label).
+pub(super) fn utf8_read_limited(bytes: &[u8], at: &mut usize) -> u32 {
+    let lead = bytes[*at];
+    let mut c = u32::from(UTF8_TRANS1[usize::from(lead - 0xc0)]);
+    let mut n = 1;
+    while n < 4 && bytes.get(*at + n).is_some_and(|&b| is_continuation(b)) {
+        c = (c << 6) + u32::from(bytes[*at + n] & 0x3f);
+        n += 1;
+    }
+    *at += n;
     c
 }
 
