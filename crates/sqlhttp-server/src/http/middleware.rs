@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::Instant;
 
 use axum::body::{Body, HttpBody as _};
-use axum::extract::{ConnectInfo, MatchedPath, Request, State};
+use axum::extract::{ConnectInfo, Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -56,10 +56,7 @@ pub(crate) async fn log_requests(
     request.extensions_mut().insert(id.clone());
     let method = request.method().clone();
     let path = request.uri().path().to_owned();
-    let endpoint = request
-        .extensions()
-        .get::<MatchedPath>()
-        .map(|matched| matched.as_str().to_owned());
+    let endpoint = super::endpoint(request.uri().path());
     let client = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
@@ -98,7 +95,7 @@ pub(crate) async fn log_requests(
     let rows = response.extensions().get::<Rows>().map(|rows| rows.0);
     let bytes = response.body().size_hint().exact();
     state.inner.metrics.observe(Observation {
-        endpoint: endpoint.as_deref(),
+        endpoint,
         status,
         elapsed,
         replayed,
