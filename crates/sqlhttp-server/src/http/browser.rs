@@ -13,9 +13,8 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::{HeaderValue, Method, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tower::{Layer, Service, ServiceExt as _};
 use tower_http::cors::{AllowOrigin, Cors, CorsLayer};
@@ -28,10 +27,10 @@ const PREFLIGHT_MAX_AGE: Duration = Duration::from_secs(600);
 
 /// The origins allowed to call the server from a browser.
 #[derive(Debug, Clone)]
-pub(crate) struct Origins(Arc<Vec<String>>);
+struct Origins(Arc<Vec<String>>);
 
 impl Origins {
-    pub(crate) fn new(origins: Vec<String>) -> Origins {
+    fn new(origins: Vec<String>) -> Origins {
         Origins(Arc::new(origins))
     }
 
@@ -42,53 +41,61 @@ impl Origins {
     }
 }
 
-/// Refuses a request whose `Origin` is not listed; requests without one (every non-browser
-/// client) pass.
-pub(crate) async fn refuse_unlisted_origins(
-    State(origins): State<Origins>,
-    request: Request,
-    next: Next,
-) -> Response {
+/// `403 ORIGIN_NOT_ALLOWED` for a request whose `Origin` the operator did not list (a request
+/// without one is not a browser's cross-origin request, and passes).
+fn refusal(origins: &Origins, request: &Request) -> Option<Response> {
     match request.headers().get(header::ORIGIN) {
-        Some(origin) if !origins.allows(origin) => ApiError::new(
-            ErrorCode::OriginNotAllowed,
-            "requests from this browser origin are not allowed; the server's operator can \
-             list it with --allow-origin",
-        )
-        .into_response(),
-        _ => next.run(request).await,
+        Some(origin) if !origins.allows(origin) => Some(
+            ApiError::new(
+                ErrorCode::OriginNotAllowed,
+                "requests from this browser origin are not allowed; the server's operator can \
+                 list it with --allow-origin",
+            )
+            .into_response(),
+        ),
+        _ => None,
     }
 }
 
-/// The CORS layer for the listed origins (none: the layer adds nothing), answering real
-/// preflights only. tower-http's layer answers every `OPTIONS` as a preflight, `200` with an
-/// empty body, on any path: that broke the protocol's promise of a JSON `404` or `405` (found by
-/// Schemathesis, ADR 0030).
-pub(crate) fn cors(origins: &[String]) -> PreflightOnly {
-    PreflightOnly(cors_layer(origins))
+/// The browser policy as one layer: unlisted origins refused, then the CORS layer for the
+/// listed ones (none: the layer adds nothing), answering real preflights only. tower-http's
+/// layer answers every `OPTIONS` as a preflight, `200` with an empty body, on any path: that
+/// broke the protocol's promise of a JSON `404` or `405` (found by Schemathesis, ADR 0030).
+/// One layer, not a `from_fn` refusal over the CORS layer: each layer clones the stack beneath
+/// it per request (ADR 0057).
+pub(crate) fn policy(origins: Vec<String>) -> Policy {
+    Policy {
+        cors: cors_layer(&origins),
+        origins: Origins::new(origins),
+    }
 }
 
-/// A [`CorsLayer`] that lets an `OPTIONS` which is not a preflight pass to the routes.
+/// The browser policy's layer (see [`policy`]).
 #[derive(Debug, Clone)]
-pub(crate) struct PreflightOnly(CorsLayer);
+pub(crate) struct Policy {
+    cors: CorsLayer,
+    origins: Origins,
+}
 
-impl<S: Clone> Layer<S> for PreflightOnly {
-    type Service = PreflightOnlyService<S>;
+impl<S: Clone> Layer<S> for Policy {
+    type Service = PolicyService<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PreflightOnlyService {
-            cors: self.0.layer(inner.clone()),
+        PolicyService {
+            cors: self.cors.layer(inner.clone()),
             plain: inner,
+            origins: self.origins.clone(),
         }
     }
 }
 
-/// The service of [`PreflightOnly`]: the CORS-wrapped routes, and the routes themselves for an
-/// `OPTIONS` that is no preflight.
+/// The service of [`Policy`]: the refusal of unlisted origins, the CORS-wrapped routes, and
+/// the routes themselves for an `OPTIONS` that is no preflight.
 #[derive(Debug, Clone)]
-pub(crate) struct PreflightOnlyService<S> {
+pub(crate) struct PolicyService<S> {
     cors: Cors<S>,
     plain: S,
+    origins: Origins,
 }
 
 /// Whether `request` is a CORS preflight (Fetch standard: `OPTIONS` with `Origin` and
@@ -101,7 +108,7 @@ fn is_preflight(request: &Request) -> bool {
             .contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
 }
 
-impl<S> Service<Request> for PreflightOnlyService<S>
+impl<S> Service<Request> for PolicyService<S>
 where
     S: Service<Request, Response = Response, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
@@ -116,6 +123,9 @@ where
     }
 
     fn call(&mut self, request: Request) -> Self::Future {
+        if let Some(refused) = refusal(&self.origins, &request) {
+            return Box::pin(std::future::ready(Ok(refused)));
+        }
         if request.method() == Method::OPTIONS && !is_preflight(&request) {
             Box::pin(self.plain.clone().oneshot(request))
         } else {

@@ -145,11 +145,7 @@ pub fn app(state: AppState) -> Router {
             middleware::log_requests,
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
-        .layer(axum::middleware::from_fn_with_state(
-            browser::Origins::new(origins.clone()),
-            browser::refuse_unlisted_origins,
-        ))
-        .layer(browser::cors(&origins))
+        .layer(browser::policy(origins))
         .layer(axum::middleware::from_fn_with_state(
             state,
             credentials::authenticate,
