@@ -44,6 +44,13 @@ pub(crate) trait Admissible: Sized {
     /// Decodes `bytes` for a credential of `access` and checks what it asks for (a request
     /// that asks to write, sent with a credential that may only read, is [`refuse_write`]'s).
     fn admit(bytes: &[u8], shared: &Shared, access: Access) -> Result<Self, ApiError>;
+
+    /// Whether the route reads at a position its headers name (`Sqlhttp-Bookmark`,
+    /// `Sqlhttp-Consistency`), and so refuses malformed ones. A route that never reads at one
+    /// (a transaction's statement, commit, rollback or outcome, a statement's description)
+    /// ignores them as it always did: a commit re-sent after its answer was lost, through a
+    /// proxy that doubled a header, still learns its outcome.
+    const READS_AT: bool = false;
 }
 
 /// An admitted request: who sent it, what it may do, where its reads may run, under which key,
@@ -55,7 +62,8 @@ pub(crate) struct Admitted<B> {
     /// What the credential may do: [`Access::ReadOnly`] for one that may only read.
     pub(crate) access: Access,
     /// Where the request's reads may run (its `Sqlhttp-Bookmark` and `Sqlhttp-Consistency`),
-    /// read with the head, before the body.
+    /// read with the head, before the body, on the routes that read at one
+    /// ([`Admissible::READS_AT`]); the default elsewhere.
     pub(crate) at: ReadAt,
     /// The Idempotency-Key and how long its outcome is kept, when the request carries one
     /// and the server honours keys.
@@ -93,7 +101,11 @@ async fn admit<B: Admissible>(request: Request, state: &AppState) -> Result<Admi
         Some(ttl) => idempotency_key(&parts.headers)?.map(|key| (ttl, key)),
         None => None,
     };
-    let at = read_at(&parts.headers)?;
+    let at = if B::READS_AT {
+        read_at(&parts.headers)?
+    } else {
+        ReadAt::default()
+    };
     let (bytes, held) = body::read_within(
         request_body,
         &parts.headers,
@@ -115,6 +127,8 @@ async fn admit<B: Admissible>(request: Request, state: &AppState) -> Result<Admi
 }
 
 impl Admissible for SqlRequest {
+    const READS_AT: bool = true;
+
     fn limit(shared: &Shared) -> usize {
         shared.max_body_bytes
     }
@@ -128,6 +142,8 @@ impl Admissible for SqlRequest {
 }
 
 impl Admissible for BatchRequest {
+    const READS_AT: bool = true;
+
     fn limit(shared: &Shared) -> usize {
         shared.max_batch_bytes
     }

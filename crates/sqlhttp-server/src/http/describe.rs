@@ -46,6 +46,8 @@ pub(crate) struct Describe {
 }
 
 impl Admissible for Describe {
+    const READS_AT: bool = true;
+
     fn limit(shared: &Shared) -> usize {
         shared.max_body_bytes
     }

@@ -143,6 +143,8 @@ fn token_of(token: Option<String>) -> Result<String, ApiError> {
 }
 
 impl Admissible for OpenRequest {
+    const READS_AT: bool = true;
+
     fn limit(shared: &Shared) -> usize {
         shared.max_body_bytes
     }

@@ -17,6 +17,7 @@ on_both_engines!(
     a_resent_commit_and_the_outcome_carry_the_commits_bookmark,
     a_resent_read_only_open_carries_its_snapshots_bookmark,
     a_transaction_belongs_to_its_token_not_to_the_tokens_position,
+    a_resent_commit_ignores_position_headers_it_never_reads,
 );
 
 async fn post_keyed(
@@ -307,4 +308,53 @@ async fn a_transaction_belongs_to_its_token_not_to_the_tokens_position(engine: E
     )
     .await;
     assert_eq!(rows.json()["rows"], json!([[1]]), "committed once");
+}
+
+/// The routes of a running transaction never read at a position, so a malformed or doubled
+/// `Sqlhttp-Bookmark` / `Sqlhttp-Consistency` (a proxy that added one) does not cost the second
+/// attempt of a COMMIT its outcome: the re-sent COMMIT is replayed and the outcome told, as
+/// without the headers. The open, which reads at one, still refuses them.
+async fn a_resent_commit_ignores_position_headers_it_never_reads(engine: Engine) {
+    let Some(router) = bank(engine).await else {
+        return;
+    };
+    let transaction_route = |path: &str, body: &Value, headers: &[(&'static str, &'static str)]| {
+        let mut all = vec![("content-type", "application/json")];
+        all.extend_from_slice(headers);
+        let router = router.clone();
+        let path = format!("/api/v1/transaction/{path}");
+        let body = body.to_string();
+        async move { send(&router, "POST", &path, &all, body).await }
+    };
+    let garbled: &[(&str, &str)] = &[
+        ("sqlhttp-bookmark", "garbage"),
+        ("sqlhttp-consistency", "primary"),
+        ("sqlhttp-consistency", "primary"),
+    ];
+    let refused = transaction_route("open", &json!({}), garbled).await;
+    assert_eq!(
+        refused.status,
+        400,
+        "the open reads at a position: {}",
+        text(&refused)
+    );
+
+    let tx = open(&router, None, &json!({})).await;
+    let stepped = transaction_route(
+        "statement",
+        &json!({ "transaction": tx, "seq": 1,
+                 "sql": "UPDATE accounts SET balance = balance - 10 WHERE id = 1", "params": [] }),
+        garbled,
+    )
+    .await;
+    assert_eq!(stepped.status, 200, "{}", text(&stepped));
+    let committed = transaction_route("commit", &json!({ "transaction": tx }), garbled).await;
+    assert_eq!(committed.status, 200, "{}", text(&committed));
+    // The first answer lost: the same COMMIT again, with the same headers.
+    let again = transaction_route("commit", &json!({ "transaction": tx }), garbled).await;
+    assert_eq!(again.status, 200, "{}", text(&again));
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let outcome = transaction_route("outcome", &json!({ "transaction": tx }), garbled).await;
+    assert_eq!(outcome.status, 200, "{}", text(&outcome));
+    assert_eq!(outcome.json()["outcome"], json!("committed"));
 }
