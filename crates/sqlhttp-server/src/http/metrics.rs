@@ -22,10 +22,10 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::{Registry, Unit};
 
-use crate::transactions::TransactionCounts;
 use crate::engine::{Engine as _, GivenUp, ReplicaReport};
 use crate::protocol::error::ApiError;
 use crate::state::AppState;
+use crate::transactions::TransactionCounts;
 
 /// The media type of the exposition.
 const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
