@@ -307,3 +307,69 @@ async fn replicas_on_one_database_share_the_store(engine: Engine) {
     let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
     assert_eq!(count["rows"], json!([[1]]));
 }
+
+/// A keyed request's identity as the durable store keeps it, pinned byte for byte: SHA-256 of
+/// the body as sent on `/api/v1/sql`, of `/api/v1/batch`, a newline and the body on a batch. A
+/// request whose answer was lost is re-sent to a server of another version (a rolling upgrade,
+/// a restart onto a new binary) and must be recognised as the same request: a change here would
+/// answer it 422, or run it twice once the old record expired. Changing the format needs an ADR
+/// and a migration of stored keys.
+#[tokio::test]
+async fn a_keyed_requests_identity_is_stable_across_versions() {
+    let db = TempDb::new("idem-identity");
+    let router = app_with(&Config {
+        database: db.database(),
+        ..Config::default()
+    });
+    ok(&router, "CREATE TABLE t (v)", json!([])).await;
+    let keyed_bytes = |path: &'static str, key: &'static str, body: &'static str| {
+        let router = router.clone();
+        async move {
+            send(
+                &router,
+                "POST",
+                path,
+                &[
+                    ("content-type", "application/json"),
+                    ("idempotency-key", key),
+                ],
+                body.to_owned(),
+            )
+            .await
+        }
+    };
+    let statement = keyed_bytes(
+        "/api/v1/sql",
+        "identity-sql",
+        r#"{"sql":"INSERT INTO t VALUES (1)","params":[]}"#,
+    )
+    .await;
+    assert_eq!(statement.status, 200);
+    let batch = keyed_bytes(
+        "/api/v1/batch",
+        "identity-batch",
+        r#"{"statements":[{"sql":"INSERT INTO t VALUES (2)"}]}"#,
+    )
+    .await;
+    assert_eq!(batch.status, 200);
+
+    let store = rusqlite::Connection::open(db.path()).unwrap();
+    let stored = |key: &str| -> String {
+        let hash: Vec<u8> = store
+            .query_row(
+                "SELECT request_hash FROM _sqlhttp_idempotency WHERE key = ?1",
+                [key],
+                |row| row.get(0),
+            )
+            .unwrap();
+        hash.iter().map(|b| format!("{b:02x}")).collect()
+    };
+    assert_eq!(
+        stored("identity-sql"),
+        "74cbe94f6e00e0b8abcd892ded9b62d8a7c56c885aee3ca15f9594f4a1a427bf"
+    );
+    assert_eq!(
+        stored("identity-batch"),
+        "e09f9f787f00ff826637317335db3b93a11f662b8e60dc187e0d842909fa552e"
+    );
+}
