@@ -23,7 +23,8 @@ use tokio::time::Instant;
 use super::body::Body;
 use super::exchange::{AttemptRequest, Endpoint, Exchange};
 use crate::response::Failure;
-use crate::retry::classify::OpClass;
+use crate::retry::classify::{OpClass, is_transient};
+use crate::retry::cost::Cause;
 
 /// When a hedge goes out: a fixed delay, or a percentile of the client's recent read latency.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -252,8 +253,8 @@ impl State {
 }
 
 /// One attempt's exchange, hedged under `plan` when there is one: the head of the first answer to
-/// succeed, the other exchange dropped. When both copies fail, the first copy's failure (marked
-/// sent if either was).
+/// succeed, the other exchange dropped. When both copies fail, the one that tells most (see
+/// [`telling`]), marked sent if either was.
 pub(crate) async fn send(
     exchange: &dyn Exchange,
     hedging: &Hedging,
@@ -321,16 +322,112 @@ where
                 Err(failure) => second_failed = Some(failure),
             },
         }
-        if let (Some(first), Some(second)) = (&mut first_failed, &second_failed) {
-            first.sent |= second.sent;
-            return Err(first_failed.take().expect("both failed"));
+        if first_failed.is_some() && second_failed.is_some() {
+            let (first, second) = (first_failed.take(), second_failed.take());
+            return Err(telling(first.expect("failed"), second.expect("failed")));
         }
     }
+}
+
+/// Of two failed copies of one read, the failure that tells the attempt loop the most: the
+/// server's final answer about the statement (a retry would get it again), else a throttle (its
+/// `Retry-After` and the adaptive rate's signal must not be lost to the other copy's lost
+/// connection), else the first copy's. Sent if either was.
+fn telling(first: Failure, second: Failure) -> Failure {
+    let rank = |failure: &Failure| {
+        if !is_transient(&failure.kind) {
+            2
+        } else if Cause::of(&failure.kind) == Cause::Throttle {
+            1
+        } else {
+            0
+        }
+    };
+    let sent = first.sent || second.sent;
+    let mut chosen = if rank(&second) > rank(&first) {
+        second
+    } else {
+        first
+    };
+    chosen.sent = sent;
+    chosen
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::error::ErrorKind;
+
+    fn failed(kind: ErrorKind, sent: bool) -> Failure {
+        Failure {
+            sent,
+            ..Failure::from(kind)
+        }
+    }
+
+    fn lost() -> ErrorKind {
+        ErrorKind::Connection {
+            message: "reset".into(),
+        }
+    }
+
+    fn throttled() -> ErrorKind {
+        ErrorKind::Unavailable {
+            retry_after: Some(Duration::from_secs(2)),
+            message: "busy".into(),
+        }
+    }
+
+    fn final_answer() -> ErrorKind {
+        ErrorKind::Sql {
+            code: "SQL_ERROR".into(),
+            message: "no such table".into(),
+        }
+    }
+
+    /// Both copies of a hedged read failed: the throttle's wait survives the other copy's lost
+    /// connection, in either order, and the server's final answer beats both; sent if either
+    /// copy was.
+    #[tokio::test]
+    async fn both_copies_failed_answers_the_failure_that_tells_most() {
+        let cases = [
+            (lost(), throttled(), "throttle"),
+            (throttled(), lost(), "throttle"),
+            (throttled(), final_answer(), "final"),
+            (final_answer(), lost(), "final"),
+            (lost(), lost(), "first"),
+        ];
+        for (first, second, expected) in cases {
+            let first_kind = first.to_string();
+            let outcome = race(async { Err::<Body, _>(failed(first, false)) }, async {
+                Err::<Body, _>(failed(second, true))
+            })
+            .await;
+            let Err(chosen) = outcome else {
+                panic!("both copies failed")
+            };
+            assert!(chosen.sent, "the second copy was sent");
+            match expected {
+                "throttle" => assert!(
+                    matches!(
+                        chosen.kind,
+                        ErrorKind::Unavailable {
+                            retry_after: Some(_),
+                            ..
+                        }
+                    ),
+                    "{:?}",
+                    chosen.kind
+                ),
+                "final" => assert!(
+                    matches!(chosen.kind, ErrorKind::Sql { .. }),
+                    "{:?}",
+                    chosen.kind
+                ),
+                _ => assert_eq!(chosen.kind.to_string(), first_kind),
+            }
+        }
+    }
 
     #[test]
     fn defaults_and_validation() {
