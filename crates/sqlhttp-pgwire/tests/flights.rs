@@ -10,6 +10,9 @@ use sqlhttp_pgwire::{
 };
 use tokio::net::TcpStream;
 
+mod support;
+use support::needs_postgres;
+
 /// Host:port, user and database of the test cluster's URL.
 struct Target {
     address: String,
@@ -90,264 +93,252 @@ async fn answers(
     seen
 }
 
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn a_read_is_one_flight_with_one_sync() {
-    let target = target();
-    let mut connection = connect(&target, Limits::default()).await;
-    assert!(connection.is_clean());
-    assert!(connection.backend_key().process_id > 0);
-    assert!(connection.parameter("server_version").is_some());
+needs_postgres! {
+    #[tokio::test]
+    async fn a_read_is_one_flight_with_one_sync() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        assert!(connection.is_clean());
+        assert!(connection.backend_key().process_id > 0);
+        assert!(connection.parameter("server_version").is_some());
 
-    // Prepared once (its own flight), as a statement cache would.
-    let described = answers(&mut connection, |flight| {
-        flight
-            .parse("s1", "SELECT $1::int8 + 1 AS next, 'x' AS letter", &[])?
-            .describe_statement("s1")?
-            .sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(
-        described,
-        [
-            "ParseComplete",
-            "params [20]",
-            "columns [\"next\", \"letter\"]",
-            "ready Idle"
-        ]
-    );
+        // Prepared once (its own flight), as a statement cache would.
+        let described = answers(&mut connection, |flight| {
+            flight
+                .parse("s1", "SELECT $1::int8 + 1 AS next, 'x' AS letter", &[])?
+                .describe_statement("s1")?
+                .sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            described,
+            [
+                "ParseComplete",
+                "params [20]",
+                "columns [\"next\", \"letter\"]",
+                "ready Idle"
+            ]
+        );
 
-    let read = answers(&mut connection, |flight| {
-        flight
-            .statement("BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ")?
-            .statement(
-                "SELECT pg_catalog.set_config('statement_timeout', '5000', true), \
+        let read = answers(&mut connection, |flight| {
+            flight
+                .statement("BEGIN READ ONLY, ISOLATION LEVEL REPEATABLE READ")?
+                .statement(
+                    "SELECT pg_catalog.set_config('statement_timeout', '5000', true), \
                  pg_catalog.pg_current_wal_insert_lsn() IS NOT NULL",
-            )?
-            .bind(
-                "",
-                "s1",
-                &[Param {
-                    format: Format::Text,
-                    value: Some(b"41"),
-                }],
-                Format::Text,
-            )?
-            .execute("", 0)?
-            .statement("ROLLBACK")?
-            .sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(
-        read,
-        [
-            "ParseComplete",
-            "BindComplete",
-            "complete BEGIN",
-            "ParseComplete",
-            "BindComplete",
-            "row [Some(\"5s\"), Some(\"t\")]",
-            "complete SELECT 1",
-            "BindComplete",
-            "row [Some(\"42\"), Some(\"x\")]",
-            "complete SELECT 1",
-            "ParseComplete",
-            "BindComplete",
-            "complete ROLLBACK",
-            "ready Idle",
-        ]
-    );
-    assert!(connection.is_clean());
-    // The setting was the transaction's: the rollback undid it.
-    let after = answers(&mut connection, |flight| {
-        flight.statement("SHOW statement_timeout")?.sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(after[2], "row [Some(\"0\")]");
-}
-
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn an_error_skips_to_the_sync_and_the_next_flight_ends_the_failed_transaction() {
-    let target = target();
-    let mut connection = connect(&target, Limits::default()).await;
-    let failed = answers(&mut connection, |flight| {
-        flight
-            .statement("BEGIN")?
-            .statement("SELECT 1 / 0")?
-            .statement("ROLLBACK")?
-            .sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(
-        failed,
-        [
-            "ParseComplete",
-            "BindComplete",
-            "complete BEGIN",
-            "ParseComplete",
-            // `1 / 0` is folded, and fails, as the statement is planned at Bind.
-            "error 22012",
-            "ready Failed"
-        ],
-        "the ROLLBACK behind the error was skipped"
-    );
-    assert!(!connection.is_clean(), "a failed transaction is still open");
-    assert!(!connection.is_in_doubt());
-
-    let ended = answers(&mut connection, |flight| {
-        flight.statement("ROLLBACK")?.sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(ended.last().unwrap(), "ready Idle");
-    assert!(connection.is_clean());
-
-    // Two Syncs in one flight: the error's skip ends at the first.
-    let two = answers(&mut connection, |flight| {
-        flight.statement("SELECT 1 / 0")?.sync();
-        flight.statement("SELECT 2")?.sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(
-        two,
-        [
-            "ParseComplete",
-            "error 22012",
-            "ready Idle",
-            "ParseComplete",
-            "BindComplete",
-            "row [Some(\"2\")]",
-            "complete SELECT 1",
-            "ready Idle"
-        ]
-    );
-}
-
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn a_message_past_the_limit_is_refused_from_its_header() {
-    let target = target();
-    let mut connection = connect(
-        &target,
-        Limits {
-            max_message: 4 * 1024,
-        },
-    )
-    .await;
-    let mut flight = connection.flight().unwrap();
-    flight
-        .statement("SELECT pg_catalog.repeat('x', 100000)")
-        .unwrap()
-        .sync();
-    let mut answers = flight.send().await.unwrap();
-    let refused = loop {
-        match answers.next().await {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("the row was read"),
-            Err(e) => break e,
-        }
-    };
-    match refused {
-        Error::TooLarge {
-            tag,
-            declared,
-            limit,
-        } => {
-            assert_eq!(tag, b'D');
-            assert!(declared > 100_000);
-            assert_eq!(limit, 4 * 1024);
-        }
-        other => panic!("{other}"),
+                )?
+                .bind(
+                    "",
+                    "s1",
+                    &[Param {
+                        format: Format::Text,
+                        value: Some(b"41"),
+                    }],
+                    Format::Text,
+                )?
+                .execute("", 0)?
+                .statement("ROLLBACK")?
+                .sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            read,
+            [
+                "ParseComplete",
+                "BindComplete",
+                "complete BEGIN",
+                "ParseComplete",
+                "BindComplete",
+                "row [Some(\"5s\"), Some(\"t\")]",
+                "complete SELECT 1",
+                "BindComplete",
+                "row [Some(\"42\"), Some(\"x\")]",
+                "complete SELECT 1",
+                "ParseComplete",
+                "BindComplete",
+                "complete ROLLBACK",
+                "ready Idle",
+            ]
+        );
+        assert!(connection.is_clean());
+        // The setting was the transaction's: the rollback undid it.
+        let after = answers(&mut connection, |flight| {
+            flight.statement("SHOW statement_timeout")?.sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(after[2], "row [Some(\"0\")]");
     }
-    assert!(connection.is_in_doubt());
-    assert!(
-        connection.flight().is_err(),
-        "a connection in doubt runs nothing more"
-    );
 }
 
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn answers_dropped_half_read_leave_the_connection_in_doubt() {
-    let target = target();
-    let mut connection = connect(&target, Limits::default()).await;
-    let mut flight = connection.flight().unwrap();
-    flight.statement("SELECT 1").unwrap().sync();
-    let mut answers = flight.send().await.unwrap();
-    answers.next().await.unwrap();
-    assert!(connection.is_in_doubt());
-    assert!(!connection.is_clean());
+needs_postgres! {
+    #[tokio::test]
+    async fn an_error_skips_to_the_sync_and_the_next_flight_ends_the_failed_transaction() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let failed = answers(&mut connection, |flight| {
+            flight
+                .statement("BEGIN")?
+                .statement("SELECT 1 / 0")?
+                .statement("ROLLBACK")?
+                .sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            failed,
+            [
+                "ParseComplete",
+                "BindComplete",
+                "complete BEGIN",
+                "ParseComplete",
+                // `1 / 0` is folded, and fails, as the statement is planned at Bind.
+                "error 22012",
+                "ready Failed"
+            ],
+            "the ROLLBACK behind the error was skipped"
+        );
+        assert!(!connection.is_clean(), "a failed transaction is still open");
+        assert!(!connection.is_in_doubt());
+
+        let ended = answers(&mut connection, |flight| {
+            flight.statement("ROLLBACK")?.sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(ended.last().unwrap(), "ready Idle");
+        assert!(connection.is_clean());
+
+        // Two Syncs in one flight: the error's skip ends at the first.
+        let two = answers(&mut connection, |flight| {
+            flight.statement("SELECT 1 / 0")?.sync();
+            flight.statement("SELECT 2")?.sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            two,
+            [
+                "ParseComplete",
+                "error 22012",
+                "ready Idle",
+                "ParseComplete",
+                "BindComplete",
+                "row [Some(\"2\")]",
+                "complete SELECT 1",
+                "ready Idle"
+            ]
+        );
+    }
 }
 
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn a_flight_without_a_sync_is_refused_and_sends_nothing() {
-    let target = target();
-    let mut connection = connect(&target, Limits::default()).await;
-    let mut flight = connection.flight().unwrap();
-    flight.statement("SELECT 1").unwrap();
-    assert!(matches!(flight.send().await, Err(Error::Protocol(_))));
-    assert!(connection.is_clean(), "nothing was sent");
-    let next = answers(&mut connection, |flight| {
-        flight.statement("SELECT 2")?.sync();
-        Ok(())
-    })
-    .await;
-    assert_eq!(
-        next[2], "row [Some(\"2\")]",
-        "the refused flight's messages are gone"
-    );
+needs_postgres! {
+    #[tokio::test]
+    async fn a_message_past_the_limit_is_refused_from_its_header() {
+        let target = target();
+        let mut connection = connect(
+            &target,
+            Limits {
+                max_message: 4 * 1024,
+            },
+        )
+        .await;
+        let mut flight = connection.flight().unwrap();
+        flight
+            .statement("SELECT pg_catalog.repeat('x', 100000)")
+            .unwrap()
+            .sync();
+        let mut answers = flight.send().await.unwrap();
+        let refused = loop {
+            match answers.next().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("the row was read"),
+                Err(e) => break e,
+            }
+        };
+        match refused {
+            Error::TooLarge {
+                tag,
+                declared,
+                limit,
+            } => {
+                assert_eq!(tag, b'D');
+                assert!(declared > 100_000);
+                assert_eq!(limit, 4 * 1024);
+            }
+            other => panic!("{other}"),
+        }
+        assert!(connection.is_in_doubt());
+        assert!(
+            connection.flight().is_err(),
+            "a connection in doubt runs nothing more"
+        );
+    }
 }
 
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL"
-)]
-#[tokio::test]
-async fn a_cancel_request_stops_the_running_statement() {
-    let target = target();
-    let mut connection = connect(&target, Limits::default()).await;
-    let key = connection.backend_key();
-    let address = target.address.clone();
-    let canceller = tokio::spawn(async move {
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        cancel(TcpStream::connect(&address).await.unwrap(), key)
-            .await
-            .unwrap();
-    });
-    let started = std::time::Instant::now();
-    let cancelled = answers(&mut connection, |flight| {
-        flight.statement("SELECT pg_catalog.pg_sleep(30)")?.sync();
-        Ok(())
-    })
-    .await;
-    canceller.await.unwrap();
-    assert!(started.elapsed() < Duration::from_secs(20));
-    assert!(
-        cancelled.contains(&"error 57014".to_owned()),
-        "{cancelled:?}"
-    );
-    assert_eq!(connection.transaction_status(), TransactionStatus::Idle);
-    assert!(connection.is_clean());
+needs_postgres! {
+    #[tokio::test]
+    async fn answers_dropped_half_read_leave_the_connection_in_doubt() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1").unwrap().sync();
+        let mut answers = flight.send().await.unwrap();
+        answers.next().await.unwrap();
+        assert!(connection.is_in_doubt());
+        assert!(!connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_flight_without_a_sync_is_refused_and_sends_nothing() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1").unwrap();
+        assert!(matches!(flight.send().await, Err(Error::Protocol(_))));
+        assert!(connection.is_clean(), "nothing was sent");
+        let next = answers(&mut connection, |flight| {
+            flight.statement("SELECT 2")?.sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            next[2], "row [Some(\"2\")]",
+            "the refused flight's messages are gone"
+        );
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_cancel_request_stops_the_running_statement() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let key = connection.backend_key();
+        let address = target.address.clone();
+        let canceller = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            cancel(TcpStream::connect(&address).await.unwrap(), key)
+                .await
+                .unwrap();
+        });
+        let started = std::time::Instant::now();
+        let cancelled = answers(&mut connection, |flight| {
+            flight.statement("SELECT pg_catalog.pg_sleep(30)")?.sync();
+            Ok(())
+        })
+        .await;
+        canceller.await.unwrap();
+        assert!(started.elapsed() < Duration::from_secs(20));
+        assert!(
+            cancelled.contains(&"error 57014".to_owned()),
+            "{cancelled:?}"
+        );
+        assert_eq!(connection.transaction_status(), TransactionStatus::Idle);
+        assert!(connection.is_clean());
+    }
 }

@@ -8,6 +8,9 @@ use std::process::Command;
 use sqlhttp_pgwire::{Connection, Error, Limits, Startup};
 use tokio::net::TcpStream;
 
+mod support;
+use support::needs_postgres;
+
 const SCRIPTS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../scripts");
 
 /// The cluster, stopped (and its directory removed) when dropped.
@@ -48,53 +51,51 @@ async fn login(
     Connection::startup(stream, &startup, Limits::default()).await
 }
 
-#[cfg_attr(
-    pgwire_no_postgres,
-    ignore = "needs PostgreSQL: set SQLHTTPD_TEST_POSTGRES_URL (and have scripts/start-postgres's binaries)"
-)]
-#[tokio::test]
-async fn scram_logs_in_with_the_password_and_refuses_without_it() {
-    let cluster = scram_cluster();
-    let address = cluster
-        .0
-        .trim_start_matches("postgres://postgres@")
-        .split('/')
-        .next()
-        .unwrap()
-        .to_owned();
-    let status = Command::new("psql")
-        .args([
-            cluster.0.as_str(),
-            "-q",
-            "-c",
-            "CREATE ROLE pgwire_scram LOGIN PASSWORD 'correct horse'",
-        ])
-        .status()
-        .unwrap();
-    assert!(status.success());
+needs_postgres! {
+    #[tokio::test]
+    async fn scram_logs_in_with_the_password_and_refuses_without_it() {
+        let cluster = scram_cluster();
+        let address = cluster
+            .0
+            .trim_start_matches("postgres://postgres@")
+            .split('/')
+            .next()
+            .unwrap()
+            .to_owned();
+        let status = Command::new("psql")
+            .args([
+                cluster.0.as_str(),
+                "-q",
+                "-c",
+                "CREATE ROLE pgwire_scram LOGIN PASSWORD 'correct horse'",
+            ])
+            .status()
+            .unwrap();
+        assert!(status.success());
 
-    let connection = login(&address, "pgwire_scram", Some(b"correct horse"), true)
-        .await
-        .unwrap();
-    assert!(connection.is_clean());
-    connection.close().await.unwrap();
+        let connection = login(&address, "pgwire_scram", Some(b"correct horse"), true)
+            .await
+            .unwrap();
+        assert!(connection.is_clean());
+        connection.close().await.unwrap();
 
-    match login(&address, "pgwire_scram", Some(b"wrong"), false).await {
-        Err(e) => assert_eq!(e.code(), Some("28P01"), "{e}"),
-        Ok(_) => panic!("a wrong password logged in"),
+        match login(&address, "pgwire_scram", Some(b"wrong"), false).await {
+            Err(e) => assert_eq!(e.code(), Some("28P01"), "{e}"),
+            Ok(_) => panic!("a wrong password logged in"),
+        }
+        match login(&address, "pgwire_scram", None, false).await {
+            Err(Error::Authentication(_)) => {}
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("no password logged in"),
+        }
+        // The cluster trusts its superuser on loopback: a login that asks for SCRAM refuses a
+        // session let in without an exchange.
+        match login(&address, "postgres", Some(b"anything"), true).await {
+            Err(Error::Authentication(what)) => assert!(what.contains("no authentication"), "{what}"),
+            Err(e) => panic!("{e}"),
+            Ok(_) => panic!("a trusted login passed for SCRAM"),
+        }
+        let trusted = login(&address, "postgres", None, false).await.unwrap();
+        assert!(trusted.is_clean());
     }
-    match login(&address, "pgwire_scram", None, false).await {
-        Err(Error::Authentication(_)) => {}
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("no password logged in"),
-    }
-    // The cluster trusts its superuser on loopback: a login that asks for SCRAM refuses a
-    // session let in without an exchange.
-    match login(&address, "postgres", Some(b"anything"), true).await {
-        Err(Error::Authentication(what)) => assert!(what.contains("no authentication"), "{what}"),
-        Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a trusted login passed for SCRAM"),
-    }
-    let trusted = login(&address, "postgres", None, false).await.unwrap();
-    assert!(trusted.is_clean());
 }
