@@ -152,6 +152,7 @@ pub fn app(state: AppState) -> Router {
         ))
         // HTTP/2 stream permits, once the credential is known (see `streams`).
         .layer(axum::middleware::from_fn(streams::admit_stream))
+        .layer(axum::middleware::from_fn(compression::refuse_unacceptable))
         .layer(compression::layer());
     Router::new().fallback_service(layers.service(routes))
 }

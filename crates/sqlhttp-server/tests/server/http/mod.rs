@@ -2,8 +2,10 @@
 //! docs/protocol.md, the OpenAPI document and its validator, real TCP servers, misbehaving
 //! connections, and TLS to clients with HTTP/2's bounds (`tls`, whose helpers `https_h2`,
 //! `h2_permits` and `postgres::tls` use), and a read credential refused the same way on every
-//! route (`read_credential`).
+//! route (`read_credential`), and an `Accept-Encoding` that admits nothing refused before it
+//! runs (`accept_encoding`).
 
+mod accept_encoding;
 mod api;
 mod conformance;
 mod connections;
