@@ -48,7 +48,7 @@ pub(crate) const RESET: &str = reset_text!();
 /// nothing: the transaction is `READ ONLY`), and warns only when there was none (a `BEGIN`
 /// that never ran). The rollback undoes most of what [`RESET`] is for: settings and the search
 /// path set in the transaction, `SET ROLE`, listens and held cursors all go with it (checked by
-/// `tests/server/pg_reset.rs`), and a `READ ONLY` transaction cannot create temporary tables or
+/// `tests/server/postgres/reset.rs`), and a `READ ONLY` transaction cannot create temporary tables or
 /// advance sequences. What outlives a rollback is reset after it, outside the transaction, by
 /// `_sqlhttp.reset_after_read`: statements a client's function prepared from SQL text, the
 /// random seed (drawn here, from the server's CSPRNG), and session advisory locks. A failure
