@@ -1,6 +1,6 @@
 //! [`Backend`]: the engine serving the configured database, SQLite (embedded, the default) or
 //! PostgreSQL, chosen by the database URL. Both implement [`Engine`]; this enum only
-//! dispatches, every call through the one [`dispatch!`] below.
+//! dispatches, every call through the one `dispatch!` below.
 //!
 //! Knows the two engines' handles; nothing about HTTP or SQL.
 

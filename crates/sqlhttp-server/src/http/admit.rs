@@ -11,7 +11,7 @@
 //! as a read, and whatever would write is refused `403 READ_ONLY` with nothing written
 //! ([`refuse_write`] when admission can tell from the body, the engine otherwise); an
 //! Idempotency-Key has nothing to apply once for it. A keyed request is named by one hash,
-//! [`Admitted::identity`].
+//! [`identity`].
 //!
 //! Knows HTTP and the protocol; nothing about either engine.
 

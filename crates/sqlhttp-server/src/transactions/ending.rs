@@ -3,7 +3,7 @@
 //! outcome unknown), kept per token for the idempotency TTL; [`answer`] for each request
 //! ([`Op`]) against each ending; and, for a token this process does not remember (another
 //! process's, or one from before a restart), the commit record in the engine's idempotency
-//! store, read through the [`Engine`] calls (`recorded`, `claim_record`): committed if it is
+//! store, read through the [`Engine`](crate::engine::Engine) calls (`recorded`, `claim_record`): committed if it is
 //! there, else "nothing committed", made final by a tombstone before it is said.
 //!
 //! Knows the engine contract's record calls and the protocol's errors and bodies; nothing about

@@ -1,5 +1,5 @@
 //! Opening an interactive transaction: the registry's bounds (`--max-transactions`, each owner's
-//! share), the engine's session asked for through [`Engine::begin`], its token
+//! share), the engine's session asked for through [`Engine::begin`](crate::engine::Engine::begin), its token
 //! (`<instance>.<128 random bits>`), and a re-sent open under the same Idempotency-Key, which
 //! waits for the first one and answers its transaction.
 //!

@@ -27,7 +27,7 @@ use crate::timing::Timing;
 /// a random suffix drawn for each request, so a client cannot re-create it (ADR 0027).
 const GUARD_PREFIX: &str = "_sqlhttp_guard_";
 
-/// A pooled connection held by one request. Dropped before [`Lease::release`] (the requester
+/// A pooled connection held by one request. Dropped before its release (the requester
 /// went away mid-transaction), its statement is cancelled and the connection is discarded, so
 /// PostgreSQL rolls the transaction back.
 pub(super) struct Lease {

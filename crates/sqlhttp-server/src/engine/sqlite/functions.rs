@@ -22,9 +22,9 @@
 //! replacement with the built-in on a plain connection. See
 //! `docs/adr/0024-bounded-built-ins.md`.
 //!
-//! The families live in submodules: [`search`] (`instr`, `replace`), [`trim`] (`trim`, `ltrim`,
-//! `rtrim`), [`unhex`], [`pattern`] (`like`, `glob`) and [`json_patch`] (`json_patch`,
-//! `jsonb_patch`), over the UTF-8 reading of SQLite's C code in [`utf8`]. This file holds their
+//! The families live in submodules: `search` (`instr`, `replace`), `trim` (`trim`, `ltrim`,
+//! `rtrim`), `unhex`, `pattern` (`like`, `glob`) and `json_patch` (`json_patch`,
+//! `jsonb_patch`), over the UTF-8 reading of SQLite's C code in `utf8`. This file holds their
 //! registration and what they share: the clock's [`Budget`], SQLite's errors and argument text.
 
 use std::borrow::Cow;

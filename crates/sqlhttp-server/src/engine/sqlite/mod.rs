@@ -410,7 +410,7 @@ impl SqliteEngine {
         }
     }
 
-    /// Runs one request without an Idempotency-Key as [`SqliteEngine::execute_buffered`] does, but streams a
+    /// Runs one request without an Idempotency-Key as `SqliteEngine::execute_buffered` does, but streams a
     /// success body larger than one chunk while the statement runs (see `stream`): the job keeps
     /// its connection until the body is done or dropped.
     async fn execute_streamed(&self, request: SqlRequest) -> Result<Reply, ApiError> {

@@ -9,7 +9,7 @@ use super::rules::{is_server_object, reserved};
 
 /// Refuses, on SQLite, an `ALTER TABLE ... RENAME TO` whose new name is in the server's
 /// namespace: SQLite's authorizer is told the old name only. An early, clear answer; what the
-/// statement does to the schema is checked after it ran ([`SchemaRows`]) whatever its text.
+/// statement does to the schema is checked after it ran ([`SchemaRows`](super::schema::SchemaRows)) whatever its text.
 pub(crate) fn check_new_names(sql: &str) -> Result<(), ApiError> {
     match renamed_to(sql) {
         Some(name) if is_server_object(&name) => Err(ApiError::not_allowed(reserved(&name))),
