@@ -30,6 +30,9 @@
 //!
 //! Knows PostgreSQL's binary formats and the protocol's JSON; nothing about connections, SQL text
 //! or HTTP.
+//!
+//! Past 600 lines on purpose for now: `engine/postgres/` is rebuilt on `sqlhttp-pgwire` by issue 38
+//! (ADR 0059), which splits it by concern; issue 39 left this folder as it is.
 
 use std::error::Error;
 use std::fmt::Write as _;
