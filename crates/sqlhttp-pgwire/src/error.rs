@@ -33,6 +33,13 @@ pub struct DbError {
     pub column: Option<String>,
     /// See [`DbError::schema`].
     pub constraint: Option<String>,
+    /// `W`: the context the error arose in, innermost first (a PL/pgSQL function's line, a
+    /// query a function ran), when any.
+    pub where_: Option<String>,
+    /// `R`: the routine in PostgreSQL's source that reported the error (`exec_stmt_raise` for
+    /// PL/pgSQL's `RAISE`, which tells an error a client's code raised from PostgreSQL's own),
+    /// when any.
+    pub routine: Option<String>,
 }
 
 impl DbError {
@@ -61,6 +68,8 @@ impl DbError {
                 b't' => error.table = Some(value),
                 b'c' => error.column = Some(value),
                 b'n' => error.constraint = Some(value),
+                b'W' => error.where_ = Some(value),
+                b'R' => error.routine = Some(value),
                 _ => {}
             }
         }

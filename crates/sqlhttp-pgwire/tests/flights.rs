@@ -1,7 +1,8 @@
 //! The connection against a real PostgreSQL (`SQLHTTPD_TEST_POSTGRES_URL`, a superuser's URL on
 //! loopback, as `scripts/start-postgres` prints): a read as one flight with one `Sync`, an error
-//! in the middle of a flight and the session after it, the bound on a message, a flight's answers
-//! dropped half read, a cancel request, and SCRAM's login on a cluster that asks for passwords.
+//! in the middle of a flight and the session after it, the routine an error names (a client's
+//! `RAISE` told from PostgreSQL's own), the bound on a message, a flight's answers dropped half
+//! read, and a cancel request.
 
 use std::time::Duration;
 
@@ -339,6 +340,42 @@ needs_postgres! {
             "{cancelled:?}"
         );
         assert_eq!(connection.transaction_status(), TransactionStatus::Idle);
+        assert!(connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn an_error_names_the_routine_that_raised_it() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight
+            .statement(
+                "DO $$ BEGIN RAISE EXCEPTION 'x' USING ERRCODE = '40001'; END $$",
+            )
+            .unwrap()
+            .sync();
+        flight.statement("SELECT 1 / 0").unwrap().sync();
+        let mut answers = flight.send().await.unwrap();
+        let mut errors = Vec::new();
+        while let Some(answer) = answers.next().await.unwrap() {
+            if let Answer::Error(e) = answer {
+                errors.push(e);
+            }
+        }
+        let [raised, own] = errors.as_slice() else {
+            panic!("{errors:?}")
+        };
+        // A client's RAISE, told from PostgreSQL's own error by the routine that raised it.
+        assert_eq!(raised.code, "40001");
+        assert_eq!(raised.message, "x");
+        assert_eq!(raised.routine.as_deref(), Some("exec_stmt_raise"));
+        let context = raised.where_.as_deref().unwrap_or_default();
+        assert!(context.contains("PL/pgSQL function"), "{context}");
+        assert_eq!(own.code, "22012");
+        assert_eq!(own.routine.as_deref(), Some("int4div"));
+        assert_eq!(own.where_, None);
         assert!(connection.is_clean());
     }
 }
