@@ -195,7 +195,7 @@ pub enum Answer {
     RowDescription(Columns),
     /// A described statement returns no rows.
     NoData,
-    /// One row: its cells as they came, read with [`Row::cells`].
+    /// One row: its cells as they came, walked with [`Row::iter`].
     Row(Row),
     /// A statement completed; its command tag (`SELECT 1`, `INSERT 0 3`, ...).
     CommandComplete(String),
@@ -204,8 +204,9 @@ pub enum Answer {
     /// An `Execute` with a row limit stopped before the end.
     PortalSuspended,
     /// PostgreSQL refused a message; it skipped the rest up to the next `Sync`. (A `FATAL` or
-    /// `PANIC` one ends the session and comes as [`Answers::next`]'s `Err` instead.)
-    Error(DbError),
+    /// `PANIC` one ends the session and comes as [`Answers::next`]'s `Err` instead.) Boxed: an
+    /// answer is moved once per row, and errors are rare.
+    Error(Box<DbError>),
     /// A `Sync`'s answer, with the transaction state it leaves.
     ReadyForQuery(TransactionStatus),
 }
@@ -261,33 +262,128 @@ impl Columns {
     }
 }
 
-/// One `DataRow`, its cells borrowed from the bytes as they were read.
-pub struct Row(DataRowBody);
+/// One `DataRow`, its cells borrowed from the bytes as they were read. Its framing (each cell's
+/// length within the row, nothing after the last) was checked when it arrived, so walking its
+/// cells ([`Row::iter`]) cannot fail and allocates nothing.
+pub struct Row {
+    body: DataRowBody,
+    len: usize,
+}
 
 impl std::fmt::Debug for Row {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_tuple("Row").field(&self.0.buffer().len()).finish()
+        f.debug_struct("Row")
+            .field("cells", &self.len)
+            .field("bytes", &self.body.buffer().len())
+            .finish()
     }
 }
 
 impl Row {
-    /// The cells in order, each `None` for `NULL`.
-    pub fn cells(&self) -> Result<Vec<Option<&[u8]>>, Error> {
-        let buffer = self.0.buffer();
-        let mut cells = Vec::new();
-        let mut ranges = self.0.ranges();
-        while let Some(range) = ranges.next()? {
-            cells.push(range.map(|range| &buffer[range]));
+    /// The row of `body`, once each of its cells' lengths was found within it; a row that
+    /// overruns itself (or has bytes after its last cell) is the backend's protocol error.
+    fn checked(body: DataRowBody) -> Result<Row, Error> {
+        let mut len = 0;
+        let mut ranges = body.ranges();
+        while ranges
+            .next()
+            .map_err(|e| Error::Protocol(format!("a malformed DataRow: {e}")))?
+            .is_some()
+        {
+            len += 1;
         }
-        Ok(cells)
+        Ok(Row { body, len })
+    }
+
+    /// How many cells the row has (its result's column count).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the row has no cells (a `SELECT` of no columns).
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The cells in order, each `None` for `NULL`, borrowed from the row: a row writer walks
+    /// them with no allocation.
+    pub fn iter(&self) -> Cells<'_> {
+        Cells {
+            rest: self.body.buffer(),
+            remaining: self.len,
+        }
+    }
+
+    /// The cells in order, each `None` for `NULL`, collected ([`Row::iter`] without the `Vec`).
+    /// Never an `Err`: the row's framing was checked when it arrived.
+    pub fn cells(&self) -> Result<Vec<Option<&[u8]>>, Error> {
+        Ok(self.iter().collect())
     }
 
     /// The row's bytes as they came (counts and cells), shared, not copied: while a row is
     /// held, so is the read buffer it was cut from.
     pub fn bytes(&self) -> &Bytes {
-        self.0.buffer_bytes()
+        self.body.buffer_bytes()
     }
 }
+
+impl<'r> IntoIterator for &'r Row {
+    type Item = Option<&'r [u8]>;
+    type IntoIter = Cells<'r>;
+
+    fn into_iter(self) -> Cells<'r> {
+        self.iter()
+    }
+}
+
+/// A row's cells in order, each `None` for `NULL` ([`Row::iter`]).
+#[derive(Debug, Clone)]
+pub struct Cells<'r> {
+    /// The cells not yet walked, each its length (4 bytes, big-endian, -1 for `NULL`) and bytes.
+    rest: &'r [u8],
+    remaining: usize,
+}
+
+impl<'r> Iterator for Cells<'r> {
+    type Item = Option<&'r [u8]>;
+
+    fn next(&mut self) -> Option<Option<&'r [u8]>> {
+        if self.remaining == 0 {
+            return None;
+        }
+        self.remaining -= 1;
+        // In bounds: `Row::checked` walked the same lengths. Should they not be, the walk ends.
+        let cell = self
+            .rest
+            .split_first_chunk::<4>()
+            .and_then(
+                |(length, rest)| match usize::try_from(i32::from_be_bytes(*length)) {
+                    Err(_) => Some((None, rest)),
+                    Ok(length) => rest
+                        .split_at_checked(length)
+                        .map(|(cell, rest)| (Some(cell), rest)),
+                },
+            );
+        match cell {
+            Some((cell, rest)) => {
+                self.rest = rest;
+                Some(cell)
+            }
+            None => {
+                self.remaining = 0;
+                None
+            }
+        }
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        (self.remaining, Some(self.remaining))
+    }
+}
+
+impl ExactSizeIterator for Cells<'_> {}
+
+impl std::iter::FusedIterator for Cells<'_> {}
 
 /// A sent flight's answers. Read them to the end ([`Answers::next`] returns `None` after the
 /// last `ReadyForQuery`); dropped before that, they leave the connection in doubt.
@@ -314,17 +410,17 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                 }
                 Message::RowDescription(body) => Answer::RowDescription(Columns(body)),
                 Message::NoData => Answer::NoData,
-                Message::DataRow(body) => Answer::Row(Row(body)),
+                Message::DataRow(body) => Answer::Row(Row::checked(body)?),
                 Message::CommandComplete(body) => Answer::CommandComplete(body.tag()?.to_owned()),
                 Message::EmptyQueryResponse => Answer::EmptyQuery,
                 Message::PortalSuspended => Answer::PortalSuspended,
                 Message::ErrorResponse(body) => {
-                    let error = DbError::parse(&body)?;
+                    let error = Box::new(DbError::parse(&body)?);
                     if error.ends_the_session() {
                         // FATAL or PANIC: the backend is gone, whatever the flight had done (a
                         // COMMIT may have committed): the connection's failure, not an answer.
                         self.connection.in_doubt = true;
-                        return Err(Error::Db(Box::new(error)));
+                        return Err(Error::Db(error));
                     }
                     Answer::Error(error)
                 }
@@ -363,7 +459,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
             }
         }
         match first_error {
-            Some(e) => Err(Error::Db(Box::new(e))),
+            Some(e) => Err(Error::Db(e)),
             None => Ok(self.connection.status),
         }
     }

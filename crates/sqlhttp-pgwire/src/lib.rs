@@ -9,6 +9,8 @@
 //!
 //! - [`Connection`]: login (trust, cleartext, MD5, SCRAM-SHA-256) and the bounded reader;
 //! - [`Flight`] and [`Answers`]: one step's messages out, its answers in;
+//! - [`Row`] and [`Cells`]: a row's cells walked as the bytes they came in, with no allocation
+//!   (the row's framing is checked once, when it arrives);
 //! - [`cancel`]: a cancel request for a session's running statement.
 //!
 //! Knows nothing about HTTP, requests or sqlhttpd's answers.
@@ -23,4 +25,4 @@ mod flight;
 pub use cancel::cancel;
 pub use connection::{BackendKey, Connection, Limits, Startup, TransactionStatus};
 pub use error::{DbError, Error};
-pub use flight::{Answer, Answers, Column, Columns, Flight, Format, Param, Row};
+pub use flight::{Answer, Answers, Cells, Column, Columns, Flight, Format, Param, Row};

@@ -69,9 +69,7 @@ async fn answers(
         seen.push(match answer {
             Answer::Row(row) => format!(
                 "row {:?}",
-                row.cells()
-                    .unwrap()
-                    .into_iter()
+                row.iter()
                     .map(|cell| cell.map(|bytes| String::from_utf8_lossy(bytes).into_owned()))
                     .collect::<Vec<_>>()
             ),

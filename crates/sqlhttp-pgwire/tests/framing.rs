@@ -2,7 +2,8 @@
 //! scripted byte by byte over an in-memory pipe: the login methods a test cluster does not ask
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
-//! `FATAL` in the middle of a flight, and the polite close after a flight that was never sent.
+//! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
+//! row's cells walked in order and a row whose cells overrun it.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Limits, Startup};
@@ -251,4 +252,97 @@ async fn close_sends_only_terminate_after_a_flight_that_was_never_sent() {
     connection.close().await.unwrap();
     assert_eq!(backend.next().await, Some((b'X', Vec::new())));
     assert_eq!(backend.next().await, None);
+}
+
+/// A `DataRow` of `cells` (`None` for `NULL`), as the backend frames it.
+fn data_row(cells: &[Option<&[u8]>]) -> Vec<u8> {
+    let mut payload = (cells.len() as u16).to_be_bytes().to_vec();
+    for cell in cells {
+        match cell {
+            Some(bytes) => {
+                payload.extend_from_slice(&(bytes.len() as i32).to_be_bytes());
+                payload.extend_from_slice(bytes);
+            }
+            None => payload.extend_from_slice(&(-1i32).to_be_bytes()),
+        }
+    }
+    message(b'D', &payload)
+}
+
+/// A flight's answers to `SELECT ...`: ParseComplete, BindComplete, `rows`, CommandComplete and
+/// ReadyForQuery idle.
+fn select_reply(rows: &[Vec<u8>]) -> Vec<u8> {
+    let mut reply = message(b'1', &[]);
+    reply.extend(message(b'2', &[]));
+    for row in rows {
+        reply.extend_from_slice(row);
+    }
+    reply.extend(message(b'C', b"SELECT 1\0"));
+    reply.extend(message(b'Z', b"I"));
+    reply
+}
+
+#[tokio::test]
+async fn a_row_s_cells_are_walked_in_order_with_their_count() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let cells: [Option<&[u8]>; 4] = [Some(b"42"), None, Some(b""), Some(b"last")];
+    backend
+        .send(&select_reply(&[data_row(&cells), data_row(&[])]))
+        .await;
+    let mut rows = Vec::new();
+    while let Some(answer) = answers.next().await.unwrap() {
+        if let Answer::Row(row) = answer {
+            rows.push(row);
+        }
+    }
+    let [row, empty] = rows.as_slice() else {
+        panic!("{rows:?}")
+    };
+    assert_eq!(row.len(), 4);
+    assert!(!row.is_empty());
+    let mut walked = row.iter();
+    assert_eq!(walked.len(), 4);
+    assert_eq!(walked.next(), Some(Some(&b"42"[..])));
+    assert_eq!(walked.len(), 3);
+    assert_eq!(walked.collect::<Vec<_>>(), cells[1..]);
+    let mut nulls = 0;
+    for cell in row {
+        nulls += usize::from(cell.is_none());
+    }
+    assert_eq!(nulls, 1);
+    assert_eq!(row.cells().unwrap(), cells);
+    assert_eq!((empty.len(), empty.is_empty()), (0, true));
+    assert_eq!(empty.iter().next(), None);
+    assert!(connection.is_clean());
+}
+
+#[tokio::test]
+async fn a_row_whose_cell_overruns_it_is_refused_when_it_arrives() {
+    for malformed in [
+        // A cell declares 10 bytes and 3 follow.
+        message(b'D', &[0, 1, 0, 0, 0, 10, b'a', b'b', b'c']),
+        // Two cells counted, one sent.
+        message(b'D', &[0, 2, 0, 0, 0, 1, b'a']),
+        // Bytes after the last cell.
+        message(b'D', &[0, 1, 0, 0, 0, 1, b'a', b'!']),
+    ] {
+        let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1").unwrap().sync();
+        let mut answers = flight.send().await.unwrap();
+        backend.send(&select_reply(&[malformed])).await;
+        let refused = loop {
+            match answers.next().await {
+                Ok(Some(Answer::Row(row))) => panic!("a malformed row was handed over: {row:?}"),
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the flight ended"),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(refused, Error::Protocol(_)), "{refused}");
+        assert!(connection.is_in_doubt());
+    }
 }
