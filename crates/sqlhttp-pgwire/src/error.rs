@@ -85,11 +85,16 @@ impl fmt::Display for DbError {
 
 impl std::error::Error for DbError {}
 
-/// A connection's failure: the connection is in doubt after any of them.
+/// A connection's failure: the connection is in doubt after any of them, but for the refusals
+/// [`Error::Db`] names ([`crate::Connection::is_in_doubt`] says).
 #[derive(Debug)]
 pub enum Error {
     /// PostgreSQL answered an error that ended the session (`FATAL`, `PANIC`), or refused the
-    /// login. A statement's ordinary error is a flight's [`crate::Answer::Error`] instead.
+    /// login; the connection is in doubt. Or it refused a statement that
+    /// [`crate::Connection::describe`] prepared, or one of a flight that
+    /// [`crate::Answers::finish`] read: then the flight was read to its end and the connection
+    /// is not in doubt. A statement's ordinary error in a flight read answer by answer is
+    /// [`crate::Answer::Error`] instead.
     Db(Box<DbError>),
     /// A message declared more bytes than the connection takes ([`crate::Limits`]); nothing of
     /// its body was read.

@@ -9,6 +9,8 @@
 //!
 //! - [`Connection`]: login (trust, cleartext, MD5, SCRAM-SHA-256) and the bounded reader;
 //! - [`Flight`] and [`Answers`]: one step's messages out, its answers in;
+//! - [`Connection::describe`]: a statement prepared and described in one flight, its
+//!   parameters' types and its columns ([`Described`]), for a statement cache;
 //! - [`Row`] and [`Cells`]: a row's cells walked as the bytes they came in, with no allocation
 //!   (the row's framing is checked once, when it arrives);
 //! - [`cancel`]: a cancel request for a session's running statement.
@@ -19,10 +21,12 @@
 
 mod cancel;
 mod connection;
+mod describe;
 mod error;
 mod flight;
 
 pub use cancel::cancel;
 pub use connection::{BackendKey, Connection, Limits, Startup, TransactionStatus};
+pub use describe::Described;
 pub use error::{DbError, Error};
 pub use flight::{Answer, Answers, Cells, Column, Columns, Flight, Format, Param, Row};

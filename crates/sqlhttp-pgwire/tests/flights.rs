@@ -1,13 +1,13 @@
 //! The connection against a real PostgreSQL (`SQLHTTPD_TEST_POSTGRES_URL`, a superuser's URL on
 //! loopback, as `scripts/start-postgres` prints): a read as one flight with one `Sync`, an error
 //! in the middle of a flight and the session after it, the routine an error names (a client's
-//! `RAISE` told from PostgreSQL's own), the bound on a message, a flight's answers dropped half
-//! read, and a cancel request.
+//! `RAISE` told from PostgreSQL's own), a statement described in one flight and a refused one,
+//! the bound on a message, a flight's answers dropped half read, and a cancel request.
 
 use std::time::Duration;
 
 use sqlhttp_pgwire::{
-    Answer, Connection, Error, Format, Limits, Param, Startup, TransactionStatus, cancel,
+    Answer, Column, Connection, Error, Format, Limits, Param, Startup, TransactionStatus, cancel,
 };
 use tokio::net::TcpStream;
 
@@ -375,5 +375,101 @@ needs_postgres! {
         assert_eq!(own.routine.as_deref(), Some("int4div"));
         assert_eq!(own.where_, None);
         assert!(connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn describe_gives_a_statement_s_parameters_and_columns_in_one_flight() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let described = connection
+            .describe("kv", "SELECT $1::int8 AS k, 'x'::text AS v", &[])
+            .await
+            .unwrap();
+        assert_eq!(described.params, [20]);
+        let column = |name: &str, type_oid| Column {
+            name: name.to_owned(),
+            type_oid,
+            table_oid: 0,
+            column_id: 0,
+            type_modifier: -1,
+            format: Format::Text,
+        };
+        assert_eq!(described.columns, [column("k", 20), column("v", 25)]);
+        assert!(connection.is_clean());
+
+        // The statement stays prepared under its name.
+        let read = answers(&mut connection, |flight| {
+            flight
+                .bind(
+                    "",
+                    "kv",
+                    &[Param {
+                        format: Format::Text,
+                        value: Some(b"7"),
+                    }],
+                    Format::Text,
+                )?
+                .execute("", 0)?
+                .sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(read[1], "row [Some(\"7\"), Some(\"x\")]");
+
+        // Types given by the Parse stand; a statement without rows is NoData: no columns.
+        let typed = connection
+            .describe("", "SELECT $1 IS NULL", &[25])
+            .await
+            .unwrap();
+        assert_eq!((typed.params, typed.columns.len()), (vec![25], 1));
+        let no_rows = connection
+            .describe("", "SET search_path = pg_catalog", &[])
+            .await
+            .unwrap();
+        assert_eq!((no_rows.params, no_rows.columns), (vec![], vec![]));
+        assert!(connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_refused_describe_is_the_database_s_error_and_the_connection_stays_usable() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        for (sql, code) in [
+            ("SELEC 1", "42601"),
+            ("SELECT * FROM no_such_table", "42P01"),
+        ] {
+            match connection.describe("s", sql, &[]).await {
+                Err(Error::Db(e)) => assert_eq!(e.code, code, "{e}"),
+                other => panic!("{sql}: {other:?}"),
+            }
+            assert!(!connection.is_in_doubt());
+            assert!(connection.is_clean());
+        }
+        // Nothing was prepared under the name: it is free for the next statement.
+        let described = connection.describe("s", "SELECT 1 AS one", &[]).await.unwrap();
+        assert_eq!(described.columns[0].name, "one");
+        let next = answers(&mut connection, |flight| {
+            flight.statement("SELECT 2")?.sync();
+            Ok(())
+        })
+        .await;
+        assert_eq!(next[2], "row [Some(\"2\")]");
+
+        // Inside a transaction the refusal fails it; the connection is still not in doubt.
+        answers(&mut connection, |flight| {
+            flight.statement("BEGIN")?.sync();
+            Ok(())
+        })
+        .await;
+        assert!(matches!(
+            connection.describe("", "SELEC 1", &[]).await,
+            Err(Error::Db(_))
+        ));
+        assert_eq!(connection.transaction_status(), TransactionStatus::Failed);
+        assert!(!connection.is_in_doubt() && !connection.is_clean());
     }
 }

@@ -3,7 +3,8 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
-//! row's cells walked in order and a row whose cells overrun it.
+//! row's cells walked in order and a row whose cells overrun it, and a `Describe` answered
+//! without its parameters or with a row.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Limits, Startup};
@@ -343,6 +344,34 @@ async fn a_row_whose_cell_overruns_it_is_refused_when_it_arrives() {
             }
         };
         assert!(matches!(refused, Error::Protocol(_)), "{refused}");
+        assert!(connection.is_in_doubt());
+    }
+}
+
+#[tokio::test]
+async fn a_describe_answered_without_its_parameters_or_with_a_row_is_a_protocol_error() {
+    let no_parameters = [message(b'1', &[]), message(b'n', &[]), message(b'Z', b"I")].concat();
+    let a_row = [
+        message(b'1', &[]),
+        message(b't', &[0, 0]),
+        data_row(&[Some(b"1")]),
+        message(b'Z', b"I"),
+    ]
+    .concat();
+    for reply in [no_parameters, a_row] {
+        let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+        let serve = async {
+            // Parse, Describe, Sync: then the reply.
+            for tag in [b'P', b'D', b'S'] {
+                assert_eq!(backend.next().await.unwrap().0, tag);
+            }
+            backend.send(&reply).await;
+        };
+        let (described, ()) = tokio::join!(connection.describe("s", "SELECT 1", &[]), serve);
+        assert!(
+            matches!(described, Err(Error::Protocol(_))),
+            "{described:?}"
+        );
         assert!(connection.is_in_doubt());
     }
 }
