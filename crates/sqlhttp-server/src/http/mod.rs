@@ -31,7 +31,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use tower_http::catch_panic::CatchPanicLayer;
 
 use crate::budget::Held;
@@ -85,53 +85,11 @@ const READY_WITHIN: std::time::Duration = std::time::Duration::from_secs(1);
 /// ```
 pub fn app(state: AppState) -> Router {
     let origins = state.inner.allow_origins.clone();
-    let routes = Router::new()
-        .route(SQL_PATH, post(sql).fallback(sql_method_not_allowed))
-        .route(
-            batch::BATCH_PATH,
-            post(batch::batch).fallback(sql_method_not_allowed),
-        )
-        .route(
-            describe::DESCRIBE_PATH,
-            post(describe::describe).fallback(sql_method_not_allowed),
-        )
-        .route(
-            describe::DESCRIBE_STATEMENT_PATH,
-            post(describe::describe_statement).fallback(sql_method_not_allowed),
-        )
-        .route(
-            transaction::OPEN_PATH,
-            post(transaction::open).fallback(sql_method_not_allowed),
-        )
-        .route(
-            transaction::STATEMENT_PATH,
-            post(transaction::statement).fallback(sql_method_not_allowed),
-        )
-        .route(
-            transaction::COMMIT_PATH,
-            post(transaction::commit).fallback(sql_method_not_allowed),
-        )
-        .route(
-            transaction::ROLLBACK_PATH,
-            post(transaction::rollback).fallback(sql_method_not_allowed),
-        )
-        .route(
-            transaction::OUTCOME_PATH,
-            post(transaction::outcome).fallback(sql_method_not_allowed),
-        )
-        .route(
-            openapi::OPENAPI_PATH,
-            get(openapi::openapi).fallback(probe_method_not_allowed),
-        )
-        .route(
-            HEALTHZ_PATH,
-            get(healthz).fallback(probe_method_not_allowed),
-        )
-        .route(READYZ_PATH, get(readyz).fallback(probe_method_not_allowed))
-        .route(
-            METRICS_PATH,
-            get(metrics::metrics).fallback(metrics::method_not_allowed),
-        )
+    let routes = ROUTES
+        .iter()
+        .fold(Router::new(), |router, &(path, serve)| {
+            router.route(path, serve())
+        })
         .fallback(not_found)
         .with_state(state.clone());
     // The layers wrap the router once, outermost first, rather than each route (what
@@ -161,27 +119,58 @@ const HEALTHZ_PATH: &str = "/healthz";
 const READYZ_PATH: &str = "/readyz";
 const METRICS_PATH: &str = "/metrics";
 
-/// Every route [`app`] serves, for [`endpoint`]: a route added there is added here.
-const ROUTES: [&str; 13] = [
-    SQL_PATH,
-    batch::BATCH_PATH,
-    describe::DESCRIBE_PATH,
-    describe::DESCRIBE_STATEMENT_PATH,
-    transaction::OPEN_PATH,
-    transaction::STATEMENT_PATH,
-    transaction::COMMIT_PATH,
-    transaction::ROLLBACK_PATH,
-    transaction::OUTCOME_PATH,
-    openapi::OPENAPI_PATH,
-    HEALTHZ_PATH,
-    READYZ_PATH,
-    METRICS_PATH,
+/// What serves one route: its handler per method, and the answer to any other method.
+type Serve = fn() -> MethodRouter<AppState>;
+
+/// Every route [`app`] serves, with what serves it: the one list [`app`] builds its router from
+/// and [`endpoint`] names a request's route by, so the two cannot disagree.
+const ROUTES: [(&str, Serve); 13] = [
+    (SQL_PATH, || post(sql).fallback(sql_method_not_allowed)),
+    (batch::BATCH_PATH, || {
+        post(batch::batch).fallback(sql_method_not_allowed)
+    }),
+    (describe::DESCRIBE_PATH, || {
+        post(describe::describe).fallback(sql_method_not_allowed)
+    }),
+    (describe::DESCRIBE_STATEMENT_PATH, || {
+        post(describe::describe_statement).fallback(sql_method_not_allowed)
+    }),
+    (transaction::OPEN_PATH, || {
+        post(transaction::open).fallback(sql_method_not_allowed)
+    }),
+    (transaction::STATEMENT_PATH, || {
+        post(transaction::statement).fallback(sql_method_not_allowed)
+    }),
+    (transaction::COMMIT_PATH, || {
+        post(transaction::commit).fallback(sql_method_not_allowed)
+    }),
+    (transaction::ROLLBACK_PATH, || {
+        post(transaction::rollback).fallback(sql_method_not_allowed)
+    }),
+    (transaction::OUTCOME_PATH, || {
+        post(transaction::outcome).fallback(sql_method_not_allowed)
+    }),
+    (openapi::OPENAPI_PATH, || {
+        get(openapi::openapi).fallback(probe_method_not_allowed)
+    }),
+    (HEALTHZ_PATH, || {
+        get(healthz).fallback(probe_method_not_allowed)
+    }),
+    (READYZ_PATH, || {
+        get(readyz).fallback(probe_method_not_allowed)
+    }),
+    (METRICS_PATH, || {
+        get(metrics::metrics).fallback(metrics::method_not_allowed)
+    }),
 ];
 
 /// The route `path` is served by (its pattern, for the metrics' endpoint label), or `None` when
 /// no route matches it (the JSON 404). Every route is a fixed path, so the pattern is the path.
 pub(crate) fn endpoint(path: &str) -> Option<&'static str> {
-    ROUTES.iter().copied().find(|route| *route == path)
+    ROUTES
+        .iter()
+        .map(|&(route, _)| route)
+        .find(|route| *route == path)
 }
 
 async fn healthz() -> &'static str {
@@ -396,7 +385,8 @@ mod tests {
     #[tokio::test]
     async fn every_listed_endpoint_is_a_route() {
         let router = app(AppState::new(&crate::Config::default()).unwrap());
-        for path in ROUTES.iter().copied().chain(["/api/v1/nowhere"]) {
+        let listed = ROUTES.iter().map(|&(path, _)| path);
+        for path in listed.chain(["/api/v1/nowhere"]) {
             let response = router
                 .clone()
                 .oneshot(
