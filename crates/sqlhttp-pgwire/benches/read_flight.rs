@@ -1,8 +1,10 @@
 //! What a verified point read costs on each side of the connection, sent the way sqlhttpd's
 //! engine sends it today (tokio-postgres: BEGIN's message, the statement, the end's message,
 //! three `Sync`s) and as one flight of this crate (one `Sync`), with its rows in binary and in
-//! text, with the reset as today's PL/pgSQL call, written inline, or left out (the floor); beside
-//! them the bare statement a hand-written gateway sends, through each driver. It
+//! text, with the reset as today's PL/pgSQL call, written inline, or left out (the floor), and with
+//! the server's fixed statements (BEGIN, the settings, ROLLBACK, the reset) sent unnamed or
+//! prepared once per connection (through tokio-postgres too); beside them the bare statement a
+//! hand-written gateway sends, through each driver (ADR 0060 has the figures). It
 //! answers what ADR 0059 left to measurement: how much of the read's CPU the flight saves in
 //! sqlhttpd's own process (PostgreSQL's share is `scripts/pgbench-read-cost`'s), and which
 //! result format the row writer should ask for.
@@ -95,6 +97,10 @@ fn target(url: &str) -> Target {
 enum Way {
     /// tokio-postgres, as the engine sends a verified read today: three requests, three `Sync`s.
     Today,
+    /// tokio-postgres with the server's fixed statements prepared too (BEGIN, the settings with
+    /// their values bound, ROLLBACK, the reset's call): five requests, five `Sync`s, written
+    /// together.
+    TodayPrepared,
     /// One flight of this crate: the same statements, one `Sync`, rows in binary.
     FlightBinary,
     /// The same flight, rows in text.
@@ -115,8 +121,9 @@ enum Way {
 }
 
 impl Way {
-    const ALL: [Way; 9] = [
+    const ALL: [Way; 10] = [
         Way::Today,
+        Way::TodayPrepared,
         Way::FlightBinary,
         Way::FlightText,
         Way::FlightInlineReset,
@@ -130,6 +137,7 @@ impl Way {
     fn name(self) -> &'static str {
         match self {
             Way::Today => "today: tokio-postgres, 3 Syncs",
+            Way::TodayPrepared => "tokio-postgres, all prepared, 5 Syncs",
             Way::FlightBinary => "one flight, 1 Sync, binary rows",
             Way::FlightText => "one flight, 1 Sync, text rows",
             Way::FlightInlineReset => "one flight, binary, reset inline",
@@ -145,6 +153,8 @@ impl Way {
 /// One connection of a variant, and its backend's process id.
 enum Session {
     Driver(tokio_postgres::Client, tokio_postgres::Statement),
+    /// The read's statement, then BEGIN, the settings, ROLLBACK and the reset, prepared.
+    Prepared(tokio_postgres::Client, Box<[tokio_postgres::Statement; 5]>),
     Wire(Box<Connection<TcpStream>>),
 }
 
@@ -162,6 +172,32 @@ async fn open(target: &Target, way: Way) -> (Session, i32) {
                 .get(0);
             let statement = client.prepare(READ).await.unwrap();
             (Session::Driver(client, statement), pid)
+        }
+        Way::TodayPrepared => {
+            let (client, connection) = tokio_postgres::connect(&target.url, tokio_postgres::NoTls)
+                .await
+                .expect("tokio-postgres connects");
+            tokio::spawn(connection);
+            let pid: i32 = client
+                .query_one("SELECT pg_backend_pid()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            let mut prepared = Vec::new();
+            for sql in [
+                READ,
+                BEGIN,
+                "SELECT pg_catalog.set_config('statement_timeout', $1, true), \
+                 pg_catalog.set_config('lock_timeout', $2, true), \
+                 pg_catalog.pg_current_wal_lsn()::pg_catalog.text",
+                "ROLLBACK",
+                "SELECT pgwire_bench.reset_after_read($1)",
+            ] {
+                prepared.push(client.prepare(sql).await.unwrap());
+            }
+            let statements: [tokio_postgres::Statement; 5] =
+                prepared.try_into().expect("five statements");
+            (Session::Prepared(client, Box::new(statements)), pid)
         }
         Way::FlightBinary
         | Way::FlightText
@@ -229,6 +265,29 @@ async fn read(session: &mut Session, way: Way, k: i64) {
                 client.query(&*statement, &[&k]).await.unwrap().pop()
             };
             let row = row.expect("a row");
+            assert_eq!(row.get::<_, i64>(0), k);
+            assert!(row.get::<_, &str>(1).starts_with("value-"));
+        }
+        Session::Prepared(client, statements) => {
+            let [statement, begin, settings, rollback, reset] = &**statements;
+            let (timeout, lock) = ("5000", "1000");
+            let seed = 0.5_f64;
+            let read: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&k];
+            let set: [&(dyn tokio_postgres::types::ToSql + Sync); 2] = [&timeout, &lock];
+            let reseed: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&seed];
+            // All five written before any answer is read.
+            let (begun, set, rows, rolled_back, reset) = tokio::join!(
+                client.execute(begin, &[]),
+                client.query_one(settings, &set),
+                client.query(statement, &read),
+                client.execute(rollback, &[]),
+                client.execute(reset, &reseed),
+            );
+            begun.unwrap();
+            set.unwrap();
+            rolled_back.unwrap();
+            reset.unwrap();
+            let row = rows.unwrap().pop().expect("a row");
             assert_eq!(row.get::<_, i64>(0), k);
             assert!(row.get::<_, &str>(1).starts_with("value-"));
         }
