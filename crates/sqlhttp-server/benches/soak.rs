@@ -20,7 +20,10 @@
 //! 1 MiB per million. With `SQLHTTPD_BENCH_POSTGRES_URL` (a superuser's URL on loopback) the
 //! same soak runs again on PostgreSQL, a quarter as long (the engine answers a fifth as fast on
 //! this kind of machine). `SQLHTTPD_SOAK_SCALE` (a factor, default 1) shrinks or stretches
-//! both; every section also stops at a time cap.
+//! both; every section also stops at a time cap (480 s, or `SQLHTTPD_SOAK_CAP_SECONDS`).
+//! `SQLHTTPD_SOAK_ENGINES=postgres` (or `sqlite`) runs one engine's section: a million
+//! requests on PostgreSQL alone is `SQLHTTPD_SOAK_ENGINES=postgres SQLHTTPD_SOAK_SCALE=4
+//! SQLHTTPD_SOAK_CAP_SECONDS=900` with its URL.
 //!
 //! Run with `cargo bench -p sqlhttp-server --bench soak`, or
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres) cargo bench -p sqlhttp-server --bench soak`.
@@ -60,8 +63,18 @@ const STREAM_CHUNKS: usize = 4;
 /// The server's body limit for this soak, and the size of the body sent over it.
 const BODY_LIMIT: usize = 65_536;
 const OVERSIZED: usize = 70_000;
-/// A section stops issuing requests past this, whatever its count.
+/// A section stops issuing requests past this, whatever its count, unless
+/// `SQLHTTPD_SOAK_CAP_SECONDS` says otherwise (see [`time_cap`]).
 const TIME_CAP: Duration = Duration::from_secs(480);
+
+/// The time cap of a section: `SQLHTTPD_SOAK_CAP_SECONDS`, or [`TIME_CAP`].
+fn time_cap() -> Duration {
+    std::env::var("SQLHTTPD_SOAK_CAP_SECONDS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+        .filter(|s| *s > 0)
+        .map_or(TIME_CAP, Duration::from_secs)
+}
 /// The target: resident memory growth per million requests after the first 100 000.
 const TARGET_MIB_PER_MILLION: f64 = 1.0;
 
@@ -618,7 +631,7 @@ async fn soak(engine: Engine, process: &ServerProcess, scale: f64) {
         slots,
         schema_every,
         started: Instant::now(),
-        deadline: Instant::now() + TIME_CAP,
+        deadline: Instant::now() + time_cap(),
         oversized: oversized.into(),
     });
     set_up(&soak).await;
@@ -631,7 +644,7 @@ async fn soak(engine: Engine, process: &ServerProcess, scale: f64) {
         periods,
         periods * 10,
         periods,
-        TIME_CAP.as_secs(),
+        time_cap().as_secs(),
     );
 
     let started = soak.started;
@@ -693,7 +706,7 @@ async fn soak(engine: Engine, process: &ServerProcess, scale: f64) {
     if done < slots {
         println!(
             "stopped at the time cap ({} s) after {done} of {slots} slots",
-            TIME_CAP.as_secs()
+            time_cap().as_secs()
         );
     }
     println!(
@@ -812,7 +825,14 @@ fn main() {
         .build()
         .unwrap();
     runtime.block_on(async {
-        sqlite(scale).await;
+        // `SQLHTTPD_SOAK_ENGINES=postgres` soaks PostgreSQL alone (or `sqlite`, SQLite alone).
+        let engines = std::env::var("SQLHTTPD_SOAK_ENGINES").unwrap_or_default();
+        if engines.is_empty() || engines.contains("sqlite") {
+            sqlite(scale).await;
+        }
+        if !engines.is_empty() && !engines.contains("postgres") {
+            return;
+        }
         match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {
             Ok(url) => postgres(&url, scale).await,
             Err(_) => println!("\nPostgreSQL: set SQLHTTPD_BENCH_POSTGRES_URL for its soak"),
