@@ -4,6 +4,12 @@
 //! messages, which checks each message's declared length against [`Limits`] as its header
 //! arrives, before any of its body is read.
 //!
+//! A message longer than [`READ_CHUNK`] (a large row, a long error) makes the read buffer grow
+//! to hold it, and a large parameter the write buffer. A pooled connection lives for hours, so
+//! neither keeps that size: the read buffer starts afresh once such a message was handed over
+//! (the message keeps its own bytes for as long as its holder wants them), the write buffer once
+//! its flight was sent.
+//!
 //! Knows the protocol's framing and login; what a flight of statements is lives in `flight`.
 
 use bytes::{Buf, BytesMut};
@@ -19,6 +25,9 @@ use crate::error::{DbError, Error};
 /// The most the reader asks the socket for at once; a long message's buffer grows by what
 /// arrives, so a header alone never makes the connection hold the length it declares.
 const READ_CHUNK: usize = 64 * 1024;
+
+/// What each buffer starts with, and starts again with after a message past [`READ_CHUNK`].
+const FIRST_CAPACITY: usize = 8 * 1024;
 
 /// The most one backend message may declare, checked against its header before its body is
 /// read (a `DataRow` is one message: this bounds a row).
@@ -101,6 +110,9 @@ pub struct Connection<S> {
     parameters: Vec<(String, String)>,
     pub(crate) status: TransactionStatus,
     pub(crate) in_doubt: bool,
+    /// A message past [`READ_CHUNK`] was handed over: the read buffer, which may share its
+    /// allocation, starts afresh before the next message (see [`Connection::read_message`]).
+    grown: bool,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
@@ -112,13 +124,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     ) -> Result<Connection<S>, Error> {
         let mut connection = Connection {
             stream,
-            read: BytesMut::with_capacity(8 * 1024),
-            write: BytesMut::with_capacity(8 * 1024),
+            read: BytesMut::with_capacity(FIRST_CAPACITY),
+            write: BytesMut::with_capacity(FIRST_CAPACITY),
             limits,
             key: BackendKey::default(),
             parameters: Vec::new(),
             status: TransactionStatus::Idle,
             in_doubt: true,
+            grown: false,
         };
         let mut parameters = vec![("user", startup.user), ("client_encoding", "UTF8")];
         if let Some(database) = startup.database {
@@ -295,6 +308,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         self.in_doubt
     }
 
+    /// The bytes the connection's read and write buffers hold allocated for the messages to
+    /// come. Meant for tests (and a pool's metrics): it stays near its usual size (under
+    /// 256 KiB) between flights however large a message the connection carried, so a pooled
+    /// connection does not keep the largest row or parameter it ever saw.
+    pub fn buffer_capacity(&self) -> usize {
+        self.read.capacity() + self.write.capacity()
+    }
+
     /// Writes and flushes what was encoded into the write buffer.
     pub(crate) async fn send(&mut self) -> Result<(), Error> {
         let sent = async {
@@ -302,7 +323,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             self.stream.flush().await
         }
         .await;
-        self.write.clear();
+        self.clear_write();
         sent.map_err(|e| {
             self.in_doubt = true;
             Error::Io(e)
@@ -321,7 +342,25 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         }
     }
 
+    /// Empties the write buffer, and gives back what a large flight made it grow to.
+    pub(crate) fn clear_write(&mut self) {
+        if self.write.capacity() > READ_CHUNK {
+            self.write = BytesMut::with_capacity(FIRST_CAPACITY);
+        } else {
+            self.write.clear();
+        }
+    }
+
     async fn read_message(&mut self) -> Result<Message, Error> {
+        if self.grown && self.read.len() <= READ_CHUNK {
+            // The large message was handed over, and what followed it is short: kept in a
+            // buffer of the usual size, the large one goes as soon as its message is dropped
+            // (else the buffer would take all of it back once it is, and keep it).
+            let mut fresh = BytesMut::with_capacity(FIRST_CAPACITY.max(self.read.len()));
+            fresh.extend_from_slice(&self.read);
+            self.read = fresh;
+            self.grown = false;
+        }
         loop {
             if self.read.len() >= 5 {
                 let tag = self.read[0];
@@ -340,6 +379,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     });
                 }
                 if self.read.len() >= declared {
+                    self.grown |= declared > READ_CHUNK;
                     return match Message::parse(&mut self.read)? {
                         Some(message) => Ok(message),
                         None => Err(Error::Protocol("a whole message did not parse".into())),
@@ -358,7 +398,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Ends the session politely (`Terminate`) and closes the stream. Whatever an abandoned
     /// flight left unsent is dropped first: only the `Terminate` goes out.
     pub async fn close(mut self) -> Result<(), Error> {
-        self.write.clear();
+        self.clear_write();
         frontend::terminate(&mut self.write);
         self.send().await?;
         self.stream.shutdown().await?;

@@ -53,7 +53,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
         if self.in_doubt {
             return Err(Error::Protocol("the connection is in doubt".into()));
         }
-        self.write.clear();
+        self.clear_write();
         Ok(Flight {
             connection: self,
             syncs: 0,
@@ -163,7 +163,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// `Sync`, or one a message of which failed to encode, is refused and nothing of it is sent.
     pub async fn send(self) -> Result<Answers<'c, C>, Error> {
         if self.syncs == 0 || self.broken {
-            self.connection.write.clear();
+            self.connection.clear_write();
             return Err(Error::Protocol(if self.broken {
                 "a message of the flight failed to encode".into()
             } else {

@@ -7,7 +7,10 @@
 //! no statement cache, no types and no tasks of its own: the engine decides what a flight holds
 //! and when a connection goes back to its pool ([`Connection::is_clean`]).
 //!
-//! - [`Connection`]: login (trust, cleartext, MD5, SCRAM-SHA-256) and the bounded reader;
+//! - [`Connection`]: login (trust, cleartext, MD5, SCRAM-SHA-256) and the bounded reader,
+//!   whose buffers go back to their usual size once a large row or parameter was carried, so a
+//!   connection pooled for hours does not keep the largest message it saw
+//!   ([`Connection::buffer_capacity`]);
 //! - [`Flight`] and [`Answers`]: one step's messages out, its answers in;
 //! - [`Connection::describe`]: a statement prepared and described in one flight, its
 //!   parameters' types and its columns ([`Described`]), for a statement cache;

@@ -2,7 +2,8 @@
 //! loopback, as `scripts/start-postgres` prints): a read as one flight with one `Sync`, an error
 //! in the middle of a flight and the session after it, the routine an error names (a client's
 //! `RAISE` told from PostgreSQL's own), a statement described in one flight and a refused one,
-//! the bound on a message, a flight's answers dropped half read, and a cancel request.
+//! the bound on a message and the read buffer after a large row, a flight's answers dropped half
+//! read, and a cancel request.
 
 use std::time::Duration;
 
@@ -471,5 +472,29 @@ needs_postgres! {
         ));
         assert_eq!(connection.transaction_status(), TransactionStatus::Failed);
         assert!(!connection.is_in_doubt() && !connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_large_row_read_from_postgres_leaves_the_buffers_their_usual_size() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight
+            .statement("SELECT pg_catalog.repeat('x', 20000000)")
+            .unwrap()
+            .sync();
+        let mut answers = flight.send().await.unwrap();
+        let mut lengths = Vec::new();
+        while let Some(answer) = answers.next().await.unwrap() {
+            if let Answer::Row(row) = answer {
+                lengths.extend(row.iter().map(|cell| cell.map_or(0, <[u8]>::len)));
+            }
+        }
+        assert_eq!(lengths, [20_000_000]);
+        assert!(connection.is_clean());
+        let held = connection.buffer_capacity();
+        assert!(held < 256 * 1024, "the connection kept {held} bytes");
     }
 }

@@ -3,11 +3,12 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
-//! row's cells walked in order and a row whose cells overrun it, and a `Describe` answered
-//! without its parameters or with a row.
+//! row's cells walked in order and a row whose cells overrun it, a `Describe` answered without
+//! its parameters or with a row, the buffers given back after a 20 MiB row and parameter, and
+//! the futures' `Send`.
 
 use postgres_protocol::authentication::md5_hash;
-use sqlhttp_pgwire::{Answer, Connection, Error, Limits, Startup};
+use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
 
 /// A backend message: its type byte, its length (which counts itself) and its payload.
@@ -374,4 +375,145 @@ async fn a_describe_answered_without_its_parameters_or_with_a_row_is_a_protocol_
         );
         assert!(connection.is_in_doubt());
     }
+}
+
+#[tokio::test]
+async fn after_a_large_row_the_connection_keeps_none_of_its_bytes() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let cell = vec![b'x'; 20 << 20];
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT large").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let reply = select_reply(&[data_row(&[Some(&cell)])]);
+    let read = async {
+        let mut rows = Vec::new();
+        while let Some(answer) = answers.next().await.unwrap() {
+            if let Answer::Row(row) = answer {
+                rows.push(row);
+            }
+        }
+        rows
+    };
+    let (rows, ()) = tokio::join!(read, backend.send(&reply));
+    let [row] = rows.as_slice() else {
+        panic!("{rows:?}")
+    };
+    assert!(row.iter().eq([Some(&cell[..])]));
+    assert!(connection.is_clean());
+    // The row holds the buffer it was cut from, and nothing else does: once the row is dropped,
+    // so are its 20 MiB, however long the connection stays pooled.
+    assert!(
+        row.bytes().is_unique(),
+        "the connection's read buffer still shares the large row's allocation"
+    );
+
+    // The connection reads on as before.
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT small").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    backend
+        .send(&select_reply(&[data_row(&[Some(b"small")])]))
+        .await;
+    let mut cells = Vec::new();
+    while let Some(answer) = answers.next().await.unwrap() {
+        if let Answer::Row(row) = answer {
+            cells.extend(row.iter().map(|cell| cell.map(<[u8]>::to_vec)));
+        }
+    }
+    assert_eq!(cells, [Some(b"small".to_vec())]);
+    assert!(connection.is_clean());
+}
+
+#[tokio::test]
+async fn a_large_row_or_parameter_is_not_kept_by_the_connection_once_carried() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let usual = 256 * 1024;
+    assert!(connection.buffer_capacity() < usual);
+    let cell = vec![b'x'; 20 << 20];
+
+    // A row written out and dropped as it arrives, as a row writer does.
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT large").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let reply = select_reply(&[data_row(&[Some(&cell)])]);
+    let read = async {
+        let mut lengths = Vec::<usize>::new();
+        while let Some(answer) = answers.next().await.unwrap() {
+            if let Answer::Row(row) = answer {
+                lengths.push(row.iter().map(|cell| cell.map_or(0, <[u8]>::len)).sum());
+            }
+        }
+        lengths
+    };
+    let serve = async {
+        // Parse, Bind, Execute, Sync: then the reply.
+        for _ in 0..4 {
+            backend.next().await.unwrap();
+        }
+        backend.send(&reply).await;
+    };
+    let (lengths, ()) = tokio::join!(read, serve);
+    assert_eq!(lengths, [cell.len()]);
+    assert!(connection.is_clean());
+    let held = connection.buffer_capacity();
+    assert!(held < usual, "the read buffer kept {held} bytes");
+
+    // A parameter as large, sent.
+    let mut flight = connection.flight().unwrap();
+    flight
+        .parse("", "SELECT $1", &[])
+        .unwrap()
+        .bind(
+            "",
+            "",
+            &[Param {
+                format: Format::Binary,
+                value: Some(&cell),
+            }],
+            Format::Binary,
+        )
+        .unwrap()
+        .execute("", 0)
+        .unwrap()
+        .sync();
+    let serve = async {
+        let mut bound = 0;
+        while let Some((tag, payload)) = backend.next().await {
+            if tag == b'B' {
+                bound = payload.len();
+            }
+            if tag == b'S' {
+                break;
+            }
+        }
+        backend.send(&select_reply(&[])).await;
+        bound
+    };
+    let (answers, bound) = tokio::join!(flight.send(), serve);
+    assert!(bound > cell.len());
+    answers.unwrap().finish().await.unwrap();
+    let held = connection.buffer_capacity();
+    assert!(held < usual, "the write buffer kept {held} bytes");
+}
+
+/// A request's future holds the connection and its flight across awaits, on a runtime that may
+/// move it between threads: each of them must be `Send` (checked where this compiles).
+#[tokio::test]
+async fn the_connection_and_its_futures_are_send() {
+    fn send<T: Send>(_: &T) {}
+    let (mut connection, _backend) = logged_in_pair(Limits::default()).await;
+    send(&connection);
+    {
+        let describe = connection.describe("", "SELECT 1", &[]);
+        send(&describe);
+    }
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    send(&flight);
+    let sending = flight.send();
+    send(&sending);
+    let mut answers = sending.await.unwrap();
+    send(&answers);
+    let next = answers.next();
+    send(&next);
 }
