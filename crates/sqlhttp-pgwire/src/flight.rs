@@ -13,7 +13,9 @@
 use bytes::{BufMut, Bytes};
 use fallible_iterator::FallibleIterator;
 use postgres_protocol::IsNull;
-use postgres_protocol::message::backend::{DataRowBody, Message, RowDescriptionBody};
+use postgres_protocol::message::backend::{
+    CommandCompleteBody, DataRowBody, Message, RowDescriptionBody,
+};
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -198,7 +200,7 @@ pub enum Answer {
     /// One row: its cells as they came, walked with [`Row::iter`].
     Row(Row),
     /// A statement completed; its command tag (`SELECT 1`, `INSERT 0 3`, ...).
-    CommandComplete(String),
+    CommandComplete(Tag),
     /// An empty statement's answer.
     EmptyQuery,
     /// An `Execute` with a row limit stopped before the end.
@@ -209,6 +211,47 @@ pub enum Answer {
     Error(Box<DbError>),
     /// A `Sync`'s answer, with the transaction state it leaves.
     ReadyForQuery(TransactionStatus),
+}
+
+/// A completed statement's command tag (`SELECT 1`, `INSERT 0 3`, `BEGIN`, ...), borrowed from
+/// the bytes it came in: no allocation per statement. Checked to be text when it arrived.
+pub struct Tag(CommandCompleteBody);
+
+impl Tag {
+    fn checked(body: CommandCompleteBody) -> Result<Tag, Error> {
+        body.tag()?;
+        Ok(Tag(body))
+    }
+
+    /// The tag's text.
+    pub fn as_str(&self) -> &str {
+        // Checked when it arrived (`Tag::checked`).
+        self.0.tag().unwrap_or_default()
+    }
+}
+
+impl std::fmt::Debug for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("Tag").field(&self.as_str()).finish()
+    }
+}
+
+impl std::fmt::Display for Tag {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<str> for Tag {
+    fn eq(&self, other: &str) -> bool {
+        self.as_str() == other
+    }
+}
+
+impl PartialEq<&str> for Tag {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 /// A `RowDescription`'s columns, read with [`Columns::to_vec`].
@@ -411,7 +454,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                 Message::RowDescription(body) => Answer::RowDescription(Columns(body)),
                 Message::NoData => Answer::NoData,
                 Message::DataRow(body) => Answer::Row(Row::checked(body)?),
-                Message::CommandComplete(body) => Answer::CommandComplete(body.tag()?.to_owned()),
+                Message::CommandComplete(body) => Answer::CommandComplete(Tag::checked(body)?),
                 Message::EmptyQueryResponse => Answer::EmptyQuery,
                 Message::PortalSuspended => Answer::PortalSuspended,
                 Message::ErrorResponse(body) => {

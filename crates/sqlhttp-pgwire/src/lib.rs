@@ -15,7 +15,7 @@
 //! - [`Connection::describe`]: a statement prepared and described in one flight, its
 //!   parameters' types and its columns ([`Described`]), for a statement cache;
 //! - [`Row`] and [`Cells`]: a row's cells walked as the bytes they came in, with no allocation
-//!   (the row's framing is checked once, when it arrives);
+//!   (the row's framing is checked once, when it arrives); a statement's [`Tag`] likewise;
 //! - [`cancel`]: a cancel request for a session's running statement.
 //!
 //! Knows nothing about HTTP, requests or sqlhttpd's answers.
@@ -32,4 +32,4 @@ pub use cancel::cancel;
 pub use connection::{BackendKey, Connection, Limits, Startup, TransactionStatus};
 pub use describe::Described;
 pub use error::{DbError, Error};
-pub use flight::{Answer, Answers, Cells, Column, Columns, Flight, Format, Param, Row};
+pub use flight::{Answer, Answers, Cells, Column, Columns, Flight, Format, Param, Row, Tag};

@@ -3,9 +3,9 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
-//! row's cells walked in order and a row whose cells overrun it, a `Describe` answered without
-//! its parameters or with a row, the buffers given back after a 20 MiB row and parameter, and
-//! the futures' `Send`.
+//! row's cells walked in order (and its statement's tag) and a row whose cells overrun it, a
+//! `Describe` answered without its parameters or with a row, the buffers given back after a
+//! 20 MiB row and parameter, and the futures' `Send`.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
@@ -285,7 +285,7 @@ fn select_reply(rows: &[Vec<u8>]) -> Vec<u8> {
 }
 
 #[tokio::test]
-async fn a_row_s_cells_are_walked_in_order_with_their_count() {
+async fn a_row_s_cells_are_walked_in_order_with_their_count_and_the_tag_read_in_place() {
     let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
     let mut flight = connection.flight().unwrap();
     flight.statement("SELECT 1").unwrap().sync();
@@ -295,11 +295,22 @@ async fn a_row_s_cells_are_walked_in_order_with_their_count() {
         .send(&select_reply(&[data_row(&cells), data_row(&[])]))
         .await;
     let mut rows = Vec::new();
+    let mut tags = Vec::new();
     while let Some(answer) = answers.next().await.unwrap() {
-        if let Answer::Row(row) = answer {
-            rows.push(row);
+        match answer {
+            Answer::Row(row) => rows.push(row),
+            Answer::CommandComplete(tag) => tags.push(tag),
+            _ => {}
         }
     }
+    let [tag] = tags.as_slice() else {
+        panic!("{tags:?}")
+    };
+    assert_eq!(
+        (tag.as_str(), tag.to_string()),
+        ("SELECT 1", "SELECT 1".to_owned())
+    );
+    assert_eq!(*tag, "SELECT 1");
     let [row, empty] = rows.as_slice() else {
         panic!("{rows:?}")
     };
