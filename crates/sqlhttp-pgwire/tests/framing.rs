@@ -5,7 +5,8 @@
 //! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
 //! row's cells walked in order (and its statement's tag) and a row whose cells overrun it, a
 //! `Describe` answered without its parameters or with a row, the buffers given back after a
-//! 20 MiB row and parameter, and the futures' `Send`.
+//! 20 MiB row and parameter, the futures' `Send`, and a read given up by a timeout part-way
+//! through a message.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
@@ -527,4 +528,49 @@ async fn the_connection_and_its_futures_are_send() {
     send(&answers);
     let next = answers.next();
     send(&next);
+}
+
+/// The engine bounds a flight with a timeout and may read on after it (a cancel request sent,
+/// the statement's error awaited): a read given up part-way loses nothing of the stream.
+#[tokio::test]
+async fn a_read_given_up_by_a_timeout_loses_nothing() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let reply = select_reply(&[data_row(&[Some(b"1")])]);
+    let wait = std::time::Duration::from_millis(20);
+    // Nothing yet, then half a message's header, then the rest of the row but one byte.
+    assert!(tokio::time::timeout(wait, answers.next()).await.is_err());
+    // After ParseComplete and BindComplete, five bytes each.
+    let row_starts = 10;
+    assert_eq!(reply[row_starts], b'D');
+    backend.send(&reply[..row_starts + 3]).await;
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::ParseComplete)
+    ));
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::BindComplete)
+    ));
+    assert!(tokio::time::timeout(wait, answers.next()).await.is_err());
+    let row_ends = row_starts + data_row(&[Some(b"1")]).len();
+    backend.send(&reply[row_starts + 3..row_ends - 1]).await;
+    assert!(tokio::time::timeout(wait, answers.next()).await.is_err());
+    backend.send(&reply[row_ends - 1..]).await;
+    match answers.next().await.unwrap() {
+        Some(Answer::Row(row)) => assert!(row.iter().eq([Some(&b"1"[..])])),
+        other => panic!("{other:?}"),
+    }
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::CommandComplete(_))
+    ));
+    assert!(matches!(
+        answers.next().await.unwrap(),
+        Some(Answer::ReadyForQuery(_))
+    ));
+    assert!(answers.next().await.unwrap().is_none());
+    assert!(connection.is_clean());
 }
