@@ -59,6 +59,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
         Ok(Flight {
             connection: self,
             syncs: 0,
+            open: false,
             broken: false,
         })
     }
@@ -69,6 +70,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
 pub struct Flight<'c, C> {
     connection: &'c mut Connection<C>,
     syncs: usize,
+    /// A message was added after the last `Sync` (or none was yet): sent, it would run with
+    /// its answers after the flight's last `ReadyForQuery`, read by the next flight as its own.
+    open: bool,
     /// A message failed to encode (part of it may be in the buffer): the flight is never sent.
     broken: bool,
 }
@@ -83,6 +87,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
 
     /// Keeps the flight sendable only while every message encoded whole.
     fn encoded(&mut self, result: Result<(), Error>) -> Result<&mut Self, Error> {
+        self.open = true;
         match result {
             Ok(()) => Ok(self),
             Err(e) => {
@@ -158,13 +163,15 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     pub fn sync(&mut self) -> &mut Self {
         frontend::sync(&mut self.connection.write);
         self.syncs += 1;
+        self.open = false;
         self
     }
 
-    /// Writes the flight in one write and returns its answers, in order. A flight without a
-    /// `Sync`, or one a message of which failed to encode, is refused and nothing of it is sent.
+    /// Writes the flight in one write and returns its answers, in order. A flight that does not
+    /// end with its `Sync` (none at all, or a message after the last one), or one a message of
+    /// which failed to encode, is refused and nothing of it is sent.
     pub async fn send(self) -> Result<Answers<'c, C>, Error> {
-        if self.syncs == 0 || self.broken {
+        if self.syncs == 0 || self.open || self.broken {
             self.connection.clear_write();
             return Err(Error::Protocol(if self.broken {
                 "a message of the flight failed to encode".into()

@@ -245,6 +245,21 @@ async fn a_fatal_error_mid_flight_is_the_connection_s_failure() {
 }
 
 #[tokio::test]
+async fn a_flight_with_messages_after_its_last_sync_is_refused_and_sends_nothing() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    // Sent, BEGIN would run after the last ReadyForQuery, and its answers (and its open
+    // transaction) would be the next flight's.
+    flight.statement("SELECT 1").unwrap().sync();
+    flight.statement("BEGIN").unwrap();
+    assert!(flight.send().await.is_err());
+    assert!(connection.is_clean(), "nothing was sent");
+    connection.close().await.unwrap();
+    assert_eq!(backend.next().await, Some((b'X', Vec::new())));
+    assert_eq!(backend.next().await, None);
+}
+
+#[tokio::test]
 async fn close_sends_only_terminate_after_a_flight_that_was_never_sent() {
     let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
     {
