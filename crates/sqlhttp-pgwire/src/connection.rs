@@ -116,7 +116,9 @@ pub struct Connection<S> {
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
-    /// Logs in over `stream` and waits for the first `ReadyForQuery`.
+    /// Logs in over `stream` and waits for the first `ReadyForQuery`. PostgreSQL's refusal of
+    /// the login (a wrong password, an unknown role or database, too many connections) is
+    /// [`Error::Fatal`]: it ends the session.
     pub async fn startup(
         stream: S,
         startup: &Startup<'_>,
@@ -154,7 +156,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 Message::ParameterStatus(body) => connection.parameter_status(&body)?,
                 Message::NoticeResponse(_) => {}
                 Message::ErrorResponse(body) => {
-                    return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                    return Err(Error::Fatal(Box::new(DbError::parse(&body)?)));
                 }
                 Message::ReadyForQuery(body) => {
                     connection.status = TransactionStatus::from_byte(body.status())?;
@@ -217,7 +219,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                     scram_done = true;
                 }
                 Message::ErrorResponse(body) => {
-                    return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                    return Err(Error::Fatal(Box::new(DbError::parse(&body)?)));
                 }
                 Message::NoticeResponse(_) => {}
                 Message::AuthenticationGss
@@ -247,7 +249,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 scram.update(body.data()).map_err(|e| scram_failed(&e))?;
             }
             Message::ErrorResponse(body) => {
-                return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                return Err(Error::Fatal(Box::new(DbError::parse(&body)?)));
             }
             _ => return Err(unexpected("in SCRAM's first exchange")),
         }
@@ -259,7 +261,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 scram.finish(body.data()).map_err(|e| scram_failed(&e))?;
             }
             Message::ErrorResponse(body) => {
-                return Err(Error::Db(Box::new(DbError::parse(&body)?)));
+                return Err(Error::Fatal(Box::new(DbError::parse(&body)?)));
             }
             _ => return Err(unexpected("in SCRAM's final exchange")),
         }

@@ -29,7 +29,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
     /// PostgreSQL's refusal (a syntax error, an unknown table, a name already taken) is
     /// [`Error::Db`] with the flight read to its `ReadyForQuery`: the connection is not in doubt,
     /// and clean unless a transaction is open (which the refusal failed). Any other `Err` leaves
-    /// it in doubt.
+    /// it in doubt ([`Error::Fatal`]: PostgreSQL ended the session).
     pub async fn describe(
         &mut self,
         name: &str,

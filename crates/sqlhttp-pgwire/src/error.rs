@@ -1,6 +1,7 @@
-//! What can go wrong on a connection: PostgreSQL's own errors ([`DbError`], the connection still
-//! usable once its `ReadyForQuery` is read) and the connection's failures ([`Error`]'s other
-//! variants, after which the connection is in doubt and must be dropped).
+//! What can go wrong on a connection, and what each failure leaves of it: PostgreSQL's refusal
+//! of a statement ([`Error::Db`], read to its `ReadyForQuery`: the connection is usable), an
+//! error that ended the session ([`Error::Fatal`]), and the connection's failures, after which
+//! it is in doubt and must be dropped.
 //!
 //! Knows the backend's error fields; nothing about what the statements were for.
 
@@ -85,19 +86,24 @@ impl fmt::Display for DbError {
 
 impl std::error::Error for DbError {}
 
-/// A connection's failure: the connection is in doubt after any of them, but for the refusals
-/// [`Error::Db`] names ([`crate::Connection::is_in_doubt`] says).
+/// A failure, each variant saying what it leaves of the connection
+/// ([`crate::Connection::is_in_doubt`] says it too).
 #[derive(Debug)]
 pub enum Error {
-    /// PostgreSQL answered an error that ended the session (`FATAL`, `PANIC`), or refused the
-    /// login; the connection is in doubt. Or it refused a statement that
-    /// [`crate::Connection::describe`] prepared, or one of a flight that
-    /// [`crate::Answers::finish`] read: then the flight was read to its end and the connection
-    /// is not in doubt. A statement's ordinary error in a flight read answer by answer is
-    /// [`crate::Answer::Error`] instead.
+    /// PostgreSQL refused a statement, and its flight was read to its `ReadyForQuery`: the
+    /// refusal's outcome is known (the statement took no effect; a transaction it was in is
+    /// failed), and the connection is not in doubt. Returned by [`crate::Answers::finish`] and
+    /// [`crate::Connection::describe`]; a flight read answer by answer hands such a refusal
+    /// over as [`crate::Answer::Error`] instead.
     Db(Box<DbError>),
-    /// A message declared more bytes than the connection takes ([`crate::Limits`]); nothing of
-    /// its body was read.
+    /// PostgreSQL ended the session with this error (`FATAL`, `PANIC`: an administrator's
+    /// shutdown, an idle session's timeout, a crash), or refused the login. The connection is
+    /// in doubt and must be dropped, and what its flight had sent has an outcome unknown: a
+    /// `COMMIT` may have committed.
+    Fatal(Box<DbError>),
+    /// A message declared more bytes than the connection takes ([`crate::Limits`]): refused
+    /// from its header, without waiting for the rest of its body (a read may already hold part
+    /// of it). The connection is in doubt.
     TooLarge {
         /// The message's type byte (`D` for a `DataRow`).
         tag: u8,
@@ -106,20 +112,23 @@ pub enum Error {
         /// The most the connection takes.
         limit: usize,
     },
-    /// The backend sent what the protocol does not allow at that point.
+    /// The backend sent what the protocol does not allow at that point, or a message that does
+    /// not parse (an unknown type, a malformed body, text that is not UTF-8). The connection is
+    /// in doubt.
     Protocol(String),
     /// The server asked for an authentication method this connection does not speak, or for a
-    /// password none was given for.
+    /// password none was given for; no connection was made.
     Authentication(String),
-    /// The socket failed or closed.
+    /// The socket failed or closed. The connection is in doubt.
     Io(io::Error),
 }
 
 impl Error {
-    /// The SQLSTATE code of a database error, `None` for a connection's failure.
+    /// The SQLSTATE code of PostgreSQL's error ([`Error::Db`], [`Error::Fatal`]), `None` for
+    /// the others.
     pub fn code(&self) -> Option<&str> {
         match self {
-            Error::Db(e) => Some(&e.code),
+            Error::Db(e) | Error::Fatal(e) => Some(&e.code),
             _ => None,
         }
     }
@@ -129,6 +138,7 @@ impl fmt::Display for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Error::Db(e) => e.fmt(f),
+            Error::Fatal(e) => write!(f, "the session ended: {e}"),
             Error::TooLarge {
                 tag,
                 declared,
@@ -148,7 +158,7 @@ impl fmt::Display for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Error::Db(e) => Some(&**e),
+            Error::Db(e) | Error::Fatal(e) => Some(&**e),
             Error::Io(e) => Some(e),
             _ => None,
         }

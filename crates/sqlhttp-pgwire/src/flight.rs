@@ -213,8 +213,8 @@ pub enum Answer {
     /// An `Execute` with a row limit stopped before the end.
     PortalSuspended,
     /// PostgreSQL refused a message; it skipped the rest up to the next `Sync`. (A `FATAL` or
-    /// `PANIC` one ends the session and comes as [`Answers::next`]'s `Err` instead.) Boxed: an
-    /// answer is moved once per row, and errors are rare.
+    /// `PANIC` one ends the session and comes as [`Answers::next`]'s [`Error::Fatal`] instead.)
+    /// Boxed: an answer is moved once per row, and errors are rare.
     Error(Box<DbError>),
     /// A `Sync`'s answer, with the transaction state it leaves.
     ReadyForQuery(TransactionStatus),
@@ -445,7 +445,9 @@ pub struct Answers<'c, C> {
 
 impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
     /// The next answer, `None` once every `Sync` was answered. Notices and parameter reports
-    /// are passed over. An `Err` is the connection's failure (it is in doubt).
+    /// are passed over. An `Err` is the connection's failure (it is in doubt): the session
+    /// ended by PostgreSQL ([`Error::Fatal`], what the flight did unknown), the backend's
+    /// protocol violation, or the socket's failure.
     pub async fn next(&mut self) -> Result<Option<Answer>, Error> {
         if self.pending == 0 {
             return Ok(None);
@@ -470,7 +472,7 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                         // FATAL or PANIC: the backend is gone, whatever the flight had done (a
                         // COMMIT may have committed): the connection's failure, not an answer.
                         self.connection.in_doubt = true;
-                        return Err(Error::Db(error));
+                        return Err(Error::Fatal(error));
                     }
                     Answer::Error(error)
                 }
@@ -500,7 +502,10 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
     }
 
     /// Reads the rest of the answers, keeping only the first error, for a flight whose answers
-    /// don't matter past whether it succeeded (a rollback and reset).
+    /// don't matter past whether it succeeded (a rollback and reset). A statement's refusal is
+    /// [`Error::Db`] once the flight was read to its end (the connection is not in doubt); an
+    /// error that ended the session is [`Error::Fatal`] (in doubt, and a `COMMIT`'s outcome
+    /// unknown).
     pub async fn finish(mut self) -> Result<TransactionStatus, Error> {
         let mut first_error = None;
         while let Some(answer) = self.next().await? {

@@ -1,9 +1,9 @@
 //! The connection against a real PostgreSQL (`SQLHTTPD_TEST_POSTGRES_URL`, a superuser's URL on
 //! loopback, as `scripts/start-postgres` prints): a read as one flight with one `Sync`, an error
-//! in the middle of a flight and the session after it, the routine an error names (a client's
-//! `RAISE` told from PostgreSQL's own), a statement described in one flight and a refused one,
-//! the bound on a message and the read buffer after a large row, a flight's answers dropped half
-//! read, and a cancel request.
+//! in the middle of a flight and the session after it, a refusal told from a session's end, the
+//! routine an error names (a client's `RAISE` told from PostgreSQL's own), a statement described
+//! in one flight and a refused one, the bound on a message and the read buffer after a large
+//! row, a flight's answers dropped half read, and a cancel request.
 
 use std::time::Duration;
 
@@ -431,6 +431,34 @@ needs_postgres! {
             .unwrap();
         assert_eq!((no_rows.params, no_rows.columns), (vec![], vec![]));
         assert!(connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    /// An ordinary refusal read to its `ReadyForQuery` leaves the connection usable; a session
+    /// PostgreSQL ends (here by terminating its own backend) is a different variant, in doubt.
+    #[tokio::test]
+    async fn finish_tells_a_refusal_from_the_end_of_the_session() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1/0").unwrap().sync();
+        match flight.send().await.unwrap().finish().await {
+            Err(Error::Db(e)) => assert_eq!(e.code, "22012", "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(connection.is_clean());
+
+        let mut flight = connection.flight().unwrap();
+        flight
+            .statement("SELECT pg_terminate_backend(pg_backend_pid())")
+            .unwrap()
+            .sync();
+        match flight.send().await.unwrap().finish().await {
+            Err(Error::Fatal(e)) => assert_eq!(e.code, "57P01", "{e}"),
+            other => panic!("{other:?}"),
+        }
+        assert!(connection.is_in_doubt());
     }
 }
 

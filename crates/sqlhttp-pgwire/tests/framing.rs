@@ -2,7 +2,8 @@
 //! scripted byte by byte over an in-memory pipe: the login methods a test cluster does not ask
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
-//! `FATAL` in the middle of a flight, the polite close after a flight that was never sent, a
+//! `FATAL` in the middle of a flight (told from an ordinary refusal), messages after a flight's
+//! last `Sync`, the polite close after a flight that was never sent, a
 //! row's cells walked in order (and its statement's tag) and a row whose cells overrun it, a
 //! `Describe` answered without its parameters or with a row, the buffers given back after a
 //! 20 MiB row and parameter, the futures' `Send`, and a read given up by a timeout part-way
@@ -238,10 +239,48 @@ async fn a_fatal_error_mid_flight_is_the_connection_s_failure() {
         Some(Answer::BindComplete)
     ));
     match answers.next().await {
-        Err(e) => assert_eq!(e.code(), Some("57P01")),
+        Err(Error::Fatal(e)) => assert_eq!(e.code, "57P01"),
+        Err(e) => panic!("a FATAL came as another failure: {e:?}"),
         Ok(answer) => panic!("a FATAL came as an answer: {answer:?}"),
     }
     assert!(connection.is_in_doubt(), "the COMMIT's outcome is unknown");
+}
+
+/// A `COMMIT` refused (its transaction rolled back, the outcome known) and one whose session
+/// ended (the outcome unknown) are told apart by their variant, not by the severity.
+#[tokio::test]
+async fn finish_tells_a_refused_commit_from_one_whose_session_ended() {
+    let refused = message(
+        b'E',
+        b"SERROR\0VERROR\0C40001\0Mcould not serialize access\0\0",
+    );
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("COMMIT").unwrap().sync();
+    let answers = flight.send().await.unwrap();
+    let mut reply = message(b'1', &[]);
+    reply.extend(message(b'2', &[]));
+    reply.extend(refused);
+    reply.extend(message(b'Z', b"I"));
+    backend.send(&reply).await;
+    match answers.finish().await {
+        Err(Error::Db(e)) => assert_eq!(e.code, "40001"),
+        other => panic!("{other:?}"),
+    }
+    assert!(connection.is_clean());
+
+    let mut flight = connection.flight().unwrap();
+    flight.statement("COMMIT").unwrap().sync();
+    let answers = flight.send().await.unwrap();
+    let mut reply = message(b'1', &[]);
+    reply.extend(message(b'2', &[]));
+    reply.extend(fatal());
+    backend.send(&reply).await;
+    match answers.finish().await {
+        Err(Error::Fatal(e)) => assert_eq!(e.code, "57P01"),
+        other => panic!("{other:?}"),
+    }
+    assert!(connection.is_in_doubt());
 }
 
 #[tokio::test]

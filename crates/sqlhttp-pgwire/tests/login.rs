@@ -80,7 +80,8 @@ needs_postgres! {
         connection.close().await.unwrap();
 
         match login(&address, "pgwire_scram", Some(b"wrong"), false).await {
-            Err(e) => assert_eq!(e.code(), Some("28P01"), "{e}"),
+            Err(Error::Fatal(e)) => assert_eq!(e.code, "28P01", "{e}"),
+            Err(e) => panic!("{e:?}"),
             Ok(_) => panic!("a wrong password logged in"),
         }
         match login(&address, "pgwire_scram", None, false).await {
