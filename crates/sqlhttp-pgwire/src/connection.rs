@@ -142,7 +142,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         if let Some(name) = startup.application_name {
             parameters.push(("application_name", name));
         }
-        frontend::startup_message(parameters, &mut connection.write)?;
+        frontend::startup_message(parameters, &mut connection.write)
+            .map_err(|e| Error::unencodable(&e))?;
         connection.send().await?;
         connection.authenticate(startup).await?;
         loop {
@@ -195,19 +196,23 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 }
                 Message::AuthenticationCleartextPassword => {
                     weak("the password in cleartext")?;
-                    frontend::password_message(password()?, &mut self.write)?;
+                    frontend::password_message(password()?, &mut self.write)
+                        .map_err(|e| Error::unencodable(&e))?;
                     self.send().await?;
                 }
                 Message::AuthenticationMd5Password(body) => {
                     weak("an MD5 password hash")?;
                     let hash = md5_hash(startup.user.as_bytes(), password()?, body.salt());
-                    frontend::password_message(hash.as_bytes(), &mut self.write)?;
+                    frontend::password_message(hash.as_bytes(), &mut self.write)
+                        .map_err(|e| Error::unencodable(&e))?;
                     self.send().await?;
                 }
                 Message::AuthenticationSasl(body) => {
                     let mut mechanisms = body.mechanisms();
                     let mut scram_offered = false;
-                    while let Some(mechanism) = mechanisms.next()? {
+                    while let Some(mechanism) =
+                        mechanisms.next().map_err(|e| Error::malformed(&e))?
+                    {
                         scram_offered |= mechanism == SCRAM_SHA_256;
                     }
                     if !scram_offered {
@@ -242,7 +247,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// server's certificate was checked there).
     async fn scram(&mut self, password: &[u8]) -> Result<(), Error> {
         let mut scram = ScramSha256::new(password, ChannelBinding::unsupported());
-        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)?;
+        frontend::sasl_initial_response(SCRAM_SHA_256, scram.message(), &mut self.write)
+            .map_err(|e| Error::unencodable(&e))?;
         self.send().await?;
         match self.message().await? {
             Message::AuthenticationSaslContinue(body) => {
@@ -253,7 +259,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             }
             _ => return Err(unexpected("in SCRAM's first exchange")),
         }
-        frontend::sasl_response(scram.message(), &mut self.write)?;
+        frontend::sasl_response(scram.message(), &mut self.write)
+            .map_err(|e| Error::unencodable(&e))?;
         self.send().await?;
         match self.message().await? {
             // Checks the server's signature: a server that does not know the password fails here.
@@ -271,8 +278,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// Keeps a run-time parameter the server reported, at login or after a `SET` of one that it
     /// reports.
     pub(crate) fn parameter_status(&mut self, body: &ParameterStatusBody) -> Result<(), Error> {
-        let name = body.name()?;
-        let value = body.value()?.to_owned();
+        let name = body.name().map_err(|e| Error::malformed(&e))?;
+        let value = body.value().map_err(|e| Error::malformed(&e))?.to_owned();
         match self.parameters.iter_mut().find(|(known, _)| known == name) {
             Some((_, known)) => *known = value,
             None => self.parameters.push((name.to_owned(), value)),
@@ -382,7 +389,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 }
                 if self.read.len() >= declared {
                     self.grown |= declared > READ_CHUNK;
-                    return match Message::parse(&mut self.read)? {
+                    return match Message::parse(&mut self.read).map_err(|e| Error::malformed(&e))? {
                         Some(message) => Ok(message),
                         None => Err(Error::Protocol("a whole message did not parse".into())),
                     };

@@ -28,8 +28,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
     ///
     /// PostgreSQL's refusal (a syntax error, an unknown table, a name already taken) is
     /// [`Error::Db`] with the flight read to its `ReadyForQuery`: the connection is not in doubt,
-    /// and clean unless a transaction is open (which the refusal failed). Any other `Err` leaves
-    /// it in doubt ([`Error::Fatal`]: PostgreSQL ended the session).
+    /// and clean unless a transaction is open (which the refusal failed). [`Error::Invalid`]
+    /// (`sql` or `name` cannot be sent) sent nothing and leaves the connection as it was. Any
+    /// other `Err` leaves it in doubt ([`Error::Fatal`]: PostgreSQL ended the session).
     pub async fn describe(
         &mut self,
         name: &str,

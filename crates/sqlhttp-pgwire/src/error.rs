@@ -1,7 +1,9 @@
 //! What can go wrong on a connection, and what each failure leaves of it: PostgreSQL's refusal
 //! of a statement ([`Error::Db`], read to its `ReadyForQuery`: the connection is usable), an
-//! error that ended the session ([`Error::Fatal`]), and the connection's failures, after which
-//! it is in doubt and must be dropped.
+//! error that ended the session ([`Error::Fatal`]), the caller's own input refused before
+//! anything was sent ([`Error::Invalid`]: the connection is as it was), and the connection's
+//! failures (the backend's protocol violations, the socket), after which it is in doubt and must
+//! be dropped.
 //!
 //! Knows the backend's error fields; nothing about what the statements were for.
 
@@ -51,11 +53,12 @@ impl DbError {
     }
 
     /// Reads the fields of an `ErrorResponse` or `NoticeResponse` body; a field that is not UTF-8
-    /// is read lossily, an unknown one is skipped.
-    pub(crate) fn parse(body: &ErrorResponseBody) -> io::Result<DbError> {
+    /// is read lossily, an unknown one is skipped, a body that does not parse is the backend's
+    /// protocol error.
+    pub(crate) fn parse(body: &ErrorResponseBody) -> Result<DbError, Error> {
         let mut error = DbError::default();
         let mut fields = body.fields();
-        while let Some(field) = fields.next()? {
+        while let Some(field) = fields.next().map_err(|e| Error::malformed(&e))? {
             let value = String::from_utf8_lossy(field.value_bytes()).into_owned();
             match field.type_() {
                 b'V' => error.severity = value,
@@ -101,6 +104,12 @@ pub enum Error {
     /// in doubt and must be dropped, and what its flight had sent has an outcome unknown: a
     /// `COMMIT` may have committed.
     Fatal(Box<DbError>),
+    /// The caller's own input could not be sent as asked (a NUL byte in a statement's text, a
+    /// name or a login field, more than 65 535 parameters, a message past 2 GiB, a flight that
+    /// does not end with its `Sync`, a flight on a connection in doubt): refused before
+    /// anything of it was sent, so the connection is as it was (clean, if it was clean).
+    /// Retried as it is, the same input fails the same way.
+    Invalid(String),
     /// A message declared more bytes than the connection takes ([`crate::Limits`]): refused
     /// from its header, without waiting for the rest of its body (a read may already hold part
     /// of it). The connection is in doubt.
@@ -132,6 +141,16 @@ impl Error {
             _ => None,
         }
     }
+
+    /// A backend message that does not parse: the backend's protocol violation.
+    pub(crate) fn malformed(e: &io::Error) -> Error {
+        Error::Protocol(format!("a malformed message: {e}"))
+    }
+
+    /// The caller's input a message could not be encoded from.
+    pub(crate) fn unencodable(e: &io::Error) -> Error {
+        Error::Invalid(format!("a message could not be encoded: {e}"))
+    }
 }
 
 impl fmt::Display for Error {
@@ -139,6 +158,7 @@ impl fmt::Display for Error {
         match self {
             Error::Db(e) => e.fmt(f),
             Error::Fatal(e) => write!(f, "the session ended: {e}"),
+            Error::Invalid(what) => write!(f, "refused before sending: {what}"),
             Error::TooLarge {
                 tag,
                 declared,
@@ -165,6 +185,8 @@ impl std::error::Error for Error {
     }
 }
 
+/// The socket's failure ([`Error::Io`]); a message's parse or encoding failure is mapped
+/// explicitly instead ([`Error::Protocol`], [`Error::Invalid`]).
 impl From<io::Error> for Error {
     fn from(e: io::Error) -> Error {
         Error::Io(e)

@@ -50,10 +50,11 @@ pub struct Param<'a> {
 }
 
 impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
-    /// Starts a flight on a clean connection; a connection in doubt refuses one.
+    /// Starts a flight on a connection not in doubt; one in doubt refuses it
+    /// ([`Error::Invalid`], nothing sent).
     pub fn flight(&mut self) -> Result<Flight<'_, C>, Error> {
         if self.in_doubt {
-            return Err(Error::Protocol("the connection is in doubt".into()));
+            return Err(Error::Invalid("the connection is in doubt".into()));
         }
         self.clear_write();
         Ok(Flight {
@@ -66,6 +67,9 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Connection<C> {
 }
 
 /// The messages of one flight, encoded as they are added; [`Flight::send`] writes them at once.
+/// A message the caller's input cannot be encoded into (a NUL byte in a statement's text or a
+/// name, more than 65 535 parameters, a message past 2 GiB) is [`Error::Invalid`], and the
+/// flight is then refused at [`Flight::send`] with nothing of it sent.
 #[derive(Debug)]
 pub struct Flight<'c, C> {
     connection: &'c mut Connection<C>,
@@ -82,7 +86,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// parameter type OIDs (0, or fewer than the statement has: PostgreSQL infers them).
     pub fn parse(&mut self, name: &str, sql: &str, types: &[u32]) -> Result<&mut Self, Error> {
         let encoded = frontend::parse(name, sql, types.iter().copied(), &mut self.connection.write);
-        self.encoded(encoded.map_err(Error::Io))
+        self.encoded(encoded.map_err(|e| Error::unencodable(&e)))
     }
 
     /// Keeps the flight sendable only while every message encoded whole.
@@ -102,7 +106,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// or [`Answer::NoData`]).
     pub fn describe_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
         let encoded = frontend::describe(b'S', name, &mut self.connection.write);
-        self.encoded(encoded.map_err(Error::Io))
+        self.encoded(encoded.map_err(|e| Error::unencodable(&e)))
     }
 
     /// `Bind`: the portal `portal` (`""`: the unnamed one) of `statement` with `params`, its
@@ -131,8 +135,8 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
         );
         self.encoded(match bound {
             Ok(()) => Ok(()),
-            Err(frontend::BindError::Conversion(e)) => Err(Error::Protocol(e.to_string())),
-            Err(frontend::BindError::Serialization(e)) => Err(Error::Io(e)),
+            Err(frontend::BindError::Conversion(e)) => Err(Error::Invalid(e.to_string())),
+            Err(frontend::BindError::Serialization(e)) => Err(Error::unencodable(&e)),
         })
     }
 
@@ -140,7 +144,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// (then [`Answer::PortalSuspended`] when more remain).
     pub fn execute(&mut self, portal: &str, max_rows: i32) -> Result<&mut Self, Error> {
         let encoded = frontend::execute(portal, max_rows, &mut self.connection.write);
-        self.encoded(encoded.map_err(Error::Io))
+        self.encoded(encoded.map_err(|e| Error::unencodable(&e)))
     }
 
     /// Parse, Bind and Execute of `sql` as the unnamed statement, without parameters, its
@@ -154,7 +158,7 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
     /// `Close` of a prepared statement.
     pub fn close_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
         let encoded = frontend::close(b'S', name, &mut self.connection.write);
-        self.encoded(encoded.map_err(Error::Io))
+        self.encoded(encoded.map_err(|e| Error::unencodable(&e)))
     }
 
     /// `Sync`: ends the messages before it (and the implicit transaction, when no `BEGIN` ran);
@@ -169,11 +173,11 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
 
     /// Writes the flight in one write and returns its answers, in order. A flight that does not
     /// end with its `Sync` (none at all, or a message after the last one), or one a message of
-    /// which failed to encode, is refused and nothing of it is sent.
+    /// which failed to encode, is refused ([`Error::Invalid`]) and nothing of it is sent.
     pub async fn send(self) -> Result<Answers<'c, C>, Error> {
         if self.syncs == 0 || self.open || self.broken {
             self.connection.clear_write();
-            return Err(Error::Protocol(if self.broken {
+            return Err(Error::Invalid(if self.broken {
                 "a message of the flight failed to encode".into()
             } else {
                 "a flight must end with a Sync".into()
@@ -226,7 +230,7 @@ pub struct Tag(CommandCompleteBody);
 
 impl Tag {
     fn checked(body: CommandCompleteBody) -> Result<Tag, Error> {
-        body.tag()?;
+        body.tag().map_err(|e| Error::malformed(&e))?;
         Ok(Tag(body))
     }
 
@@ -290,11 +294,18 @@ pub struct Column {
 }
 
 impl Columns {
-    /// The columns, in order.
+    /// The columns of `body`, once each of its fields was found whole and its name UTF-8; one
+    /// that does not parse is the backend's protocol error, found while the flight is read.
+    fn checked(body: RowDescriptionBody) -> Result<Columns, Error> {
+        body.fields().count().map_err(|e| Error::malformed(&e))?;
+        Ok(Columns(body))
+    }
+
+    /// The columns, in order. Never an `Err`: the description was checked when it arrived.
     pub fn to_vec(&self) -> Result<Vec<Column>, Error> {
         let mut columns = Vec::new();
         let mut fields = self.0.fields();
-        while let Some(field) = fields.next()? {
+        while let Some(field) = fields.next().map_err(|e| Error::malformed(&e))? {
             columns.push(Column {
                 name: field.name().to_owned(),
                 type_oid: field.type_oid(),
@@ -457,10 +468,12 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                 Message::ParseComplete => Answer::ParseComplete,
                 Message::BindComplete => Answer::BindComplete,
                 Message::CloseComplete => Answer::CloseComplete,
-                Message::ParameterDescription(body) => {
-                    Answer::ParameterDescription(body.parameters().collect()?)
-                }
-                Message::RowDescription(body) => Answer::RowDescription(Columns(body)),
+                Message::ParameterDescription(body) => Answer::ParameterDescription(
+                    body.parameters()
+                        .collect()
+                        .map_err(|e| Error::malformed(&e))?,
+                ),
+                Message::RowDescription(body) => Answer::RowDescription(Columns::checked(body)?),
                 Message::NoData => Answer::NoData,
                 Message::DataRow(body) => Answer::Row(Row::checked(body)?),
                 Message::CommandComplete(body) => Answer::CommandComplete(Tag::checked(body)?),

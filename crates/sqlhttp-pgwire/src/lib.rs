@@ -16,7 +16,12 @@
 //!   parameters' types and its columns ([`Described`]), for a statement cache;
 //! - [`Row`] and [`Cells`]: a row's cells walked as the bytes they came in, with no allocation
 //!   (the row's framing is checked once, when it arrives); a statement's [`Tag`] likewise;
-//! - [`cancel`]: a cancel request for a session's running statement.
+//! - [`cancel`]: a cancel request for a session's running statement;
+//! - [`Error`]: each failure says what it leaves of the connection: a statement refused and
+//!   read to its `ReadyForQuery` ([`Error::Db`], usable), a session PostgreSQL ended
+//!   ([`Error::Fatal`], in doubt, a `COMMIT`'s outcome unknown), the caller's input refused
+//!   before anything was sent ([`Error::Invalid`], as it was), the backend's protocol violation
+//!   or the socket's failure (in doubt).
 //!
 //! Knows nothing about HTTP, requests or sqlhttpd's answers.
 

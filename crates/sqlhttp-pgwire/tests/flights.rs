@@ -299,7 +299,7 @@ needs_postgres! {
         let mut connection = connect(&target, Limits::default()).await;
         let mut flight = connection.flight().unwrap();
         flight.statement("SELECT 1").unwrap();
-        assert!(matches!(flight.send().await, Err(Error::Protocol(_))));
+        assert!(matches!(flight.send().await, Err(Error::Invalid(_))));
         assert!(connection.is_clean(), "nothing was sent");
         let next = answers(&mut connection, |flight| {
             flight.statement("SELECT 2")?.sync();

@@ -3,7 +3,7 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight (told from an ordinary refusal), messages after a flight's
-//! last `Sync`, the polite close after a flight that was never sent, a
+//! last `Sync`, input that cannot be encoded, backend messages that do not parse, the polite close after a flight that was never sent, a
 //! row's cells walked in order (and its statement's tag) and a row whose cells overrun it, a
 //! `Describe` answered without its parameters or with a row, the buffers given back after a
 //! 20 MiB row and parameter, the futures' `Send`, and a read given up by a timeout part-way
@@ -296,6 +296,85 @@ async fn a_flight_with_messages_after_its_last_sync_is_refused_and_sends_nothing
     connection.close().await.unwrap();
     assert_eq!(backend.next().await, Some((b'X', Vec::new())));
     assert_eq!(backend.next().await, None);
+}
+
+/// The caller's input that cannot be encoded is the caller's error, not the connection's: the
+/// connection is clean and nothing was sent.
+#[tokio::test]
+async fn input_that_cannot_be_encoded_is_invalid_and_sends_nothing() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    match flight.statement("SELECT '\0'") {
+        Err(Error::Invalid(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    flight.sync();
+    assert!(matches!(flight.send().await, Err(Error::Invalid(_))));
+    assert!(connection.is_clean());
+
+    let mut flight = connection.flight().unwrap();
+    flight.parse("", "SELECT 1", &[]).unwrap();
+    let params = vec![
+        Param {
+            format: Format::Text,
+            value: None,
+        };
+        65_536
+    ];
+    match flight.bind("", "", &params, Format::Text) {
+        Err(Error::Invalid(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    flight.sync();
+    assert!(matches!(flight.send().await, Err(Error::Invalid(_))));
+    assert!(connection.is_clean());
+
+    match connection.describe("a\0name", "SELECT 1", &[]).await {
+        Err(Error::Invalid(_)) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(connection.is_clean());
+    connection.close().await.unwrap();
+    assert_eq!(backend.next().await, Some((b'X', Vec::new())));
+    assert_eq!(backend.next().await, None);
+}
+
+/// A backend message that does not parse is the backend's protocol error, not the socket's.
+#[tokio::test]
+async fn a_backend_message_that_does_not_parse_is_a_protocol_error() {
+    for malformed in [
+        // A type no backend message has.
+        message(b'~', &[]),
+        // An ErrorResponse without its terminator.
+        message(b'E', b"SERROR\0C42601\0Mno end"),
+        // A command tag that is not UTF-8.
+        message(b'C', b"SELECT \xff\0"),
+        // A RowDescription whose field is cut short.
+        message(b'T', &[0, 1, b'a', 0, 0, 0]),
+    ] {
+        let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1").unwrap().sync();
+        let mut answers = flight.send().await.unwrap();
+        let mut reply = message(b'1', &[]);
+        reply.extend(message(b'2', &[]));
+        reply.extend(malformed);
+        reply.extend(message(b'Z', b"I"));
+        backend.send(&reply).await;
+        let failed = loop {
+            match answers.next().await {
+                Ok(Some(_)) => {}
+                Ok(None) => panic!("the flight ended"),
+                Err(e) => break e,
+            }
+        };
+        assert!(matches!(failed, Error::Protocol(_)), "{failed:?}");
+        assert!(connection.is_in_doubt());
+        match connection.flight() {
+            Err(Error::Invalid(_)) => {}
+            other => panic!("a flight on a connection in doubt: {other:?}"),
+        }
+    }
 }
 
 #[tokio::test]
