@@ -342,21 +342,40 @@ impl std::fmt::Debug for Row {
 
 impl Row {
     /// The row of `body`, once each of its cells' lengths was found within it; a row that
-    /// overruns itself (or has bytes after its last cell) is the backend's protocol error.
+    /// overruns itself, has bytes after its last cell, or has a cell length below -1 (`NULL`'s)
+    /// is the backend's protocol error.
     fn checked(body: DataRowBody) -> Result<Row, Error> {
+        let malformed = |what: &str| Error::Protocol(format!("a malformed DataRow: {what}"));
         let mut len = 0;
         let mut ranges = body.ranges();
         while ranges
             .next()
-            .map_err(|e| Error::Protocol(format!("a malformed DataRow: {e}")))?
+            .map_err(|e| malformed(&e.to_string()))?
             .is_some()
         {
             len += 1;
         }
+        // `ranges` takes any negative length for `NULL`; only -1 is.
+        let mut rest = body.buffer();
+        for _ in 0..len {
+            let Some((length, after)) = rest.split_first_chunk::<4>() else {
+                return Err(malformed("a cell's length is cut short"));
+            };
+            let length = i32::from_be_bytes(*length);
+            rest = match usize::try_from(length) {
+                Ok(length) => after
+                    .get(length..)
+                    .ok_or_else(|| malformed("a cell overruns the row"))?,
+                Err(_) if length == -1 => after,
+                Err(_) => return Err(malformed(&format!("a cell's length is {length}"))),
+            };
+        }
         Ok(Row { body, len })
     }
 
-    /// How many cells the row has (its result's column count).
+    /// How many cells the row has. Not compared with its result's column count (a prepared
+    /// statement's columns are the caller's to know): a row writer that pairs cells with
+    /// columns checks that the two counts agree.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -381,8 +400,9 @@ impl Row {
         Ok(self.iter().collect())
     }
 
-    /// The row's bytes as they came (counts and cells), shared, not copied: while a row is
-    /// held, so is the read buffer it was cut from.
+    /// The row's bytes as they came after its column count (each cell's length and bytes),
+    /// shared, not copied: while a row is held, so is the read buffer it was cut from, so a row
+    /// kept past its flight is better copied.
     pub fn bytes(&self) -> &Bytes {
         self.body.buffer_bytes()
     }

@@ -3,11 +3,11 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight (told from an ordinary refusal), messages after a flight's
-//! last `Sync`, input that cannot be encoded, backend messages that do not parse, the polite close after a flight that was never sent, a
-//! row's cells walked in order (and its statement's tag) and a row whose cells overrun it, a
-//! `Describe` answered without its parameters or with a row, the buffers given back after a
-//! 20 MiB row and parameter, the futures' `Send`, and a read given up by a timeout part-way
-//! through a message.
+//! last `Sync`, input that cannot be encoded, backend messages that do not parse, the polite
+//! close after a flight that was never sent, a row's cells walked in order (and its statement's
+//! tag) and a row whose cells overrun it or whose cell length is below `NULL`'s, a `Describe`
+//! answered without its parameters or with a row, the buffers given back after a 20 MiB row and
+//! parameter, the futures' `Send`, and a read given up by a timeout part-way through a message.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
@@ -475,6 +475,9 @@ async fn a_row_whose_cell_overruns_it_is_refused_when_it_arrives() {
         message(b'D', &[0, 2, 0, 0, 0, 1, b'a']),
         // Bytes after the last cell.
         message(b'D', &[0, 1, 0, 0, 0, 1, b'a', b'!']),
+        // A cell length below -1 (NULL's): -2, and i32::MIN.
+        message(b'D', &[0, 1, 0xff, 0xff, 0xff, 0xfe]),
+        message(b'D', &[0, 2, 0, 0, 0, 1, b'a', 0x80, 0, 0, 0]),
     ] {
         let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
         let mut flight = connection.flight().unwrap();
