@@ -394,7 +394,10 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                         None => Err(Error::Protocol("a whole message did not parse".into())),
                     };
                 }
-                self.read.reserve(declared - self.read.len());
+                // A chunk at a time: the body's bytes, as they arrive, grow the buffer (amortized),
+                // and a header alone never reserves the length it declares.
+                self.read
+                    .reserve((declared - self.read.len()).min(READ_CHUNK));
             } else {
                 self.read.reserve(READ_CHUNK);
             }

@@ -7,7 +7,7 @@
 //! close after a flight that was never sent, a row's cells walked in order (and its statement's
 //! tag) and a row whose cells overrun it or whose cell length is below `NULL`'s, a `Describe`
 //! answered without its parameters or with a row, the buffers given back after a 20 MiB row and
-//! parameter, the futures' `Send`, and a read given up by a timeout part-way through a message.
+//! parameter and none reserved for a header alone, the futures' `Send`, and a read given up by a timeout part-way through a message.
 
 use postgres_protocol::authentication::md5_hash;
 use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
@@ -642,6 +642,31 @@ async fn a_large_row_or_parameter_is_not_kept_by_the_connection_once_carried() {
     answers.unwrap().finish().await.unwrap();
     let held = connection.buffer_capacity();
     assert!(held < usual, "the write buffer kept {held} bytes");
+}
+
+/// A header alone does not make the connection hold the length it declares: a backend (or
+/// whatever sits on the link) that sends a large message's header and stalls costs each pooled
+/// connection a read chunk, not the message.
+#[tokio::test]
+async fn a_header_alone_does_not_make_the_connection_hold_its_length() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let usual = 256 * 1024;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    let declared = 32u32 << 20;
+    let mut header = vec![b'D'];
+    header.extend_from_slice(&declared.to_be_bytes());
+    header.extend_from_slice(&[0, 1, 0, 0, 0, 9]);
+    backend.send(&header).await;
+    let wait = std::time::Duration::from_millis(20);
+    assert!(tokio::time::timeout(wait, answers.next()).await.is_err());
+    drop(answers);
+    let held = connection.buffer_capacity();
+    assert!(
+        held < usual,
+        "a header made the connection hold {held} bytes"
+    );
 }
 
 /// A request's future holds the connection and its flight across awaits, on a runtime that may
