@@ -311,8 +311,9 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         !self.in_doubt && self.status == TransactionStatus::Idle
     }
 
-    /// Whether the session is in doubt: a flight's answers were left unread, or the socket or
-    /// the protocol failed. Such a session can only be dropped.
+    /// Whether the session is in doubt: a flight's answers were left unread, the backend sent
+    /// more than a flight asked for, PostgreSQL ended the session, or the socket or the protocol
+    /// failed. Such a session can only be dropped.
     pub fn is_in_doubt(&self) -> bool {
         self.in_doubt
     }

@@ -467,7 +467,9 @@ impl ExactSizeIterator for Cells<'_> {}
 impl std::iter::FusedIterator for Cells<'_> {}
 
 /// A sent flight's answers. Read them to the end ([`Answers::next`] returns `None` after the
-/// last `ReadyForQuery`); dropped before that, they leave the connection in doubt.
+/// last `ReadyForQuery`); dropped before that, they leave the connection in doubt. So does a
+/// backend that sent more after the last `ReadyForQuery` than the flight asked for (seen when
+/// it arrived with the answers).
 #[derive(Debug)]
 pub struct Answers<'c, C> {
     connection: &'c mut Connection<C>,
@@ -514,7 +516,11 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
                     self.connection.status = status;
                     self.pending -= 1;
                     if self.pending == 0 {
-                        self.connection.in_doubt = false;
+                        // Bytes after the last ReadyForQuery are no answer of this flight: read
+                        // by the next one as its own, they would put every later flight out of
+                        // step. PostgreSQL sends none (but for a notification to a session that
+                        // listens, which the server's sessions don't).
+                        self.connection.in_doubt = !self.connection.read.is_empty();
                     }
                     Answer::ReadyForQuery(status)
                 }

@@ -3,14 +3,18 @@
 //! for (cleartext, MD5) and `require_scram`'s refusal of them before the password leaves,
 //! lengths below the protocol's minimum, a message exactly at the limit and one byte past it, a
 //! `FATAL` in the middle of a flight (told from an ordinary refusal), messages after a flight's
-//! last `Sync`, input that cannot be encoded, backend messages that do not parse, the polite
-//! close after a flight that was never sent, a row's cells walked in order (and its statement's
-//! tag) and a row whose cells overrun it or whose cell length is below `NULL`'s, a `Describe`
-//! answered without its parameters or with a row, the buffers given back after a 20 MiB row and
-//! parameter and none reserved for a header alone, the futures' `Send`, and a read given up by a timeout part-way through a message.
+//! last `Sync` and answers after its last `ReadyForQuery`, input that cannot be encoded, backend
+//! messages that do not parse, the polite close after a flight that was never sent, a row's
+//! cells walked in order (and its statement's tag) and a row whose cells overrun it or whose
+//! cell length is below `NULL`'s, a `Describe` answered without its parameters or with a row,
+//! the buffers given back after a 20 MiB row and parameter and none reserved for a header
+//! alone, the parameters kept bounded, the futures' `Send`, and a read given up by a timeout
+//! part-way through a message.
 
 use postgres_protocol::authentication::md5_hash;
-use sqlhttp_pgwire::{Answer, Connection, Error, Format, Limits, Param, Startup};
+use sqlhttp_pgwire::{
+    Answer, Connection, Error, Format, Limits, Param, Startup, TransactionStatus,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream, duplex};
 
 /// A backend message: its type byte, its length (which counts itself) and its payload.
@@ -375,6 +379,24 @@ async fn a_backend_message_that_does_not_parse_is_a_protocol_error() {
             other => panic!("a flight on a connection in doubt: {other:?}"),
         }
     }
+}
+
+/// A backend that answers more than the flight asked for (here one message after the last
+/// `ReadyForQuery`) would have the next flight read it as its own: the connection is in doubt
+/// instead.
+#[tokio::test]
+async fn bytes_after_the_last_ready_for_query_leave_the_connection_in_doubt() {
+    let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
+    let mut flight = connection.flight().unwrap();
+    flight.statement("SELECT 1").unwrap().sync();
+    let answers = flight.send().await.unwrap();
+    let mut reply = select_reply(&[data_row(&[Some(b"1")])]);
+    reply.extend(message(b'C', b"SELECT 1\0"));
+    backend.send(&reply).await;
+    assert_eq!(answers.finish().await.unwrap(), TransactionStatus::Idle);
+    assert!(connection.is_in_doubt());
+    assert!(!connection.is_clean());
+    assert!(matches!(connection.flight(), Err(Error::Invalid(_))));
 }
 
 #[tokio::test]
