@@ -26,6 +26,11 @@ use crate::error::{DbError, Error};
 /// arrives, so a header alone never makes the connection hold the length it declares.
 const READ_CHUNK: usize = 64 * 1024;
 
+/// The most run-time parameters a connection keeps by name ([`Connection::parameter`]).
+/// PostgreSQL reports a fixed set of about twenty; a backend that reports new names without end
+/// does not make a pooled connection grow with them.
+const MAX_PARAMETERS: usize = 64;
+
 /// What each buffer starts with, and starts again with after a message past [`READ_CHUNK`].
 const FIRST_CAPACITY: usize = 8 * 1024;
 
@@ -276,13 +281,16 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     }
 
     /// Keeps a run-time parameter the server reported, at login or after a `SET` of one that it
-    /// reports.
+    /// reports; past [`MAX_PARAMETERS`] names, a new one is passed over (those kept still
+    /// change).
     pub(crate) fn parameter_status(&mut self, body: &ParameterStatusBody) -> Result<(), Error> {
         let name = body.name().map_err(|e| Error::malformed(&e))?;
         let value = body.value().map_err(|e| Error::malformed(&e))?.to_owned();
+        let full = self.parameters.len() >= MAX_PARAMETERS;
         match self.parameters.iter_mut().find(|(known, _)| known == name) {
             Some((_, known)) => *known = value,
-            None => self.parameters.push((name.to_owned(), value)),
+            None if !full => self.parameters.push((name.to_owned(), value)),
+            None => {}
         }
         Ok(())
     }
@@ -292,7 +300,8 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         self.key
     }
 
-    /// A run-time parameter the server reported (`server_version`, `TimeZone`, ...).
+    /// A run-time parameter the server reported (`server_version`, `TimeZone`, ...); the first
+    /// 64 names reported are kept, which is more than PostgreSQL reports.
     pub fn parameter(&self, name: &str) -> Option<&str> {
         self.parameters
             .iter()

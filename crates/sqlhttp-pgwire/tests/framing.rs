@@ -399,6 +399,35 @@ async fn bytes_after_the_last_ready_for_query_leave_the_connection_in_doubt() {
     assert!(matches!(connection.flight(), Err(Error::Invalid(_))));
 }
 
+/// PostgreSQL reports a fixed set of parameters; a backend that reports new names without end
+/// does not make the connection keep them all.
+#[tokio::test]
+async fn the_parameters_kept_are_bounded() {
+    let (client, server) = duplex(1 << 20);
+    let mut backend = Backend(server);
+    let status = |name: &str, value: &str| message(b'S', format!("{name}\0{value}\0").as_bytes());
+    let serve = async {
+        backend.startup().await;
+        let mut reply = auth(0, &[]);
+        for i in 0..1000 {
+            reply.extend(status(&format!("p{i}"), "x"));
+        }
+        reply.extend(status("p0", "changed"));
+        reply.extend(message(b'Z', b"I"));
+        backend.send(&reply).await;
+    };
+    let login = startup(None, false);
+    let (connection, ()) = tokio::join!(
+        Connection::startup(client, &login, Limits::default()),
+        serve
+    );
+    let connection = connection.unwrap();
+    assert_eq!(connection.parameter("p0"), Some("changed"));
+    assert_eq!(connection.parameter("p63"), Some("x"));
+    assert_eq!(connection.parameter("p999"), None);
+    assert!(connection.is_clean());
+}
+
 #[tokio::test]
 async fn close_sends_only_terminate_after_a_flight_that_was_never_sent() {
     let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
