@@ -225,7 +225,9 @@ pub enum Answer {
 }
 
 /// A completed statement's command tag (`SELECT 1`, `INSERT 0 3`, `BEGIN`, ...), borrowed from
-/// the bytes it came in: no allocation per statement. Checked to be text when it arrived.
+/// the bytes it came in: no allocation per statement. Checked to be text when it arrived. Like a
+/// [`Row`], it holds the read buffer it was cut from: a tag kept past its flight is better
+/// copied ([`Tag::as_str`]).
 pub struct Tag(CommandCompleteBody);
 
 impl Tag {
@@ -294,10 +296,19 @@ pub struct Column {
 }
 
 impl Columns {
-    /// The columns of `body`, once each of its fields was found whole and its name UTF-8; one
-    /// that does not parse is the backend's protocol error, found while the flight is read.
+    /// The columns of `body`, once each of its fields was found whole, its name UTF-8 and its
+    /// format text (0) or binary (1); one that is not is the backend's protocol error, found
+    /// while the flight is read.
     fn checked(body: RowDescriptionBody) -> Result<Columns, Error> {
-        body.fields().count().map_err(|e| Error::malformed(&e))?;
+        let mut fields = body.fields();
+        while let Some(field) = fields.next().map_err(|e| Error::malformed(&e))? {
+            if !matches!(field.format(), 0 | 1) {
+                return Err(Error::Protocol(format!(
+                    "a column's format is {}",
+                    field.format()
+                )));
+            }
+        }
         Ok(Columns(body))
     }
 

@@ -355,6 +355,17 @@ async fn a_backend_message_that_does_not_parse_is_a_protocol_error() {
         message(b'C', b"SELECT \xff\0"),
         // A RowDescription whose field is cut short.
         message(b'T', &[0, 1, b'a', 0, 0, 0]),
+        // A RowDescription whose column's format is neither text (0) nor binary (1).
+        {
+            let mut column = b"a\0".to_vec();
+            column.extend_from_slice(&0u32.to_be_bytes()); // table OID
+            column.extend_from_slice(&0i16.to_be_bytes()); // column number
+            column.extend_from_slice(&23u32.to_be_bytes()); // type OID (int4)
+            column.extend_from_slice(&4i16.to_be_bytes()); // type size
+            column.extend_from_slice(&(-1i32).to_be_bytes()); // type modifier
+            column.extend_from_slice(&7i16.to_be_bytes()); // format
+            message(b'T', &[&1u16.to_be_bytes()[..], &column].concat())
+        },
     ] {
         let (mut connection, mut backend) = logged_in_pair(Limits::default()).await;
         let mut flight = connection.flight().unwrap();
