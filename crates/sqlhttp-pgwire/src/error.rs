@@ -93,9 +93,10 @@ impl std::error::Error for DbError {}
 /// ([`crate::Connection::is_in_doubt`] says it too).
 #[derive(Debug)]
 pub enum Error {
-    /// PostgreSQL refused a statement, and its flight was read to its `ReadyForQuery`: the
-    /// refusal's outcome is known (the statement took no effect; a transaction it was in is
-    /// failed), and the connection is not in doubt. Returned by [`crate::Answers::finish`] and
+    /// PostgreSQL refused a statement, and its flight was read to its last `ReadyForQuery`: the
+    /// refusal's outcome is known (the refused statement took no effect, the messages after it
+    /// up to its `Sync` were skipped, and a transaction it was in is failed, an implicit one
+    /// rolled back), and the connection is not in doubt. Returned by [`crate::Answers::finish`] and
     /// [`crate::Connection::describe`]; a flight read answer by answer hands such a refusal
     /// over as [`crate::Answer::Error`] instead.
     Db(Box<DbError>),
