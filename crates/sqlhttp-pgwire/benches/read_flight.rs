@@ -434,8 +434,10 @@ async fn round(target: &Arc<Target>, way: Way, length: Duration) -> Round {
     let micros = |ticks: u64| ticks as f64 / ticks_per_second() * 1e6 / reads;
     Round {
         per_second: reads / elapsed,
-        ours: micros(ours_after - ours_before),
-        theirs: micros(theirs_after - theirs_before),
+        ours: micros(ours_after.saturating_sub(ours_before)),
+        // A backend that ended during the round takes its ticks with it: never a wrapped
+        // figure.
+        theirs: micros(theirs_after.saturating_sub(theirs_before)),
     }
 }
 

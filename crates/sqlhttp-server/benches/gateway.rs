@@ -29,6 +29,8 @@
 //! `/proc/stat`: the load generator, the server and the database together), which holds still
 //! where requests per second follow a shared machine's speed.
 
+#[path = "support/chosen.rs"]
+mod chosen;
 #[path = "support/scratch_database.rs"]
 mod scratch_database;
 
@@ -69,10 +71,10 @@ enum Reads {
 impl Reads {
     /// The kinds `SQLHTTPD_GATEWAY_READS` picks (`verified`, `unflagged`; both when unset).
     fn chosen() -> Vec<Reads> {
-        let chosen = std::env::var("SQLHTTPD_GATEWAY_READS").unwrap_or_default();
+        let chosen = chosen::chosen("SQLHTTPD_GATEWAY_READS", &["verified", "unflagged"]);
         [Reads::Verified, Reads::Unflagged]
             .into_iter()
-            .filter(|reads| chosen.is_empty() || chosen.contains(reads.key()))
+            .filter(|reads| chosen.contains(&reads.key()))
             .collect()
     }
 
@@ -499,11 +501,11 @@ fn main() {
             round_length()
         );
         // `SQLHTTPD_GATEWAY_ENGINES=postgres` compares PostgreSQL alone.
-        let engines = std::env::var("SQLHTTPD_GATEWAY_ENGINES").unwrap_or_default();
-        if engines.is_empty() || engines.contains("sqlite") {
+        let engines = chosen::chosen("SQLHTTPD_GATEWAY_ENGINES", &["sqlite", "postgres"]);
+        if engines.contains(&"sqlite") {
             sqlite().await;
         }
-        if !engines.is_empty() && !engines.contains("postgres") {
+        if !engines.contains(&"postgres") {
             return;
         }
         match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {

@@ -28,6 +28,8 @@
 //! Run with `cargo bench -p sqlhttp-server --bench soak`, or
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres) cargo bench -p sqlhttp-server --bench soak`.
 
+#[path = "support/chosen.rs"]
+mod chosen;
 #[path = "support/scratch_database.rs"]
 mod scratch_database;
 
@@ -826,11 +828,11 @@ fn main() {
         .unwrap();
     runtime.block_on(async {
         // `SQLHTTPD_SOAK_ENGINES=postgres` soaks PostgreSQL alone (or `sqlite`, SQLite alone).
-        let engines = std::env::var("SQLHTTPD_SOAK_ENGINES").unwrap_or_default();
-        if engines.is_empty() || engines.contains("sqlite") {
+        let engines = chosen::chosen("SQLHTTPD_SOAK_ENGINES", &["sqlite", "postgres"]);
+        if engines.contains(&"sqlite") {
             sqlite(scale).await;
         }
-        if !engines.is_empty() && !engines.contains("postgres") {
+        if !engines.contains(&"postgres") {
             return;
         }
         match std::env::var("SQLHTTPD_BENCH_POSTGRES_URL") {
