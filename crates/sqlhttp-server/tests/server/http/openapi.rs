@@ -69,8 +69,9 @@ fn every_error_code_is_in_the_document_and_the_other_way_round() {
     assert_eq!(kinds, documented_kinds);
 }
 
-/// The `(method, path)` pairs the router has: each `.route(PATH, get(..)|post(..)...)` of the
-/// HTTP sources, with path constants resolved.
+/// The `(method, path)` pairs the router has: each `(PATH, || get(..)|post(..)...)` entry of the
+/// `ROUTES` table the router is built from (`src/http/mod.rs`), and each `.route(PATH,
+/// get(..)|post(..))` of the HTTP sources (a unit test's), with path constants resolved.
 fn source_routes() -> BTreeSet<(String, String)> {
     let dir = format!("{CRATE}/src/http");
     let sources: Vec<String> = std::fs::read_dir(&dir)
@@ -109,20 +110,40 @@ fn source_routes() -> BTreeSet<(String, String)> {
             })
             .unwrap_or_else(|| panic!("no constant {name}"))
     };
+    let resolve = |path: &str| match path.strip_prefix('"') {
+        Some(literal) => literal.trim_end_matches('"').to_owned(),
+        None => constant(path.rsplit("::").next().unwrap()),
+    };
+    let method_of = |handler: &str| {
+        let method = handler[..handler.find('(').unwrap()].to_owned();
+        assert!(["get", "post"].contains(&method.as_str()), "{method}");
+        method
+    };
     let mut routes = BTreeSet::new();
     for source in &sources {
+        if let Some(start) = source.find("const ROUTES") {
+            let table = &source[start..];
+            let table: String = table[..table.find("];").unwrap()]
+                .split_whitespace()
+                .collect();
+            // Entries read `(PATH,||post(handler)...)` or `(PATH,||{get(handler)...})`.
+            for entry in table.split(",||").skip(1).zip(table.split(",||")) {
+                let (handler, before) = entry;
+                let path = &before[before.rfind('(').unwrap() + 1..];
+                routes.insert((method_of(handler.trim_start_matches('{')), resolve(path)));
+            }
+        }
         for call in source.split(".route(").skip(1) {
             let call: String = call.split_whitespace().collect::<Vec<_>>().join("");
             let (path, handler) = call.split_once(',').unwrap();
-            let path = match path.strip_prefix('"') {
-                Some(literal) => literal.trim_end_matches('"').to_owned(),
-                None => constant(path.rsplit("::").next().unwrap()),
-            };
-            let method = handler[..handler.find('(').unwrap()].to_owned();
-            assert!(["get", "post"].contains(&method.as_str()), "{method}");
-            routes.insert((method, path));
+            if path == "path" {
+                // The router built from the table above.
+                continue;
+            }
+            routes.insert((method_of(handler), resolve(path)));
         }
     }
+    assert!(routes.len() > 10, "the routes were not found: {routes:?}");
     routes
 }
 
