@@ -186,6 +186,8 @@ pub(crate) async fn all_rows(client: &Client, table: &str) -> Vec<Item> {
         .query(format!(
             "SELECT id, name, price, note FROM \"{table}\" ORDER BY id"
         ))
+        // What was committed (see `count`).
+        .consistency(sqlhttp::Consistency::Primary)
         .fetch_all()
         .await
         .unwrap()
@@ -193,8 +195,11 @@ pub(crate) async fn all_rows(client: &Client, table: &str) -> Vec<Item> {
 
 /// How many rows `table` holds.
 pub(crate) async fn count(client: &Client, table: &str) -> i64 {
+    // What was committed, whichever client wrote it: against a server with read replicas a
+    // fresh client's read may be served by one that has not replayed the write yet.
     client
         .query(format!("SELECT count(*) FROM \"{table}\""))
+        .consistency(sqlhttp::Consistency::Primary)
         .fetch_one()
         .await
         .unwrap()
