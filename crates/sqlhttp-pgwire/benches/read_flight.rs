@@ -158,31 +158,29 @@ enum Session {
     Wire(Box<Connection<TcpStream>>),
 }
 
+/// A tokio-postgres connection to `target`, and its backend's process id.
+async fn driver(target: &Target) -> (tokio_postgres::Client, i32) {
+    let (client, connection) = tokio_postgres::connect(&target.url, tokio_postgres::NoTls)
+        .await
+        .expect("tokio-postgres connects");
+    tokio::spawn(connection);
+    let pid: i32 = client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    (client, pid)
+}
+
 async fn open(target: &Target, way: Way) -> (Session, i32) {
     match way {
         Way::Today | Way::GatewayDriver => {
-            let (client, connection) = tokio_postgres::connect(&target.url, tokio_postgres::NoTls)
-                .await
-                .expect("tokio-postgres connects");
-            tokio::spawn(connection);
-            let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let (client, pid) = driver(target).await;
             let statement = client.prepare(READ).await.unwrap();
             (Session::Driver(client, statement), pid)
         }
         Way::TodayPrepared => {
-            let (client, connection) = tokio_postgres::connect(&target.url, tokio_postgres::NoTls)
-                .await
-                .expect("tokio-postgres connects");
-            tokio::spawn(connection);
-            let pid: i32 = client
-                .query_one("SELECT pg_backend_pid()", &[])
-                .await
-                .unwrap()
-                .get(0);
+            let (client, pid) = driver(target).await;
             let mut prepared = Vec::new();
             for sql in [
                 READ,
