@@ -295,6 +295,26 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         Ok(())
     }
 
+    /// A session another driver logged in over `stream` and handed over between its requests,
+    /// with no answer of its owed (the driver read each of its requests to its
+    /// `ReadyForQuery`, and no transaction is open): its flights go on where the driver's
+    /// requests left off. The session's key and run-time parameters are not known here (a
+    /// cancel request goes through the driver that logged in); `limits` bound its messages
+    /// from here on.
+    pub fn resume(stream: S, limits: Limits) -> Connection<S> {
+        Connection {
+            stream,
+            read: BytesMut::with_capacity(FIRST_CAPACITY),
+            write: BytesMut::with_capacity(FIRST_CAPACITY),
+            limits,
+            key: BackendKey::default(),
+            parameters: Vec::new(),
+            status: TransactionStatus::Idle,
+            in_doubt: false,
+            grown: false,
+        }
+    }
+
     /// The key a cancel request for this session names.
     pub fn backend_key(&self) -> BackendKey {
         self.key
