@@ -8,11 +8,52 @@
 //! (`503`, `500`, `422 STATEMENT_TIMEOUT`) becomes `400 SQL_ERROR` (see [`raised_verdict`] and
 //! `docs/adr/0028-postgresql-answers-and-bounded-cells.md`).
 //!
-//! Knows SQLSTATE codes, tokio-postgres's error type and the protocol's codes; nothing about
-//! connections, transactions or HTTP. The engine adds what only it knows (the statement
+//! Knows SQLSTATE codes, the two drivers' error types (tokio-postgres's and `sqlhttp-pgwire`'s,
+//! both read through [`Reported`]) and the protocol's codes; nothing about connections,
+//! transactions or HTTP. The engine adds what only it knows (the statement
 //! timeout's length, the batch statement's index).
 
-use tokio_postgres::error::DbError;
+/// An error PostgreSQL reported, as either driver hands it over: the fields the mapping reads.
+pub(crate) trait Reported {
+    /// The SQLSTATE code.
+    fn code(&self) -> &str;
+    /// The primary message.
+    fn message(&self) -> &str;
+    /// The routine in PostgreSQL's source that reported it.
+    fn routine(&self) -> Option<&str>;
+    /// The constraint it is about.
+    fn constraint(&self) -> Option<&str>;
+}
+
+impl Reported for tokio_postgres::error::DbError {
+    fn code(&self) -> &str {
+        tokio_postgres::error::DbError::code(self).code()
+    }
+    fn message(&self) -> &str {
+        tokio_postgres::error::DbError::message(self)
+    }
+    fn routine(&self) -> Option<&str> {
+        tokio_postgres::error::DbError::routine(self)
+    }
+    fn constraint(&self) -> Option<&str> {
+        tokio_postgres::error::DbError::constraint(self)
+    }
+}
+
+impl Reported for sqlhttp_pgwire::DbError {
+    fn code(&self) -> &str {
+        &self.code
+    }
+    fn message(&self) -> &str {
+        &self.message
+    }
+    fn routine(&self) -> Option<&str> {
+        self.routine.as_deref()
+    }
+    fn constraint(&self) -> Option<&str> {
+        self.constraint.as_deref()
+    }
+}
 
 use crate::protocol::error::{ApiError, ConstraintKind, ErrorCode};
 
@@ -146,7 +187,7 @@ const TOO_MANY_CONNECTIONS: &str = "53300";
 const RAISE_ROUTINE: &str = "exec_stmt_raise";
 
 /// Whether the client's own code raised `db` (see the module documentation).
-pub(crate) fn is_raised(db: &DbError) -> bool {
+pub(crate) fn is_raised(db: &impl Reported) -> bool {
     db.routine() == Some(RAISE_ROUTINE)
 }
 
@@ -183,8 +224,8 @@ pub(crate) fn bounded(message: &str) -> String {
 }
 
 /// The protocol error for an error PostgreSQL reported.
-pub(crate) fn map_db_error(db: &DbError, timeout_ms: u128) -> ApiError {
-    let code = db.code().code();
+pub(crate) fn map_db_error(db: &impl Reported, timeout_ms: u128) -> ApiError {
+    let code = db.code();
     // PostgreSQL's detail quotes values (`Key (email)=(a@example.com) already exists`), and no
     // error body carries a bound value or a cell: the message alone goes to the client.
     let mut message = bounded(db.message());
