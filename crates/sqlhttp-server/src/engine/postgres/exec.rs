@@ -38,7 +38,7 @@ const RETIRE_AFTER_ROW_BYTES: usize = 1024 * 1024;
 
 /// The refusal of a cell larger than `--max-value-bytes`, worded as the SQLite engine words
 /// its own (`string or blob too big`).
-fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError {
+pub(super) fn value_too_big(column: &str, row: u64, bytes: usize, limit: usize) -> ApiError {
     ApiError::sql(format!(
         "string or blob too big: column `{column}` of row {row} is {bytes} bytes: this server \
          holds strings and blobs of at most {limit} bytes (--max-value-bytes); select a part \

@@ -16,6 +16,7 @@ use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{CancelToken, Client};
 
 use crate::engine::postgres::ahead::PrimaryLog;
+use crate::engine::postgres::flights::Flights;
 use crate::engine::postgres::transaction::Opened;
 use crate::engine::postgres::{CONNECT_WITHIN, Inner, Job, STOP_WITHIN, session, wire};
 use crate::engine::shutting_down;
@@ -70,8 +71,14 @@ pub(super) struct Lease {
     /// On the primary: where [`Lease::position`] goes when the lease ends, so a bookmark this
     /// process answered is never past what it has seen (see `ahead`).
     pub(super) log: Option<Arc<PrimaryLog>>,
+    /// Where the connection keeps its flights between requests (see `flights`); `None` for a
+    /// connection that has none.
+    pub(super) flights: Option<FlightsHome>,
     pub(super) _permit: OwnedSemaphorePermit,
 }
+
+/// Where a pooled connection keeps its [`Flights`] while no request holds them.
+pub(super) type FlightsHome = Arc<Mutex<Option<Flights>>>;
 
 impl Lease {
     /// Cancels the statement the session runs now; the session is not reused after.
@@ -124,6 +131,22 @@ impl Lease {
         self.lost_statements.store(true, Ordering::Release);
         self.stale.store(true, Ordering::Release);
         self.retire();
+    }
+
+    /// The connection's flights, for this request (see `flights`).
+    pub(super) fn take_flights(&self) -> Option<Flights> {
+        self.flights
+            .as_ref()?
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+    }
+
+    /// Gives the connection's flights back, every answer of theirs read.
+    pub(super) fn keep_flights(&self, flights: Flights) {
+        if let Some(home) = &self.flights {
+            *home.lock().unwrap_or_else(PoisonError::into_inner) = Some(flights);
+        }
     }
 
     /// Whether a request that failed on this lease is to run once more: a cached statement
@@ -200,24 +223,46 @@ async fn terminate(target: &wire::Target, pid: i32) {
 /// long as it does; entries of connections gone are dropped whenever another is learned, so
 /// this holds about as many entries as the pool has connections.
 #[derive(Debug, Default)]
-pub(super) struct Backends(Mutex<Vec<(Weak<StatementCache>, i32)>>);
+pub(super) struct Backends(Mutex<Vec<Backend>>);
+
+/// One pooled connection's backend process, and where it keeps its flights.
+#[derive(Debug)]
+struct Backend {
+    cache: Weak<StatementCache>,
+    pid: i32,
+    flights: Option<FlightsHome>,
+}
 
 impl Backends {
-    /// Asks a connection that just logged in for its backend process id, and keeps it.
-    pub(super) async fn learn(&self, connection: &ClientWrapper) -> Result<(), String> {
+    /// Asks a connection that just logged in for its backend process id, and keeps it with the
+    /// connection's flights over its wire (`cuts` knows each connection's: see `wire`).
+    pub(super) async fn learn(
+        &self,
+        connection: &ClientWrapper,
+        cuts: &wire::Cuts,
+        limits: &crate::config::Limits,
+    ) -> Result<(), String> {
         let row = connection
             .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
             .await
             .map_err(|e| format!("cannot ask a new connection for its backend: {e}"))?;
         let pid: i32 = row.get(0);
+        let flights = cuts
+            .take_wire(pid)
+            .map(|wire| Arc::new(Mutex::new(Some(Flights::new(&wire, limits)))));
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        known.retain(|(cache, _)| cache.strong_count() > 0);
-        known.push((Arc::downgrade(&connection.statement_cache), pid));
+        known.retain(|backend| backend.cache.strong_count() > 0);
+        known.push(Backend {
+            cache: Arc::downgrade(&connection.statement_cache),
+            pid,
+            flights,
+        });
         Ok(())
     }
 
-    /// The backend process id of `connection`, 0 when it was never learned.
-    pub(super) fn of(&self, connection: &ClientWrapper) -> i32 {
+    /// The backend process id of `connection` (0 when it was never learned), and where it
+    /// keeps its flights.
+    pub(super) fn of(&self, connection: &ClientWrapper) -> (i32, Option<FlightsHome>) {
         // A live entry's allocation cannot be reused while its Weak is held: the pointers name
         // one connection each.
         let cache = Arc::as_ptr(&connection.statement_cache);
@@ -225,8 +270,8 @@ impl Backends {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
-            .find(|(known, _)| std::ptr::eq(known.as_ptr(), cache))
-            .map_or(0, |&(_, pid)| pid)
+            .find(|backend| std::ptr::eq(backend.cache.as_ptr(), cache))
+            .map_or((0, None), |backend| (backend.pid, backend.flights.clone()))
     }
 }
 
@@ -274,7 +319,7 @@ impl Inner {
         // (see `engine::Buffering`): waiting for one holds nothing of it.
         crate::engine::grow(0)?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        let backend = self.backends.of(&object);
+        let (backend, flights) = self.backends.of(&object);
         let cancel = object.cancel_token();
         self.in_flight
             .lock()
@@ -303,6 +348,7 @@ impl Inner {
             position: Arc::clone(&job.position),
             min: job.min.load(Ordering::Acquire),
             log: self.log.clone(),
+            flights,
             _permit: permit,
         })
     }

@@ -42,6 +42,7 @@ mod catalog;
 mod describe;
 mod errors;
 mod exec;
+mod flights;
 pub(crate) mod interactive;
 mod keyed;
 mod lease;
@@ -295,6 +296,7 @@ impl Inner {
         let cuts = Arc::new(wire::Cuts::default());
         let backends = Arc::new(Backends::default());
         let learning = Arc::clone(&backends);
+        let wires = Arc::clone(&cuts);
         let manager = Manager::from_connect(
             target.config,
             wire::BoundedConnect {
@@ -318,12 +320,13 @@ impl Inner {
             .post_create(Hook::async_fn(move |client, _| {
                 let keeper = Arc::clone(&keeper);
                 let backends = Arc::clone(&learning);
+                let wires = Arc::clone(&wires);
                 Box::pin(async move {
                     session::check_new(client, &keeper)
                         .await
                         .map_err(|why| HookError::Message(why.into()))?;
                     backends
-                        .learn(client)
+                        .learn(client, &wires, &limits)
                         .await
                         .map_err(|why| HookError::Message(why.into()))
                 })

@@ -94,6 +94,32 @@ impl Inner {
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
         let map = |e| self.map(&e);
         let mut cost = result::Cost::now(lease.served_by);
+        if mode == Access::ReadOnly && !self.node.is_replica() {
+            cost.began = std::time::Instant::now();
+            let flown = self
+                .guarded(job, &lease, 1, async {
+                    Ok(self
+                        .read_in_one_flight(&lease, request, &mut out, &mut sink)
+                        .await)
+                })
+                .await;
+            let written = match flown {
+                // Nothing was sent: the driver runs it, below.
+                Ok(None) => None,
+                Ok(Some((written, clean))) => {
+                    lease.clean = clean;
+                    Some(written)
+                }
+                // Given up (its requester left, the server closes, the backstop): the session
+                // is not pooled.
+                Err(err) => Some(Err(err)),
+            };
+            if let Some(written) = written {
+                let started = sink.started();
+                drop(lease);
+                return finish_flown(written, started, out, sender, cost);
+            }
+        }
         loop {
             cost.began = std::time::Instant::now();
             // BEGIN goes out with the statement, and a read's end behind it: one round trip
@@ -191,4 +217,33 @@ impl Inner {
         sender.finish(Bytes::from(out));
         Ok(None)
     }
+}
+
+/// The body of a read that ran in one flight (see `flights`): whole when nothing was sent
+/// (`Some`), else ended in the channel, with the error when it failed after its first chunk.
+fn finish_flown(
+    written: Result<u64, ApiError>,
+    started: bool,
+    mut out: Vec<u8>,
+    sender: ChunkSender,
+    cost: result::Cost,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    if !started {
+        let rows_affected = written?;
+        result::end(&mut out, rows_affected, None, cost);
+        return Ok(Some(out));
+    }
+    match written {
+        // A read's headers named its position already.
+        Ok(rows_affected) => result::end_at(&mut out, rows_affected, None, None, cost),
+        Err(err) => {
+            if sender.is_gone() {
+                return Err(err);
+            }
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            result::error_tail(&mut out, &err);
+        }
+    }
+    sender.finish(Bytes::from(out));
+    Ok(None)
 }

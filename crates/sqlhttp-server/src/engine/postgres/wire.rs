@@ -29,7 +29,7 @@ use std::collections::HashMap;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use deadpool_postgres::Connect;
@@ -94,6 +94,9 @@ pub(crate) enum Cut {
 #[derive(Debug, Default)]
 pub(crate) struct Cuts {
     by_backend: Mutex<HashMap<i32, Arc<Mutex<Option<Cut>>>>>,
+    /// Each live connection's [`Wire`], for its flights (taken once, when the pool learns the
+    /// connection: see `lease::Backends`).
+    wires: Mutex<HashMap<i32, std::sync::Weak<Wire>>>,
 }
 
 impl Cuts {
@@ -121,6 +124,29 @@ impl Cuts {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(pid, Arc::clone(slot));
+    }
+
+    fn keep_wire(&self, pid: i32, wire: &Arc<Wire>) {
+        self.wires
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(pid, Arc::downgrade(wire));
+    }
+
+    /// The [`Wire`] of the live connection of backend `pid`, once.
+    pub(crate) fn take_wire(&self, pid: i32) -> Option<Arc<Wire>> {
+        self.wires
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pid)?
+            .upgrade()
+    }
+
+    fn forget_wire(&self, pid: i32) {
+        self.wires
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&pid);
     }
 
     /// The connection of `pid` ended: its entry goes unless it was cut (the lease takes that).
@@ -176,6 +202,8 @@ struct Framing {
     rows: u64,
     /// The backend's process id, once `BackendKeyData` passed.
     pid: Option<i32>,
+    /// `ReadyForQuery` messages read.
+    ready: u64,
 }
 
 impl Framing {
@@ -191,6 +219,7 @@ impl Framing {
             row_declared: 0,
             rows: 0,
             pid: None,
+            ready: 0,
         }
     }
 
@@ -252,6 +281,7 @@ impl Framing {
             }
             // BindComplete, RowDescription, CommandComplete: the next row is a result's first.
             b'2' | b'T' | b'C' => self.rows = 0,
+            b'Z' => self.ready += 1,
             b'K' => self.field_got = 0,
             _ => {}
         }
@@ -407,15 +437,297 @@ impl AsyncWrite for Socket {
     }
 }
 
-/// A socket whose incoming bytes pass through [`Framing`].
+/// What the driver wrote, framed as the backend reads it, so a flight is never written into
+/// the middle of a driver's message nor reads an answer the driver is owed: how far into a
+/// message it is, and how many `ReadyForQuery` the backend owes it (one for the login, one per
+/// `Sync` and per simple `Query`; a statement the driver closes when its handle drops is a
+/// `Close` and a `Sync` whose answer nobody waits for).
+#[derive(Debug, Default)]
+struct Sent {
+    /// The first message (the startup message) has no type byte.
+    started: bool,
+    /// Bytes of the current message's header read, and the header.
+    got: usize,
+    header: [u8; 5],
+    /// Bytes of the current message's body to go.
+    left: usize,
+    /// `ReadyForQuery` messages the backend owes for what was written.
+    owed: u64,
+}
+
+impl Sent {
+    fn feed(&mut self, mut bytes: &[u8]) {
+        while !bytes.is_empty() {
+            if self.left > 0 {
+                let take = self.left.min(bytes.len());
+                self.left -= take;
+                bytes = &bytes[take..];
+                continue;
+            }
+            let size = if self.started { 5 } else { 4 };
+            let take = (size - self.got).min(bytes.len());
+            self.header[self.got..self.got + take].copy_from_slice(&bytes[..take]);
+            self.got += take;
+            bytes = &bytes[take..];
+            if self.got < size {
+                continue;
+            }
+            let length = &self.header[size - 4..size];
+            let length = u32::from_be_bytes([length[0], length[1], length[2], length[3]]);
+            self.left = usize::try_from(length.saturating_sub(4)).unwrap_or(usize::MAX);
+            let kind = if self.started { self.header[0] } else { 0 };
+            if !self.started || kind == b'S' || kind == b'Q' {
+                self.owed += 1;
+            }
+            self.started = true;
+            self.got = 0;
+        }
+    }
+
+    /// Between two messages.
+    fn between(&self) -> bool {
+        self.got == 0 && self.left == 0
+    }
+}
+
+/// How long a flight waits for the driver to read the answers it is owed before the driver
+/// runs the request itself (see [`Wire::lend_soon`]).
+const OWED_WITHIN: Duration = Duration::from_millis(100);
+
+/// Who speaks on a session's socket now (ADR 0061).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Speaker {
+    /// The driver (tokio-postgres), through [`Bounded`].
+    Driver,
+    /// A request's flights, through [`Lent`], between two of the driver's requests.
+    Flights,
+    /// A flight was given up with its answers unread: the session is out of step for both.
+    Lost,
+}
+
+/// A session's socket with the framing of what the driver reads from it, shared by the
+/// driver's stream ([`Bounded`]) and the flights' ([`Lent`]): one of them speaks at a time
+/// (ADR 0061). The driver's task reads its socket all the time; while the flights speak, its
+/// reads and writes wait, and it goes on where it left off once they are done, or fails once a
+/// flight lost the session (the connection then ends, and the pool opens another).
 #[derive(Debug)]
-pub(crate) struct Bounded {
+pub(crate) struct Wire {
+    state: Mutex<Wired>,
+    /// Woken when the driver read a `ReadyForQuery` (see [`Wire::lend_soon`]).
+    answered: tokio::sync::Notify,
+}
+
+#[derive(Debug)]
+struct Wired {
     socket: Socket,
     framing: Framing,
     cuts: Arc<Cuts>,
     slot: Arc<Mutex<Option<Cut>>>,
     /// The cut, once made: every later read fails with it.
     failed: Option<Cut>,
+    /// What the driver wrote.
+    sent: Sent,
+    speaker: Speaker,
+    /// The driver's task, waiting while the flights speak.
+    parked: Vec<Waker>,
+}
+
+impl Wire {
+    /// A session's wire over `socket`, the driver speaking; what it cuts goes to `slot`.
+    fn over(
+        socket: Socket,
+        bounds: Bounds,
+        cuts: &Arc<Cuts>,
+        slot: &Arc<Mutex<Option<Cut>>>,
+    ) -> Arc<Wire> {
+        Arc::new(Wire {
+            answered: tokio::sync::Notify::new(),
+            state: Mutex::new(Wired {
+                socket,
+                framing: Framing::new(bounds),
+                cuts: Arc::clone(cuts),
+                slot: Arc::clone(slot),
+                failed: None,
+                sent: Sent::default(),
+                speaker: Speaker::Driver,
+                parked: Vec::new(),
+            }),
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Wired> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Hands the socket to flights, when the driver stands between two messages both ways,
+    /// has read every `ReadyForQuery` it is owed, and nothing was cut. The caller holds the
+    /// connection's lease, so the driver has no request out but a closed statement's, whose
+    /// answer it must read before the socket is lent. `None` leaves the driver speaking.
+    pub(crate) fn lend(self: &Arc<Self>) -> Option<Loan> {
+        let mut wired = self.lock();
+        let between = matches!(wired.framing.state, State::Header { got: 0 })
+            && wired.sent.between()
+            && wired.sent.owed == wired.framing.ready;
+        if wired.speaker != Speaker::Driver || wired.failed.is_some() || !between {
+            return None;
+        }
+        wired.speaker = Speaker::Flights;
+        Some(Loan {
+            wire: Arc::clone(self),
+            returned: false,
+        })
+    }
+
+    /// [`Wire::lend`], once the driver has read the answers it is owed (a closed statement's,
+    /// which arrive within a round trip): waits for them up to [`OWED_WITHIN`].
+    pub(crate) async fn lend_soon(self: &Arc<Self>) -> Option<Loan> {
+        let deadline = tokio::time::Instant::now() + OWED_WITHIN;
+        loop {
+            let answered = self.answered.notified();
+            let mut answered = std::pin::pin!(answered);
+            answered.as_mut().enable();
+            if let Some(loan) = self.lend() {
+                return Some(loan);
+            }
+            if !self.owes() {
+                return None;
+            }
+            tokio::time::timeout_at(deadline, answered).await.ok()?;
+        }
+    }
+
+    /// Whether the driver waits for an answer only (and could be lent once it has it).
+    fn owes(&self) -> bool {
+        let wired = self.lock();
+        wired.speaker == Speaker::Driver
+            && wired.failed.is_none()
+            && wired.sent.owed > wired.framing.ready
+    }
+
+    fn hand_over(&self, to: Speaker) {
+        let parked = {
+            let mut wired = self.lock();
+            wired.speaker = to;
+            std::mem::take(&mut wired.parked)
+        };
+        parked.into_iter().for_each(Waker::wake);
+    }
+
+    /// The flights' side of the socket: speaks only while a [`Loan`] holds it.
+    pub(crate) fn lent(self: &Arc<Self>) -> Lent {
+        Lent(Arc::downgrade(self))
+    }
+
+    fn lost() -> io::Error {
+        io::Error::new(
+            io::ErrorKind::BrokenPipe,
+            "the session's flight was given up with its answers unread",
+        )
+    }
+
+    /// Polls the driver's side: it waits while the flights speak.
+    fn driver<T>(
+        &self,
+        cx: &mut Context<'_>,
+        poll: impl FnOnce(&mut Wired, &mut Context<'_>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let mut wired = self.lock();
+        match wired.speaker {
+            Speaker::Driver => poll(&mut wired, cx),
+            Speaker::Flights => {
+                if !wired.parked.iter().any(|w| w.will_wake(cx.waker())) {
+                    wired.parked.push(cx.waker().clone());
+                }
+                Poll::Pending
+            }
+            Speaker::Lost => Poll::Ready(Err(Wire::lost())),
+        }
+    }
+}
+
+/// The socket lent to a request's flights; dropped before [`Loan::give_back`] (the flight was
+/// given up, its answers unread), the session is lost for the driver too, which then ends it.
+#[derive(Debug)]
+pub(crate) struct Loan {
+    wire: Arc<Wire>,
+    returned: bool,
+}
+
+impl Loan {
+    /// The flights are done, every answer read: the driver speaks again.
+    pub(crate) fn give_back(mut self) {
+        self.returned = true;
+        self.wire.hand_over(Speaker::Driver);
+    }
+}
+
+impl Drop for Loan {
+    fn drop(&mut self) {
+        if !self.returned {
+            self.wire.hand_over(Speaker::Lost);
+        }
+    }
+}
+
+/// The flights' stream over a session's [`Wire`]: reads and writes fail unless a [`Loan`]
+/// holds it. It does not keep the socket open: once the driver's connection ended, it fails.
+#[derive(Debug)]
+pub(crate) struct Lent(std::sync::Weak<Wire>);
+
+impl Lent {
+    fn flights<T>(
+        &self,
+        poll: impl FnOnce(Pin<&mut Socket>) -> Poll<io::Result<T>>,
+    ) -> Poll<io::Result<T>> {
+        let Some(wire) = self.0.upgrade() else {
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::NotConnected,
+                "the session's connection ended",
+            )));
+        };
+        let mut wired = wire.lock();
+        if wired.speaker != Speaker::Flights {
+            return Poll::Ready(Err(io::Error::other(
+                "the session is not lent to flights now",
+            )));
+        }
+        poll(Pin::new(&mut wired.socket))
+    }
+}
+
+impl AsyncRead for Lent {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        self.flights(|socket| socket.poll_read(cx, buf))
+    }
+}
+
+impl AsyncWrite for Lent {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        self.flights(|socket| socket.poll_write(cx, buf))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.flights(|socket| socket.poll_flush(cx))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
+        // The driver's connection closes the socket.
+        Poll::Ready(Ok(()))
+    }
+}
+
+/// The driver's stream: a socket whose incoming bytes pass through [`Framing`].
+#[derive(Debug)]
+pub(crate) struct Bounded {
+    wire: Arc<Wire>,
 }
 
 impl Bounded {
@@ -433,30 +745,36 @@ impl AsyncRead for Bounded {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
-        let this = self.get_mut();
-        if let Some(cut) = this.failed {
-            return Poll::Ready(Err(Bounded::fail(cut)));
-        }
-        let before = buf.filled().len();
-        let polled = Pin::new(&mut this.socket).poll_read(cx, buf);
-        if !matches!(polled, Poll::Ready(Ok(()))) {
-            return polled;
-        }
-        let had_pid = this.framing.pid.is_some();
-        let fed = this.framing.feed(&buf.filled()[before..]);
-        if !had_pid && let Some(pid) = this.framing.pid {
-            this.cuts.register(pid, &this.slot);
-        }
-        if let Err(cut) = fed {
-            *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(cut);
-            this.failed = Some(cut);
-            tracing::warn!(
-                ?cut,
-                "closed a PostgreSQL connection: a message passed its bound"
-            );
-            return Poll::Ready(Err(Bounded::fail(cut)));
-        }
-        Poll::Ready(Ok(()))
+        let answered = &self.wire.answered;
+        self.wire.driver(cx, |this, cx| {
+            if let Some(cut) = this.failed {
+                return Poll::Ready(Err(Bounded::fail(cut)));
+            }
+            let before = buf.filled().len();
+            let polled = Pin::new(&mut this.socket).poll_read(cx, buf);
+            if !matches!(polled, Poll::Ready(Ok(()))) {
+                return polled;
+            }
+            let had_pid = this.framing.pid.is_some();
+            let ready = this.framing.ready;
+            let fed = this.framing.feed(&buf.filled()[before..]);
+            if this.framing.ready != ready {
+                answered.notify_waiters();
+            }
+            if !had_pid && let Some(pid) = this.framing.pid {
+                this.cuts.register(pid, &this.slot);
+            }
+            if let Err(cut) = fed {
+                *this.slot.lock().unwrap_or_else(PoisonError::into_inner) = Some(cut);
+                this.failed = Some(cut);
+                tracing::warn!(
+                    ?cut,
+                    "closed a PostgreSQL connection: a message passed its bound"
+                );
+                return Poll::Ready(Err(Bounded::fail(cut)));
+            }
+            Poll::Ready(Ok(()))
+        })
     }
 }
 
@@ -466,15 +784,23 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        Pin::new(&mut self.get_mut().socket).poll_write(cx, buf)
+        self.wire.driver(cx, |this, cx| {
+            let written = Pin::new(&mut this.socket).poll_write(cx, buf);
+            if let Poll::Ready(Ok(n)) = written {
+                this.sent.feed(&buf[..n]);
+            }
+            written
+        })
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().socket).poll_flush(cx)
+        self.wire
+            .driver(cx, |this, cx| Pin::new(&mut this.socket).poll_flush(cx))
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.get_mut().socket).poll_shutdown(cx)
+        let mut wired = self.wire.lock();
+        Pin::new(&mut wired.socket).poll_shutdown(cx)
     }
 }
 
@@ -754,12 +1080,9 @@ impl BoundedConnect {
             .await
             .map_err(Failed::Socket)?;
         let slot = Arc::new(Mutex::new(None));
+        let wire = Wire::over(socket, self.bounds, &self.cuts, &slot);
         let stream = Bounded {
-            socket,
-            framing: Framing::new(self.bounds),
-            cuts: Arc::clone(&self.cuts),
-            slot: Arc::clone(&slot),
-            failed: None,
+            wire: Arc::clone(&wire),
         };
         let (client, connection) = config
             .connect_raw(stream, NoTls)
@@ -767,12 +1090,17 @@ impl BoundedConnect {
             .map_err(Failed::Postgres)?;
         let cuts = Arc::clone(&self.cuts);
         let pid = client_pid(&cuts, &slot);
+        if let Some(pid) = pid {
+            cuts.keep_wire(pid, &wire);
+        }
+        drop(wire);
         let task = tokio::spawn(async move {
             if let Err(e) = connection.await {
                 tracing::debug!(error = %e, "a PostgreSQL connection ended");
             }
             if let Some(pid) = pid {
                 cuts.forget_uncut(pid);
+                cuts.forget_wire(pid);
             }
         });
         let wanted = match config.get_target_session_attrs() {
@@ -805,6 +1133,88 @@ fn client_pid(cuts: &Cuts, slot: &Arc<Mutex<Option<Cut>>>) -> Option<i32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+    /// A wire over one end of a socket pair, and the other end (the "backend").
+    #[cfg(unix)]
+    fn wire_pair() -> (Arc<Wire>, UnixStream) {
+        let (ours, theirs) = UnixStream::pair().unwrap();
+        let slot = Arc::new(Mutex::new(None));
+        let wire = Wire::over(Socket::Unix(ours), bounds(), &Arc::default(), &slot);
+        (wire, theirs)
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_lent_wire_parks_the_driver_until_it_is_given_back() {
+        let (wire, mut backend) = wire_pair();
+        let mut driver = Bounded {
+            wire: Arc::clone(&wire),
+        };
+        let mut flights = wire.lent();
+        // Not lent: the flights' side refuses to speak.
+        assert!(flights.write_all(b"x").await.is_err());
+        let loan = wire.lend().expect("the driver stands between messages");
+        assert!(wire.lend().is_none(), "lent once at a time");
+        backend.write_all(&message(b'Z', b"I")).await.unwrap();
+        // The flight reads what the backend sent; the driver waits meanwhile.
+        let mut got = [0; 6];
+        flights.read_exact(&mut got).await.unwrap();
+        assert_eq!(got.as_slice(), message(b'Z', b"I").as_slice());
+        backend.write_all(&message(b'Z', b"T")).await.unwrap();
+        let mut parked = [0; 6];
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), driver.read_exact(&mut parked)).await;
+        assert!(
+            waited.is_err(),
+            "the driver reads nothing while flights speak"
+        );
+        loan.give_back();
+        driver.read_exact(&mut parked).await.unwrap();
+        assert_eq!(parked.as_slice(), message(b'Z', b"T").as_slice());
+        // Given back: the flights' side is refused again.
+        assert!(flights.read_exact(&mut got).await.is_err());
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_loan_dropped_unreturned_loses_the_session_for_the_driver() {
+        let (wire, _backend) = wire_pair();
+        let mut driver = Bounded {
+            wire: Arc::clone(&wire),
+        };
+        drop(wire.lend().unwrap());
+        let mut byte = [0; 1];
+        let lost = driver.read_exact(&mut byte).await.unwrap_err();
+        assert_eq!(lost.kind(), io::ErrorKind::BrokenPipe);
+        assert!(driver.write_all(b"x").await.is_err());
+        assert!(wire.lend().is_none(), "a lost session is never lent again");
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_driver_inside_a_message_is_not_lent_and_a_gone_wire_fails_its_flights() {
+        let (wire, mut backend) = wire_pair();
+        let mut driver = Bounded {
+            wire: Arc::clone(&wire),
+        };
+        let whole = message(b'C', b"SELECT 1\0");
+        backend.write_all(&whole[..3]).await.unwrap();
+        let mut part = [0; 3];
+        driver.read_exact(&mut part).await.unwrap();
+        assert!(wire.lend().is_none(), "the driver is inside a message");
+        backend.write_all(&whole[3..]).await.unwrap();
+        let mut rest = vec![0; whole.len() - 3];
+        driver.read_exact(&mut rest).await.unwrap();
+        let mut flights = wire.lent();
+        let loan = wire.lend().expect("between messages again");
+        loan.give_back();
+        drop(driver);
+        drop(wire);
+        let gone = flights.write_all(b"x").await.unwrap_err();
+        assert_eq!(gone.kind(), io::ErrorKind::NotConnected);
+    }
 
     fn message(kind: u8, body: &[u8]) -> Vec<u8> {
         let mut out = vec![kind];

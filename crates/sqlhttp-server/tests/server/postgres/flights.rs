@@ -1,0 +1,141 @@
+//! Verified reads on the primary in one flight (ADR 0061): the server's statements prepared on
+//! the pooled session once, a cached statement that DDL made stale answered as a fresh one, and a
+//! session that served a refused, a failed and an oversized read still clean for the next.
+//!
+//! Each test runs on a pool of one connection, so every request meets the session the last one
+//! left.
+
+use serde_json::{Value, json};
+
+use crate::common::{ok, post_with};
+use crate::engines::{needs_postgres, postgres_app};
+
+fn one_connection(config: &mut sqlhttp_server::Config) {
+    config.limits.pool_size = 1;
+    config.limits.max_value_bytes = 64 * 1024;
+}
+
+/// A verified read (`"read_only": true`, as the SDK's `query` sends it): its status and body.
+async fn read(router: &axum::Router, sql: &str, params: Value) -> (u16, Value) {
+    let reply = post_with(
+        router,
+        &[],
+        &json!({"sql": sql, "params": params, "read_only": true}),
+    )
+    .await;
+    (reply.status, reply.json())
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_verified_read_runs_on_the_servers_statements_prepared_once() {
+        let router = postgres_app!(
+            "a_verified_read_runs_on_the_servers_statements_prepared_once",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY, v text)", json!([])).await;
+        ok(&router, "INSERT INTO t VALUES (1, 'one'), (2, NULL)", json!([])).await;
+        for _ in 0..3 {
+            let (status, body) = read(&router, "SELECT k, v FROM t ORDER BY k", json!([])).await;
+            assert_eq!(status, 200, "{body}");
+            assert_eq!(body["rows"], json!([[1, "one"], [2, null]]));
+            assert_eq!(body["columns"][0], json!({"name": "k", "type": "int4"}));
+        }
+        let (status, body) = read(
+            &router,
+            "SELECT name FROM pg_prepared_statements WHERE name LIKE '\\_sqlhttp\\_%' ORDER BY name",
+            json!([]),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let names: Vec<&str> = body["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|row| row[0].as_str().unwrap())
+            .collect();
+        for fixed in [
+            "_sqlhttp_begin_read",
+            "_sqlhttp_read_settings",
+            "_sqlhttp_reset_after_read",
+            "_sqlhttp_rollback",
+        ] {
+            assert!(names.contains(&fixed), "{fixed} prepared once: {names:?}");
+        }
+        // The two client statements, each prepared once however often it ran.
+        assert_eq!(names.iter().filter(|n| n.starts_with("_sqlhttp_f")).count(), 2, "{names:?}");
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_cached_read_that_ddl_made_stale_answers_as_a_fresh_one() {
+        let router = postgres_app!(
+            "a_cached_read_that_ddl_made_stale_answers_as_a_fresh_one",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY, v int)", json!([])).await;
+        ok(&router, "INSERT INTO t VALUES (1, 10)", json!([])).await;
+        let sql = "SELECT v FROM t WHERE k = ?";
+        let (status, body) = read(&router, sql, json!([1])).await;
+        assert_eq!((status, &body["rows"]), (200, &json!([[10]])), "{body}");
+        ok(&router, "ALTER TABLE t ALTER COLUMN v TYPE text", json!([])).await;
+        let (status, body) = read(&router, sql, json!([1])).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(body["columns"], json!([{"name": "v", "type": "text"}]));
+        assert_eq!(body["rows"], json!([["10"]]));
+        // The parameter's type changes under the cached statement.
+        ok(&router, "ALTER TABLE t ALTER COLUMN k TYPE text", json!([])).await;
+        let (status, body) = read(&router, sql, json!(["1"])).await;
+        assert_eq!((status, &body["rows"]), (200, &json!([["10"]])), "{body}");
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn refused_failed_and_oversized_reads_leave_the_next_one_a_clean_session() {
+        let router = postgres_app!(
+            "refused_failed_and_oversized_reads_leave_the_next_one_a_clean_session",
+            one_connection
+        );
+        ok(&router, "CREATE SEQUENCE s", json!([])).await;
+        ok(
+            &router,
+            "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''1'', false)'; \
+             EXECUTE 'PREPARE planted AS SELECT 1'; \
+             PERFORM pg_advisory_lock(42); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        let probe = "SELECT current_setting('statement_timeout'), \
+                     current_setting('transaction_read_only'), \
+                     (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
+                     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                      AND pid = pg_backend_pid())::int";
+        let (status, clean) = read(&router, probe, json!([])).await;
+        assert_eq!(status, 200, "{clean}");
+        let attempts: [(&str, u16); 5] = [
+            // PostgreSQL's refusal of the statement: the flight skipped to its Sync.
+            ("SELECT 1 / 0", 400),
+            ("SELECT nope FROM nowhere", 400),
+            // A write in the read's transaction.
+            ("SELECT nextval('s')", 403),
+            // A cell past --max-value-bytes: the statement is cancelled mid-result.
+            ("SELECT repeat('x', 100000) FROM generate_series(1, 50)", 400),
+            // A client's function changes the session: its setting goes with the rollback, its
+            // prepared statement and session lock outlive it and the reset ends them.
+            ("SELECT mess()", 200),
+        ];
+        for (sql, expected) in attempts {
+            let (status, body) = read(&router, sql, json!([])).await;
+            assert_eq!(status, expected, "{sql}: {body}");
+            let (status, seen) = read(&router, probe, json!([])).await;
+            assert_eq!(status, 200, "after {sql}: {seen}");
+            assert_eq!(seen["rows"], clean["rows"], "after {sql}");
+            // And the driver's requests on the same session.
+            let write = ok(&router, "SELECT 1 AS one", json!([])).await;
+            assert_eq!(write["rows"], json!([[1]]), "after {sql}");
+        }
+    }
+}
