@@ -235,21 +235,23 @@ struct Backend {
 
 impl Backends {
     /// Asks a connection that just logged in for its backend process id, and keeps it with the
-    /// connection's flights over its wire (`cuts` knows each connection's: see `wire`).
+    /// connection's flights over its wire (`cuts` knows each connection's: see `wire`), bounded
+    /// by `limits`; `None` for a pool whose connections run no flights (a replica's).
     pub(super) async fn learn(
         &self,
         connection: &ClientWrapper,
         cuts: &wire::Cuts,
-        limits: &crate::config::Limits,
+        limits: Option<&crate::config::Limits>,
     ) -> Result<(), String> {
         let row = connection
             .query_one("SELECT pg_catalog.pg_backend_pid()", &[])
             .await
             .map_err(|e| format!("cannot ask a new connection for its backend: {e}"))?;
         let pid: i32 = row.get(0);
-        let flights = cuts
-            .take_wire(pid)
-            .map(|wire| Arc::new(Mutex::new(Some(Flights::new(&wire, limits)))));
+        let wire = cuts.take_wire(pid);
+        let flights = wire
+            .zip(limits)
+            .map(|(wire, limits)| Arc::new(Mutex::new(Some(Flights::new(&wire, limits)))));
         let mut known = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         known.retain(|backend| backend.cache.strong_count() > 0);
         known.push(Backend {

@@ -47,6 +47,7 @@ pub(crate) mod interactive;
 mod keyed;
 mod lease;
 mod placeholders;
+mod read_flight;
 mod replicas;
 mod sandbox;
 mod session;
@@ -297,6 +298,8 @@ impl Inner {
         let backends = Arc::new(Backends::default());
         let learning = Arc::clone(&backends);
         let wires = Arc::clone(&cuts);
+        // Flights serve verified reads on the primary only, for now (ADR 0061).
+        let flights = (!node.is_replica()).then_some(limits);
         let manager = Manager::from_connect(
             target.config,
             wire::BoundedConnect {
@@ -326,7 +329,7 @@ impl Inner {
                         .await
                         .map_err(|why| HookError::Message(why.into()))?;
                     backends
-                        .learn(client, &wires, &limits)
+                        .learn(client, &wires, flights.as_ref())
                         .await
                         .map_err(|why| HookError::Message(why.into()))
                 })

@@ -42,15 +42,45 @@ impl PostgresEngine {
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
         let inner = node;
         let task_job = Arc::clone(&job);
+        // A verified read on the primary runs in one flight (see `flights`) and ends its
+        // session's part of it whatever happens to its future: it runs here, in the requester's
+        // task, until its body streams (then in a task of its own, as the body's producer). A
+        // requester that goes away drops it mid-flight: the session is lost, not pooled, and its
+        // statement cancelled (see `Lease`'s drop).
+        let inline = mode == Access::ReadOnly && !inner.node.is_replica();
         // Boxed: the task's future is large, and `spawn` moved it by value twice on its way
         // into the task's cell (those copies were half of the gateway bench process's memmove
         // samples); boxed, it is copied once.
         // The task serves the request: its timing and span go with it.
-        let task = tokio::spawn(Box::pin(crate::timing::Timing::carry(
+        let mut work = Box::pin(crate::timing::Timing::carry(
             async move { inner.stream(&task_job, &request, mode, sender).await }
                 .instrument(tracing::Span::current()),
-        )));
+        ));
         let cancel = CancelOnDrop::new(Arc::clone(&job));
+        if inline {
+            let start = tokio::select! {
+                biased;
+                ran = &mut work => {
+                    cancel.disarm();
+                    return whole(ran, &job, served_by);
+                }
+                start = receiver.start() => start,
+            };
+            return match start {
+                stream::Start::Streaming => {
+                    tokio::spawn(work);
+                    let position = job.position_as(served_by);
+                    receiver.hold(cancel);
+                    Ok(Reply::Stream(receiver, position))
+                }
+                stream::Start::Nothing => {
+                    let ran = work.await;
+                    cancel.disarm();
+                    whole(ran, &job, served_by)
+                }
+            };
+        }
+        let task = tokio::spawn(work);
         match receiver.start().await {
             stream::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.
@@ -62,11 +92,7 @@ impl PostgresEngine {
                 let ran = task.await;
                 cancel.disarm();
                 match ran {
-                    Ok(Ok(Some(body))) => Ok(Reply::Whole(
-                        Outcome::fresh(body).at(job.position_as(served_by)),
-                    )),
-                    Ok(Ok(None)) => Err(ApiError::internal()),
-                    Ok(Err(err)) => Err(err),
+                    Ok(ran) => whole(ran, &job, served_by),
                     Err(e) => {
                         tracing::error!(error = %e, "a PostgreSQL job panicked");
                         Err(ApiError::internal())
@@ -216,6 +242,20 @@ impl Inner {
         }
         sender.finish(Bytes::from(out));
         Ok(None)
+    }
+}
+
+/// The reply of a job whose body did not stream: the whole body, where its job stands.
+fn whole(
+    ran: Result<Option<Vec<u8>>, ApiError>,
+    job: &Job,
+    served_by: ServedBy,
+) -> Result<Reply, ApiError> {
+    match ran? {
+        Some(body) => Ok(Reply::Whole(
+            Outcome::fresh(body).at(job.position_as(served_by)),
+        )),
+        None => Err(ApiError::internal()),
     }
 }
 

@@ -253,6 +253,8 @@ impl Framing {
                     match kind {
                         b'D' => self.scan_row(now)?,
                         b'K' => self.scan_key(now),
+                        // Counted once whole: its status byte is what the driver waits for.
+                        b'Z' if take == left => self.ready += 1,
                         _ => {}
                     }
                     self.state = if take == left {
@@ -281,7 +283,6 @@ impl Framing {
             }
             // BindComplete, RowDescription, CommandComplete: the next row is a result's first.
             b'2' | b'T' | b'C' => self.rows = 0,
-            b'Z' => self.ready += 1,
             b'K' => self.field_got = 0,
             _ => {}
         }
@@ -453,6 +454,9 @@ struct Sent {
     left: usize,
     /// `ReadyForQuery` messages the backend owes for what was written.
     owed: u64,
+    /// An extended-protocol request is open: a `Parse`, `Bind`, `Execute`, `Describe`, `Close`
+    /// or `Flush` was written and its `Sync` not yet.
+    open: bool,
 }
 
 impl Sent {
@@ -479,14 +483,19 @@ impl Sent {
             if !self.started || kind == b'S' || kind == b'Q' {
                 self.owed += 1;
             }
+            match kind {
+                b'P' | b'B' | b'E' | b'D' | b'C' | b'H' => self.open = true,
+                b'S' => self.open = false,
+                _ => {}
+            }
             self.started = true;
             self.got = 0;
         }
     }
 
-    /// Between two messages.
+    /// Between two requests: no message half written, no extended request without its `Sync`.
     fn between(&self) -> bool {
-        self.got == 0 && self.left == 0
+        self.got == 0 && self.left == 0 && !self.open
     }
 }
 
@@ -530,6 +539,11 @@ struct Wired {
     speaker: Speaker,
     /// The driver's task, waiting while the flights speak.
     parked: Vec<Waker>,
+    /// The driver's task as it last waited to read, and to write: the flights' reads and
+    /// writes take the socket's readiness over, so it is woken when they give the socket back,
+    /// to wait on it again.
+    reader: Option<Waker>,
+    writer: Option<Waker>,
 }
 
 impl Wire {
@@ -551,6 +565,8 @@ impl Wire {
                 sent: Sent::default(),
                 speaker: Speaker::Driver,
                 parked: Vec::new(),
+                reader: None,
+                writer: None,
             }),
         })
     }
@@ -608,7 +624,16 @@ impl Wire {
         let parked = {
             let mut wired = self.lock();
             wired.speaker = to;
-            std::mem::take(&mut wired.parked)
+            let mut parked = std::mem::take(&mut wired.parked);
+            for waiting in [wired.reader.take(), wired.writer.take()]
+                .into_iter()
+                .flatten()
+            {
+                if !parked.iter().any(|w| w.will_wake(&waiting)) {
+                    parked.push(waiting);
+                }
+            }
+            parked
         };
         parked.into_iter().for_each(Waker::wake);
     }
@@ -752,6 +777,14 @@ impl AsyncRead for Bounded {
             }
             let before = buf.filled().len();
             let polled = Pin::new(&mut this.socket).poll_read(cx, buf);
+            if polled.is_pending()
+                && !this
+                    .reader
+                    .as_ref()
+                    .is_some_and(|w| w.will_wake(cx.waker()))
+            {
+                this.reader = Some(cx.waker().clone());
+            }
             if !matches!(polled, Poll::Ready(Ok(()))) {
                 return polled;
             }
@@ -786,8 +819,18 @@ impl AsyncWrite for Bounded {
     ) -> Poll<io::Result<usize>> {
         self.wire.driver(cx, |this, cx| {
             let written = Pin::new(&mut this.socket).poll_write(cx, buf);
-            if let Poll::Ready(Ok(n)) = written {
-                this.sent.feed(&buf[..n]);
+            match written {
+                Poll::Ready(Ok(n)) => this.sent.feed(&buf[..n]),
+                Poll::Pending => {
+                    if !this
+                        .writer
+                        .as_ref()
+                        .is_some_and(|w| w.will_wake(cx.waker()))
+                    {
+                        this.writer = Some(cx.waker().clone());
+                    }
+                }
+                Poll::Ready(Err(_)) => {}
             }
             written
         })
@@ -1175,6 +1218,28 @@ mod tests {
         assert_eq!(parked.as_slice(), message(b'Z', b"T").as_slice());
         // Given back: the flights' side is refused again.
         assert!(flights.read_exact(&mut got).await.is_err());
+    }
+
+    #[test]
+    fn what_the_driver_wrote_says_when_it_stands_between_requests() {
+        let mut sent = Sent::default();
+        // The startup message has no type byte; the login ends with one ReadyForQuery.
+        let mut startup = 9u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(&[0, 3, 0, 0, 0]);
+        sent.feed(&startup);
+        assert_eq!((sent.owed, sent.between()), (1, true));
+        // A dropped statement's Close, written in two pieces, then its Sync.
+        let close = message(b'C', b"Ss1\0");
+        sent.feed(&close[..2]);
+        assert!(!sent.between(), "inside a message");
+        sent.feed(&close[2..]);
+        assert!(!sent.between(), "an extended request without its Sync");
+        sent.feed(&message(b'S', b""));
+        assert_eq!((sent.owed, sent.between()), (2, true));
+        // A simple query is a request of its own; a password message is not.
+        sent.feed(&message(b'Q', b"SELECT 1\0"));
+        sent.feed(&message(b'p', b"secret\0"));
+        assert_eq!((sent.owed, sent.between()), (3, true));
     }
 
     #[cfg(unix)]

@@ -54,12 +54,7 @@ needs_postgres! {
             .iter()
             .map(|row| row[0].as_str().unwrap())
             .collect();
-        for fixed in [
-            "_sqlhttp_begin_read",
-            "_sqlhttp_read_settings",
-            "_sqlhttp_reset_after_read",
-            "_sqlhttp_rollback",
-        ] {
+        for fixed in ["_sqlhttp_begin_read", "_sqlhttp_read_settings"] {
             assert!(names.contains(&fixed), "{fixed} prepared once: {names:?}");
         }
         // The two client statements, each prepared once however often it ran.
@@ -108,6 +103,17 @@ needs_postgres! {
             json!([]),
         )
         .await;
+        ok(
+            &router,
+            "CREATE FUNCTION squat() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'DEALLOCATE ALL'; \
+             EXECUTE 'PREPARE _sqlhttp_read_settings(text, text) AS \
+                 SELECT $1, $2, ''FFFFFFFF/FFFFFFFF''::text'; \
+             EXECUTE 'PREPARE _sqlhttp_begin_read AS SELECT 1'; \
+             PERFORM pg_advisory_lock(43); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
         let probe = "SELECT current_setting('statement_timeout'), \
                      current_setting('transaction_read_only'), \
                      (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
@@ -115,7 +121,7 @@ needs_postgres! {
                       AND pid = pg_backend_pid())::int";
         let (status, clean) = read(&router, probe, json!([])).await;
         assert_eq!(status, 200, "{clean}");
-        let attempts: [(&str, u16); 5] = [
+        let attempts: [(&str, u16); 8] = [
             // PostgreSQL's refusal of the statement: the flight skipped to its Sync.
             ("SELECT 1 / 0", 400),
             ("SELECT nope FROM nowhere", 400),
@@ -126,6 +132,12 @@ needs_postgres! {
             // A client's function changes the session: its setting goes with the rollback, its
             // prepared statement and session lock outlive it and the reset ends them.
             ("SELECT mess()", 200),
+            // The same, and then it fails: the end and the reset go in a flight of their own.
+            ("SELECT mess() / 0", 400),
+            // It takes the server's statements' names over: the reset, sent unnamed, drops
+            // what it prepared, and the next read prepares the server's statements again.
+            ("SELECT squat()", 200),
+            ("SELECT squat() / 0", 400),
         ];
         for (sql, expected) in attempts {
             let (status, body) = read(&router, sql, json!([])).await;
