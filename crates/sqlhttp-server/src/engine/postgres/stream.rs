@@ -42,45 +42,16 @@ impl PostgresEngine {
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
         let inner = node;
         let task_job = Arc::clone(&job);
-        // A verified read on the primary runs in one flight (see `flights`) and ends its
-        // session's part of it whatever happens to its future: it runs here, in the requester's
-        // task, until its body streams (then in a task of its own, as the body's producer). A
-        // requester that goes away drops it mid-flight: the session is lost, not pooled, and its
-        // statement cancelled (see `Lease`'s drop).
-        let inline = mode == Access::ReadOnly && !inner.node.is_replica();
         // Boxed: the task's future is large, and `spawn` moved it by value twice on its way
         // into the task's cell (those copies were half of the gateway bench process's memmove
         // samples); boxed, it is copied once.
         // The task serves the request: its timing and span go with it.
-        let mut work = Box::pin(crate::timing::Timing::carry(
+        let work = Box::pin(crate::timing::Timing::carry(
             async move { inner.stream(&task_job, &request, mode, sender).await }
                 .instrument(tracing::Span::current()),
         ));
-        let cancel = CancelOnDrop::new(Arc::clone(&job));
-        if inline {
-            let start = tokio::select! {
-                biased;
-                ran = &mut work => {
-                    cancel.disarm();
-                    return whole(ran, &job, served_by);
-                }
-                start = receiver.start() => start,
-            };
-            return match start {
-                stream::Start::Streaming => {
-                    tokio::spawn(work);
-                    let position = job.position_as(served_by);
-                    receiver.hold(cancel);
-                    Ok(Reply::Stream(receiver, position))
-                }
-                stream::Start::Nothing => {
-                    let ran = work.await;
-                    cancel.disarm();
-                    whole(ran, &job, served_by)
-                }
-            };
-        }
         let task = tokio::spawn(work);
+        let cancel = CancelOnDrop::new(Arc::clone(&job));
         match receiver.start().await {
             stream::Start::Streaming => {
                 // The body now owns the job: dropping it (the client left) cancels the statement.

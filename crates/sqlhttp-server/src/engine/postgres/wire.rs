@@ -95,8 +95,9 @@ pub(crate) enum Cut {
 pub(crate) struct Cuts {
     by_backend: Mutex<HashMap<i32, Arc<Mutex<Option<Cut>>>>>,
     /// Each live connection's [`Wire`], for its flights (taken once, when the pool learns the
-    /// connection: see `lease::Backends`).
-    wires: Mutex<HashMap<i32, std::sync::Weak<Wire>>>,
+    /// connection: see `lease::Backends`); `None` when two new connections named the same
+    /// backend process (two servers of a multi-host URL): neither gets one.
+    wires: Mutex<HashMap<i32, Option<std::sync::Weak<Wire>>>>,
 }
 
 impl Cuts {
@@ -127,10 +128,11 @@ impl Cuts {
     }
 
     fn keep_wire(&self, pid: i32, wire: &Arc<Wire>) {
-        self.wires
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(pid, Arc::downgrade(wire));
+        let mut wires = self.wires.lock().unwrap_or_else(PoisonError::into_inner);
+        let taken = wires
+            .get(&pid)
+            .is_some_and(|known| known.as_ref().is_none_or(|w| w.strong_count() > 0));
+        wires.insert(pid, (!taken).then(|| Arc::downgrade(wire)));
     }
 
     /// The [`Wire`] of the live connection of backend `pid`, once.
@@ -138,7 +140,7 @@ impl Cuts {
         self.wires
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .remove(&pid)?
+            .remove(&pid)??
             .upgrade()
     }
 
