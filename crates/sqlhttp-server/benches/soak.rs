@@ -3,14 +3,17 @@
 //! bench prints the server's resident memory (`VmRSS`), open file descriptors and threads, and
 //! the answers so far by status. What it sends, interleaved:
 //!
-//! - 1 000 000 point reads, `SELECT k, v FROM kv WHERE k = ?` over 10 000 rows;
+//! - 1 000 000 point reads, `SELECT k, v FROM kv WHERE k = ?` over 10 000 rows, every other one
+//!   a verified read (`"read_only": true`, as the SDK's `query` sends it: on PostgreSQL, one
+//!   flight on the primary, ADR 0061);
 //! - 100 000 keyed writes, each with an `Idempotency-Key` of its own, and 10 000 of them sent a
 //!   second time, which must be replayed (`Idempotent-Replayed: true`);
 //! - 100 000 requests that must fail: bad SQL or a wrong parameter count (400), a statement the
 //!   sandbox refuses (`ATTACH` on SQLite, `SET` on PostgreSQL) and a write with a read-only
 //!   token (403), a body over the limit (413; the server runs with `--max-body-bytes 65536` so
 //!   that these stay cheap), no token or a wrong one (401);
-//! - 10 000 streamed results of 5.5 MB, abandoned after four chunks;
+//! - 10 000 streamed results of 5.5 MB, abandoned after four chunks, every other period's
+//!   verified;
 //! - a `/readyz` probe every 1 000 requests, and a schema change every 50 000 (a column added,
 //!   an index created or dropped, a side table created, filled and dropped) while reads go on.
 //!
@@ -168,7 +171,10 @@ enum Op {
         again: bool,
     },
     Fail(Failure),
-    Stream,
+    /// The big result, abandoned; sent as a verified read when `verified`.
+    Stream {
+        verified: bool,
+    },
 }
 
 impl Op {
@@ -178,7 +184,7 @@ impl Op {
             Op::Write { again: false, .. } => "keyed write".to_owned(),
             Op::Write { again: true, .. } => "keyed write sent twice".to_owned(),
             Op::Fail(failure) => failure.label().to_owned(),
-            Op::Stream => "abandoned stream".to_owned(),
+            Op::Stream { .. } => "abandoned stream".to_owned(),
         }
     }
 
@@ -194,7 +200,9 @@ impl Op {
                 again: kind == 100,
             },
             110..120 => Op::Fail(Failure::PER_PERIOD[(kind - 110) as usize]),
-            _ => Op::Stream,
+            _ => Op::Stream {
+                verified: period % 2 == 1,
+            },
         }
     }
 }
@@ -378,7 +386,17 @@ impl Soak {
 
     /// Sends `sql` with the full token.
     async fn sql(&self, sql: &str, params: serde_json::Value) -> Option<Answer> {
-        let body = json!({ "sql": sql, "params": params }).to_string();
+        self.sql_as(sql, params, false).await
+    }
+
+    /// Sends `sql` with the full token, as a verified read when `read_only`.
+    async fn sql_as(
+        &self,
+        sql: &str,
+        params: serde_json::Value,
+        read_only: bool,
+    ) -> Option<Answer> {
+        let body = json!({ "sql": sql, "params": params, "read_only": read_only }).to_string();
         Answer::of(self.post(Some(TOKEN), body)).await
     }
 
@@ -413,7 +431,7 @@ impl Soak {
         match op {
             Op::Read(k) => {
                 let answer = self
-                    .sql("SELECT k, v FROM kv WHERE k = ?", json!([k]))
+                    .sql_as("SELECT k, v FROM kv WHERE k = ?", json!([k]), k % 2 == 1)
                     .await;
                 tally.count("point read", answer.as_ref(), 200);
                 if let Some(answer) = answer
@@ -458,7 +476,7 @@ impl Soak {
                 }
             }
             Op::Fail(failure) => self.fail(failure, tally).await,
-            Op::Stream => self.stream(tally).await,
+            Op::Stream { verified } => self.stream(verified, tally).await,
         }
     }
 
@@ -499,8 +517,12 @@ impl Soak {
     }
 
     /// Starts the big result, reads a few chunks, drops the response.
-    async fn stream(&self, tally: &mut Tally) {
-        let body = json!({ "sql": "SELECT id, payload FROM big ORDER BY id" }).to_string();
+    async fn stream(&self, verified: bool, tally: &mut Tally) {
+        let body = json!({
+            "sql": "SELECT id, payload FROM big ORDER BY id",
+            "read_only": verified,
+        })
+        .to_string();
         let Ok(mut response) = self.post(Some(TOKEN), body).send().await else {
             tally.count("abandoned stream", None, 200);
             return;

@@ -179,16 +179,23 @@ impl Flights {
         self.forget_all();
     }
 
-    /// Starts a flight that first closes what was forgotten. `None` when the connection is in
-    /// doubt.
+    /// Starts a flight that first closes what was forgotten (kept to close until a flight
+    /// that carried them was answered: see [`Flights::closed`]). `None` when the connection is
+    /// in doubt.
     pub(super) fn flight(&mut self) -> Option<Flight<'_, Lent>> {
-        let to_close = std::mem::take(&mut self.to_close);
         let mut flight = self.connection.flight().ok()?;
-        for name in &to_close {
+        for name in &self.to_close {
             // Names of the server's own making: they always encode.
             flight.close_statement(name).ok()?;
         }
         Some(flight)
+    }
+
+    /// A flight from [`Flights::flight`] was sent and answered: what it closed is closed. (A
+    /// flight never sent, its input refused as it was encoded, leaves them to the next; a
+    /// `Close` sent twice is no error.)
+    pub(super) fn closed(&mut self) {
+        self.to_close.clear();
     }
 
     /// Prepares the server's statements on the session (closing first any statement of the
@@ -202,6 +209,7 @@ impl Flights {
         }
         flight.sync();
         flight.send().await?.finish().await?;
+        self.closed();
         self.prepared = true;
         Ok(())
     }
@@ -239,7 +247,9 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
         };
         add_end(&mut flight, &seed)?;
         flight.sync();
-        flight.send().await?.finish().await
+        let ended = flight.send().await?.finish().await;
+        flights.closed();
+        ended
     };
     match sent.await {
         Ok(TransactionStatus::Idle) => Left::Clean,

@@ -259,6 +259,7 @@ impl Inner {
                 other => return Err(unexpected(&other)),
             }
         }
+        flights.closed();
         if let Some((at, refusal)) = refused {
             let left = flights::end_and_reset(flights).await;
             if at < 2 && refusal.code == "26000" {
@@ -358,8 +359,23 @@ impl Inner {
             let answer = match answers.next().await {
                 Ok(Some(answer)) => answer,
                 Ok(None) => break,
-                Err(WireError::TooLarge { tag: b'D', .. }) if step == steps.client => {
-                    let err = ApiError::row_too_large(limits.max_result_bytes, writer.rows() + 1);
+                Err(WireError::TooLarge {
+                    tag: b'D',
+                    declared,
+                    ..
+                }) if step == steps.client => {
+                    let row = writer.rows() + 1;
+                    // A row of one column is its cell: answered as the driver's path answers a
+                    // cell past its bound.
+                    let err = match statement.columns.as_slice() {
+                        [(name, _)] => value_too_big(
+                            name,
+                            row,
+                            declared.saturating_sub(11),
+                            limits.max_value_bytes,
+                        ),
+                        _ => ApiError::row_too_large(limits.max_result_bytes, row),
+                    };
                     return self.give_up(lease, err).await;
                 }
                 Err(e) => return lost(&e),
@@ -425,6 +441,7 @@ impl Inner {
                 other => return unexpected(&other),
             }
         }
+        flights.closed();
         let Some((at, refusal)) = refused else {
             if !positioned {
                 tracing::error!("the database did not name its log position");

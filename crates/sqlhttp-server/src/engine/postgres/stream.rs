@@ -93,22 +93,29 @@ impl Inner {
         let mut cost = result::Cost::now(lease.served_by);
         if mode == Access::ReadOnly && !self.node.is_replica() {
             cost.began = std::time::Instant::now();
+            let clean = std::sync::atomic::AtomicBool::new(false);
+            // Two runs at most (a stale statement's second), each bounded as a statement.
             let flown = self
-                .guarded(job, &lease, 1, async {
-                    Ok(self
+                .guarded(job, &lease, 2, async {
+                    match self
                         .read_in_one_flight(&lease, request, &mut out, &mut sink)
-                        .await)
+                        .await
+                    {
+                        None => Ok(None),
+                        Some((written, left_clean)) => {
+                            clean.store(left_clean, Ordering::Release);
+                            written.map(Some)
+                        }
+                    }
                 })
                 .await;
+            // Given up (its requester left, the server closes, the backstop), the session is
+            // not pooled.
+            lease.clean = clean.load(Ordering::Acquire);
             let written = match flown {
                 // Nothing was sent: the driver runs it, below.
                 Ok(None) => None,
-                Ok(Some((written, clean))) => {
-                    lease.clean = clean;
-                    Some(written)
-                }
-                // Given up (its requester left, the server closes, the backstop): the session
-                // is not pooled.
+                Ok(Some(rows_affected)) => Some(Ok(rows_affected)),
                 Err(err) => Some(Err(err)),
             };
             if let Some(written) = written {

@@ -121,10 +121,19 @@ impl Cuts {
     }
 
     fn register(&self, pid: i32, slot: &Arc<Mutex<Option<Cut>>>) {
-        self.by_backend
+        let replaced = self
+            .by_backend
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(pid, Arc::clone(slot));
+        // Another live connection named the same backend process (two servers of a multi-host
+        // URL): neither may be found by it, so neither gets flights.
+        if replaced.is_some_and(|other| Arc::strong_count(&other) > 1) {
+            self.wires
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .insert(pid, None);
+        }
     }
 
     fn keep_wire(&self, pid: i32, wire: &Arc<Wire>) {

@@ -151,3 +151,28 @@ needs_postgres! {
         }
     }
 }
+
+needs_postgres! {
+    #[tokio::test]
+    async fn many_texts_keep_the_sessions_statements_bounded() {
+        let router = postgres_app!(
+            "many_texts_keep_the_sessions_statements_bounded",
+            one_connection
+        );
+        // Past the cache's bound (256) its statements are closed on the session by the next
+        // flight, not left there.
+        for n in 0..300 {
+            let (status, body) = read(&router, &format!("SELECT {n}::int AS n"), json!([])).await;
+            assert_eq!((status, &body["rows"]), (200, &json!([[n]])), "{body}");
+        }
+        let (status, body) = read(
+            &router,
+            "SELECT count(*)::int FROM pg_prepared_statements WHERE name LIKE '\\_sqlhttp\\_f%'",
+            json!([]),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let held = body["rows"][0][0].as_i64().unwrap();
+        assert!(held <= 256, "{held} client statements prepared on the session");
+    }
+}
