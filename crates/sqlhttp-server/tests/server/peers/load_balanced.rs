@@ -22,7 +22,7 @@ use crate::operations::observability::sample;
 
 /// Two replicas of `sqlhttpd` on the database at `url`, started together (killed on drop),
 /// logging warnings and errors only.
-async fn replicas(url: &str) -> (ServerProcess, ServerProcess) {
+pub(super) async fn replicas(url: &str) -> (ServerProcess, ServerProcess) {
     let replica = || {
         let mut command = sqlhttpd();
         // ServerProcess reads stdout; stderr goes to the test's output, not to a pipe nobody reads.
@@ -36,7 +36,7 @@ async fn replicas(url: &str) -> (ServerProcess, ServerProcess) {
 }
 
 /// Retries quickly and often: a replica that is down costs a few milliseconds, not seconds.
-fn quick_retries() -> RetryPolicy {
+pub(super) fn quick_retries() -> RetryPolicy {
     RetryPolicy::new()
         .with_max_attempts(20)
         .with_initial_backoff(Duration::from_millis(5))
@@ -45,7 +45,7 @@ fn quick_retries() -> RetryPolicy {
 }
 
 /// A client that talks to one replica directly, for setup and checks.
-fn direct(replica: &ServerProcess) -> Client {
+pub(super) fn direct(replica: &ServerProcess) -> Client {
     Client::builder(replica.url()).build().unwrap()
 }
 

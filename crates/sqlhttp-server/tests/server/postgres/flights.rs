@@ -3,9 +3,15 @@
 //! session that served a refused, a failed and an oversized read still clean for the next.
 //!
 //! Each test runs on a pool of one connection, so every request meets the session the last one
-//! left.
+//! left. A verified read whose client left mid-stream (its answer lost) frees that connection
+//! at once and leaves nothing running behind it.
 
+use std::time::Duration;
+
+use axum::body::{Body, HttpBody as _};
+use axum::http::Request;
 use serde_json::{Value, json};
+use tower::ServiceExt as _;
 
 use crate::common::{ok, post_with};
 use crate::engines::{needs_postgres, postgres_app};
@@ -174,5 +180,72 @@ needs_postgres! {
         assert_eq!(status, 200, "{body}");
         let held = body["rows"][0][0].as_i64().unwrap();
         assert!(held <= 256, "{held} client statements prepared on the session");
+    }
+}
+
+/// Rows that stream until the client goes (not one generate_series of 10^8 rows, which
+/// PostgreSQL would materialize first).
+const ENDLESS: &str = "SELECT a * 10000 + b AS x FROM generate_series(0, 9999) AS a, \
+                       generate_series(1, 10000) AS b";
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running() {
+        let router = postgres_app!(
+            "a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running",
+            one_connection
+        );
+        let running = "SELECT count(*)::int FROM pg_stat_activity \
+                       WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                       AND query LIKE '%generate\\_series(0, 9999)%'";
+        let probe = "SELECT current_setting('transaction_read_only'), \
+                     (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int";
+        let (status, clean) = read(&router, probe, json!([])).await;
+        assert_eq!(status, 200, "{clean}");
+        for read_first in [true, false] {
+            let request = Request::post("/api/v1/sql")
+                .header("content-type", "application/json")
+                .body(Body::from(
+                    json!({"sql": ENDLESS, "read_only": true}).to_string(),
+                ))
+                .unwrap();
+            let response = router.clone().oneshot(request).await.unwrap();
+            assert_eq!(response.status(), 200);
+            let mut body = response.into_body();
+            if read_first {
+                let frame =
+                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
+                        .await
+                        .unwrap()
+                        .unwrap();
+                assert!(frame.is_data());
+            }
+            // The answer is lost: the client goes away mid-stream.
+            drop(body);
+            // The only connection serves the next read, verified or not, long before the
+            // statement timeout, on a clean session.
+            let (status, seen) = tokio::time::timeout(
+                Duration::from_secs(5),
+                read(&router, probe, json!([])),
+            )
+            .await
+            .expect("the session was freed");
+            assert_eq!(status, 200, "{seen}");
+            assert_eq!(seen["rows"], clean["rows"]);
+            let one = ok(&router, "SELECT 1 AS one", json!([])).await;
+            assert_eq!(one["rows"], json!([[1]]));
+            // The abandoned statement does not run on behind the client's back.
+            let mut left = Value::Null;
+            for _ in 0..50 {
+                let (status, body) = read(&router, running, json!([])).await;
+                assert_eq!(status, 200, "{body}");
+                left = body["rows"][0][0].clone();
+                if left == json!(0) {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            assert_eq!(left, json!(0), "the abandoned read still runs (read_first: {read_first})");
+        }
     }
 }
