@@ -129,17 +129,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
         startup: &Startup<'_>,
         limits: Limits,
     ) -> Result<Connection<S>, Error> {
-        let mut connection = Connection {
-            stream,
-            read: BytesMut::with_capacity(FIRST_CAPACITY),
-            write: BytesMut::with_capacity(FIRST_CAPACITY),
-            limits,
-            key: BackendKey::default(),
-            parameters: Vec::new(),
-            status: TransactionStatus::Idle,
-            in_doubt: true,
-            grown: false,
-        };
+        let mut connection = Connection::over(stream, limits, true);
         let mut parameters = vec![("user", startup.user), ("client_encoding", "UTF8")];
         if let Some(database) = startup.database {
             parameters.push(("database", database));
@@ -302,6 +292,12 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
     /// cancel request goes through the driver that logged in); `limits` bound its messages
     /// from here on.
     pub fn resume(stream: S, limits: Limits) -> Connection<S> {
+        Connection::over(stream, limits, false)
+    }
+
+    /// A connection over `stream` with nothing read or written yet, idle; `in_doubt` until its
+    /// first `ReadyForQuery` when it has yet to log in.
+    fn over(stream: S, limits: Limits, in_doubt: bool) -> Connection<S> {
         Connection {
             stream,
             read: BytesMut::with_capacity(FIRST_CAPACITY),
@@ -310,7 +306,7 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
             key: BackendKey::default(),
             parameters: Vec::new(),
             status: TransactionStatus::Idle,
-            in_doubt: false,
+            in_doubt,
             grown: false,
         }
     }

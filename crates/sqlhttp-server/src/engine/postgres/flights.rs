@@ -22,6 +22,7 @@ use tokio_postgres::types::Type;
 
 use crate::config::Limits;
 use crate::engine::postgres::exec::CACHED_STATEMENTS;
+use crate::engine::postgres::session;
 use crate::engine::postgres::wire::{Lent, SLACK, Wire};
 
 /// The read's `BEGIN`, prepared once per connection under a name of the server's.
@@ -240,7 +241,7 @@ pub(super) fn left_by(connection: &Connection<Lent>) -> Left {
 /// Ends a transaction PostgreSQL refused part of (it skipped to the flight's `Sync`) and resets
 /// the session, in a flight of their own; a session whose end or reset failed is not pooled.
 pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
-    let seed = seed();
+    let seed = session::seed();
     let sent = async {
         let Some(mut flight) = flights.flight() else {
             return Err(WireError::Invalid("the connection is in doubt".into()));
@@ -282,10 +283,4 @@ pub(super) fn text(value: &str) -> Param<'_> {
         format: Format::Text,
         value: Some(value.as_bytes()),
     }
-}
-
-/// The random seed of a read's reset (see `session::after_read`), drawn afresh for each so no
-/// client can know the next.
-pub(super) fn seed() -> String {
-    format!("{:?}", rand::random::<f64>().mul_add(2.0, -1.0))
 }

@@ -26,7 +26,7 @@ use crate::engine::postgres::flights::{
 };
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::types::{self, Bound};
-use crate::engine::postgres::{Inner, errors, placeholders, sandbox, tag};
+use crate::engine::postgres::{Inner, errors, placeholders, sandbox, session, tag};
 use crate::engine::stream::Sink;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
@@ -52,6 +52,15 @@ struct Steps {
 }
 
 impl Inner {
+    /// The read's `statement_timeout` and `lock_timeout` in milliseconds, as the texts of
+    /// the settings statement's two parameters.
+    fn read_timeouts(&self) -> [String; 2] {
+        [
+            self.timeout_ms().to_string(),
+            self.lock_wait_ms().to_string(),
+        ]
+    }
+
     /// Runs `request`, a verified read on the primary, on `lease` in one flight, writing its
     /// body into `out` and `sink` as `exec::write_rows` does, and returns the rows it changed
     /// (0) with whether the session may serve again. `None` when flights cannot run it here
@@ -215,10 +224,7 @@ impl Inner {
         sql: &str,
         name: String,
     ) -> Result<Option<Arc<Statement>>, (Tried, Left)> {
-        let (timeout, lock_wait) = (
-            self.timeout_ms().to_string(),
-            self.lock_wait_ms().to_string(),
-        );
+        let [timeout, lock_wait] = self.read_timeouts();
         let settings = [text(&timeout), text(&lock_wait)];
         let lost = |e: WireError| (Tried::Done(Err(self.map_wire(&e))), Left::Lost);
         let Some(mut flight) = flights.flight() else {
@@ -294,12 +300,9 @@ impl Inner {
         sink: &mut Sink<'_>,
     ) -> (Tried, Left) {
         let opened = !cached;
-        let (timeout, lock_wait) = (
-            self.timeout_ms().to_string(),
-            self.lock_wait_ms().to_string(),
-        );
+        let [timeout, lock_wait] = self.read_timeouts();
         let settings = [text(&timeout), text(&lock_wait)];
-        let seed = flights::seed();
+        let seed = session::seed();
         let lost = |e: &WireError| (Tried::Done(Err(self.map_wire(e))), Left::Lost);
         let Some(mut flight) = flights.flight() else {
             return (Tried::Done(Err(ApiError::internal())), Left::Lost);

@@ -55,9 +55,14 @@ pub(crate) const RESET: &str = reset_text!();
 /// anywhere in the string leaves the session unclean: it is closed, not pooled, as for
 /// [`RESET`].
 pub(crate) fn after_read() -> String {
-    // In [-1, 1], what `setseed` takes; drawn afresh so no client can know the next seed.
-    let seed = rand::random::<f64>().mul_add(2.0, -1.0);
-    format!("ROLLBACK; SELECT _sqlhttp.reset_after_read({seed:?}::pg_catalog.float8)")
+    let seed = seed();
+    format!("ROLLBACK; SELECT _sqlhttp.reset_after_read({seed}::pg_catalog.float8)")
+}
+
+/// The random seed of a read's reset, as the text of a `float8`: in [-1, 1], what `setseed`
+/// takes, drawn afresh from the server's CSPRNG so no client can know the next.
+pub(crate) fn seed() -> String {
+    format!("{:?}", rand::random::<f64>().mul_add(2.0, -1.0))
 }
 
 /// The end of a failed write's transaction and the session's reset, as one simple query:

@@ -608,6 +608,10 @@ impl Wire {
     /// [`Wire::lend`], once the driver has read the answers it is owed (a closed statement's,
     /// which arrive within a round trip): waits for them up to [`OWED_WITHIN`].
     pub(crate) async fn lend_soon(self: &Arc<Self>) -> Option<Loan> {
+        // Most often the driver owes nothing: lent at once, with no waiter registered.
+        if let Some(loan) = self.lend() {
+            return Some(loan);
+        }
         let deadline = tokio::time::Instant::now() + OWED_WITHIN;
         loop {
             let answered = self.answered.notified();
