@@ -86,7 +86,7 @@ impl Inner {
         sender: ChunkSender,
     ) -> Result<Option<Vec<u8>>, ApiError> {
         let mut lease = self.lease(job).await?;
-        let mut out = Vec::with_capacity(stream::CHUNK_BYTES + 1024);
+        let mut out = stream::body_buffer();
         let must_stop = || job.is_cancelled();
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
         let map = |e| self.map(&e);
@@ -192,35 +192,46 @@ impl Inner {
         lease: Lease,
         mode: Access,
         written: Result<u64, ApiError>,
-        mut out: Vec<u8>,
+        out: Vec<u8>,
         sender: ChunkSender,
         sent: Option<SentEnd>,
         cost: result::Cost,
     ) -> Result<Option<Vec<u8>>, ApiError> {
         // `out` ends after the last whole row until the transaction has ended.
-        match self.end_or_ended(lease, mode, written, sent).await {
-            Ok(rows_affected) => {
-                // A read's headers named its position already.
-                let position = match job.position.load(Ordering::Acquire) {
-                    0 => None,
-                    _ if mode == Access::ReadOnly => None,
-                    at => Some(Bookmark::from_position(at)),
-                };
-                result::end_at(&mut out, rows_affected, None, position, cost);
-            }
-            Err(err) => {
-                if sender.is_gone() {
-                    // Nobody reads the body any more.
-                    return Err(err);
-                }
-                tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
-                // Close the rows and say why the body ends here.
-                result::error_tail(&mut out, &err);
-            }
-        }
-        sender.finish(Bytes::from(out));
-        Ok(None)
+        let ended = self.end_or_ended(lease, mode, written, sent).await;
+        // A read's headers named its position already.
+        let position = match job.position.load(Ordering::Acquire) {
+            0 => None,
+            _ if mode == Access::ReadOnly => None,
+            at => Some(Bookmark::from_position(at)),
+        };
+        end_streamed_body(ended, position, out, sender, cost)
     }
+}
+
+/// Ends a body that started streaming, once its transaction ended: on success with the rows it
+/// changed and `position` (a write's bookmark), on failure with the error, which no success
+/// member precedes. `Err` when nobody reads the body any more.
+fn end_streamed_body(
+    ended: Result<u64, ApiError>,
+    position: Option<Bookmark>,
+    mut out: Vec<u8>,
+    sender: ChunkSender,
+    cost: result::Cost,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    match ended {
+        Ok(rows_affected) => result::end_at(&mut out, rows_affected, None, position, cost),
+        Err(err) => {
+            if sender.is_gone() {
+                return Err(err);
+            }
+            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
+            // Close the rows and say why the body ends here.
+            result::error_tail(&mut out, &err);
+        }
+    }
+    sender.finish(Bytes::from(out));
+    Ok(None)
 }
 
 /// The reply of a job whose body did not stream: the whole body, where its job stands.
@@ -251,17 +262,6 @@ fn finish_flown(
         result::end(&mut out, rows_affected, None, cost);
         return Ok(Some(out));
     }
-    match written {
-        // A read's headers named its position already.
-        Ok(rows_affected) => result::end_at(&mut out, rows_affected, None, None, cost),
-        Err(err) => {
-            if sender.is_gone() {
-                return Err(err);
-            }
-            tracing::debug!(code = err.code.as_str(), "statement failed mid-stream");
-            result::error_tail(&mut out, &err);
-        }
-    }
-    sender.finish(Bytes::from(out));
-    Ok(None)
+    // A read's headers named its position already.
+    end_streamed_body(written, None, out, sender, cost)
 }

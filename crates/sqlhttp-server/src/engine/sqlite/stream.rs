@@ -10,7 +10,7 @@ use bytes::Bytes;
 use crate::engine::Access;
 use crate::engine::sqlite::connection::Conn;
 use crate::engine::sqlite::exec::{self, Ran};
-use crate::engine::stream::{CHUNK_BYTES, ChunkSender, Chunks, Sink};
+use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 use crate::protocol::result;
@@ -35,7 +35,7 @@ pub(crate) fn execute(
     access: Access,
     sender: ChunkSender,
 ) -> Result<Ran<Streamed>, ApiError> {
-    let mut out = Vec::with_capacity(CHUNK_BYTES + 1024);
+    let mut out = stream::body_buffer();
     let hooks = &conn.hooks;
     let must_stop = || hooks.must_stop();
     let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
