@@ -459,7 +459,10 @@ impl Inner {
             return (Tried::Done(Ok(changed)), Left::Unreset);
         }
         let left = flights::end_and_reset(flights).await;
-        if at == steps.client && cached && is_stale(&refusal.code) {
+        // Stale only before the first row, as on the driver's path: a statement that returned
+        // rows was planned against the schema it runs on, so its error is the client's own (a
+        // function that raised `42501`), not to be answered as a stale statement or run again.
+        if at == steps.client && cached && writer.rows() == 0 && is_stale(&refusal.code) {
             flights.forget(sql);
             return (Tried::Again, left);
         }

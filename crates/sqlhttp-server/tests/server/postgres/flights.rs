@@ -249,3 +249,62 @@ needs_postgres! {
         }
     }
 }
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_seed_a_verified_read_sets_does_not_reach_the_next() {
+        let router = postgres_app!(
+            "a_seed_a_verified_read_sets_does_not_reach_the_next",
+            one_connection
+        );
+        // The first two values after setseed(0.5), in one read.
+        let (status, body) = read(&router, "SELECT setseed(0.5), random(), random()", json!([])).await;
+        assert_eq!(status, 200, "{body}");
+        let (first, second) = (body["rows"][0][1].clone(), body["rows"][0][2].clone());
+        for _ in 0..3 {
+            let (status, seeded) = read(&router, "SELECT setseed(0.5), random()", json!([])).await;
+            assert_eq!(status, 200, "{seeded}");
+            assert_eq!(seeded["rows"][0][1], first, "setseed(0.5) is deterministic");
+            // The next read on the same session does not go on from that seed.
+            let (status, next) = read(&router, "SELECT random()", json!([])).await;
+            assert_eq!(status, 200, "{next}");
+            assert_ne!(next["rows"][0][0], second, "the next read's random() was predictable");
+        }
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_cached_reads_own_42xxx_error_after_its_rows_is_answered_as_itself() {
+        let router = postgres_app!(
+            "a_cached_reads_own_42xxx_error_after_its_rows_is_answered_as_itself",
+            one_connection
+        );
+        ok(
+            &router,
+            "CREATE FUNCTION boom(i int) RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             IF i > 2000 THEN RAISE EXCEPTION 'boom at %', i USING ERRCODE = '42501'; END IF; \
+             RETURN i; END $$",
+            json!([]),
+        )
+        .await;
+        // Past a chunk of rows before the error: the body has started when it comes.
+        let streamed = "SELECT boom(x) AS n, repeat('y', 100) AS pad FROM generate_series(1, 3000) AS x";
+        // Before its rows: the first row fails.
+        let at_once = "SELECT boom(x + 5000) AS n FROM generate_series(1, 3) AS x";
+        for sql in [streamed, at_once] {
+            // The first run prepares the statement; the second runs it from the cache.
+            let mut answers = Vec::new();
+            for _ in 0..2 {
+                let (status, body) = read(&router, sql, json!([])).await;
+                answers.push((status, body["error"].clone()));
+            }
+            for (status, error) in &answers {
+                let text = error.to_string();
+                assert!(!text.contains("stale"), "{sql}: {status} {text}");
+                assert!(text.contains("boom at"), "{sql}: {status} {text}");
+            }
+            assert_eq!(answers[0], answers[1], "{sql}: the cached run answers as the first");
+        }
+    }
+}
