@@ -1,8 +1,10 @@
 //! A verified read whose answer was lost, asked again: of the same peer, of the other peer on the
 //! same database behind a balancing proxy, and of a peer started after the first was killed.
 //! Verified reads on the primary run as flights on pooled sessions (ADR 0061); whichever session
-//! and peer the second attempt meets, it answers the same rows, at least as fresh as the
-//! client's bookmark, and the abandoned first attempt leaves no transaction open.
+//! and peer the second attempt meets, it answers the same rows, as fresh as the write before it,
+//! and no session is left in a transaction. (The proxy reads an answer whole before it loses
+//! it, so the server finishes the first attempt; a read whose client left while it streamed is
+//! `postgres::flights`' test.)
 //!
 //! The database comes from [`database`]: these tests skip as the other PostgreSQL tests do.
 
@@ -73,14 +75,13 @@ needs_postgres! {
                 .unwrap();
             assert_eq!(inserted, 1);
             let after_write = client.bookmark().expect("a write's answer names its position");
-            // The first answer is lost whole, the second cut inside its body: the third
-            // attempt answers, on the other peer than the second.
+            // The first answer is lost whole, the second cut short (inside its head): the
+            // third attempt answers, on the other peer than the second.
             let sent = balanced.requests();
             balanced.push_all([Fault::DropAfterForward, Fault::Truncate(120)]);
             let rows: Vec<Stock> = client.query(ALL).fetch_all().await.unwrap();
             assert_eq!(rows, written(round), "round {round}, through either peer");
             assert_eq!(balanced.requests() - sent, 3, "two lost answers, one kept");
-            assert!(client.bookmark() >= Some(after_write), "no older than the write");
 
             // The same read's answer lost on its way back from A, asked of A again.
             client_of_a.observe_bookmark(after_write);
@@ -116,7 +117,6 @@ needs_postgres! {
         proxy_of_c.push(Fault::DropAfterForward);
         let rows: Vec<Stock> = through.query(ALL).fetch_all().await.unwrap();
         assert_eq!(rows, written(4), "of a peer started after the kill");
-        assert!(through.bookmark() >= Some(bookmark));
         let rows: Vec<Stock> = restarted.query(ALL).fetch_all().await.unwrap();
         assert_eq!(rows, written(4));
         assert_eq!(open_transactions(&restarted).await, 0);
