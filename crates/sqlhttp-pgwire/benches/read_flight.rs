@@ -3,8 +3,10 @@
 //! three `Sync`s) and as one flight of this crate (one `Sync`), with its rows in binary and in
 //! text, with the reset as today's PL/pgSQL call, written inline, or left out (the floor), and with
 //! the server's fixed statements (BEGIN, the settings, ROLLBACK, the reset) sent unnamed or
-//! prepared once per connection (through tokio-postgres too); beside them the bare statement a
-//! hand-written gateway sends, through each driver (ADR 0060 has the figures). It
+//! prepared once per connection (through tokio-postgres too), and as the engine sends it now
+//! (ADR 0063: `ROLLBACK` prepared, the reset the unnamed statement parsed once); beside them
+//! the bare statement a hand-written gateway sends, through each driver (ADR 0060 has the
+//! figures). It
 //! answers what ADR 0059 left to measurement: how much of the read's CPU the flight saves in
 //! sqlhttpd's own process (PostgreSQL's share is `scripts/pgbench-read-cost`'s), and which
 //! result format the row writer should ask for.
@@ -114,6 +116,9 @@ enum Way {
     FlightPrepared,
     /// [`Way::FlightPrepared`] with the reset written inline, prepared too.
     FlightPreparedInline,
+    /// As sqlhttpd's engine sends a verified read (ADR 0063): BEGIN, the settings and ROLLBACK
+    /// prepared, the reset's call the unnamed statement, parsed once per connection.
+    FlightServed,
     /// The bare statement through tokio-postgres, as a hand-written gateway sends it.
     GatewayDriver,
     /// The bare statement as one flight of this crate.
@@ -121,7 +126,7 @@ enum Way {
 }
 
 impl Way {
-    const ALL: [Way; 10] = [
+    const ALL: [Way; 11] = [
         Way::Today,
         Way::TodayPrepared,
         Way::FlightBinary,
@@ -130,6 +135,7 @@ impl Way {
         Way::FlightNoReset,
         Way::FlightPrepared,
         Way::FlightPreparedInline,
+        Way::FlightServed,
         Way::GatewayDriver,
         Way::GatewayFlight,
     ];
@@ -144,6 +150,7 @@ impl Way {
             Way::FlightNoReset => "one flight, binary, no reset",
             Way::FlightPrepared => "one flight, binary, all prepared",
             Way::FlightPreparedInline => "one flight, all prepared, reset inline",
+            Way::FlightServed => "as served: end prepared, reset unnamed once",
             Way::GatewayDriver => "gateway: bare statement, tokio-postgres",
             Way::GatewayFlight => "gateway: bare statement, one flight",
         }
@@ -203,6 +210,7 @@ async fn open(target: &Target, way: Way) -> (Session, i32) {
         | Way::FlightNoReset
         | Way::FlightPrepared
         | Way::FlightPreparedInline
+        | Way::FlightServed
         | Way::GatewayFlight => {
             let stream = TcpStream::connect(&target.address).await.unwrap();
             stream.set_nodelay(true).unwrap();
@@ -231,6 +239,8 @@ async fn open(target: &Target, way: Way) -> (Session, i32) {
             ] {
                 flight.parse(name, sql, &[]).unwrap();
             }
+            // The unnamed statement, as `FlightServed` binds it (the others parse their own).
+            flight.parse("", RESET, &[]).unwrap();
             flight.sync();
             flight.send().await.unwrap().finish().await.unwrap();
             let pid = connection.backend_key().process_id;
@@ -309,7 +319,10 @@ async fn read(session: &mut Session, way: Way, k: i64) {
                 ),
             };
             let mut flight = connection.flight().unwrap();
-            let prepared = matches!(way, Way::FlightPrepared | Way::FlightPreparedInline);
+            let prepared = matches!(
+                way,
+                Way::FlightPrepared | Way::FlightPreparedInline | Way::FlightServed
+            );
             let run =
                 |flight: &mut sqlhttp_pgwire::Flight<'_, TcpStream>, name: &str, sql: &str| {
                     if prepared {
@@ -339,6 +352,13 @@ async fn read(session: &mut Session, way: Way, k: i64) {
                 }
                 Way::FlightInlineReset | Way::FlightPreparedInline => {
                     run(&mut flight, "inline_reset", INLINE_RESET).unwrap();
+                }
+                Way::FlightServed => {
+                    flight
+                        .bind("", "", &[], Format::Binary)
+                        .unwrap()
+                        .execute("", 0)
+                        .unwrap();
                 }
                 _ => {}
             }

@@ -4,12 +4,17 @@
 //! whatever it runs: the server's statements' preparation, and the end and reset after a flight
 //! PostgreSQL refused part of. A verified read itself is `read_flight`'s.
 //!
-//! The end and the reset are sent as the unnamed statement, parsed in every flight: a client's
+//! The reset is the session's unnamed statement (ADR 0063, amending ADR 0061): a client's
 //! function can `DEALLOCATE` and `PREPARE` any named statement of its session through dynamic
 //! SQL, but never the unnamed one, so the reset always runs as the server wrote it, and it
 //! drops whatever the function prepared (a statement prepared from SQL text), under the server's
-//! names too. A name that went missing so is found by the next flight that binds it (`26000`),
-//! which prepares the server's statements again.
+//! names too. Only a `Parse` of the unnamed statement or a simple `Query` replaces it, and only
+//! the server sends those: it is parsed again when the driver has spoken on the session since,
+//! or when a flight that parsed it was refused anywhere. The read's `ROLLBACK` is prepared once
+//! under a name of the server's: a function that took that name over runs its statement in the
+//! read's place of `ROLLBACK`, which leaves the transaction open, and a session left so is
+//! closed, never pooled. A name that went missing so is found by the next flight that binds it
+//! (`26000`), which prepares the server's statements again.
 //!
 //! Knows the protocol's flights and the server's statements; nothing about requests, rows or
 //! HTTP.
@@ -42,8 +47,8 @@ pub(super) const SETTINGS: (&str, &str) = (
      pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text",
 );
 
-/// The read's end, as the unnamed statement.
-const ROLLBACK: &str = "ROLLBACK";
+/// The read's end, prepared once per connection under a name of the server's.
+pub(super) const END_READ: (&str, &str) = ("_sqlhttp_end_read", "ROLLBACK");
 
 /// What outlives a rollback, reset (see `session::after_read`), as the unnamed statement; its
 /// seed is bound.
@@ -55,6 +60,9 @@ pub(super) struct Flights {
     pub(super) connection: Connection<Lent>,
     /// The server's statements are prepared on the session.
     pub(super) prepared: bool,
+    /// The unnamed statement is the reset, parsed when the driver had written this many
+    /// messages on the session.
+    reset_parsed: Option<u64>,
     /// Client statements by their rewritten text.
     statements: HashMap<String, Cached>,
     /// Statements to close on the session, in the next flight.
@@ -107,6 +115,7 @@ impl Flights {
             wire: Arc::downgrade(wire),
             connection: Connection::resume(wire.lent(), sqlhttp_pgwire::Limits { max_message }),
             prepared: false,
+            reset_parsed: None,
             statements: HashMap::new(),
             to_close: Vec::new(),
             next: 0,
@@ -199,13 +208,31 @@ impl Flights {
         self.to_close.clear();
     }
 
+    /// The driver's messages on the session so far (`None` once its connection ended).
+    fn driver_messages(&self) -> Option<u64> {
+        self.wire.upgrade().map(|wire| wire.driver_messages())
+    }
+
+    /// Whether the next flight's end must parse the reset (see [`add_end`]): the session's
+    /// unnamed statement may not be it.
+    pub(super) fn reset_to_parse(&self) -> bool {
+        self.reset_parsed.is_none() || self.reset_parsed != self.driver_messages()
+    }
+
+    /// A flight whose end parsed the reset (see [`add_end`]) was answered: `whole` when nothing
+    /// in it was refused, so the reset's `Parse` ran and the unnamed statement is the reset.
+    /// (A refusal skips every message to the `Sync`, a `Parse` too.)
+    pub(super) fn reset_parsed(&mut self, whole: bool) {
+        self.reset_parsed = if whole { self.driver_messages() } else { None };
+    }
+
     /// Prepares the server's statements on the session (closing first any statement of the
     /// same name a client's function left), in one flight.
     pub(super) async fn prepare_fixed(&mut self) -> Result<(), WireError> {
         let Some(mut flight) = self.flight() else {
             return Err(WireError::Invalid("the connection is in doubt".into()));
         };
-        for (name, sql) in [BEGIN_READ, SETTINGS] {
+        for (name, sql) in [BEGIN_READ, SETTINGS, END_READ] {
             flight.close_statement(name)?.parse(name, sql, &[])?;
         }
         flight.sync();
@@ -240,16 +267,25 @@ pub(super) fn left_by(connection: &Connection<Lent>) -> Left {
 
 /// Ends a transaction PostgreSQL refused part of (it skipped to the flight's `Sync`) and resets
 /// the session, in a flight of their own; a session whose end or reset failed is not pooled.
+/// Both are parsed here, as the unnamed statement: the refusal may have been the server's
+/// statements gone, `END_READ` with them.
 pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
     let seed = session::seed();
     let sent = async {
         let Some(mut flight) = flights.flight() else {
             return Err(WireError::Invalid("the connection is in doubt".into()));
         };
-        add_end(&mut flight, &seed)?;
-        flight.sync();
+        flight
+            .parse("", END_READ.1, &[])?
+            .bind("", "", &[], Format::Text)?
+            .execute("", 0)?
+            .parse("", RESET_AFTER_READ, &[])?
+            .bind("", "", &[text(&seed)], Format::Text)?
+            .execute("", 0)?
+            .sync();
         let ended = flight.send().await?.finish().await;
         flights.closed();
+        flights.reset_parsed(ended.is_ok());
         ended
     };
     match sent.await {
@@ -265,13 +301,21 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
     }
 }
 
-/// Adds `ROLLBACK` and the reset with `seed` to `flight`, each parsed as the unnamed statement.
-pub(super) fn add_end(flight: &mut Flight<'_, Lent>, seed: &str) -> Result<(), WireError> {
+/// Adds the prepared `ROLLBACK` and the reset with `seed` to `flight`, the reset parsed first
+/// as the unnamed statement when `parse_reset` ([`Flights::reset_to_parse`]; the caller then
+/// tells [`Flights::reset_parsed`] how the flight went).
+pub(super) fn add_end(
+    flight: &mut Flight<'_, Lent>,
+    seed: &str,
+    parse_reset: bool,
+) -> Result<(), WireError> {
     flight
-        .parse("", ROLLBACK, &[])?
-        .bind("", "", &[], Format::Text)?
-        .execute("", 0)?
-        .parse("", RESET_AFTER_READ, &[])?
+        .bind("", END_READ.0, &[], Format::Text)?
+        .execute("", 0)?;
+    if parse_reset {
+        flight.parse("", RESET_AFTER_READ, &[])?;
+    }
+    flight
         .bind("", "", &[text(seed)], Format::Text)?
         .execute("", 0)?;
     Ok(())

@@ -303,6 +303,7 @@ impl Inner {
         let [timeout, lock_wait] = self.read_timeouts();
         let settings = [text(&timeout), text(&lock_wait)];
         let seed = session::seed();
+        let parse_reset = flights.reset_to_parse();
         let lost = |e: &WireError| (Tried::Done(Err(self.map_wire(e))), Left::Lost);
         let Some(mut flight) = flights.flight() else {
             return (Tried::Done(Err(ApiError::internal())), Left::Lost);
@@ -318,7 +319,7 @@ impl Inner {
             flight
                 .bind("", &statement.name, params, Format::Binary)?
                 .execute("", 0)?;
-            flights::add_end(&mut flight, &seed)?;
+            flights::add_end(&mut flight, &seed, parse_reset)?;
             flight.sync();
             Ok::<(), WireError>(())
         })();
@@ -422,6 +423,9 @@ impl Inner {
                         return self.give_up(lease, err).await;
                     }
                 }
+                // A row where `ROLLBACK` stands: a client's function took its name over, and
+                // the transaction it leaves open closes the session (`left_by`).
+                Answer::Row(_) if step == steps.client + 1 => {}
                 // The reset's row (its function returns `void`).
                 Answer::Row(_) if step == steps.client + 2 => {}
                 Answer::CommandComplete(done) => {
@@ -445,6 +449,9 @@ impl Inner {
             }
         }
         flights.closed();
+        if parse_reset {
+            flights.reset_parsed(refused.is_none());
+        }
         let Some((at, refusal)) = refused else {
             if !positioned {
                 tracing::error!("the database did not name its log position");

@@ -468,6 +468,8 @@ struct Sent {
     /// An extended-protocol request is open: a `Parse`, `Bind`, `Execute`, `Describe`, `Close`
     /// or `Flush` was written and its `Sync` not yet.
     open: bool,
+    /// Messages written (the startup message included).
+    messages: u64,
 }
 
 impl Sent {
@@ -494,6 +496,7 @@ impl Sent {
             if !self.started || kind == b'S' || kind == b'Q' {
                 self.owed += 1;
             }
+            self.messages += 1;
             match kind {
                 b'P' | b'B' | b'E' | b'D' | b'C' | b'H' => self.open = true,
                 b'S' => self.open = false,
@@ -625,6 +628,13 @@ impl Wire {
             }
             tokio::time::timeout_at(deadline, answered).await.ok()?;
         }
+    }
+
+    /// How many messages the driver has written on the session: flights that rely on what the
+    /// session keeps between them (the unnamed statement, which a driver's `Parse` or `Query`
+    /// replaces) know by it whether the driver spoke since.
+    pub(crate) fn driver_messages(&self) -> u64 {
+        self.lock().sent.messages
     }
 
     /// Whether the driver waits for an answer only (and could be lent once it has it).

@@ -308,3 +308,63 @@ needs_postgres! {
         }
     }
 }
+
+needs_postgres! {
+    #[tokio::test]
+    async fn the_reset_parsed_once_runs_after_driver_requests_and_a_squatted_end_closes_the_session() {
+        let router = postgres_app!(
+            "the_reset_parsed_once_runs_after_driver_requests_and_a_squatted_end_closes_the_session",
+            one_connection
+        );
+        ok(
+            &router,
+            "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'PREPARE planted AS SELECT 1'; \
+             PERFORM pg_advisory_lock(42); PERFORM setseed(0.5); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        // It takes the read's prepared ROLLBACK over with a statement of its own.
+        ok(
+            &router,
+            "CREATE FUNCTION squat_end() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'DEALLOCATE _sqlhttp_end_read'; \
+             EXECUTE 'PREPARE _sqlhttp_end_read AS SELECT 1'; \
+             PERFORM pg_advisory_lock(44); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        let probe = "SELECT pg_backend_pid(), current_setting('transaction_read_only'), \
+                     (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
+                     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' \
+                      AND pid = pg_backend_pid())::int";
+        let (status, clean) = read(&router, probe, json!([])).await;
+        assert_eq!(status, 200, "{clean}");
+        let session = clean["rows"][0][0].clone();
+        // Twice: the second's reset is the unnamed statement the first parsed; then again after
+        // a request through the driver, whose own reset (a simple Query) replaced it.
+        for round in 0..3 {
+            if round == 2 {
+                let one = ok(&router, "SELECT 1 AS one", json!([])).await;
+                assert_eq!(one["rows"], json!([[1]]));
+            }
+            let (status, body) = read(&router, "SELECT mess()", json!([])).await;
+            assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
+            let (status, seen) = read(&router, probe, json!([])).await;
+            assert_eq!(status, 200, "{seen}");
+            // The same session, reset and pooled, not closed for a reset that failed.
+            assert_eq!(seen["rows"], clean["rows"], "round {round}");
+        }
+        // The squatter runs where ROLLBACK stood: the read is answered whole, and the session,
+        // left in its transaction with the function's lock, is closed rather than pooled.
+        let (status, body) = read(&router, "SELECT squat_end()", json!([])).await;
+        assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
+        let (status, seen) = read(&router, probe, json!([])).await;
+        assert_eq!(status, 200, "{seen}");
+        assert_ne!(seen["rows"][0][0], session, "the squatted session was pooled");
+        let rest = |probed: &Value| probed["rows"][0].as_array().unwrap()[1..].to_vec();
+        assert_eq!(rest(&seen), rest(&clean), "the new session is clean");
+        let (status, seen) = read(&router, "SELECT 2 AS two", json!([])).await;
+        assert_eq!((status, &seen["rows"]), (200, &json!([[2]])), "{seen}");
+    }
+}
