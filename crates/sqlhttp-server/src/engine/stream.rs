@@ -29,7 +29,7 @@ pub(crate) const CHUNK_BYTES: usize = 32 * 1024;
 /// every request of 1 KiB and more into its large bins, first merging all its freed small
 /// blocks (`malloc_consolidate`), so a 33 KiB buffer per request cost the SQLite gateway bench a
 /// tenth of its time in `malloc` and `free` (ADR 0062).
-pub(crate) const FIRST_BODY_BYTES: usize = 512;
+const FIRST_BODY_BYTES: usize = 512;
 
 /// An empty body buffer of [`FIRST_BODY_BYTES`].
 pub(crate) fn body_buffer() -> Vec<u8> {

@@ -147,6 +147,33 @@ pub(crate) async fn post_over_http(
 }
 
 /// POSTs `{"sql": sql, "params": params}`.
+/// Rows that stream on PostgreSQL until the client goes (not one generate_series of 10^8 rows,
+/// which PostgreSQL would materialize first, in temporary files past `work_mem`).
+pub(crate) const ENDLESS_ON_POSTGRES: &str = "SELECT a * 10000 + b AS x \
+    FROM generate_series(0, 9999) AS a, generate_series(1, 10000) AS b";
+
+/// Sends `body` to `/api/v1/sql` and loses its answer mid-stream: the status is 200, the first
+/// frame read when `read_first`, then the body dropped as a client that went away drops it.
+pub(crate) async fn abandon_mid_stream(router: &Router, body: &Value, read_first: bool) {
+    let request = Request::post("/api/v1/sql")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let response = router.clone().oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let mut body = response.into_body();
+    if read_first {
+        let frame = std::future::poll_fn(|cx| {
+            axum::body::HttpBody::poll_frame(std::pin::Pin::new(&mut body), cx)
+        })
+        .await
+        .unwrap()
+        .unwrap();
+        assert!(frame.is_data());
+    }
+    drop(body);
+}
+
 pub(crate) async fn sql(router: &Router, sql: &str, params: Value) -> Reply {
     post_with(
         router,

@@ -8,12 +8,9 @@
 
 use std::time::Duration;
 
-use axum::body::{Body, HttpBody as _};
-use axum::http::Request;
 use serde_json::{Value, json};
-use tower::ServiceExt as _;
 
-use crate::common::{ok, post_with};
+use crate::common::{ENDLESS_ON_POSTGRES, abandon_mid_stream, ok, post_with};
 use crate::engines::{needs_postgres, postgres_app};
 
 fn one_connection(config: &mut sqlhttp_server::Config) {
@@ -183,11 +180,6 @@ needs_postgres! {
     }
 }
 
-/// Rows that stream until the client goes (not one generate_series of 10^8 rows, which
-/// PostgreSQL would materialize first).
-const ENDLESS: &str = "SELECT a * 10000 + b AS x FROM generate_series(0, 9999) AS a, \
-                       generate_series(1, 10000) AS b";
-
 needs_postgres! {
     #[tokio::test]
     async fn a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running() {
@@ -203,25 +195,9 @@ needs_postgres! {
         let (status, clean) = read(&router, probe, json!([])).await;
         assert_eq!(status, 200, "{clean}");
         for read_first in [true, false] {
-            let request = Request::post("/api/v1/sql")
-                .header("content-type", "application/json")
-                .body(Body::from(
-                    json!({"sql": ENDLESS, "read_only": true}).to_string(),
-                ))
-                .unwrap();
-            let response = router.clone().oneshot(request).await.unwrap();
-            assert_eq!(response.status(), 200);
-            let mut body = response.into_body();
-            if read_first {
-                let frame =
-                    std::future::poll_fn(|cx| std::pin::Pin::new(&mut body).poll_frame(cx))
-                        .await
-                        .unwrap()
-                        .unwrap();
-                assert!(frame.is_data());
-            }
             // The answer is lost: the client goes away mid-stream.
-            drop(body);
+            let endless = json!({"sql": ENDLESS_ON_POSTGRES, "read_only": true});
+            abandon_mid_stream(&router, &endless, read_first).await;
             // The only connection serves the next read, verified or not, long before the
             // statement timeout, on a clean session.
             let (status, seen) = tokio::time::timeout(
