@@ -6,14 +6,20 @@
 //! it, so the server finishes the first attempt; a read whose client left while it streamed is
 //! `postgres::flights`' test.)
 //!
+//! A token one peer still accepts and another was restarted without: the read asked again of
+//! the second is refused and reads nothing, the client told so after its two attempts.
+//!
 //! The database comes from [`database`]: these tests skip as the other PostgreSQL tests do.
 
+use std::process::Stdio;
+
 use serde::{Deserialize, Serialize};
-use sqlhttp::Client;
-use sqlhttp_testkit::{ChaosProxy, Fault};
+use sqlhttp::{Client, ErrorKind};
+use sqlhttp_testkit::{ChaosProxy, Fault, ServerProcess};
 
 use super::load_balanced::{direct, quick_retries, replicas};
-use crate::engines::{database, needs_postgres};
+use crate::common::sqlhttpd;
+use crate::engines::{client_role, database, needs_postgres};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 struct Stock {
@@ -120,5 +126,66 @@ needs_postgres! {
         let rows: Vec<Stock> = restarted.query(ALL).fetch_all().await.unwrap();
         assert_eq!(rows, written(4));
         assert_eq!(open_transactions(&restarted).await, 0);
+    }
+}
+
+/// A peer on `url` that accepts `tokens`.
+async fn peer_with_tokens(url: &str, tokens: &[&str]) -> ServerProcess {
+    let mut command = sqlhttpd();
+    command
+        .args(["--database", url, "--client-role", &client_role(url)])
+        .stderr(Stdio::inherit());
+    for token in tokens {
+        command.args(["--token", token]);
+    }
+    ServerProcess::spawn_command(command).await.unwrap()
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_verified_read_asked_again_of_a_peer_that_revoked_its_token_is_refused() {
+        let test = "a_verified_read_asked_again_of_a_peer_that_revoked_its_token_is_refused";
+        let Some(url) = database(test).await else {
+            return;
+        };
+        // A still accepts "old"; B was restarted without it.
+        let (a, b) = tokio::join!(
+            peer_with_tokens(&url, &["old", "new"]),
+            peer_with_tokens(&url, &["new"])
+        );
+        let setup = Client::builder(a.url()).bearer_token("new").build().unwrap();
+        setup
+            .execute("CREATE TABLE stock (id bigint PRIMARY KEY, qty bigint NOT NULL)")
+            .await
+            .unwrap();
+        setup.insert("stock", &written(2)).await.unwrap();
+        // Requests alternate between the peers, A first.
+        let balanced = ChaosProxy::start_balanced([a.addr(), b.addr()]).await.unwrap();
+        let client = |token: &str| {
+            Client::builder(balanced.url())
+                .bearer_token(token)
+                .retry(quick_retries())
+                .build()
+                .unwrap()
+        };
+
+        // A answers and the answer is lost; B refuses the second attempt, which is not tried
+        // a third time.
+        balanced.push(Fault::DropAfterForward);
+        let err = client("old")
+            .query(ALL)
+            .fetch_all::<Stock>()
+            .await
+            .expect_err("a revoked token read nothing");
+        assert!(matches!(err.kind(), ErrorKind::Unauthorized { .. }), "{err:?}");
+        assert_eq!((err.status(), err.attempts()), (Some(401), 2), "{err:?}");
+        assert_eq!(balanced.forwarded_to(b.addr()), 1);
+
+        // The token both accept: lost on A, answered by B.
+        balanced.push(Fault::DropAfterForward);
+        let rows: Vec<Stock> = client("new").query(ALL).fetch_all().await.unwrap();
+        assert_eq!(rows, written(2));
+        assert_eq!(balanced.requests(), 4);
+        assert_eq!(open_transactions(&setup).await, 0);
     }
 }
