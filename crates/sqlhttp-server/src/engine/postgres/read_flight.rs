@@ -357,6 +357,9 @@ impl Inner {
         let limits = &self.limits;
         let mut writer = RowWriter::new(limits.max_result_bytes);
         let (mut step, mut changed) = (0, 0);
+        // The reset answers one row and `SELECT 1`; anything else ran in its place (the unnamed
+        // statement was not the reset), and the session is closed rather than trusted.
+        let (mut reset_rows, mut reset_done) = (0, false);
         let mut positioned = opened;
         let mut refused: Option<(usize, Box<DbError>)> = None;
         loop {
@@ -427,8 +430,11 @@ impl Inner {
                 // the transaction it leaves open closes the session (`left_by`).
                 Answer::Row(_) if step == steps.client + 1 => {}
                 // The reset's row (its function returns `void`).
-                Answer::Row(_) if step == steps.client + 2 => {}
+                Answer::Row(_) if step == steps.client + 2 => reset_rows += 1,
                 Answer::CommandComplete(done) => {
+                    if step == steps.client + 2 {
+                        reset_done = done.as_str() == "SELECT 1" && reset_rows == 1;
+                    }
                     if step == steps.client && tag::counts_changed_rows(&request.sql) {
                         changed = done
                             .as_str()
@@ -456,6 +462,12 @@ impl Inner {
             if !positioned {
                 tracing::error!("the database did not name its log position");
                 return (Tried::Done(Err(ApiError::internal())), Left::Lost);
+            }
+            if !reset_done {
+                tracing::error!(
+                    "a read's reset was not answered as the reset; closing the session"
+                );
+                return (Tried::Done(Ok(changed)), Left::Unreset);
             }
             return (Tried::Done(Ok(changed)), left_by(&flights.connection));
         };
