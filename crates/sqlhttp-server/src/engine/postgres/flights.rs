@@ -220,7 +220,7 @@ impl Flights {
     }
 
     /// A flight whose end parsed the reset (see [`add_end`]) was answered: `whole` when nothing
-    /// in it was refused, so the reset's `Parse` ran and the unnamed statement is the reset.
+    /// in it was refused and the reset answered as the reset, so the unnamed statement is it.
     /// (A refusal skips every message to the `Sync`, a `Parse` too.)
     pub(super) fn reset_parsed(&mut self, whole: bool) {
         self.reset_parsed = if whole { self.driver_messages() } else { None };
@@ -276,9 +276,7 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
             return Err(WireError::Invalid("the connection is in doubt".into()));
         };
         flight
-            .parse("", END_READ.1, &[])?
-            .bind("", "", &[], Format::Text)?
-            .execute("", 0)?
+            .statement(END_READ.1)?
             .parse("", RESET_AFTER_READ, &[])?
             .bind("", "", &[text(&seed)], Format::Text)?
             .execute("", 0)?

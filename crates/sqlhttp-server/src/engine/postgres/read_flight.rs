@@ -456,7 +456,7 @@ impl Inner {
         }
         flights.closed();
         if parse_reset {
-            flights.reset_parsed(refused.is_none());
+            flights.reset_parsed(refused.is_none() && reset_done);
         }
         let Some((at, refusal)) = refused else {
             if !positioned {
