@@ -155,6 +155,28 @@ impl<'c, C: AsyncRead + AsyncWrite + Unpin> Flight<'c, C> {
             .execute("", 0)
     }
 
+    /// `Query`: `sql`, one or more statements, by the simple protocol, parsed as PostgreSQL
+    /// reads a client's text: for the server's own fixed statements that no named statement may
+    /// stand in for. Answered by each statement's rows (in text) and end, then a
+    /// `ReadyForQuery` of its own; an error skips the rest of its statements. It must follow a
+    /// `Sync` (or open the flight): after an extended-protocol error PostgreSQL discards
+    /// everything up to the next `Sync`, a `Query` with it, and its `ReadyForQuery` would never
+    /// come. Elsewhere it is [`Error::Invalid`], and the flight is never sent.
+    pub fn query(&mut self, sql: &str) -> Result<&mut Self, Error> {
+        if self.open {
+            self.broken = true;
+            return Err(Error::Invalid(
+                "a simple Query must follow a Sync in its flight".into(),
+            ));
+        }
+        let encoded = frontend::query(sql, &mut self.connection.write);
+        self.encoded(encoded.map_err(|e| Error::unencodable(&e)))?;
+        // Its own `ReadyForQuery` ends it, as a `Sync`'s does.
+        self.open = false;
+        self.syncs += 1;
+        Ok(self)
+    }
+
     /// `Close` of a prepared statement.
     pub fn close_statement(&mut self, name: &str) -> Result<&mut Self, Error> {
         let encoded = frontend::close(b'S', name, &mut self.connection.write);

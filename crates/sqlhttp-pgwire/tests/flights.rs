@@ -526,3 +526,59 @@ needs_postgres! {
         assert!(held < 256 * 1024, "the connection kept {held} bytes");
     }
 }
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_simple_query_after_a_sync_is_answered_in_the_same_flight() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let seen = answers(&mut connection, |flight| {
+            flight.statement("BEGIN")?.statement("SELECT 1 / 0")?.sync();
+            // Its own ReadyForQuery ends it: the error above skips nothing of it.
+            flight.query("ROLLBACK; SELECT 'a' AS x")?;
+            flight.query("SELECT 1 / 0; SELECT 3")?;
+            Ok(())
+        })
+        .await;
+        assert_eq!(
+            seen,
+            [
+                "ParseComplete",
+                "BindComplete",
+                "complete BEGIN",
+                "ParseComplete",
+                "error 22012",
+                "ready Failed",
+                "complete ROLLBACK",
+                "columns [\"x\"]",
+                "row [Some(\"a\")]",
+                "complete SELECT 1",
+                "ready Idle",
+                // An error skips the rest of its Query, not what follows it.
+                "error 22012",
+                "ready Idle",
+            ]
+        );
+        assert!(connection.is_clean());
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_simple_query_before_its_flights_sync_is_refused_and_sends_nothing() {
+        let target = target();
+        let mut connection = connect(&target, Limits::default()).await;
+        let mut flight = connection.flight().unwrap();
+        flight.statement("SELECT 1").unwrap();
+        assert!(matches!(flight.query("SELECT 2"), Err(Error::Invalid(_))));
+        flight.sync();
+        assert!(matches!(flight.send().await, Err(Error::Invalid(_))));
+        assert!(connection.is_clean(), "nothing was sent");
+        let next = answers(&mut connection, |flight| {
+            flight.query("SELECT 4")?;
+            Ok(())
+        })
+        .await;
+        assert_eq!(next, ["columns [\"?column?\"]", "row [Some(\"4\")]", "complete SELECT 1", "ready Idle"]);
+    }
+}
