@@ -103,6 +103,21 @@ impl TransactionStatus {
     }
 }
 
+/// Where a `DataRow` refused from its header ([`Error::TooLarge`]) first passes a bound (see
+/// [`crate::Answers::row_past_bounds`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RowPast {
+    /// Cell `index` (from 0) declared `bytes`, more than the cell bound.
+    Cell {
+        /// The cell's column, from 0.
+        index: usize,
+        /// The length it declared.
+        bytes: usize,
+    },
+    /// Its cells passed the row bound before any one passed the cell bound.
+    Row,
+}
+
 /// A logged-in session. Its requests are flights (`Connection::flight`); between flights it is
 /// either clean ([`Connection::is_clean`]) or in doubt, and a connection in doubt is dropped.
 #[derive(Debug)]
@@ -431,6 +446,57 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Connection<S> {
                 return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
             }
         }
+    }
+
+    /// After [`Error::TooLarge`] for a `DataRow` (still at the front of the read buffer): reads
+    /// the row's cell lengths as they arrive, passing over the cells between them without
+    /// holding them, until a cell declares more than `max_cell` bytes or the row's cells (with
+    /// their length fields) pass `max_row`. The connection stays in doubt.
+    pub(crate) async fn row_past_bounds(
+        &mut self,
+        max_cell: usize,
+        max_row: usize,
+    ) -> Result<RowPast, Error> {
+        if !self.in_doubt || self.read.first() != Some(&b'D') || self.read.len() < 5 {
+            return Err(Error::Protocol("no refused row to read".into()));
+        }
+        self.read.advance(5);
+        self.fill(2).await?;
+        let cells = self.read.get_i16();
+        let mut row = 0usize;
+        for index in 0..usize::try_from(cells).unwrap_or(0) {
+            self.fill(4).await?;
+            let Ok(bytes) = usize::try_from(self.read.get_i32()) else {
+                // NULL.
+                continue;
+            };
+            if bytes > max_cell {
+                return Ok(RowPast::Cell { index, bytes });
+            }
+            row = row.saturating_add(4).saturating_add(bytes);
+            if row > max_row {
+                return Ok(RowPast::Row);
+            }
+            let mut left = bytes;
+            while left > 0 {
+                self.fill(1).await?;
+                let passed = left.min(self.read.len());
+                self.read.advance(passed);
+                left -= passed;
+            }
+        }
+        Ok(RowPast::Row)
+    }
+
+    /// Reads until the read buffer holds at least `bytes`.
+    async fn fill(&mut self, bytes: usize) -> Result<(), Error> {
+        while self.read.len() < bytes {
+            self.read.reserve(READ_CHUNK);
+            if self.stream.read_buf(&mut self.read).await? == 0 {
+                return Err(Error::Io(std::io::ErrorKind::UnexpectedEof.into()));
+            }
+        }
+        Ok(())
     }
 
     /// Ends the session politely (`Terminate`) and closes the stream. Whatever an abandoned

@@ -19,7 +19,7 @@ use postgres_protocol::message::backend::{
 use postgres_protocol::message::frontend;
 use tokio::io::{AsyncRead, AsyncWrite};
 
-use crate::connection::{Connection, TransactionStatus};
+use crate::connection::{Connection, RowPast, TransactionStatus};
 use crate::error::{DbError, Error};
 
 /// A parameter's or a result column's wire format.
@@ -571,6 +571,18 @@ impl<C: AsyncRead + AsyncWrite + Unpin> Answers<'_, C> {
             };
             return Ok(Some(answer));
         }
+    }
+
+    /// After [`Error::TooLarge`] for a `DataRow` (an answer refused from its header): where the
+    /// row first passes `max_cell` bytes in a cell or `max_row` bytes in all, read from its
+    /// cells' lengths as they arrive, the cells between them passed over and never held (at most
+    /// `max_row` bytes are read). The connection stays in doubt, its answers unread.
+    pub async fn row_past_bounds(
+        &mut self,
+        max_cell: usize,
+        max_row: usize,
+    ) -> Result<RowPast, Error> {
+        self.connection.row_past_bounds(max_cell, max_row).await
     }
 
     /// Reads the rest of the answers, keeping only the first error, for a flight whose answers

@@ -34,7 +34,7 @@ mod error;
 mod flight;
 
 pub use cancel::cancel;
-pub use connection::{BackendKey, Connection, Limits, Startup, TransactionStatus};
+pub use connection::{BackendKey, Connection, Limits, RowPast, Startup, TransactionStatus};
 pub use describe::Described;
 pub use error::{DbError, Error};
 pub use flight::{Answer, Answers, Cells, Column, Columns, Flight, Format, Param, Row, Tag};

@@ -8,7 +8,8 @@
 use std::time::Duration;
 
 use sqlhttp_pgwire::{
-    Answer, Column, Connection, Error, Format, Limits, Param, Startup, TransactionStatus, cancel,
+    Answer, Column, Connection, Error, Format, Limits, Param, RowPast, Startup, TransactionStatus,
+    cancel,
 };
 use tokio::net::TcpStream;
 
@@ -580,5 +581,50 @@ needs_postgres! {
         })
         .await;
         assert_eq!(next, ["columns [\"?column?\"]", "row [Some(\"4\")]", "complete SELECT 1", "ready Idle"]);
+    }
+}
+
+/// Runs `sql`, whose row is refused from its header, and reads where that row passes a cell
+/// bound of 5000 bytes or a row bound of 4000.
+async fn refused_row(connection: &mut Connection<TcpStream>, sql: &str) -> RowPast {
+    let mut flight = connection.flight().unwrap();
+    flight.statement(sql).unwrap().sync();
+    let mut answers = flight.send().await.unwrap();
+    loop {
+        match answers.next().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("the row was read"),
+            Err(Error::TooLarge { tag: b'D', .. }) => break,
+            Err(other) => panic!("{other}"),
+        }
+    }
+    answers.row_past_bounds(5000, 4000).await.unwrap()
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_refused_row_names_the_cell_past_its_bound_from_the_cells_lengths() {
+        let target = target();
+        let limits = Limits {
+            max_message: 4 * 1024,
+        };
+        let mut connection = connect(&target, limits).await;
+        let past = refused_row(
+            &mut connection,
+            "SELECT 1, NULL, pg_catalog.repeat('x', 100000), pg_catalog.repeat('y', 10)",
+        )
+        .await;
+        assert_eq!(past, RowPast::Cell { index: 2, bytes: 100_000 });
+        assert!(connection.is_in_doubt());
+
+        // Every cell within its bound, the row past its own: passed over, never held.
+        let mut connection = connect(&target, limits).await;
+        let past = refused_row(
+            &mut connection,
+            "SELECT pg_catalog.repeat('a', 3000), pg_catalog.repeat('b', 3000)",
+        )
+        .await;
+        assert_eq!(past, RowPast::Row);
+        assert!(connection.is_in_doubt());
     }
 }
