@@ -47,6 +47,21 @@ pub(super) const SETTINGS: (&str, &str) = (
      pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text",
 );
 
+/// A write's `BEGIN` (ADR 0064), prepared once per connection under a name of the server's.
+pub(super) const BEGIN_WRITE: (&str, &str) = (
+    "_sqlhttp_begin_write",
+    "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED",
+);
+
+/// A write's statement timeout and lock timeout (bound, in milliseconds), and the transaction's
+/// start, which its COMMIT's message checks (`transaction::Opened`).
+pub(super) const WRITE_SETTINGS: (&str, &str) = (
+    "_sqlhttp_write_settings",
+    "SELECT pg_catalog.set_config('statement_timeout', $1, true), \
+     pg_catalog.set_config('lock_timeout', $2, true), \
+     EXTRACT(EPOCH FROM pg_catalog.transaction_timestamp())::pg_catalog.text",
+);
+
 /// The read's end, prepared once per connection under a name of the server's.
 pub(super) const END_READ: (&str, &str) = ("_sqlhttp_end_read", "ROLLBACK");
 
@@ -226,13 +241,19 @@ impl Flights {
         self.reset_parsed = if whole { self.driver_messages() } else { None };
     }
 
+    /// A flight parsed a statement of its own as the unnamed one (a write's savepoint) or sent
+    /// a simple `Query` (a write's end): the reset is parsed again by the next read.
+    pub(super) fn unnamed_replaced(&mut self) {
+        self.reset_parsed = None;
+    }
+
     /// Prepares the server's statements on the session (closing first any statement of the
     /// same name a client's function left), in one flight.
     pub(super) async fn prepare_fixed(&mut self) -> Result<(), WireError> {
         let Some(mut flight) = self.flight() else {
             return Err(WireError::Invalid("the connection is in doubt".into()));
         };
-        for (name, sql) in [BEGIN_READ, SETTINGS, END_READ] {
+        for (name, sql) in [BEGIN_READ, SETTINGS, END_READ, BEGIN_WRITE, WRITE_SETTINGS] {
             flight.close_statement(name)?.parse(name, sql, &[])?;
         }
         flight.sync();
@@ -262,6 +283,49 @@ pub(super) fn left_by(connection: &Connection<Lent>) -> Left {
         Left::Clean
     } else {
         Left::Unreset
+    }
+}
+
+/// How a flight opens the server's transaction, with its settings bound: BEGIN and the
+/// settings, prepared once per connection, and for a write its guard savepoint (its name is the
+/// request's own, so it is parsed, as the unnamed statement).
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Opening<'g> {
+    /// `BEGIN READ ONLY`, the settings and the log position (`SETTINGS`).
+    Read,
+    /// `BEGIN READ WRITE`, the settings and the transaction's start (`WRITE_SETTINGS`), then
+    /// `SAVEPOINT guard`.
+    Write { guard: &'g str },
+}
+
+impl Opening<'_> {
+    /// The statements it runs, before the client's: its settings' row is the second's.
+    pub(super) fn statements(self) -> usize {
+        match self {
+            Opening::Read => 2,
+            Opening::Write { .. } => 3,
+        }
+    }
+
+    /// Adds it to `flight`, the settings' parameters being `settings`.
+    pub(super) fn add(
+        self,
+        flight: &mut Flight<'_, Lent>,
+        settings: &[Param<'_>],
+    ) -> Result<(), WireError> {
+        let (begin, set) = match self {
+            Opening::Read => (BEGIN_READ.0, SETTINGS.0),
+            Opening::Write { .. } => (BEGIN_WRITE.0, WRITE_SETTINGS.0),
+        };
+        flight
+            .bind("", begin, &[], Format::Text)?
+            .execute("", 0)?
+            .bind("", set, settings, Format::Text)?
+            .execute("", 0)?;
+        if let Opening::Write { guard } = self {
+            flight.statement(&format!("SAVEPOINT {guard}"))?;
+        }
+        Ok(())
     }
 }
 
@@ -296,6 +360,45 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
                 Left::Clean | Left::Unreset => Left::Unreset,
             }
         }
+    }
+}
+
+/// Ends a write's transaction (refused, failed, or not to be kept) and resets the session in a
+/// flight of its own: `ROLLBACK` and the whole reset after a request
+/// (`session::ROLLBACK_AND_RESET`), as one simple query, so no statement a client's function
+/// prepared stands in for any of it. A write may have done what a read cannot (advanced a
+/// sequence, set a setting for the session), which the reset after a read does not undo. A
+/// session whose end or reset failed is not pooled.
+pub(super) async fn rollback_and_reset(flights: &mut Flights) -> Left {
+    flights.unnamed_replaced();
+    let sent = async {
+        let Some(mut flight) = flights.flight() else {
+            return Err(WireError::Invalid("the connection is in doubt".into()));
+        };
+        flight.query(session::ROLLBACK_AND_RESET)?;
+        let ended = flight.send().await?.finish().await;
+        flights.closed();
+        ended
+    };
+    match sent.await {
+        Ok(TransactionStatus::Idle) => Left::Clean,
+        Ok(_) => Left::Unreset,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot end or reset a write's session; closing it");
+            match left_by(&flights.connection) {
+                Left::Lost => Left::Lost,
+                Left::Clean | Left::Unreset => Left::Unreset,
+            }
+        }
+    }
+}
+
+/// Ends the transaction `opening` opened, in a flight of its own, and resets the session as
+/// its kind asks.
+pub(super) async fn end_opened(flights: &mut Flights, opening: Opening<'_>) -> Left {
+    match opening {
+        Opening::Read => end_and_reset(flights).await,
+        Opening::Write { .. } => rollback_and_reset(flights).await,
     }
 }
 

@@ -52,12 +52,14 @@ mod replicas;
 mod sandbox;
 mod session;
 mod setup;
+mod statement_flight;
 mod stream;
 mod tag;
 mod tls;
 mod transaction;
 mod types;
 mod wire;
+mod write_flight;
 
 use std::collections::HashMap;
 use std::future::Future;

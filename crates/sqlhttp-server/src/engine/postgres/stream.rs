@@ -91,6 +91,24 @@ impl Inner {
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
         let map = |e| self.map(&e);
         let mut cost = result::Cost::now(lease.served_by);
+        if mode == Access::ReadWrite && !self.node.is_replica() {
+            cost.began = std::time::Instant::now();
+            let flown = self
+                .write_in_flights(job, &lease, request, &mut out, &mut sink)
+                .await;
+            if let Some((written, left_clean)) = flown {
+                lease.clean = left_clean;
+                let started = sink.started();
+                drop(lease);
+                // A streamed write's body ends with its bookmark: its headers went out before
+                // it committed.
+                let position = match job.position.load(Ordering::Acquire) {
+                    0 => None,
+                    at => Some(Bookmark::from_position(at)),
+                };
+                return finish_flown(written, started, out, sender, cost, position);
+            }
+        }
         if mode == Access::ReadOnly && !self.node.is_replica() {
             cost.began = std::time::Instant::now();
             let clean = std::sync::atomic::AtomicBool::new(false);
@@ -121,7 +139,7 @@ impl Inner {
             if let Some(written) = written {
                 let started = sink.started();
                 drop(lease);
-                return finish_flown(written, started, out, sender, cost);
+                return finish_flown(written, started, out, sender, cost, None);
             }
         }
         loop {
@@ -248,20 +266,22 @@ fn whole(
     }
 }
 
-/// The body of a read that ran in one flight (see `flights`): whole when nothing was sent
-/// (`Some`), else ended in the channel, with the error when it failed after its first chunk.
+/// The body of a statement that ran in flights (see `read_flight`, `write_flight`): whole when
+/// nothing was sent (`Some`), else ended in the channel with `position` (a write's bookmark; a
+/// read's headers named its position already), or with the error when it failed after its
+/// first chunk.
 fn finish_flown(
     written: Result<u64, ApiError>,
     started: bool,
     mut out: Vec<u8>,
     sender: ChunkSender,
     cost: result::Cost,
+    position: Option<Bookmark>,
 ) -> Result<Option<Vec<u8>>, ApiError> {
     if !started {
         let rows_affected = written?;
         result::end(&mut out, rows_affected, None, cost);
         return Ok(Some(out));
     }
-    // A read's headers named its position already.
-    end_streamed_body(written, None, out, sender, cost)
+    end_streamed_body(written, position, out, sender, cost)
 }

@@ -34,6 +34,19 @@ pub(super) struct Opened {
     pub(super) at: String,
 }
 
+impl Opened {
+    /// The transaction's start as BEGIN's message read it, `None` (logged) when it is not a
+    /// number: the text goes back into the COMMIT's message as a literal, digits and a point
+    /// only.
+    pub(super) fn checked(at: String) -> Option<Opened> {
+        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
+            tracing::error!(at, "BEGIN's transaction start is not a number");
+            return None;
+        }
+        Some(Opened { at })
+    }
+}
+
 impl Inner {
     /// Opens the server's transaction on `lease` (its mode and statement timeout), in one
     /// message: `BEGIN` first, so a failure anywhere in it leaves no statement of the message
@@ -201,12 +214,10 @@ impl Inner {
             tracing::error!("BEGIN's answer did not name the transaction");
             return Err(ApiError::internal());
         };
-        // The text goes back into the COMMIT's message as a literal: digits and a point only.
-        if at.is_empty() || !at.bytes().all(|b| b.is_ascii_digit() || b == b'.') {
-            tracing::error!(at, "BEGIN's transaction start is not a number");
+        let Some(opened) = Opened::checked(at) else {
             return Err(ApiError::internal());
-        }
-        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(Opened { at });
+        };
+        *lease.opened.lock().unwrap_or_else(PoisonError::into_inner) = Some(opened);
         Ok(())
     }
 
@@ -251,15 +262,7 @@ impl Inner {
             // locks a client took end with its request (the reset's unlock). The position read
             // after COMMIT is at or past the commit's record: a replica that replayed that far
             // shows the write.
-            let end = format!(
-                "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
-                 RELEASE SAVEPOINT {}; \
-                 SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT; \
-                 SELECT {COMMITTED_AT}",
-                self.timeout_ms(),
-                lease.guard,
-                opened.at
-            );
+            let end = self.commit_message(&lease.guard, opened);
             // One write: the reset runs once the transaction ended, whatever its end did (a
             // failure abandons the rest of COMMIT's message, so the reset is a message of its
             // own).
@@ -293,6 +296,21 @@ impl Inner {
             .await
             .ok();
         self.ended(lease, mode, result, SentEnd(ended))
+    }
+
+    /// The simple query that commits a write whose statements succeeded, checking first that
+    /// its transaction is the one opened with `guard` at `opened` (see [`Inner::end`]), and
+    /// reads the log position after the commit. A simple query: no statement a client's
+    /// function prepared can stand in for any of its parts.
+    pub(super) fn commit_message(&self, guard: &str, opened: &Opened) -> String {
+        format!(
+            "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+             RELEASE SAVEPOINT {guard}; \
+             SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT; \
+             SELECT {COMMITTED_AT}",
+            self.timeout_ms(),
+            opened.at
+        )
     }
 
     /// Waits for a read's end that was written behind its statement
@@ -331,7 +349,7 @@ impl Inner {
     /// How long an end may take: a rollback is quick unless the session is stuck in work that
     /// ignores cancels (then it is not waited for, and the session is ended, which rolls back);
     /// a COMMIT runs deferred work under the statement timeout.
-    fn end_within(&self, statement_ok: bool) -> Duration {
+    pub(super) fn end_within(&self, statement_ok: bool) -> Duration {
         if statement_ok {
             self.limits.statement_timeout.saturating_add(STOP_WITHIN)
         } else {
@@ -444,10 +462,10 @@ pub(super) const OPENED: &str =
 
 /// The SQLSTATE `_sqlhttp.check_transaction` raises (see `setup`) for a transaction that is
 /// not the one the server opened.
-const TAMPERED_SQLSTATE: &str = "SQLHT";
+pub(super) const TAMPERED_SQLSTATE: &str = "SQLHT";
 
 /// The answer for a request whose statements ended or replaced the server's transaction.
-fn tampered() -> ApiError {
+pub(super) fn tampered() -> ApiError {
     tracing::warn!("a request ended or changed the server's transaction; rolled back");
     ApiError::bad_request(format!(
         "the request's statements ended or replaced the server's transaction: it was rolled \

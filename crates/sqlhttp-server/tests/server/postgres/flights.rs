@@ -60,8 +60,12 @@ needs_postgres! {
         for fixed in ["_sqlhttp_begin_read", "_sqlhttp_read_settings"] {
             assert!(names.contains(&fixed), "{fixed} prepared once: {names:?}");
         }
-        // The two client statements, each prepared once however often it ran.
-        assert_eq!(names.iter().filter(|n| n.starts_with("_sqlhttp_f")).count(), 2, "{names:?}");
+        // The client statements, each prepared once however often it ran: the two writes (ADR
+        // 0064), the read run three times, and this one.
+        assert_eq!(names.iter().filter(|n| n.starts_with("_sqlhttp_f")).count(), 4, "{names:?}");
+        for fixed in ["_sqlhttp_begin_write", "_sqlhttp_write_settings"] {
+            assert!(names.contains(&fixed), "{fixed} prepared once: {names:?}");
+        }
     }
 }
 

@@ -9,3 +9,4 @@ mod pipeline;
 mod reset;
 mod session;
 mod tls;
+mod write_flights;

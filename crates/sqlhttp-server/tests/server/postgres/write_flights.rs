@@ -1,0 +1,242 @@
+//! Statements sent without `"read_only": true` on the primary, in two flights (ADR 0064): the
+//! statement in the write's transaction, then the COMMIT's message and the session's reset as
+//! simple queries. What each test asks is what the next request meets when this one failed,
+//! was tampered with, or lost its answer: a clean session, nothing kept twice, nothing kept of
+//! work reported failed, and an outcome the server cannot know answered as unknown.
+//!
+//! Each runs on a pool of one connection (two where a second request must reach the database
+//! while the first holds its connection), so every request meets the session the last one
+//! left.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::common::{abandon_mid_stream, ok, sql};
+use crate::engines::{needs_postgres, postgres_app};
+
+fn one_connection(config: &mut sqlhttp_server::Config) {
+    config.limits.pool_size = 1;
+    config.limits.max_value_bytes = 64 * 1024;
+}
+
+fn two_connections(config: &mut sqlhttp_server::Config) {
+    config.limits.pool_size = 2;
+}
+
+/// What a request may leave in its session, as a verified read sees it: the statement timeout,
+/// whether the session defaults to read-only, statements prepared from SQL text, session
+/// advisory locks, and the session's role.
+const PROBE: &str = "SELECT current_setting('statement_timeout'), \
+    current_setting('default_transaction_read_only'), \
+    (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
+    (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())::int, \
+    current_user::text, \
+    pg_backend_pid() > 0";
+
+async fn probe(router: &axum::Router) -> Value {
+    let reply = crate::common::post_with(
+        router,
+        &[],
+        &json!({"sql": PROBE, "params": [], "read_only": true}),
+    )
+    .await;
+    assert_eq!(
+        reply.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&reply.body)
+    );
+    reply.json()["rows"].clone()
+}
+
+async fn count(router: &axum::Router, table: &str) -> i64 {
+    let rows = ok(
+        router,
+        &format!("SELECT count(*)::int FROM {table}"),
+        json!([]),
+    )
+    .await;
+    rows["rows"][0][0].as_i64().unwrap()
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn writes_that_fail_change_the_session_or_take_the_servers_names_leave_the_next_request_a_clean_session() {
+        let router = postgres_app!(
+            "writes_that_fail_change_the_session_or_take_the_servers_names_leave_the_next_request_a_clean_session",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY)", json!([])).await;
+        ok(&router, "CREATE SEQUENCE s", json!([])).await;
+        ok(
+            &router,
+            "CREATE TABLE d (k int, CONSTRAINT d_k UNIQUE (k) DEFERRABLE INITIALLY DEFERRED)",
+            json!([]),
+        )
+        .await;
+        ok(&router, "INSERT INTO d VALUES (1)", json!([])).await;
+        // Changes the session for good from inside a write that commits: a setting for the
+        // session, a statement prepared from SQL, a session lock, `currval`.
+        ok(
+            &router,
+            "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''1'', false)'; \
+             EXECUTE 'PREPARE planted AS SELECT 1'; \
+             PERFORM nextval('s'); \
+             PERFORM pg_advisory_lock(42); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        // Takes the names of the server's prepared statements over, after dropping them all.
+        ok(
+            &router,
+            "CREATE FUNCTION squat() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'DEALLOCATE ALL'; \
+             EXECUTE 'PREPARE _sqlhttp_begin_write AS SELECT 1'; \
+             EXECUTE 'PREPARE _sqlhttp_write_settings(text, text) AS SELECT $1, $2, ''1''::text'; \
+             EXECUTE 'PREPARE _sqlhttp_begin_read AS SELECT 1'; \
+             RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        let clean = probe(&router).await;
+        let mut kept = 0;
+        let attempts: [(&str, u16, bool); 9] = [
+            ("INSERT INTO t VALUES ($1)", 200, true),
+            // Refused by PostgreSQL: the flight skipped to its Sync, and the end went alone.
+            ("INSERT INTO t VALUES ($1 / 0)", 400, false),
+            ("INSERT INTO nowhere VALUES ($1)", 400, false),
+            // Fails only at COMMIT's message (the deferred unique check): nothing kept.
+            ("INSERT INTO d SELECT 1 WHERE $1 > 0", 409, false),
+            // A cell past --max-value-bytes in a write's rows: nothing kept either.
+            ("INSERT INTO t VALUES ($1) RETURNING repeat('x', 100000)", 400, false),
+            // Commits, and what it left in the session is undone by the reset.
+            ("INSERT INTO t SELECT $1 WHERE mess() = 1", 200, true),
+            ("INSERT INTO t SELECT $1 WHERE mess() / 0 = 1", 400, false),
+            // Commits once, and the next write prepares the server's statements again and
+            // commits once too.
+            ("INSERT INTO t SELECT $1 WHERE squat() = 1", 200, true),
+            ("INSERT INTO t SELECT $1 WHERE squat() / 0 = 1", 400, false),
+        ];
+        for (n, (statement, expected, keeps)) in attempts.into_iter().enumerate() {
+            let n = i64::try_from(n).unwrap() + 1;
+            let reply = sql(&router, statement, json!([n])).await;
+            assert_eq!(
+                reply.status,
+                expected,
+                "{statement}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            kept += i64::from(keeps);
+            assert_eq!(count(&router, "t").await, kept, "after {statement}");
+            assert_eq!(probe(&router).await, clean, "after {statement}");
+            let currval = sql(&router, "SELECT currval('s')", json!([])).await;
+            assert_eq!(currval.status, 400, "currval outlived {statement}");
+            // A plain write right after, on the same session: kept once.
+            let next = 100 + n;
+            ok(&router, "INSERT INTO t VALUES ($1)", json!([next])).await;
+            kept += 1;
+            assert_eq!(count(&router, "t").await, kept, "after {statement}");
+        }
+        assert_eq!(count(&router, "d").await, 1);
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_write_whose_answer_was_lost_mid_stream_keeps_nothing_and_frees_its_session() {
+        let router = postgres_app!(
+            "a_write_whose_answer_was_lost_mid_stream_keeps_nothing_and_frees_its_session",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY, v text)", json!([])).await;
+        // Its rows stream before its COMMIT, which waits for the last of them: the client that
+        // goes away mid-stream leaves a write that is cancelled and rolled back, never kept.
+        let body = json!({
+            "sql": "INSERT INTO t SELECT g, repeat('x', 1000) FROM generate_series(1, 300000) AS g \
+                    RETURNING k, v",
+            "params": [],
+        });
+        abandon_mid_stream(&router, &body, true).await;
+        let reply = tokio::time::timeout(
+            Duration::from_secs(20),
+            sql(&router, "SELECT count(*)::int FROM t", json!([])),
+        )
+        .await
+        .expect("the one connection was freed");
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.json()["rows"], json!([[0]]), "nothing of it was kept");
+        // The same write, read whole this time, commits once.
+        let reply = sql(
+            &router,
+            "INSERT INTO t SELECT g, 'y' FROM generate_series(1, 3) AS g RETURNING k",
+            json!([]),
+        )
+        .await;
+        assert_eq!(reply.status, 200);
+        assert_eq!(reply.json()["rows"], json!([[1], [2], [3]]));
+        assert_eq!(count(&router, "t").await, 3);
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_write_whose_session_ends_during_its_commit_message_is_answered_outcome_unknown() {
+        let router = postgres_app!(
+            "a_write_whose_session_ends_during_its_commit_message_is_answered_outcome_unknown",
+            two_connections
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY)", json!([])).await;
+        // A deferred trigger that runs in the COMMIT's message (`SET CONSTRAINTS ALL
+        // IMMEDIATE`) and sleeps there, so the session can be ended while the message runs.
+        ok(
+            &router,
+            "CREATE FUNCTION slow() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN \
+             PERFORM pg_sleep(5); RETURN NULL; END $$",
+            json!([]),
+        )
+        .await;
+        ok(
+            &router,
+            "CREATE CONSTRAINT TRIGGER slow AFTER INSERT ON t DEFERRABLE INITIALLY DEFERRED \
+             FOR EACH ROW EXECUTE FUNCTION slow()",
+            json!([]),
+        )
+        .await;
+        let writing = {
+            let router = router.clone();
+            tokio::spawn(async move { sql(&router, "INSERT INTO t VALUES (1)", json!([])).await })
+        };
+        // The write's session, found once it sleeps in its COMMIT's message, is ended.
+        let mut ended = false;
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let reply = ok(
+                &router,
+                "SELECT count(pg_terminate_backend(pid))::int FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                 AND wait_event = 'PgSleep' AND query LIKE '%SET CONSTRAINTS ALL IMMEDIATE%'",
+                json!([]),
+            )
+            .await;
+            if reply["rows"] == json!([[1]]) {
+                ended = true;
+                break;
+            }
+        }
+        assert!(ended, "the write's COMMIT message was never seen running");
+        let reply = writing.await.unwrap();
+        assert_eq!(
+            (reply.status, reply.code().as_str()),
+            (503, "OUTCOME_UNKNOWN"),
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        // It was ended before its COMMIT: nothing was kept, and the pool serves on.
+        ok(&router, "DROP TRIGGER slow ON t", json!([])).await;
+        assert_eq!(count(&router, "t").await, 0);
+        ok(&router, "INSERT INTO t VALUES (2)", json!([])).await;
+        assert_eq!(count(&router, "t").await, 1);
+    }
+}
