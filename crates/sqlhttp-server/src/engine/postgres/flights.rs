@@ -27,8 +27,8 @@ use tokio_postgres::types::Type;
 
 use crate::config::Limits;
 use crate::engine::postgres::exec::CACHED_STATEMENTS;
-use crate::engine::postgres::session;
 use crate::engine::postgres::wire::{Lent, SLACK, Wire};
+use crate::engine::postgres::{STOP_WITHIN, session};
 
 /// The read's `BEGIN`, prepared once per connection under a name of the server's.
 pub(super) const BEGIN_READ: (&str, &str) = (
@@ -213,6 +213,10 @@ impl Flights {
             // Names of the server's own making: they always encode.
             flight.close_statement(name).ok()?;
         }
+        if !self.to_close.is_empty() {
+            // Ended by a `Sync` of their own: a simple `Query` may follow (see `Flight::query`).
+            flight.sync();
+        }
         Some(flight)
     }
 
@@ -351,8 +355,8 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
         ended
     };
     match sent.await {
-        Ok(TransactionStatus::Idle) => Left::Clean,
-        Ok(_) => Left::Unreset,
+        // Idle, and nothing past its last answer: clean (`left_by`).
+        Ok(_) => left_by(&flights.connection),
         Err(e) => {
             tracing::warn!(error = %e, "cannot end or reset a read's session; closing it");
             match left_by(&flights.connection) {
@@ -371,7 +375,7 @@ pub(super) async fn end_and_reset(flights: &mut Flights) -> Left {
 /// session whose end or reset failed is not pooled.
 pub(super) async fn rollback_and_reset(flights: &mut Flights) -> Left {
     flights.unnamed_replaced();
-    let sent = async {
+    let sent = tokio::time::timeout(STOP_WITHIN, async {
         let Some(mut flight) = flights.flight() else {
             return Err(WireError::Invalid("the connection is in doubt".into()));
         };
@@ -379,10 +383,16 @@ pub(super) async fn rollback_and_reset(flights: &mut Flights) -> Left {
         let ended = flight.send().await?.finish().await;
         flights.closed();
         ended
+    });
+    // A rollback is quick unless the session is stuck (or its peer gone): past `STOP_WITHIN`
+    // its answers go unread and the session is lost, which rolls it back too.
+    let Ok(sent) = sent.await else {
+        tracing::warn!("a write's rollback did not answer in time; closing its session");
+        return Left::Lost;
     };
-    match sent.await {
-        Ok(TransactionStatus::Idle) => Left::Clean,
-        Ok(_) => Left::Unreset,
+    match sent {
+        // Idle, and nothing past its last answer: clean (`left_by`).
+        Ok(_) => left_by(&flights.connection),
         Err(e) => {
             tracing::warn!(error = %e, "cannot end or reset a write's session; closing it");
             match left_by(&flights.connection) {

@@ -167,6 +167,8 @@ impl Inner {
         let (mut reset_rows, mut reset_done) = (0, false);
         let mut positioned = opened;
         let mut refused: Option<(usize, Box<DbError>)> = None;
+        // The client's statement was bound: see `write_flight`'s stale rule.
+        let mut bound = false;
         loop {
             let answer = match answers.next().await {
                 Ok(Some(answer)) => answer,
@@ -206,6 +208,7 @@ impl Inner {
                 }
                 Answer::EmptyQuery => step += 1,
                 Answer::Error(e) => refused = Some((step, e)),
+                Answer::BindComplete if step == steps.client => bound = true,
                 Answer::ParseComplete
                 | Answer::BindComplete
                 | Answer::CloseComplete
@@ -237,10 +240,11 @@ impl Inner {
             return (Tried::Done(Ok(changed_rows)), Left::Unreset);
         }
         let left = flights::end_and_reset(flights).await;
-        // Stale only before the first row, as on the driver's path: a statement that returned
-        // rows was planned against the schema it runs on, so its error is the client's own (a
-        // function that raised `42501`), not to be answered as a stale statement or run again.
-        if at == steps.client && cached && rows.rows() == 0 && is_stale(&refusal.code) {
+        // Stale only when refused at Bind, where PostgreSQL checks a cached plan against the
+        // schema: a statement that was bound runs against the schema it was planned for, so its
+        // error is the client's own (a function that raised `42501`), not to be answered as a
+        // stale statement or run again.
+        if at == steps.client && cached && !bound && is_stale(&refusal.code) {
             flights.forget(sql);
             return (Tried::Again, left);
         }

@@ -324,11 +324,6 @@ impl<'s> ClientRows<'s> {
         }
     }
 
-    /// The rows written so far.
-    pub(super) fn rows(&self) -> u64 {
-        self.writer.rows()
-    }
-
     /// The answer for the next row, whose message of `declared` bytes `answers` refused from its
     /// header: where the row passes its bounds, read from its cells' lengths as they arrive
     /// (its cells never held), answered as the driver's path answers such a cell or row.

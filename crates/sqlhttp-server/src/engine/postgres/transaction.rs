@@ -300,15 +300,18 @@ impl Inner {
 
     /// The simple query that commits a write whose statements succeeded, checking first that
     /// its transaction is the one opened with `guard` at `opened` (see [`Inner::end`]), and
-    /// reads the log position after the commit. A simple query: no statement a client's
-    /// function prepared can stand in for any of its parts.
+    /// reads the log position after the commit, under the server's statement timeout for the
+    /// session (a client's function may have set one of a millisecond for it, which would cancel
+    /// the read and leave a committed write without its bookmark; the reset after it undoes
+    /// the setting). A simple query: no statement a client's function prepared can stand in for
+    /// any of its parts.
     pub(super) fn commit_message(&self, guard: &str, opened: &Opened) -> String {
+        let timeout = self.timeout_ms();
         format!(
-            "SET LOCAL statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
+            "SET LOCAL statement_timeout = {timeout}; SET CONSTRAINTS ALL IMMEDIATE; \
              RELEASE SAVEPOINT {guard}; \
              SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT; \
-             SELECT {COMMITTED_AT}",
-            self.timeout_ms(),
+             SET statement_timeout = {timeout}; SELECT {COMMITTED_AT}",
             opened.at
         )
     }

@@ -74,9 +74,9 @@ impl Inner {
         };
         let mut again = true;
         loop {
-            // The statement, and a stale one's second run: each bounded as a statement.
+            // Each try bounded as a statement.
             let ran = self
-                .guarded(job, lease, 2, async {
+                .guarded(job, lease, 1, async {
                     Ok(self
                         .try_write(&mut flights, lease, request, &sql, out, sink)
                         .await)
@@ -93,7 +93,15 @@ impl Inner {
                 // the session is lost, and its transaction rolls back with it.
                 Err(err) => (Tried::Done(Err(err)), Left::Lost),
             };
-            if let Some(tried) = once_more(tried, left, &mut again, sink.started(), out) {
+            let tried = match once_more(tried, left, &mut again, sink.started(), out) {
+                // Its requester left while the try ran: nothing more runs for it, neither a
+                // second try nor the driver (no watchdog would see the requester gone).
+                None | Some(Tried::Driver) if job.is_cancelled() => {
+                    Some(Tried::Done(Err(ApiError::interrupted())))
+                }
+                tried => tried,
+            };
+            if let Some(tried) = tried {
                 return settle(lease, flights, loan, tried, left);
             }
         }
@@ -180,6 +188,10 @@ impl Inner {
         let limits = &self.limits;
         let mut rows = ClientRows::start(&ready.statement, limits, out);
         let (mut step, mut changed_rows, mut learnt) = (0, 0, opened);
+        // The client's statement was bound: a refusal after it is its execution's, never a stale
+        // statement's (those are refused at Bind), and a second run could repeat what its
+        // first did outside the transaction.
+        let mut bound = false;
         let mut refused: Option<(usize, Box<DbError>)> = None;
         let give_up = async |err| {
             let (tried, left) = self.give_up(lease, err).await;
@@ -216,6 +228,7 @@ impl Inner {
                 }
                 Answer::EmptyQuery => step += 1,
                 Answer::Error(e) => refused = Some((step, e)),
+                Answer::BindComplete if step == client => bound = true,
                 Answer::ParseComplete
                 | Answer::BindComplete
                 | Answer::CloseComplete
@@ -241,8 +254,8 @@ impl Inner {
             return Ran::Written(changed_rows);
         };
         let left = flights::rollback_and_reset(flights).await;
-        // Stale only before the first row, as on the driver's path (see `read_flight`).
-        if at == client && ready.cached && rows.rows() == 0 && is_stale(&refusal.code) {
+        // Stale only when refused at Bind.
+        if at == client && ready.cached && !bound && is_stale(&refusal.code) {
             flights.forget(sql);
             return Ran::Ended(Tried::Again, left);
         }
@@ -282,20 +295,17 @@ impl Inner {
                  Idempotency-Key, or check"
             ))
         };
-        let ended = match sent {
-            Ok(ended) => ended,
-            // Abandoned with its answers unread: the session is lost, and its COMMIT may have
-            // completed meanwhile.
-            Err(_) => {
-                return Committed {
-                    answer: Err(unknown(&format!(
-                        "the transaction did not finish ending within this server's limit of \
+        // Abandoned with its answers unread: the session is lost, and its COMMIT may have
+        // completed meanwhile.
+        let Ok(ended) = sent else {
+            return Committed {
+                answer: Err(unknown(&format!(
+                    "the transaction did not finish ending within this server's limit of \
                          {} ms (--statement-timeout)",
-                        self.timeout_ms()
-                    ))),
-                    left: Left::Lost,
-                };
-            }
+                    self.timeout_ms()
+                ))),
+                left: Left::Lost,
+            };
         };
         match ended {
             CommitFlight::Lost { committed: true } => Committed {
@@ -366,9 +376,8 @@ impl Inner {
                 reset: true,
             };
         }
-        let mut answers = match flight.send().await {
-            Ok(answers) => answers,
-            Err(_) => return CommitFlight::Lost { committed: false },
+        let Ok(mut answers) = flight.send().await else {
+            return CommitFlight::Lost { committed: false };
         };
         // The message's statements, counted by their ends: `COMMIT` is its fifth.
         const COMMIT_STEP: usize = 4;

@@ -240,3 +240,34 @@ needs_postgres! {
         assert_eq!(count(&router, "t").await, 1);
     }
 }
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_cached_write_whose_function_fails_as_a_stale_statement_would_runs_once() {
+        let router = postgres_app!(
+            "a_cached_write_whose_function_fails_as_a_stale_statement_would_runs_once",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE u (k int)", json!([])).await;
+        ok(&router, "CREATE SEQUENCE s2", json!([])).await;
+        // A sequence is not rolled back: it counts how often the function ran.
+        ok(
+            &router,
+            "CREATE FUNCTION f(x int) RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             PERFORM nextval('s2'); \
+             IF x < 0 THEN RAISE EXCEPTION 'refused' USING ERRCODE = '42501'; END IF; \
+             RETURN x; END $$",
+            json!([]),
+        )
+        .await;
+        let write = "INSERT INTO u SELECT f($1)";
+        ok(&router, write, json!([1])).await;
+        // The cached statement was bound and ran: its `42501` is the function's, after its
+        // side effect, not a stale statement's, and the write is not run a second time.
+        let refused = sql(&router, write, json!([-1])).await;
+        assert_eq!(refused.status, 403, "{}", String::from_utf8_lossy(&refused.body));
+        let ran = ok(&router, "SELECT last_value::int FROM s2", json!([])).await;
+        assert_eq!(ran["rows"], json!([[2]]), "the function ran once per request");
+        assert_eq!(count(&router, "u").await, 1);
+    }
+}
