@@ -358,7 +358,11 @@ pub(crate) async fn write_rows(
     let mut writer = RowWriter::new(limits.max_result_bytes);
     while let Some(row) = poll_fn(|cx| rows.as_mut().poll_next(cx)).await {
         let count = writer.rows();
-        let row = row.map_err(|e| if count == 0 { stale_or(e) } else { map(e) })?;
+        // A failure while the rows arrive is the statement's execution's, never a stale
+        // statement's: PostgreSQL checks a cached plan against the schema at Bind, whose
+        // failure `query_raw` itself answers (a second run would repeat what this one did
+        // outside its transaction).
+        let row = row.map_err(map)?;
         let sizes =
             (0..row.len()).map(|index| row.try_get::<_, Raw<'_>>(index).map_or(0, |raw| raw.len()));
         if sizes.clone().sum::<usize>() > RETIRE_AFTER_ROW_BYTES {

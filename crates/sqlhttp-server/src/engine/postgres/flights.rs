@@ -220,6 +220,12 @@ impl Flights {
         Some(flight)
     }
 
+    /// Whether the next flight starts with Closes, ended by a `Sync` of their own (see
+    /// [`Flights::flight`]): its first `ReadyForQuery` is theirs.
+    pub(super) fn closing(&self) -> bool {
+        !self.to_close.is_empty()
+    }
+
     /// A flight from [`Flights::flight`] was sent and answered: what it closed is closed. (A
     /// flight never sent, its input refused as it was encoded, leaves them to the next; a
     /// `Close` sent twice is no error.)

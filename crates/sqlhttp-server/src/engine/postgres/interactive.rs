@@ -384,28 +384,35 @@ impl Session {
                 )));
             }
         }
-        // The position read after COMMIT is at or past its record (see `transaction`).
-        let commit = format!("COMMIT; SELECT {}", transaction::COMMITTED_AT);
+        // The position read after COMMIT is at or past its record (see `transaction`); a
+        // message of its own, so that its failure never reads as the COMMIT's.
         let ending = async {
             tokio::join!(
-                client.simple_query(&commit),
+                client.simple_query("COMMIT"),
+                client.simple_query(transaction::POSITION_AFTER_COMMIT),
                 client.batch_execute(session::RESET)
             )
         };
-        let Ok((committed, reset)) = tokio::time::timeout(within, ending).await else {
+        let Ok((committed, position, reset)) = tokio::time::timeout(within, ending).await else {
             return Err(CommitError::Unknown(ApiError::outcome_unknown(
                 "the database did not answer the COMMIT in time: whether the transaction \
                  committed is not known yet; send the COMMIT again",
             )));
         };
         match committed {
-            Ok(answer) => {
+            Ok(_) => {
                 if let Err(e) = reset {
                     tracing::warn!(error = %e, "cannot reset a session; closing it");
                     lease.retire();
                 }
                 lease.clean = true;
-                Ok(transaction::first_position(&answer))
+                let position = position
+                    .ok()
+                    .and_then(|answer| transaction::first_position(&answer));
+                if position.is_none() {
+                    tracing::warn!("a transaction's position after its COMMIT was not read");
+                }
+                Ok(position)
             }
             Err(e) if e.code().is_none() => Err(CommitError::Unknown(ApiError::outcome_unknown(
                 "the connection to the database was lost during COMMIT: whether the \

@@ -506,7 +506,10 @@ pub(super) fn settle(
             drop(loan);
             let answer = match tried {
                 Tried::Done(answer) => answer,
-                Tried::Again | Tried::Driver => Err(ApiError::internal()),
+                // Nothing of it ran, or what ran was rolled back.
+                Tried::Again | Tried::Driver => Err(ApiError::unavailable(
+                    "the database session was lost before the request could run; retry",
+                )),
             };
             return Some((answer, false));
         }

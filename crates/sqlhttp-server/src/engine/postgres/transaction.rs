@@ -263,18 +263,23 @@ impl Inner {
             // after COMMIT is at or past the commit's record: a replica that replayed that far
             // shows the write.
             let end = self.commit_message(&lease.guard, opened);
-            // One write: the reset runs once the transaction ended, whatever its end did (a
-            // failure abandons the rest of COMMIT's message, so the reset is a message of its
-            // own).
-            let (ended, reset) = tokio::join!(
+            // One write: the position and the reset run once the transaction ended, whatever
+            // its end did (a failure abandons the rest of COMMIT's message, so each is a message
+            // of its own). The position's failure after a COMMIT that was kept leaves the write
+            // without its bookmark, never answered as failed.
+            let (ended, position, reset) = tokio::join!(
                 client.simple_query(&end),
+                client.simple_query(POSITION_AFTER_COMMIT),
                 client.batch_execute(session::RESET)
             );
-            let ended = ended.map(|answer| {
-                if let Some(position) = first_position(&answer) {
+            let ended = ended.map(|_| match position.as_deref().map(first_position) {
+                Ok(Some(position)) => {
                     lease
                         .position
                         .fetch_max(position.position(), Ordering::AcqRel);
+                }
+                Ok(None) | Err(_) => {
+                    tracing::warn!("a write's position after its COMMIT was not read");
                 }
             });
             match ended {
@@ -299,19 +304,18 @@ impl Inner {
     }
 
     /// The simple query that commits a write whose statements succeeded, checking first that
-    /// its transaction is the one opened with `guard` at `opened` (see [`Inner::end`]), and
-    /// reads the log position after the commit, under the server's statement timeout for the
-    /// session (a client's function may have set one of a millisecond for it, which would cancel
-    /// the read and leave a committed write without its bookmark; the reset after it undoes
-    /// the setting). A simple query: no statement a client's function prepared can stand in for
-    /// any of its parts.
+    /// its transaction is the one opened with `guard` at `opened` (see [`Inner::end`]). Its
+    /// statement timeout is set for the session, not the transaction, so it outlives the
+    /// COMMIT: [`POSITION_AFTER_COMMIT`], sent after it as a query of its own, then runs under
+    /// the server's timeout (a client's function may have set one of a millisecond for the
+    /// session; the reset after both undoes the setting). A simple query: no statement a
+    /// client's function prepared can stand in for any of its parts.
     pub(super) fn commit_message(&self, guard: &str, opened: &Opened) -> String {
-        let timeout = self.timeout_ms();
         format!(
-            "SET LOCAL statement_timeout = {timeout}; SET CONSTRAINTS ALL IMMEDIATE; \
+            "SET statement_timeout = {}; SET CONSTRAINTS ALL IMMEDIATE; \
              RELEASE SAVEPOINT {guard}; \
-             SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT; \
-             SET statement_timeout = {timeout}; SELECT {COMMITTED_AT}",
+             SELECT _sqlhttp.check_transaction('{}'::pg_catalog.numeric); COMMIT",
+            self.timeout_ms(),
             opened.at
         )
     }
@@ -438,6 +442,11 @@ pub(super) enum Ending {
 
 /// The log position after a commit: its record's end or later (`pg_lsn` text).
 pub(super) const COMMITTED_AT: &str = "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text";
+
+/// The query that reads the log position once a COMMIT ended, sent as a message of its own
+/// behind the COMMIT's: at or past the commit's record.
+pub(super) const POSITION_AFTER_COMMIT: &str =
+    "SELECT pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text";
 
 /// How far a replica has replayed the primary's log (`pg_lsn` text), asked before a read's
 /// snapshot.

@@ -4,9 +4,9 @@
 //! guard savepoint, the client's statement with its rows in binary, one `Sync`; the second,
 //! once every row was read and answered within its bounds, commits and resets the session: the
 //! driver's path's COMMIT message (the guard's release, the check that the transaction is the
-//! one opened, `COMMIT`, the log position after it) and the reset after a request, as two
-//! simple queries, so no statement a client's function prepared can stand in for any part of
-//! them. A statement the connection has not prepared yet is prepared inside the transaction,
+//! one opened, `COMMIT`), the read of the log position after it and the reset after a request,
+//! as three simple queries, so no statement a client's function prepared can stand in for any
+//! part of them. A statement the connection has not prepared yet is prepared inside the transaction,
 //! first (`statement_flight`).
 //!
 //! The COMMIT waits for the second flight because the rows decide it: a cell or a row past its
@@ -25,7 +25,7 @@ use crate::engine::postgres::statement_flight::{
     self as statement, ClientRows, Ready, Tried, changed, is_stale, once_more, param, settle,
     unexpected,
 };
-use crate::engine::postgres::transaction::{TAMPERED_SQLSTATE, tampered};
+use crate::engine::postgres::transaction::{POSITION_AFTER_COMMIT, TAMPERED_SQLSTATE, tampered};
 use crate::engine::postgres::{Inner, Job, session};
 use crate::engine::stream::Sink;
 use crate::protocol::error::ApiError;
@@ -268,8 +268,8 @@ impl Inner {
     }
 
     /// Commits the write whose first flight left its transaction open, and resets the session,
-    /// in one flight of two simple queries (the driver's path's COMMIT message and
-    /// `session::RESET`), within the statement timeout and a grace.
+    /// in one flight of three simple queries (the driver's path's COMMIT message, the position
+    /// after it and `session::RESET`), within the statement timeout and a grace.
     async fn commit(&self, flights: &mut Flights, lease: &Lease) -> Committed {
         let opened = lease
             .opened
@@ -353,8 +353,8 @@ impl Inner {
         }
     }
 
-    /// Sends the COMMIT's `message` and the reset and reads their answers, keeping the log
-    /// position the message reads after the commit.
+    /// Sends the COMMIT's `message`, the read of the position and the reset, and reads their
+    /// answers, keeping the log position read after the commit.
     async fn commit_flight(
         &self,
         flights: &mut Flights,
@@ -362,11 +362,15 @@ impl Inner {
         message: &str,
     ) -> CommitFlight {
         flights.unnamed_replaced();
+        let flights_closing = flights.closing();
         let Some(mut flight) = flights.flight() else {
             return CommitFlight::Lost { committed: false };
         };
+        // The answers of Closes still pending end with a `ReadyForQuery` of their own, first.
+        let closes = usize::from(flights_closing);
         if flight
             .query(message)
+            .and_then(|flight| flight.query(POSITION_AFTER_COMMIT))
             .and_then(|flight| flight.query(session::RESET))
             .is_err()
         {
@@ -379,9 +383,12 @@ impl Inner {
         let Ok(mut answers) = flight.send().await else {
             return CommitFlight::Lost { committed: false };
         };
-        // The message's statements, counted by their ends: `COMMIT` is its fifth.
+        // The message's statements, counted by their ends: `COMMIT` is its fifth and last.
         const COMMIT_STEP: usize = 4;
-        let (mut query, mut step, mut committed) = (0, 0, false);
+        // The queries by their `ReadyForQuery`s: the message, the position, the reset.
+        const MESSAGE: usize = 0;
+        const POSITION: usize = 1;
+        let (mut ready, mut step, mut committed) = (0_usize, 0, false);
         let (mut refused, mut reset) = (None, true);
         loop {
             let answer = match answers.next().await {
@@ -392,14 +399,20 @@ impl Inner {
                     return CommitFlight::Lost { committed };
                 }
             };
+            let is_ready = matches!(answer, Answer::ReadyForQuery(_));
+            // Before the message's own: the pending Closes' answers.
+            let Some(query) = ready.checked_sub(closes) else {
+                ready += usize::from(is_ready);
+                continue;
+            };
             match answer {
-                Answer::CommandComplete(done) if query == 0 => {
+                Answer::CommandComplete(done) if query == MESSAGE => {
                     if step == COMMIT_STEP {
                         committed = done.as_str() == "COMMIT";
                     }
                     step += 1;
                 }
-                Answer::Row(row) if query == 0 && step > COMMIT_STEP => {
+                Answer::Row(row) if query == POSITION => {
                     if let Some(position) = row
                         .iter()
                         .next()
@@ -412,19 +425,18 @@ impl Inner {
                             .fetch_max(position.position(), std::sync::atomic::Ordering::AcqRel);
                     }
                 }
-                Answer::Error(e) if query == 0 => refused = Some(e),
+                Answer::Error(e) if query == MESSAGE => refused = Some(e),
+                // The position's read failed: a kept write goes without its bookmark.
+                Answer::Error(_) if query == POSITION => {
+                    tracing::warn!("a write's position after its COMMIT was not read");
+                }
                 Answer::Error(_) => reset = false,
-                Answer::ReadyForQuery(_) => query += 1,
                 _ => {}
             }
+            ready += usize::from(is_ready);
         }
         flights.closed();
         if committed {
-            if refused.is_some() {
-                // Only the position's read can fail after the COMMIT: the write is kept, and
-                // its bookmark is the request's position so far.
-                tracing::warn!("a write's position after its COMMIT was not read");
-            }
             return CommitFlight::Committed { reset };
         }
         CommitFlight::Refused {

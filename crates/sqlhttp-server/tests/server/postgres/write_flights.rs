@@ -260,14 +260,23 @@ needs_postgres! {
             json!([]),
         )
         .await;
-        let write = "INSERT INTO u SELECT f($1)";
-        ok(&router, write, json!([1])).await;
-        // The cached statement was bound and ran: its `42501` is the function's, after its
-        // side effect, not a stale statement's, and the write is not run a second time.
-        let refused = sql(&router, write, json!([-1])).await;
-        assert_eq!(refused.status, 403, "{}", String::from_utf8_lossy(&refused.body));
-        let ran = ok(&router, "SELECT last_value::int FROM s2", json!([])).await;
-        assert_eq!(ran["rows"], json!([[2]]), "the function ran once per request");
-        assert_eq!(count(&router, "u").await, 1);
+        ok(&router, "CREATE TYPE mood AS ENUM ('fine')", json!([])).await;
+        // In flights, and through the driver (flights hand a statement with a column of a type
+        // of the database's own to it).
+        let writes = [
+            "INSERT INTO u SELECT f($1)",
+            "INSERT INTO u SELECT f($1) RETURNING 'fine'::mood AS m",
+        ];
+        for (n, write) in writes.into_iter().enumerate() {
+            let n = i64::try_from(n).unwrap();
+            ok(&router, write, json!([1])).await;
+            // The cached statement was bound and ran: its `42501` is the function's, after its
+            // side effect, not a stale statement's, and the write is not run a second time.
+            let refused = sql(&router, write, json!([-1])).await;
+            assert_eq!(refused.status, 403, "{}", String::from_utf8_lossy(&refused.body));
+            let ran = ok(&router, "SELECT last_value::int FROM s2", json!([])).await;
+            assert_eq!(ran["rows"], json!([[2 * n + 2]]), "{write}: once per request");
+            assert_eq!(count(&router, "u").await, n + 1);
+        }
     }
 }
