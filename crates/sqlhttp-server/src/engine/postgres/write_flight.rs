@@ -334,16 +334,12 @@ impl Inner {
                 } else {
                     flights::rollback_and_reset(flights).await
                 };
-                let answer = if refusal
-                    .as_ref()
-                    .is_some_and(|e| e.code == TAMPERED_SQLSTATE)
-                {
-                    tampered()
-                } else {
-                    match refusal {
-                        Some(refusal) => self.map_refusal(&refusal),
-                        None => tampered(),
+                let answer = match refusal {
+                    Some(refusal) if refusal.code != TAMPERED_SQLSTATE => {
+                        self.map_refusal(&refusal)
                     }
+                    // The check's refusal, or no COMMIT and nothing said why.
+                    _ => tampered(),
                 };
                 Committed {
                     answer: Err(answer),
