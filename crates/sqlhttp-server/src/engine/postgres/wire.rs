@@ -449,6 +449,23 @@ impl AsyncWrite for Socket {
     }
 }
 
+impl Socket {
+    /// Makes `reader` the task the socket wakes when bytes arrive, without waking it: true when
+    /// that was done (nothing is waiting to be read), false when it must be woken to read. Only
+    /// plain TCP can tell: a peek that finds nothing registers `reader` for the next bytes; a
+    /// Unix socket has no peek, and TLS may hold decrypted bytes, so those are woken.
+    fn rearm_reader(&mut self, reader: &Waker) -> bool {
+        let Socket::Tcp(stream) = self else {
+            return false;
+        };
+        let mut byte = [0_u8; 1];
+        let mut peeked = ReadBuf::new(&mut byte);
+        stream
+            .poll_peek(&mut Context::from_waker(reader), &mut peeked)
+            .is_pending()
+    }
+}
+
 /// What the driver wrote, framed as the backend reads it, so a flight is never written into
 /// the middle of a driver's message nor reads an answer the driver is owed: how far into a
 /// message it is, and how many `ReadyForQuery` the backend owes it (one for the login, one per
@@ -645,15 +662,26 @@ impl Wire {
             && wired.sent.owed > wired.framing.ready
     }
 
+    /// Gives the socket to `to` and wakes the driver's task where it must look at it again: a
+    /// poll it made while the flights spoke, a write it waits to make, and its read unless the
+    /// socket can wait for the next bytes on its behalf ([`Socket::rearm_reader`]). The flights'
+    /// reads took the socket's readiness over; waking the driver after every flight only to
+    /// have it wait again cost a wake-up and a poll per request, and its lock of the wire
+    /// contended with the next flight's.
     fn hand_over(&self, to: Speaker) {
         let parked = {
             let mut wired = self.lock();
             wired.speaker = to;
             let mut parked = std::mem::take(&mut wired.parked);
-            for waiting in [wired.reader.take(), wired.writer.take()]
-                .into_iter()
-                .flatten()
+            let mut reader = wired.reader.take();
+            if to == Speaker::Driver
+                && let Some(waiting) = &reader
+                && wired.socket.rearm_reader(waiting)
             {
+                // It stays the socket's reader, registered: it is woken when bytes come.
+                wired.reader = reader.take();
+            }
+            for waiting in [reader, wired.writer.take()].into_iter().flatten() {
                 if !parked.iter().any(|w| w.will_wake(&waiting)) {
                     parked.push(waiting);
                 }

@@ -354,3 +354,34 @@ needs_postgres! {
         assert_eq!(planted["rows"], json!([[0]]));
     }
 }
+
+needs_postgres! {
+    /// A verified read's flight takes the session's socket from the driver and gives it back
+    /// (ADR 0061): the driver must still be the one woken when the session ends afterwards, so
+    /// the pool sees the end and the next read meets a fresh session, not the dead one. The
+    /// driver is no longer woken after every flight to wait again (ADR 0065); this is what that
+    /// must not lose.
+    #[tokio::test]
+    async fn a_session_that_ends_between_verified_reads_is_replaced_before_the_next() {
+        let Some(url) =
+            database("a_session_that_ends_between_verified_reads_is_replaced_before_the_next")
+                .await
+        else {
+            return;
+        };
+        let role = client_role(&url);
+        let owner = owner(&url).await;
+        let router = one_connection_app(&url);
+        let verified = json!({"sql": "SELECT 1 AS one", "params": [], "read_only": true});
+        for round in 0..3 {
+            for _ in 0..3 {
+                let reply = crate::common::post_with(&router, &[], &verified).await;
+                assert_eq!(reply.status, 200, "round {round}: {}", String::from_utf8_lossy(&reply.body));
+            }
+            end_sessions(&owner, &role).await;
+            // The driver read the session's end while idle: the first read after it is served.
+            let reply = crate::common::post_with(&router, &[], &verified).await;
+            assert_eq!(reply.status, 200, "round {round}, after the end: {}", String::from_utf8_lossy(&reply.body));
+        }
+    }
+}
