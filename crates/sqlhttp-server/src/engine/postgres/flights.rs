@@ -66,8 +66,18 @@ pub(super) const WRITE_SETTINGS: (&str, &str) = (
 pub(super) const END_READ: (&str, &str) = ("_sqlhttp_end_read", "ROLLBACK");
 
 /// What outlives a rollback, reset (see `session::after_read`), as the unnamed statement; its
-/// seed is bound.
-const RESET_AFTER_READ: &str = "SELECT _sqlhttp.reset_after_read($1::pg_catalog.float8)";
+/// seed is bound. The seed and the session's advisory locks are reset inline; the PL/pgSQL
+/// function, which also deallocates what a client's function prepared and closes `dblink`'s and
+/// `postgres_fdw`'s links, runs only when there is such a statement or such an extension
+/// (ADR 0065: the function's call cost a read more than its work). Every name is qualified,
+/// operators too: the statement is parsed once and re-analysed under the search path of the day
+/// when its plan is invalidated. One row, as the function's call answered.
+const RESET_AFTER_READ: &str = "SELECT pg_catalog.setseed($1::pg_catalog.float8), \
+     pg_catalog.pg_advisory_unlock_all(), \
+     CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql) \
+     OR EXISTS (SELECT FROM pg_catalog.pg_extension AS e \
+     WHERE e.extname OPERATOR(pg_catalog.=) ANY ('{dblink,postgres_fdw}'::pg_catalog.name[])) \
+     THEN _sqlhttp.reset_after_read($1::pg_catalog.float8) END";
 
 /// What one pooled connection keeps for its flights.
 pub(super) struct Flights {
