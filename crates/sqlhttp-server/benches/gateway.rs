@@ -24,7 +24,9 @@
 //! `SQLHTTPD_BENCH_POSTGRES_URL=$(scripts/start-postgres)` for PostgreSQL too (a superuser's URL
 //! on loopback; the bench makes a database of its own and drops it). `SQLHTTPD_GATEWAY_SECONDS`
 //! sets a round's length; `SQLHTTPD_GATEWAY_ENGINES=postgres` (or `sqlite`) runs one engine, and
-//! `SQLHTTPD_GATEWAY_READS=verified` (or `unflagged`) one kind of read (both by default).
+//! `SQLHTTPD_GATEWAY_READS=verified` (or `unflagged`) one kind of read (both by default);
+//! `SQLHTTPD_GATEWAY_POOL=N` gives sqlhttpd's PostgreSQL pool N connections (its default
+//! otherwise, `Limits::default_pool_size`; the gateway keeps its 16).
 //! Each round also prints the machine's busy CPU time per request on each side (Linux's
 //! `/proc/stat`: the load generator, the server and the database together), which holds still
 //! where requests per second follow a shared machine's speed.
@@ -448,15 +450,19 @@ async fn postgres(url: &str) {
     let Database::Postgres(server_url) = scratch.url.parse().unwrap() else {
         unreachable!()
     };
-    let server = Server::bind(Config {
+    let mut config = Config {
         listen: "127.0.0.1:0".parse().unwrap(),
         database: Database::Postgres(server_url.with_client_role(&scratch.role).unwrap()),
         tokens: vec![TOKEN.to_owned()],
         ..Config::default()
-    })
-    .await
-    .unwrap()
-    .spawn();
+    };
+    if let Some(size) = std::env::var("SQLHTTPD_GATEWAY_POOL")
+        .ok()
+        .and_then(|s| s.parse().ok())
+    {
+        config.limits.pool_size = size;
+    }
+    let server = Server::bind(config).await.unwrap().spawn();
     // The table is the client role's, made through sqlhttpd as a user would; the gateway reads
     // it as the cluster's superuser.
     let http = reqwest::Client::new();
