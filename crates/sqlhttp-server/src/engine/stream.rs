@@ -68,6 +68,10 @@ struct State {
     waker: Option<Waker>,
     /// An async producer waiting for room in the queue (see [`ChunkSender::send_async`]).
     room_waker: Option<Waker>,
+    /// A blocking producer waits on [`Shared::room`] (see [`ChunkSender::send`]): only then is
+    /// it notified. A condition variable's notification is a system call whether anyone waits
+    /// or not, and every PostgreSQL request's body paid one for nothing (ADR 0065).
+    blocked: bool,
     /// A chunk was ever queued: the body streams.
     sent_any: bool,
     /// The job was given up ([`Abandon`]): the producer's later chunks and end are dropped.
@@ -167,12 +171,14 @@ impl ChunkSender {
                 }
                 return Err(SendError::Stopped);
             }
+            state.blocked = true;
             state = self
                 .shared
                 .room
                 .wait_timeout(state, STOP_CHECK)
                 .unwrap_or_else(PoisonError::into_inner)
                 .0;
+            state.blocked = false;
         }
     }
 
@@ -269,8 +275,11 @@ impl Abandon {
             state.sender_gone = true;
         }
         let (waker, room_waker) = (state.waker.take(), state.room_waker.take());
+        let blocked = state.blocked;
         drop(state);
-        self.shared.room.notify_all();
+        if blocked {
+            self.shared.room.notify_all();
+        }
         waker.into_iter().chain(room_waker).for_each(Waker::wake);
     }
 }
@@ -337,8 +346,11 @@ impl Drop for ChunkReceiver {
         state.receiver_gone = true;
         state.queue.clear();
         let room_waker = state.room_waker.take();
+        let blocked = state.blocked;
         drop(state);
-        self.shared.room.notify_all();
+        if blocked {
+            self.shared.room.notify_all();
+        }
         if let Some(waker) = room_waker {
             waker.wake();
         }
@@ -374,8 +386,11 @@ impl futures_core::Stream for ChunkReceiver {
         };
         if let Some(chunk) = piece {
             let room_waker = state.room_waker.take();
+            let blocked = state.blocked;
             drop(state);
-            this.shared.room.notify_one();
+            if blocked {
+                this.shared.room.notify_one();
+            }
             if let Some(waker) = room_waker {
                 waker.wake();
             }
