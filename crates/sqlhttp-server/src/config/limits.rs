@@ -72,17 +72,19 @@ impl Default for Limits {
 }
 
 impl Limits {
-    /// The PostgreSQL pool's default size, sized for the machine: eight connections per CPU,
-    /// at least 16 and at most 32. Each request holds its connection for a round trip to
-    /// PostgreSQL at least, and with too few the server's threads fall idle between answers and
-    /// are woken again for each: on this project's 2-core machines, 16 connections served
-    /// verified reads with 10-20 % less CPU per read than 4 did (`benches/gateway.rs`,
-    /// ADR 0065), where before flights (ADR 0061) they had served no faster.
+    /// The PostgreSQL pool's default size, sized for the machine: four connections per CPU
+    /// (deadpool's own default), at least 8 and at most 32. Each request holds its connection
+    /// for a round trip to PostgreSQL at least, and with too few the server's threads fall idle
+    /// between answers and are woken again for each: on this project's 2-core machines, 8
+    /// connections served verified reads with less CPU per read than 4 did
+    /// (`benches/gateway.rs`, ADR 0065), where before flights (ADR 0061) more had served no
+    /// faster. 16 measured about the same as 8 there; the smaller pool asks less of
+    /// PostgreSQL's `max_connections` and of the transaction slots (`pool_size - 1`).
     pub fn default_pool_size() -> usize {
         std::thread::available_parallelism()
             .map_or(2, std::num::NonZeroUsize::get)
-            .saturating_mul(8)
-            .clamp(16, 32)
+            .saturating_mul(4)
+            .clamp(8, 32)
     }
 }
 

@@ -152,7 +152,7 @@ mod tests {
         assert_eq!(config.limits.statement_timeout, Duration::from_secs(30));
         assert_eq!(config.limits.read_connections, 4);
         let pool = config.limits.pool_size;
-        assert!((4..=32).contains(&pool) && pool % 2 == 0, "{pool}");
+        assert!((8..=32).contains(&pool) && pool % 4 == 0, "{pool}");
         assert_eq!(config.limits.max_batch_statements, 100);
         assert_eq!(config.max_batch_bytes, 8 * 1_048_576);
         assert_eq!(config.http.header_timeout, Duration::from_secs(30));

@@ -100,7 +100,10 @@ pub(crate) struct Cli {
     #[arg(long, env = "SQLHTTPD_MAX_BODY_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BODY_BYTES)]
     max_body_bytes: usize,
 
-    /// Request bodies held at once across all requests, in bytes; past it 503.
+    /// Request bodies and whole results held at once across all requests, in bytes; past it
+    /// 503. On PostgreSQL each request that builds a whole result (a keyed write, a batch) holds
+    /// 64 KiB of it while it has a connection: keep it well above `--pool-size` x 64 KiB plus
+    /// one result and one body.
     #[arg(long, env = "SQLHTTPD_MAX_BUFFERED_BYTES", value_name = "N", default_value_t = sqlhttp_server::DEFAULT_MAX_BUFFERED_BYTES)]
     max_buffered_bytes: usize,
 
@@ -191,7 +194,7 @@ pub(crate) struct Cli {
     #[arg(long, env = "SQLHTTPD_READ_CONNECTIONS", value_name = "N", default_value_t = Limits::default().read_connections)]
     read_connections: usize,
 
-    /// Connections to PostgreSQL (default: twice the CPUs, at least 4, at most 32); PostgreSQL only.
+    /// Connections to PostgreSQL (default: four per CPU, at least 8, at most 32); PostgreSQL only.
     #[arg(long, env = "SQLHTTPD_POOL_SIZE", value_name = "N", default_value_t = Limits::default_pool_size())]
     pool_size: usize,
 

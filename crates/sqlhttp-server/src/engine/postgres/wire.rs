@@ -571,8 +571,9 @@ struct Wired {
     /// The driver's task, waiting while the flights speak.
     parked: Vec<Waker>,
     /// The driver's task as it last waited to read, and to write: the flights' reads and
-    /// writes take the socket's readiness over, so it is woken when they give the socket back,
-    /// to wait on it again.
+    /// writes take the socket's readiness over, so when they give the socket back it is
+    /// registered as the socket's reader again, or woken to wait on it again
+    /// ([`Wire::hand_over`]).
     reader: Option<Waker>,
     writer: Option<Waker>,
 }

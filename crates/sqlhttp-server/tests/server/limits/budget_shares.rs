@@ -87,8 +87,10 @@ async fn concurrent_keyed_one_row_inserts_all_answer_under_the_default_budget(en
 
 /// The least budget the server starts with for results of at most 1 MiB and request bodies of
 /// at most 8 KiB: one request's body and its whole result. On PostgreSQL a pool of 4 (the
-/// default was 4 when this was measured; it is 16 on two cores since ADR 0065): every job that
-/// holds a connection holds its slack (64 KiB), and sixteen of them are the whole budget.
+/// default when this was measured; 8 on two cores since ADR 0065): every job that holds a
+/// connection holds its slack (64 KiB), so the pool bounds what the jobs hold, and sixteen such
+/// jobs would be the whole budget. With 4, 16 of the 20 requests wait for a connection: if
+/// waiting reserved anything, they would not fit.
 fn budget_of_one_result(config: &mut sqlhttp_server::Config) {
     config.limits.pool_size = 4;
     config.limits.max_result_bytes = MIB;
