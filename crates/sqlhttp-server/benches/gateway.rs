@@ -27,6 +27,9 @@
 //! `SQLHTTPD_GATEWAY_READS=verified` (or `unflagged`) one kind of read (both by default);
 //! `SQLHTTPD_GATEWAY_POOL=N` gives sqlhttpd's PostgreSQL pool N connections (its default
 //! otherwise, `Limits::default_pool_size`; the gateway keeps its 16).
+//! `SQLHTTPD_GATEWAY_STATEMENTS=N` has every connection of both sides prepare N more distinct
+//! statements before the rounds, as an application's statement cache would hold them (the
+//! bench's own read is one statement).
 //! Each round also prints the machine's busy CPU time per request on each side (Linux's
 //! `/proc/stat`: the load generator, the server and the database together), which holds still
 //! where requests per second follow a shared machine's speed.
@@ -203,38 +206,11 @@ async fn load(
         let sql = sql.to_owned();
         let authorization = token.map(|token| format!("Bearer {token}"));
         tasks.push(tokio::spawn(async move {
-            let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-            stream.set_nodelay(true).unwrap();
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
-                    .await
-                    .unwrap();
-            tokio::spawn(connection);
+            let mut sender = connect(addr).await;
             let mut k = task as i64;
             while Instant::now() < deadline {
                 k = (k * 7_919 + 13) % ROWS;
-                // Flagged, what the SDK's `query` sends (a read the server verifies);
-                // unflagged, what `execute` sends (run in a read-write transaction).
-                let mut body = json!({"sql": sql, "params": [k]});
-                if read_only {
-                    body["read_only"] = Value::Bool(true);
-                }
-                let body = body.to_string();
-                let mut request = http::Request::post("/api/v1/sql")
-                    .header("host", "127.0.0.1")
-                    .header("content-type", "application/json");
-                if let Some(authorization) = &authorization {
-                    request = request.header("authorization", authorization);
-                }
-                let request = request.body(Whole(Some(body.into()))).unwrap();
-                let response = sender
-                    .send_request(request)
-                    .await
-                    .expect("the server answers");
-                assert_eq!(response.status(), 200);
-                let text = read_body(response.into_body()).await;
-                let text = String::from_utf8(text).unwrap();
-                assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
+                read(&mut sender, &sql, authorization.as_deref(), read_only, k).await;
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
@@ -245,6 +221,89 @@ async fn load(
     done.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64()
 }
 
+/// How many distinct statements each side's connections hold before the rounds
+/// (`SQLHTTPD_GATEWAY_STATEMENTS`, 0 by default): an application's statement cache, not the
+/// bench's one statement.
+fn statements_held() -> usize {
+    std::env::var("SQLHTTPD_GATEWAY_STATEMENTS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The `i`th of the statements [`statements_held`] asks for: the point read, with a condition
+/// that keeps every row and makes the text its own.
+fn held_statement(sql: &str, i: usize) -> String {
+    format!("{sql} AND k >= -{i}")
+}
+
+/// Sends each of `count` distinct statements ([`held_statement`]) from [`IN_FLIGHT`]
+/// connections at once, so that every pooled connection of the server behind `addr` has
+/// almost surely prepared each one.
+async fn hold_statements(addr: SocketAddr, sql: &str, token: Option<&str>, count: usize) {
+    let mut tasks = Vec::new();
+    for task in 0..IN_FLIGHT {
+        let sql = sql.to_owned();
+        let authorization = token.map(|token| format!("Bearer {token}"));
+        tasks.push(tokio::spawn(async move {
+            let mut sender = connect(addr).await;
+            for i in 0..count {
+                let held = held_statement(&sql, (i + task) % count);
+                let k = (task as i64) % ROWS;
+                read(&mut sender, &held, authorization.as_deref(), true, k).await;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+}
+
+/// A keep-alive HTTP/1 connection to `addr`.
+async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Whole> {
+    let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.set_nodelay(true).unwrap();
+    let (sender, connection) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
+            .await
+            .unwrap();
+    tokio::spawn(connection);
+    sender
+}
+
+/// Reads row `k` with `sql` over `sender`, with the `Authorization` header's value when
+/// given, and checks the answer.
+async fn read(
+    sender: &mut hyper::client::conn::http1::SendRequest<Whole>,
+    sql: &str,
+    authorization: Option<&str>,
+    read_only: bool,
+    k: i64,
+) {
+    // Flagged, what the SDK's `query` sends (a read the server verifies); unflagged, what
+    // `execute` sends (run in a read-write transaction).
+    let mut body = json!({"sql": sql, "params": [k]});
+    if read_only {
+        body["read_only"] = Value::Bool(true);
+    }
+    let body = body.to_string();
+    let mut request = http::Request::post("/api/v1/sql")
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json");
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    let request = request.body(Whole(Some(body.into()))).unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    let text = read_body(response.into_body()).await;
+    let text = String::from_utf8(text).unwrap();
+    assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
+}
+
 /// Warms up, then runs [`ROUNDS`] rounds: in each, the gateway, then `sqlhttpd` with each kind
 /// of read [`Reads::chosen`]; each kind's ratio is to the same round's gateway. The best round
 /// of each side counts.
@@ -252,6 +311,12 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
     let length = round_length();
     let kinds = Reads::chosen();
     let warm_up = Duration::from_secs(1);
+    let held = statements_held();
+    if held > 0 {
+        hold_statements(theirs.0, theirs.1, None, held).await;
+        hold_statements(ours.0, ours.1, Some(TOKEN), held).await;
+        println!("  each side's connections hold {held} more statements");
+    }
     load(theirs.0, theirs.1, None, false, warm_up).await;
     for reads in &kinds {
         load(ours.0, ours.1, Some(TOKEN), reads.read_only(), warm_up).await;
