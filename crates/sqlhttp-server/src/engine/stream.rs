@@ -88,6 +88,19 @@ impl Shared {
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
+
+    /// Tells the producer there is room (or nothing more to wait for) once `state`'s lock is
+    /// given up: a blocking producer through the condition variable, only when it waits (see
+    /// [`State::blocked`]), an async one through its waker; `also` is woken with them.
+    fn room_made(&self, mut state: MutexGuard<'_, State>, also: Option<Waker>) {
+        let room_waker = state.room_waker.take();
+        let blocked = state.blocked;
+        drop(state);
+        if blocked {
+            self.room.notify_all();
+        }
+        also.into_iter().chain(room_waker).for_each(Waker::wake);
+    }
 }
 
 impl State {
@@ -274,13 +287,8 @@ impl Abandon {
         } else {
             state.sender_gone = true;
         }
-        let (waker, room_waker) = (state.waker.take(), state.room_waker.take());
-        let blocked = state.blocked;
-        drop(state);
-        if blocked {
-            self.shared.room.notify_all();
-        }
-        waker.into_iter().chain(room_waker).for_each(Waker::wake);
+        let waker = state.waker.take();
+        self.shared.room_made(state, waker);
     }
 }
 
@@ -345,15 +353,7 @@ impl Drop for ChunkReceiver {
         let mut state = self.shared.lock();
         state.receiver_gone = true;
         state.queue.clear();
-        let room_waker = state.room_waker.take();
-        let blocked = state.blocked;
-        drop(state);
-        if blocked {
-            self.shared.room.notify_all();
-        }
-        if let Some(waker) = room_waker {
-            waker.wake();
-        }
+        self.shared.room_made(state, None);
     }
 }
 
@@ -385,15 +385,7 @@ impl futures_core::Stream for ChunkReceiver {
             _ => state.queue.pop_front(),
         };
         if let Some(chunk) = piece {
-            let room_waker = state.room_waker.take();
-            let blocked = state.blocked;
-            drop(state);
-            if blocked {
-                this.shared.room.notify_one();
-            }
-            if let Some(waker) = room_waker {
-                waker.wake();
-            }
+            this.shared.room_made(state, None);
             return Poll::Ready(Some(Ok(chunk)));
         }
         if state.finished {

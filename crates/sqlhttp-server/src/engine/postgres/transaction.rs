@@ -440,13 +440,19 @@ pub(super) enum Ending {
     Reset(tokio_postgres::Error),
 }
 
+/// The text of [`COMMITTED_AT`], for the consts built from it.
+macro_rules! committed_at {
+    () => {
+        "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text"
+    };
+}
+
 /// The log position after a commit: its record's end or later (`pg_lsn` text).
-pub(super) const COMMITTED_AT: &str = "pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text";
+pub(super) const COMMITTED_AT: &str = committed_at!();
 
 /// The query that reads the log position once a COMMIT ended, sent as a message of its own
 /// behind the COMMIT's: at or past the commit's record.
-pub(super) const POSITION_AFTER_COMMIT: &str =
-    "SELECT pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text";
+pub(super) const POSITION_AFTER_COMMIT: &str = concat!("SELECT ", committed_at!());
 
 /// How far a replica has replayed the primary's log (`pg_lsn` text), asked before a read's
 /// snapshot.
