@@ -186,6 +186,48 @@ needs_postgres! {
 
 needs_postgres! {
     #[tokio::test]
+    async fn a_statement_its_connection_stopped_using_is_closed_and_prepared_again_when_sent() {
+        let router = postgres_app!(
+            "a_statement_its_connection_stopped_using_is_closed_and_prepared_again_when_sent",
+            one_connection
+        );
+        // How many of the session's statements carry `marker` in their text (this statement's
+        // own text does not).
+        let held = async |marker: &str| {
+            let (status, body) = read(
+                &router,
+                "SELECT count(*)::int FROM pg_catalog.pg_prepared_statements \
+                 WHERE statement LIKE '%' || $1 || '%'",
+                json!([marker]),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["rows"][0][0].as_i64().unwrap()
+        };
+        let (status, body) = read(&router, "SELECT 1 AS cold_one", json!([])).await;
+        assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
+        assert_eq!(held("cold_one").await, 1, "prepared and cached");
+        // Every look for statements prepared from SQL text reads each one the session holds
+        // (ADR 0066): one its connection has not used for 256 lookups and more is closed, by
+        // the next flight (the sweeps at lookups 320 and 384 fall on writes' flights here).
+        for n in 0..400 {
+            if n % 2 == 0 {
+                let (status, body) = read(&router, "SELECT 2 AS warm_one", json!([])).await;
+                assert_eq!((status, &body["rows"]), (200, &json!([[2]])), "{body}");
+            } else {
+                ok(&router, "SELECT 2 AS warm_one", json!([])).await;
+            }
+        }
+        assert_eq!(held("cold_one").await, 0, "closed once cold");
+        assert_eq!(held("warm_one").await, 1, "kept while used");
+        let (status, body) = read(&router, "SELECT 1 AS cold_one", json!([])).await;
+        assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
+        assert_eq!(held("cold_one").await, 1, "prepared again when sent again");
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
     async fn a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running() {
         let router = postgres_app!(
             "a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running",
