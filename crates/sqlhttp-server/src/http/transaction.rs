@@ -17,6 +17,7 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
 use serde::Deserialize;
+use serde_json::value::RawValue;
 use sqlhttp_protocol::body::{TransactionNamed, TransactionOpenRequest};
 
 use crate::budget::Held;
@@ -29,7 +30,7 @@ use crate::http::credentials::Credential;
 use crate::http::outcome_response;
 use crate::http::peers::{self, Forwarded};
 use crate::protocol::error::ApiError;
-use crate::protocol::request::{SqlRequest, object};
+use crate::protocol::request::{SqlRequest, exact_unsigned, object};
 use crate::state::{AppState, Shared};
 use crate::transactions::Answer;
 
@@ -181,7 +182,7 @@ impl Admissible for StepRequest {
         #[derive(Deserialize)]
         struct Wire {
             transaction: Option<String>,
-            seq: Option<serde_json::Number>,
+            seq: Option<Box<RawValue>>,
         }
         let request = SqlRequest::parse(bytes)?;
         super::admit::has_text(&request.sql)?;
@@ -191,16 +192,14 @@ impl Admissible for StepRequest {
             ))
         })?;
         let token = token_of(wire.transaction)?;
-        // JSON has one number type: `3.0` is the integer 3, as JSON Schema reads it. At most
-        // 2^53 - 1, the largest integer every JSON reader holds exactly (the document's bound).
+        // At most 2^53 - 1, the largest integer every JSON reader holds exactly (the document's
+        // bound). Any spelling of an integer is one (`3.0`), as JSON Schema reads it.
         const MAX_SEQ: u64 = (1 << 53) - 1;
-        let seq = wire.seq.and_then(|n| {
-            n.as_u64().or_else(|| {
-                n.as_f64()
-                    .filter(|f| f.fract() == 0.0 && *f >= 1.0 && *f <= 9_007_199_254_740_991.0)
-                    .map(|f| f as u64)
-            })
-        });
+        let seq = wire
+            .seq
+            .as_deref()
+            .map(RawValue::get)
+            .and_then(exact_unsigned);
         let seq = match seq {
             Some(seq) if seq > 0 && seq <= MAX_SEQ => seq,
             _ => {

@@ -75,6 +75,52 @@ pub(crate) fn object(body: &[u8], shape: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The non-negative integer a JSON number literal names, exactly, however it is spelled: `3`,
+/// `3.0`, `30e-1` and `0.3E+1` are all 3, as JSON Schema's `integer` reads them. Worked out on
+/// the decimal digits, never through a float (a float holds `4465287181458842.0` only
+/// approximately once it is divided by ten). `None` for anything else: a fraction, a negative
+/// number, one beyond `u64`, or text that is not a number.
+pub(crate) fn exact_unsigned(literal: &str) -> Option<u64> {
+    let literal = literal.trim();
+    let (mantissa, exponent) = match literal.find(['e', 'E']) {
+        Some(at) => (&literal[..at], literal[at + 1..].parse::<i64>().ok()?),
+        None => (literal, 0),
+    };
+    let (negative, mantissa) = match mantissa.strip_prefix('-') {
+        Some(rest) => (true, rest),
+        None => (false, mantissa),
+    };
+    let (whole, fraction) = mantissa.split_once('.').unwrap_or((mantissa, ""));
+    if whole.is_empty()
+        || !whole
+            .bytes()
+            .chain(fraction.bytes())
+            .all(|b| b.is_ascii_digit())
+    {
+        return None;
+    }
+    let digits = format!("{whole}{fraction}");
+    let significant = digits.trim_start_matches('0');
+    let trimmed = significant.trim_end_matches('0');
+    if trimmed.is_empty() {
+        return Some(0);
+    }
+    if negative {
+        return None;
+    }
+    let fraction_len = i64::try_from(fraction.len()).ok()?;
+    let zeros = i64::try_from(significant.len() - trimmed.len()).ok()?;
+    let scale = exponent.checked_sub(fraction_len)?.checked_add(zeros)?;
+    if scale < 0 || scale > 20 {
+        return None;
+    }
+    let mut value: u64 = trimmed.parse().ok()?;
+    for _ in 0..scale {
+        value = value.checked_mul(10)?;
+    }
+    Some(value)
+}
+
 fn parse_param(index: usize, raw: &RawValue) -> Result<Param, ApiError> {
     let position = index + 1;
     let value: serde_json::Value = serde_json::from_str(raw.get())
@@ -146,6 +192,41 @@ mod tests {
         let err = SqlRequest::parse(body.as_bytes()).unwrap_err();
         assert_eq!(err.code, ErrorCode::BadRequest, "{body}");
         err.message
+    }
+
+    #[test]
+    fn an_integer_is_one_however_it_is_spelled_and_exactly() {
+        for (literal, value) in [
+            ("3", 3),
+            ("3.0", 3),
+            ("30e-1", 3),
+            ("0.3E+1", 3),
+            ("1e2", 100),
+            ("-0", 0),
+            ("0.000e5", 0),
+            // Through a float (`as_f64`) this is 4465287181458841.5 or so, never an integer.
+            ("4465287181458842.0", 4_465_287_181_458_842),
+            ("9007199254740991.000", 9_007_199_254_740_991),
+            ("18446744073709551615", u64::MAX),
+            ("1844674407370955161.5e1", u64::MAX),
+        ] {
+            assert_eq!(exact_unsigned(literal), Some(value), "{literal}");
+        }
+        for literal in [
+            "1.5",
+            "-1",
+            "-1.0",
+            "0.1",
+            "18446744073709551616",
+            "1e20",
+            "1e99999999999999999999",
+            "\"3\"",
+            "null",
+            "true",
+            "",
+        ] {
+            assert_eq!(exact_unsigned(literal), None, "{literal}");
+        }
     }
 
     #[test]

@@ -210,6 +210,30 @@ async fn a_resent_statement_is_answered_again_and_one_out_of_order_is_refused(en
     );
     let behind = step(&router, &tx, 0, add, json!([])).await;
     assert_eq!(behind.status, 400, "sequence numbers start at 1");
+    // JSON has one number type: `1.0` is the integer 1 however large it is, not a float that
+    // is almost one.
+    let spelled = |seq: &str| {
+        let body = format!(r#"{{"transaction":"{tx}","seq":{seq},"sql":"{add}","params":[]}}"#);
+        let router = router.clone();
+        async move {
+            let headers = [("content-type", "application/json")];
+            send(
+                &router,
+                "POST",
+                "/api/v1/transaction/statement",
+                &headers,
+                body,
+            )
+            .await
+        }
+    };
+    let resent_as_float = spelled("1.0").await;
+    assert_eq!(resent_as_float.status, 200);
+    assert_eq!(resent_as_float.header("idempotent-replayed"), Some("true"));
+    let far_ahead = spelled("4465287181458842.0").await;
+    assert_eq!(far_ahead.code(), "TRANSACTION_STEP_OUT_OF_ORDER");
+    let fraction = spelled("1.5").await;
+    assert_eq!(fraction.status, 400);
     // A statement that fails is its own answer (stored, the sequence moves on) and the
     // transaction goes on as it was before it.
     let failed = step(&router, &tx, 2, "SELECT * FROM no_such_table", json!([])).await;
