@@ -111,7 +111,7 @@ pub(crate) fn exact_unsigned(literal: &str) -> Option<u64> {
     let fraction_len = i64::try_from(fraction.len()).ok()?;
     let zeros = i64::try_from(significant.len() - trimmed.len()).ok()?;
     let scale = exponent.checked_sub(fraction_len)?.checked_add(zeros)?;
-    if scale < 0 || scale > 20 {
+    if !(0..=20).contains(&scale) {
         return None;
     }
     let mut value: u64 = trimmed.parse().ok()?;
