@@ -29,7 +29,9 @@
 //! otherwise, `Limits::default_pool_size`; the gateway keeps its 16).
 //! `SQLHTTPD_GATEWAY_STATEMENTS=N` has every connection of both sides prepare N more distinct
 //! statements before the rounds, as an application's statement cache would hold them (the
-//! bench's own read is one statement).
+//! bench's own read is one statement); with `SQLHTTPD_GATEWAY_HELD_THROUGH=batch` sqlhttpd's
+//! side prepares them through one-statement batches, into the driver's cache (ADR 0068), where
+//! the gateway's still read them.
 //! Each round also prints the machine's busy CPU time per request on each side (Linux's
 //! `/proc/stat`: the load generator, the server and the database together), which holds still
 //! where requests per second follow a shared machine's speed.
@@ -231,6 +233,12 @@ fn statements_held() -> usize {
         .unwrap_or(0)
 }
 
+/// Whether sqlhttpd's side prepares its held statements through batches
+/// (`SQLHTTPD_GATEWAY_HELD_THROUGH=batch`): into the driver's cache, not the flights'.
+fn held_through_batches() -> bool {
+    std::env::var("SQLHTTPD_GATEWAY_HELD_THROUGH").is_ok_and(|through| through == "batch")
+}
+
 /// The `i`th of the statements [`statements_held`] asks for: the point read, with a condition
 /// that keeps every row and makes the text its own.
 fn held_statement(sql: &str, i: usize) -> String {
@@ -250,7 +258,11 @@ async fn hold_statements(addr: SocketAddr, sql: &str, token: Option<&str>, count
             for i in 0..count {
                 let held = held_statement(&sql, (i + task) % count);
                 let k = (task as i64) % ROWS;
-                read(&mut sender, &held, authorization.as_deref(), true, k).await;
+                if authorization.is_some() && held_through_batches() {
+                    batch(&mut sender, &held, authorization.as_deref(), k).await;
+                } else {
+                    read(&mut sender, &held, authorization.as_deref(), true, k).await;
+                }
             }
         }));
     }
@@ -269,6 +281,31 @@ async fn connect(addr: SocketAddr) -> hyper::client::conn::http1::SendRequest<Wh
             .unwrap();
     tokio::spawn(connection);
     sender
+}
+
+/// Reads row `k` with `sql` as a batch of one statement (`/api/v1/batch`) over `sender`, with
+/// the `Authorization` header's value when given, and checks the answer.
+async fn batch(
+    sender: &mut hyper::client::conn::http1::SendRequest<Whole>,
+    sql: &str,
+    authorization: Option<&str>,
+    k: i64,
+) {
+    let body = json!({"statements": [{"sql": sql, "params": [k]}]}).to_string();
+    let mut request = http::Request::post("/api/v1/batch")
+        .header("host", "127.0.0.1")
+        .header("content-type", "application/json");
+    if let Some(authorization) = authorization {
+        request = request.header("authorization", authorization);
+    }
+    let request = request.body(Whole(Some(body.into()))).unwrap();
+    let response = sender
+        .send_request(request)
+        .await
+        .expect("the server answers");
+    assert_eq!(response.status(), 200);
+    let text = String::from_utf8(read_body(response.into_body()).await).unwrap();
+    assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
 }
 
 /// Reads row `k` with `sql` over `sender`, with the `Authorization` header's value when
@@ -315,7 +352,12 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
     if held > 0 {
         hold_statements(theirs.0, theirs.1, None, held).await;
         hold_statements(ours.0, ours.1, Some(TOKEN), held).await;
-        println!("  each side's connections hold {held} more statements");
+        let through = if held_through_batches() {
+            " (sqlhttpd's through batches)"
+        } else {
+            ""
+        };
+        println!("  each side's connections hold {held} more statements{through}");
     }
     load(theirs.0, theirs.1, None, false, warm_up).await;
     for reads in &kinds {

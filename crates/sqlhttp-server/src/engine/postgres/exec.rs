@@ -138,7 +138,9 @@ pub(crate) const CACHED_STATEMENTS: usize = 256;
 
 /// `sql` prepared on the lease's connection, from its cache when it was prepared there before
 /// (`true` with it: then it may have gone stale, see [`is_stale`]). A lease running a request
-/// a second time prepares afresh, past the cache. The session reset never deallocates these
+/// a second time prepares afresh, past the cache. A text its connection did not look up for
+/// `aging::COLD_AFTER` lookups is removed from the cache and closed (ADR 0068), as the flights'
+/// cache does. The session reset never deallocates these
 /// (they are the protocol's, not `PREPARE`'s: see `setup`'s `_sqlhttp.reset_session`).
 async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_postgres::Error> {
     let client = lease.client();
@@ -150,7 +152,9 @@ async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_po
     let statement = cache.prepare(client, sql).await?;
     let after = cache.size();
     if after > CACHED_STATEMENTS {
-        cache.clear();
+        lease.forget_driver_statements();
+    } else {
+        lease.looked_up_in_driver_cache(sql);
     }
     Ok((statement, after == before))
 }
@@ -277,7 +281,7 @@ pub(crate) async fn write_rows(
         if cached && is_stale(&e) {
             tracing::debug!(error = %e, "a cached statement went stale; running the request again");
             lease.stale.store(true, Ordering::Release);
-            lease.cache().clear();
+            lease.forget_driver_statements();
             return ApiError::unavailable(
                 "a prepared statement went stale (the schema changed) and the request could not \
                  run again; retry",
@@ -307,7 +311,7 @@ pub(crate) async fn write_rows(
         Err(_) if cached => {
             opened(&mut opening).await?;
             lease.stale.store(true, Ordering::Release);
-            lease.cache().clear();
+            lease.forget_driver_statements();
             return Err(ApiError::unavailable(
                 "a prepared statement went stale (the schema changed); retry",
             ));

@@ -26,6 +26,7 @@ use sqlhttp_pgwire::{Connection, Error as WireError, Flight, Format, Param, Tran
 use tokio_postgres::types::Type;
 
 use crate::config::Limits;
+use crate::engine::postgres::aging::Clock;
 use crate::engine::postgres::exec::CACHED_STATEMENTS;
 use crate::engine::postgres::wire::{Lent, SLACK, Wire};
 use crate::engine::postgres::{STOP_WITHIN, session};
@@ -79,17 +80,6 @@ const RESET_AFTER_READ: &str = "SELECT pg_catalog.setseed($1::pg_catalog.float8)
      WHERE e.extname OPERATOR(pg_catalog.=) ANY ('{dblink,postgres_fdw}'::pg_catalog.name[])) \
      THEN _sqlhttp.reset_after_read($1::pg_catalog.float8) END";
 
-/// How many lookups of a connection's client statements a cached one may go without being
-/// looked up before it is closed (ADR 0067). Every statement a session holds costs each read's
-/// reset about 0.3 µs of PostgreSQL's CPU (the look for statements prepared from SQL text reads
-/// them all: ADR 0066), and preparing one again costs about an extra flight, some 80 µs: one
-/// unused for this many of its connection's requests has cost more held than it would have to
-/// prepare again.
-const COLD_AFTER: u64 = 256;
-
-/// How often, in lookups, the cache forgets its cold statements.
-const SWEEP_EVERY: u64 = 64;
-
 /// What one pooled connection keeps for its flights.
 pub(super) struct Flights {
     pub(super) wire: Weak<Wire>,
@@ -102,7 +92,7 @@ pub(super) struct Flights {
     /// Client statements by their rewritten text.
     statements: HashMap<String, Cached>,
     /// Client statements looked up on this connection so far: the cache's clock.
-    lookups: u64,
+    clock: Clock,
     /// Statements to close on the session, in the next flight.
     to_close: Vec<String>,
     next: u64,
@@ -122,7 +112,7 @@ impl std::fmt::Debug for Flights {
 struct Cached {
     name: String,
     statement: Option<Arc<Statement>>,
-    /// [`Flights::lookups`] when it was last looked up.
+    /// The cache's [`Clock`] when it was last looked up.
     used: u64,
 }
 
@@ -157,7 +147,7 @@ impl Flights {
             prepared: false,
             reset_parsed: None,
             statements: HashMap::new(),
-            lookups: 0,
+            clock: Clock::default(),
             to_close: Vec::new(),
             next: 0,
         }
@@ -165,14 +155,14 @@ impl Flights {
 
     /// What the cache knows of `sql`. Past [`CACHED_STATEMENTS`] texts every one is forgotten
     /// (and closed on the session by the next flight), as the driver's cache is; a statement
-    /// not looked up in the last [`COLD_AFTER`] lookups is forgotten before that (ADR 0067).
+    /// not looked up in the last `aging::COLD_AFTER` lookups is forgotten before that (ADR 0067).
     pub(super) fn lookup(&mut self, sql: &str) -> Lookup {
-        self.lookups += 1;
-        if self.lookups.is_multiple_of(SWEEP_EVERY) {
+        let (now, sweep) = self.clock.tick();
+        if sweep {
             self.forget_cold();
         }
         if let Some(cached) = self.statements.get_mut(sql) {
-            cached.used = self.lookups;
+            cached.used = now;
             return match &cached.statement {
                 Some(statement) => Lookup::Ready(Arc::clone(statement)),
                 None => Lookup::Driver,
@@ -211,7 +201,7 @@ impl Flights {
             Cached {
                 name,
                 statement: statement.clone(),
-                used: self.lookups,
+                used: self.clock.now(),
             },
         );
         statement
@@ -224,13 +214,13 @@ impl Flights {
         }
     }
 
-    /// Forgets the statements not looked up in the last [`COLD_AFTER`] lookups, closing each
+    /// Forgets the statements not looked up in the last `aging::COLD_AFTER` lookups, closing each
     /// on the session.
     fn forget_cold(&mut self) {
-        let now = self.lookups;
+        let clock = &self.clock;
         let to_close = &mut self.to_close;
         self.statements.retain(|_, cached| {
-            let warm = now - cached.used <= COLD_AFTER;
+            let warm = !clock.is_cold(cached.used);
             if !warm {
                 to_close.push(std::mem::take(&mut cached.name));
             }

@@ -15,6 +15,7 @@ use deadpool_postgres::{ClientWrapper, Object, StatementCache};
 use tokio::sync::OwnedSemaphorePermit;
 use tokio_postgres::{CancelToken, Client};
 
+use crate::engine::postgres::aging::DriverAges;
 use crate::engine::postgres::ahead::PrimaryLog;
 use crate::engine::postgres::flights::Flights;
 use crate::engine::postgres::transaction::Opened;
@@ -74,6 +75,9 @@ pub(super) struct Lease {
     /// Where the connection keeps its flights between requests (see `flights`); `None` for a
     /// connection that has none.
     pub(super) flights: Option<FlightsHome>,
+    /// When each text in the connection's driver cache was last looked up (see `aging`); `None`
+    /// for a connection never learned.
+    pub(super) driver_ages: Option<Arc<Mutex<DriverAges>>>,
     pub(super) _permit: OwnedSemaphorePermit,
 }
 
@@ -112,6 +116,26 @@ impl Lease {
     /// The connection's prepared statements, by text (see `exec::prepare`).
     pub(super) fn cache(&self) -> &deadpool_postgres::StatementCache {
         &self.wrapper().statement_cache
+    }
+
+    /// Empties the connection's driver cache (its statements are closed on the session), and
+    /// forgets their ages.
+    pub(super) fn forget_driver_statements(&self) {
+        self.cache().clear();
+        if let Some(ages) = &self.driver_ages {
+            ages.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .forget_all();
+        }
+    }
+
+    /// Records a lookup of `sql` in the connection's driver cache (see `aging`).
+    pub(super) fn looked_up_in_driver_cache(&self, sql: &str) {
+        if let Some(ages) = &self.driver_ages {
+            ages.lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .looked_up(sql);
+        }
     }
 
     /// The connection with its cache of prepared statements.
@@ -225,12 +249,22 @@ async fn terminate(target: &wire::Target, pid: i32) {
 #[derive(Debug, Default)]
 pub(super) struct Backends(Mutex<Vec<Backend>>);
 
-/// One pooled connection's backend process, and where it keeps its flights.
+/// One pooled connection's backend process, where it keeps its flights, and its driver cache's
+/// ages.
 #[derive(Debug)]
 struct Backend {
     cache: Weak<StatementCache>,
     pid: i32,
     flights: Option<FlightsHome>,
+    driver_ages: Arc<Mutex<DriverAges>>,
+}
+
+/// What [`Backends`] knows of one connection.
+pub(super) struct Known {
+    /// Its backend process id (0 when it was never learned).
+    pub(super) pid: i32,
+    pub(super) flights: Option<FlightsHome>,
+    pub(super) driver_ages: Option<Arc<Mutex<DriverAges>>>,
 }
 
 impl Backends {
@@ -258,13 +292,13 @@ impl Backends {
             cache: Arc::downgrade(&connection.statement_cache),
             pid,
             flights,
+            driver_ages: Arc::default(),
         });
         Ok(())
     }
 
-    /// The backend process id of `connection` (0 when it was never learned), and where it
-    /// keeps its flights.
-    pub(super) fn of(&self, connection: &ClientWrapper) -> (i32, Option<FlightsHome>) {
+    /// What is known of `connection`.
+    pub(super) fn of(&self, connection: &ClientWrapper) -> Known {
         // A live entry's allocation cannot be reused while its Weak is held: the pointers name
         // one connection each.
         let cache = Arc::as_ptr(&connection.statement_cache);
@@ -273,7 +307,18 @@ impl Backends {
             .unwrap_or_else(PoisonError::into_inner)
             .iter()
             .find(|backend| std::ptr::eq(backend.cache.as_ptr(), cache))
-            .map_or((0, None), |backend| (backend.pid, backend.flights.clone()))
+            .map_or(
+                Known {
+                    pid: 0,
+                    flights: None,
+                    driver_ages: None,
+                },
+                |backend| Known {
+                    pid: backend.pid,
+                    flights: backend.flights.clone(),
+                    driver_ages: Some(Arc::clone(&backend.driver_ages)),
+                },
+            )
     }
 }
 
@@ -321,7 +366,23 @@ impl Inner {
         // (see `engine::Buffering`): waiting for one holds nothing of it.
         crate::engine::grow(0)?;
         let id = self.next_lease.fetch_add(1, Ordering::Relaxed);
-        let (backend, flights) = self.backends.of(&object);
+        let Known {
+            pid: backend,
+            flights,
+            driver_ages,
+        } = self.backends.of(&object);
+        if let Some(ages) = &driver_ages {
+            // The driver's cached statements this connection stopped using are closed (ADR
+            // 0068): the driver writes each `Close` now, on a session no flight holds, and a
+            // flight waits for their answers before it takes the socket (`Wire::lend_soon`).
+            let cold = ages
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .request();
+            for sql in cold {
+                object.statement_cache.remove(&sql, &[]);
+            }
+        }
         let cancel = object.cancel_token();
         self.in_flight
             .lock()
@@ -351,6 +412,7 @@ impl Inner {
             min: job.min.load(Ordering::Acquire),
             log: self.log.clone(),
             flights,
+            driver_ages,
             _permit: permit,
         })
     }

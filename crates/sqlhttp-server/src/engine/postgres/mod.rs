@@ -36,6 +36,7 @@
 //! Past 600 lines on purpose for now: `engine/postgres/` is rebuilt on `sqlhttp-pgwire` by issue 38
 //! (ADR 0059), which splits it by concern; issue 39 left this folder as it is.
 
+mod aging;
 mod ahead;
 mod batch;
 mod catalog;

@@ -227,6 +227,50 @@ needs_postgres! {
 }
 
 needs_postgres! {
+    /// The driver's cache (batches, keyed writes, transactions) forgets what its connection
+    /// stopped using as the flights' cache does, counting the connection's requests (ADR 0068):
+    /// every statement held costs every read's reset on that session.
+    #[tokio::test]
+    async fn a_statement_the_driver_stopped_using_is_closed_and_prepared_again_when_sent() {
+        let router = postgres_app!(
+            "a_statement_the_driver_stopped_using_is_closed_and_prepared_again_when_sent",
+            one_connection
+        );
+        let held = async |marker: &str| {
+            let (status, body) = read(
+                &router,
+                "SELECT count(*)::int FROM pg_catalog.pg_prepared_statements \
+                 WHERE statement LIKE '%' || $1 || '%'",
+                json!([marker]),
+            )
+            .await;
+            assert_eq!(status, 200, "{body}");
+            body["rows"][0][0].as_i64().unwrap()
+        };
+        let batch = async |sql: &str| {
+            let reply = crate::sandbox::effects::batch(&router, &[], &[sql]).await;
+            assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+        };
+        batch("SELECT 1 AS cold_in_driver").await;
+        assert_eq!(held("cold_in_driver").await, 1, "prepared and cached");
+        // Most requests are verified reads, which never look the driver's cache up: its clock
+        // counts the connection's requests.
+        for n in 0..400 {
+            if n % 100 == 0 {
+                batch("SELECT 2 AS warm_in_driver").await;
+            } else {
+                let (status, body) = read(&router, "SELECT 3 AS in_flights", json!([])).await;
+                assert_eq!((status, &body["rows"]), (200, &json!([[3]])), "{body}");
+            }
+        }
+        assert_eq!(held("cold_in_driver").await, 0, "closed once cold");
+        assert_eq!(held("warm_in_driver").await, 1, "kept while used");
+        batch("SELECT 1 AS cold_in_driver").await;
+        assert_eq!(held("cold_in_driver").await, 1, "prepared again when sent again");
+    }
+}
+
+needs_postgres! {
     #[tokio::test]
     async fn a_verified_read_whose_client_left_mid_stream_frees_its_session_and_leaves_nothing_running() {
         let router = postgres_app!(
