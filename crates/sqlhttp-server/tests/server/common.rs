@@ -311,3 +311,13 @@ pub(crate) fn without_stats(text: &str) -> String {
     out.push_str(rest);
     out
 }
+
+/// A child process's resident memory (`VmRSS`), in bytes.
+pub(crate) fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
+        .map_or(0, |kib| kib * 1024)
+}

@@ -149,7 +149,16 @@ async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_po
     }
     let cache = lease.cache();
     let before = cache.size();
-    let statement = cache.prepare(client, sql).await?;
+    let statement = match cache.prepare(client, sql).await {
+        Ok(statement) => statement,
+        Err(e) => {
+            // deadpool keeps an empty entry for a text whose Parse failed (its `size` does not
+            // count it, so the bound below never empties it): every failing new text would
+            // stay in the connection's cache for good.
+            cache.remove(sql, &[]);
+            return Err(e);
+        }
+    };
     let after = cache.size();
     if after > CACHED_STATEMENTS {
         lease.forget_driver_statements();

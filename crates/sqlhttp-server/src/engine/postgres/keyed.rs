@@ -21,7 +21,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use deadpool_postgres::ClientWrapper;
 use tokio_postgres::Client;
 
 use crate::engine::keyed::{self as rule, Decision, Stored, expired_before, now_millis};
@@ -234,7 +233,7 @@ pub(crate) async fn purge_expired(
 /// once it checked that the transaction is still its own: a recorded outcome commits only with
 /// the transaction the caller opened, so a request that ended it stores nothing.
 async fn run_with_key<F>(
-    client: &ClientWrapper,
+    lease: &Lease,
     store_key: &str,
     keyed: &Keyed,
     work: F,
@@ -253,8 +252,9 @@ where
     // The store's statements are prepared once per connection (see `run::prepare`); a failure
     // of one empties the connection's cache, so a statement that went stale (another
     // replica's start replaced a function of the store) is prepared afresh next time.
+    let client = lease.wrapper();
     let map = |e| {
-        client.statement_cache.clear();
+        lease.forget_driver_statements();
         map(e)
     };
     let lock = client
@@ -428,13 +428,7 @@ impl Inner {
                 Work::Batch(batch) => batch.statements.len(),
             },
             // Boxed: the keyed work's future is large.
-            Box::pin(run_with_key(
-                lease.wrapper(),
-                &self.store_key,
-                keyed,
-                run,
-                &map,
-            )),
+            Box::pin(run_with_key(lease, &self.store_key, keyed, run, &map)),
         )
         .await
     }

@@ -410,16 +410,6 @@ async fn one_credential_holds_at_most_half_the_stored_results_share(engine: Engi
     end_as(&router, "reader", &c).await;
 }
 
-/// A child process's resident memory (`VmRSS`), in bytes.
-fn rss_of(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|rest| rest.split_whitespace().next()?.parse::<u64>().ok())
-        .map_or(0, |kib| kib * 1024)
-}
-
 /// The measurement, on the binary: a 6 MB stored result replayed to 40 connections
 /// that never read, under `--max-buffered-bytes 32MiB`. Before the fix the server grew by
 /// 248 MiB (a copy per replay); now the replays share the one result (the bound is generous:
@@ -455,7 +445,7 @@ async fn forty_unread_replays_of_a_large_result_do_not_grow_the_server() {
     assert_eq!(first.status(), 200);
     assert!(first.bytes().await.unwrap().len() > 6_000_000);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    let before = rss_of(child.id());
+    let before = crate::common::rss_of(child.id());
 
     let addr = url.strip_prefix("http://").unwrap().to_owned();
     let body = step.to_string();
@@ -472,7 +462,7 @@ async fn forty_unread_replays_of_a_large_result_do_not_grow_the_server() {
         })
         .collect();
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let after = rss_of(child.id());
+    let after = crate::common::rss_of(child.id());
     let grew = after.saturating_sub(before);
     eprintln!(
         "40 unread replays of a 6 MB result: RSS {} -> {} MiB (+{} MiB)",
