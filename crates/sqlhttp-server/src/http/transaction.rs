@@ -204,7 +204,7 @@ impl Admissible for StepRequest {
             Some(seq) if seq > 0 && seq <= MAX_SEQ => seq,
             _ => {
                 return Err(ApiError::bad_request(
-                    "`seq` (the statement's number in the transaction, from 1 to 2^53 - 1) is missing or out of range",
+                    "`seq` (the statement's number in the transaction, an integer from 1 to 2^53 - 1) is missing, not an integer, or out of range",
                 ));
             }
         };
