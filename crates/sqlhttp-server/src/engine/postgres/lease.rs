@@ -373,8 +373,10 @@ impl Inner {
         } = self.backends.of(&object);
         if let Some(ages) = &driver_ages {
             // The driver's cached statements this connection stopped using are closed (ADR
-            // 0068): the driver writes each `Close` now, on a session no flight holds, and a
-            // flight waits for their answers before it takes the socket (`Wire::lend_soon`).
+            // 0068): dropping one queues its `Close` with the driver, outside any transaction.
+            // The wire keeps it apart from a flight, as for any statement the driver closes: a
+            // flight waits for the answers of what the driver wrote (`Wire::lend_soon`), and
+            // what the driver has yet to write waits until the flight gave the socket back.
             let cold = ages
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
