@@ -48,8 +48,9 @@ impl Clock {
 /// When each text in one connection's driver cache was last looked up, on a clock of the
 /// connection's requests: its flights never look the driver's cache up, so a clock of the
 /// cache's own lookups would stop while the connection serves only verified reads, and the
-/// statements would stay. Holds at most the texts of the last [`COLD_AFTER`] + [`SWEEP_EVERY`]
-/// requests, whatever the cache itself holds.
+/// statements would stay. Holds only texts the cache holds (a text is recorded once prepared
+/// into it, and every emptying of the cache forgets them all: `Lease::forget_driver_statements`),
+/// and of those only the ones looked up in the last [`COLD_AFTER`] + [`SWEEP_EVERY`] requests.
 #[derive(Debug, Default)]
 pub(crate) struct DriverAges {
     clock: Clock,

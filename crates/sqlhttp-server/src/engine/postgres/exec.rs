@@ -138,9 +138,9 @@ pub(crate) const CACHED_STATEMENTS: usize = 256;
 
 /// `sql` prepared on the lease's connection, from its cache when it was prepared there before
 /// (`true` with it: then it may have gone stale, see [`is_stale`]). A lease running a request
-/// a second time prepares afresh, past the cache. A text its connection did not look up for
-/// `aging::COLD_AFTER` lookups is removed from the cache and closed (ADR 0068), as the flights'
-/// cache does. The session reset never deallocates these
+/// a second time prepares afresh, past the cache. A text its connection did not look up in its
+/// last `aging::COLD_AFTER` requests is removed from the cache and closed (ADR 0068), as the
+/// flights' cache does. The session reset never deallocates these
 /// (they are the protocol's, not `PREPARE`'s: see `setup`'s `_sqlhttp.reset_session`).
 async fn prepare(lease: &Lease, sql: &str) -> Result<(Statement, bool), tokio_postgres::Error> {
     let client = lease.client();
