@@ -291,21 +291,8 @@ async fn batch(
     authorization: Option<&str>,
     k: i64,
 ) {
-    let body = json!({"statements": [{"sql": sql, "params": [k]}]}).to_string();
-    let mut request = http::Request::post("/api/v1/batch")
-        .header("host", "127.0.0.1")
-        .header("content-type", "application/json");
-    if let Some(authorization) = authorization {
-        request = request.header("authorization", authorization);
-    }
-    let request = request.body(Whole(Some(body.into()))).unwrap();
-    let response = sender
-        .send_request(request)
-        .await
-        .expect("the server answers");
-    assert_eq!(response.status(), 200);
-    let text = String::from_utf8(read_body(response.into_body()).await).unwrap();
-    assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
+    let body = json!({"statements": [{"sql": sql, "params": [k]}]});
+    post_for_row(sender, "/api/v1/batch", &body, authorization, k).await;
 }
 
 /// Reads row `k` with `sql` over `sender`, with the `Authorization` header's value when
@@ -323,21 +310,31 @@ async fn read(
     if read_only {
         body["read_only"] = Value::Bool(true);
     }
-    let body = body.to_string();
-    let mut request = http::Request::post("/api/v1/sql")
+    post_for_row(sender, "/api/v1/sql", &body, authorization, k).await;
+}
+
+/// POSTs `body` to `path` over `sender`, with the `Authorization` header's value when given,
+/// and checks that the answer is a 200 holding row `k`.
+async fn post_for_row(
+    sender: &mut hyper::client::conn::http1::SendRequest<Whole>,
+    path: &str,
+    body: &Value,
+    authorization: Option<&str>,
+    k: i64,
+) {
+    let mut request = http::Request::post(path)
         .header("host", "127.0.0.1")
         .header("content-type", "application/json");
     if let Some(authorization) = authorization {
         request = request.header("authorization", authorization);
     }
-    let request = request.body(Whole(Some(body.into()))).unwrap();
+    let request = request.body(Whole(Some(body.to_string().into()))).unwrap();
     let response = sender
         .send_request(request)
         .await
         .expect("the server answers");
     assert_eq!(response.status(), 200);
-    let text = read_body(response.into_body()).await;
-    let text = String::from_utf8(text).unwrap();
+    let text = String::from_utf8(read_body(response.into_body()).await).unwrap();
     assert!(text.contains(&format!("[{k},\"v{k}\"]")), "{text}");
 }
 

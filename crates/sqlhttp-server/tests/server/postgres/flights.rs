@@ -29,6 +29,20 @@ async fn read(router: &axum::Router, sql: &str, params: Value) -> (u16, Value) {
     (reply.status, reply.json())
 }
 
+/// How many of the session's statements carry `marker` in their text (this statement's own text
+/// does not).
+async fn held(router: &axum::Router, marker: &str) -> i64 {
+    let (status, body) = read(
+        router,
+        "SELECT count(*)::int FROM pg_catalog.pg_prepared_statements \
+         WHERE statement LIKE '%' || $1 || '%'",
+        json!([marker]),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    body["rows"][0][0].as_i64().unwrap()
+}
+
 needs_postgres! {
     #[tokio::test]
     async fn a_verified_read_runs_on_the_servers_statements_prepared_once() {
@@ -191,22 +205,9 @@ needs_postgres! {
             "a_statement_its_connection_stopped_using_is_closed_and_prepared_again_when_sent",
             one_connection
         );
-        // How many of the session's statements carry `marker` in their text (this statement's
-        // own text does not).
-        let held = async |marker: &str| {
-            let (status, body) = read(
-                &router,
-                "SELECT count(*)::int FROM pg_catalog.pg_prepared_statements \
-                 WHERE statement LIKE '%' || $1 || '%'",
-                json!([marker]),
-            )
-            .await;
-            assert_eq!(status, 200, "{body}");
-            body["rows"][0][0].as_i64().unwrap()
-        };
         let (status, body) = read(&router, "SELECT 1 AS cold_one", json!([])).await;
         assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
-        assert_eq!(held("cold_one").await, 1, "prepared and cached");
+        assert_eq!(held(&router, "cold_one").await, 1, "prepared and cached");
         // Every look for statements prepared from SQL text reads each one the session holds
         // (ADR 0066): one its connection has not used for 256 lookups and more is closed, by
         // the next flight (the sweeps at lookups 320 and 384 fall on writes' flights here).
@@ -218,11 +219,11 @@ needs_postgres! {
                 ok(&router, "SELECT 2 AS warm_one", json!([])).await;
             }
         }
-        assert_eq!(held("cold_one").await, 0, "closed once cold");
-        assert_eq!(held("warm_one").await, 1, "kept while used");
+        assert_eq!(held(&router, "cold_one").await, 0, "closed once cold");
+        assert_eq!(held(&router, "warm_one").await, 1, "kept while used");
         let (status, body) = read(&router, "SELECT 1 AS cold_one", json!([])).await;
         assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
-        assert_eq!(held("cold_one").await, 1, "prepared again when sent again");
+        assert_eq!(held(&router, "cold_one").await, 1, "prepared again when sent again");
     }
 }
 
@@ -236,23 +237,12 @@ needs_postgres! {
             "a_statement_the_driver_stopped_using_is_closed_and_prepared_again_when_sent",
             one_connection
         );
-        let held = async |marker: &str| {
-            let (status, body) = read(
-                &router,
-                "SELECT count(*)::int FROM pg_catalog.pg_prepared_statements \
-                 WHERE statement LIKE '%' || $1 || '%'",
-                json!([marker]),
-            )
-            .await;
-            assert_eq!(status, 200, "{body}");
-            body["rows"][0][0].as_i64().unwrap()
-        };
         let batch = async |sql: &str| {
             let reply = crate::sandbox::effects::batch(&router, &[], &[sql]).await;
             assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
         };
         batch("SELECT 1 AS cold_in_driver").await;
-        assert_eq!(held("cold_in_driver").await, 1, "prepared and cached");
+        assert_eq!(held(&router, "cold_in_driver").await, 1, "prepared and cached");
         // Most requests are verified reads, which never look the driver's cache up: its clock
         // counts the connection's requests.
         for n in 0..400 {
@@ -263,10 +253,10 @@ needs_postgres! {
                 assert_eq!((status, &body["rows"]), (200, &json!([[3]])), "{body}");
             }
         }
-        assert_eq!(held("cold_in_driver").await, 0, "closed once cold");
-        assert_eq!(held("warm_in_driver").await, 1, "kept while used");
+        assert_eq!(held(&router, "cold_in_driver").await, 0, "closed once cold");
+        assert_eq!(held(&router, "warm_in_driver").await, 1, "kept while used");
         batch("SELECT 1 AS cold_in_driver").await;
-        assert_eq!(held("cold_in_driver").await, 1, "prepared again when sent again");
+        assert_eq!(held(&router, "cold_in_driver").await, 1, "prepared again when sent again");
     }
 }
 
