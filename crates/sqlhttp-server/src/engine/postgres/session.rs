@@ -40,6 +40,16 @@ macro_rules! reset_text {
 /// writes, so a statement written behind a `BEGIN` that failed cannot write in autocommit.
 pub(crate) const RESET: &str = reset_text!();
 
+/// [`RESET`]'s statements one by one, for a flight of the extended protocol, which takes one
+/// statement per `Parse`. Run there in the flight's implicit transaction, committed at its
+/// `Sync`; an error anywhere rolls all of them back, and the session is closed, not pooled.
+pub(crate) const RESET_STATEMENTS: [&str; 4] = [
+    "SET SESSION AUTHORIZATION DEFAULT",
+    "RESET ROLE",
+    "RESET ALL",
+    "SELECT _sqlhttp.reset_request()",
+];
+
 /// The end of a read's transaction and what is left of the session's reset after it, as one
 /// simple query: the engine writes it behind the read's statement before any of the
 /// statement's answer arrived, so the read takes one round trip (ADR 0037).
@@ -179,5 +189,15 @@ pub(crate) async fn worth_retrying(keeper: &RoleKeeper, err: &PoolError) -> bool
             keeper.restore_password().await
         }
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_reset_s_statements_are_the_reset() {
+        assert_eq!(format!("{};", RESET_STATEMENTS.join("; ")), RESET);
     }
 }

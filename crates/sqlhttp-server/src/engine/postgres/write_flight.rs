@@ -10,23 +10,32 @@
 //! first (`statement_flight`).
 //!
 //! The COMMIT waits for the second flight because the rows decide it: a cell or a row past its
-//! bound, or a requester gone, fails the request, and then nothing of it may be kept. The second
+//! bound, or a requester gone, fails the request, and then nothing of it may be kept. A query
+//! that may write nothing (ADR 0069) carries its end in the first flight, behind a savepoint and
+//! a check that raises when the transaction was given an id: a statement that wrote nothing has
+//! nothing for its rows to decide, and its `COMMIT` (which delivers what it notified), the
+//! position and the reset run there; one that wrote skips them to the `Sync`, and the second
+//! flight rolls back to the savepoint and commits as above. The second
 //! flight is not bounded by the give-up watchdog (as the driver's path's `end` is not): a COMMIT
 //! under way is left to finish, within the statement timeout and a grace, past which the
 //! session is abandoned and the outcome answered unknown.
 //!
 //! Knows a write's transaction and its end; nothing about HTTP, pooling or replicas.
 
-use sqlhttp_pgwire::{Answer, DbError, Error as WireError, Format, Param, TransactionStatus};
+use sqlhttp_pgwire::{
+    Answer, DbError, Error as WireError, Flight, Format, Param, Row, TransactionStatus,
+};
 
-use crate::engine::postgres::flights::{self, Flights, Left, Opening, text};
+use crate::engine::postgres::flights::{self, Flights, Left, Opening, left_by, text};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::statement_flight::{
     self as statement, ClientRows, Ready, Tried, changed, is_stale, once_more, param, settle,
     unexpected,
 };
 use crate::engine::postgres::transaction::{POSITION_AFTER_COMMIT, TAMPERED_SQLSTATE, tampered};
+use crate::engine::postgres::wire::Lent;
 use crate::engine::postgres::{Inner, Job, session};
+use crate::engine::sql_text::{self, Dialect};
 use crate::engine::stream::Sink;
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
@@ -34,7 +43,9 @@ use crate::protocol::request::SqlRequest;
 /// What the first flight of a write came to.
 enum Ran {
     /// The statement ran and its rows were answered; its transaction is open, to commit.
-    Written(u64),
+    /// `checked`: the flight ended past the check that found it wrote ([`WROTE_NOTHING`]), so
+    /// the COMMIT's flight first rolls back to [`WRITTEN`], which keeps what it wrote.
+    Written { rows: u64, checked: bool },
     /// It ended (refused, failed, given up) and its transaction with it.
     Ended(Tried, Left),
 }
@@ -83,8 +94,8 @@ impl Inner {
                 })
                 .await;
             let (tried, left) = match ran {
-                Ok(Ran::Written(rows)) => {
-                    let committed = self.commit(&mut flights, lease).await;
+                Ok(Ran::Written { rows, checked }) => {
+                    let committed = self.commit(&mut flights, lease, checked).await;
                     (Tried::Done(committed.answer.map(|()| rows)), committed.left)
                 }
                 Ok(Ran::Ended(tried, left)) => (tried, left),
@@ -153,6 +164,8 @@ impl Inner {
         let [timeout, lock_wait] = self.flight_timeouts();
         let settings = [text(&timeout), text(&lock_wait)];
         let lost = |e: &WireError| Ran::Ended(Tried::Done(Err(self.map_wire(e))), Left::Lost);
+        let ends_here = may_end_in_one_flight(sql);
+        let timeout_now = format!("SET statement_timeout = {}", self.timeout_ms());
         flights.unnamed_replaced();
         let Some(mut flight) = flights.flight() else {
             return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
@@ -163,8 +176,11 @@ impl Inner {
             }
             flight
                 .bind("", &ready.statement.name, &params, Format::Binary)?
-                .execute("", 0)?
-                .sync();
+                .execute("", 0)?;
+            if ends_here {
+                add_end_if_unwritten(&mut flight, &timeout_now, &lease.guard)?;
+            }
+            flight.sync();
             Ok::<(), WireError>(())
         })();
         if let Err(e) = encoded {
@@ -193,6 +209,11 @@ impl Inner {
         // first did outside the transaction.
         let mut bound = false;
         let mut refused: Option<(usize, Box<DbError>)> = None;
+        // The end after the statement, when this flight carries it: where its statements are,
+        // and what they answered.
+        let end = ends_here.then_some(client);
+        let at_end = |step: usize, offset: usize| end.is_some_and(|client| step == client + offset);
+        let (mut committed, mut reset_rows, mut reset_done) = (false, 0, false);
         let give_up = async |err| {
             let (tried, left) = self.give_up(lease, err).await;
             Ran::Ended(tried, left)
@@ -220,9 +241,20 @@ impl Inner {
                         return give_up(err).await;
                     }
                 }
+                // The check's row: it wrote nothing.
+                Answer::Row(_) if at_end(step, End::CHECK) => {}
+                Answer::Row(row) if at_end(step, End::POSITION) => keep_position(lease, &row),
+                // The reset's row (its function returns `void`).
+                Answer::Row(_) if at_end(step, End::RESET_FUNCTION) => reset_rows += 1,
                 Answer::CommandComplete(done) => {
                     if step == client {
                         changed_rows = changed(request, &done);
+                    }
+                    if at_end(step, End::COMMIT) {
+                        committed = done.as_str() == "COMMIT";
+                    }
+                    if at_end(step, End::RESET_FUNCTION) {
+                        reset_done = done.as_str() == "SELECT 1" && reset_rows == 1;
                     }
                     step += 1;
                 }
@@ -245,14 +277,37 @@ impl Inner {
                 tracing::error!("a write's BEGIN did not name its transaction");
                 return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
             }
+            if ends_here {
+                // Committed and reset in this flight: the statement wrote nothing.
+                return if !committed {
+                    // A statement of the client's stood where `COMMIT` does: not kept.
+                    let left = flights::rollback_and_reset(flights).await;
+                    Ran::Ended(Tried::Done(Err(tampered())), left)
+                } else if reset_done {
+                    Ran::Ended(Tried::Done(Ok(changed_rows)), left_by(&flights.connection))
+                } else {
+                    tracing::error!("a write's reset was not answered as the reset; closing it");
+                    Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Unreset)
+                };
+            }
             if flights.connection.transaction_status() != TransactionStatus::InTransaction {
                 // The client's statement ended the server's transaction: nothing is committed
                 // in its place (ADR 0027).
                 let left = flights::rollback_and_reset(flights).await;
                 return Ran::Ended(Tried::Done(Err(tampered())), left);
             }
-            return Ran::Written(changed_rows);
+            return Ran::Written {
+                rows: changed_rows,
+                checked: false,
+            };
         };
+        if let Some(client) = end
+            && at > client
+        {
+            return self
+                .refused_at_end(flights, at - client, &refusal, changed_rows)
+                .await;
+        }
         let left = flights::rollback_and_reset(flights).await;
         // Stale only when refused at Bind.
         if at == client && ready.cached && !bound && is_stale(&refusal.code) {
@@ -270,7 +325,45 @@ impl Inner {
     /// Commits the write whose first flight left its transaction open, and resets the session,
     /// in one flight of three simple queries (the driver's path's COMMIT message, the position
     /// after it and `session::RESET`), within the statement timeout and a grace.
-    async fn commit(&self, flights: &mut Flights, lease: &Lease) -> Committed {
+    /// What a first flight that carried the end after its statement came to when PostgreSQL
+    /// refused the end's statement at `offset` (see [`End`]), the statement having changed
+    /// `rows`. Everything after the refusal was skipped to the `Sync`.
+    async fn refused_at_end(
+        &self,
+        flights: &mut Flights,
+        offset: usize,
+        refusal: &DbError,
+        rows: u64,
+    ) -> Ran {
+        match offset {
+            // The check raised: the statement wrote (or the check could not tell). The
+            // transaction stands in error at the savepoint after the statement; the COMMIT's
+            // flight rolls back to it and commits what the statement did.
+            End::CHECK => Ran::Written {
+                rows,
+                checked: true,
+            },
+            // Refused before or at `COMMIT` (the guard gone, a COMMIT refused): nothing is
+            // kept, and the session is ended and reset.
+            End::TIMEOUT..=End::COMMIT => {
+                let left = flights::rollback_and_reset(flights).await;
+                let answer = if offset == End::RELEASE {
+                    tampered()
+                } else {
+                    self.map_refusal(refusal)
+                };
+                Ran::Ended(Tried::Done(Err(answer)), left)
+            }
+            // Committed; the position after it or the reset failed: the write stands (without
+            // its bookmark when the position is what failed), and the session is not pooled.
+            _ => {
+                tracing::warn!(error = %refusal, "cannot reset a session after its COMMIT; closing it");
+                Ran::Ended(Tried::Done(Ok(rows)), Left::Unreset)
+            }
+        }
+    }
+
+    async fn commit(&self, flights: &mut Flights, lease: &Lease, checked: bool) -> Committed {
         let opened = lease
             .opened
             .lock()
@@ -286,7 +379,7 @@ impl Inner {
         let message = self.commit_message(&lease.guard, &opened);
         let sent = tokio::time::timeout(
             self.end_within(true),
-            self.commit_flight(flights, lease, &message),
+            self.commit_flight(flights, lease, &message, checked),
         )
         .await;
         let unknown = |why: &str| {
@@ -356,14 +449,22 @@ impl Inner {
         flights: &mut Flights,
         lease: &Lease,
         message: &str,
+        checked: bool,
     ) -> CommitFlight {
         flights.unnamed_replaced();
         let flights_closing = flights.closing();
         let Some(mut flight) = flights.flight() else {
             return CommitFlight::Lost { committed: false };
         };
-        // The answers of Closes still pending end with a `ReadyForQuery` of their own, first.
-        let closes = usize::from(flights_closing);
+        // The answers of Closes still pending end with a `ReadyForQuery` of their own, first;
+        // then the rollback to the savepoint after the statement's, when there is one.
+        let closes = usize::from(flights_closing) + usize::from(checked);
+        if checked && flight.query(ROLLBACK_TO_WRITTEN).is_err() {
+            return CommitFlight::Refused {
+                refusal: None,
+                reset: true,
+            };
+        }
         if flight
             .query(message)
             .and_then(|flight| flight.query(POSITION_AFTER_COMMIT))
@@ -408,19 +509,7 @@ impl Inner {
                     }
                     step += 1;
                 }
-                Answer::Row(row) if query == POSITION => {
-                    if let Some(position) = row
-                        .iter()
-                        .next()
-                        .flatten()
-                        .and_then(|cell| std::str::from_utf8(cell).ok())
-                        .and_then(crate::protocol::bookmark::from_lsn)
-                    {
-                        lease
-                            .position
-                            .fetch_max(position.position(), std::sync::atomic::Ordering::AcqRel);
-                    }
-                }
+                Answer::Row(row) if query == POSITION => keep_position(lease, &row),
                 Answer::Error(e) if query == MESSAGE => refused = Some(e),
                 // The position's read failed: a kept write goes without its bookmark.
                 Answer::Error(_) if query == POSITION => {
@@ -455,4 +544,92 @@ enum CommitFlight {
     /// The connection failed with answers unread; `committed` when the COMMIT was answered
     /// as done before it did.
     Lost { committed: bool },
+}
+
+/// The name of the savepoint a write's first flight takes after the client's statement when
+/// it carries the end ([`add_end_if_unwritten`]): what the statement did stands before it.
+macro_rules! written {
+    () => {
+        "_sqlhttp_written"
+    };
+}
+
+/// The savepoint after the client's statement ([`written!`]).
+const WRITTEN: &str = concat!("SAVEPOINT ", written!());
+
+/// The COMMIT's flight's first query after a first flight whose check found a write.
+const ROLLBACK_TO_WRITTEN: &str = concat!("ROLLBACK TO SAVEPOINT ", written!());
+
+/// Raises (division by zero) when the transaction was given an id, that is when a statement
+/// in it wrote (ADR 0069). A `NOTIFY` takes its id only at `COMMIT`, after this. Every name
+/// qualified, the operator too: a client's function may have set the search path.
+const WROTE_NOTHING: &str = "SELECT 1 OPERATOR(pg_catalog./) \
+     (pg_catalog.pg_current_xact_id_if_assigned() IS NULL)::pg_catalog.int4";
+
+/// Where the end's statements answer, counted from the client's statement (ADR 0069).
+struct End;
+
+impl End {
+    const TIMEOUT: usize = 1;
+    const CHECK: usize = 3;
+    const RELEASE: usize = 4;
+    const COMMIT: usize = 5;
+    const POSITION: usize = 6;
+    /// The last: `_sqlhttp.reset_request()`.
+    const RESET_FUNCTION: usize = 6 + session::RESET_STATEMENTS.len();
+}
+
+/// Adds the end of a write that may have written nothing to its first flight, behind the
+/// client's statement (ADR 0069): the server's statement timeout for the session
+/// (`timeout_now`, as the COMMIT's message sets it, first: a client's function may have set
+/// one of a millisecond), [`WRITTEN`], the check [`WROTE_NOTHING`], the release of `guard`,
+/// `COMMIT`, the position after it and the reset after a request. Each is
+/// parsed here as the unnamed statement, which no client's function can take over. When the
+/// statement wrote, the check's refusal skips the rest to the `Sync`, and the transaction waits
+/// for the COMMIT's own flight as every write's does.
+fn add_end_if_unwritten(
+    flight: &mut Flight<'_, Lent>,
+    timeout_now: &str,
+    guard: &str,
+) -> Result<(), WireError> {
+    flight
+        .statement(timeout_now)?
+        .statement(WRITTEN)?
+        .statement(WROTE_NOTHING)?
+        .statement(&format!("RELEASE SAVEPOINT {guard}"))?
+        .statement("COMMIT")?
+        .statement(POSITION_AFTER_COMMIT)?;
+    for reset in session::RESET_STATEMENTS {
+        flight.statement(reset)?;
+    }
+    Ok(())
+}
+
+/// Whether a statement sent without `"read_only": true` is likely to write nothing, so its
+/// first flight carries the end too (ADR 0069): a query (`SELECT`, `VALUES`, `TABLE`, `WITH`)
+/// that does not name `NOTIFY` or `pg_notify`. Only the cost depends on this guess: a
+/// statement that wrote is found by the check, and committed by a second flight.
+fn may_end_in_one_flight(sql: &str) -> bool {
+    let query = sql_text::statement(sql, Dialect::Postgres)
+        .is_some_and(|s| matches!(s.first.as_str(), "SELECT" | "VALUES" | "TABLE" | "WITH"));
+    query
+        && !sql
+            .as_bytes()
+            .windows(b"notify".len())
+            .any(|w| w.eq_ignore_ascii_case(b"notify"))
+}
+
+/// Keeps the log position a `row` read after a COMMIT names, for the write's bookmark.
+fn keep_position(lease: &Lease, row: &Row) {
+    if let Some(position) = row
+        .iter()
+        .next()
+        .flatten()
+        .and_then(|cell| std::str::from_utf8(cell).ok())
+        .and_then(crate::protocol::bookmark::from_lsn)
+    {
+        lease
+            .position
+            .fetch_max(position.position(), std::sync::atomic::Ordering::AcqRel);
+    }
 }

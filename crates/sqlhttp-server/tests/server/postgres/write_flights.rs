@@ -1,6 +1,6 @@
 //! Statements sent without `"read_only": true` on the primary, in two flights (ADR 0064): the
 //! statement in the write's transaction, then the COMMIT's message and the session's reset as
-//! simple queries. What each test asks is what the next request meets when this one failed,
+//! simple queries; a query that wrote nothing in one (ADR 0069), its COMMIT and reset behind it. What each test asks is what the next request meets when this one failed,
 //! was tampered with, or lost its answer: a clean session, nothing kept twice, nothing kept of
 //! work reported failed, and an outcome the server cannot know answered as unknown.
 //!
@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use crate::common::{abandon_mid_stream, ok, sql};
+use crate::engines::{config, database};
 use crate::engines::{needs_postgres, postgres_app};
 
 fn one_connection(config: &mut sqlhttp_server::Config) {
@@ -32,6 +33,7 @@ const PROBE: &str = "SELECT current_setting('statement_timeout'), \
     (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())::int, \
     current_user::text, \
+    current_setting('search_path'), \
     pg_backend_pid() > 0";
 
 async fn probe(router: &axum::Router) -> Value {
@@ -278,5 +280,149 @@ needs_postgres! {
             assert_eq!(ran["rows"], json!([[2 * n + 2]]), "{write}: once per request");
             assert_eq!(count(&router, "u").await, n + 1);
         }
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn unflagged_queries_that_write_nothing_or_write_through_a_function_keep_exactly_what_they_did_and_leave_a_clean_session() {
+        let router = postgres_app!(
+            "unflagged_queries_that_write_nothing_or_write_through_a_function_keep_exactly_what_they_did_and_leave_a_clean_session",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY)", json!([])).await;
+        ok(&router, "CREATE SEQUENCE s", json!([])).await;
+        // A query that writes through a function: only the check after it can tell.
+        ok(
+            &router,
+            "CREATE FUNCTION add(k int) RETURNS int LANGUAGE sql AS \
+             $$ INSERT INTO public.t VALUES (k) RETURNING k $$",
+            json!([]),
+        )
+        .await;
+        // Changes the session for good without writing: the COMMIT after it keeps all of it
+        // in the session, for the reset behind it to undo.
+        ok(
+            &router,
+            "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''1'', false)'; \
+             EXECUTE 'SELECT set_' || 'config(''search_path'', ''nowhere'', false)'; \
+             EXECUTE 'PREPARE planted AS SELECT 1'; \
+             PERFORM pg_advisory_lock(42); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        // Drops the server's statements and squats their names, without writing.
+        ok(
+            &router,
+            "CREATE FUNCTION squat() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'DEALLOCATE ALL'; \
+             EXECUTE 'PREPARE _sqlhttp_begin_write AS SELECT 1'; \
+             EXECUTE 'PREPARE _sqlhttp_write_settings(text, text) AS SELECT $1, $2, ''1''::text'; \
+             EXECUTE 'PREPARE _sqlhttp_end_read AS SELECT 1'; \
+             RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        let clean = probe(&router).await;
+        let mut kept = 0;
+        let attempts: [(&str, u16, i64); 10] = [
+            ("SELECT $1::int", 200, 0),
+            ("SELECT add($1)", 200, 1),
+            ("WITH w AS (SELECT add($1)) SELECT * FROM w", 200, 1),
+            // The rows decide the COMMIT: a cell past --max-value-bytes keeps nothing, though
+            // the statement wrote before its rows were read.
+            ("SELECT add($1), repeat('x', 100000)", 400, 0),
+            ("SELECT add($1) / 0", 400, 0),
+            ("SELECT $1::int / 0", 400, 0),
+            ("SELECT mess() * $1", 200, 0),
+            ("SELECT mess() * add($1)", 200, 1),
+            ("SELECT squat() * $1", 200, 0),
+            ("SELECT squat() * add($1)", 200, 1),
+        ];
+        for (n, (statement, expected, keeps)) in attempts.into_iter().enumerate() {
+            let n = i64::try_from(n).unwrap() + 1;
+            let reply = sql(&router, statement, json!([n])).await;
+            assert_eq!(
+                reply.status,
+                expected,
+                "{statement}: {}",
+                String::from_utf8_lossy(&reply.body)
+            );
+            if expected == 200 {
+                assert_eq!(reply.json()["rows"][0][0], json!(n), "{statement}");
+                assert!(
+                    reply.header("sqlhttp-bookmark").is_some(),
+                    "{statement}: a write's answer names its position"
+                );
+            }
+            kept += keeps;
+            assert_eq!(count(&router, "t").await, kept, "after {statement}");
+            assert_eq!(probe(&router).await, clean, "after {statement}");
+            let currval = sql(&router, "SELECT currval('s')", json!([])).await;
+            assert_eq!(currval.status, 400, "currval outlived {statement}");
+            // A plain write and an unflagged query right after, on the same session.
+            let next = 100 + n;
+            ok(&router, "INSERT INTO t VALUES ($1)", json!([next])).await;
+            kept += 1;
+            let again = sql(&router, "SELECT $1::int", json!([next])).await;
+            assert_eq!(again.json()["rows"], json!([[next]]), "after {statement}");
+            assert_eq!(count(&router, "t").await, kept, "after {statement}");
+        }
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_notification_from_a_query_that_writes_nothing_is_delivered_once() {
+        let test = "a_notification_from_a_query_that_writes_nothing_is_delivered_once";
+        let Some(url) = database(test).await else {
+            return;
+        };
+        let mut server = config(&url);
+        one_connection(&mut server);
+        let router = sqlhttp_server::app(sqlhttp_server::AppState::new(&server).unwrap());
+        ok(
+            &router,
+            "CREATE FUNCTION ping(what text) RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             PERFORM pg_notify('pings', what); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        // A listener of the operator's own, outside the server.
+        let (listener, mut connection) = tokio_postgres::connect(&url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        let (heard, mut hear) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(message) =
+                std::future::poll_fn(|cx| connection.poll_message(cx)).await
+            {
+                if let Ok(tokio_postgres::AsyncMessage::Notification(n)) = message {
+                    let _ = heard.send(n.payload().to_owned());
+                }
+            }
+        });
+        listener.batch_execute("LISTEN pings").await.unwrap();
+        // A function that notifies and writes nothing: the one flight's COMMIT delivers it;
+        // then one that names pg_notify in its text, which goes in two flights.
+        for (statement, payload) in [
+            ("SELECT ping($1)", "from a function"),
+            ("SELECT pg_notify('pings', $1)::text", "by name"),
+        ] {
+            let reply = sql(&router, statement, json!([payload])).await;
+            assert_eq!(reply.status, 200, "{}", String::from_utf8_lossy(&reply.body));
+            let got = tokio::time::timeout(Duration::from_secs(10), hear.recv())
+                .await
+                .expect("the notification was delivered")
+                .unwrap();
+            assert_eq!(got, payload);
+        }
+        // Each once: a refused query's notification is not delivered at all.
+        let reply = sql(&router, "SELECT ping($1) / 0", json!(["refused"])).await;
+        assert_eq!(reply.status, 400);
+        listener.batch_execute("SELECT 1").await.unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(hear.try_recv().is_err(), "nothing else was delivered");
     }
 }
