@@ -84,10 +84,12 @@ impl Inner {
             return None;
         };
         let mut again = true;
+        // Each try bounded as a statement, or two when it carries its end (the COMMIT and the
+        // reset after it, whose function's work grows with what the session holds).
+        let statements = if may_end_in_one_flight(&sql) { 2 } else { 1 };
         loop {
-            // Each try bounded as a statement.
             let ran = self
-                .guarded(job, lease, 1, async {
+                .guarded(job, lease, statements, async {
                     Ok(self
                         .try_write(&mut flights, lease, request, &sql, out, sink)
                         .await)
@@ -230,6 +232,12 @@ impl Inner {
                     let err = rows.too_large(&mut answers, declared, limits).await;
                     return give_up(err).await;
                 }
+                // Lost once its COMMIT was answered as done: every row was answered before it,
+                // and the query stands (the session goes with the connection).
+                Err(e) if committed => {
+                    tracing::warn!(error = %e, "the connection failed after a query's COMMIT");
+                    return Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Lost);
+                }
                 Err(e) => return lost(&e),
             };
             match answer {
@@ -273,10 +281,6 @@ impl Inner {
         }
         flights.closed();
         let Some((at, refusal)) = refused else {
-            if !learnt {
-                tracing::error!("a write's BEGIN did not name its transaction");
-                return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
-            }
             if ends_here {
                 // Committed and reset in this flight: the statement wrote nothing.
                 return if !committed {
@@ -289,6 +293,10 @@ impl Inner {
                     tracing::error!("a write's reset was not answered as the reset; closing it");
                     Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Unreset)
                 };
+            }
+            if !learnt {
+                tracing::error!("a write's BEGIN did not name its transaction");
+                return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
             }
             if flights.connection.transaction_status() != TransactionStatus::InTransaction {
                 // The client's statement ended the server's transaction: nothing is committed
@@ -322,9 +330,6 @@ impl Inner {
         Ran::Ended(Tried::Done(Err(self.map_refusal(&refusal))), left)
     }
 
-    /// Commits the write whose first flight left its transaction open, and resets the session,
-    /// in one flight of three simple queries (the driver's path's COMMIT message, the position
-    /// after it and `session::RESET`), within the statement timeout and a grace.
     /// What a first flight that carried the end after its statement came to when PostgreSQL
     /// refused the end's statement at `offset` (see [`End`]), the statement having changed
     /// `rows`. Everything after the refusal was skipped to the `Sync`.
@@ -347,7 +352,8 @@ impl Inner {
             // kept, and the session is ended and reset.
             End::TIMEOUT..=End::COMMIT => {
                 let left = flights::rollback_and_reset(flights).await;
-                let answer = if offset == End::RELEASE {
+                // The guard gone (`3B001`): something ended what the server opened.
+                let answer = if offset == End::RELEASE && refusal.code == "3B001" {
                     tampered()
                 } else {
                     self.map_refusal(refusal)
@@ -363,6 +369,10 @@ impl Inner {
         }
     }
 
+    /// Commits the write whose first flight left its transaction open, and resets the session,
+    /// in one flight of three simple queries (the driver's path's COMMIT message, the position
+    /// after it and `session::RESET`), within the statement timeout and a grace; `checked`:
+    /// rolled back to [`WRITTEN`] first, in a query of its own (see [`Ran::Written`]).
     async fn commit(&self, flights: &mut Flights, lease: &Lease, checked: bool) -> Committed {
         let opened = lease
             .opened
@@ -497,8 +507,15 @@ impl Inner {
                 }
             };
             let is_ready = matches!(answer, Answer::ReadyForQuery(_));
-            // Before the message's own: the pending Closes' answers.
+            // Before the message's own: the pending Closes' answers, then the rollback to the
+            // savepoint's, whose refusal (the message then refused as in an aborted
+            // transaction) is the one answered.
             let Some(query) = ready.checked_sub(closes) else {
+                if let Answer::Error(e) = answer
+                    && ready >= usize::from(flights_closing)
+                {
+                    refused = Some(e);
+                }
                 ready += usize::from(is_ready);
                 continue;
             };
@@ -510,7 +527,9 @@ impl Inner {
                     step += 1;
                 }
                 Answer::Row(row) if query == POSITION => keep_position(lease, &row),
-                Answer::Error(e) if query == MESSAGE => refused = Some(e),
+                Answer::Error(e) if query == MESSAGE => {
+                    refused.get_or_insert(e);
+                }
                 // The position's read failed: a kept write goes without its bookmark.
                 Answer::Error(_) if query == POSITION => {
                     tracing::warn!("a write's position after its COMMIT was not read");
@@ -560,11 +579,17 @@ const WRITTEN: &str = concat!("SAVEPOINT ", written!());
 /// The COMMIT's flight's first query after a first flight whose check found a write.
 const ROLLBACK_TO_WRITTEN: &str = concat!("ROLLBACK TO SAVEPOINT ", written!());
 
-/// Raises (division by zero) when the transaction was given an id, that is when a statement
-/// in it wrote (ADR 0069). A `NOTIFY` takes its id only at `COMMIT`, after this. Every name
-/// qualified, the operator too: a client's function may have set the search path.
+/// Raises (division by zero) unless the `COMMIT` after it can keep nothing a statement wrote
+/// (ADR 0069): when the transaction was given an id (a statement in it wrote, locked a row,
+/// made a temporary table), when a held cursor is open (its query runs at `COMMIT`, and may
+/// write), or when a foreign-data wrapper is installed (`postgres_fdw` commits its remote
+/// writes at `COMMIT`, and they take no local id). A `NOTIFY` takes its id only at `COMMIT`,
+/// after this, and is delivered by it. Every name qualified, the operators too: a client's
+/// function may have set the search path.
 const WROTE_NOTHING: &str = "SELECT 1 OPERATOR(pg_catalog./) \
-     (pg_catalog.pg_current_xact_id_if_assigned() IS NULL)::pg_catalog.int4";
+     (pg_catalog.pg_current_xact_id_if_assigned() IS NULL \
+     AND NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS c WHERE c.is_holdable) \
+     AND NOT EXISTS (SELECT FROM pg_catalog.pg_foreign_data_wrapper))::pg_catalog.int4";
 
 /// Where the end's statements answer, counted from the client's statement (ADR 0069).
 struct End;
@@ -631,5 +656,37 @@ fn keep_position(lease: &Lease, row: &Row) {
         lease
             .position
             .fetch_max(position.position(), std::sync::atomic::Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_that_may_write_nothing_carry_their_end_and_the_rest_do_not() {
+        for sql in [
+            "SELECT 1",
+            "  select k FROM t WHERE k = $1",
+            "-- a comment\nVALUES (1)",
+            "TABLE t",
+            "WITH a AS (SELECT 1) SELECT * FROM a",
+            // A guess: the check finds what it wrote.
+            "WITH a AS (INSERT INTO t VALUES (1) RETURNING k) SELECT * FROM a",
+        ] {
+            assert!(may_end_in_one_flight(sql), "{sql}");
+        }
+        for sql in [
+            "INSERT INTO t VALUES (1)",
+            "UPDATE t SET k = 2",
+            "DELETE FROM t",
+            "CREATE TABLE u (k int)",
+            "SELECT pg_notify('c', 'x')",
+            "SELECT pg_catalog.PG_NOTIFY('c', 'x')",
+            "(SELECT 1)",
+            "",
+        ] {
+            assert!(!may_end_in_one_flight(sql), "{sql}");
+        }
     }
 }

@@ -27,13 +27,15 @@ fn two_connections(config: &mut sqlhttp_server::Config) {
 
 /// What a request may leave in its session, as a verified read sees it: the statement timeout,
 /// whether the session defaults to read-only, statements prepared from SQL text, session
-/// advisory locks, and the session's role.
+/// advisory locks, the session's role, the search path, listens and held cursors.
 const PROBE: &str = "SELECT current_setting('statement_timeout'), \
     current_setting('default_transaction_read_only'), \
     (SELECT count(*) FROM pg_prepared_statements WHERE from_sql)::int, \
     (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND pid = pg_backend_pid())::int, \
     current_user::text, \
     current_setting('search_path'), \
+    (SELECT count(*) FROM pg_listening_channels())::int, \
+    (SELECT count(*) FROM pg_cursors WHERE is_holdable)::int, \
     pg_backend_pid() > 0";
 
 async fn probe(router: &axum::Router) -> Value {
@@ -291,6 +293,7 @@ needs_postgres! {
             one_connection
         );
         ok(&router, "CREATE TABLE t (k int PRIMARY KEY)", json!([])).await;
+        ok(&router, "CREATE TABLE w (k int)", json!([])).await;
         ok(&router, "CREATE SEQUENCE s", json!([])).await;
         // A query that writes through a function: only the check after it can tell.
         ok(
@@ -305,10 +308,29 @@ needs_postgres! {
         ok(
             &router,
             "CREATE FUNCTION mess() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
-             EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''1'', false)'; \
+             EXECUTE 'SELECT set_' || 'config(''statement_timeout'', ''4321'', false)'; \
              EXECUTE 'SELECT set_' || 'config(''search_path'', ''nowhere'', false)'; \
              EXECUTE 'PREPARE planted AS SELECT 1'; \
+             EXECUTE 'LISTEN planted'; \
+             PERFORM nextval('public.s'); \
              PERFORM pg_advisory_lock(42); RETURN 1; END $$",
+            json!([]),
+        )
+        .await;
+        // Opens a held cursor whose query writes: it runs at COMMIT, with no id assigned
+        // before, so the check sends the query to the second flight, after its rows.
+        ok(
+            &router,
+            "CREATE FUNCTION note() RETURNS int LANGUAGE sql AS \
+             $$ INSERT INTO public.w VALUES (1) RETURNING 1 $$",
+            json!([]),
+        )
+        .await;
+        ok(
+            &router,
+            "CREATE FUNCTION hold() RETURNS int LANGUAGE plpgsql AS $$ BEGIN \
+             EXECUTE 'DECLARE held CURSOR WITH HOLD FOR SELECT public.note()'; \
+             RETURN 1; END $$",
             json!([]),
         )
         .await;
@@ -326,7 +348,8 @@ needs_postgres! {
         .await;
         let clean = probe(&router).await;
         let mut kept = 0;
-        let attempts: [(&str, u16, i64); 10] = [
+        let mut noted = 0;
+        let attempts: [(&str, u16, i64); 12] = [
             ("SELECT $1::int", 200, 0),
             ("SELECT add($1)", 200, 1),
             ("WITH w AS (SELECT add($1)) SELECT * FROM w", 200, 1),
@@ -339,6 +362,9 @@ needs_postgres! {
             ("SELECT mess() * add($1)", 200, 1),
             ("SELECT squat() * $1", 200, 0),
             ("SELECT squat() * add($1)", 200, 1),
+            // Kept in `w`, by the held cursor's query at COMMIT, only when the rows were whole.
+            ("SELECT hold(), repeat('x', 100000) WHERE $1 > 0", 400, 0),
+            ("SELECT hold() * $1", 200, 0),
         ];
         for (n, (statement, expected, keeps)) in attempts.into_iter().enumerate() {
             let n = i64::try_from(n).unwrap() + 1;
@@ -357,7 +383,11 @@ needs_postgres! {
                 );
             }
             kept += keeps;
+            if statement.starts_with("SELECT hold()") && expected == 200 {
+                noted += 1;
+            }
             assert_eq!(count(&router, "t").await, kept, "after {statement}");
+            assert_eq!(count(&router, "w").await, noted, "after {statement}");
             assert_eq!(probe(&router).await, clean, "after {statement}");
             let currval = sql(&router, "SELECT currval('s')", json!([])).await;
             assert_eq!(currval.status, 400, "currval outlived {statement}");
@@ -424,5 +454,35 @@ needs_postgres! {
         listener.batch_execute("SELECT 1").await.unwrap();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(hear.try_recv().is_err(), "nothing else was delivered");
+    }
+}
+
+needs_postgres! {
+    #[tokio::test]
+    async fn a_query_whose_answer_was_lost_mid_stream_frees_its_session() {
+        let router = postgres_app!(
+            "a_query_whose_answer_was_lost_mid_stream_frees_its_session",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE t (k int PRIMARY KEY)", json!([])).await;
+        // A query that writes nothing, its COMMIT and reset behind its rows in one flight: the
+        // client that goes away mid-stream leaves the one connection free for the next.
+        let body = json!({
+            "sql": "SELECT g, repeat('x', 1000) FROM generate_series(1, 300000) AS g",
+            "params": [],
+        });
+        abandon_mid_stream(&router, &body, true).await;
+        let reply = tokio::time::timeout(
+            Duration::from_secs(20),
+            sql(&router, "INSERT INTO t VALUES (1) RETURNING k", json!([])),
+        )
+        .await
+        .expect("the one connection was freed");
+        assert_eq!(reply.status, 200);
+        assert_eq!(count(&router, "t").await, 1);
+        let clean = probe(&router).await;
+        let again = sql(&router, "SELECT count(*)::int FROM t", json!([])).await;
+        assert_eq!(again.json()["rows"], json!([[1]]));
+        assert_eq!(probe(&router).await, clean);
     }
 }
