@@ -10,7 +10,7 @@ SAVEPOINT _sqlhttp_guard_0123456789abcdef;
 SELECT k, v FROM kv WHERE k = :k;
 SET statement_timeout = 5000;
 SAVEPOINT _sqlhttp_written;
-SELECT 1 / (pg_catalog.pg_current_xact_id_if_assigned() IS NULL)::pg_catalog.int4;
+SELECT _sqlhttp.check_wrote_nothing();
 RELEASE SAVEPOINT _sqlhttp_guard_0123456789abcdef;
 COMMIT;
 SELECT pg_catalog.pg_current_wal_insert_lsn()::pg_catalog.text;

@@ -7,7 +7,7 @@ SELECT pg_catalog.set_config('statement_timeout', '5000', true), pg_catalog.set_
 SAVEPOINT _sqlhttp_guard_0123456789abcdef;
 SELECT k, v FROM kv WHERE k = :k;
 SAVEPOINT _sqlhttp_written;
-SELECT 1 / (pg_catalog.pg_current_xact_id_if_assigned() IS NULL)::pg_catalog.int4;
+SELECT _sqlhttp.check_wrote_nothing();
 ROLLBACK;
 SELECT pg_catalog.setseed(0.5), pg_catalog.pg_advisory_unlock_all(), CASE WHEN EXISTS (SELECT FROM pg_catalog.pg_prepared_statements AS p WHERE p.from_sql) OR EXISTS (SELECT FROM pg_catalog.pg_extension AS e WHERE e.extname OPERATOR(pg_catalog.=) ANY ('{dblink,postgres_fdw}'::pg_catalog.name[])) THEN _sqlhttp.reset_after_read(0.5) END;
 DISCARD SEQUENCES;

@@ -72,6 +72,10 @@ const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 /// `_sqlhttp.reset_session()` is the form of ADR 0029, kept for servers of an earlier version
 /// on the same database. `_sqlhttp.check_transaction(opened)` raises `SQLHT` when the
 /// transaction it runs in did not start at `opened` (read at BEGIN).
+/// `_sqlhttp.check_wrote_nothing()` raises `SQLHW` unless a `COMMIT` of the transaction it runs
+/// in can keep nothing a statement wrote (ADR 0069: no transaction id, no held cursor, no
+/// foreign-data wrapper); a function, so its plans are cached for the session where the same
+/// query sent as the unnamed statement was planned on every request.
 ///
 /// `_sqlhttp.reset_session()`: forgets what a
 /// client left in the session that `RESET ALL` and `DISCARD` do not (see `session::RESET`),
@@ -176,7 +180,17 @@ BEGIN
         PERFORM _sqlhttp.close_links();
     END IF;
 END $$;
-REVOKE ALL ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) FROM PUBLIC;";
+REVOKE ALL ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) FROM PUBLIC;
+CREATE OR REPLACE FUNCTION _sqlhttp.check_wrote_nothing() RETURNS void
+LANGUAGE plpgsql AS $$
+BEGIN
+    IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
+        OR EXISTS (SELECT FROM pg_catalog.pg_cursors AS c WHERE c.is_holdable)
+        OR EXISTS (SELECT FROM pg_catalog.pg_foreign_data_wrapper) THEN
+        RAISE EXCEPTION 'the transaction may keep a write at COMMIT' USING ERRCODE = 'SQLHW';
+    END IF;
+END $$;
+REVOKE ALL ON FUNCTION _sqlhttp.check_wrote_nothing() FROM PUBLIC;";
 
 /// The client role's defaults that apply to a session of this database (`$1` the role).
 const ROLE_SETTINGS: &str = "SELECT s.setdatabase <> 0, c.entry \
@@ -534,7 +548,8 @@ async fn prepare_on(url: &PostgresUrl) -> Result<Prepared, ServerError> {
              GRANT EXECUTE ON FUNCTION _sqlhttp.check_transaction(pg_catalog.numeric) TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.close_links() TO {role}; \
              GRANT EXECUTE ON FUNCTION _sqlhttp.reset_request() TO {role}; \
-             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) TO {role}"
+             GRANT EXECUTE ON FUNCTION _sqlhttp.reset_after_read(pg_catalog.float8) TO {role}; \
+             GRANT EXECUTE ON FUNCTION _sqlhttp.check_wrote_nothing() TO {role}"
         ))
         .await
         .map_err(|e| fail("cannot create the server's session reset", e))?;

@@ -249,7 +249,7 @@ impl Inner {
                         return give_up(err).await;
                     }
                 }
-                // The check's row: it wrote nothing.
+                // The check's row (its function returns `void`): it wrote nothing.
                 Answer::Row(_) if at_end(step, End::CHECK) => {}
                 Answer::Row(row) if at_end(step, End::POSITION) => keep_position(lease, &row),
                 // The reset's row (its function returns `void`).
@@ -579,17 +579,15 @@ const WRITTEN: &str = concat!("SAVEPOINT ", written!());
 /// The COMMIT's flight's first query after a first flight whose check found a write.
 const ROLLBACK_TO_WRITTEN: &str = concat!("ROLLBACK TO SAVEPOINT ", written!());
 
-/// Raises (division by zero) unless the `COMMIT` after it can keep nothing a statement wrote
-/// (ADR 0069): when the transaction was given an id (a statement in it wrote, locked a row,
-/// made a temporary table), when a held cursor is open (its query runs at `COMMIT`, and may
-/// write), or when a foreign-data wrapper is installed (`postgres_fdw` commits its remote
-/// writes at `COMMIT`, and they take no local id). A `NOTIFY` takes its id only at `COMMIT`,
-/// after this, and is delivered by it. Every name qualified, the operators too: a client's
-/// function may have set the search path.
-const WROTE_NOTHING: &str = "SELECT 1 OPERATOR(pg_catalog./) \
-     (pg_catalog.pg_current_xact_id_if_assigned() IS NULL \
-     AND NOT EXISTS (SELECT FROM pg_catalog.pg_cursors AS c WHERE c.is_holdable) \
-     AND NOT EXISTS (SELECT FROM pg_catalog.pg_foreign_data_wrapper))::pg_catalog.int4";
+/// Raises unless the `COMMIT` after it can keep nothing a statement wrote (ADR 0069,
+/// `setup`'s `_sqlhttp.check_wrote_nothing()`): when the transaction was given an id (a
+/// statement in it wrote, locked a row, made a temporary table), when a held cursor is open
+/// (its query runs at `COMMIT`, and may write), or when a foreign-data wrapper is installed
+/// (`postgres_fdw` commits its remote writes at `COMMIT`, and they take no local id). A
+/// `NOTIFY` takes its id only at `COMMIT`, after this, and is delivered by it. Qualified: a
+/// client's function may have set the search path; and a function missing or refused reads as
+/// a write, which the second flight commits.
+const WROTE_NOTHING: &str = "SELECT _sqlhttp.check_wrote_nothing()";
 
 /// Where the end's statements answer, counted from the client's statement (ADR 0069).
 struct End;
