@@ -62,7 +62,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
         OR EXISTS (SELECT FROM pg_catalog.pg_cursors AS c WHERE c.is_holdable)
-        OR EXISTS (SELECT FROM pg_catalog.pg_foreign_data_wrapper) THEN
+        OR EXISTS (SELECT FROM pg_catalog.pg_foreign_table) THEN
         RAISE EXCEPTION 'the transaction may keep a write at COMMIT' USING ERRCODE = 'SQLHW';
     END IF;
 END $$;

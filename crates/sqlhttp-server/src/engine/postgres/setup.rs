@@ -74,7 +74,7 @@ const ACCEPTED_SETTINGS: &[&str] = &["temp_file_limit"];
 /// transaction it runs in did not start at `opened` (read at BEGIN).
 /// `_sqlhttp.check_wrote_nothing()` raises `SQLHW` unless a `COMMIT` of the transaction it runs
 /// in can keep nothing a statement wrote (ADR 0069: no transaction id, no held cursor, no
-/// foreign-data wrapper); a function, so its plans are cached for the session where the same
+/// foreign table); a function, so its plans are cached for the session where the same
 /// query sent as the unnamed statement was planned on every request.
 ///
 /// `_sqlhttp.reset_session()`: forgets what a
@@ -186,7 +186,7 @@ LANGUAGE plpgsql AS $$
 BEGIN
     IF pg_catalog.pg_current_xact_id_if_assigned() IS NOT NULL
         OR EXISTS (SELECT FROM pg_catalog.pg_cursors AS c WHERE c.is_holdable)
-        OR EXISTS (SELECT FROM pg_catalog.pg_foreign_data_wrapper) THEN
+        OR EXISTS (SELECT FROM pg_catalog.pg_foreign_table) THEN
         RAISE EXCEPTION 'the transaction may keep a write at COMMIT' USING ERRCODE = 'SQLHW';
     END IF;
 END $$;

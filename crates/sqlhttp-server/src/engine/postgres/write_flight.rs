@@ -313,7 +313,7 @@ impl Inner {
             && at > client
         {
             return self
-                .refused_at_end(flights, at - client, &refusal, changed_rows)
+                .refused_at_end(flights, at - client, &refusal, changed_rows, committed)
                 .await;
         }
         let left = flights::rollback_and_reset(flights).await;
@@ -332,22 +332,33 @@ impl Inner {
 
     /// What a first flight that carried the end after its statement came to when PostgreSQL
     /// refused the end's statement at `offset` (see [`End`]), the statement having changed
-    /// `rows`. Everything after the refusal was skipped to the `Sync`.
+    /// `rows`, and `committed` when its `COMMIT` was answered as done. Everything after the
+    /// refusal was skipped to the `Sync`.
     async fn refused_at_end(
         &self,
         flights: &mut Flights,
         offset: usize,
         refusal: &DbError,
         rows: u64,
+        committed: bool,
     ) -> Ran {
         match offset {
             // The check raised: the statement wrote (or the check could not tell). The
             // transaction stands in error at the savepoint after the statement; the COMMIT's
             // flight rolls back to it and commits what the statement did.
-            End::CHECK => Ran::Written {
-                rows,
-                checked: true,
-            },
+            End::CHECK => {
+                if refusal.code == "42883" {
+                    // The server's function is gone (dropped under a running server): every
+                    // unflagged query pays two flights until a restart creates it again.
+                    tracing::warn!(error = %refusal, "the one-flight check is missing");
+                } else if refusal.code != WROTE_SQLSTATE {
+                    tracing::debug!(error = %refusal, "the one-flight check could not tell");
+                }
+                Ran::Written {
+                    rows,
+                    checked: true,
+                }
+            }
             // Refused before or at `COMMIT` (the guard gone, a COMMIT refused): nothing is
             // kept, and the session is ended and reset.
             End::TIMEOUT..=End::COMMIT => {
@@ -359,6 +370,14 @@ impl Inner {
                     self.map_refusal(refusal)
                 };
                 Ran::Ended(Tried::Done(Err(answer)), left)
+            }
+            // Past a `COMMIT` that was not answered as done (no way is known: a `COMMIT` that
+            // did not commit is refused, or answers `ROLLBACK` after a refusal): nothing is
+            // taken as kept, and the session is ended and reset.
+            _ if !committed => {
+                tracing::error!(error = %refusal, "a query's end went on past a COMMIT not done");
+                let left = flights::rollback_and_reset(flights).await;
+                Ran::Ended(Tried::Done(Err(tampered())), left)
             }
             // Committed; the position after it or the reset failed: the write stands (without
             // its bookmark when the position is what failed), and the session is not pooled.
@@ -582,12 +601,16 @@ const ROLLBACK_TO_WRITTEN: &str = concat!("ROLLBACK TO SAVEPOINT ", written!());
 /// Raises unless the `COMMIT` after it can keep nothing a statement wrote (ADR 0069,
 /// `setup`'s `_sqlhttp.check_wrote_nothing()`): when the transaction was given an id (a
 /// statement in it wrote, locked a row, made a temporary table), when a held cursor is open
-/// (its query runs at `COMMIT`, and may write), or when a foreign-data wrapper is installed
-/// (`postgres_fdw` commits its remote writes at `COMMIT`, and they take no local id). A
+/// (its query runs at `COMMIT`, and may write), or when a foreign table exists (`postgres_fdw`
+/// commits its remote writes at `COMMIT`, and they take no local id; one made in this
+/// transaction took one). A
 /// `NOTIFY` takes its id only at `COMMIT`, after this, and is delivered by it. Qualified: a
 /// client's function may have set the search path; and a function missing or refused reads as
 /// a write, which the second flight commits.
 const WROTE_NOTHING: &str = "SELECT _sqlhttp.check_wrote_nothing()";
+
+/// The check's own refusal ([`WROTE_NOTHING`]).
+const WROTE_SQLSTATE: &str = "SQLHW";
 
 /// Where the end's statements answer, counted from the client's statement (ADR 0069).
 struct End;
