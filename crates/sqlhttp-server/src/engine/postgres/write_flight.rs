@@ -12,11 +12,11 @@
 //! The COMMIT waits for the second flight because the rows decide it: a cell or a row past its
 //! bound, or a requester gone, fails the request, and then nothing of it may be kept. A query
 //! that may write nothing (ADR 0069) carries its end in the first flight, behind a savepoint and
-//! a check that raises when the transaction was given an id: a statement that wrote nothing has
-//! nothing for its rows to decide, and its `COMMIT` (which delivers what it notified), the
-//! position and the reset run there; one that wrote skips them to the `Sync`, and the second
-//! flight rolls back to the savepoint and commits as above. The second
-//! flight is not bounded by the give-up watchdog (as the driver's path's `end` is not): a COMMIT
+//! a check that raises unless its `COMMIT` can keep nothing it wrote: a statement that wrote
+//! nothing has nothing for its rows to decide, and its `COMMIT` (which delivers what it
+//! notified), the position and the reset run there; one that wrote skips them to the `Sync`,
+//! and the second flight rolls back to the savepoint and commits as above. The second flight
+//! is not bounded by the give-up watchdog (as the driver's path's `end` is not): a COMMIT
 //! under way is left to finish, within the statement timeout and a grace, past which the
 //! session is abandoned and the outcome answered unknown.
 //!
@@ -284,7 +284,8 @@ impl Inner {
             if ends_here {
                 // Committed and reset in this flight: the statement wrote nothing.
                 return if !committed {
-                    // A statement of the client's stood where `COMMIT` does: not kept.
+                    // `COMMIT` not answered as done (no way is known without a refusal):
+                    // nothing is taken as kept.
                     let left = flights::rollback_and_reset(flights).await;
                     Ran::Ended(Tried::Done(Err(tampered())), left)
                 } else if reset_done {
@@ -603,10 +604,9 @@ const ROLLBACK_TO_WRITTEN: &str = concat!("ROLLBACK TO SAVEPOINT ", written!());
 /// statement in it wrote, locked a row, made a temporary table), when a held cursor is open
 /// (its query runs at `COMMIT`, and may write), or when a foreign table exists (`postgres_fdw`
 /// commits its remote writes at `COMMIT`, and they take no local id; one made in this
-/// transaction took one). A
-/// `NOTIFY` takes its id only at `COMMIT`, after this, and is delivered by it. Qualified: a
-/// client's function may have set the search path; and a function missing or refused reads as
-/// a write, which the second flight commits.
+/// transaction took one). A `NOTIFY` takes its id only at `COMMIT`, after this, and is
+/// delivered by it. Qualified: a client's function may have set the search path; and a
+/// function missing or refused reads as a write, which the second flight commits.
 const WROTE_NOTHING: &str = "SELECT _sqlhttp.check_wrote_nothing()";
 
 /// The check's own refusal ([`WROTE_NOTHING`]).
@@ -629,10 +629,10 @@ impl End {
 /// client's statement (ADR 0069): the server's statement timeout for the session
 /// (`timeout_now`, as the COMMIT's message sets it, first: a client's function may have set
 /// one of a millisecond), [`WRITTEN`], the check [`WROTE_NOTHING`], the release of `guard`,
-/// `COMMIT`, the position after it and the reset after a request. Each is
-/// parsed here as the unnamed statement, which no client's function can take over. When the
-/// statement wrote, the check's refusal skips the rest to the `Sync`, and the transaction waits
-/// for the COMMIT's own flight as every write's does.
+/// `COMMIT`, the position after it and the reset after a request. Each is parsed here as the
+/// unnamed statement, which no client's function can take over. When the statement wrote, the
+/// check's refusal skips the rest to the `Sync`, and the transaction waits for the COMMIT's
+/// own flight as every write's does.
 fn add_end_if_unwritten(
     flight: &mut Flight<'_, Lent>,
     timeout_now: &str,
