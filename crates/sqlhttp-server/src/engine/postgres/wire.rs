@@ -450,6 +450,24 @@ impl AsyncWrite for Socket {
 }
 
 impl Socket {
+    /// Makes `reader` the task the socket wakes when bytes arrive, unless bytes may be waiting
+    /// already (then whoever reads next finds them without a wake). A flight takes the
+    /// socket's readiness over this way as it takes the socket, before it writes: left to the
+    /// driver's task, the answer that arrives while the flight's write is still returning
+    /// woke the driver, which then waited for the wire's lock the flight held, and was woken
+    /// once more when the flight gave the socket back (two wake-ups and a contended lock per
+    /// request, in the gateway bench's profile).
+    fn claim_reader(&mut self, reader: &Waker) {
+        let mut cx = Context::from_waker(reader);
+        // `Ready` registers nothing: the bytes are there for the flight's first read.
+        let _ready = match self {
+            Socket::Tcp(s) => s.poll_read_ready(&mut cx),
+            #[cfg(unix)]
+            Socket::Unix(s) => s.poll_read_ready(&mut cx),
+            Socket::Tls(s) => s.get_ref().0.poll_read_ready(&mut cx),
+        };
+    }
+
     /// Makes `reader` the task the socket wakes when bytes arrive, without waking it: true when
     /// that was done (nothing is waiting to be read), false when it must be woken to read. Only
     /// plain TCP can tell: a peek that finds nothing registers `reader` for the next bytes; a
@@ -570,6 +588,11 @@ struct Wired {
     speaker: Speaker,
     /// The driver's task, waiting while the flights speak.
     parked: Vec<Waker>,
+    /// The driver tried to write while the flights spoke, and has not written since: the
+    /// socket is not lent again until it has, and has read the answer (else flights that
+    /// follow each other closely, each taking the socket before the woken driver runs, would
+    /// keep its `Close` of a statement it stopped using from ever being sent).
+    driver_would_write: bool,
     /// The driver's task as it last waited to read, and to write: the flights' reads and
     /// writes take the socket's readiness over, so when they give the socket back it is
     /// registered as the socket's reader again, or woken to wait on it again
@@ -597,6 +620,7 @@ impl Wire {
                 sent: Sent::default(),
                 speaker: Speaker::Driver,
                 parked: Vec::new(),
+                driver_would_write: false,
                 reader: None,
                 writer: None,
             }),
@@ -611,15 +635,22 @@ impl Wire {
     /// has read every `ReadyForQuery` it is owed, and nothing was cut. The caller holds the
     /// connection's lease, so the driver has no request out but a closed statement's, whose
     /// answer it must read before the socket is lent. `None` leaves the driver speaking.
-    pub(crate) fn lend(self: &Arc<Self>) -> Option<Loan> {
+    /// `flights` (the borrowing task) is woken when bytes arrive from then on, not the driver
+    /// ([`Socket::claim_reader`]).
+    fn lend(self: &Arc<Self>, flights: &Waker) -> Option<Loan> {
         let mut wired = self.lock();
         let between = matches!(wired.framing.state, State::Header { got: 0 })
             && wired.sent.between()
             && wired.sent.owed == wired.framing.ready;
-        if wired.speaker != Speaker::Driver || wired.failed.is_some() || !between {
+        if wired.speaker != Speaker::Driver
+            || wired.failed.is_some()
+            || !between
+            || wired.driver_would_write
+        {
             return None;
         }
         wired.speaker = Speaker::Flights;
+        wired.socket.claim_reader(flights);
         Some(Loan {
             wire: Arc::clone(self),
             returned: false,
@@ -629,8 +660,9 @@ impl Wire {
     /// [`Wire::lend`], once the driver has read the answers it is owed (a closed statement's,
     /// which arrive within a round trip): waits for them up to [`OWED_WITHIN`].
     pub(crate) async fn lend_soon(self: &Arc<Self>) -> Option<Loan> {
+        let flights = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
         // Most often the driver owes nothing: lent at once, with no waiter registered.
-        if let Some(loan) = self.lend() {
+        if let Some(loan) = self.lend(&flights) {
             return Some(loan);
         }
         let deadline = tokio::time::Instant::now() + OWED_WITHIN;
@@ -638,7 +670,7 @@ impl Wire {
             let answered = self.answered.notified();
             let mut answered = std::pin::pin!(answered);
             answered.as_mut().enable();
-            if let Some(loan) = self.lend() {
+            if let Some(loan) = self.lend(&flights) {
                 return Some(loan);
             }
             if !self.owes() {
@@ -655,12 +687,13 @@ impl Wire {
         self.lock().sent.messages
     }
 
-    /// Whether the driver waits for an answer only (and could be lent once it has it).
+    /// Whether the driver waits for an answer, or to write a request whose answer it will wait
+    /// for (the socket could be lent once it has it).
     fn owes(&self) -> bool {
         let wired = self.lock();
         wired.speaker == Speaker::Driver
             && wired.failed.is_none()
-            && wired.sent.owed > wired.framing.ready
+            && (wired.sent.owed > wired.framing.ready || wired.driver_would_write)
     }
 
     /// Gives the socket to `to` and wakes the driver's task where it must look at it again: a
@@ -704,16 +737,18 @@ impl Wire {
         )
     }
 
-    /// Polls the driver's side: it waits while the flights speak.
+    /// Polls the driver's side (`writes`: to write): it waits while the flights speak.
     fn driver<T>(
         &self,
         cx: &mut Context<'_>,
+        writes: bool,
         poll: impl FnOnce(&mut Wired, &mut Context<'_>) -> Poll<io::Result<T>>,
     ) -> Poll<io::Result<T>> {
         let mut wired = self.lock();
         match wired.speaker {
             Speaker::Driver => poll(&mut wired, cx),
             Speaker::Flights => {
+                wired.driver_would_write |= writes;
                 if !wired.parked.iter().any(|w| w.will_wake(cx.waker())) {
                     wired.parked.push(cx.waker().clone());
                 }
@@ -825,7 +860,7 @@ impl AsyncRead for Bounded {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let answered = &self.wire.answered;
-        self.wire.driver(cx, |this, cx| {
+        self.wire.driver(cx, false, |this, cx| {
             if let Some(cut) = this.failed {
                 return Poll::Ready(Err(Bounded::fail(cut)));
             }
@@ -871,10 +906,13 @@ impl AsyncWrite for Bounded {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
-        self.wire.driver(cx, |this, cx| {
+        self.wire.driver(cx, true, |this, cx| {
             let written = Pin::new(&mut this.socket).poll_write(cx, buf);
             match written {
-                Poll::Ready(Ok(n)) => this.sent.feed(&buf[..n]),
+                Poll::Ready(Ok(n)) => {
+                    this.sent.feed(&buf[..n]);
+                    this.driver_would_write = false;
+                }
                 Poll::Pending => {
                     if !this
                         .writer
@@ -891,8 +929,9 @@ impl AsyncWrite for Bounded {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.wire
-            .driver(cx, |this, cx| Pin::new(&mut this.socket).poll_flush(cx))
+        self.wire.driver(cx, false, |this, cx| {
+            Pin::new(&mut this.socket).poll_flush(cx)
+        })
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -1252,8 +1291,10 @@ mod tests {
         let mut flights = wire.lent();
         // Not lent: the flights' side refuses to speak.
         assert!(flights.write_all(b"x").await.is_err());
-        let loan = wire.lend().expect("the driver stands between messages");
-        assert!(wire.lend().is_none(), "lent once at a time");
+        let loan = wire
+            .lend(Waker::noop())
+            .expect("the driver stands between messages");
+        assert!(wire.lend(Waker::noop()).is_none(), "lent once at a time");
         backend.write_all(&message(b'Z', b"I")).await.unwrap();
         // The flight reads what the backend sent; the driver waits meanwhile.
         let mut got = [0; 6];
@@ -1272,6 +1313,50 @@ mod tests {
         assert_eq!(parked.as_slice(), message(b'Z', b"T").as_slice());
         // Given back: the flights' side is refused again.
         assert!(flights.read_exact(&mut got).await.is_err());
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_driver_that_would_write_while_flights_speak_writes_and_is_answered_before_the_next_loan()
+     {
+        let (wire, mut backend) = wire_pair();
+        let mut driver = Bounded {
+            wire: Arc::clone(&wire),
+        };
+        // Logged in: the startup message, answered by one ReadyForQuery.
+        let mut startup = 9u32.to_be_bytes().to_vec();
+        startup.extend_from_slice(&[0, 3, 0, 0, 0]);
+        driver.write_all(&startup).await.unwrap();
+        backend.write_all(&message(b'Z', b"I")).await.unwrap();
+        let mut ready = [0; 6];
+        driver.read_exact(&mut ready).await.unwrap();
+        let loan = wire.lend(Waker::noop()).expect("between requests");
+        // The driver lets a statement go while the flights speak: its Close waits.
+        let close = [message(b'C', b"Ss1\0"), message(b'S', b"")].concat();
+        let waited =
+            tokio::time::timeout(Duration::from_millis(50), driver.write_all(&close)).await;
+        assert!(
+            waited.is_err(),
+            "the driver writes nothing while flights speak"
+        );
+        loan.give_back();
+        assert!(
+            wire.lend(Waker::noop()).is_none(),
+            "not lent again before the driver wrote"
+        );
+        driver.write_all(&close).await.unwrap();
+        assert!(
+            wire.lend(Waker::noop()).is_none(),
+            "not lent again before the driver read its answer"
+        );
+        let answer = [message(b'3', b""), message(b'Z', b"I")].concat();
+        backend.write_all(&answer).await.unwrap();
+        let mut got = vec![0; answer.len()];
+        driver.read_exact(&mut got).await.unwrap();
+        assert!(
+            wire.lend(Waker::noop()).is_some(),
+            "lent once the driver was answered"
+        );
     }
 
     #[test]
@@ -1303,12 +1388,15 @@ mod tests {
         let mut driver = Bounded {
             wire: Arc::clone(&wire),
         };
-        drop(wire.lend().unwrap());
+        drop(wire.lend(Waker::noop()).unwrap());
         let mut byte = [0; 1];
         let lost = driver.read_exact(&mut byte).await.unwrap_err();
         assert_eq!(lost.kind(), io::ErrorKind::BrokenPipe);
         assert!(driver.write_all(b"x").await.is_err());
-        assert!(wire.lend().is_none(), "a lost session is never lent again");
+        assert!(
+            wire.lend(Waker::noop()).is_none(),
+            "a lost session is never lent again"
+        );
     }
 
     #[cfg(unix)]
@@ -1322,12 +1410,15 @@ mod tests {
         backend.write_all(&whole[..3]).await.unwrap();
         let mut part = [0; 3];
         driver.read_exact(&mut part).await.unwrap();
-        assert!(wire.lend().is_none(), "the driver is inside a message");
+        assert!(
+            wire.lend(Waker::noop()).is_none(),
+            "the driver is inside a message"
+        );
         backend.write_all(&whole[3..]).await.unwrap();
         let mut rest = vec![0; whole.len() - 3];
         driver.read_exact(&mut rest).await.unwrap();
         let mut flights = wire.lent();
-        let loan = wire.lend().expect("between messages again");
+        let loan = wire.lend(Waker::noop()).expect("between messages again");
         loan.give_back();
         drop(driver);
         drop(wire);
