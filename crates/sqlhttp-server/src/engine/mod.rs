@@ -42,6 +42,8 @@ pub(crate) mod job;
 pub(crate) mod keyed;
 #[cfg(feature = "postgres")]
 mod postgres;
+#[cfg(feature = "postgres")]
+pub(crate) mod run_to_end;
 pub(crate) mod sandbox;
 mod session;
 pub(crate) mod sql_text;

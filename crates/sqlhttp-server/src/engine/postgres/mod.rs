@@ -79,6 +79,7 @@ use crate::config::{Limits, PostgresUrl, ReadReplicas};
 use crate::engine::interactive::{Isolation, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::keyed::{PurgeClock, Stored};
+use crate::engine::run_to_end::RunToEnd;
 use crate::engine::{
     Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, ReplicaReport, Reply,
     shutting_down,
@@ -102,7 +103,8 @@ const CONNECT_WITHIN: Duration = Duration::from_secs(5);
 /// rolled back by its owner, or discarded).
 const STOP_WITHIN: Duration = Duration::from_secs(1);
 
-/// Handle to the PostgreSQL engine. Each request's transaction runs as a task of its own, so a
+/// Handle to the PostgreSQL engine. Each request's transaction runs to its end, on the
+/// requester's task while it waits and as a task of its own after (`RunToEnd`, ADR 0070), so a
 /// requester that goes away interrupts the running statement (PostgreSQL cancels it) but never
 /// leaves a transaction half-done: what committed stays, what did not is rolled back.
 #[derive(Debug)]
@@ -363,9 +365,10 @@ impl Inner {
 }
 
 impl PostgresEngine {
-    /// Runs `work` as a task of its own and waits for it. Dropping the returned future (the
-    /// requester went away) cancels the statement the task is running; the task then rolls
-    /// back, unless its statement had already finished, in which case it commits.
+    /// Runs `work` to its end and waits for it: on the requester's task while it waits, as a
+    /// task of its own once it stopped waiting ([`RunToEnd`]). Dropping the returned future
+    /// (the requester went away) cancels the statement the work is running; the work then
+    /// rolls back, unless its statement had already finished, in which case it commits.
     async fn spawn<T, F, Fut>(&self, work: F) -> Result<T, ApiError>
     where
         T: Send + 'static,
@@ -388,16 +391,14 @@ impl PostgresEngine {
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     {
-        // The task serves the request: its timing and span go with it.
+        // The work serves the request: its timing and span go with it.
         let work = work(Arc::clone(node), Arc::clone(&job)).instrument(tracing::Span::current());
-        let task = tokio::spawn(Timing::carry(work));
+        let mut work = RunToEnd::new(Timing::carry(work));
+        // Declared after the work: dropped first, so the work goes on cancelled.
         let cancel = CancelOnDrop::new(job);
-        let result = task.await;
+        let result = (&mut work).await;
         cancel.disarm();
-        result.unwrap_or_else(|e| {
-            tracing::error!(error = %e, "a PostgreSQL job panicked");
-            Err(ApiError::internal())
-        })
+        result
     }
     /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes a little of the
     /// server's budget when it gets its connection and grows it as its result grows (see

@@ -1,6 +1,7 @@
 //! Streaming one PostgreSQL statement's success body while its rows arrive: the engine's
-//! [`PostgresEngine::streamed`] runs the statement as a task of its own through the row writer
-//! into the shared chunk `Sink`, commits before the body's last bytes are written, and ends a
+//! [`PostgresEngine::streamed`] runs the statement (on the requester's task until its body
+//! streams, then as a task of its own: ADR 0070) through the row writer into the shared chunk
+//! `Sink`, commits before the body's last bytes are written, and ends a
 //! body that failed after its first chunk with the error (see
 //! `docs/adr/0016-streamed-results.md`). A streamed write's body ends with its bookmark (issue
 //! 35): its headers went out before it committed, so they could not name it. (A read's headers
@@ -18,6 +19,7 @@ use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::SentEnd;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, session};
+use crate::engine::run_to_end::RunToEnd;
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
 use crate::protocol::bookmark::{Bookmark, ServedBy};
@@ -42,33 +44,39 @@ impl PostgresEngine {
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
         let inner = node;
         let task_job = Arc::clone(&job);
-        // Boxed: the task's future is large, and `spawn` moved it by value twice on its way
-        // into the task's cell (those copies were half of the gateway bench process's memmove
-        // samples); boxed, it is copied once.
-        // The task serves the request: its timing and span go with it.
-        let work = Box::pin(crate::timing::Timing::carry(
+        // Run on the request's task until its body streams (then as a task of its own, the
+        // body's producer) or its requester leaves (then to its end, cancelled): ADR 0070. Its
+        // timing and span go with it.
+        let mut work = RunToEnd::new(crate::timing::Timing::carry(
             async move { inner.stream(&task_job, &request, mode, sender).await }
                 .instrument(tracing::Span::current()),
         ));
-        let task = tokio::spawn(work);
+        // Declared after the work: dropped first, so the work goes on cancelled.
         let cancel = CancelOnDrop::new(Arc::clone(&job));
-        match receiver.start().await {
+        let start = tokio::select! {
+            biased;
+            ran = &mut work => match ran {
+                // Its whole body went through the channel within that poll.
+                Ok(None) => stream::Start::Streaming,
+                ran => {
+                    cancel.disarm();
+                    return whole(ran, &job, served_by);
+                }
+            },
+            start = receiver.start() => start,
+        };
+        match start {
             stream::Start::Streaming => {
+                work.detach();
                 // The body now owns the job: dropping it (the client left) cancels the statement.
                 let position = job.position_as(served_by);
                 receiver.hold(cancel);
                 Ok(Reply::Stream(receiver, position))
             }
             stream::Start::Nothing => {
-                let ran = task.await;
+                let ran = (&mut work).await;
                 cancel.disarm();
-                match ran {
-                    Ok(ran) => whole(ran, &job, served_by),
-                    Err(e) => {
-                        tracing::error!(error = %e, "a PostgreSQL job panicked");
-                        Err(ApiError::internal())
-                    }
-                }
+                whole(ran, &job, served_by)
             }
         }
     }

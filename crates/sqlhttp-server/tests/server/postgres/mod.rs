@@ -6,6 +6,7 @@
 mod flights;
 mod login;
 mod pipeline;
+mod requester_left;
 mod reset;
 mod session;
 mod tls;
