@@ -86,12 +86,13 @@ impl Inner {
         let mut again = true;
         // Each try bounded as a statement, or two when it carries its end (the COMMIT and the
         // reset after it, whose function's work grows with what the session holds).
-        let statements = if may_end_in_one_flight(&sql) { 2 } else { 1 };
+        let ends_here = may_end_in_one_flight(&sql);
+        let statements = if ends_here { 2 } else { 1 };
         loop {
             let ran = self
                 .guarded(job, lease, statements, async {
                     Ok(self
-                        .try_write(&mut flights, lease, request, &sql, out, sink)
+                        .try_write(&mut flights, lease, request, &sql, ends_here, out, sink)
                         .await)
                 })
                 .await;
@@ -120,13 +121,19 @@ impl Inner {
         }
     }
 
-    /// One try of the first flight of [`Inner::write_in_flights`].
+    /// One try of the first flight of [`Inner::write_in_flights`] (carrying its end when
+    /// `ends_here`: see [`may_end_in_one_flight`]).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one write's parts, handed over from its request"
+    )]
     async fn try_write(
         &self,
         flights: &mut Flights,
         lease: &Lease,
         request: &SqlRequest,
         sql: &str,
+        ends_here: bool,
         out: &mut Vec<u8>,
         sink: &mut Sink<'_>,
     ) -> Ran {
@@ -137,7 +144,7 @@ impl Inner {
             Ok(ready) => ready,
             Err((tried, left)) => return Ran::Ended(tried, left),
         };
-        self.run_write(flights, lease, request, sql, &ready, out, sink)
+        self.run_write(flights, lease, request, sql, &ready, ends_here, out, sink)
             .await
     }
 
@@ -155,6 +162,7 @@ impl Inner {
         request: &SqlRequest,
         sql: &str,
         ready: &Ready<'_>,
+        ends_here: bool,
         out: &mut Vec<u8>,
         sink: &mut Sink<'_>,
     ) -> Ran {
@@ -166,8 +174,6 @@ impl Inner {
         let [timeout, lock_wait] = self.flight_timeouts();
         let settings = [text(&timeout), text(&lock_wait)];
         let lost = |e: &WireError| Ran::Ended(Tried::Done(Err(self.map_wire(e))), Left::Lost);
-        let ends_here = may_end_in_one_flight(sql);
-        let timeout_now = format!("SET statement_timeout = {}", self.timeout_ms());
         flights.unnamed_replaced();
         let Some(mut flight) = flights.flight() else {
             return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
@@ -180,6 +186,7 @@ impl Inner {
                 .bind("", &ready.statement.name, &params, Format::Binary)?
                 .execute("", 0)?;
             if ends_here {
+                let timeout_now = format!("SET statement_timeout = {}", self.timeout_ms());
                 add_end_if_unwritten(&mut flight, &timeout_now, &lease.guard)?;
             }
             flight.sync();
