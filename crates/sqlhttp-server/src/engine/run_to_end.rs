@@ -5,14 +5,21 @@
 //! outcome recorded, whoever waits), without a spawn, a cross-thread wake-up and memory freed on
 //! another worker's arena per request (ADR 0070).
 //!
-//! A work that panicked while polled is dropped, never polled again. Outside a runtime (the
-//! server shutting down) an unfinished work is dropped: what it held ends as the engine's
-//! `Drop`s end it (a lent session is closed, not pooled). Knows nothing about SQL, HTTP or
-//! either engine.
+//! A work that panics while polled here is answered as [`Panicked`] (as a spawned task's panic
+//! was a `JoinError`), and dropped, never polled again; one dropped while something else
+//! unwinds (a sibling future panicked) still runs to its end. Outside a runtime (the server
+//! shutting down) an unfinished work is dropped: what it held ends as the engine's `Drop`s end
+//! it (a lent session is closed, not pooled). Knows nothing about SQL, HTTP or either engine.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+
+/// The work panicked while it was polled on its requester's task (the panic hook logged it, as
+/// any other).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Panicked;
 
 /// `work`, run where it is awaited until it ends or [`RunToEnd::detach`] moves it to a task of
 /// its own; dropped unfinished, it goes on as a task of its own.
@@ -50,13 +57,19 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    type Output = F::Output;
+    type Output = Result<F::Output, Panicked>;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let Some(work) = self.work.as_mut() else {
             panic!("RunToEnd polled after it ended");
         };
-        let out = std::task::ready!(work.as_mut().poll(cx));
+        // Unwind safety: a work that panicked is dropped here, never polled or used again.
+        let polled = std::panic::catch_unwind(AssertUnwindSafe(|| work.as_mut().poll(cx)));
+        let out = match polled {
+            Ok(Poll::Pending) => return Poll::Pending,
+            Ok(Poll::Ready(out)) => Ok(out),
+            Err(_) => Err(Panicked),
+        };
         self.work = None;
         Poll::Ready(out)
     }
@@ -68,14 +81,9 @@ where
     F::Output: Send + 'static,
 {
     fn drop(&mut self) {
-        let Some(work) = self.work.take() else {
-            return;
-        };
-        // Unwinding from the work's own poll: it cannot be polled again.
-        if std::thread::panicking() {
-            return;
+        if let Some(work) = self.work.take() {
+            spawn(work);
         }
-        spawn(work);
     }
 }
 
@@ -125,7 +133,7 @@ mod tests {
     async fn awaited_it_runs_on_the_awaiting_task_and_answers() {
         let (go, ended) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
         go.notify_one();
-        assert_eq!(RunToEnd::new(gated(&go, &ended)).await, 7);
+        assert_eq!(RunToEnd::new(gated(&go, &ended)).await, Ok(7));
         assert!(ended.load(Ordering::Acquire));
     }
 
@@ -161,15 +169,14 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_work_that_panicked_is_not_polled_again() {
+    async fn a_work_that_panicked_is_answered_as_such_and_not_polled_again() {
         let polls = Arc::new(std::sync::atomic::AtomicUsize::new(0));
         let counted = Arc::clone(&polls);
         let work = RunToEnd::new(std::future::poll_fn(move |_| -> Poll<()> {
             counted.fetch_add(1, Ordering::AcqRel);
             panic!("the work's bug");
         }));
-        let handle = tokio::spawn(work);
-        assert!(handle.await.unwrap_err().is_panic());
+        assert_eq!(work.await, Err(Panicked));
         for _ in 0..10 {
             tokio::task::yield_now().await;
         }
@@ -178,6 +185,26 @@ mod tests {
             1,
             "polled once, then dropped"
         );
+    }
+
+    #[tokio::test]
+    async fn dropped_while_something_else_unwinds_it_still_runs_to_its_end() {
+        let (go, ended) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
+        let mut work = RunToEnd::new(gated(&go, &ended));
+        assert!(futures_poll_once(&mut work).is_pending());
+        let sibling = std::panic::catch_unwind(AssertUnwindSafe(move || {
+            let _work = work;
+            panic!("a sibling's bug");
+        }));
+        assert!(sibling.is_err());
+        go.notify_one();
+        for _ in 0..100 {
+            if ended.load(Ordering::Acquire) {
+                return;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the work dropped by another's panic never ran to its end");
     }
 
     /// Polls `work` once with a waker that does nothing.

@@ -79,7 +79,7 @@ use crate::config::{Limits, PostgresUrl, ReadReplicas};
 use crate::engine::interactive::{Isolation, TxOptions};
 use crate::engine::job::{Cancel, CancelOnDrop};
 use crate::engine::keyed::{PurgeClock, Stored};
-use crate::engine::run_to_end::RunToEnd;
+use crate::engine::run_to_end::{Panicked, RunToEnd};
 use crate::engine::{
     Access, Buffering, Catalog, Engine, GivenUp, Keyed, Outcome, ReplicaReport, Reply,
     shutting_down,
@@ -398,7 +398,7 @@ impl PostgresEngine {
         let cancel = CancelOnDrop::new(job);
         let result = (&mut work).await;
         cancel.disarm();
-        result
+        result.unwrap_or_else(panicked)
     }
     /// [`PostgresEngine::spawn`] for work that builds a whole outcome: it takes a little of the
     /// server's budget when it gets its connection and grows it as its result grows (see
@@ -792,6 +792,12 @@ impl Job {
             }),
         }
     }
+}
+
+/// A job whose work panicked (see [`RunToEnd`]): logged, and answered `500`.
+fn panicked<T>(_: Panicked) -> Result<T, ApiError> {
+    tracing::error!("a PostgreSQL job panicked");
+    Err(ApiError::internal())
 }
 
 impl Cancel for Job {

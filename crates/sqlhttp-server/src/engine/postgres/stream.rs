@@ -18,7 +18,7 @@ use tracing::Instrument as _;
 use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::transaction::SentEnd;
-use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, session};
+use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, panicked, session};
 use crate::engine::run_to_end::RunToEnd;
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
@@ -55,7 +55,7 @@ impl PostgresEngine {
         let cancel = CancelOnDrop::new(Arc::clone(&job));
         let start = tokio::select! {
             biased;
-            ran = &mut work => match ran {
+            ran = &mut work => match ran.unwrap_or_else(panicked) {
                 // Its whole body went through the channel within that poll.
                 Ok(None) => stream::Start::Streaming,
                 ran => {
@@ -74,7 +74,7 @@ impl PostgresEngine {
                 Ok(Reply::Stream(receiver, position))
             }
             stream::Start::Nothing => {
-                let ran = (&mut work).await;
+                let ran = (&mut work).await.unwrap_or_else(panicked);
                 cancel.disarm();
                 whole(ran, &job, served_by)
             }
