@@ -660,9 +660,10 @@ impl Wire {
     /// [`Wire::lend`], once the driver has read the answers it is owed (a closed statement's,
     /// which arrive within a round trip): waits for them up to [`OWED_WITHIN`].
     pub(crate) async fn lend_soon(self: &Arc<Self>) -> Option<Loan> {
-        let flights = std::future::poll_fn(|cx| Poll::Ready(cx.waker().clone())).await;
+        // Lent to the task that asks, as it asks (see `Wire::lend`).
+        let lend = || std::future::poll_fn(|cx| Poll::Ready(self.lend(cx.waker())));
         // Most often the driver owes nothing: lent at once, with no waiter registered.
-        if let Some(loan) = self.lend(&flights) {
+        if let Some(loan) = lend().await {
             return Some(loan);
         }
         let deadline = tokio::time::Instant::now() + OWED_WITHIN;
@@ -670,7 +671,7 @@ impl Wire {
             let answered = self.answered.notified();
             let mut answered = std::pin::pin!(answered);
             answered.as_mut().enable();
-            if let Some(loan) = self.lend(&flights) {
+            if let Some(loan) = lend().await {
                 return Some(loan);
             }
             if !self.owes() {
@@ -687,13 +688,15 @@ impl Wire {
         self.lock().sent.messages
     }
 
-    /// Whether the driver waits for an answer, or to write a request whose answer it will wait
-    /// for (the socket could be lent once it has it).
+    /// Whether the driver waits for an answer, or to write a request (or the rest of one) whose
+    /// answer it will wait for: the socket could be lent once it has it.
     fn owes(&self) -> bool {
         let wired = self.lock();
         wired.speaker == Speaker::Driver
             && wired.failed.is_none()
-            && (wired.sent.owed > wired.framing.ready || wired.driver_would_write)
+            && (wired.sent.owed > wired.framing.ready
+                || wired.driver_would_write
+                || !wired.sent.between())
     }
 
     /// Gives the socket to `to` and wakes the driver's task where it must look at it again: a
@@ -913,6 +916,8 @@ impl AsyncWrite for Bounded {
                     this.sent.feed(&buf[..n]);
                     this.driver_would_write = false;
                 }
+                // The connection fails with it: nothing waits for the driver to write again.
+                Poll::Ready(Err(_)) => this.driver_would_write = false,
                 Poll::Pending => {
                     if !this
                         .writer
@@ -922,7 +927,6 @@ impl AsyncWrite for Bounded {
                         this.writer = Some(cx.waker().clone());
                     }
                 }
-                Poll::Ready(Err(_)) => {}
             }
             written
         })
