@@ -362,6 +362,11 @@ impl Inner {
                 }
             }
         })?;
+        if job.is_cancelled() {
+            // Its requester left while it waited for the connection: nothing was sent, and
+            // nothing will be (the connection goes back to the pool as it came).
+            return Err(ApiError::interrupted());
+        }
         // A buffered job's share of the server's budget starts once it has its connection
         // (see `engine::Buffering`): waiting for one holds nothing of it.
         crate::engine::grow(0)?;

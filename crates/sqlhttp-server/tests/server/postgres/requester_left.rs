@@ -20,7 +20,8 @@ async fn still_running(router: &axum::Router, marker: &str) -> i64 {
     let rows = ok(
         router,
         "SELECT count(*)::int FROM pg_stat_activity \
-         WHERE pid <> pg_backend_pid() AND state <> 'idle' AND strpos(query, $1) > 0",
+         WHERE datname = current_database() AND pid <> pg_backend_pid() \
+         AND state <> 'idle' AND strpos(query, $1) > 0",
         json!([marker]),
     )
     .await;
@@ -98,6 +99,41 @@ needs_postgres! {
                 );
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
+        }
+    }
+}
+
+/// One connection: a second request waits for it behind the first.
+fn one_connection(config: &mut sqlhttp_server::Config) {
+    config.limits.pool_size = 1;
+}
+
+needs_postgres! {
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_write_whose_requester_left_while_it_waited_for_a_connection_never_runs() {
+        let router = postgres_app!(
+            "a_write_whose_requester_left_while_it_waited_for_a_connection_never_runs",
+            one_connection
+        );
+        ok(&router, "CREATE TABLE queued (k int)", json!([])).await;
+        for round in 0..4 {
+            // The only connection, held for a while.
+            let holder = {
+                let router = router.clone();
+                tokio::spawn(async move { sql(&router, "SELECT pg_sleep(1)", json!([])).await })
+            };
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let left = tokio::time::timeout(
+                Duration::from_millis(300),
+                sql(&router, "INSERT INTO queued VALUES ($1)", json!([round])),
+            )
+            .await;
+            assert!(left.is_err(), "round {round}: answered while the connection was held");
+            assert_eq!(holder.await.unwrap().status, 200);
+            // Whatever the left request was going to do, it has had the time to.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let rows = ok(&router, "SELECT count(*)::int FROM queued", json!([])).await;
+            assert_eq!(rows["rows"], json!([[0]]), "round {round}: a write ran for nobody");
         }
     }
 }
