@@ -145,13 +145,10 @@ mod tests {
         assert!(futures_poll_once(&mut work).is_pending());
         drop(work);
         go.notify_one();
-        for _ in 0..100 {
-            if ended.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("the dropped work never ran to its end");
+        assert!(
+            ran_to_its_end(&ended).await,
+            "the dropped work never ran to its end"
+        );
     }
 
     #[tokio::test]
@@ -159,13 +156,10 @@ mod tests {
         let (go, ended) = (Arc::new(Notify::new()), Arc::new(AtomicBool::new(false)));
         RunToEnd::new(gated(&go, &ended)).detach();
         go.notify_one();
-        for _ in 0..100 {
-            if ended.load(Ordering::Acquire) {
-                return;
-            }
-            tokio::task::yield_now().await;
-        }
-        panic!("the detached work never ran to its end");
+        assert!(
+            ran_to_its_end(&ended).await,
+            "the detached work never ran to its end"
+        );
     }
 
     #[tokio::test]
@@ -198,13 +192,21 @@ mod tests {
         }));
         assert!(sibling.is_err());
         go.notify_one();
+        assert!(
+            ran_to_its_end(&ended).await,
+            "the work dropped by another's panic never ran to its end"
+        );
+    }
+
+    /// Whether `ended` is marked within a hundred turns of the runtime.
+    async fn ran_to_its_end(ended: &AtomicBool) -> bool {
         for _ in 0..100 {
             if ended.load(Ordering::Acquire) {
-                return;
+                return true;
             }
             tokio::task::yield_now().await;
         }
-        panic!("the work dropped by another's panic never ran to its end");
+        false
     }
 
     /// Polls `work` once with a waker that does nothing.
