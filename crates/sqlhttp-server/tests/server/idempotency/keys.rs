@@ -20,6 +20,11 @@ on_both_engines!(
     replicas_on_one_database_share_the_store,
 );
 
+on_both_engines!(
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    a_keyed_write_whose_requester_left_is_applied_once_when_sent_again,
+);
+
 fn body(sql: &str, params: &Value) -> Value {
     json!({"sql": sql, "params": params})
 }
@@ -306,6 +311,78 @@ async fn replicas_on_one_database_share_the_store(engine: Engine) {
     }
     let count = ok(&b, "SELECT count(*) FROM t", json!([])).await;
     assert_eq!(count["rows"], json!([[1]]));
+}
+
+/// A keyed write whose requester left while it ran (a client's timeout, its answer lost in a
+/// gateway) and that comes again with its key, to the same server and to another one on the
+/// same database: the statement was stopped and nothing of it kept, no failure was stored for
+/// it, and the second attempt applies it once; a third replays that outcome. While the gate
+/// row exists the write runs for minutes; the gate is removed before it is sent again.
+async fn a_keyed_write_whose_requester_left_is_applied_once_when_sent_again(engine: Engine) {
+    let Some(database) = engine.shared_database().await else {
+        return;
+    };
+    let a = database.app(|_| {});
+    let b = database.app(|_| {});
+    ok(&a, "CREATE TABLE t (v text)", json!([])).await;
+    ok(&a, "CREATE TABLE gate (g int)", json!([])).await;
+    ok(&a, "INSERT INTO gate VALUES (1)", json!([])).await;
+    // Long only while the gate stands: SQLite counts to two billion, PostgreSQL sleeps.
+    let slow_while_gated = engine.pick(
+        "(CASE WHEN EXISTS (SELECT 1 FROM gate) THEN (WITH RECURSIVE g(n) AS (SELECT 1 \
+         UNION ALL SELECT n + 1 FROM g WHERE n < 2000000000) SELECT count(*) FROM g) ELSE 0 END) \
+         >= 0",
+        "(SELECT count(*) FROM (SELECT pg_sleep(CASE WHEN EXISTS (SELECT 1 FROM gate) THEN 120 \
+         ELSE 0 END)) AS slept) = 1",
+    );
+    let write = body(
+        &format!("INSERT INTO t (v) SELECT ? WHERE {slow_while_gated}"),
+        &json!(["once"]),
+    );
+    let key = "requester-left-then-again";
+
+    let left = tokio::time::timeout(Duration::from_millis(500), keyed(&a, key, &write)).await;
+    assert!(
+        left.is_err(),
+        "the gated write answered before its requester left"
+    );
+    // The gate goes: this waits for the write lock if the stopped write still held it.
+    ok(&a, "DELETE FROM gate", json!([])).await;
+    assert_eq!(
+        count(&a).await,
+        0,
+        "the write whose requester left was kept"
+    );
+
+    // Sent again, to the other server: applied now, once. While the first attempt is still
+    // being stopped the key may be in use; a client waits as told and sends it again.
+    let started = std::time::Instant::now();
+    let again = loop {
+        let reply = keyed(&b, key, &write).await;
+        if reply.status == 409 && started.elapsed() < Duration::from_secs(10) {
+            assert_eq!(reply.code(), "IDEMPOTENCY_KEY_IN_USE");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        }
+        break reply;
+    };
+    assert_eq!(
+        again.status,
+        200,
+        "{engine:?}: the second attempt: {}",
+        String::from_utf8_lossy(&again.body)
+    );
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(count(&a).await, 1);
+
+    // A third attempt, to either server, replays the second's outcome.
+    for server in [&a, &b] {
+        let replay = keyed(server, key, &write).await;
+        assert_eq!(replay.status, 200);
+        assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+        assert_eq!(replay.body, again.body);
+    }
+    assert_eq!(count(&b).await, 1);
 }
 
 /// A keyed request's identity as the durable store keeps it, pinned byte for byte: SHA-256 of
