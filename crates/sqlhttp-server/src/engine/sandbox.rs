@@ -10,7 +10,7 @@
 //! about HTTP or either engine. See `docs/adr/0012-statement-sandbox.md`.
 
 use crate::config::Limits;
-use crate::engine::sql_text::{is_transaction_control, leading};
+use crate::engine::sql_text::{TRANSACTION_CONTROL, leading};
 use crate::protocol::error::{ApiError, ErrorCode};
 
 /// How to do atomic multi-statement work, for every refusal of transaction control.
@@ -35,16 +35,19 @@ pub(crate) fn check_text(sql: &str, limits: &Limits) -> Result<(), ApiError> {
         // SQLite stops reading at a NUL: the text after it would be silently ignored.
         return Err(ApiError::sql("the SQL text contains a NUL character"));
     }
-    if is_transaction_control(sql) {
-        return Err(ApiError::bad_request(TRANSACTION_HINT));
-    }
-    if leading(sql, &["VACUUM"]).is_some() {
-        return Err(ApiError::not_allowed(
+    // One reading of the text for both refusals: transaction control, and VACUUM.
+    const REFUSED: [&str; 7] = {
+        let [a, b, c, d, e, f] = TRANSACTION_CONTROL;
+        [a, b, c, d, e, f, "VACUUM"]
+    };
+    match leading(sql, &REFUSED) {
+        None => Ok(()),
+        Some("VACUUM") => Err(ApiError::not_allowed(
             "VACUUM is not allowed: the database file is the server's to maintain, \
              and VACUUM INTO would write a copy of it outside the served database",
-        ));
+        )),
+        Some(_) => Err(ApiError::bad_request(TRANSACTION_HINT)),
     }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -92,26 +92,34 @@ pub(crate) fn first_keywords(sql: &str) -> [String; 2] {
     })
 }
 
-/// The first entry of `refused` that the statement starts with, under either reading.
+/// The first entry of `refused` that the statement starts with, under either reading. Reads
+/// only the first word of each, in place (no copy): it runs on every request's text.
 pub(crate) fn leading<'k>(sql: &str, refused: &[&'k str]) -> Option<&'k str> {
-    readings(sql).find_map(|statement| {
-        refused
-            .iter()
-            .copied()
-            .find(|keyword| *keyword == statement.first)
-    })
+    [Dialect::Sqlite, Dialect::Postgres]
+        .into_iter()
+        .find_map(|dialect| {
+            let first = first_word(sql, dialect)?;
+            refused
+                .iter()
+                .copied()
+                .find(|keyword| keyword.eq_ignore_ascii_case(first))
+        })
 }
 
-/// Whether the statement controls a transaction (BEGIN, COMMIT, END, ROLLBACK, SAVEPOINT,
-/// RELEASE) under either reading: every request is its own transaction, so the sandbox refuses
-/// these.
-pub(crate) fn is_transaction_control(sql: &str) -> bool {
-    leading(
-        sql,
-        &["BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE"],
-    )
-    .is_some()
+/// The first word of the statement `dialect`'s engine runs, as written ([`statement`]'s
+/// `first` before it is uppercased); `None` when there is no statement or it starts with
+/// something else than a word.
+fn first_word(sql: &str, dialect: Dialect) -> Option<&str> {
+    let at = skip_trivia(sql.as_bytes(), 0, dialect, true);
+    let end = word_end(sql.as_bytes(), at);
+    // `at` and `end` are on character boundaries (see `word`).
+    (end > at).then(|| &sql[at..end])
 }
+
+/// The keywords that start a statement that controls a transaction: every request is its own
+/// transaction, so the sandbox refuses these.
+pub(crate) const TRANSACTION_CONTROL: [&str; 6] =
+    ["BEGIN", "COMMIT", "END", "ROLLBACK", "SAVEPOINT", "RELEASE"];
 
 /// Whether the statement is an INSERT, REPLACE, UPDATE, DELETE or MERGE (or a WITH prefix
 /// before one) under either reading: the only statements whose `rows_affected` is the engine's
@@ -145,17 +153,21 @@ pub(crate) fn is_ident_char(byte: u8) -> bool {
 
 /// The word starting at `at` (uppercased; "" when none starts there) and the index after it.
 fn word(sql: &str, at: usize) -> (String, usize) {
-    let bytes = sql.as_bytes();
+    let end = word_end(sql.as_bytes(), at);
+    // `at` and `end` are on character boundaries: identifier runs end at ASCII bytes or at the
+    // end of the text, and non-ASCII bytes are all inside the run.
+    (sql[at..end].to_ascii_uppercase(), end)
+}
+
+/// The index after the identifier that starts at `at` (`at` itself when none does).
+fn word_end(bytes: &[u8], at: usize) -> usize {
     if !bytes.get(at).is_some_and(|&b| is_ident_start(b)) {
-        return (String::new(), at);
+        return at;
     }
-    let len = bytes[at..]
+    at + bytes[at..]
         .iter()
         .take_while(|&&b| is_ident_char(b))
-        .count();
-    // `at` and `at + len` are on character boundaries: identifier runs end at ASCII bytes or
-    // at the end of the text, and non-ASCII bytes are all inside the run.
-    (sql[at..at + len].to_ascii_uppercase(), at + len)
+        .count()
 }
 
 /// The index after whitespace and comments from `at` (and `;` too when `semicolons`).
@@ -266,6 +278,10 @@ pub(crate) fn skip_dollar_quoted(bytes: &[u8], i: usize) -> usize {
 mod tests {
     use super::*;
 
+    fn is_transaction_control(sql: &str) -> bool {
+        leading(sql, &TRANSACTION_CONTROL).is_some()
+    }
+
     fn firsts(sql: &str, dialect: Dialect) -> Vec<String> {
         statement(sql, dialect)
             .into_iter()
@@ -375,6 +391,25 @@ mod tests {
     }
 
     proptest::proptest! {
+        /// The in-place first word `leading` compares is the word `statement` reads, on any
+        /// text of trivia, words and the bytes either engine treats specially.
+        #[test]
+        fn the_first_word_read_in_place_is_the_statements(
+            prefix in proptest::collection::vec(trivia(), 0..6),
+            rest in "[a-zA-Z_0-9$é ;(/*'\\-]{0,12}",
+        ) {
+            let sql = format!("{}{rest}", prefix.concat());
+            for dialect in [Dialect::Sqlite, Dialect::Postgres] {
+                let read = statement(&sql, dialect)
+                    .map(|statement| statement.first)
+                    .filter(|first| !first.is_empty());
+                proptest::prop_assert_eq!(
+                    first_word(&sql, dialect).map(str::to_ascii_uppercase),
+                    read
+                );
+            }
+        }
+
         /// Whatever trivia both engines skip comes before a keyword, both readings find it.
         #[test]
         fn the_keyword_after_any_trivia_is_found(
