@@ -10,7 +10,6 @@
 //! Knows HTTP headers, `tracing` and OpenTelemetry's context, and which engine serves (for its
 //! header's value); nothing about engines' work or bodies' contents.
 
-use std::fmt::Write as _;
 use std::pin::Pin;
 use std::task::{Context as TaskContext, Poll};
 use std::time::Duration;
@@ -27,6 +26,7 @@ use sqlhttp_protocol::header::{
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 
 use crate::engine::Backend;
+use crate::protocol::result;
 
 /// `Server-Timing`.
 pub(crate) const SERVER_TIMING: HeaderName = HeaderName::from_static(header::SERVER_TIMING);
@@ -114,7 +114,7 @@ pub(crate) fn ids(span: &tracing::Span, caller: Option<&SpanContext>) -> Option<
 /// `Server-Timing`'s value: `queue;dur=0.120, db;dur=1.305, total;dur=1.611` (milliseconds,
 /// microsecond precision).
 pub(crate) fn server_timing(queue: Duration, db: Duration, total: Duration) -> HeaderValue {
-    let mut value = String::with_capacity(64);
+    let mut value = Vec::with_capacity(64);
     for (index, (name, took)) in [
         (SERVER_TIMING_QUEUE, queue),
         (SERVER_TIMING_DB, db),
@@ -124,13 +124,14 @@ pub(crate) fn server_timing(queue: Duration, db: Duration, total: Duration) -> H
     .enumerate()
     {
         if index > 0 {
-            value.push_str(", ");
+            value.extend_from_slice(b", ");
         }
-        let micros = took.as_micros();
-        let _ = write!(value, "{name};dur={}.{:03}", micros / 1000, micros % 1000);
+        value.extend_from_slice(name.as_bytes());
+        value.extend_from_slice(b";dur=");
+        result::millis(&mut value, took);
     }
     // Names and digits only: always a valid header value.
-    HeaderValue::from_str(&value).unwrap_or(HeaderValue::from_static(""))
+    HeaderValue::from_maybe_shared(Bytes::from(value)).unwrap_or(HeaderValue::from_static(""))
 }
 
 /// A response body sent under a `respond` span (the span lives until the body is done or

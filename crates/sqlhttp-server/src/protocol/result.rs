@@ -140,6 +140,25 @@ impl Cost {
     }
 }
 
+/// Writes `n` in decimal: every integer of a body (cells, counts, ids) passes here, without
+/// the formatting machinery.
+pub(crate) fn integer(out: &mut Vec<u8>, n: impl itoa::Integer) {
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+}
+
+/// Writes `took` in milliseconds with microsecond precision: `12.345`.
+pub(crate) fn millis(out: &mut Vec<u8>, took: Duration) {
+    let micros = took.as_micros();
+    integer(out, micros / 1000);
+    let fraction = micros % 1000;
+    out.extend_from_slice(&[
+        b'.',
+        b'0' + (fraction / 100) as u8,
+        b'0' + (fraction / 10 % 10) as u8,
+        b'0' + (fraction % 10) as u8,
+    ]);
+}
+
 /// Writes `,"stats":{...}` (the body's last member, before its closing brace): the time since
 /// `began`, in milliseconds with microsecond precision, and the counts that are known.
 pub(crate) fn stats(
@@ -149,20 +168,19 @@ pub(crate) fn stats(
     rows_written: Option<u64>,
     served_by: ServedBy,
 ) {
-    let micros = took.as_micros();
-    let _ = write!(
-        out,
-        ",\"stats\":{{\"duration_ms\":{}.{:03}",
-        micros / 1000,
-        micros % 1000
-    );
+    out.extend_from_slice(b",\"stats\":{\"duration_ms\":");
+    millis(out, took);
     if let Some(read) = rows_read {
-        let _ = write!(out, ",\"rows_read\":{read}");
+        out.extend_from_slice(b",\"rows_read\":");
+        integer(out, read);
     }
     if let Some(written) = rows_written {
-        let _ = write!(out, ",\"rows_written\":{written}");
+        out.extend_from_slice(b",\"rows_written\":");
+        integer(out, written);
     }
-    let _ = write!(out, ",\"served_by\":\"{}\"}}", served_by.as_str());
+    out.extend_from_slice(b",\"served_by\":\"");
+    out.extend_from_slice(served_by.as_str().as_bytes());
+    out.extend_from_slice(b"\"}");
 }
 
 /// Closes a body whose rows are all written: `],"rows_affected":N,"last_insert_id":ID,
@@ -182,14 +200,11 @@ pub(crate) fn end_at(
     bookmark: Option<Bookmark>,
     cost: Cost,
 ) {
-    let _ = write!(
-        out,
-        "],\"rows_affected\":{rows_affected},\"last_insert_id\":"
-    );
+    out.extend_from_slice(b"],\"rows_affected\":");
+    integer(out, rows_affected);
+    out.extend_from_slice(b",\"last_insert_id\":");
     match last_insert_id {
-        Some(id) => {
-            let _ = write!(out, "{id}");
-        }
+        Some(id) => integer(out, id),
         None => out.extend_from_slice(b"null"),
     }
     if let Some(bookmark) = bookmark {
@@ -233,6 +248,31 @@ pub(crate) fn within_buffered_limit(len: usize, limit: usize, rows: u64) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn integers_and_milliseconds_are_written_as_json_numbers() {
+        let written = |write: &dyn Fn(&mut Vec<u8>)| {
+            let mut out = Vec::new();
+            write(&mut out);
+            String::from_utf8(out).unwrap()
+        };
+        for (n, text) in [(0, "0"), (-1, "-1"), (i64::MIN, "-9223372036854775808")] {
+            assert_eq!(written(&|out| integer(out, n)), text);
+        }
+        assert_eq!(
+            written(&|out| integer(out, u64::MAX)),
+            "18446744073709551615"
+        );
+        for (micros, text) in [
+            (0, "0.000"),
+            (7, "0.007"),
+            (1_305, "1.305"),
+            (1_611_070, "1611.070"),
+        ] {
+            let took = Duration::from_micros(micros);
+            assert_eq!(written(&|out| millis(out, took)), text);
+        }
+    }
 
     #[test]
     fn a_body_is_written_in_protocol_order() {
