@@ -28,7 +28,7 @@ pub(crate) fn describe(conn: &Conn, sql: &str) -> Result<Described, ApiError> {
         prepared => prepared?,
     };
     if sandbox::reads_rank() {
-        match sandbox::refuse_rank_constraint(&conn.conn, sql) {
+        match sandbox::refuse_rank_constraint(&conn.conn, sql, stmt.is_explain() != 0) {
             Ok(()) => {}
             Err(sandbox::RankError::Refused) => {
                 return Err(ApiError::not_allowed(sandbox::RANK_REFUSED));

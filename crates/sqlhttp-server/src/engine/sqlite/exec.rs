@@ -306,7 +306,7 @@ pub(crate) fn write_result(
         prepared => prepared?,
     };
     if sandbox::reads_rank() {
-        match sandbox::refuse_rank_constraint(&conn.conn, &request.sql) {
+        match sandbox::refuse_rank_constraint(&conn.conn, &request.sql, stmt.is_explain() != 0) {
             Ok(()) => {}
             Err(sandbox::RankError::Refused) => {
                 return Err(ApiError::not_allowed(sandbox::RANK_REFUSED));

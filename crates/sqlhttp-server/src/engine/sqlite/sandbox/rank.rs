@@ -6,16 +6,20 @@
 use rusqlite::Connection;
 use rusqlite::fallible_iterator::FallibleIterator as _;
 
-use crate::engine::sql_text::leading;
-
 /// Refuses `sql` (compiled once already, on `conn`, and found to read a column named `rank`)
 /// if its plan hands a `rank` constraint to an FTS5 table: FTS5 marks that constraint `r` in
 /// the plan string its `xBestIndex` returns, which SQLite shows as the `VFilter` opcode's P4
 /// (`rM1` for `t MATCH ? AND rank MATCH ?`). This sees the constraint however the statement
 /// spells it (`rank MATCH`, `rank = x`, `x = t.rank`, `match(x, rank)`, in a view or a
-/// subquery). An `EXPLAIN` itself runs nothing. Compile it sandboxed, as the statement was.
-pub(crate) fn refuse_rank_constraint(conn: &Connection, sql: &str) -> Result<(), RankError> {
-    if leading(sql, &["EXPLAIN"]).is_some() {
+/// subquery). A statement SQLite compiled as an `EXPLAIN` (`is_explain`, from the compiled
+/// statement, not from the text: the two engines' readings of a text may disagree on its first
+/// word) runs nothing. Compile it sandboxed, as the statement was.
+pub(crate) fn refuse_rank_constraint(
+    conn: &Connection,
+    sql: &str,
+    is_explain: bool,
+) -> Result<(), RankError> {
+    if is_explain {
         return Ok(());
     }
     let explain = format!("EXPLAIN {sql}");
