@@ -20,6 +20,7 @@ use crate::config::{Database, Limits};
 use crate::engine::keyed::PurgeClock;
 use crate::engine::sqlite::control::Hooks;
 use crate::engine::sqlite::sandbox;
+use crate::engine::sqlite::statement_cache::StatementCache;
 use crate::engine::sqlite::wal;
 
 /// How long a statement waits for another process's lock before answering 503 (the engine's
@@ -118,6 +119,10 @@ pub(crate) struct Conn {
     /// The schema version (SQLite's schema cookie) this connection's compiled schema is at
     /// least as new as; `None` before the first check.
     schema_seen: Cell<Option<i64>>,
+    /// The client statements kept compiled; dropped when the schema moves.
+    pub(crate) statements: StatementCache,
+    /// Whether this connection may write (a reader's transactions read committed data only).
+    role: Role,
     _target: Target,
 }
 
@@ -135,6 +140,7 @@ impl Conn {
             | OpenFlags::SQLITE_OPEN_NO_MUTEX;
         let path = target.path();
         let mut conn = Connection::open_with_flags(path_str(&path)?, flags)?;
+        StatementCache::size(&conn);
         sandbox::configure(&conn, &limits)?;
         crate::engine::sqlite::functions::register(&conn, &hooks)?;
         match role {
@@ -202,6 +208,8 @@ impl Conn {
             wal: (role == Role::Writer).then(|| target.wal_path()),
             last_checkpoint: Cell::new(None),
             schema_seen: Cell::new(None),
+            statements: StatementCache::default(),
+            role,
             _target: target.clone(),
         })
     }
@@ -210,10 +218,14 @@ impl Conn {
     /// statement is compiled: a connection compiles against the schema it read last, and learns
     /// of another connection's DDL only when a statement it runs checks the schema version, which
     /// is after compiling (so a stale compile gives errors and column lists of the old schema).
-    /// Returns whether the schema had moved since the last check. Call it outside the sandbox.
+    /// Returns whether the schema had moved since the last check; when it had, the client
+    /// statements kept compiled are dropped (the authorizer sees their next compile). Call it
+    /// outside the sandbox.
     ///
     /// The version is read first and recorded only after the reload, so what is recorded is
-    /// never newer than what was loaded: a change committed in between is seen next time.
+    /// never newer than what was loaded: a change committed in between is seen next time. A
+    /// version read inside the writer's transaction is not recorded (it may be the
+    /// transaction's own, uncommitted).
     pub(crate) fn refresh_schema(&self) -> rusqlite::Result<bool> {
         let version: i64 = self
             .conn
@@ -227,7 +239,14 @@ impl Conn {
         self.conn
             .prepare_cached("SELECT 1 FROM main.sqlite_schema LIMIT 1")?
             .exists([])?;
-        self.schema_seen.set(Some(version));
+        self.statements.forget(&self.conn);
+        // Inside the writer's transaction the version read may be the transaction's own,
+        // uncommitted: if it rolls back, another process's change can bring the database to
+        // that same number with another schema. Nothing is recorded then, so the first check
+        // after the transaction reloads and forgets again. (A reader's transaction reads a
+        // committed snapshot: a version no newer than the database's, seen moving next time.)
+        let uncommitted = self.role == Role::Writer && !self.conn.is_autocommit();
+        self.schema_seen.set((!uncommitted).then_some(version));
         Ok(true)
     }
 

@@ -6,14 +6,12 @@
 //! Runs on an engine thread with a borrowed connection. Knows nothing about HTTP, pooling or
 //! idempotency: the caller decides what surrounds the statement.
 
-use std::io::Write as _;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD;
 
 use rusqlite::fallible_iterator::FallibleIterator as _;
 use rusqlite::types::{ToSql, ToSqlOutput, ValueRef};
-use rusqlite::{Batch, Connection, Statement};
+use rusqlite::{Batch, CachedStatement, Connection, Statement};
 
 use crate::engine::Access;
 use crate::engine::sql_text::{may_change_rows, may_insert};
@@ -263,6 +261,46 @@ pub(super) fn prepare_one<'c>(conn: &'c Conn, sql: &str) -> Result<Statement<'c>
     }
 }
 
+/// A client statement compiled for this run, or kept compiled from an earlier one
+/// (`statement_cache`).
+enum Compiled<'c> {
+    Fresh(Statement<'c>),
+    Kept(CachedStatement<'c>),
+}
+
+impl<'c> std::ops::Deref for Compiled<'c> {
+    type Target = Statement<'c>;
+
+    fn deref(&self) -> &Statement<'c> {
+        match self {
+            Compiled::Fresh(stmt) => stmt,
+            Compiled::Kept(stmt) => stmt,
+        }
+    }
+}
+
+impl std::ops::DerefMut for Compiled<'_> {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        match self {
+            Compiled::Fresh(stmt) => stmt,
+            Compiled::Kept(stmt) => stmt,
+        }
+    }
+}
+
+/// Compiles the client's `sql` under the sandbox, or takes the connection's compiled copy of a
+/// text it keeps (one read-only statement that `sandbox::may_be_kept`; see `statement_cache`).
+fn compile<'c>(conn: &'c Conn, sql: &str) -> Result<Compiled<'c>, ApiError> {
+    if !conn.statements.holds(sql) {
+        return prepare_one(conn, sql).map(Compiled::Fresh);
+    }
+    sandbox::begin_statement();
+    conn.conn
+        .prepare_cached(sql)
+        .map(Compiled::Kept)
+        .map_err(|e| client_error(conn, e))
+}
+
 /// Runs the request's statement and returns its whole JSON success body, refused past
 /// `--max-result-bytes`. Keyed writes use it: their outcome is stored for replay.
 pub(crate) fn execute(
@@ -299,10 +337,10 @@ pub(crate) fn write_result(
     let mut schema_change = None;
     let mut own_transaction = None;
     let sandboxed = Sandboxed::on(conn);
-    let mut stmt = match prepare_one(conn, &request.sql) {
+    let mut stmt = match compile(conn, &request.sql) {
         // DDL committed since the refresh above: compile again against the new schema, so the
         // error (or the success) is the new schema's.
-        Err(_) if schema_moved(conn) => prepare_one(conn, &request.sql)?,
+        Err(_) if schema_moved(conn) => compile(conn, &request.sql)?,
         prepared => prepared?,
     };
     if sandbox::reads_rank() {
@@ -317,6 +355,9 @@ pub(crate) fn write_result(
     let writes = !stmt.readonly();
     if writes && access == Access::ReadOnly {
         return Ok(Ran::NeedsWriter);
+    }
+    if !writes && matches!(stmt, Compiled::Fresh(_)) && sandbox::may_be_kept() {
+        conn.statements.keep(&conn.conn, &request.sql, &stmt);
     }
     let expected = stmt.parameter_count();
     if expected != request.params.len() {
@@ -355,6 +396,9 @@ pub(crate) fn write_result(
         conn.hooks.set_sandboxed(true);
     }
     let changes_before = conn.conn.total_changes();
+    // A kept statement's counter is its own across runs (and a run that failed mid-scan left
+    // it set): zero it, so `rows_read` is this run's.
+    stmt.reset_status(rusqlite::StatementStatus::FullscanStep);
 
     // The columns are read after the first step: a statement compiled before another
     // connection's DDL is compiled again inside that step, and only then has its real columns.
@@ -444,9 +488,7 @@ fn reset_last_insert_rowid(conn: &Connection) -> Result<(), ApiError> {
 
 fn write_value(out: &mut Vec<u8>, value: ValueRef<'_>) {
     match value {
-        ValueRef::Integer(i) => {
-            let _ = write!(out, "{i}");
-        }
+        ValueRef::Integer(i) => result::integer(out, i),
         ValueRef::Real(f) if f.is_finite() => {
             let _ = serde_json::to_writer(&mut *out, &f);
         }

@@ -27,6 +27,7 @@ pub(crate) mod interactive;
 mod keyed;
 mod sandbox;
 mod sessions;
+mod statement_cache;
 mod stream;
 mod transaction;
 mod wal;

@@ -69,6 +69,8 @@ struct Seen {
     alters_table: bool,
     /// It reads a column named `rank` (FTS5's hidden column, or any other of that name).
     reads_rank: bool,
+    /// It runs a `PRAGMA` (SQLite computes some of their answers as it compiles them).
+    runs_pragma: bool,
 }
 
 thread_local! {
@@ -77,6 +79,7 @@ thread_local! {
             changes_schema: false,
             alters_table: false,
             reads_rank: false,
+            runs_pragma: false,
         })
     };
     /// The tables the statement inserts into, as the authorizer named them.
@@ -119,6 +122,16 @@ pub(crate) fn fts5_inserted(conn: &Connection) -> rusqlite::Result<Vec<String>> 
     Ok(found)
 }
 
+/// Whether the read-only statement compiled since [`begin_statement`] may be kept compiled and
+/// run again without being compiled (and so authorized) again (`statement_cache`): nothing
+/// checked after its compile depends on what the authorizer saw (it reads no `rank` column),
+/// and its answer is not fixed at compile time (it runs no `PRAGMA`, some of whose answers
+/// SQLite computes as it compiles them).
+pub(crate) fn may_be_kept() -> bool {
+    let seen = SEEN.get();
+    !seen.reads_rank && !seen.runs_pragma && !seen.changes_schema
+}
+
 /// Whether the statement compiled since [`begin_statement`] changes a schema: it must then run
 /// under [`SchemaRows`]' check.
 pub(crate) fn changes_schema() -> bool {
@@ -135,6 +148,7 @@ fn note(action: &AuthAction<'_>) {
         A::Read { column_name, .. } if column_name.eq_ignore_ascii_case("rank") => {
             seen.reads_rank = true;
         }
+        A::Pragma { .. } => seen.runs_pragma = true,
         A::Insert { table_name } if !schema_table(table_name) => {
             INSERTED.with_borrow_mut(|names| names.push(table_name.to_owned()));
             return;

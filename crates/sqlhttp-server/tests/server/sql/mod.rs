@@ -8,6 +8,7 @@ mod abandoned;
 mod answers;
 mod batch;
 mod describe_statement;
+mod kept_statements;
 mod pg_answers;
 mod pg_errors;
 mod pg_text;

@@ -543,3 +543,43 @@ mod effects {
         }
     }
 }
+
+#[test]
+fn a_statement_may_be_kept_compiled_unless_it_reads_rank_runs_a_pragma_or_changes_a_schema() {
+    use AuthAction as A;
+    let read = A::Read {
+        table_name: "t",
+        column_name: "v",
+    };
+    for (spoils, action) in [
+        (false, read),
+        (
+            false,
+            A::Function {
+                function_name: "upper",
+            },
+        ),
+        (
+            true,
+            A::Read {
+                table_name: "f5",
+                column_name: "RANK",
+            },
+        ),
+        (
+            true,
+            A::Pragma {
+                pragma_name: "table_info",
+                pragma_value: Some("t"),
+            },
+        ),
+        (true, A::CreateView { view_name: "v" }),
+    ] {
+        begin_statement();
+        let _ = authorize(&in_main(read));
+        let _ = authorize(&in_main(action));
+        assert_eq!(may_be_kept(), !spoils, "{action:?}");
+    }
+    begin_statement();
+    assert!(may_be_kept());
+}
