@@ -8,10 +8,11 @@
 //! compiled (whether it changes a schema, which tables it inserts into, whether its plan must
 //! be checked for a `rank` constraint), and its answer is computed when it runs, not when it
 //! compiles; so a cached copy, which the authorizer does not see again, meets exactly the rules
-//! a fresh compile would. Whatever it depends on beyond its text is the schema: every kept statement
-//! is dropped when the connection sees the schema move ([`StatementCache::forget`], called by
-//! `Conn::refresh_schema`, which does not take a version read inside the writer's transaction
-//! for the database's), so the next compile is under the new schema and the authorizer again.
+//! a fresh compile would. Whatever it depends on beyond its text is the schema: every kept
+//! statement is dropped when the connection sees the schema move ([`StatementCache::forget`],
+//! called by `Conn::refresh_schema`, which does not take a version read inside the writer's
+//! transaction for the database's), so the next compile is under the new schema and the
+//! authorizer again.
 //!
 //! A text is kept under the exact text SQLite compiled: rusqlite's cache trims a text with
 //! Rust's `str::trim`, which strips Unicode whitespace that SQLite reads as part of a name
