@@ -2,9 +2,10 @@
 //! [`PostgresEngine::streamed`] runs the statement (on the requester's task until its body
 //! streams, then as a task of its own: ADR 0070) through the row writer into the shared chunk
 //! `Sink`, commits before the body's last bytes are written, and ends a body that failed after
-//! its first chunk with the error (see `docs/adr/0016-streamed-results.md`). A streamed write's body ends with its bookmark (issue
-//! 35): its headers went out before it committed, so they could not name it. (A read's headers
-//! name its position, known from its `BEGIN`; its body is unchanged.)
+//! its first chunk with the error (see `docs/adr/0016-streamed-results.md`). A streamed write's
+//! body ends with its bookmark (issue 35): its headers went out before it committed, so they
+//! could not name it. (A read's headers name its position, known from its `BEGIN`; its body is
+//! unchanged.)
 //!
 //! Knows the request's transaction and the chunk channel; nothing about HTTP.
 
