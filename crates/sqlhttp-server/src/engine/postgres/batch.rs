@@ -6,6 +6,7 @@
 
 use crate::engine::Access;
 use crate::engine::batch_body::BatchBody;
+use crate::engine::postgres::in_transaction::{Open, Work};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, Job, exec};
 use crate::engine::stream::Sink;
@@ -21,21 +22,14 @@ impl Inner {
         } else {
             Access::ReadWrite
         };
-        let mut lease = self.lease(job).await?;
-        loop {
-            // The BEGIN is guarded too: on a replica that stops answering, it is what waits.
-            let ran = self
-                .guarded(job, &lease, batch.statements.len(), async {
-                    self.begin_batch(&lease, mode, batch.isolation).await?;
-                    self.run_statements(&lease, &batch.statements).await
-                })
-                .await;
-            if ran.is_err() && lease.take_retry() {
-                lease = self.again(job, lease).await?;
-                continue;
-            }
-            break self.end(lease, mode, ran).await;
-        }
+        let lease = self.lease(job).await?;
+        let open = Open::Batch(batch.isolation);
+        let statements = Statements {
+            inner: self,
+            statements: &batch.statements,
+        };
+        self.in_transaction(job, lease, mode, open, batch.statements.len(), statements)
+            .await
     }
 
     /// Runs the statements in order inside the open transaction and answers
@@ -66,6 +60,21 @@ impl Inner {
             answer.push_result(index, ran)?;
         }
         Ok(answer.finish())
+    }
+}
+
+/// A batch's statements, run in order in the transaction open on a lease (see
+/// [`Inner::run_statements`]).
+pub(super) struct Statements<'a> {
+    pub(super) inner: &'a Inner,
+    pub(super) statements: &'a [SqlRequest],
+}
+
+impl Work for Statements<'_> {
+    type Output = Vec<u8>;
+
+    async fn run(&mut self, lease: &Lease) -> Result<Vec<u8>, ApiError> {
+        self.inner.run_statements(lease, self.statements).await
     }
 }
 

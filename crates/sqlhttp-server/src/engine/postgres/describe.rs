@@ -13,6 +13,7 @@ use tokio_postgres::types::ToSql;
 
 use crate::engine::Access;
 use crate::engine::describe::{Described, DescribedColumn, mentions_any, nullability_knowable};
+use crate::engine::postgres::in_transaction::{Open, Work};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::types::Bound;
 use crate::engine::postgres::{Inner, Job, placeholders, sandbox};
@@ -62,6 +63,24 @@ fn may_write(sql: &str) -> bool {
     !READING.contains(&first.as_str()) || mentions_any(sql, WRITING_WORDS)
 }
 
+/// A description's statements, in the read-only transaction open on a lease.
+struct Description<'a> {
+    inner: &'a Inner,
+    sql: &'a str,
+    rewritten: &'a str,
+    writes: bool,
+}
+
+impl Work for Description<'_> {
+    type Output = Described;
+
+    async fn run(&mut self, lease: &Lease) -> Result<Described, ApiError> {
+        (self.inner)
+            .describe_on(lease, self.sql, self.rewritten, self.writes)
+            .await
+    }
+}
+
 impl Inner {
     /// Describes `sql` (see the module's doc), as `access` allows.
     pub(super) async fn describe(
@@ -81,12 +100,20 @@ impl Inner {
         let rewritten = placeholders::rewrite(sql);
         rewritten.check_bound(placeholders::MAX_PARAMS)?;
         let lease = self.lease(job).await?;
-        let work = async {
-            self.begin(&lease, Access::ReadOnly).await?;
-            self.describe_on(&lease, sql, &rewritten.sql, writes).await
-        };
-        let result = self.guarded(job, &lease, 3, work).await;
-        self.end(lease, Access::ReadOnly, result).await
+        self.in_transaction(
+            job,
+            lease,
+            Access::ReadOnly,
+            Open::Statement,
+            3,
+            Description {
+                inner: self,
+                sql,
+                rewritten: &rewritten.sql,
+                writes,
+            },
+        )
+        .await
     }
 
     async fn describe_on(

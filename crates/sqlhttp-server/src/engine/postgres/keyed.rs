@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::engine::keyed::{self as rule, Decision, Stored, expired_before, now_millis};
+use crate::engine::postgres::in_transaction::{self, Open};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, Job, exec};
 use crate::engine::stream::Sink;
@@ -350,6 +351,21 @@ where
     })
 }
 
+/// Keyed work in the transaction open on a lease (see [`Inner::with_key`]).
+struct KeyedRun<'a> {
+    inner: &'a Inner,
+    keyed: &'a Keyed,
+    work: Work<'a>,
+}
+
+impl in_transaction::Work for KeyedRun<'_> {
+    type Output = Outcome;
+
+    async fn run(&mut self, lease: &Lease) -> Result<Outcome, ApiError> {
+        self.inner.keyed_once(lease, self.keyed, self.work).await
+    }
+}
+
 /// Keyed work: one statement or a batch's statements.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Work<'a> {
@@ -359,7 +375,7 @@ pub(super) enum Work<'a> {
 
 impl Inner {
     /// Runs keyed work exactly once in a transaction of its own (run again, prepared afresh,
-    /// when a cached statement went stale: see `Lease::take_retry`).
+    /// when a cached statement went stale: see `Inner::in_transaction`).
     pub(super) async fn with_key(
         &self,
         job: &Job,
@@ -367,31 +383,29 @@ impl Inner {
         work: Work<'_>,
     ) -> Result<Outcome, ApiError> {
         self.purge_if_due(job, keyed.ttl).await;
-        let mut lease = self.lease(job).await?;
-        loop {
-            let begun = match work {
-                Work::Batch(batch) => {
-                    self.begin_batch(&lease, Access::ReadWrite, batch.isolation)
-                        .await
-                }
-                Work::Statement(_) => self.begin_at(&lease, Access::ReadWrite, None).await,
-            };
-            if let Err(err) = begun {
-                return self.end(lease, Access::ReadWrite, Err(err)).await;
-            }
-            let outcome = self.keyed_once(job, &lease, keyed, work).await;
-            if outcome.is_err() && lease.take_retry() {
-                lease = self.again(job, lease).await?;
-                continue;
-            }
-            break self.end(lease, Access::ReadWrite, outcome).await;
-        }
+        let lease = self.lease(job).await?;
+        let (open, statements) = match work {
+            Work::Statement(_) => (Open::Statement, 1),
+            Work::Batch(batch) => (Open::Batch(batch.isolation), batch.statements.len()),
+        };
+        self.in_transaction(
+            job,
+            lease,
+            Access::ReadWrite,
+            open,
+            statements,
+            KeyedRun {
+                inner: self,
+                keyed,
+                work,
+            },
+        )
+        .await
     }
 
     /// One run of keyed work in the transaction open on `lease` (see [`Inner::with_key`]).
     async fn keyed_once(
         &self,
-        job: &Job,
         lease: &Lease,
         keyed: &Keyed,
         work: Work<'_>,
@@ -420,17 +434,8 @@ impl Inner {
                 Work::Batch(batch) => self.run_statements(lease, &batch.statements).await,
             }
         };
-        self.guarded(
-            job,
-            lease,
-            match work {
-                Work::Statement(_) => 1,
-                Work::Batch(batch) => batch.statements.len(),
-            },
-            // Boxed: the keyed work's future is large.
-            Box::pin(run_with_key(lease, &self.store_key, keyed, run, &map)),
-        )
-        .await
+        // Boxed: the keyed work's future is large.
+        Box::pin(run_with_key(lease, &self.store_key, keyed, run, &map)).await
     }
 
     /// Deletes expired idempotency keys, at most once a `PURGE_INTERVAL`.

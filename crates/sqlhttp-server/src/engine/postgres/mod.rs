@@ -44,6 +44,7 @@ mod describe;
 mod errors;
 mod exec;
 mod flights;
+mod in_transaction;
 pub(crate) mod interactive;
 mod keyed;
 mod lease;

@@ -16,8 +16,8 @@ use bytes::Bytes;
 use tracing::Instrument as _;
 
 use crate::engine::job::CancelOnDrop;
+use crate::engine::postgres::in_transaction::{Ran, Run};
 use crate::engine::postgres::lease::Lease;
-use crate::engine::postgres::transaction::SentEnd;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, panicked, session};
 use crate::engine::run_to_end::RunToEnd;
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
@@ -97,7 +97,6 @@ impl Inner {
         let mut out = stream::body_buffer();
         let must_stop = || job.is_cancelled();
         let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
-        let map = |e| self.map(&e);
         let mut cost = result::Cost::now(lease.served_by);
         if mode == Access::ReadWrite && !self.node.is_replica() {
             cost.began = std::time::Instant::now();
@@ -150,88 +149,88 @@ impl Inner {
                 return finish_flown(written, started, out, sender, cost, None);
             }
         }
-        loop {
-            cost.began = std::time::Instant::now();
-            // BEGIN goes out with the statement, and a read's end behind it: one round trip
-            // (see `exec::write_result`).
-            let opening: exec::Opening<'_> = Box::pin(self.begin(&lease, mode));
-            let mut behind = (mode == Access::ReadOnly).then(|| {
-                let client = lease.client();
-                let end = session::after_read();
-                exec::Behind::new(async move { client.batch_execute(&end).await })
-            });
-            let around = exec::Around {
-                before: Some(opening),
-                behind: behind.as_mut(),
-            };
-            // The body's end is written once the transaction ended (see `finish_streamed`).
-            let written = self
-                .guarded(
-                    job,
-                    &lease,
-                    1,
-                    exec::write_rows(
-                        &lease,
-                        request,
-                        &self.limits,
-                        &mut out,
-                        &mut sink,
-                        &map,
-                        around,
-                    ),
-                )
-                .await;
-            let sent = self.sent_end(written.is_ok(), behind).await;
-            let started = sink.started();
-            if !started && written.is_err() && lease.take_retry() {
-                // Nothing was sent: the first run is rolled back, and forgotten.
-                lease = self.again(job, lease).await?;
-                out.clear();
-                continue;
-            }
-            if !started {
-                // Nothing was sent: the whole body is the answer, its position in the headers.
-                let whole = written.map(|rows_affected| {
-                    result::end(&mut out, rows_affected, None, cost);
-                    Some(out)
-                });
-                break self.end_or_ended(lease, mode, whole, sent).await;
-            }
-            break self
-                .finish_streamed(job, lease, mode, written, out, sender, sent, cost)
-                .await;
+        let run = Statement {
+            inner: self,
+            job,
+            request,
+            mode,
+            out: &mut out,
+            sink: &mut sink,
+            cost: &mut cost,
+        };
+        let ended = self.ran_in_transaction(job, lease, mode, run).await;
+        if !sink.started() {
+            // Nothing was sent: the whole body is the answer, its position in the headers.
+            let rows_affected = ended?;
+            result::end(&mut out, rows_affected, None, cost);
+            return Ok(Some(out));
         }
-    }
-
-    /// Ends the transaction of a statement whose body started streaming (see
-    /// [`Inner::stream`]), and the body with it, once the transaction ended: on success with
-    /// the rows it changed and, for a write, its bookmark (the position read after its COMMIT:
-    /// at or past the commit); on failure (its COMMIT's included) with the error, which no
-    /// success member precedes.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "the parts of one streamed request, handed over from `stream`'s loop"
-    )]
-    async fn finish_streamed(
-        &self,
-        job: &Job,
-        lease: Lease,
-        mode: Access,
-        written: Result<u64, ApiError>,
-        out: Vec<u8>,
-        sender: ChunkSender,
-        sent: Option<SentEnd>,
-        cost: result::Cost,
-    ) -> Result<Option<Vec<u8>>, ApiError> {
-        // `out` ends after the last whole row until the transaction has ended.
-        let ended = self.end_or_ended(lease, mode, written, sent).await;
-        // A read's headers named its position already.
+        // A read's headers named its position already; a write's body ends with its bookmark
+        // (the position read after its COMMIT: at or past the commit).
         let position = match job.position.load(Ordering::Acquire) {
             0 => None,
             _ if mode == Access::ReadOnly => None,
             at => Some(Bookmark::from_position(at)),
         };
         end_streamed_body(ended, position, out, sender, cost)
+    }
+}
+
+/// One run of a statement whose `BEGIN` goes out with it (and a read's end behind it: one
+/// round trip, see `exec::write_result`), its rows written into `out` and on through `sink`.
+/// The body's end is written once the transaction ended (see [`Inner::stream`]).
+struct Statement<'a, 's> {
+    inner: &'a Inner,
+    job: &'a Job,
+    request: &'a SqlRequest,
+    mode: Access,
+    out: &'a mut Vec<u8>,
+    sink: &'a mut Sink<'s>,
+    cost: &'a mut result::Cost,
+}
+
+impl Run for Statement<'_, '_> {
+    type Output = u64;
+
+    async fn run(&mut self, lease: &Lease) -> Ran<u64> {
+        let (inner, mode) = (self.inner, self.mode);
+        self.cost.began = std::time::Instant::now();
+        // A second run's body starts afresh: nothing of the first was sent.
+        self.out.clear();
+        let opening: exec::Opening<'_> = Box::pin(inner.begin(lease, mode));
+        let mut behind = (mode == Access::ReadOnly).then(|| {
+            let client = lease.client();
+            let end = session::after_read();
+            exec::Behind::new(async move { client.batch_execute(&end).await })
+        });
+        let around = exec::Around {
+            before: Some(opening),
+            behind: behind.as_mut(),
+        };
+        let map = |e| inner.map(&e);
+        let result = inner
+            .guarded(
+                self.job,
+                lease,
+                1,
+                exec::write_rows(
+                    lease,
+                    self.request,
+                    &inner.limits,
+                    self.out,
+                    self.sink,
+                    &map,
+                    around,
+                ),
+            )
+            .await;
+        let sent = inner.sent_end(result.is_ok(), behind).await;
+        Ran {
+            result,
+            sent,
+            // Once its body streams, its answer has started: a failure ends it.
+            repeatable: !self.sink.started(),
+        }
     }
 }
 
