@@ -31,6 +31,10 @@ pub(crate) struct ApiError {
     pub(crate) interrupted: bool,
     /// In a batch: the zero-based index of the statement that failed, reported as `"statement"`.
     pub(crate) statement: Option<usize>,
+    /// Where it ran could not serve it (a read replica down, behind, or refusing what only a
+    /// primary runs), before any of its answer left: the engine may run it elsewhere. Set by
+    /// the engine where the failure happened ([`ApiError::elsewhere`]); never rendered.
+    pub(crate) elsewhere: bool,
     /// Value of the `Allow` header on a 405.
     allow: &'static str,
     /// Whether the answer carries `Retry-After: 1`: the code's rule
@@ -49,6 +53,7 @@ impl ApiError {
             constraint: None,
             interrupted: false,
             statement: None,
+            elsewhere: false,
             allow: "POST",
             retry_after: code.sends_retry_after(),
         }
@@ -58,6 +63,15 @@ impl ApiError {
     pub(crate) fn at_statement(self, index: usize) -> Self {
         ApiError {
             statement: Some(index),
+            ..self
+        }
+    }
+
+    /// The same error, marked as the failure of where it ran, which another place may not
+    /// share (see the field).
+    pub(crate) fn elsewhere(self) -> Self {
+        ApiError {
+            elsewhere: true,
             ..self
         }
     }

@@ -29,6 +29,7 @@ use crate::engine::interactive::{
 };
 use crate::engine::keyed::{Stored, now_millis};
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::replicas::Route;
 use crate::engine::postgres::transaction::{self, OPENED};
 use crate::engine::postgres::{Inner, Job, STOP_WITHIN, exec, sandbox, session};
 use crate::engine::stream::Sink;
@@ -122,17 +123,17 @@ fn aborted(why: &str) -> ApiError {
 }
 
 impl Session {
-    /// Leases a connection of `inner`'s pool and opens the transaction on it; on a replica,
-    /// once it has replayed at least `min` (checked before the transaction's snapshot, see
-    /// `transaction`). A read-only transaction with one snapshot (not `READ COMMITTED`) learns
-    /// the snapshot's position at its open.
+    /// Leases a connection where `route` says and opens the transaction on it; on a replica,
+    /// once it has replayed as far as the route asks (checked before the transaction's
+    /// snapshot, see `transaction`). A read-only transaction with one snapshot (not `READ
+    /// COMMITTED`) learns the snapshot's position at its open.
     pub(super) async fn open(
-        inner: Arc<Inner>,
+        route: Route,
         options: TxOptions,
         slot: OwnedSemaphorePermit,
-        min: u64,
     ) -> Result<Session, ApiError> {
-        let job = Job::requiring(min);
+        let job = Job::requiring(route.min());
+        let inner = Arc::clone(route.node());
         let lease = inner.lease(&job).await?;
         let access = if options.read_only {
             "READ ONLY"

@@ -336,9 +336,9 @@ impl Inner {
         let permit = Arc::clone(&self.admission)
             .try_acquire_owned()
             .map_err(|_| {
-                ApiError::unavailable(
+                self.failed_here(ApiError::unavailable(
                     "the database is busy: too many statements are waiting; retry later",
-                )
+                ))
             })?;
         // A client's function may have changed the client role (its defaults, its password):
         // once the owner has put it back, one more login is clean (see `session`).
@@ -352,13 +352,15 @@ impl Inner {
         let object = object.map_err(|e| {
             use deadpool_postgres::PoolError as E;
             match e {
-                E::Timeout(_) => ApiError::unavailable(
+                E::Timeout(_) => self.failed_here(ApiError::unavailable(
                     "the database is busy: no connection came free in time; retry later",
-                ),
+                )),
                 E::Closed => shutting_down(),
                 other => {
                     tracing::warn!(error = %other, "cannot get a database connection");
-                    ApiError::outage("the database cannot be reached; retry later")
+                    self.failed_here(ApiError::outage(
+                        "the database cannot be reached; retry later",
+                    ))
                 }
             }
         })?;

@@ -95,7 +95,7 @@ use crate::timing::Timing;
 use ahead::PrimaryLog;
 use keyed::Work;
 use lease::{Backends, Lease};
-use replicas::{Node, Reason, Replica, Replicas, Route};
+use replicas::{Choice, Node, Reason, Replica, Replicas, Route};
 
 /// How long opening a new connection may take.
 const CONNECT_WITHIN: Duration = Duration::from_secs(5);
@@ -410,16 +410,14 @@ impl PostgresEngine {
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
     {
-        self.spawn_buffered_on(&self.inner, Job::default(), ServedBy::Primary, work)
+        self.spawn_buffered_on(Route::Primary(Arc::clone(&self.inner)), work)
             .await
     }
 
-    /// [`PostgresEngine::spawn_buffered`] on `node`'s pool, for `job`, which `served_by` names.
+    /// [`PostgresEngine::spawn_buffered`] where `route` says.
     async fn spawn_buffered_on<F, Fut>(
         &self,
-        node: &Arc<Inner>,
-        job: Job,
-        served_by: ServedBy,
+        route: Route,
         work: F,
     ) -> Result<(Outcome, Held), ApiError>
     where
@@ -427,9 +425,9 @@ impl PostgresEngine {
         Fut: Future<Output = Result<Outcome, ApiError>> + Send + 'static,
     {
         let buffering = self.buffering.clone();
-        let job = Arc::new(job);
+        let job = Arc::new(Job::requiring(route.min()));
         let (outcome, held) = self
-            .spawn_on(node, Arc::clone(&job), |inner, job| {
+            .spawn_on(route.node(), Arc::clone(&job), |inner, job| {
                 let work = work(inner, job);
                 async move {
                     let share = buffering.start();
@@ -438,38 +436,39 @@ impl PostgresEngine {
                 }
             })
             .await?;
-        Ok((outcome.at(job.position_as(served_by)), held))
+        Ok((outcome.at(job.position_as(route.served_by())), held))
     }
 
     /// Runs a read where the replicas choose (see `replicas`), consistent with at least `at`:
     /// on a replica when one is fit and far enough, and on the primary when none is or when
-    /// the replica fails it with `503` (it is down, behind after all, or in a recovery
-    /// conflict) before any of its answer was sent. `run` is called with the node, its name and
-    /// the least position it must see (0 on the primary, which has everything committed).
+    /// the replica could not serve it before any of its answer was sent (it is down, behind
+    /// after all, busy, in a recovery conflict, or refuses what only a primary runs: the
+    /// failures the replica's own pool marks [`ApiError::elsewhere`]). Any other failure is
+    /// the read's answer: the server's own refusals (its buffer budget, its transaction slots,
+    /// its shutdown) would be the same on the primary. `run` is called with the [`Route`].
     async fn read<T, F, Fut>(&self, at: ReadAt, run: F) -> Result<T, ApiError>
     where
-        F: Fn(Arc<Inner>, ServedBy, u64) -> Fut,
+        F: Fn(Route) -> Fut,
         Fut: Future<Output = Result<T, ApiError>>,
     {
+        let primary = || Route::Primary(Arc::clone(&self.inner));
         let Some(replicas) = &self.replicas else {
-            return run(Arc::clone(&self.inner), ServedBy::Primary, 0).await;
+            return run(primary()).await;
         };
-        let min = at.min.map_or(0, |bookmark| bookmark.position());
         let reason = match replicas.choose(at).await {
-            Route::Replica(replica) => {
+            Choice::Replica(replica) => {
+                let route = Route::Replica {
+                    node: Arc::clone(&replica.inner),
+                    min: at.min.map_or(0, |bookmark| bookmark.position()),
+                };
                 // Until its answer starts, a read is abandoned as soon as the replica's watcher
                 // finds it gone, wherever it is: waiting for a connection, its BEGIN, its end.
                 let served = tokio::select! {
-                    served = run(Arc::clone(&replica.inner), ServedBy::Replica, min) => served,
-                    () = replica.inner.node.gone() => Err(ApiError::outage(
-                        "the read replica stopped answering; its read was abandoned",
-                    )),
+                    served = run(route) => served,
+                    () = replica.inner.node.gone() => Err(replica_gone()),
                 };
                 match served {
-                    Err(err)
-                        if err.code == ErrorCode::Unavailable
-                            && !self.inner.closing.load(Ordering::Acquire) =>
-                    {
+                    Err(err) if err.elsewhere && !self.inner.closing.load(Ordering::Acquire) => {
                         tracing::debug!(error = %err.message, "a replica failed a read; the primary serves it");
                         Reason::Failed
                     }
@@ -479,10 +478,10 @@ impl PostgresEngine {
                     }
                 }
             }
-            Route::Primary(reason) => reason,
+            Choice::Primary(reason) => reason,
         };
         replicas.served(ServedBy::Primary, reason);
-        run(Arc::clone(&self.inner), ServedBy::Primary, 0).await
+        run(primary()).await
     }
 
     /// One of the connections interactive transactions may hold, once one is free (waiting at
@@ -539,21 +538,12 @@ impl Engine for PostgresEngine {
     ) -> Result<Reply, ApiError> {
         self.check_bookmark(at).await?;
         if access == Access::ReadWrite {
-            return self
-                .streamed(
-                    Arc::clone(&self.inner),
-                    request,
-                    access,
-                    ServedBy::Primary,
-                    0,
-                )
-                .await;
+            let primary = Route::Primary(Arc::clone(&self.inner));
+            return self.streamed(primary, request, access).await;
         }
         sandbox::check_read_only_text(&request.sql)?;
-        self.read(at, |node, served_by, min| {
-            self.streamed(node, request.clone(), access, served_by, min)
-        })
-        .await
+        self.read(at, |route| self.streamed(route, request.clone(), access))
+            .await
     }
 
     /// Runs one keyed request exactly once (see `keyed`); the key's claim is held until the
@@ -586,17 +576,11 @@ impl Engine for PostgresEngine {
             sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
         }
         let batch = Arc::new(batch);
-        self.read(at, |node, served_by, min| {
+        self.read(at, |route| {
             let batch = Arc::clone(&batch);
-            async move {
-                self.spawn_buffered_on(
-                    &node,
-                    Job::requiring(min),
-                    served_by,
-                    |inner, job| async move { inner.batch(&job, &batch).await.map(Outcome::fresh) },
-                )
-                .await
-            }
+            self.spawn_buffered_on(route, |inner, job| async move {
+                inner.batch(&job, &batch).await.map(Outcome::fresh)
+            })
         })
         .await
     }
@@ -663,11 +647,12 @@ impl Engine for PostgresEngine {
         let on_replica = options.read_only && options.isolation == Isolation::RepeatableRead;
         if !on_replica {
             let slot = self.transaction_slot().await?;
-            return interactive::Session::open(Arc::clone(&self.inner), options, slot, 0).await;
+            let primary = Route::Primary(Arc::clone(&self.inner));
+            return interactive::Session::open(primary, options, slot).await;
         }
-        self.read(at, |node, _, min| async move {
+        self.read(at, |route| async move {
             let slot = self.transaction_slot().await?;
-            interactive::Session::open(node, options, slot, min).await
+            interactive::Session::open(route, options, slot).await
         })
         .await
     }
@@ -732,6 +717,12 @@ impl Engine for PostgresEngine {
             None => self.inner.close().await,
         }
     }
+}
+
+/// The answer for a read whose replica its watcher found gone: served elsewhere (see
+/// `PostgresEngine::read`).
+fn replica_gone() -> ApiError {
+    ApiError::outage("the read replica stopped answering; its read was abandoned").elsewhere()
 }
 
 /// Whether a replica refused `err`'s statement because it is a replica: `55000` (a function
@@ -836,7 +827,8 @@ impl Inner {
             return ApiError::unavailable(
                 "the statement cannot run on a read replica (it is in recovery); retry on the \
                  primary",
-            );
+            )
+            .elsewhere();
         }
         let mapped = errors::map_error(err, self.timeout_ms());
         if self.closing.load(Ordering::Acquire)
@@ -847,7 +839,23 @@ impl Inner {
         {
             return shutting_down();
         }
+        if mapped.code == ErrorCode::Unavailable && !mapped.interrupted {
+            // The database is unreachable, lost, out of resources or in a recovery conflict.
+            return self.failed_here(mapped);
+        }
         mapped
+    }
+
+    /// `err`, a failure of this node's own (its pool, its connection, its database), marked
+    /// as one the primary does not share when this node is a replica: the read goes there
+    /// (see `PostgresEngine::read`). The server's own refusals (its buffer budget, its
+    /// shutdown, a requester that left) are never marked: they would be the same there.
+    fn failed_here(&self, err: ApiError) -> ApiError {
+        if self.node.is_replica() {
+            err.elsewhere()
+        } else {
+            err
+        }
     }
 
     /// Runs `work` on `lease`; should the requester go away meanwhile, cancels the statement
@@ -889,11 +897,9 @@ impl Inner {
         }
         // A replica the watcher found gone: the read is served elsewhere (see `read`) at once;
         // its session is not waited for (it is discarded with the lease, never pooled).
-        let gone_error =
-            || ApiError::outage("the read replica stopped answering; its read was abandoned");
         if gone {
             lease.retire();
-            return Err(gone_error());
+            return Err(replica_gone());
         }
         lease.cancel_statement().await;
         let overran_error = || {

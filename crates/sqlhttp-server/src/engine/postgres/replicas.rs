@@ -148,9 +148,42 @@ impl Replica {
 }
 
 /// Where [`Replicas::choose`] sends a read, and why.
-pub(super) enum Route<'a> {
+pub(super) enum Choice<'a> {
     Replica(&'a Replica),
     Primary(Reason),
+}
+
+/// Where a read runs (see `PostgresEngine::read`): the primary, which has everything committed,
+/// or a replica, whose session must have replayed as far as `min` before the read's snapshot.
+#[derive(Clone)]
+pub(super) enum Route {
+    Primary(Arc<Inner>),
+    Replica { node: Arc<Inner>, min: u64 },
+}
+
+impl Route {
+    /// The pool the read runs on.
+    pub(super) fn node(&self) -> &Arc<Inner> {
+        match self {
+            Route::Primary(node) | Route::Replica { node, .. } => node,
+        }
+    }
+
+    /// Who serves the read, as its answer says.
+    pub(super) fn served_by(&self) -> ServedBy {
+        match self {
+            Route::Primary(_) => ServedBy::Primary,
+            Route::Replica { .. } => ServedBy::Replica,
+        }
+    }
+
+    /// The least position the read must see (0 on the primary).
+    pub(super) fn min(&self) -> u64 {
+        match self {
+            Route::Primary(_) => 0,
+            Route::Replica { min, .. } => *min,
+        }
+    }
 }
 
 /// Why a read was served where it was (the metrics' `reason`).
@@ -265,20 +298,20 @@ impl Replicas {
 
     /// Where a read consistent with at least `at` runs: a fit replica (round robin) that has
     /// replayed that far, waiting at most `--replica-wait` for one, else the primary.
-    pub(super) async fn choose(&self, at: ReadAt) -> Route<'_> {
+    pub(super) async fn choose(&self, at: ReadAt) -> Choice<'_> {
         if at.primary {
-            return Route::Primary(Reason::Asked);
+            return Choice::Primary(Reason::Asked);
         }
         self.watch();
         let min = at.min.map_or(0, |bookmark| bookmark.position());
         if let Some(replica) = self.far_enough(min) {
-            return Route::Replica(replica);
+            return Choice::Replica(replica);
         }
         if !self.nodes.iter().any(|r| r.watch.fit(self.max_lag)) {
-            return Route::Primary(Reason::NoReplica);
+            return Choice::Primary(Reason::NoReplica);
         }
         if self.wait.is_zero() {
-            return Route::Primary(Reason::Behind);
+            return Choice::Primary(Reason::Behind);
         }
         // A waiting read costs a wake-up each time a watcher learned something (every
         // `WATCH_WAITED_EVERY` per replica while reads wait), however many reads wait.
@@ -289,10 +322,10 @@ impl Replicas {
             let mut learned = std::pin::pin!(learned);
             learned.as_mut().enable();
             if let Some(replica) = self.far_enough(min) {
-                return Route::Replica(replica);
+                return Choice::Replica(replica);
             }
             if tokio::time::timeout_at(deadline, learned).await.is_err() {
-                return Route::Primary(Reason::Behind);
+                return Choice::Primary(Reason::Behind);
             }
         }
     }

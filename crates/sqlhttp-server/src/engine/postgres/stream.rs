@@ -18,6 +18,7 @@ use tracing::Instrument as _;
 use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::in_transaction::{Ran, Run};
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::replicas::Route;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, panicked, session};
 use crate::engine::run_to_end::RunToEnd;
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
@@ -28,21 +29,20 @@ use crate::protocol::request::SqlRequest;
 use crate::protocol::result;
 
 impl PostgresEngine {
-    /// Runs `request` on `node`'s pool (which `served_by` names), its read seeing at least
-    /// `min`; the reply says where it stands, known before its first byte (a read's position
-    /// comes with its `BEGIN`; a write's with its COMMIT, so a write whose body streams before
-    /// it committed has none there: its body's last member names it).
+    /// Runs `request` where `route` says; the reply says where it stands, known before its
+    /// first byte (a read's position comes with its `BEGIN`; a write's with its COMMIT, so a
+    /// write whose body streams before it committed has none there: its body's last member
+    /// names it).
     pub(super) async fn streamed(
         &self,
-        node: Arc<Inner>,
+        route: Route,
         request: SqlRequest,
         mode: Access,
-        served_by: ServedBy,
-        min: u64,
     ) -> Result<Reply, ApiError> {
-        let job = Arc::new(Job::requiring(min));
+        let job = Arc::new(Job::requiring(route.min()));
+        let served_by = route.served_by();
         let (sender, mut receiver) = stream::channel(stream::QUEUE_CHUNKS);
-        let inner = node;
+        let inner = Arc::clone(route.node());
         let task_job = Arc::clone(&job);
         // Run on the request's task until its body streams (then as a task of its own, the
         // body's producer) or its requester leaves (then to its end, cancelled): ADR 0070. Its

@@ -472,6 +472,7 @@ fn behind() -> ApiError {
     ApiError::unavailable(
         "the read replica has not replayed as far as the request's bookmark; retry",
     )
+    .elsewhere()
 }
 
 /// What a write's `BEGIN` message reads last: the transaction's start (see [`Opened`]).

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use axum::Router;
 use serde_json::{Value, json};
-use sqlhttp_server::{AppState, Database, ReadReplicas, app};
+use sqlhttp_server::{AppState, Config, Database, ReadReplicas, app};
 
-use crate::common::{Reply, batch_with, post_with};
+use crate::common::{Reply, batch_with, post_with, send};
 use crate::engines::{client_role, config, database_on, needs_postgres, owner, start_postgres};
 
 /// A cluster of the test's own, the primary's and the replica's URLs (their `postgres`
@@ -47,6 +47,11 @@ struct Replicated {
 /// A fresh database for one test, and an app with the replica as `--read-replica` (lagging as
 /// far as it likes: these tests pause it), once the replica serves its reads.
 async fn replicated() -> Option<Replicated> {
+    replicated_with(|_| {}).await
+}
+
+/// [`replicated`], its configuration changed by `tweak` first.
+async fn replicated_with(tweak: impl FnOnce(&mut Config)) -> Option<Replicated> {
     let (primary, replica) = cluster()?;
     let url = database_on(&primary).await;
     let (_, name) = url.rsplit_once('/').unwrap();
@@ -61,6 +66,7 @@ async fn replicated() -> Option<Replicated> {
         max_lag: Duration::from_secs(3600),
         ..ReadReplicas::default()
     };
+    tweak(&mut config);
     let router = app(AppState::new(&config).unwrap());
     let replicated = Replicated { router, replica };
     replicated
@@ -97,6 +103,18 @@ impl Replicated {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("no fit answer to {sql}");
+    }
+
+    /// Reads the primary served because a replica failed them, from `/metrics`.
+    async fn failed_over(&self) -> f64 {
+        let reply = send(&self.router, "GET", "/metrics", &[], "").await;
+        let text = String::from_utf8(reply.body).unwrap();
+        text.lines()
+            .filter(|line| line.starts_with("sqlhttpd_replica_reads_total{"))
+            .filter(|line| line.contains(r#"served_by="primary""#))
+            .filter(|line| line.contains(r#"reason="failed""#))
+            .map(|line| line.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
+            .sum()
     }
 
     /// Asks the replica, as the superuser, for one text value.
@@ -228,5 +246,53 @@ needs_postgres! {
         );
         assert_eq!(reply.header("sqlhttp-served-by"), Some("primary"));
         assert_eq!(reply.json()["results"][0]["rows"], json!([[1]]));
+    }
+}
+
+needs_postgres! {
+    /// The server's transaction slots are the server's, whichever node a transaction opens on:
+    /// a read-only transaction routed to a replica while every slot is held waits for one once,
+    /// for the statement timeout, and is refused, not sent to wait a second time on the
+    /// primary's route.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_transaction_that_finds_no_slot_on_a_replicas_route_waits_once() {
+        let Some(replicated) = replicated_with(|config| {
+            // One connection a transaction may hold.
+            config.limits.pool_size = 2;
+            config.limits.statement_timeout = Duration::from_secs(1);
+        })
+        .await
+        else {
+            return;
+        };
+        let open = |body: Value| {
+            let router = replicated.router.clone();
+            async move {
+                send(
+                    &router,
+                    "POST",
+                    "/api/v1/transaction/open",
+                    &[("content-type", "application/json")],
+                    body.to_string(),
+                )
+                .await
+            }
+        };
+        let held = open(json!({})).await;
+        assert_eq!(held.status, 200, "{}", String::from_utf8_lossy(&held.body));
+        let started = std::time::Instant::now();
+        let refused = open(json!({"read_only": true, "isolation": "repeatable_read"})).await;
+        let waited = started.elapsed();
+        assert_eq!(
+            refused.status,
+            503,
+            "{}",
+            String::from_utf8_lossy(&refused.body)
+        );
+        assert!(
+            waited < Duration::from_millis(1700),
+            "waited {waited:?} for a slot: once on the replica's route and again on the primary's"
+        );
+        assert_eq!(replicated.failed_over().await, 0.0);
     }
 }
