@@ -1,6 +1,6 @@
 //! The one place a PostgreSQL request's work runs in the server's transaction: opened, run
-//! under the guard, run once more when a statement the driver had cached went stale, and
-//! ended (see `transaction` for what the open and the end send). A plain statement, a batch,
+//! under the guard, run once more when a statement the driver had cached went stale (unless
+//! its requester left), and ended (see `transaction` for what the open and the end send). A plain statement, a batch,
 //! keyed work and a description all pass here; the flights (`read_flight`, `write_flight`),
 //! which carry their own open and end in one message, and the server's own store records,
 //! which run to their end whatever their requester does, do not.
@@ -73,7 +73,7 @@ impl Inner {
         statements: usize,
         work: W,
     ) -> Result<W::Output, ApiError> {
-        let opened = Opened {
+        let begin_first = BeginFirst {
             inner: self,
             job,
             mode,
@@ -81,7 +81,7 @@ impl Inner {
             statements,
             work,
         };
-        self.ran_in_transaction(job, lease, mode, opened).await
+        self.ran_in_transaction(job, lease, mode, begin_first).await
     }
 
     /// Runs `run` on `lease` and ends its transaction: a write whose work succeeded commits,
@@ -99,7 +99,9 @@ impl Inner {
     ) -> Result<R::Output, ApiError> {
         loop {
             let ran = run.run(&lease).await;
-            if ran.result.is_err() && ran.repeatable && lease.take_retry() {
+            // A requester that left is not run for again: its first run's cancel may have
+            // been spent on a statement that failed as stale all the same.
+            if ran.result.is_err() && ran.repeatable && !job.is_cancelled() && lease.take_retry() {
                 lease = self.again(job, lease).await?;
                 continue;
             }
@@ -109,7 +111,7 @@ impl Inner {
 }
 
 /// A [`Work`] with the open [`Inner::in_transaction`] sends before it, under one guard.
-struct Opened<'a, W> {
+struct BeginFirst<'a, W> {
     inner: &'a Inner,
     job: &'a Job,
     mode: Access,
@@ -118,11 +120,11 @@ struct Opened<'a, W> {
     work: W,
 }
 
-impl<W: Work + Send> Run for Opened<'_, W> {
+impl<W: Work + Send> Run for BeginFirst<'_, W> {
     type Output = W::Output;
 
     async fn run(&mut self, lease: &Lease) -> Ran<W::Output> {
-        let Opened {
+        let BeginFirst {
             inner,
             job,
             mode,

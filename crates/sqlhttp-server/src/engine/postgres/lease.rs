@@ -457,7 +457,8 @@ impl Inner {
         match undone {
             Ok(Ok(())) => Ok(lease),
             Ok(Err(e)) => Err(self.map(&e)),
-            Err(_) => Err(ApiError::interrupted()),
+            // The session stalled: on a replica, the primary serves the read.
+            Err(_) => Err(self.failed_here(ApiError::interrupted())),
         }
     }
 }

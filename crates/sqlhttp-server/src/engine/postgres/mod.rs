@@ -565,15 +565,19 @@ impl Engine for PostgresEngine {
     async fn batch(&self, batch: BatchRequest, at: ReadAt) -> Result<(Outcome, Held), ApiError> {
         self.check_bookmark(at).await?;
         batch::only_enforced(&batch)?;
-        if !batch.read_only {
+        if batch.read_only {
+            for (index, statement) in batch.statements.iter().enumerate() {
+                sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
+            }
+        }
+        // `SERIALIZABLE` cannot run on a hot standby (`0A000`): the primary serves such a
+        // read, as it serves such an interactive transaction.
+        if !batch.read_only || batch.isolation == Some(Isolation::Serializable) {
             return self
                 .spawn_buffered(|inner, job| async move {
                     inner.batch(&job, &batch).await.map(Outcome::fresh)
                 })
                 .await;
-        }
-        for (index, statement) in batch.statements.iter().enumerate() {
-            sandbox::check_read_only_text(&statement.sql).map_err(|e| e.at_statement(index))?;
         }
         let batch = Arc::new(batch);
         self.read(at, |route| {
@@ -839,7 +843,7 @@ impl Inner {
         {
             return shutting_down();
         }
-        if mapped.code == ErrorCode::Unavailable && !mapped.interrupted {
+        if mapped.code == ErrorCode::Unavailable {
             // The database is unreachable, lost, out of resources or in a recovery conflict.
             return self.failed_here(mapped);
         }

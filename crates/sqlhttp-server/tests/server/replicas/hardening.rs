@@ -105,14 +105,15 @@ impl Replicated {
         panic!("no fit answer to {sql}");
     }
 
-    /// Reads the primary served because a replica failed them, from `/metrics`.
-    async fn failed_over(&self) -> f64 {
+    /// Reads `served_by` served for `reason`, from `/metrics`.
+    async fn reads_served(&self, served_by: &str, reason: &str) -> f64 {
         let reply = send(&self.router, "GET", "/metrics", &[], "").await;
         let text = String::from_utf8(reply.body).unwrap();
+        let served_by = format!(r#"served_by="{served_by}""#);
+        let reason = format!(r#"reason="{reason}""#);
         text.lines()
             .filter(|line| line.starts_with("sqlhttpd_replica_reads_total{"))
-            .filter(|line| line.contains(r#"served_by="primary""#))
-            .filter(|line| line.contains(r#"reason="failed""#))
+            .filter(|line| line.contains(&served_by) && line.contains(&reason))
             .map(|line| line.rsplit_once(' ').unwrap().1.parse::<f64>().unwrap())
             .sum()
     }
@@ -280,6 +281,7 @@ needs_postgres! {
         };
         let held = open(json!({})).await;
         assert_eq!(held.status, 200, "{}", String::from_utf8_lossy(&held.body));
+        let routed = replicated.reads_served("replica", "routed").await;
         let started = std::time::Instant::now();
         let refused = open(json!({"read_only": true, "isolation": "repeatable_read"})).await;
         let waited = started.elapsed();
@@ -293,6 +295,37 @@ needs_postgres! {
             waited < Duration::from_millis(1700),
             "waited {waited:?} for a slot: once on the replica's route and again on the primary's"
         );
-        assert_eq!(replicated.failed_over().await, 0.0);
+        // It was routed to the replica, and answered there.
+        assert_eq!(
+            replicated.reads_served("replica", "routed").await,
+            routed + 1.0
+        );
+        assert_eq!(replicated.reads_served("primary", "failed").await, 0.0);
+    }
+}
+
+needs_postgres! {
+    /// A hot standby refuses `SERIALIZABLE` ("cannot use serializable mode in a hot standby",
+    /// `0A000`): a read-only batch that asks for it is served by the primary, as a
+    /// `SERIALIZABLE` interactive transaction is, never refused for being routed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_serializable_read_only_batch_is_served_by_the_primary() {
+        let Some(replicated) = replicated().await else {
+            return;
+        };
+        let batch: Value = json!({
+            "read_only": true,
+            "isolation": "serializable",
+            "statements": [{"sql": "SELECT 1 AS one"}]
+        });
+        let reply = batch_with(&replicated.router, &[], &batch).await;
+        assert_eq!(
+            reply.status,
+            200,
+            "{}",
+            String::from_utf8_lossy(&reply.body)
+        );
+        assert_eq!(reply.header("sqlhttp-served-by"), Some("primary"));
+        assert_eq!(reply.json()["results"][0]["rows"], json!([[1]]));
     }
 }
