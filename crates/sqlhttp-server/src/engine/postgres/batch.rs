@@ -1,11 +1,13 @@
 //! Atomic batches on PostgreSQL: a batch's statements in order in ONE transaction of the
 //! server's own (`READ ONLY, REPEATABLE READ` for a read-only batch, so its statements see one
-//! snapshot), answered `{"results": [...]}` through the shared `BatchBody`; keyed batches go
+//! snapshot; one that asks for `READ COMMITTED` reads the log position again after its last
+//! statement, for its bookmark), answered `{"results": [...]}` through the shared `BatchBody`; keyed batches go
 //! through `keyed` (the engine's trait methods in `mod.rs` choose which). Knows nothing about
 //! HTTP.
 
 use crate::engine::Access;
 use crate::engine::batch_body::BatchBody;
+use crate::engine::interactive::Isolation;
 use crate::engine::postgres::in_transaction::{Open, Work};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, Job, exec};
@@ -27,6 +29,9 @@ impl Inner {
         let statements = Statements {
             inner: self,
             statements: &batch.statements,
+            // A read whose statements each take their own snapshot: its bookmark must cover
+            // the last one's, not only what its `BEGIN` saw.
+            position_after: batch.read_only && batch.isolation == Some(Isolation::ReadCommitted),
         };
         self.in_transaction(job, lease, mode, open, batch.statements.len(), statements)
             .await
@@ -65,16 +70,25 @@ impl Inner {
 
 /// A batch's statements, run in order in the transaction open on a lease (see
 /// [`Inner::run_statements`]).
-pub(super) struct Statements<'a> {
-    pub(super) inner: &'a Inner,
-    pub(super) statements: &'a [SqlRequest],
+struct Statements<'a> {
+    inner: &'a Inner,
+    statements: &'a [SqlRequest],
+    /// Whether the log position is read again once they ran (a read at `READ COMMITTED`).
+    position_after: bool,
 }
 
 impl Work for Statements<'_> {
     type Output = Vec<u8>;
 
     async fn run(&mut self, lease: &Lease) -> Result<Vec<u8>, ApiError> {
-        self.inner.run_statements(lease, self.statements).await
+        let inner = self.inner;
+        let answer = inner.run_statements(lease, self.statements).await?;
+        if self.position_after {
+            // Read after every statement's snapshot was taken: at or past all they saw.
+            let select = format!("SELECT {}", inner.node.position_sql());
+            inner.learn_position(lease, lease.client().simple_query(&select).await)?;
+        }
+        Ok(answer)
     }
 }
 

@@ -1,9 +1,10 @@
 //! The PostgreSQL request pipeline (ADR 0034): statements prepared once per connection and
 //! cached, answering after DDL as a fresh Parse would (the request runs again when a cached
-//! statement went stale), and the transaction check that rides in COMMIT's message.
+//! statement went stale), the transaction check that rides in COMMIT's message, and the
+//! position a read's transaction names.
 //!
-//! Each test runs on a pool of one connection, so a statement prepared by one request is the
-//! one the next request's cache holds.
+//! The cache's tests run on a pool of one connection, so a statement prepared by one request is
+//! the one the next request's cache holds.
 
 use serde_json::json;
 
@@ -219,5 +220,45 @@ needs_postgres! {
             .await
             .unwrap();
         assert_eq!(rows.get::<_, i64>(0), 0);
+    }
+}
+
+needs_postgres! {
+    /// A read-only batch at `READ COMMITTED` takes a snapshot per statement: its bookmark covers
+    /// its last statement's, not only what its `BEGIN` saw. A write that commits while the batch
+    /// sleeps is seen by the batch's second statement, and is at or before the batch's bookmark
+    /// (a read sent with that bookmark to a replica must see it too).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_read_committed_read_batchs_bookmark_covers_what_its_last_statement_saw() {
+        let router =
+            postgres_app!("a_read_committed_read_batchs_bookmark_covers_what_its_last_statement_saw");
+        ok(&router, "CREATE TABLE seen (v int)", json!([])).await;
+        let statements = json!({"read_only": true, "isolation": "read_committed", "statements": [
+            {"sql": "SELECT 1 AS one FROM pg_catalog.pg_sleep(1)"},
+            {"sql": "SELECT count(*) AS n FROM seen"}
+        ]});
+        let reading = tokio::spawn({
+            let router = router.clone();
+            async move { batch(&router, &[], &statements).await }
+        });
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let written = post_with(&router, &[], &json!({"sql": "INSERT INTO seen VALUES (1)"})).await;
+        assert_eq!(written.status, 200, "{}", String::from_utf8_lossy(&written.body));
+        let read = reading.await.unwrap();
+        assert_eq!(read.status, 200, "{}", String::from_utf8_lossy(&read.body));
+        assert_eq!(
+            read.json()["results"][1]["rows"],
+            json!([[1]]),
+            "the write committed while the batch slept"
+        );
+        let at = |reply: &crate::common::Reply| {
+            u64::from_str_radix(reply.header("sqlhttp-bookmark").unwrap(), 16).unwrap()
+        };
+        assert!(
+            at(&read) >= at(&written),
+            "the batch's bookmark {:016x} is short of the write it saw ({:016x})",
+            at(&read),
+            at(&written)
+        );
     }
 }
