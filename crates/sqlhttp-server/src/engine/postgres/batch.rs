@@ -8,68 +8,80 @@
 use crate::engine::Access;
 use crate::engine::batch_body::BatchBody;
 use crate::engine::interactive::Isolation;
+use crate::engine::postgres::in_transaction;
 use crate::engine::postgres::in_transaction::{Open, Work};
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::transaction;
 use crate::engine::postgres::{Inner, Job, exec};
 use crate::engine::stream::Sink;
 use crate::protocol::batch::{BatchRequest, ForeignKeys};
 use crate::protocol::error::ApiError;
 use crate::protocol::request::SqlRequest;
 
-impl Inner {
-    /// Runs a batch without an Idempotency-Key in one transaction.
-    pub(super) async fn batch(&self, job: &Job, batch: &BatchRequest) -> Result<Vec<u8>, ApiError> {
-        let mode = if batch.read_only {
-            Access::ReadOnly
-        } else {
-            Access::ReadWrite
-        };
-        let lease = self.lease(job).await?;
-        let open = Open::Batch(batch.isolation);
-        let statements = Statements {
-            inner: self,
-            statements: &batch.statements,
-            // A read whose statements each take their own snapshot: its bookmark must cover
-            // the last one's, not only what its `BEGIN` saw.
-            position_after: batch.read_only && batch.isolation == Some(Isolation::ReadCommitted),
-        };
-        self.in_transaction(job, lease, mode, open, batch.statements.len(), statements)
-            .await
-    }
+/// Runs a batch without an Idempotency-Key in one transaction.
+pub(super) async fn batch(
+    inner: &Inner,
+    job: &Job,
+    batch: &BatchRequest,
+) -> Result<Vec<u8>, ApiError> {
+    let mode = if batch.read_only {
+        Access::ReadOnly
+    } else {
+        Access::ReadWrite
+    };
+    let lease = inner.lease(job).await?;
+    let open = Open::Batch(batch.isolation);
+    let statements = Statements {
+        inner,
+        statements: &batch.statements,
+        // A read whose statements each take their own snapshot: its bookmark must cover
+        // the last one's, not only what its `BEGIN` saw.
+        position_after: batch.read_only && batch.isolation == Some(Isolation::ReadCommitted),
+    };
+    in_transaction::in_transaction(
+        inner,
+        job,
+        lease,
+        mode,
+        open,
+        batch.statements.len(),
+        statements,
+    )
+    .await
+}
 
-    /// Runs the statements in order inside the open transaction and answers
-    /// `{"results": [...]}`; the first failure stops the batch and names its statement.
-    pub(super) async fn run_statements(
-        &self,
-        lease: &Lease,
-        statements: &[SqlRequest],
-    ) -> Result<Vec<u8>, ApiError> {
-        let limit = self.limits.max_result_bytes;
-        let map = |e| self.map(&e);
-        let mut answer = BatchBody::new(limit, statements.len());
-        for (index, statement) in statements.iter().enumerate() {
-            let mut body = Vec::with_capacity(256);
-            let mut sink = Sink::Buffered { limit };
-            let limits = &self.limits;
-            let ran = exec::write_result(
-                lease,
-                statement,
-                limits,
-                &mut body,
-                &mut sink,
-                &map,
-                exec::Around::default(),
-            )
-            .await
-            .map(|()| body);
-            answer.push_result(index, ran)?;
-        }
-        Ok(answer.finish())
+/// Runs the statements in order inside the open transaction and answers
+/// `{"results": [...]}`; the first failure stops the batch and names its statement.
+pub(super) async fn run_statements(
+    inner: &Inner,
+    lease: &Lease,
+    statements: &[SqlRequest],
+) -> Result<Vec<u8>, ApiError> {
+    let limit = inner.limits.max_result_bytes;
+    let map = |e| inner.map(&e);
+    let mut answer = BatchBody::new(limit, statements.len());
+    for (index, statement) in statements.iter().enumerate() {
+        let mut body = Vec::with_capacity(256);
+        let mut sink = Sink::Buffered { limit };
+        let limits = &inner.limits;
+        let ran = exec::write_result(
+            lease,
+            statement,
+            limits,
+            &mut body,
+            &mut sink,
+            &map,
+            exec::Around::default(),
+        )
+        .await
+        .map(|()| body);
+        answer.push_result(index, ran)?;
     }
+    Ok(answer.finish())
 }
 
 /// A batch's statements, run in order in the transaction open on a lease (see
-/// [`Inner::run_statements`]).
+/// [`run_statements`]).
 struct Statements<'a> {
     inner: &'a Inner,
     statements: &'a [SqlRequest],
@@ -82,11 +94,11 @@ impl Work for Statements<'_> {
 
     async fn run(&mut self, lease: &Lease) -> Result<Vec<u8>, ApiError> {
         let inner = self.inner;
-        let answer = inner.run_statements(lease, self.statements).await?;
+        let answer = run_statements(inner, lease, self.statements).await?;
         if self.position_after {
             // Read after every statement's snapshot was taken: at or past all they saw.
             let select = format!("SELECT {}", inner.node.position_sql());
-            inner.learn_position(lease, lease.client().simple_query(&select).await)?;
+            transaction::learn_position(inner, lease, lease.client().simple_query(&select).await)?;
         }
         Ok(answer)
     }

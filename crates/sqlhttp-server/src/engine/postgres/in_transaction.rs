@@ -17,21 +17,22 @@ use std::future::Future;
 use crate::engine::Access;
 use crate::engine::interactive::Isolation;
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::transaction;
 use crate::engine::postgres::transaction::SentEnd;
 use crate::engine::postgres::{Inner, Job};
 use crate::protocol::error::ApiError;
 
-/// How [`Inner::in_transaction`] opens the transaction before the work runs.
+/// How [`in_transaction`] opens the transaction before the work runs.
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Open {
     /// A statement's: its lock waits bounded as a client's statement's are.
     Statement,
     /// A batch's, at its isolation (`None`: the request's default); a write batch waits for
-    /// locks as long as its statement timeout allows (see [`Inner::begin_batch`]).
+    /// locks as long as its statement timeout allows (see [`transaction::begin_batch`]).
     Batch(Option<Isolation>),
 }
 
-/// A request's work inside a transaction [`Inner::in_transaction`] opened: run once, or twice
+/// A request's work inside a transaction [`in_transaction`] opened: run once, or twice
 /// when the first run met a stale statement (its transaction rolled back in between).
 pub(super) trait Work {
     type Output;
@@ -42,7 +43,7 @@ pub(super) trait Work {
 }
 
 /// One run of a request's work that opens the transaction itself (a statement's `BEGIN` goes
-/// out with it, see `exec::Around`), for [`Inner::ran_in_transaction`].
+/// out with it, see `exec::Around`), for [`ran_in_transaction`].
 pub(super) trait Run {
     type Output;
 
@@ -60,57 +61,55 @@ pub(super) struct Ran<T> {
     pub(super) repeatable: bool,
 }
 
-impl Inner {
-    /// Opens the transaction on `lease` as `open` says, runs `work` in it under the guard
-    /// (bounded as `statements` statements), and ends it (see [`Inner::ran_in_transaction`]).
-    /// The open is guarded too: on a replica that stops answering, it is what waits.
-    pub(super) async fn in_transaction<W: Work + Send>(
-        &self,
-        job: &Job,
-        lease: Lease,
-        mode: Access,
-        open: Open,
-        statements: usize,
-        work: W,
-    ) -> Result<W::Output, ApiError> {
-        let begin_first = BeginFirst {
-            inner: self,
-            job,
-            mode,
-            open,
-            statements,
-            work,
-        };
-        self.ran_in_transaction(job, lease, mode, begin_first).await
-    }
+/// Opens the transaction on `lease` as `open` says, runs `work` in it under the guard
+/// (bounded as `statements` statements), and ends it (see [`ran_in_transaction`]).
+/// The open is guarded too: on a replica that stops answering, it is what waits.
+pub(super) async fn in_transaction<W: Work + Send>(
+    inner: &Inner,
+    job: &Job,
+    lease: Lease,
+    mode: Access,
+    open: Open,
+    statements: usize,
+    work: W,
+) -> Result<W::Output, ApiError> {
+    let begin_first = BeginFirst {
+        inner,
+        job,
+        mode,
+        open,
+        statements,
+        work,
+    };
+    ran_in_transaction(inner, job, lease, mode, begin_first).await
+}
 
-    /// Runs `run` on `lease` and ends its transaction: a write whose work succeeded commits,
-    /// anything else rolls back, and an end the run already sent is only read (see
-    /// [`Inner::end_or_ended`]). A run that failed because a cached statement went stale
-    /// (another server's start replaced what it reads, see `Lease::take_retry`), and whose
-    /// answer did not start, is rolled back and forgotten, and runs once more with every
-    /// statement prepared afresh.
-    pub(super) async fn ran_in_transaction<R: Run>(
-        &self,
-        job: &Job,
-        mut lease: Lease,
-        mode: Access,
-        mut run: R,
-    ) -> Result<R::Output, ApiError> {
-        loop {
-            let ran = run.run(&lease).await;
-            // A requester that left is not run for again: its first run's cancel may have
-            // been spent on a statement that failed as stale all the same.
-            if ran.result.is_err() && ran.repeatable && !job.is_cancelled() && lease.take_retry() {
-                lease = self.again(job, lease).await?;
-                continue;
-            }
-            return self.end_or_ended(lease, mode, ran.result, ran.sent).await;
+/// Runs `run` on `lease` and ends its transaction: a write whose work succeeded commits,
+/// anything else rolls back, and an end the run already sent is only read (see
+/// [`transaction::end_or_ended`]). A run that failed because a cached statement went stale
+/// (another server's start replaced what it reads, see `Lease::take_retry`), and whose
+/// answer did not start, is rolled back and forgotten, and runs once more with every
+/// statement prepared afresh.
+pub(super) async fn ran_in_transaction<R: Run>(
+    inner: &Inner,
+    job: &Job,
+    mut lease: Lease,
+    mode: Access,
+    mut run: R,
+) -> Result<R::Output, ApiError> {
+    loop {
+        let ran = run.run(&lease).await;
+        // A requester that left is not run for again: its first run's cancel may have
+        // been spent on a statement that failed as stale all the same.
+        if ran.result.is_err() && ran.repeatable && !job.is_cancelled() && lease.take_retry() {
+            lease = inner.again(job, lease).await?;
+            continue;
         }
+        return transaction::end_or_ended(inner, lease, mode, ran.result, ran.sent).await;
     }
 }
 
-/// A [`Work`] with the open [`Inner::in_transaction`] sends before it, under one guard.
+/// A [`Work`] with the open [`in_transaction`] sends before it, under one guard.
 struct BeginFirst<'a, W> {
     inner: &'a Inner,
     job: &'a Job,
@@ -136,8 +135,10 @@ impl<W: Work + Send> Run for BeginFirst<'_, W> {
         let result = inner
             .guarded(job, lease, *statements, async {
                 match open {
-                    Open::Statement => inner.begin(lease, mode).await?,
-                    Open::Batch(isolation) => inner.begin_batch(lease, mode, isolation).await?,
+                    Open::Statement => transaction::begin(inner, lease, mode).await?,
+                    Open::Batch(isolation) => {
+                        transaction::begin_batch(inner, lease, mode, isolation).await?
+                    }
                 }
                 work.run(lease).await
             })

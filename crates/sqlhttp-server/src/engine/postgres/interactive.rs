@@ -158,7 +158,7 @@ impl Session {
             inner.timeout_ms(),
             lease.guard
         );
-        inner.open_with(&lease, &begin).await?;
+        transaction::open_with(&inner, &lease, &begin).await?;
         Ok(Session {
             inner,
             lease: Some(lease),
@@ -478,66 +478,109 @@ impl Interactive for Session {
     }
 }
 
-impl Inner {
-    /// Stores a `200` with `body` under `key` in the server's store, in a transaction of its own.
-    pub(super) async fn store_record(
-        &self,
-        job: &Job,
-        key: &str,
-        request_hash: &[u8; 32],
-        body: &[u8],
-    ) -> Result<(), ApiError> {
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin_store(&lease, Access::ReadWrite).await {
-            return self.end(lease, Access::ReadWrite, Err(err)).await;
-        }
-        let hash = &request_hash[..];
-        let stored = lease
-            .client()
-            .execute(
-                "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
-                &[&self.store_key, &key, &hash, &200_i32, &body, &now_millis()],
-            )
-            .await
-            .map(drop)
-            .map_err(|e| self.map(&e));
-        self.end(lease, Access::ReadWrite, stored).await
+/// Stores a `200` with `body` under `key` in the server's store, in a transaction of its own.
+pub(super) async fn store_record(
+    inner: &Inner,
+    job: &Job,
+    key: &str,
+    request_hash: &[u8; 32],
+    body: &[u8],
+) -> Result<(), ApiError> {
+    let lease = inner.lease(job).await?;
+    if let Err(err) = transaction::begin_store(inner, &lease, Access::ReadWrite).await {
+        return transaction::end(inner, lease, Access::ReadWrite, Err(err)).await;
     }
+    let hash = &request_hash[..];
+    let stored = lease
+        .client()
+        .execute(
+            "SELECT _sqlhttp.record($1, $2, $3, $4, $5, $6)",
+            &[
+                &inner.store_key,
+                &key,
+                &hash,
+                &200_i32,
+                &body,
+                &now_millis(),
+            ],
+        )
+        .await
+        .map(drop)
+        .map_err(|e| inner.map(&e));
+    transaction::end(inner, lease, Access::ReadWrite, stored).await
+}
 
-    /// Claims `key` in the server's store with a record, in a transaction of its own (see
-    /// `_sqlhttp.claim`): what is stored under it then.
-    pub(super) async fn claim_record(
-        &self,
-        job: &Job,
-        key: &str,
-        request_hash: &[u8; 32],
-        status: u16,
-        body: &[u8],
-    ) -> Result<Stored, ApiError> {
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin_store(&lease, Access::ReadWrite).await {
-            return self.end(lease, Access::ReadWrite, Err(err)).await;
-        }
-        let hash = &request_hash[..];
-        let claimed = lease
-            .client()
-            .query_one(
-                &format!(
-                    "SELECT request_hash, status, body, created_at, {} \
-                     FROM _sqlhttp.claim($1, $2, $3, $4, $5, $6)",
-                    transaction::COMMITTED_AT
-                ),
-                &[
-                    &self.store_key,
-                    &key,
-                    &hash,
-                    &i32::from(status),
-                    &body,
-                    &now_millis(),
-                ],
-            )
-            .await
-            .map(|row| Stored {
+/// Claims `key` in the server's store with a record, in a transaction of its own (see
+/// `_sqlhttp.claim`): what is stored under it then.
+pub(super) async fn claim_record(
+    inner: &Inner,
+    job: &Job,
+    key: &str,
+    request_hash: &[u8; 32],
+    status: u16,
+    body: &[u8],
+) -> Result<Stored, ApiError> {
+    let lease = inner.lease(job).await?;
+    if let Err(err) = transaction::begin_store(inner, &lease, Access::ReadWrite).await {
+        return transaction::end(inner, lease, Access::ReadWrite, Err(err)).await;
+    }
+    let hash = &request_hash[..];
+    let claimed = lease
+        .client()
+        .query_one(
+            &format!(
+                "SELECT request_hash, status, body, created_at, {} \
+                 FROM _sqlhttp.claim($1, $2, $3, $4, $5, $6)",
+                transaction::COMMITTED_AT
+            ),
+            &[
+                &inner.store_key,
+                &key,
+                &hash,
+                &i32::from(status),
+                &body,
+                &now_millis(),
+            ],
+        )
+        .await
+        .map(|row| Stored {
+            request_hash: row.get(0),
+            status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
+            body: row.get(2),
+            created_at: row.get(3),
+            position: row
+                .get::<_, Option<&str>>(4)
+                .and_then(crate::protocol::bookmark::from_lsn),
+        })
+        .map_err(|e| inner.map(&e));
+    transaction::end(inner, lease, Access::ReadWrite, claimed).await
+}
+
+/// The outcome stored under `key` in the server's store, read in a read-only transaction.
+pub(super) async fn recorded(
+    inner: &Inner,
+    job: &Job,
+    key: &str,
+) -> Result<Option<Stored>, ApiError> {
+    let lease = inner.lease(job).await?;
+    if let Err(err) = transaction::begin_store(inner, &lease, Access::ReadOnly).await {
+        return transaction::end(inner, lease, Access::ReadOnly, Err(err)).await;
+    }
+    let found = lease
+        .client()
+        .query_opt(
+            &format!(
+                "SELECT request_hash, status, body, created_at, {} \
+                 FROM _sqlhttp.lookup($1, $2)",
+                transaction::COMMITTED_AT
+            ),
+            &[&inner.store_key, &key],
+        )
+        .await
+        .map(|row| {
+            // The position is read once the lookup saw the record: at or past the commit
+            // that stored it.
+            row.map(|row| Stored {
                 request_hash: row.get(0),
                 status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
                 body: row.get(2),
@@ -546,41 +589,7 @@ impl Inner {
                     .get::<_, Option<&str>>(4)
                     .and_then(crate::protocol::bookmark::from_lsn),
             })
-            .map_err(|e| self.map(&e));
-        self.end(lease, Access::ReadWrite, claimed).await
-    }
-
-    /// The outcome stored under `key` in the server's store, read in a read-only transaction.
-    pub(super) async fn recorded(&self, job: &Job, key: &str) -> Result<Option<Stored>, ApiError> {
-        let lease = self.lease(job).await?;
-        if let Err(err) = self.begin_store(&lease, Access::ReadOnly).await {
-            return self.end(lease, Access::ReadOnly, Err(err)).await;
-        }
-        let found = lease
-            .client()
-            .query_opt(
-                &format!(
-                    "SELECT request_hash, status, body, created_at, {} \
-                     FROM _sqlhttp.lookup($1, $2)",
-                    transaction::COMMITTED_AT
-                ),
-                &[&self.store_key, &key],
-            )
-            .await
-            .map(|row| {
-                // The position is read once the lookup saw the record: at or past the commit
-                // that stored it.
-                row.map(|row| Stored {
-                    request_hash: row.get(0),
-                    status: u16::try_from(row.get::<_, i32>(1)).unwrap_or(500),
-                    body: row.get(2),
-                    created_at: row.get(3),
-                    position: row
-                        .get::<_, Option<&str>>(4)
-                        .and_then(crate::protocol::bookmark::from_lsn),
-                })
-            })
-            .map_err(|e| self.map(&e));
-        self.end(lease, Access::ReadOnly, found).await
-    }
+        })
+        .map_err(|e| inner.map(&e));
+    transaction::end(inner, lease, Access::ReadOnly, found).await
 }

@@ -14,7 +14,7 @@
 //! IDEMPOTENCY_KEY_IN_USE` (retry later), and once the first commits, the key replays. The
 //! lock, the lookup and the work's savepoint go out in one write (ADR 0034). What a stored
 //! outcome means and what a run leaves to store are the shared rule's (`engine::keyed`).
-//! [`Inner::with_key`] runs keyed work (a statement or a batch, [`Work`]) in a transaction of
+//! [`with_key`] runs keyed work (a statement or a batch, [`Work`]) in a transaction of
 //! its own, purging expired keys first when that is due. Knows SQL and the protocol's error
 //! codes; nothing about HTTP.
 
@@ -24,6 +24,7 @@ use std::time::Duration;
 use tokio_postgres::Client;
 
 use crate::engine::keyed::{self as rule, Decision, Stored, expired_before, now_millis};
+use crate::engine::postgres::batch;
 use crate::engine::postgres::in_transaction::{self, Open};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::{Inner, Job, exec};
@@ -351,7 +352,7 @@ where
     })
 }
 
-/// Keyed work in the transaction open on a lease (see [`Inner::with_key`]).
+/// Keyed work in the transaction open on a lease (see [`with_key`]).
 struct KeyedRun<'a> {
     inner: &'a Inner,
     keyed: &'a Keyed,
@@ -362,7 +363,7 @@ impl in_transaction::Work for KeyedRun<'_> {
     type Output = Outcome;
 
     async fn run(&mut self, lease: &Lease) -> Result<Outcome, ApiError> {
-        self.inner.keyed_once(lease, self.keyed, self.work).await
+        keyed_once(self.inner, lease, self.keyed, self.work).await
     }
 }
 
@@ -373,102 +374,97 @@ pub(super) enum Work<'a> {
     Batch(&'a BatchRequest),
 }
 
-impl Inner {
-    /// Runs keyed work exactly once in a transaction of its own (run again, prepared afresh,
-    /// when a cached statement went stale: see `Inner::in_transaction`).
-    pub(super) async fn with_key(
-        &self,
-        job: &Job,
-        keyed: &Keyed,
-        work: Work<'_>,
-    ) -> Result<Outcome, ApiError> {
-        self.purge_if_due(job, keyed.ttl).await;
-        let lease = self.lease(job).await?;
-        let (open, statements) = match work {
-            Work::Statement(_) => (Open::Statement, 1),
-            Work::Batch(batch) => (Open::Batch(batch.isolation), batch.statements.len()),
-        };
-        self.in_transaction(
-            job,
-            lease,
-            Access::ReadWrite,
-            open,
-            statements,
-            KeyedRun {
-                inner: self,
-                keyed,
-                work,
-            },
-        )
-        .await
-    }
+/// Runs keyed work exactly once in a transaction of its own (run again, prepared afresh,
+/// when a cached statement went stale: see `in_transaction::in_transaction`).
+pub(super) async fn with_key(
+    inner: &Inner,
+    job: &Job,
+    keyed: &Keyed,
+    work: Work<'_>,
+) -> Result<Outcome, ApiError> {
+    purge_if_due(inner, job, keyed.ttl).await;
+    let lease = inner.lease(job).await?;
+    let (open, statements) = match work {
+        Work::Statement(_) => (Open::Statement, 1),
+        Work::Batch(batch) => (Open::Batch(batch.isolation), batch.statements.len()),
+    };
+    in_transaction::in_transaction(
+        inner,
+        job,
+        lease,
+        Access::ReadWrite,
+        open,
+        statements,
+        KeyedRun { inner, keyed, work },
+    )
+    .await
+}
 
-    /// One run of keyed work in the transaction open on `lease` (see [`Inner::with_key`]).
-    async fn keyed_once(
-        &self,
-        lease: &Lease,
-        keyed: &Keyed,
-        work: Work<'_>,
-    ) -> Result<Outcome, ApiError> {
-        let map = |e| self.map(&e);
-        let run = async {
-            match work {
-                Work::Statement(request) => {
-                    let mut out = Vec::with_capacity(256);
-                    let mut sink = Sink::Buffered {
-                        limit: self.limits.max_result_bytes,
-                    };
-                    let limits = &self.limits;
-                    exec::write_result(
-                        lease,
-                        request,
-                        limits,
-                        &mut out,
-                        &mut sink,
-                        &map,
-                        exec::Around::default(),
-                    )
-                    .await?;
-                    Ok(out)
-                }
-                Work::Batch(batch) => self.run_statements(lease, &batch.statements).await,
+/// One run of keyed work in the transaction open on `lease` (see [`with_key`]).
+async fn keyed_once(
+    inner: &Inner,
+    lease: &Lease,
+    keyed: &Keyed,
+    work: Work<'_>,
+) -> Result<Outcome, ApiError> {
+    let map = |e| inner.map(&e);
+    let run = async {
+        match work {
+            Work::Statement(request) => {
+                let mut out = Vec::with_capacity(256);
+                let mut sink = Sink::Buffered {
+                    limit: inner.limits.max_result_bytes,
+                };
+                let limits = &inner.limits;
+                exec::write_result(
+                    lease,
+                    request,
+                    limits,
+                    &mut out,
+                    &mut sink,
+                    &map,
+                    exec::Around::default(),
+                )
+                .await?;
+                Ok(out)
             }
-        };
-        // Boxed: the keyed work's future is large.
-        Box::pin(run_with_key(lease, &self.store_key, keyed, run, &map)).await
-    }
+            Work::Batch(batch) => batch::run_statements(inner, lease, &batch.statements).await,
+        }
+    };
+    // Boxed: the keyed work's future is large.
+    Box::pin(run_with_key(lease, &inner.store_key, keyed, run, &map)).await
+}
 
-    /// Deletes expired idempotency keys, at most once a `PURGE_INTERVAL`.
-    async fn purge_if_due(&self, job: &Job, ttl: Duration) {
-        if !self.purges.due() {
-            return;
-        }
-        let Ok(lease) = self.lease(job).await else {
-            return;
-        };
-        // In a transaction of its own: a pooled session defaults to read-only (see
-        // `session::RESET`); a session whose purge failed is not pooled again.
-        let client = lease.client();
-        let begin = format!(
-            "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {}",
-            self.timeout_ms()
-        );
-        let purged = async {
-            client.batch_execute(&begin).await?;
-            let purged = purge_expired(client, &self.store_key, ttl).await?;
-            client.batch_execute("COMMIT").await?;
-            Ok::<_, tokio_postgres::Error>(purged)
-        }
-        .await;
-        let mut lease = lease;
-        match purged {
-            Ok(purged) => {
-                if purged > 0 {
-                    tracing::debug!(purged, "purged expired idempotency keys");
-                }
-                lease.clean = true;
+/// Deletes expired idempotency keys, at most once a `PURGE_INTERVAL`.
+async fn purge_if_due(inner: &Inner, job: &Job, ttl: Duration) {
+    if !inner.purges.due() {
+        return;
+    }
+    let Ok(lease) = inner.lease(job).await else {
+        return;
+    };
+    // In a transaction of its own: a pooled session defaults to read-only (see
+    // `session::RESET`); a session whose purge failed is not pooled again.
+    let client = lease.client();
+    let begin = format!(
+        "BEGIN READ WRITE, ISOLATION LEVEL READ COMMITTED; SET LOCAL statement_timeout = {}",
+        inner.timeout_ms()
+    );
+    let purged = async {
+        client.batch_execute(&begin).await?;
+        let purged = purge_expired(client, &inner.store_key, ttl).await?;
+        client.batch_execute("COMMIT").await?;
+        Ok::<_, tokio_postgres::Error>(purged)
+    }
+    .await;
+    let mut lease = lease;
+    match purged {
+        Ok(purged) => {
+            if purged > 0 {
+                tracing::debug!(purged, "purged expired idempotency keys");
             }
-            Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
+            lease.clean = true;
         }
+        Err(e) => tracing::warn!(error = %e, "cannot purge expired idempotency keys"),
     }
 }

@@ -555,7 +555,13 @@ impl Engine for PostgresEngine {
     ) -> Result<(Outcome, Held), ApiError> {
         self.spawn_buffered(|inner, job| async move {
             // Boxed: the keyed transaction's future is large.
-            Box::pin(inner.with_key(&job, &keyed, Work::Statement(&request))).await
+            Box::pin(keyed::with_key(
+                &inner,
+                &job,
+                &keyed,
+                Work::Statement(&request),
+            ))
+            .await
         })
         .await
     }
@@ -575,7 +581,7 @@ impl Engine for PostgresEngine {
         if !batch.read_only || batch.isolation == Some(Isolation::Serializable) {
             return self
                 .spawn_buffered(|inner, job| async move {
-                    inner.batch(&job, &batch).await.map(Outcome::fresh)
+                    batch::batch(&inner, &job, &batch).await.map(Outcome::fresh)
                 })
                 .await;
         }
@@ -583,7 +589,7 @@ impl Engine for PostgresEngine {
         self.read(at, |route| {
             let batch = Arc::clone(&batch);
             self.spawn_buffered_on(route, |inner, job| async move {
-                inner.batch(&job, &batch).await.map(Outcome::fresh)
+                batch::batch(&inner, &job, &batch).await.map(Outcome::fresh)
             })
         })
         .await
@@ -597,7 +603,7 @@ impl Engine for PostgresEngine {
     ) -> Result<(Outcome, Held), ApiError> {
         batch::only_enforced(&batch)?;
         self.spawn_buffered(|inner, job| async move {
-            Box::pin(inner.with_key(&job, &keyed, Work::Batch(&batch))).await
+            Box::pin(keyed::with_key(&inner, &job, &keyed, Work::Batch(&batch))).await
         })
         .await
     }
@@ -667,13 +673,13 @@ impl Engine for PostgresEngine {
         sql: String,
         access: Access,
     ) -> Result<crate::engine::describe::Described, ApiError> {
-        self.spawn(|inner, job| async move { inner.describe(&job, &sql, access).await })
+        self.spawn(|inner, job| async move { describe::describe(&inner, &job, &sql, access).await })
             .await
     }
 
     /// The outcome stored under `key`, read in a transaction of its own.
     async fn recorded(&self, key: String) -> Result<Option<Stored>, ApiError> {
-        self.spawn(|inner, job| async move { inner.recorded(&job, &key).await })
+        self.spawn(|inner, job| async move { interactive::recorded(&inner, &job, &key).await })
             .await
     }
 
@@ -686,9 +692,7 @@ impl Engine for PostgresEngine {
         body: Vec<u8>,
     ) -> Result<Stored, ApiError> {
         self.spawn(|inner, job| async move {
-            inner
-                .claim_record(&job, &key, &request_hash, status, &body)
-                .await
+            interactive::claim_record(&inner, &job, &key, &request_hash, status, &body).await
         })
         .await
     }
@@ -701,7 +705,7 @@ impl Engine for PostgresEngine {
         body: Vec<u8>,
     ) -> Result<(), ApiError> {
         self.spawn(|inner, job| async move {
-            inner.store_record(&job, &key, &request_hash, &body).await
+            interactive::store_record(&inner, &job, &key, &request_hash, &body).await
         })
         .await
     }

@@ -64,242 +64,236 @@ pub(super) async fn lend(flights: &Flights) -> Option<Loan> {
     wire.lend_soon().await
 }
 
-impl Inner {
-    /// The statement timeout and lock timeout of a request's transaction in milliseconds, as
-    /// the texts of the settings statement's two parameters.
-    pub(super) fn flight_timeouts(&self) -> [String; 2] {
-        [
-            self.timeout_ms().to_string(),
-            self.lock_wait_ms().to_string(),
-        ]
-    }
+/// The statement timeout and lock timeout of a request's transaction in milliseconds, as
+/// the texts of the settings statement's two parameters.
+pub(super) fn flight_timeouts(inner: &Inner) -> [String; 2] {
+    [
+        inner.timeout_ms().to_string(),
+        inner.lock_wait_ms().to_string(),
+    ]
+}
 
-    /// `sql`, `request`'s statement, prepared on the session and bound: from the cache, or
-    /// prepared in the transaction `opening` opens (then open on return). `Err` with what the
-    /// try came to when it cannot run in a flight: any transaction it opened has ended then.
-    pub(super) async fn prepared<'r>(
-        &self,
-        flights: &mut Flights,
-        lease: &Lease,
-        request: &'r SqlRequest,
-        sql: &str,
-        opening: Opening<'_>,
-    ) -> Result<Ready<'r>, (Tried, Left)> {
-        if !flights.prepared
-            && let Err(e) = flights.prepare_fixed().await
-        {
-            tracing::warn!(error = %e, "cannot prepare the server's statements for flights");
-            return Err(match flights::left_by(&flights.connection) {
-                Left::Lost => (Tried::Done(Err(self.map_wire(&e))), Left::Lost),
-                left => (Tried::Driver, left),
-            });
-        }
-        let (statement, cached) = match flights.lookup(sql) {
-            Lookup::Ready(statement) => (statement, true),
-            Lookup::Driver => return Err((Tried::Driver, Left::Clean)),
-            Lookup::Unknown(name) => {
-                match self
-                    .open_and_prepare(flights, lease, sql, name, opening)
-                    .await?
-                {
-                    Some(statement) => (statement, false),
-                    None => {
-                        return Err((Tried::Driver, flights::end_opened(flights, opening).await));
-                    }
+/// `sql`, `request`'s statement, prepared on the session and bound: from the cache, or
+/// prepared in the transaction `opening` opens (then open on return). `Err` with what the
+/// try came to when it cannot run in a flight: any transaction it opened has ended then.
+pub(super) async fn prepared<'r>(
+    inner: &Inner,
+    flights: &mut Flights,
+    lease: &Lease,
+    request: &'r SqlRequest,
+    sql: &str,
+    opening: Opening<'_>,
+) -> Result<Ready<'r>, (Tried, Left)> {
+    if !flights.prepared
+        && let Err(e) = flights.prepare_fixed().await
+    {
+        tracing::warn!(error = %e, "cannot prepare the server's statements for flights");
+        return Err(match flights::left_by(&flights.connection) {
+            Left::Lost => (Tried::Done(Err(map_wire(inner, &e))), Left::Lost),
+            left => (Tried::Driver, left),
+        });
+    }
+    let (statement, cached) = match flights.lookup(sql) {
+        Lookup::Ready(statement) => (statement, true),
+        Lookup::Driver => return Err((Tried::Driver, Left::Clean)),
+        Lookup::Unknown(name) => {
+            match open_and_prepare(inner, flights, lease, sql, name, opening).await? {
+                Some(statement) => (statement, false),
+                None => {
+                    return Err((Tried::Driver, flights::end_opened(flights, opening).await));
                 }
             }
-        };
-        // From here a statement prepared by this try (`!cached`) runs in the transaction its
-        // preparation opened, which a refusal here must end.
-        let refuse = |err: ApiError| Tried::Done(Err(err));
-        let refused = if statement.params.len() == request.params.len() {
-            statement
-                .columns
-                .iter()
-                .find(|(_, ty)| !types::is_supported(ty))
-                .map(|(name, ty)| refuse(types::unsupported(name, ty)))
-        } else {
-            Some(refuse(ApiError::sql(format!(
-                "wrong number of parameters: the statement takes {}, the request gave {}",
-                statement.params.len(),
-                request.params.len()
-            ))))
-        };
-        let bound = match refused {
-            Some(refused) => Err(refused),
-            None => match types::bind(&request.params, &statement.params) {
-                Ok(bound) => Ok(bound),
-                // The cached statement's types may be older than the schema: a fresh one
-                // decides.
-                Err(_) if cached => {
-                    flights.forget(sql);
-                    Err(Tried::Again)
-                }
-                Err(err) => Err(refuse(err)),
-            },
-        };
-        match bound {
-            Ok(bound) => Ok(Ready {
-                statement,
-                cached,
-                bound,
-            }),
-            Err(tried) if cached => Err((tried, Left::Clean)),
-            Err(tried) => Err((tried, flights::end_opened(flights, opening).await)),
         }
-    }
-
-    /// Opens the request's transaction as `opening` says and prepares the client's statement
-    /// `sql` as `name` in it, in one flight: `Ok(None)` when flights do not run it (the
-    /// transaction is open), `Err` with what the try came to when PostgreSQL refused it (the
-    /// transaction ended).
-    async fn open_and_prepare(
-        &self,
-        flights: &mut Flights,
-        lease: &Lease,
-        sql: &str,
-        name: String,
-        opening: Opening<'_>,
-    ) -> Result<Option<Arc<Statement>>, (Tried, Left)> {
-        let [timeout, lock_wait] = self.flight_timeouts();
-        let settings = [text(&timeout), text(&lock_wait)];
-        let lost = |e: WireError| (Tried::Done(Err(self.map_wire(&e))), Left::Lost);
-        if let Opening::Write { .. } = opening {
-            flights.unnamed_replaced();
-        }
-        let Some(mut flight) = flights.flight() else {
-            return Err((Tried::Done(Err(ApiError::internal())), Left::Lost));
-        };
-        let encoded = (|| {
-            opening.add(&mut flight, &settings)?;
-            flight
-                .parse(&name, sql, &[])?
-                .describe_statement(&name)?
-                .sync();
-            Ok::<(), WireError>(())
-        })();
-        if let Err(e) = encoded {
-            // Nothing was sent: the statement's text cannot be (a NUL byte in it).
-            return Err((Tried::Done(Err(self.map_wire(&e))), Left::Clean));
-        }
-        let mut answers = flight.send().await.map_err(lost)?;
-        let (mut step, mut learnt) = (0, false);
-        let (mut params, mut columns, mut refused) = (None, None, None);
-        while let Some(answer) = answers.next().await.map_err(lost)? {
-            match answer {
-                Answer::Row(row) if step == 1 => learnt = self.learn(lease, opening, &row),
-                Answer::CommandComplete(_) => step += 1,
-                Answer::ParameterDescription(types) => params = Some(types),
-                Answer::RowDescription(described) => {
-                    columns = Some(described.to_vec().map_err(lost)?);
-                }
-                Answer::NoData => columns = Some(Vec::new()),
-                Answer::Error(e) => refused = Some((step, e)),
-                Answer::ParseComplete
-                | Answer::BindComplete
-                | Answer::CloseComplete
-                | Answer::ReadyForQuery(_) => {}
-                other => return Err(unexpected(&other)),
-            }
-        }
-        flights.closed();
-        if let Some((at, refusal)) = refused {
-            let left = flights::end_opened(flights, opening).await;
-            if at < 2 && refusal.code == "26000" {
-                flights.lost_statements();
-                return Err((Tried::Again, left));
-            }
-            return Err((Tried::Done(Err(self.map_refusal(&refusal))), left));
-        }
-        let (Some(params), Some(columns), true) = (params, columns, learnt) else {
-            tracing::error!("a statement's preparation was answered without all it asks for");
-            return Err((Tried::Done(Err(ApiError::internal())), Left::Lost));
-        };
-        Ok(flights.keep(sql, name, &params, &columns))
-    }
-
-    /// Keeps what the settings' row of `opening` names (its third cell): a read's log position
-    /// (a `pg_lsn`'s text) as the request's, a write's transaction start for its COMMIT's
-    /// check. Whether it named it.
-    pub(super) fn learn(&self, lease: &Lease, opening: Opening<'_>, row: &Row) -> bool {
-        let third = row
+    };
+    // From here a statement prepared by this try (`!cached`) runs in the transaction its
+    // preparation opened, which a refusal here must end.
+    let refuse = |err: ApiError| Tried::Done(Err(err));
+    let refused = if statement.params.len() == request.params.len() {
+        statement
+            .columns
             .iter()
-            .nth(2)
-            .flatten()
-            .and_then(|cell| std::str::from_utf8(cell).ok());
-        match opening {
-            Opening::Read => match third.and_then(crate::protocol::bookmark::from_lsn) {
-                Some(position) => {
-                    lease
-                        .position
-                        .fetch_max(position.position(), Ordering::AcqRel);
-                    true
-                }
-                None => false,
-            },
-            Opening::Write { .. } => match third.and_then(|at| Opened::checked(at.to_owned())) {
-                Some(opened) => {
-                    *lease
-                        .opened
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(opened);
-                    true
-                }
-                None => false,
-            },
+            .find(|(_, ty)| !types::is_supported(ty))
+            .map(|(name, ty)| refuse(types::unsupported(name, ty)))
+    } else {
+        Some(refuse(ApiError::sql(format!(
+            "wrong number of parameters: the statement takes {}, the request gave {}",
+            statement.params.len(),
+            request.params.len()
+        ))))
+    };
+    let bound = match refused {
+        Some(refused) => Err(refused),
+        None => match types::bind(&request.params, &statement.params) {
+            Ok(bound) => Ok(bound),
+            // The cached statement's types may be older than the schema: a fresh one
+            // decides.
+            Err(_) if cached => {
+                flights.forget(sql);
+                Err(Tried::Again)
+            }
+            Err(err) => Err(refuse(err)),
+        },
+    };
+    match bound {
+        Ok(bound) => Ok(Ready {
+            statement,
+            cached,
+            bound,
+        }),
+        Err(tried) if cached => Err((tried, Left::Clean)),
+        Err(tried) => Err((tried, flights::end_opened(flights, opening).await)),
+    }
+}
+
+/// Opens the request's transaction as `opening` says and prepares the client's statement
+/// `sql` as `name` in it, in one flight: `Ok(None)` when flights do not run it (the
+/// transaction is open), `Err` with what the try came to when PostgreSQL refused it (the
+/// transaction ended).
+async fn open_and_prepare(
+    inner: &Inner,
+    flights: &mut Flights,
+    lease: &Lease,
+    sql: &str,
+    name: String,
+    opening: Opening<'_>,
+) -> Result<Option<Arc<Statement>>, (Tried, Left)> {
+    let [timeout, lock_wait] = flight_timeouts(inner);
+    let settings = [text(&timeout), text(&lock_wait)];
+    let lost = |e: WireError| (Tried::Done(Err(map_wire(inner, &e))), Left::Lost);
+    if let Opening::Write { .. } = opening {
+        flights.unnamed_replaced();
+    }
+    let Some(mut flight) = flights.flight() else {
+        return Err((Tried::Done(Err(ApiError::internal())), Left::Lost));
+    };
+    let encoded = (|| {
+        opening.add(&mut flight, &settings)?;
+        flight
+            .parse(&name, sql, &[])?
+            .describe_statement(&name)?
+            .sync();
+        Ok::<(), WireError>(())
+    })();
+    if let Err(e) = encoded {
+        // Nothing was sent: the statement's text cannot be (a NUL byte in it).
+        return Err((Tried::Done(Err(map_wire(inner, &e))), Left::Clean));
+    }
+    let mut answers = flight.send().await.map_err(lost)?;
+    let (mut step, mut learnt) = (0, false);
+    let (mut params, mut columns, mut refused) = (None, None, None);
+    while let Some(answer) = answers.next().await.map_err(lost)? {
+        match answer {
+            Answer::Row(row) if step == 1 => learnt = learn(lease, opening, &row),
+            Answer::CommandComplete(_) => step += 1,
+            Answer::ParameterDescription(types) => params = Some(types),
+            Answer::RowDescription(described) => {
+                columns = Some(described.to_vec().map_err(lost)?);
+            }
+            Answer::NoData => columns = Some(Vec::new()),
+            Answer::Error(e) => refused = Some((step, e)),
+            Answer::ParseComplete
+            | Answer::BindComplete
+            | Answer::CloseComplete
+            | Answer::ReadyForQuery(_) => {}
+            other => return Err(unexpected(&other)),
         }
     }
-
-    /// The answer for a flight whose rows are not read to their end (a cell or row past its
-    /// bound, a body nobody reads): its statement is cancelled, and the session lost.
-    pub(super) async fn give_up(&self, lease: &Lease, err: ApiError) -> (Tried, Left) {
-        lease.cancel_statement().await;
-        (Tried::Done(Err(err)), Left::Lost)
+    flights.closed();
+    if let Some((at, refusal)) = refused {
+        let left = flights::end_opened(flights, opening).await;
+        if at < 2 && refusal.code == "26000" {
+            flights.lost_statements();
+            return Err((Tried::Again, left));
+        }
+        return Err((Tried::Done(Err(map_refusal(inner, &refusal))), left));
     }
+    let (Some(params), Some(columns), true) = (params, columns, learnt) else {
+        tracing::error!("a statement's preparation was answered without all it asks for");
+        return Err((Tried::Done(Err(ApiError::internal())), Left::Lost));
+    };
+    Ok(flights.keep(sql, name, &params, &columns))
+}
 
-    /// The protocol error for a failure of the flights' connection.
-    pub(super) fn map_wire(&self, err: &WireError) -> ApiError {
-        match err {
-            WireError::Db(db) | WireError::Fatal(db) => self.map_refusal(db),
-            WireError::Invalid(why) => {
-                ApiError::sql(format!("the statement cannot be sent: {why}"))
+/// Keeps what the settings' row of `opening` names (its third cell): a read's log position
+/// (a `pg_lsn`'s text) as the request's, a write's transaction start for its COMMIT's
+/// check. Whether it named it.
+pub(super) fn learn(lease: &Lease, opening: Opening<'_>, row: &Row) -> bool {
+    let third = row
+        .iter()
+        .nth(2)
+        .flatten()
+        .and_then(|cell| std::str::from_utf8(cell).ok());
+    match opening {
+        Opening::Read => match third.and_then(crate::protocol::bookmark::from_lsn) {
+            Some(position) => {
+                lease
+                    .position
+                    .fetch_max(position.position(), Ordering::AcqRel);
+                true
             }
-            WireError::TooLarge { tag, declared, .. } => ApiError::new(
-                ErrorCode::ResultTooLarge,
-                format!(
-                    "PostgreSQL sent a message (type `{}`) of {} bytes, more than this server \
-                     takes for one (--max-result-bytes): a notice or error text that long is not \
-                     carried",
-                    char::from(*tag).escape_default(),
-                    declared.saturating_sub(5)
-                ),
+            None => false,
+        },
+        Opening::Write { .. } => match third.and_then(|at| Opened::checked(at.to_owned())) {
+            Some(opened) => {
+                *lease
+                    .opened
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(opened);
+                true
+            }
+            None => false,
+        },
+    }
+}
+
+/// The answer for a flight whose rows are not read to their end (a cell or row past its
+/// bound, a body nobody reads): its statement is cancelled, and the session lost.
+pub(super) async fn give_up(lease: &Lease, err: ApiError) -> (Tried, Left) {
+    lease.cancel_statement().await;
+    (Tried::Done(Err(err)), Left::Lost)
+}
+
+/// The protocol error for a failure of the flights' connection.
+pub(super) fn map_wire(inner: &Inner, err: &WireError) -> ApiError {
+    match err {
+        WireError::Db(db) | WireError::Fatal(db) => map_refusal(inner, db),
+        WireError::Invalid(why) => ApiError::sql(format!("the statement cannot be sent: {why}")),
+        WireError::TooLarge { tag, declared, .. } => ApiError::new(
+            ErrorCode::ResultTooLarge,
+            format!(
+                "PostgreSQL sent a message (type `{}`) of {} bytes, more than this server \
+                 takes for one (--max-result-bytes): a notice or error text that long is not \
+                 carried",
+                char::from(*tag).escape_default(),
+                declared.saturating_sub(5)
             ),
-            other => {
-                tracing::warn!(error = %other, "a flight failed");
-                self.closing_or(ApiError::outage(
-                    "the connection to the database was lost; retry later",
-                ))
-            }
-        }
-    }
-
-    /// The protocol error for PostgreSQL's refusal of a statement in a flight.
-    pub(super) fn map_refusal(&self, db: &DbError) -> ApiError {
-        self.closing_or(errors::map_db_error(db, self.timeout_ms()))
-    }
-
-    /// Once closing, a cancelled or lost statement is the shutdown's 503 (as [`Inner::map`]).
-    fn closing_or(&self, mapped: ApiError) -> ApiError {
-        if self.closing.load(Ordering::Acquire)
-            && matches!(
-                mapped.code,
-                ErrorCode::StatementTimeout | ErrorCode::Unavailable
+        ),
+        other => {
+            tracing::warn!(error = %other, "a flight failed");
+            closing_or(
+                inner,
+                ApiError::outage("the connection to the database was lost; retry later"),
             )
-        {
-            return crate::engine::shutting_down();
         }
-        mapped
     }
+}
+
+/// The protocol error for PostgreSQL's refusal of a statement in a flight.
+pub(super) fn map_refusal(inner: &Inner, db: &DbError) -> ApiError {
+    closing_or(inner, errors::map_db_error(db, inner.timeout_ms()))
+}
+
+/// Once closing, a cancelled or lost statement is the shutdown's 503 (as [`Inner::map`]).
+fn closing_or(inner: &Inner, mapped: ApiError) -> ApiError {
+    if inner.closing.load(Ordering::Acquire)
+        && matches!(
+            mapped.code,
+            ErrorCode::StatementTimeout | ErrorCode::Unavailable
+        )
+    {
+        return crate::engine::shutting_down();
+    }
+    mapped
 }
 
 /// The client statement's rows as a flight reads them, written into the result writer.

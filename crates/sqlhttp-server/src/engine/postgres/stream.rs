@@ -19,7 +19,9 @@ use crate::engine::job::CancelOnDrop;
 use crate::engine::postgres::in_transaction::{Ran, Run};
 use crate::engine::postgres::lease::Lease;
 use crate::engine::postgres::replicas::Route;
+use crate::engine::postgres::transaction;
 use crate::engine::postgres::{Inner, Job, PostgresEngine, exec, panicked, session};
+use crate::engine::postgres::{in_transaction, read_flight, write_flight};
 use crate::engine::run_to_end::RunToEnd;
 use crate::engine::stream::{self, ChunkSender, Chunks, Sink};
 use crate::engine::{Access, Outcome, Reply};
@@ -48,7 +50,7 @@ impl PostgresEngine {
         // body's producer) or its requester leaves (then to its end, cancelled): ADR 0070. Its
         // timing and span go with it.
         let mut work = RunToEnd::new(crate::timing::Timing::carry(
-            async move { inner.stream(&task_job, &request, mode, sender).await }
+            async move { stream(&inner, &task_job, &request, mode, sender).await }
                 .instrument(tracing::Span::current()),
         ));
         // Declared after the work: dropped first, so the work goes on cancelled.
@@ -82,103 +84,99 @@ impl PostgresEngine {
     }
 }
 
-impl Inner {
-    /// Runs one statement in its own transaction, sending its body through `sender` once it
-    /// outgrows a chunk. Returns the whole body when nothing was sent, `None` when the body went
-    /// through the channel (to its end, or to an error written into it).
-    async fn stream(
-        &self,
-        job: &Job,
-        request: &SqlRequest,
-        mode: Access,
-        sender: ChunkSender,
-    ) -> Result<Option<Vec<u8>>, ApiError> {
-        let mut lease = self.lease(job).await?;
-        let mut out = stream::body_buffer();
-        let must_stop = || job.is_cancelled();
-        let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
-        let mut cost = result::Cost::now(lease.served_by);
-        if mode == Access::ReadWrite && !self.node.is_replica() {
-            cost.began = std::time::Instant::now();
-            let flown = self
-                .write_in_flights(job, &lease, request, &mut out, &mut sink)
-                .await;
-            if let Some((written, left_clean)) = flown {
-                lease.clean = left_clean;
-                let started = sink.started();
-                drop(lease);
-                // A streamed write's body ends with its bookmark: its headers went out before
-                // it committed.
-                let position = match job.position.load(Ordering::Acquire) {
-                    0 => None,
-                    at => Some(Bookmark::from_position(at)),
-                };
-                return finish_flown(written, started, out, sender, cost, position);
-            }
-        }
-        if mode == Access::ReadOnly && !self.node.is_replica() {
-            cost.began = std::time::Instant::now();
-            let clean = std::sync::atomic::AtomicBool::new(false);
-            // Two runs at most (a stale statement's second), each bounded as a statement.
-            let flown = self
-                .guarded(job, &lease, 2, async {
-                    match self
-                        .read_in_one_flight(&lease, request, &mut out, &mut sink)
-                        .await
-                    {
-                        None => Ok(None),
-                        Some((written, left_clean)) => {
-                            clean.store(left_clean, Ordering::Release);
-                            written.map(Some)
-                        }
-                    }
-                })
-                .await;
-            // Given up (its requester left, the server closes, the backstop), the session is
-            // not pooled.
-            lease.clean = clean.load(Ordering::Acquire);
-            let written = match flown {
-                // Nothing was sent: the driver runs it, below.
-                Ok(None) => None,
-                Ok(Some(rows_affected)) => Some(Ok(rows_affected)),
-                Err(err) => Some(Err(err)),
+/// Runs one statement in its own transaction, sending its body through `sender` once it
+/// outgrows a chunk. Returns the whole body when nothing was sent, `None` when the body went
+/// through the channel (to its end, or to an error written into it).
+async fn stream(
+    inner: &Inner,
+    job: &Job,
+    request: &SqlRequest,
+    mode: Access,
+    sender: ChunkSender,
+) -> Result<Option<Vec<u8>>, ApiError> {
+    let mut lease = inner.lease(job).await?;
+    let mut out = stream::body_buffer();
+    let must_stop = || job.is_cancelled();
+    let mut sink = Sink::Stream(Chunks::new(&sender, &must_stop));
+    let mut cost = result::Cost::now(lease.served_by);
+    if mode == Access::ReadWrite && !inner.node.is_replica() {
+        cost.began = std::time::Instant::now();
+        let flown =
+            write_flight::write_in_flights(inner, job, &lease, request, &mut out, &mut sink).await;
+        if let Some((written, left_clean)) = flown {
+            lease.clean = left_clean;
+            let started = sink.started();
+            drop(lease);
+            // A streamed write's body ends with its bookmark: its headers went out before
+            // it committed.
+            let position = match job.position.load(Ordering::Acquire) {
+                0 => None,
+                at => Some(Bookmark::from_position(at)),
             };
-            if let Some(written) = written {
-                let started = sink.started();
-                drop(lease);
-                return finish_flown(written, started, out, sender, cost, None);
-            }
+            return finish_flown(written, started, out, sender, cost, position);
         }
-        let run = Statement {
-            inner: self,
-            job,
-            request,
-            mode,
-            out: &mut out,
-            sink: &mut sink,
-            cost: &mut cost,
-        };
-        let ended = self.ran_in_transaction(job, lease, mode, run).await;
-        if !sink.started() {
-            // Nothing was sent: the whole body is the answer, its position in the headers.
-            let rows_affected = ended?;
-            result::end(&mut out, rows_affected, None, cost);
-            return Ok(Some(out));
-        }
-        // A read's headers named its position already; a write's body ends with its bookmark
-        // (the position read after its COMMIT: at or past the commit).
-        let position = match job.position.load(Ordering::Acquire) {
-            0 => None,
-            _ if mode == Access::ReadOnly => None,
-            at => Some(Bookmark::from_position(at)),
-        };
-        end_streamed_body(ended, position, out, sender, cost)
     }
+    if mode == Access::ReadOnly && !inner.node.is_replica() {
+        cost.began = std::time::Instant::now();
+        let clean = std::sync::atomic::AtomicBool::new(false);
+        // Two runs at most (a stale statement's second), each bounded as a statement.
+        let flown = inner
+            .guarded(job, &lease, 2, async {
+                match read_flight::read_in_one_flight(inner, &lease, request, &mut out, &mut sink)
+                    .await
+                {
+                    None => Ok(None),
+                    Some((written, left_clean)) => {
+                        clean.store(left_clean, Ordering::Release);
+                        written.map(Some)
+                    }
+                }
+            })
+            .await;
+        // Given up (its requester left, the server closes, the backstop), the session is
+        // not pooled.
+        lease.clean = clean.load(Ordering::Acquire);
+        let written = match flown {
+            // Nothing was sent: the driver runs it, below.
+            Ok(None) => None,
+            Ok(Some(rows_affected)) => Some(Ok(rows_affected)),
+            Err(err) => Some(Err(err)),
+        };
+        if let Some(written) = written {
+            let started = sink.started();
+            drop(lease);
+            return finish_flown(written, started, out, sender, cost, None);
+        }
+    }
+    let run = Statement {
+        inner,
+        job,
+        request,
+        mode,
+        out: &mut out,
+        sink: &mut sink,
+        cost: &mut cost,
+    };
+    let ended = in_transaction::ran_in_transaction(inner, job, lease, mode, run).await;
+    if !sink.started() {
+        // Nothing was sent: the whole body is the answer, its position in the headers.
+        let rows_affected = ended?;
+        result::end(&mut out, rows_affected, None, cost);
+        return Ok(Some(out));
+    }
+    // A read's headers named its position already; a write's body ends with its bookmark
+    // (the position read after its COMMIT: at or past the commit).
+    let position = match job.position.load(Ordering::Acquire) {
+        0 => None,
+        _ if mode == Access::ReadOnly => None,
+        at => Some(Bookmark::from_position(at)),
+    };
+    end_streamed_body(ended, position, out, sender, cost)
 }
 
 /// One run of a statement whose `BEGIN` goes out with it (and a read's end behind it: one
 /// round trip, see `exec::write_result`), its rows written into `out` and on through `sink`.
-/// The body's end is written once the transaction ended (see [`Inner::stream`]).
+/// The body's end is written once the transaction ended (see [`stream()`]).
 struct Statement<'a, 's> {
     inner: &'a Inner,
     job: &'a Job,
@@ -197,7 +195,7 @@ impl Run for Statement<'_, '_> {
         self.cost.began = std::time::Instant::now();
         // A second run's body starts afresh: nothing of the first was sent.
         self.out.clear();
-        let opening: exec::Opening<'_> = Box::pin(inner.begin(lease, mode));
+        let opening: exec::Opening<'_> = Box::pin(transaction::begin(inner, lease, mode));
         let mut behind = (mode == Access::ReadOnly).then(|| {
             let client = lease.client();
             let end = session::after_read();
@@ -224,7 +222,7 @@ impl Run for Statement<'_, '_> {
                 ),
             )
             .await;
-        let sent = inner.sent_end(result.is_ok(), behind).await;
+        let sent = transaction::sent_end(inner, result.is_ok(), behind).await;
         Ran {
             result,
             sent,

@@ -28,10 +28,12 @@ use sqlhttp_pgwire::{
 
 use crate::engine::postgres::flights::{self, Flights, Left, Opening, left_by, text};
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::statement_flight;
 use crate::engine::postgres::statement_flight::{
     self as statement, ClientRows, Ready, Tried, changed, is_stale, once_more, param, settle,
     unexpected,
 };
+use crate::engine::postgres::transaction;
 use crate::engine::postgres::transaction::{POSITION_AFTER_COMMIT, TAMPERED_SQLSTATE, tampered};
 use crate::engine::postgres::wire::Lent;
 use crate::engine::postgres::{Inner, Job, session};
@@ -57,523 +59,548 @@ struct Committed {
     left: Left,
 }
 
-impl Inner {
-    /// Runs `request`, a write on the primary, on `lease` in two flights, writing its body into
-    /// `out` and `sink` as `exec::write_rows` does, and returns the rows it changed with whether
-    /// the session may serve again. `None` when flights cannot run it here and nothing was sent
-    /// for it: the caller runs it through the driver. The first flight runs under `job`'s
-    /// give-up watchdog (`guarded`), the COMMIT after it does not.
-    pub(super) async fn write_in_flights(
-        &self,
-        job: &Job,
-        lease: &Lease,
-        request: &SqlRequest,
-        out: &mut Vec<u8>,
-        sink: &mut Sink<'_>,
-    ) -> Option<(Result<u64, ApiError>, bool)> {
-        let mut flights = lease.take_flights()?;
-        let sql = match statement::checked_sql(request) {
-            Ok(sql) => sql,
-            Err(err) => {
-                lease.keep_flights(flights);
-                return Some((Err(err), true));
-            }
-        };
-        let Some(loan) = statement::lend(&flights).await else {
+/// Runs `request`, a write on the primary, on `lease` in two flights, writing its body into
+/// `out` and `sink` as `exec::write_rows` does, and returns the rows it changed with whether
+/// the session may serve again. `None` when flights cannot run it here and nothing was sent
+/// for it: the caller runs it through the driver. The first flight runs under `job`'s
+/// give-up watchdog (`guarded`), the COMMIT after it does not.
+pub(super) async fn write_in_flights(
+    inner: &Inner,
+    job: &Job,
+    lease: &Lease,
+    request: &SqlRequest,
+    out: &mut Vec<u8>,
+    sink: &mut Sink<'_>,
+) -> Option<(Result<u64, ApiError>, bool)> {
+    let mut flights = lease.take_flights()?;
+    let sql = match statement::checked_sql(request) {
+        Ok(sql) => sql,
+        Err(err) => {
             lease.keep_flights(flights);
-            return None;
-        };
-        let mut again = true;
-        // Each try bounded as a statement, or two when it carries its end (the COMMIT and the
-        // reset after it, whose function's work grows with what the session holds).
-        let ends_here = may_end_in_one_flight(&sql);
-        let statements = if ends_here { 2 } else { 1 };
-        loop {
-            let ran = self
-                .guarded(job, lease, statements, async {
-                    Ok(self
-                        .try_write(&mut flights, lease, request, &sql, ends_here, out, sink)
-                        .await)
-                })
-                .await;
-            let (tried, left) = match ran {
-                Ok(Ran::Written { rows, checked }) => {
-                    let committed = self.commit(&mut flights, lease, checked).await;
-                    (Tried::Done(committed.answer.map(|()| rows)), committed.left)
-                }
-                Ok(Ran::Ended(tried, left)) => (tried, left),
-                // Given up (its requester left, the server closes, the backstop) with its
-                // flight's answers unread, or between two flights with its transaction open:
-                // the session is lost, and its transaction rolls back with it.
-                Err(err) => (Tried::Done(Err(err)), Left::Lost),
-            };
-            let tried = match once_more(tried, left, &mut again, sink.started(), out) {
-                // Its requester left while the try ran: nothing more runs for it, neither a
-                // second try nor the driver (no watchdog would see the requester gone).
-                None | Some(Tried::Driver) if job.is_cancelled() => {
-                    Some(Tried::Done(Err(ApiError::interrupted())))
-                }
-                tried => tried,
-            };
-            if let Some(tried) = tried {
-                return settle(lease, flights, loan, tried, left);
+            return Some((Err(err), true));
+        }
+    };
+    let Some(loan) = statement::lend(&flights).await else {
+        lease.keep_flights(flights);
+        return None;
+    };
+    let mut again = true;
+    // Each try bounded as a statement, or two when it carries its end (the COMMIT and the
+    // reset after it, whose function's work grows with what the session holds).
+    let ends_here = may_end_in_one_flight(&sql);
+    let statements = if ends_here { 2 } else { 1 };
+    loop {
+        let ran = inner
+            .guarded(job, lease, statements, async {
+                Ok(try_write(
+                    inner,
+                    &mut flights,
+                    lease,
+                    request,
+                    &sql,
+                    ends_here,
+                    out,
+                    sink,
+                )
+                .await)
+            })
+            .await;
+        let (tried, left) = match ran {
+            Ok(Ran::Written { rows, checked }) => {
+                let committed = commit(inner, &mut flights, lease, checked).await;
+                (Tried::Done(committed.answer.map(|()| rows)), committed.left)
             }
+            Ok(Ran::Ended(tried, left)) => (tried, left),
+            // Given up (its requester left, the server closes, the backstop) with its
+            // flight's answers unread, or between two flights with its transaction open:
+            // the session is lost, and its transaction rolls back with it.
+            Err(err) => (Tried::Done(Err(err)), Left::Lost),
+        };
+        let tried = match once_more(tried, left, &mut again, sink.started(), out) {
+            // Its requester left while the try ran: nothing more runs for it, neither a
+            // second try nor the driver (no watchdog would see the requester gone).
+            None | Some(Tried::Driver) if job.is_cancelled() => {
+                Some(Tried::Done(Err(ApiError::interrupted())))
+            }
+            tried => tried,
+        };
+        if let Some(tried) = tried {
+            return settle(lease, flights, loan, tried, left);
         }
     }
+}
 
-    /// One try of the first flight of [`Inner::write_in_flights`] (carrying its end when
-    /// `ends_here`: see [`may_end_in_one_flight`]).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one write's parts, handed over from its request"
-    )]
-    async fn try_write(
-        &self,
-        flights: &mut Flights,
-        lease: &Lease,
-        request: &SqlRequest,
-        sql: &str,
-        ends_here: bool,
-        out: &mut Vec<u8>,
-        sink: &mut Sink<'_>,
-    ) -> Ran {
-        let opening = Opening::Write {
-            guard: &lease.guard,
-        };
-        let ready = match self.prepared(flights, lease, request, sql, opening).await {
-            Ok(ready) => ready,
-            Err((tried, left)) => return Ran::Ended(tried, left),
-        };
-        self.run_write(flights, lease, request, sql, &ready, ends_here, out, sink)
-            .await
-    }
+/// One try of the first flight of [`write_in_flights`] (carrying its end when
+/// `ends_here`: see [`may_end_in_one_flight`]).
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one write's parts, handed over from its request"
+)]
+async fn try_write(
+    inner: &Inner,
+    flights: &mut Flights,
+    lease: &Lease,
+    request: &SqlRequest,
+    sql: &str,
+    ends_here: bool,
+    out: &mut Vec<u8>,
+    sink: &mut Sink<'_>,
+) -> Ran {
+    let opening = Opening::Write {
+        guard: &lease.guard,
+    };
+    let ready = match statement_flight::prepared(inner, flights, lease, request, sql, opening).await
+    {
+        Ok(ready) => ready,
+        Err((tried, left)) => return Ran::Ended(tried, left),
+    };
+    run_write(
+        inner, flights, lease, request, sql, &ready, ends_here, out, sink,
+    )
+    .await
+}
 
-    /// Sends the write's first flight (its transaction opened unless its statement was
-    /// prepared by this try, in the transaction it opened) and writes its rows; on a refusal
-    /// or a failure, ends the transaction.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one write's parts, handed over from its try"
-    )]
-    async fn run_write(
-        &self,
-        flights: &mut Flights,
-        lease: &Lease,
-        request: &SqlRequest,
-        sql: &str,
-        ready: &Ready<'_>,
-        ends_here: bool,
-        out: &mut Vec<u8>,
-        sink: &mut Sink<'_>,
-    ) -> Ran {
-        let opening = Opening::Write {
-            guard: &lease.guard,
-        };
-        let opened = !ready.cached;
-        let params: Vec<Param<'_>> = ready.bound.iter().map(param).collect();
-        let [timeout, lock_wait] = self.flight_timeouts();
-        let settings = [text(&timeout), text(&lock_wait)];
-        let lost = |e: &WireError| Ran::Ended(Tried::Done(Err(self.map_wire(e))), Left::Lost);
-        flights.unnamed_replaced();
-        let Some(mut flight) = flights.flight() else {
-            return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
-        };
-        let encoded = (|| {
-            if !opened {
-                opening.add(&mut flight, &settings)?;
-            }
-            flight
-                .bind("", &ready.statement.name, &params, Format::Binary)?
-                .execute("", 0)?;
-            if ends_here {
-                let timeout_now = format!("SET statement_timeout = {}", self.timeout_ms());
-                add_end_if_unwritten(&mut flight, &timeout_now, &lease.guard)?;
-            }
-            flight.sync();
-            Ok::<(), WireError>(())
-        })();
-        if let Err(e) = encoded {
-            // Nothing was sent (a parameter that cannot be): end what the preparation opened.
-            let left = if opened {
-                flights::rollback_and_reset(flights).await
-            } else {
-                Left::Clean
-            };
-            return Ran::Ended(Tried::Done(Err(self.map_wire(&e))), left);
+/// Sends the write's first flight (its transaction opened unless its statement was
+/// prepared by this try, in the transaction it opened) and writes its rows; on a refusal
+/// or a failure, ends the transaction.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one write's parts, handed over from its try"
+)]
+async fn run_write(
+    inner: &Inner,
+    flights: &mut Flights,
+    lease: &Lease,
+    request: &SqlRequest,
+    sql: &str,
+    ready: &Ready<'_>,
+    ends_here: bool,
+    out: &mut Vec<u8>,
+    sink: &mut Sink<'_>,
+) -> Ran {
+    let opening = Opening::Write {
+        guard: &lease.guard,
+    };
+    let opened = !ready.cached;
+    let params: Vec<Param<'_>> = ready.bound.iter().map(param).collect();
+    let [timeout, lock_wait] = statement_flight::flight_timeouts(inner);
+    let settings = [text(&timeout), text(&lock_wait)];
+    let lost = |e: &WireError| {
+        Ran::Ended(
+            Tried::Done(Err(statement_flight::map_wire(inner, e))),
+            Left::Lost,
+        )
+    };
+    flights.unnamed_replaced();
+    let Some(mut flight) = flights.flight() else {
+        return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
+    };
+    let encoded = (|| {
+        if !opened {
+            opening.add(&mut flight, &settings)?;
         }
-        let (settings_at, client) = if opened {
-            (None, 0)
+        flight
+            .bind("", &ready.statement.name, &params, Format::Binary)?
+            .execute("", 0)?;
+        if ends_here {
+            let timeout_now = format!("SET statement_timeout = {}", inner.timeout_ms());
+            add_end_if_unwritten(&mut flight, &timeout_now, &lease.guard)?;
+        }
+        flight.sync();
+        Ok::<(), WireError>(())
+    })();
+    if let Err(e) = encoded {
+        // Nothing was sent (a parameter that cannot be): end what the preparation opened.
+        let left = if opened {
+            flights::rollback_and_reset(flights).await
         } else {
-            (Some(1), opening.statements())
+            Left::Clean
         };
-        let mut answers = match flight.send().await {
-            Ok(answers) => answers,
+        return Ran::Ended(
+            Tried::Done(Err(statement_flight::map_wire(inner, &e))),
+            left,
+        );
+    }
+    let (settings_at, client) = if opened {
+        (None, 0)
+    } else {
+        (Some(1), opening.statements())
+    };
+    let mut answers = match flight.send().await {
+        Ok(answers) => answers,
+        Err(e) => return lost(&e),
+    };
+    let limits = &inner.limits;
+    let mut rows = ClientRows::start(&ready.statement, limits, out);
+    let (mut step, mut changed_rows, mut learnt) = (0, 0, opened);
+    // The client's statement was bound: a refusal after it is its execution's, never a stale
+    // statement's (those are refused at Bind), and a second run could repeat what its
+    // first did outside the transaction.
+    let mut bound = false;
+    let mut refused: Option<(usize, Box<DbError>)> = None;
+    // The end after the statement, when this flight carries it: where its statements are,
+    // and what they answered.
+    let end = ends_here.then_some(client);
+    let at_end = |step: usize, offset: usize| end.is_some_and(|client| step == client + offset);
+    let (mut committed, mut reset_rows, mut reset_done) = (false, 0, false);
+    let give_up = async |err| {
+        let (tried, left) = statement_flight::give_up(lease, err).await;
+        Ran::Ended(tried, left)
+    };
+    loop {
+        let answer = match answers.next().await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => break,
+            Err(WireError::TooLarge {
+                tag: b'D',
+                declared,
+                ..
+            }) if step == client => {
+                let err = rows.too_large(&mut answers, declared, limits).await;
+                return give_up(err).await;
+            }
+            // Lost once its COMMIT was answered as done: every row was answered before it,
+            // and the query stands (the session goes with the connection).
+            Err(e) if committed => {
+                tracing::warn!(error = %e, "the connection failed after a query's COMMIT");
+                return Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Lost);
+            }
             Err(e) => return lost(&e),
         };
-        let limits = &self.limits;
-        let mut rows = ClientRows::start(&ready.statement, limits, out);
-        let (mut step, mut changed_rows, mut learnt) = (0, 0, opened);
-        // The client's statement was bound: a refusal after it is its execution's, never a stale
-        // statement's (those are refused at Bind), and a second run could repeat what its
-        // first did outside the transaction.
-        let mut bound = false;
-        let mut refused: Option<(usize, Box<DbError>)> = None;
-        // The end after the statement, when this flight carries it: where its statements are,
-        // and what they answered.
-        let end = ends_here.then_some(client);
-        let at_end = |step: usize, offset: usize| end.is_some_and(|client| step == client + offset);
-        let (mut committed, mut reset_rows, mut reset_done) = (false, 0, false);
-        let give_up = async |err| {
-            let (tried, left) = self.give_up(lease, err).await;
-            Ran::Ended(tried, left)
-        };
-        loop {
-            let answer = match answers.next().await {
-                Ok(Some(answer)) => answer,
-                Ok(None) => break,
-                Err(WireError::TooLarge {
-                    tag: b'D',
-                    declared,
-                    ..
-                }) if step == client => {
-                    let err = rows.too_large(&mut answers, declared, limits).await;
+        match answer {
+            Answer::Row(row) if Some(step) == settings_at => {
+                learnt = statement_flight::learn(lease, opening, &row);
+            }
+            Answer::Row(row) if step == client => {
+                if let Err(err) = rows.write(&row, limits, out, sink).await {
                     return give_up(err).await;
                 }
-                // Lost once its COMMIT was answered as done: every row was answered before it,
-                // and the query stands (the session goes with the connection).
-                Err(e) if committed => {
-                    tracing::warn!(error = %e, "the connection failed after a query's COMMIT");
-                    return Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Lost);
+            }
+            // The check's row (its function returns `void`): it wrote nothing.
+            Answer::Row(_) if at_end(step, End::CHECK) => {}
+            Answer::Row(row) if at_end(step, End::POSITION) => keep_position(lease, &row),
+            // The reset's row (its function returns `void`).
+            Answer::Row(_) if at_end(step, End::RESET_FUNCTION) => reset_rows += 1,
+            Answer::CommandComplete(done) => {
+                if step == client {
+                    changed_rows = changed(request, &done);
                 }
-                Err(e) => return lost(&e),
-            };
-            match answer {
-                Answer::Row(row) if Some(step) == settings_at => {
-                    learnt = self.learn(lease, opening, &row);
+                if at_end(step, End::COMMIT) {
+                    committed = done.as_str() == "COMMIT";
                 }
-                Answer::Row(row) if step == client => {
-                    if let Err(err) = rows.write(&row, limits, out, sink).await {
-                        return give_up(err).await;
-                    }
+                if at_end(step, End::RESET_FUNCTION) {
+                    reset_done = done.as_str() == "SELECT 1" && reset_rows == 1;
                 }
-                // The check's row (its function returns `void`): it wrote nothing.
-                Answer::Row(_) if at_end(step, End::CHECK) => {}
-                Answer::Row(row) if at_end(step, End::POSITION) => keep_position(lease, &row),
-                // The reset's row (its function returns `void`).
-                Answer::Row(_) if at_end(step, End::RESET_FUNCTION) => reset_rows += 1,
-                Answer::CommandComplete(done) => {
-                    if step == client {
-                        changed_rows = changed(request, &done);
-                    }
-                    if at_end(step, End::COMMIT) {
-                        committed = done.as_str() == "COMMIT";
-                    }
-                    if at_end(step, End::RESET_FUNCTION) {
-                        reset_done = done.as_str() == "SELECT 1" && reset_rows == 1;
-                    }
-                    step += 1;
-                }
-                Answer::EmptyQuery => step += 1,
-                Answer::Error(e) => refused = Some((step, e)),
-                Answer::BindComplete if step == client => bound = true,
-                Answer::ParseComplete
-                | Answer::BindComplete
-                | Answer::CloseComplete
-                | Answer::ReadyForQuery(_) => {}
-                other => {
-                    let (tried, left) = unexpected(&other);
-                    return Ran::Ended(tried, left);
-                }
+                step += 1;
+            }
+            Answer::EmptyQuery => step += 1,
+            Answer::Error(e) => refused = Some((step, e)),
+            Answer::BindComplete if step == client => bound = true,
+            Answer::ParseComplete
+            | Answer::BindComplete
+            | Answer::CloseComplete
+            | Answer::ReadyForQuery(_) => {}
+            other => {
+                let (tried, left) = unexpected(&other);
+                return Ran::Ended(tried, left);
             }
         }
-        flights.closed();
-        let Some((at, refusal)) = refused else {
-            if ends_here {
-                // Committed and reset in this flight: the statement wrote nothing.
-                return if !committed {
-                    // `COMMIT` not answered as done (no way is known without a refusal):
-                    // nothing is taken as kept.
-                    let left = flights::rollback_and_reset(flights).await;
-                    Ran::Ended(Tried::Done(Err(tampered())), left)
-                } else if reset_done {
-                    Ran::Ended(Tried::Done(Ok(changed_rows)), left_by(&flights.connection))
-                } else {
-                    tracing::error!("a write's reset was not answered as the reset; closing it");
-                    Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Unreset)
-                };
-            }
-            if !learnt {
-                tracing::error!("a write's BEGIN did not name its transaction");
-                return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
-            }
-            if flights.connection.transaction_status() != TransactionStatus::InTransaction {
-                // The client's statement ended the server's transaction: nothing is committed
-                // in its place (ADR 0027).
-                let left = flights::rollback_and_reset(flights).await;
-                return Ran::Ended(Tried::Done(Err(tampered())), left);
-            }
-            return Ran::Written {
-                rows: changed_rows,
-                checked: false,
-            };
-        };
-        if let Some(client) = end
-            && at > client
-        {
-            return self
-                .refused_at_end(flights, at - client, &refusal, changed_rows, committed)
-                .await;
-        }
-        let left = flights::rollback_and_reset(flights).await;
-        // Stale only when refused at Bind.
-        if at == client && ready.cached && !bound && is_stale(&refusal.code) {
-            flights.forget(sql);
-            return Ran::Ended(Tried::Again, left);
-        }
-        if at < client && refusal.code == "26000" {
-            // A client's function deallocated the server's statements.
-            flights.lost_statements();
-            return Ran::Ended(Tried::Again, left);
-        }
-        Ran::Ended(Tried::Done(Err(self.map_refusal(&refusal))), left)
     }
-
-    /// What a first flight that carried the end after its statement came to when PostgreSQL
-    /// refused the end's statement at `offset` (see [`End`]), the statement having changed
-    /// `rows`, and `committed` when its `COMMIT` was answered as done. Everything after the
-    /// refusal was skipped to the `Sync`.
-    async fn refused_at_end(
-        &self,
-        flights: &mut Flights,
-        offset: usize,
-        refusal: &DbError,
-        rows: u64,
-        committed: bool,
-    ) -> Ran {
-        match offset {
-            // The check raised: the statement wrote (or the check could not tell). The
-            // transaction stands in error at the savepoint after the statement; the COMMIT's
-            // flight rolls back to it and commits what the statement did.
-            End::CHECK => {
-                if refusal.code == "42883" {
-                    // The server's function is gone (dropped under a running server): every
-                    // unflagged query pays two flights until a restart creates it again.
-                    tracing::warn!(error = %refusal, "the one-flight check is missing");
-                } else if refusal.code != WROTE_SQLSTATE {
-                    tracing::debug!(error = %refusal, "the one-flight check could not tell");
-                }
-                Ran::Written {
-                    rows,
-                    checked: true,
-                }
-            }
-            // Refused before or at `COMMIT` (the guard gone, a COMMIT refused): nothing is
-            // kept, and the session is ended and reset.
-            End::TIMEOUT..=End::COMMIT => {
-                let left = flights::rollback_and_reset(flights).await;
-                // The guard gone (`3B001`): something ended what the server opened.
-                let answer = if offset == End::RELEASE && refusal.code == "3B001" {
-                    tampered()
-                } else {
-                    self.map_refusal(refusal)
-                };
-                Ran::Ended(Tried::Done(Err(answer)), left)
-            }
-            // Past a `COMMIT` that was not answered as done (no way is known: a `COMMIT` that
-            // did not commit is refused, or answers `ROLLBACK` after a refusal): nothing is
-            // taken as kept, and the session is ended and reset.
-            _ if !committed => {
-                tracing::error!(error = %refusal, "a query's end went on past a COMMIT not done");
+    flights.closed();
+    let Some((at, refusal)) = refused else {
+        if ends_here {
+            // Committed and reset in this flight: the statement wrote nothing.
+            return if !committed {
+                // `COMMIT` not answered as done (no way is known without a refusal):
+                // nothing is taken as kept.
                 let left = flights::rollback_and_reset(flights).await;
                 Ran::Ended(Tried::Done(Err(tampered())), left)
-            }
-            // Committed; the position after it or the reset failed: the write stands (without
-            // its bookmark when the position is what failed), and the session is not pooled.
-            _ => {
-                tracing::warn!(error = %refusal, "cannot reset a session after its COMMIT; closing it");
-                Ran::Ended(Tried::Done(Ok(rows)), Left::Unreset)
-            }
-        }
-    }
-
-    /// Commits the write whose first flight left its transaction open, and resets the session,
-    /// in one flight of three simple queries (the driver's path's COMMIT message, the position
-    /// after it and `session::RESET`), within the statement timeout and a grace; `checked`:
-    /// rolled back to [`WRITTEN`] first, in a query of its own (see [`Ran::Written`]).
-    async fn commit(&self, flights: &mut Flights, lease: &Lease, checked: bool) -> Committed {
-        let opened = lease
-            .opened
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
-        let Some(opened) = opened else {
-            let left = flights::rollback_and_reset(flights).await;
-            return Committed {
-                answer: Err(tampered()),
-                left,
+            } else if reset_done {
+                Ran::Ended(Tried::Done(Ok(changed_rows)), left_by(&flights.connection))
+            } else {
+                tracing::error!("a write's reset was not answered as the reset; closing it");
+                Ran::Ended(Tried::Done(Ok(changed_rows)), Left::Unreset)
             };
+        }
+        if !learnt {
+            tracing::error!("a write's BEGIN did not name its transaction");
+            return Ran::Ended(Tried::Done(Err(ApiError::internal())), Left::Lost);
+        }
+        if flights.connection.transaction_status() != TransactionStatus::InTransaction {
+            // The client's statement ended the server's transaction: nothing is committed
+            // in its place (ADR 0027).
+            let left = flights::rollback_and_reset(flights).await;
+            return Ran::Ended(Tried::Done(Err(tampered())), left);
+        }
+        return Ran::Written {
+            rows: changed_rows,
+            checked: false,
         };
-        let message = self.commit_message(&lease.guard, &opened);
-        let sent = tokio::time::timeout(
-            self.end_within(true),
-            self.commit_flight(flights, lease, &message, checked),
+    };
+    if let Some(client) = end
+        && at > client
+    {
+        return refused_at_end(
+            inner,
+            flights,
+            at - client,
+            &refusal,
+            changed_rows,
+            committed,
         )
         .await;
-        let unknown = |why: &str| {
-            ApiError::outcome_unknown(format!(
-                "{why}; whether the transaction was kept is unknown: retry with the same \
-                 Idempotency-Key, or check"
-            ))
-        };
-        // Abandoned with its answers unread: the session is lost, and its COMMIT may have
-        // completed meanwhile.
-        let Ok(ended) = sent else {
-            return Committed {
-                answer: Err(unknown(&format!(
-                    "the transaction did not finish ending within this server's limit of \
-                         {} ms (--statement-timeout)",
-                    self.timeout_ms()
-                ))),
-                left: Left::Lost,
+    }
+    let left = flights::rollback_and_reset(flights).await;
+    // Stale only when refused at Bind.
+    if at == client && ready.cached && !bound && is_stale(&refusal.code) {
+        flights.forget(sql);
+        return Ran::Ended(Tried::Again, left);
+    }
+    if at < client && refusal.code == "26000" {
+        // A client's function deallocated the server's statements.
+        flights.lost_statements();
+        return Ran::Ended(Tried::Again, left);
+    }
+    Ran::Ended(
+        Tried::Done(Err(statement_flight::map_refusal(inner, &refusal))),
+        left,
+    )
+}
+
+/// What a first flight that carried the end after its statement came to when PostgreSQL
+/// refused the end's statement at `offset` (see [`End`]), the statement having changed
+/// `rows`, and `committed` when its `COMMIT` was answered as done. Everything after the
+/// refusal was skipped to the `Sync`.
+async fn refused_at_end(
+    inner: &Inner,
+    flights: &mut Flights,
+    offset: usize,
+    refusal: &DbError,
+    rows: u64,
+    committed: bool,
+) -> Ran {
+    match offset {
+        // The check raised: the statement wrote (or the check could not tell). The
+        // transaction stands in error at the savepoint after the statement; the COMMIT's
+        // flight rolls back to it and commits what the statement did.
+        End::CHECK => {
+            if refusal.code == "42883" {
+                // The server's function is gone (dropped under a running server): every
+                // unflagged query pays two flights until a restart creates it again.
+                tracing::warn!(error = %refusal, "the one-flight check is missing");
+            } else if refusal.code != WROTE_SQLSTATE {
+                tracing::debug!(error = %refusal, "the one-flight check could not tell");
+            }
+            Ran::Written {
+                rows,
+                checked: true,
+            }
+        }
+        // Refused before or at `COMMIT` (the guard gone, a COMMIT refused): nothing is
+        // kept, and the session is ended and reset.
+        End::TIMEOUT..=End::COMMIT => {
+            let left = flights::rollback_and_reset(flights).await;
+            // The guard gone (`3B001`): something ended what the server opened.
+            let answer = if offset == End::RELEASE && refusal.code == "3B001" {
+                tampered()
+            } else {
+                statement_flight::map_refusal(inner, refusal)
             };
+            Ran::Ended(Tried::Done(Err(answer)), left)
+        }
+        // Past a `COMMIT` that was not answered as done (no way is known: a `COMMIT` that
+        // did not commit is refused, or answers `ROLLBACK` after a refusal): nothing is
+        // taken as kept, and the session is ended and reset.
+        _ if !committed => {
+            tracing::error!(error = %refusal, "a query's end went on past a COMMIT not done");
+            let left = flights::rollback_and_reset(flights).await;
+            Ran::Ended(Tried::Done(Err(tampered())), left)
+        }
+        // Committed; the position after it or the reset failed: the write stands (without
+        // its bookmark when the position is what failed), and the session is not pooled.
+        _ => {
+            tracing::warn!(error = %refusal, "cannot reset a session after its COMMIT; closing it");
+            Ran::Ended(Tried::Done(Ok(rows)), Left::Unreset)
+        }
+    }
+}
+
+/// Commits the write whose first flight left its transaction open, and resets the session,
+/// in one flight of three simple queries (the driver's path's COMMIT message, the position
+/// after it and `session::RESET`), within the statement timeout and a grace; `checked`:
+/// rolled back to [`WRITTEN`] first, in a query of its own (see [`Ran::Written`]).
+async fn commit(inner: &Inner, flights: &mut Flights, lease: &Lease, checked: bool) -> Committed {
+    let opened = lease
+        .opened
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    let Some(opened) = opened else {
+        let left = flights::rollback_and_reset(flights).await;
+        return Committed {
+            answer: Err(tampered()),
+            left,
         };
-        match ended {
-            CommitFlight::Lost { committed: true } => Committed {
-                answer: Ok(()),
-                left: Left::Lost,
+    };
+    let message = transaction::commit_message(inner, &lease.guard, &opened);
+    let sent = tokio::time::timeout(
+        transaction::end_within(inner, true),
+        commit_flight(flights, lease, &message, checked),
+    )
+    .await;
+    let unknown = |why: &str| {
+        ApiError::outcome_unknown(format!(
+            "{why}; whether the transaction was kept is unknown: retry with the same \
+             Idempotency-Key, or check"
+        ))
+    };
+    // Abandoned with its answers unread: the session is lost, and its COMMIT may have
+    // completed meanwhile.
+    let Ok(ended) = sent else {
+        return Committed {
+            answer: Err(unknown(&format!(
+                "the transaction did not finish ending within this server's limit of \
+                     {} ms (--statement-timeout)",
+                inner.timeout_ms()
+            ))),
+            left: Left::Lost,
+        };
+    };
+    match ended {
+        CommitFlight::Lost { committed: true } => Committed {
+            answer: Ok(()),
+            left: Left::Lost,
+        },
+        CommitFlight::Lost { committed: false } => Committed {
+            answer: Err(unknown(
+                "the connection to the database was lost while the transaction committed",
+            )),
+            left: Left::Lost,
+        },
+        CommitFlight::Committed { reset } => Committed {
+            answer: Ok(()),
+            left: if reset && flights::left_by(&flights.connection) == Left::Clean {
+                Left::Clean
+            } else {
+                tracing::warn!("cannot reset a session after its COMMIT; closing it");
+                Left::Unreset
             },
-            CommitFlight::Lost { committed: false } => Committed {
-                answer: Err(unknown(
-                    "the connection to the database was lost while the transaction committed",
-                )),
-                left: Left::Lost,
-            },
-            CommitFlight::Committed { reset } => Committed {
-                answer: Ok(()),
-                left: if reset && flights::left_by(&flights.connection) == Left::Clean {
-                    Left::Clean
-                } else {
-                    tracing::warn!("cannot reset a session after its COMMIT; closing it");
-                    Left::Unreset
-                },
-            },
-            CommitFlight::Refused { refusal, reset } => {
-                // Not committed: whatever transaction the session is in is not to be kept.
-                let left = if reset && flights::left_by(&flights.connection) == Left::Clean {
-                    Left::Clean
-                } else {
-                    flights::rollback_and_reset(flights).await
-                };
-                let answer = match refusal {
-                    Some(refusal) if refusal.code != TAMPERED_SQLSTATE => {
-                        self.map_refusal(&refusal)
-                    }
-                    // The check's refusal, or no COMMIT and nothing said why.
-                    _ => tampered(),
-                };
-                Committed {
-                    answer: Err(answer),
-                    left,
+        },
+        CommitFlight::Refused { refusal, reset } => {
+            // Not committed: whatever transaction the session is in is not to be kept.
+            let left = if reset && flights::left_by(&flights.connection) == Left::Clean {
+                Left::Clean
+            } else {
+                flights::rollback_and_reset(flights).await
+            };
+            let answer = match refusal {
+                Some(refusal) if refusal.code != TAMPERED_SQLSTATE => {
+                    statement_flight::map_refusal(inner, &refusal)
                 }
+                // The check's refusal, or no COMMIT and nothing said why.
+                _ => tampered(),
+            };
+            Committed {
+                answer: Err(answer),
+                left,
             }
         }
     }
+}
 
-    /// Sends the COMMIT's `message`, the read of the position and the reset, and reads their
-    /// answers, keeping the log position read after the commit.
-    async fn commit_flight(
-        &self,
-        flights: &mut Flights,
-        lease: &Lease,
-        message: &str,
-        checked: bool,
-    ) -> CommitFlight {
-        flights.unnamed_replaced();
-        let flights_closing = flights.closing();
-        let Some(mut flight) = flights.flight() else {
-            return CommitFlight::Lost { committed: false };
+/// Sends the COMMIT's `message`, the read of the position and the reset, and reads their
+/// answers, keeping the log position read after the commit.
+async fn commit_flight(
+    flights: &mut Flights,
+    lease: &Lease,
+    message: &str,
+    checked: bool,
+) -> CommitFlight {
+    flights.unnamed_replaced();
+    let flights_closing = flights.closing();
+    let Some(mut flight) = flights.flight() else {
+        return CommitFlight::Lost { committed: false };
+    };
+    // The answers of Closes still pending end with a `ReadyForQuery` of their own, first;
+    // then the rollback to the savepoint after the statement's, when there is one.
+    let closes = usize::from(flights_closing) + usize::from(checked);
+    if checked && flight.query(ROLLBACK_TO_WRITTEN).is_err() {
+        return CommitFlight::Refused {
+            refusal: None,
+            reset: true,
         };
-        // The answers of Closes still pending end with a `ReadyForQuery` of their own, first;
-        // then the rollback to the savepoint after the statement's, when there is one.
-        let closes = usize::from(flights_closing) + usize::from(checked);
-        if checked && flight.query(ROLLBACK_TO_WRITTEN).is_err() {
-            return CommitFlight::Refused {
-                refusal: None,
-                reset: true,
-            };
-        }
-        if flight
-            .query(message)
-            .and_then(|flight| flight.query(POSITION_AFTER_COMMIT))
-            .and_then(|flight| flight.query(session::RESET))
-            .is_err()
-        {
-            // Nothing was sent: the texts are the server's own, and always encode.
-            return CommitFlight::Refused {
-                refusal: None,
-                reset: true,
-            };
-        }
-        let Ok(mut answers) = flight.send().await else {
-            return CommitFlight::Lost { committed: false };
+    }
+    if flight
+        .query(message)
+        .and_then(|flight| flight.query(POSITION_AFTER_COMMIT))
+        .and_then(|flight| flight.query(session::RESET))
+        .is_err()
+    {
+        // Nothing was sent: the texts are the server's own, and always encode.
+        return CommitFlight::Refused {
+            refusal: None,
+            reset: true,
         };
-        // The message's statements, counted by their ends: `COMMIT` is its fifth and last.
-        const COMMIT_STEP: usize = 4;
-        // The queries by their `ReadyForQuery`s: the message, the position, the reset.
-        const MESSAGE: usize = 0;
-        const POSITION: usize = 1;
-        let (mut ready, mut step, mut committed) = (0_usize, 0, false);
-        let (mut refused, mut reset) = (None, true);
-        loop {
-            let answer = match answers.next().await {
-                Ok(Some(answer)) => answer,
-                Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the connection failed while a write committed");
-                    return CommitFlight::Lost { committed };
-                }
-            };
-            let is_ready = matches!(answer, Answer::ReadyForQuery(_));
-            // Before the message's own: the pending Closes' answers, then the rollback to the
-            // savepoint's, whose refusal (the message then refused as in an aborted
-            // transaction) is the one answered.
-            let Some(query) = ready.checked_sub(closes) else {
-                if let Answer::Error(e) = answer
-                    && ready >= usize::from(flights_closing)
-                {
-                    refused = Some(e);
-                }
-                ready += usize::from(is_ready);
-                continue;
-            };
-            match answer {
-                Answer::CommandComplete(done) if query == MESSAGE => {
-                    if step == COMMIT_STEP {
-                        committed = done.as_str() == "COMMIT";
-                    }
-                    step += 1;
-                }
-                Answer::Row(row) if query == POSITION => keep_position(lease, &row),
-                Answer::Error(e) if query == MESSAGE => {
-                    refused.get_or_insert(e);
-                }
-                // The position's read failed: a kept write goes without its bookmark.
-                Answer::Error(_) if query == POSITION => {
-                    tracing::warn!("a write's position after its COMMIT was not read");
-                }
-                Answer::Error(_) => reset = false,
-                _ => {}
+    }
+    let Ok(mut answers) = flight.send().await else {
+        return CommitFlight::Lost { committed: false };
+    };
+    // The message's statements, counted by their ends: `COMMIT` is its fifth and last.
+    const COMMIT_STEP: usize = 4;
+    // The queries by their `ReadyForQuery`s: the message, the position, the reset.
+    const MESSAGE: usize = 0;
+    const POSITION: usize = 1;
+    let (mut ready, mut step, mut committed) = (0_usize, 0, false);
+    let (mut refused, mut reset) = (None, true);
+    loop {
+        let answer = match answers.next().await {
+            Ok(Some(answer)) => answer,
+            Ok(None) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, "the connection failed while a write committed");
+                return CommitFlight::Lost { committed };
+            }
+        };
+        let is_ready = matches!(answer, Answer::ReadyForQuery(_));
+        // Before the message's own: the pending Closes' answers, then the rollback to the
+        // savepoint's, whose refusal (the message then refused as in an aborted
+        // transaction) is the one answered.
+        let Some(query) = ready.checked_sub(closes) else {
+            if let Answer::Error(e) = answer
+                && ready >= usize::from(flights_closing)
+            {
+                refused = Some(e);
             }
             ready += usize::from(is_ready);
+            continue;
+        };
+        match answer {
+            Answer::CommandComplete(done) if query == MESSAGE => {
+                if step == COMMIT_STEP {
+                    committed = done.as_str() == "COMMIT";
+                }
+                step += 1;
+            }
+            Answer::Row(row) if query == POSITION => keep_position(lease, &row),
+            Answer::Error(e) if query == MESSAGE => {
+                refused.get_or_insert(e);
+            }
+            // The position's read failed: a kept write goes without its bookmark.
+            Answer::Error(_) if query == POSITION => {
+                tracing::warn!("a write's position after its COMMIT was not read");
+            }
+            Answer::Error(_) => reset = false,
+            _ => {}
         }
-        flights.closed();
-        if committed {
-            return CommitFlight::Committed { reset };
-        }
-        CommitFlight::Refused {
-            refusal: refused,
-            reset,
-        }
+        ready += usize::from(is_ready);
+    }
+    flights.closed();
+    if committed {
+        return CommitFlight::Committed { reset };
+    }
+    CommitFlight::Refused {
+        refusal: refused,
+        reset,
     }
 }
 
