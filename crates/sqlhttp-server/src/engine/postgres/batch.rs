@@ -96,8 +96,13 @@ impl Work for Statements<'_> {
         let inner = self.inner;
         let answer = run_statements(inner, lease, self.statements).await?;
         if self.position_after {
-            // Read after every statement's snapshot was taken: at or past all they saw.
-            let select = format!("SELECT {}", inner.node.position_sql());
+            // Read after every statement's snapshot was taken: at or past all they saw. Under
+            // the server's statement timeout, which a client's function may have lowered.
+            let select = format!(
+                "SET LOCAL statement_timeout = {}; SELECT {}",
+                inner.timeout_ms(),
+                inner.node.position_sql()
+            );
             transaction::learn_position(inner, lease, lease.client().simple_query(&select).await)?;
         }
         Ok(answer)

@@ -5,7 +5,8 @@
 //! 0027, ADR 0034). Reads end with ROLLBACK.
 //!
 //! Each also learns where the request stands (ADR 0039): a read's `BEGIN` message reads the log
-//! position once its snapshot is taken (an upper bound of everything it sees), on a replica
+//! position once its snapshot is taken (an upper bound of everything it sees at `REPEATABLE
+//! READ`; a batch at `READ COMMITTED` reads it again after its last statement), on a replica
 //! after checking, before the snapshot, that the replica has replayed as far as the request's
 //! bookmark asks; a write's COMMIT message reads it once the commit is in the log.
 //!

@@ -234,7 +234,7 @@ needs_postgres! {
             postgres_app!("a_read_committed_read_batchs_bookmark_covers_what_its_last_statement_saw");
         ok(&router, "CREATE TABLE seen (v int)", json!([])).await;
         let statements = json!({"read_only": true, "isolation": "read_committed", "statements": [
-            {"sql": "SELECT 1 AS one FROM pg_catalog.pg_sleep(1)"},
+            {"sql": "SELECT 1 AS one FROM pg_catalog.pg_sleep(2)"},
             {"sql": "SELECT count(*) AS n FROM seen"}
         ]});
         let reading = tokio::spawn({
