@@ -87,9 +87,9 @@ pub(super) async fn in_transaction<W: Work + Send>(
 /// Runs `run` on `lease` and ends its transaction: a write whose work succeeded commits,
 /// anything else rolls back, and an end the run already sent is only read (see
 /// [`transaction::end_or_ended`]). A run that failed because a cached statement went stale
-/// (another server's start replaced what it reads, see `Lease::take_retry`), and whose
-/// answer did not start, is rolled back and forgotten, and runs once more with every
-/// statement prepared afresh.
+/// (another server's start replaced what it reads, see `Lease::take_retry`), whose answer
+/// did not start and whose requester is still there, is rolled back and forgotten, and runs
+/// once more with every statement prepared afresh.
 pub(super) async fn ran_in_transaction<R: Run>(
     inner: &Inner,
     job: &Job,
