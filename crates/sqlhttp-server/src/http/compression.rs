@@ -8,10 +8,7 @@
 
 use std::convert::Infallible;
 
-use axum::extract::Request;
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::Next;
-use axum::response::{IntoResponse as _, Response};
 use tower::{Layer as _, ServiceExt as _};
 use tower_http::compression::predicate::SizeAbove;
 use tower_http::compression::{CompressionLayer, CompressionLevel};
@@ -39,15 +36,14 @@ pub(crate) fn layer() -> CompressionLayer<SizeAbove> {
 /// has answered, and then replaces the answer's status with `406`: a write that committed would
 /// be reported as refused. Which headers are refused is the compression layer's own decision
 /// (asked of it with an empty answer), so the two cannot disagree.
-pub(crate) async fn refuse_unacceptable(request: Request, next: Next) -> Response {
-    if may_exclude_identity(request.headers()) && !acceptable(request.headers()).await {
-        return ApiError::bad_request(
+pub(crate) async fn refuse_unacceptable(headers: &HeaderMap) -> Result<(), ApiError> {
+    if may_exclude_identity(headers) && !acceptable(headers).await {
+        return Err(ApiError::bad_request(
             "Accept-Encoding excludes every content coding this server sends (gzip, zstd, \
              identity); nothing ran",
-        )
-        .into_response();
+        ));
     }
-    next.run(request).await
+    Ok(())
 }
 
 /// Whether any `Accept-Encoding` value carries a zero weight: only then can identity be

@@ -1,10 +1,10 @@
-//! Who is calling: [`Credential`] (a [`Label`] safe to log and a [`Role`]), and the
-//! [`authenticate`] layer every `/api/` request passes first: it finds the request's credential
-//! (`401` when a token is required and missing or wrong; a request another sqlhttpd forwarded
-//! is the credential its MAC vouches for, see `peers`), spends one token of its rate-limit
-//! bucket (`429` past it), and puts the credential in the request's extensions, where any
-//! endpoint consults it (`Credential::may_write`). The label is copied into the response's
-//! extensions for the request log.
+//! Who is calling: [`Credential`] (a [`Label`] safe to log and a [`Role`]), and
+//! [`authenticate`], which every `/api/` request passes first (in the `gate` layer): it finds
+//! the request's credential (`401` when a token is required and missing or wrong; a request
+//! another sqlhttpd forwarded is the credential its MAC vouches for, see `peers`), spends one
+//! token of its rate-limit bucket (`429` past it), and puts the credential in the request's
+//! extensions, where any endpoint consults it (`Credential::may_write`). The label is copied
+//! into the response's extensions for the request log.
 //!
 //! Knows headers, extensions and the client's address; never a token's text, nothing about SQL
 //! or the engine.
@@ -12,8 +12,7 @@
 use std::fmt;
 use std::net::{IpAddr, SocketAddr};
 
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::Next;
+use axum::extract::{ConnectInfo, Request};
 use axum::response::{IntoResponse, Response};
 
 use crate::http::rate_limit::Key;
@@ -158,26 +157,31 @@ fn client_ip(request: &Request) -> Option<IpAddr> {
         .map(|info| info.0.ip())
 }
 
-/// Authenticates and rate-limits every `/api/` request; other paths pass untouched.
+/// Authenticates and rate-limits every `/api/` request, then has `then` serve it with its
+/// [`Credential`] in its extensions; other paths go to `then` untouched.
 ///
 /// A named token's bucket is its own wherever it calls from; anonymous requests, and requests
 /// whose token is refused (so guessing tokens is throttled too), share their address's bucket.
-pub(crate) async fn authenticate(
-    State(state): State<AppState>,
+pub(crate) async fn authenticate<Then, Ran>(
+    state: &AppState,
     mut request: Request,
-    next: Next,
-) -> Response {
+    then: Then,
+) -> Response
+where
+    Then: FnOnce(Request) -> Ran,
+    Ran: Future<Output = Response>,
+{
     let path = request.uri().path();
     // The protocol's document is public: it holds nothing of this server's.
     if !path.starts_with(API_PREFIX) || path == super::openapi::OPENAPI_PATH {
-        return next.run(request).await;
+        return then(request).await;
     }
     // Another sqlhttpd forwarded it (this one holds the transaction it names): no bearer
     // token, the peer's MAC vouches for the credential. Not rate-limited again (the peer that
     // took it from the client counted it); a refused one is, as a refused token is.
     if super::peers::is_forwarded(request.headers()) {
         let address = Key::Address(client_ip(&request));
-        return match super::peers::serve(&state, request, next).await {
+        return match super::peers::serve(state, request, then).await {
             Ok(response) => response,
             Err(refused) => match state.inner.rate_limiter.as_ref().map(|l| l.check(&address)) {
                 Some(Err(throttled)) => throttled.into_response(),
@@ -206,7 +210,7 @@ pub(crate) async fn authenticate(
     match credential {
         Ok(credential) => {
             request.extensions_mut().insert(credential);
-            let mut response = next.run(request).await;
+            let mut response = then(request).await;
             response.extensions_mut().insert(credential.label);
             response
         }

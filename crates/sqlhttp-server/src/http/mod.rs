@@ -15,6 +15,7 @@ mod browser;
 mod compression;
 pub(crate) mod credentials;
 mod describe;
+mod gate;
 pub(crate) mod hyper_errors;
 pub(crate) mod metrics;
 mod middleware;
@@ -104,13 +105,8 @@ pub fn app(state: AppState) -> Router {
         ))
         .layer(CatchPanicLayer::custom(middleware::panic_response))
         .layer(browser::policy(origins))
-        .layer(axum::middleware::from_fn_with_state(
-            state,
-            credentials::authenticate,
-        ))
-        // HTTP/2 stream permits, once the credential is known (see `streams`).
-        .layer(axum::middleware::from_fn(streams::admit_stream))
-        .layer(axum::middleware::from_fn(compression::refuse_unacceptable))
+        // The caller, its HTTP/2 stream permit and its Accept-Encoding, as one layer.
+        .layer(axum::middleware::from_fn_with_state(state, gate::gate))
         .layer(compression::layer());
     Router::new().fallback_service(layers.service(routes))
 }

@@ -27,7 +27,6 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri, header};
-use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use hmac::Mac;
 use sha2::{Digest as _, Sha256};
@@ -351,13 +350,17 @@ fn claim_of<'a>(
 }
 
 /// Serves a request another sqlhttpd forwarded (see [`is_forwarded`]): checks its proof and
-/// runs it as the credential the peer vouches for, its answer carrying this process's proof;
-/// `Err` with the `401` when the proof does not hold.
-pub(crate) async fn serve(
+/// has `then` run it as the credential the peer vouches for, its answer carrying this process's
+/// proof; `Err` with the `401` when the proof does not hold.
+pub(crate) async fn serve<Then, Ran>(
     state: &AppState,
     request: Request,
-    next: Next,
-) -> Result<Response, Response> {
+    then: Then,
+) -> Result<Response, Response>
+where
+    Then: FnOnce(Request) -> Ran,
+    Ran: Future<Output = Response>,
+{
     let shared = &state.inner;
     let peers = &shared.peers;
     if !FORWARDED_PATHS.contains(&request.uri().path()) {
@@ -403,9 +406,7 @@ pub(crate) async fn serve(
     let credential = shared.tokens.vouched(claim.owner, claim.role);
     drop(held);
     parts.extensions.insert(credential);
-    let response = next
-        .run(Request::from_parts(parts, Body::from(bytes)))
-        .await;
+    let response = then(Request::from_parts(parts, Body::from(bytes))).await;
     let mut signed = sign(response, &secret, peers.instance(), &mac, shared).await;
     signed.extensions_mut().insert(credential.label);
     Ok(signed)

@@ -6,15 +6,16 @@
 //! flight always runs, whatever other clients hold. A stream beyond it takes one of the
 //! server's shared permits (`--max-connections` of them), and only while whoever asks holds
 //! fewer than an eighth of them: a credential (its identity) once authenticated, the client's
-//! address otherwise (anonymous requests, probes, metrics, the OpenAPI document). A request the
-//! `authenticate` layer refuses never reaches [`admit_stream`], so it holds no permit: its `401`
+//! address otherwise (anonymous requests, probes, metrics, the OpenAPI document). A request
+//! `authenticate` refuses never reaches [`admit_stream`], so it holds no permit: its `401`
 //! is a small fixed answer, like the `503` given to a stream that gets no permit.
 //!
-//! A shared permit is taken after authentication ([`admit_stream`] is inside
-//! `credentials::authenticate`) and kept until the stream's response body is dropped (the server
-//! releases it with [`StreamSlot::release`]). When the shared permits run out the server is
-//! [pressed](StreamPermits::pressed_within), and connections whose shared-permit responses wait
-//! on their client are cut after [`PRESSED_STALL`] rather than the send timeout.
+//! A shared permit is taken after authentication (the `gate` layer asks [`admit_stream`] once
+//! `credentials::authenticate` found the caller) and kept until the stream's response body is
+//! dropped (the server releases it with [`StreamSlot::release`]). When the shared permits run
+//! out the server is [pressed](StreamPermits::pressed_within), and connections whose
+//! shared-permit responses wait on their client are cut after [`PRESSED_STALL`] rather than
+//! the send timeout.
 //!
 //! Knows requests' credentials and addresses; nothing about SQL.
 
@@ -24,8 +25,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 use axum::extract::{ConnectInfo, Request};
-use axum::middleware::Next;
-use axum::response::{IntoResponse as _, Response};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::http::credentials::{Credential, Identity, Label};
@@ -198,12 +197,12 @@ impl StreamSlot {
     }
 }
 
-/// Gives an HTTP/2 request its stream permit before it runs (see the module), or answers `503
-/// UNAVAILABLE` with `Retry-After` without running it. HTTP/1.1 requests (no [`StreamSlot`])
+/// Gives an HTTP/2 request its stream permit before it runs (see the module), or refuses it
+/// `503 UNAVAILABLE` with `Retry-After`, nothing run. HTTP/1.1 requests (no [`StreamSlot`])
 /// pass: their connection is their permit.
-pub(crate) async fn admit_stream(request: Request, next: Next) -> Response {
-    let Some(slot) = request.extensions().get::<StreamSlot>().cloned() else {
-        return next.run(request).await;
+pub(crate) fn admit_stream(request: &Request) -> Result<(), ApiError> {
+    let Some(slot) = request.extensions().get::<StreamSlot>() else {
+        return Ok(());
     };
     let holder = match request.extensions().get::<Credential>() {
         Some(credential) if credential.label != Label::Anonymous => {
@@ -216,13 +215,12 @@ pub(crate) async fn admit_stream(request: Request, next: Next) -> Response {
                 .map(|info| info.0.ip()),
         ),
     };
-    if let Err(refusal) = slot.take(holder) {
+    slot.take(holder).map_err(|refusal| {
         // `debug`, not `warn`: each refusal is a stream an anonymous client can open at will
         // (the attack soak logged 1,776 a minute at `warn`); the answer says what happened.
         tracing::debug!(?holder, "no HTTP/2 stream permit; refusing a stream");
-        return ApiError::unavailable(refusal).into_response();
-    }
-    next.run(request).await
+        ApiError::unavailable(refusal)
+    })
 }
 
 #[cfg(test)]
