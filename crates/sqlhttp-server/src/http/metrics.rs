@@ -37,13 +37,13 @@ const LATENCY_BUCKETS: [f64; 14] = [
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct RequestLabels {
-    endpoint: String,
+    endpoint: &'static str,
     status: u16,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
 struct EndpointLabels {
-    endpoint: String,
+    endpoint: &'static str,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -120,9 +120,9 @@ fn latency_histogram() -> Histogram {
 
 /// What one finished request adds to the metrics.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Observation<'a> {
+pub(crate) struct Observation {
     /// The matched route pattern, or `None` for a path no route matched.
-    pub(crate) endpoint: Option<&'a str>,
+    pub(crate) endpoint: Option<&'static str>,
     pub(crate) status: u16,
     pub(crate) elapsed: Duration,
     pub(crate) replayed: bool,
@@ -316,11 +316,11 @@ impl Metrics {
     }
 
     /// Counts one finished request.
-    pub(crate) fn observe(&self, observation: Observation<'_>) {
-        let endpoint = observation.endpoint.unwrap_or("unmatched").to_owned();
+    pub(crate) fn observe(&self, observation: Observation) {
+        let endpoint = observation.endpoint.unwrap_or("unmatched");
         self.requests
             .get_or_create(&RequestLabels {
-                endpoint: endpoint.clone(),
+                endpoint,
                 status: observation.status,
             })
             .inc();
@@ -402,7 +402,7 @@ pub(crate) async fn method_not_allowed() -> ApiError {
 mod tests {
     use super::*;
 
-    fn observe(metrics: &Metrics, endpoint: Option<&str>, status: u16, millis: u64) {
+    fn observe(metrics: &Metrics, endpoint: Option<&'static str>, status: u16, millis: u64) {
         metrics.observe(Observation {
             endpoint,
             status,

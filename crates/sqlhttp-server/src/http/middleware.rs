@@ -6,12 +6,12 @@
 //! `credential` is a label (`token#1`, `read#2`, `anonymous`), never a token.
 
 use std::any::Any;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::time::Instant;
 
 use axum::body::{Body, HttpBody as _};
 use axum::extract::{ConnectInfo, Request, State};
-use axum::http::HeaderMap;
+use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use tracing::Instrument as _;
@@ -29,14 +29,38 @@ use crate::timing::Timing;
 /// Longest `Sqlhttp-Attempt` value copied into the log.
 const MAX_LOGGED_ATTEMPT: usize = 32;
 
-fn attempt(headers: &HeaderMap) -> String {
-    headers
-        .get(ATTEMPT)
-        .and_then(|v| v.to_str().ok())
-        .map_or_else(
-            || "-".to_owned(),
-            |v| v.chars().take(MAX_LOGGED_ATTEMPT).collect(),
-        )
+/// What the request's log line says of the request itself, copied before the request is
+/// handed on.
+struct Seen {
+    method: Method,
+    path: String,
+    client: Option<IpAddr>,
+    /// `Sqlhttp-Attempt`, at most [`MAX_LOGGED_ATTEMPT`] characters of it, or `-`.
+    attempt: String,
+    /// Whether it carried an Idempotency-Key.
+    keyed: bool,
+}
+
+impl Seen {
+    fn of(request: &Request) -> Seen {
+        let headers = request.headers();
+        Seen {
+            method: request.method().clone(),
+            path: request.uri().path().to_owned(),
+            client: request
+                .extensions()
+                .get::<ConnectInfo<SocketAddr>>()
+                .map(|info| info.0.ip()),
+            attempt: headers
+                .get(ATTEMPT)
+                .and_then(|v| v.to_str().ok())
+                .map_or_else(
+                    || "-".to_owned(),
+                    |v| v.chars().take(MAX_LOGGED_ATTEMPT).collect(),
+                ),
+            keyed: headers.contains_key(IDEMPOTENCY_KEY),
+        }
+    }
 }
 
 /// Gives the request its id (kept in its extensions, a span and the response's `X-Request-Id`)
@@ -54,19 +78,20 @@ pub(crate) async fn log_requests(
     let started = Instant::now();
     let id = RequestId::from_client_or_new(request.headers());
     request.extensions_mut().insert(id.clone());
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
     let endpoint = super::endpoint(request.uri().path());
-    let client = request
-        .extensions()
-        .get::<ConnectInfo<SocketAddr>>()
-        .map(|info| info.0.ip());
-    let attempt = attempt(request.headers());
-    let keyed = request.headers().contains_key(IDEMPOTENCY_KEY);
+    let api = request
+        .uri()
+        .path()
+        .starts_with(sqlhttp_protocol::path::API_PREFIX);
     let span = tracing::info_span!("request", id = id.as_str());
+    // What only the log line reads is copied out of the request only when the line is on (at
+    // `warn` a read pays nothing for it), asked in the span the line is written in, so a
+    // filter scoped to the span (`[request]=info`) answers for both alike.
+    let seen = span
+        .in_scope(|| tracing::enabled!(tracing::Level::INFO))
+        .then(|| Seen::of(&request));
     let caller = trace::continue_trace(&span, request.headers());
     let timing = Timing::default();
-    let api = path.starts_with(sqlhttp_protocol::path::API_PREFIX);
     let mut response = timing
         .clone()
         .scope(next.run(request))
@@ -88,12 +113,6 @@ pub(crate) async fn log_requests(
     let status = response.status().as_u16();
     let replayed = response.headers().contains_key(IDEMPOTENT_REPLAYED);
     let code = response.extensions().get::<ErrorCode>().copied();
-    let credential = response
-        .extensions()
-        .get::<Label>()
-        .map_or_else(|| "-".to_owned(), Label::to_string);
-    let rows = response.extensions().get::<Rows>().map(|rows| rows.0);
-    let bytes = response.body().size_hint().exact();
     state.inner.metrics.observe(Observation {
         endpoint,
         status,
@@ -101,23 +120,29 @@ pub(crate) async fn log_requests(
         replayed,
         statement_timeout: code == Some(ErrorCode::StatementTimeout),
     });
+    let Some(seen) = seen else {
+        return response;
+    };
+    let credential = response.extensions().get::<Label>().copied();
+    let rows = response.extensions().get::<Rows>().map(|rows| rows.0);
+    let bytes = response.body().size_hint().exact();
     let ids = trace::ids(&span, caller.as_ref());
     let _in_request = span.enter();
     tracing::info!(
         request_id = id.as_str(),
-        %method,
+        method = %seen.method,
         // Quoted (and escaped): the path and the attempt header are the client's words.
-        path = ?path,
-        client = client.map(tracing::field::display),
-        %credential,
-        attempt = ?attempt,
+        path = ?seen.path,
+        client = seen.client.map(tracing::field::display),
+        credential = %credential.map_or_else(|| "-".to_owned(), |label| label.to_string()),
+        attempt = ?seen.attempt,
         status,
         code = code.map(ErrorCode::as_str),
         // Whole microseconds: a float's digits (0.6394350000000001) say nothing more.
         duration_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
         rows,
         bytes,
-        idempotency_key = keyed,
+        idempotency_key = seen.keyed,
         replayed,
         trace_id = ids.as_ref().map(|(trace, _)| trace.as_str()),
         span_id = ids.as_ref().map(|(_, span)| span.as_str()),

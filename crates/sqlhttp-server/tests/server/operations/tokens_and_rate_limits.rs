@@ -178,6 +178,50 @@ async fn read_tokens_read_and_never_write_on_any_engine_layout() {
     }
 }
 
+/// The request's line is written whatever filter lets it through: one scoped to the request's
+/// span (`[request]=info`) as well as a level. Its fields are read from the request only when
+/// the line is on, asked in the span the line is written in.
+#[tokio::test]
+async fn a_filter_scoped_to_the_request_span_still_logs_each_request() {
+    let mut command = sqlhttpd();
+    command.env("RUST_LOG", "warn,[request]=info").args([
+        "--listen",
+        "127.0.0.1:0",
+        "--token",
+        "secret-full-token-1",
+    ]);
+    let mut child = command.spawn().unwrap();
+    let url = read_url(&mut child);
+    let client = http_client();
+    for attempt in ["1/3", "2/3"] {
+        let ok = call(
+            &client,
+            &url,
+            Some("secret-full-token-1"),
+            &[("x-request-id", "scoped-1"), ("sqlhttp-attempt", attempt)],
+            "SELECT 1",
+        )
+        .await;
+        assert_eq!(ok.status, 200);
+    }
+    let log = stop(child);
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("scoped-1") && line.contains("status=200"))
+        .collect();
+    assert_eq!(lines.len(), 2, "one line per request:\n{log}");
+    for (line, attempt) in lines.iter().zip(["1/3", "2/3"]) {
+        for field in [
+            "credential=token#1",
+            &format!("attempt=\"{attempt}\""),
+            "path=\"/api/v1/sql\"",
+            "rows=1",
+        ] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn tokens_from_files_never_reach_the_log() {
     let dir = tempfile::tempdir().unwrap();
