@@ -61,14 +61,15 @@ impl Timing {
         out
     }
 
-    /// `work` measured as engine time from now, under an `engine` span for `pool`. Boxed:
-    /// an engine's work is a large future, which a wrapper would otherwise hold twice.
+    /// `work` measured as engine time from now, under an `engine` span for `pool`. Boxed
+    /// before anything wraps it: an engine's work is a large future, which each wrapper would
+    /// otherwise copy whole (ADR 0073).
     pub(crate) fn engine<F: Future>(
         pool: &'static str,
         work: F,
     ) -> impl Future<Output = F::Output> {
         let in_engine = Timing::current().map(|timing| timing.in_engine());
-        let work = Box::pin(work.instrument(tracing::info_span!("engine", pool)));
+        let work = Box::pin(work).instrument(tracing::info_span!("engine", pool));
         async move {
             let _in_engine = in_engine;
             work.await

@@ -392,8 +392,10 @@ impl PostgresEngine {
         F: FnOnce(Arc<Inner>, Arc<Job>) -> Fut,
         Fut: std::future::Future<Output = Result<T, ApiError>> + Send + 'static,
     {
-        // The work serves the request: its timing and span go with it.
-        let work = work(Arc::clone(node), Arc::clone(&job)).instrument(tracing::Span::current());
+        // The work serves the request: its timing and span go with it. Boxed as it is made:
+        // the wrappers then move a pointer, not the work's kilobytes (ADR 0073).
+        let work =
+            Box::pin(work(Arc::clone(node), Arc::clone(&job))).instrument(tracing::Span::current());
         let mut work = RunToEnd::new(Timing::carry(work));
         // Declared after the work: dropped first, so the work goes on cancelled.
         let cancel = CancelOnDrop::new(job);

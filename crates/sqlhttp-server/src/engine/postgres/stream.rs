@@ -48,9 +48,10 @@ impl PostgresEngine {
         let task_job = Arc::clone(&job);
         // Run on the request's task until its body streams (then as a task of its own, the
         // body's producer) or its requester leaves (then to its end, cancelled): ADR 0070. Its
-        // timing and span go with it.
+        // timing and span go with it. The statement's future, some kilobytes, is made on the
+        // heap once, at its first poll: the wrappers move a pointer (ADR 0073).
         let mut work = RunToEnd::new(crate::timing::Timing::carry(
-            async move { stream(&inner, &task_job, &request, mode, sender).await }
+            async move { Box::pin(stream(&inner, &task_job, &request, mode, sender)).await }
                 .instrument(tracing::Span::current()),
         ));
         // Declared after the work: dropped first, so the work goes on cancelled.
@@ -101,8 +102,12 @@ async fn stream(
     let mut cost = result::Cost::now(lease.served_by);
     if mode == Access::ReadWrite && !inner.node.is_replica() {
         cost.began = std::time::Instant::now();
-        let flown =
-            write_flight::write_in_flights(inner, job, &lease, request, &mut out, &mut sink).await;
+        // Boxed here and below: each path's future is kilobytes, which would otherwise size
+        // (and be copied with) every statement's future, a verified read's too (ADR 0073).
+        let flown = Box::pin(write_flight::write_in_flights(
+            inner, job, &lease, request, &mut out, &mut sink,
+        ))
+        .await;
         if let Some((written, left_clean)) = flown {
             lease.clean = left_clean;
             let started = sink.started();
@@ -157,7 +162,10 @@ async fn stream(
         sink: &mut sink,
         cost: &mut cost,
     };
-    let ended = in_transaction::ran_in_transaction(inner, job, lease, mode, run).await;
+    let ended = Box::pin(in_transaction::ran_in_transaction(
+        inner, job, lease, mode, run,
+    ))
+    .await;
     if !sink.started() {
         // Nothing was sent: the whole body is the answer, its position in the headers.
         let rows_affected = ended?;
