@@ -29,6 +29,18 @@ use crate::timing::Timing;
 /// a random suffix drawn for each request, so a client cannot re-create it (ADR 0027).
 const GUARD_PREFIX: &str = "_sqlhttp_guard_";
 
+/// A guard savepoint's name: [`GUARD_PREFIX`] and `id` in sixteen hexadecimal digits, written
+/// without the formatting machinery (a lease is taken per request).
+fn guard_name(id: u64) -> String {
+    let mut name = String::with_capacity(GUARD_PREFIX.len() + 16);
+    name.push_str(GUARD_PREFIX);
+    name.extend((0..16).rev().map(|nibble| {
+        let digit = u32::try_from((id >> (4 * nibble)) & 0xf).unwrap_or(0);
+        char::from_digit(digit, 16).unwrap_or('0')
+    }));
+    name
+}
+
 /// A pooled connection held by one request. Dropped before its release (the requester
 /// went away mid-transaction), its statement is cancelled and the connection is discarded, so
 /// PostgreSQL rolls the transaction back.
@@ -410,7 +422,7 @@ impl Inner {
             } else {
                 ServedBy::Primary
             },
-            guard: format!("{GUARD_PREFIX}{:016x}", rand::random::<u64>()),
+            guard: guard_name(rand::random()),
             opened: Mutex::new(None),
             fresh: AtomicBool::new(false),
             stale: AtomicBool::new(false),
@@ -459,6 +471,18 @@ impl Inner {
             Ok(Err(e)) => Err(self.map(&e)),
             // The session stalled: on a replica, the primary serves the read.
             Err(_) => Err(self.failed_here(ApiError::interrupted())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_guard_is_named_by_its_id_in_sixteen_hex_digits() {
+        for id in [0, 1, 0xa, 0xfedc_ba98_7654_3210, u64::MAX] {
+            assert_eq!(guard_name(id), format!("{GUARD_PREFIX}{id:016x}"));
         }
     }
 }
