@@ -129,8 +129,11 @@ impl Added {
                 Response::new(axum::body::Body::empty()),
             ))
         }));
-        let answer = probe.call(Request::new(axum::body::Body::empty()));
         let mut context = Context::from_waker(std::task::Waker::noop());
+        if !matches!(probe.poll_ready(&mut context), Poll::Ready(Ok(()))) {
+            return Added::default();
+        }
+        let answer = probe.call(Request::new(axum::body::Body::empty()));
         match std::pin::pin!(answer).poll(&mut context) {
             Poll::Ready(Ok(response)) => Added {
                 vary: response.headers().get(header::VARY).cloned(),
