@@ -84,13 +84,15 @@ pub(crate) async fn log_requests(
         .path()
         .starts_with(sqlhttp_protocol::path::API_PREFIX);
     let span = tracing::info_span!("request", id = id.as_str());
+    // Before the span is first entered: OpenTelemetry starts its span there, after which it
+    // takes no parent.
+    let caller = trace::continue_trace(&span, request.headers());
     // What only the log line reads is copied out of the request only when the line is on (at
     // `warn` a read pays nothing for it), asked in the span the line is written in, so a
     // filter scoped to the span (`[request]=info`) answers for both alike.
     let seen = span
         .in_scope(|| tracing::enabled!(tracing::Level::INFO))
         .then(|| Seen::of(&request));
-    let caller = trace::continue_trace(&span, request.headers());
     let timing = Timing::default();
     let mut response = timing
         .clone()
