@@ -32,6 +32,7 @@ mod budget;
 mod config;
 mod engine;
 mod error;
+mod hex;
 mod http;
 mod protocol;
 mod secrets;

@@ -29,12 +29,7 @@ impl RequestId {
 
     /// A fresh id: 128 random bits in hex.
     pub(crate) fn generate() -> RequestId {
-        const DIGITS: &[u8; 16] = b"0123456789abcdef";
-        let bits: u128 = rand::random();
-        let mut hex = [0u8; 32];
-        for (index, digit) in hex.iter_mut().enumerate() {
-            *digit = DIGITS[((bits >> (124 - 4 * index)) & 0xf) as usize];
-        }
+        let hex = crate::hex::digits::<32>(rand::random());
         RequestId(HeaderValue::from_bytes(&hex).expect("hex is a header value"))
     }
 

@@ -34,10 +34,7 @@ const GUARD_PREFIX: &str = "_sqlhttp_guard_";
 fn guard_name(id: u64) -> String {
     let mut name = String::with_capacity(GUARD_PREFIX.len() + 16);
     name.push_str(GUARD_PREFIX);
-    name.extend((0..16).rev().map(|nibble| {
-        let digit = u32::try_from((id >> (4 * nibble)) & 0xf).unwrap_or(0);
-        char::from_digit(digit, 16).unwrap_or('0')
-    }));
+    name.extend(crate::hex::digits::<16>(u128::from(id)).map(char::from));
     name
 }
 
