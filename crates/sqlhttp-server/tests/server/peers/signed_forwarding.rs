@@ -22,6 +22,7 @@ on_both_engines!(
     a_stand_in_on_a_dead_peers_address_gets_no_token_and_is_not_believed,
     an_address_that_drops_packets_is_not_waited_for,
     forwarding_between_live_peers_is_proven_both_ways,
+    a_token_the_other_server_revoked_is_refused_there_and_nothing_is_forwarded,
 );
 
 /// The client's token: it must never reach anything but the server it was sent to.
@@ -455,6 +456,64 @@ async fn forwarding_between_live_peers_is_proven_both_ways(engine: Engine) {
     assert!(stand_in.requests().is_empty());
     assert_eq!(count(b).await, 2);
     other.shutdown().await;
+}
+
+/// A token one server was restarted without (revoked there, still accepted by the holder) is
+/// refused by that server before anything is forwarded: the caller is found first, then the
+/// route, so the holder's transaction neither moves nor loses a step to the refused attempts,
+/// and its owner still drives it where the token holds.
+async fn a_token_the_other_server_revoked_is_refused_there_and_nothing_is_forwarded(
+    engine: Engine,
+) {
+    let Some((config, _file)) = shared(engine).await else {
+        return;
+    };
+    let (a, b) = (free_addr(), free_addr());
+    let holder = live(&config, a).await;
+    let revoked = Config {
+        tokens: vec!["peers-test-another-token-1b2c".to_owned()],
+        ..config.clone()
+    };
+    let other = live(&revoked, b).await;
+    let token = open_with_a_row(a).await;
+
+    for (path, body) in [
+        (
+            STATEMENT,
+            json!({"transaction": token, "seq": 2, "sql": "INSERT INTO t VALUES (2)"}),
+        ),
+        (COMMIT, json!({"transaction": token})),
+        (OUTCOME, json!({"transaction": token})),
+        (
+            "/api/v1/transaction/rollback",
+            json!({"transaction": token}),
+        ),
+    ] {
+        let (status, _, answer) = post(b, path, &[BEARER], &body).await;
+        assert_eq!(
+            (status, answer["error"]["code"].as_str()),
+            (401, Some("UNAUTHORIZED")),
+            "{path}: {answer}"
+        );
+    }
+    // The holder saw none of it: step 2 is still the next, and only the first row is there.
+    let (status, _, body) = post(
+        a,
+        STATEMENT,
+        &[BEARER],
+        &json!({"transaction": token, "seq": 2, "sql": "SELECT count(*) FROM t"}),
+    )
+    .await;
+    assert_eq!((status, &body["rows"]), (200, &json!([[1]])), "{body}");
+    let (status, _, body) = post(a, COMMIT, &[BEARER], &json!({"transaction": token})).await;
+    assert_eq!(
+        (status, &body["outcome"]),
+        (200, &json!("committed")),
+        "{body}"
+    );
+    assert_eq!(count(a).await, 1);
+    other.shutdown().await;
+    holder.shutdown().await;
 }
 
 /// The proof a forwarded request carries, as `http::peers` computes it: HMAC-SHA256 under the
