@@ -49,8 +49,8 @@ pub(super) async fn read_in_one_flight(
     sink: &mut Sink<'_>,
 ) -> Option<(Result<u64, ApiError>, bool)> {
     let mut flights = lease.take_flights()?;
-    let sql = match statement::checked_sql(request) {
-        Ok(sql) => sql,
+    let checked = match statement::checked_sql(inner, request) {
+        Ok(checked) => checked,
         Err(err) => {
             lease.keep_flights(flights);
             return Some((Err(err), true));
@@ -60,9 +60,10 @@ pub(super) async fn read_in_one_flight(
         lease.keep_flights(flights);
         return None;
     };
+    let sql = checked.sql.as_str();
     let mut again = true;
     loop {
-        let (tried, left) = try_read(inner, &mut flights, lease, request, &sql, out, sink).await;
+        let (tried, left) = try_read(inner, &mut flights, lease, request, sql, out, sink).await;
         if let Some(tried) = once_more(tried, left, &mut again, sink.started(), out) {
             return settle(lease, flights, loan, tried, left);
         }

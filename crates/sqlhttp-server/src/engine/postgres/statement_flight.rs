@@ -19,10 +19,11 @@ use crate::config::Limits;
 use crate::engine::postgres::exec::value_too_big;
 use crate::engine::postgres::flights::{self, Flights, Left, Lookup, Opening, Statement, text};
 use crate::engine::postgres::lease::Lease;
+use crate::engine::postgres::placeholders::Rewritten;
 use crate::engine::postgres::transaction::Opened;
 use crate::engine::postgres::types::{self, Bound};
 use crate::engine::postgres::wire::{Lent, Loan, SLACK};
-use crate::engine::postgres::{Inner, errors, placeholders, sandbox, tag};
+use crate::engine::postgres::{Inner, errors, tag};
 use crate::engine::stream::Sink;
 use crate::protocol::error::{ApiError, ErrorCode};
 use crate::protocol::request::SqlRequest;
@@ -49,12 +50,11 @@ pub(super) struct Ready<'r> {
 }
 
 /// The rewritten text of `request`'s statement, as flights send it, once it passed the text
-/// checks and names as many parameters as the request gives.
-pub(super) fn checked_sql(request: &SqlRequest) -> Result<String, ApiError> {
-    sandbox::check_text(&request.sql)?;
-    let rewritten = placeholders::rewrite(&request.sql);
+/// checks (or passed them before: `texts`) and names as many parameters as the request gives.
+pub(super) fn checked_sql(inner: &Inner, request: &SqlRequest) -> Result<Arc<Rewritten>, ApiError> {
+    let rewritten = inner.texts.checked(&request.sql)?;
     rewritten.check_bound(request.params.len())?;
-    Ok(rewritten.sql)
+    Ok(rewritten)
 }
 
 /// The session lent to `flights` by the driver, `None` when it cannot be now (then the driver

@@ -73,8 +73,8 @@ pub(super) async fn write_in_flights(
     sink: &mut Sink<'_>,
 ) -> Option<(Result<u64, ApiError>, bool)> {
     let mut flights = lease.take_flights()?;
-    let sql = match statement::checked_sql(request) {
-        Ok(sql) => sql,
+    let checked = match statement::checked_sql(inner, request) {
+        Ok(checked) => checked,
         Err(err) => {
             lease.keep_flights(flights);
             return Some((Err(err), true));
@@ -84,10 +84,11 @@ pub(super) async fn write_in_flights(
         lease.keep_flights(flights);
         return None;
     };
+    let sql = checked.sql.as_str();
     let mut again = true;
     // Each try bounded as a statement, or two when it carries its end (the COMMIT and the
     // reset after it, whose function's work grows with what the session holds).
-    let ends_here = may_end_in_one_flight(&sql);
+    let ends_here = may_end_in_one_flight(sql);
     let statements = if ends_here { 2 } else { 1 };
     loop {
         let ran = inner
@@ -97,7 +98,7 @@ pub(super) async fn write_in_flights(
                     &mut flights,
                     lease,
                     request,
-                    &sql,
+                    sql,
                     ends_here,
                     out,
                     sink,

@@ -1,0 +1,151 @@
+//! What the text checks said of the client texts an engine was sent lately (ADR 0074): an
+//! application sends the same few statements again and again, and reading each again cost a
+//! verified read about a tenth of the server's instructions. A text is kept once it passed every
+//! check a request may meet (`sandbox::check_text`, and `sandbox::check_read_only_text` for a
+//! read), with its placeholders rewritten; a text sent again is taken from here, and only the
+//! request's own part is checked again (how many parameters it gave: `Rewritten::check_bound`).
+//!
+//! A text refused by either check is never kept: it is read again each time it comes, and
+//! answered as before, in the same order. Both checks are pure functions of the text, so a kept
+//! verdict is the one the checks would give again. What is kept is bounded as a whole: no text
+//! longer than [`MAX_KEPT_TEXT`] bytes, and at most [`KEPT_BYTES`] bytes of texts, past which
+//! every verdict is forgotten at once (a client sending ever new texts pays the checks, as it did
+//! before, and holds nothing more).
+//!
+//! Pure text in, verdicts out: knows the checks and the placeholders' rewriting; nothing about
+//! connections, requests or HTTP.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use crate::engine::postgres::placeholders::{self, Rewritten};
+use crate::engine::postgres::sandbox;
+use crate::protocol::error::ApiError;
+
+/// The longest text kept: longer ones are rare, and their check costs little beside their run.
+pub(crate) const MAX_KEPT_TEXT: usize = 4 * 1024;
+
+/// The most bytes of texts kept (each counted twice: as sent and rewritten).
+pub(crate) const KEPT_BYTES: usize = 1024 * 1024;
+
+/// The verdicts of one engine's texts (see the module documentation).
+#[derive(Debug, Default)]
+pub(crate) struct CheckedTexts {
+    kept: Mutex<Kept>,
+}
+
+#[derive(Debug, Default)]
+struct Kept {
+    texts: HashMap<Box<str>, Arc<Rewritten>>,
+    bytes: usize,
+}
+
+impl CheckedTexts {
+    /// Whether `sql` passed every check before: then a read need not read it again.
+    pub(crate) fn passed(&self, sql: &str) -> bool {
+        self.kept().texts.contains_key(sql)
+    }
+
+    /// `sql` checked by `sandbox::check_text` and rewritten, from what was kept when it passed
+    /// before; a text that passes the read's check too is kept now.
+    pub(crate) fn checked(&self, sql: &str) -> Result<Arc<Rewritten>, ApiError> {
+        if let Some(rewritten) = self.kept().texts.get(sql) {
+            return Ok(Arc::clone(rewritten));
+        }
+        sandbox::check_text(sql)?;
+        let rewritten = Arc::new(placeholders::rewrite(sql));
+        if sql.len() <= MAX_KEPT_TEXT && sandbox::check_read_only_text(sql).is_ok() {
+            self.keep(sql, &rewritten);
+        }
+        Ok(rewritten)
+    }
+
+    fn keep(&self, sql: &str, rewritten: &Arc<Rewritten>) {
+        let bytes = sql.len() + rewritten.sql.len();
+        let mut kept = self.kept();
+        if kept.bytes + bytes > KEPT_BYTES {
+            kept.texts = HashMap::new();
+            kept.bytes = 0;
+        }
+        if kept
+            .texts
+            .insert(sql.into(), Arc::clone(rewritten))
+            .is_none()
+        {
+            kept.bytes += bytes;
+        }
+    }
+
+    /// How many texts are kept, and their bytes.
+    #[cfg(test)]
+    fn held(&self) -> (usize, usize) {
+        let kept = self.kept();
+        (kept.texts.len(), kept.bytes)
+    }
+
+    fn kept(&self) -> std::sync::MutexGuard<'_, Kept> {
+        // Nothing is left half-changed under the lock: a panic elsewhere cannot make it wrong.
+        self.kept.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::error::ErrorCode;
+
+    #[test]
+    fn a_text_that_passed_is_rewritten_once_and_its_parameters_still_counted() {
+        let texts = CheckedTexts::default();
+        let sql = "SELECT k, v FROM kv WHERE k = ?";
+        assert!(!texts.passed(sql));
+        let first = texts.checked(sql).unwrap();
+        assert_eq!(first.sql, "SELECT k, v FROM kv WHERE k = $1");
+        assert!(texts.passed(sql));
+        let again = texts.checked(sql).unwrap();
+        assert!(Arc::ptr_eq(&first, &again), "the kept verdict is used");
+        assert_eq!(texts.held(), (1, sql.len() + first.sql.len()));
+        // The request's own part is its caller's to check, every time.
+        assert_eq!(again.check_bound(0).unwrap_err().code, ErrorCode::SqlError);
+        again.check_bound(1).unwrap();
+    }
+
+    #[test]
+    fn a_refused_text_is_refused_every_time_and_never_kept() {
+        let texts = CheckedTexts::default();
+        for _ in 0..2 {
+            let err = texts.checked("SET ROLE postgres").unwrap_err();
+            assert_eq!(err.code, ErrorCode::StatementNotAllowed);
+            assert!(!texts.passed("SET ROLE postgres"));
+        }
+        // Allowed to run, but not in a read: kept for nobody, so a read checks it again.
+        let notify = "SELECT pg_notify('c', 'x')";
+        texts.checked(notify).unwrap();
+        assert!(!texts.passed(notify));
+        assert_eq!(texts.held(), (0, 0));
+    }
+
+    #[test]
+    fn what_is_kept_is_bounded_and_forgotten_at_once_past_the_bound() {
+        let texts = CheckedTexts::default();
+        let long = format!("SELECT '{}'", "x".repeat(MAX_KEPT_TEXT));
+        texts.checked(&long).unwrap();
+        assert!(!texts.passed(&long), "a long text is not kept");
+        let mut kept = 0;
+        let mut i = 0;
+        // Distinct texts of about 4 KiB each, until the bound is passed and all forgotten.
+        loop {
+            let sql = format!("SELECT {i}, '{}'", "y".repeat(MAX_KEPT_TEXT / 2 - 20));
+            texts.checked(&sql).unwrap();
+            let (count, bytes) = texts.held();
+            assert!(bytes <= KEPT_BYTES, "{bytes} bytes kept");
+            if count <= kept {
+                assert_eq!(count, 1, "all forgotten, the new one kept");
+                break;
+            }
+            kept = count;
+            i += 1;
+        }
+        assert!(kept > 100, "{kept} texts were kept before the bound");
+    }
+}
