@@ -547,7 +547,7 @@ impl Engine for PostgresEngine {
             let primary = Route::Primary(Arc::clone(&self.inner));
             return self.streamed(primary, request, access).await;
         }
-        if !self.inner.texts.passed(&request.sql) {
+        if !self.inner.texts.passed_for_read(&request.sql) {
             sandbox::check_read_only_text(&request.sql)?;
         }
         self.read(at, |route| self.streamed(route, request.clone(), access))

@@ -490,9 +490,18 @@ async fn a_token_the_other_server_revoked_is_refused_there_and_nothing_is_forwar
         ),
     ] {
         let (status, _, answer) = post(b, path, &[BEARER], &body).await;
+        // This server's own refusal of the token, not a holder's refusal passed back.
         assert_eq!(
-            (status, answer["error"]["code"].as_str()),
-            (401, Some("UNAUTHORIZED")),
+            (
+                status,
+                answer["error"]["code"].as_str(),
+                answer["error"]["message"].as_str()
+            ),
+            (
+                401,
+                Some("UNAUTHORIZED"),
+                Some("the bearer token is not valid")
+            ),
             "{path}: {answer}"
         );
     }
