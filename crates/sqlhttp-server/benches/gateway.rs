@@ -32,6 +32,11 @@
 //! bench's own read is one statement); with `SQLHTTPD_GATEWAY_HELD_THROUGH=batch` sqlhttpd's
 //! side prepares them through one-statement batches, into the driver's cache (ADR 0068), where
 //! the gateway's still read them.
+//! `SQLHTTPD_GATEWAY_BASELINE=protected` has the PostgreSQL gateway run each read as a user who
+//! wants a protected read's guarantees would write it with the same crates (ADR 0075): in a
+//! `READ ONLY, REPEATABLE READ` transaction with `SET LOCAL` statement and lock timeouts, rolled
+//! back, on a pool that cleans a session before lending it again (deadpool-postgres's
+//! `RecyclingMethod::Clean`).
 //! Each round also prints the machine's busy CPU time per request on each side (Linux's
 //! `/proc/stat`: the load generator, the server and the database together), which holds still
 //! where requests per second follow a shared machine's speed.
@@ -94,6 +99,20 @@ impl Reads {
 
     fn read_only(self) -> bool {
         matches!(self, Reads::Verified)
+    }
+}
+
+/// Whether the PostgreSQL gateway runs its reads protected (`SQLHTTPD_GATEWAY_BASELINE=protected`).
+fn protected_baseline() -> bool {
+    std::env::var("SQLHTTPD_GATEWAY_BASELINE").is_ok_and(|baseline| baseline == "protected")
+}
+
+/// What the gateway `engine`'s rounds are compared with is called in the bench's lines.
+fn gateway_name(engine: &str) -> &'static str {
+    if engine == "PostgreSQL" && protected_baseline() {
+        "protected gateway"
+    } else {
+        "hand-written gateway"
     }
 }
 
@@ -360,6 +379,7 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
     for reads in &kinds {
         load(ours.0, ours.1, Some(TOKEN), reads.read_only(), warm_up).await;
     }
+    let name = gateway_name(engine);
     let mut best_theirs = 0.0_f64;
     let mut best_ours = vec![0.0_f64; kinds.len()];
     for round in 1..=ROUNDS {
@@ -368,7 +388,7 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
         for (reads, best) in kinds.iter().zip(&mut best_ours) {
             let sqlhttpd = measured(ours.0, ours.1, Some(TOKEN), reads.read_only(), length).await;
             println!(
-                "  {engine} round {round}, {} read: hand-written gateway {:>8.0} req/s \
+                "  {engine} round {round}, {} read: {name} {:>8.0} req/s \
                  ({} us CPU/req), sqlhttpd {:>8.0} req/s ({} us CPU/req): {:.2}x",
                 reads.key(),
                 gateway.per_second,
@@ -382,7 +402,7 @@ async fn compare(engine: &str, ours: (SocketAddr, &str), theirs: (SocketAddr, &s
     }
     for (reads, best_ours) in kinds.iter().zip(best_ours) {
         println!(
-            "{engine}, {} read: sqlhttpd {best_ours:.0} req/s, hand-written gateway \
+            "{engine}, {} read: sqlhttpd {best_ours:.0} req/s, {name} \
              {best_theirs:.0} req/s: {:.2}x (best rounds, {IN_FLIGHT} in flight)",
             reads.key(),
             best_ours / best_theirs
@@ -501,12 +521,16 @@ async fn sqlite() {
 
 async fn postgres_gateway(url: &str) -> SocketAddr {
     let config: tokio_postgres::Config = url.parse().unwrap();
+    let protected = protected_baseline();
+    let recycling_method = if protected {
+        deadpool_postgres::RecyclingMethod::Clean
+    } else {
+        deadpool_postgres::RecyclingMethod::Fast
+    };
     let manager = deadpool_postgres::Manager::from_config(
         config,
         tokio_postgres::NoTls,
-        deadpool_postgres::ManagerConfig {
-            recycling_method: deadpool_postgres::RecyclingMethod::Fast,
-        },
+        deadpool_postgres::ManagerConfig { recycling_method },
     );
     let pool = deadpool_postgres::Pool::builder(manager)
         .max_size(16)
@@ -541,9 +565,57 @@ async fn postgres_gateway(url: &str) -> SocketAddr {
         .await;
         Json(answer.unwrap_or_else(|error| json!({"error": error})))
     }
+    /// The same read as a protected one: read-only, its own snapshot, bounded in time, rolled
+    /// back (the pool cleans the session before lending it again).
+    async fn handle_protected(
+        State(pool): State<deadpool_postgres::Pool>,
+        Json(body): Json<SqlBody>,
+    ) -> Json<Value> {
+        let answer = async {
+            let mut client = pool.get().await.map_err(|e| e.to_string())?;
+            let transaction = client
+                .build_transaction()
+                .read_only(true)
+                .isolation_level(tokio_postgres::IsolationLevel::RepeatableRead)
+                .start()
+                .await
+                .map_err(|e| e.to_string())?;
+            transaction
+                .batch_execute("SET LOCAL statement_timeout = 5000; SET LOCAL lock_timeout = 5000")
+                .await
+                .map_err(|e| e.to_string())?;
+            let statement = transaction
+                .prepare_cached(&body.sql)
+                .await
+                .map_err(|e| e.to_string())?;
+            let params: Vec<i64> = body.params.iter().filter_map(Value::as_i64).collect();
+            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
+                .iter()
+                .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+                .collect();
+            let rows = transaction
+                .query(&statement, &refs)
+                .await
+                .map_err(|e| e.to_string())?;
+            transaction.rollback().await.map_err(|e| e.to_string())?;
+            let columns: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
+            let rows: Vec<Value> = rows
+                .iter()
+                .map(|row| json!([row.get::<_, i64>(0), row.get::<_, String>(1)]))
+                .collect();
+            Ok::<Value, String>(json!({"columns": columns, "rows": rows}))
+        }
+        .await;
+        Json(answer.unwrap_or_else(|error| json!({"error": error})))
+    }
+    let route = if protected {
+        post(handle_protected)
+    } else {
+        post(handle)
+    };
     serve(
         axum::Router::new()
-            .route("/api/v1/sql", post(handle))
+            .route("/api/v1/sql", route)
             .with_state(pool),
     )
     .await
