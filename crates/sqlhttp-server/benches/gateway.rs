@@ -520,6 +520,29 @@ async fn sqlite() {
 
 // ---- PostgreSQL -----------------------------------------------------------------------------
 
+/// The PostgreSQL gateway's parameters: the body's integers (the bench's read takes one).
+fn pg_params(body: &SqlBody) -> Vec<i64> {
+    body.params.iter().filter_map(Value::as_i64).collect()
+}
+
+/// `params` as tokio-postgres binds them.
+fn pg_refs(params: &[i64]) -> Vec<&(dyn tokio_postgres::types::ToSql + Sync)> {
+    params
+        .iter()
+        .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
+        .collect()
+}
+
+/// The PostgreSQL gateway's answer: `{"columns", "rows"}` of the bench's `(k, v)` rows.
+fn pg_answer(statement: &tokio_postgres::Statement, rows: &[tokio_postgres::Row]) -> Value {
+    let columns: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
+    let rows: Vec<Value> = rows
+        .iter()
+        .map(|row| json!([row.get::<_, i64>(0), row.get::<_, String>(1)]))
+        .collect();
+    json!({"columns": columns, "rows": rows})
+}
+
 async fn postgres_gateway(url: &str) -> SocketAddr {
     let mut config: tokio_postgres::Config = url.parse().unwrap();
     let protected = protected_baseline();
@@ -550,21 +573,13 @@ async fn postgres_gateway(url: &str) -> SocketAddr {
                 .prepare_cached(&body.sql)
                 .await
                 .map_err(|e| e.to_string())?;
-            let params: Vec<i64> = body.params.iter().filter_map(Value::as_i64).collect();
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                .iter()
-                .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
+            let params = pg_params(&body);
+            let refs = pg_refs(&params);
             let rows = client
                 .query(&statement, &refs)
                 .await
                 .map_err(|e| e.to_string())?;
-            let columns: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
-            let rows: Vec<Value> = rows
-                .iter()
-                .map(|row| json!([row.get::<_, i64>(0), row.get::<_, String>(1)]))
-                .collect();
-            Ok::<Value, String>(json!({"columns": columns, "rows": rows}))
+            Ok::<Value, String>(pg_answer(&statement, &rows))
         }
         .await;
         Json(answer.unwrap_or_else(|error| json!({"error": error})))
@@ -588,22 +603,14 @@ async fn postgres_gateway(url: &str) -> SocketAddr {
                 .prepare_cached(&body.sql)
                 .await
                 .map_err(|e| e.to_string())?;
-            let params: Vec<i64> = body.params.iter().filter_map(Value::as_i64).collect();
-            let refs: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = params
-                .iter()
-                .map(|p| p as &(dyn tokio_postgres::types::ToSql + Sync))
-                .collect();
+            let params = pg_params(&body);
+            let refs = pg_refs(&params);
             let rows = transaction
                 .query(&statement, &refs)
                 .await
                 .map_err(|e| e.to_string())?;
             transaction.rollback().await.map_err(|e| e.to_string())?;
-            let columns: Vec<&str> = statement.columns().iter().map(|c| c.name()).collect();
-            let rows: Vec<Value> = rows
-                .iter()
-                .map(|row| json!([row.get::<_, i64>(0), row.get::<_, String>(1)]))
-                .collect();
-            Ok::<Value, String>(json!({"columns": columns, "rows": rows}))
+            Ok::<Value, String>(pg_answer(&statement, &rows))
         }
         .await;
         Json(answer.unwrap_or_else(|error| json!({"error": error})))
